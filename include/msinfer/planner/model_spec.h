@@ -1,0 +1,81 @@
+// The shape of an MoE model as the planner sees it: layer counts and widths,
+// from which it derives parameter counts, FLOPs and KV-cache bytes. Built in:
+// Mixtral-8x22B, DBRX, Scaled-MoE (SPEC.md section 4); or read from an HF
+// config.json of a Mixtral, Qwen2-MoE, Qwen3-MoE, DBRX or DeepSeek-V2/V3 model.
+//
+// Shared experts and dense (non-MoE) layers run on the attention side: every
+// token visits them, so they are a dense GEMM with the attention replica's
+// batch, exactly like the QKV and O projections (docs/PLANNER.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "msinfer/core/json.h"
+#include "msinfer/core/status.h"
+
+namespace msinfer::planner {
+
+struct ModelSpec {
+  std::string name;
+  std::string architecture;  // HF architectures[0], or "builtin"
+  int layers = 0;            // all decoder layers
+  int moe_layers = 0;        // layers with routed experts (<= layers)
+  int64_t hidden = 0;        // h
+  int64_t expert_ffn = 0;    // h' of one routed expert
+  int experts = 0;           // E
+  int top_k = 0;             // K
+  int heads = 0;
+  int kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t vocab = 0;
+  bool tied_embeddings = false;
+  int64_t dense_ffn = 0;          // FFN width of the dense layers (layers - moe_layers of them)
+  int64_t shared_expert_ffn = 0;  // total width of the shared experts of one MoE layer
+
+  // Multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank == 0 means plain GQA.
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+
+  // Query heads per KV head (g in SPEC.md section 4).
+  double gqa_group() const;
+  // Attention projection parameters of one layer (QKV or MLA, O), without the router.
+  double attention_params_per_layer() const;
+  // Weights an attention worker holds: attention, norms, routers, embeddings,
+  // LM head, shared experts and dense-layer FFNs (P_a in SPEC.md section 4).
+  double attention_side_params() const;
+  // Weights of one routed expert across all MoE layers.
+  double expert_params() const;
+  double total_params() const;
+  // bf16 KV-cache bytes per token per layer (4*h/g for GQA with head_dim = h/heads).
+  double kv_bytes_per_token_per_layer() const;
+  // FLOPs of one token in one MoE layer on the attention side, excluding the
+  // attention-score FLOPs that grow with context (see attention_score_flops).
+  double attention_side_flops_per_token_per_moe_layer() const;
+  // Attention-score FLOPs (QK^T and PV) per token per layer at context `seq_len`.
+  double attention_score_flops(double seq_len) const;
+  // FLOPs of one token through one routed expert in one layer (three GEMMs).
+  double expert_flops_per_token() const { return 6.0 * hidden * expert_ffn; }
+
+  Json to_json() const;
+  // Reads what to_json() wrote (plan files carry the model this way).
+  static StatusOr<ModelSpec> from_json(const JsonFields& f);
+  // Checks the fields are consistent; names the model and field.
+  Status validate() const;
+};
+
+// Names of the built-in models, e.g. "mixtral-8x22b".
+std::vector<std::string> builtin_model_names();
+// A built-in model by name (case-insensitive).
+StatusOr<ModelSpec> builtin_model(const std::string& name);
+// Parses an HF config.json document; `source` names it in errors.
+StatusOr<ModelSpec> parse_hf_config(const Json& config, const std::string& source);
+// `name_or_path` is a built-in name, a config.json path, or a model directory
+// containing config.json.
+StatusOr<ModelSpec> load_model_spec(const std::string& name_or_path);
+
+}  // namespace msinfer::planner

@@ -1,0 +1,106 @@
+// The performance model of SPEC.md section 4: per-layer, per-micro-batch stage
+// times of one deployment shape, and the closed forms of section 3.
+//
+//   T_a(b_a) = k1*b_a + k2     attention worker, one layer, one micro-batch
+//   T_e(b_e) = k3*b_e + k4     expert worker,    one layer, one micro-batch
+//   T_c      = max(sender side, receiver side) one-way M2N transfer time
+//
+// k1..k4 come from a measured profile (msinfer profile) or, without one, from
+// a roofline of the catalogued GPUs with the catalogue's efficiency factors.
+// All times are seconds, sizes bytes, rates bytes/s.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "msinfer/core/json.h"
+#include "msinfer/core/status.h"
+#include "msinfer/planner/catalog.h"
+#include "msinfer/planner/model_spec.h"
+
+namespace msinfer::planner {
+
+struct StageModel {
+  double k1 = 0, k2 = 0, k3 = 0, k4 = 0;
+  double dispatch_bytes_per_token = 0;  // bytes one attention GPU sends per token (K*h*2/tp_a)
+  double expert_bytes_per_token = 0;    // bytes one expert GPU receives per token (h*2/tp_e)
+  double attention_nic_bandwidth = 0;   // bytes/s of one attention GPU's NIC
+  double expert_nic_bandwidth = 0;      // bytes/s of one expert GPU's NIC
+  UtilCurve nic_util;
+  std::string source;  // "roofline" or "profile <file>"
+
+  double t_attention(double b_a) const { return k1 * b_a + k2; }
+  double t_expert(double b_e) const { return k3 * b_e + k4; }
+  // One-way time for one attention worker to send (or receive) a micro-batch of b_a tokens.
+  double t_comm_attention_side(double b_a) const;
+  // One-way time for one expert worker to receive (or send) b_e tokens.
+  double t_comm_expert_side(double b_e) const;
+  double t_comm(double b_a, double b_e) const {
+    double a = t_comm_attention_side(b_a), e = t_comm_expert_side(b_e);
+    return a > e ? a : e;
+  }
+
+  Json to_json() const;
+  static StatusOr<StageModel> from_json(const JsonFields& f);
+};
+
+// A measured profile (written by `msinfer profile`, NIC curve by `msinfer bench m2n`).
+// k1..k4 were measured at tp_attention / tp_expert; other tp sizes scale them by
+// tp_measured / tp (ideal tensor parallelism) and add the all-reduce from the roofline.
+struct Profile {
+  std::optional<double> k1, k2, k3, k4;  // seconds (file holds milliseconds)
+  int tp_attention = 1;
+  int tp_expert = 1;
+  std::optional<UtilCurve> nic_util;
+  std::optional<double> nic_bandwidth;  // bytes/s, replaces the catalogue's NIC rate
+  std::string source;
+};
+
+StatusOr<Profile> parse_profile(const Json& j, const std::string& source);
+StatusOr<Profile> load_profile(const std::string& path);
+
+struct DeploymentShape {
+  GpuSpec attention_gpu;
+  GpuSpec expert_gpu;
+  int tp_attention = 1;
+  int tp_expert = 1;
+};
+
+// k1..k4 and the transfer model for `shape`, from the roofline or from `profile`.
+StageModel build_stage_model(const ModelSpec& model, const DeploymentShape& shape,
+                             double seq_len, const UtilCurve& nic_util,
+                             const Profile* profile = nullptr);
+
+// All-reduce time of `bytes` per GPU over a group of `tp` GPUs (ring: 2(tp-1)/tp
+// of the data crosses each link). Intra-node link when tp fits a node, else the NIC.
+double allreduce_time(const GpuSpec& gpu, int tp, double bytes, const UtilCurve& nic_util);
+
+// Bytes an attention node needs: bf16 KV cache of m micro-batches of b_a
+// requests at context s, plus bf16 weights (SPEC.md section 4's memory constraint).
+double attention_node_bytes(const ModelSpec& model, int m, double b_a, double seq_len);
+double attention_node_capacity(const GpuSpec& gpu, int tp);  // tp * C * memory_usable
+double expert_node_bytes(const ModelSpec& model);            // one expert's bf16 weights
+double expert_node_capacity(const GpuSpec& gpu, int tp);
+
+// Roofline utilisation of an expert GEMM with b_e tokens: min(b_e * W / F, 1).
+double expert_gemm_utilization(double b_e, const GpuSpec& gpu);
+
+// Closed forms of SPEC.md section 3, for one micro-batch's stage times.
+struct StageTimes {
+  double t_a = 0, t_e = 0, t_c = 0;
+  double t_f() const { return t_a > t_e ? t_a : t_e; }
+};
+// SPEC's T_total = (T_a + T_e + 2T_c) + T_f (mL - 1): exact under full overlap.
+double spec_iteration_time(const StageTimes& t, int m, int layers);
+// Generalised iteration time, equal to spec_iteration_time under full overlap:
+//   R = T_a + T_e + 2T_c (one micro-batch's round trip through a layer)
+//   T_s = max(T_a, T_e, T_c) (the slowest stage, network included)
+//   P = max(m T_s, R)        (period of one layer for all m micro-batches)
+//   T = R + (L-1) P + (m-1) T_s
+double iteration_time(const StageTimes& t, int m, int layers);
+// Condition (3) of SPEC.md section 3 together with (2): m >= 2(1 + T_c/T_f) and T_c < T_f.
+bool full_overlap(const StageTimes& t, int m);
+// The smallest m that satisfies condition (3).
+int min_micro_batches_for_overlap(const StageTimes& t);
+
+}  // namespace msinfer::planner

@@ -1,0 +1,153 @@
+// Deployment plans and the search of SPEC.md section 4 (Algorithm 1 of the
+// MegaScale-Infer paper): for each (attention GPU, expert GPU) pair, tp_e, tp_a,
+// n_a near balance and m <= max, the largest global batch B that meets the SLO
+// and the memory constraint; plans are ranked by throughput per cost, per GPU
+// or per watt. Also the co-located baselines the plan is compared with.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "msinfer/core/json.h"
+#include "msinfer/core/status.h"
+#include "msinfer/planner/catalog.h"
+#include "msinfer/planner/model_spec.h"
+#include "msinfer/planner/perf_model.h"
+
+namespace msinfer::planner {
+
+enum class Objective { kCost, kGpu, kPower };
+StatusOr<Objective> parse_objective(const std::string& s);
+const char* objective_name(Objective o);
+
+// One disaggregated deployment: what the simulator and the runtime need.
+// Each of the E experts lives on its own expert node of tp_expert GPUs.
+struct Deployment {
+  ModelSpec model;
+  DeploymentShape shape;
+  int attention_nodes = 1;  // n_a
+  int micro_batches = 1;    // m
+  int64_t batch_per_micro_batch = 1;  // b_a: requests in one micro-batch of one attention node
+  StageModel stage;
+  double seq_len = 0;
+
+  int64_t global_batch() const { return batch_per_micro_batch * micro_batches * attention_nodes; }
+  double tokens_per_expert() const;  // b_e = b_a n_a K / E
+  int expert_nodes() const { return model.experts; }
+  int attention_gpus() const { return attention_nodes * shape.tp_attention; }
+  int expert_gpus() const { return expert_nodes() * shape.tp_expert; }
+  int gpus() const { return attention_gpus() + expert_gpus(); }
+  double cost() const;     // sum of normalised GPU prices
+  double power_w() const;  // sum of TDPs
+  StageTimes stage_times() const;
+};
+
+// What the closed forms predict for a deployment.
+struct Prediction {
+  double t_attention = 0, t_expert = 0, t_comm = 0;  // per layer, per micro-batch (s)
+  double iteration = 0;         // time between tokens (s)
+  double spec_iteration = 0;    // SPEC's T_total formula (equal under full overlap)
+  double throughput = 0;        // tokens/s of the whole deployment
+  double per_gpu = 0, per_cost = 0, per_watt = 0;
+  double tokens_per_expert = 0;
+  double expert_gemm_utilization = 0;
+  bool full_overlap = false;
+  int min_micro_batches = 1;
+  double attention_memory_bytes = 0, attention_memory_capacity = 0;
+  double expert_memory_bytes = 0, expert_memory_capacity = 0;
+
+  double objective(Objective o) const;
+  Json to_json() const;  // SPEC.md section 7's `predicted`, plus details
+};
+Prediction predict(const Deployment& d);
+
+struct Plan {
+  Deployment deployment;
+  Prediction predicted;
+  double slo = 0;
+  int max_gpus = 0;  // 0 = uncapped
+  std::string binding;  // which constraint stopped B from growing: "slo", "attention_memory", ...
+  double balance_attention_nodes = 0;  // k1 E / (k3 K)
+
+  Json to_json() const;  // {plan, predicted, constraints}
+};
+
+struct SearchOptions {
+  ModelSpec model;
+  std::vector<std::pair<GpuSpec, GpuSpec>> gpu_pairs;  // (attention GPU, expert GPU)
+  double slo = 0.150;       // seconds
+  double seq_len = 2048;    // average context of a decoding request
+  int max_micro_batches = 4;
+  int max_gpus = 0;         // 0 = uncapped
+  Objective objective = Objective::kCost;
+  UtilCurve nic_util;
+  const Profile* profile = nullptr;
+  // Sensitivity analysis multiplies k1 and k3 by these.
+  double k1_scale = 1.0, k3_scale = 1.0;
+};
+
+// A co-located baseline: every GPU holds attention and experts (no disaggregation).
+struct Baseline {
+  std::string name;         // "tensor-parallel" or "expert-parallel"
+  std::string description;
+  std::string gpu;
+  int tp = 1;               // tensor-parallel size of one rank
+  int ep = 1;               // expert-parallel ranks (1 for tensor-parallel)
+  int64_t batch = 0;        // requests per replica
+  int gpus = 0;
+  double iteration = 0;     // time between tokens (s)
+  double throughput = 0, per_gpu = 0, per_cost = 0, per_watt = 0;
+  double objective(Objective o) const;
+  Json to_json() const;
+};
+
+struct SearchResult {
+  std::vector<Plan> plans;          // feasible plans, best first (distinct shapes)
+  std::vector<Baseline> baselines;  // best of each kind over the candidate GPUs
+  int64_t evaluated = 0;            // batch-size evaluations made
+};
+
+StatusOr<SearchResult> search_plans(const SearchOptions& options);
+
+// The largest b_a for a fixed deployment shape (n_a, m, GPUs, tp); NOT_FOUND if even
+// b_a = 1 breaks the SLO or memory.
+StatusOr<Plan> best_batch(const SearchOptions& options, Deployment d, int64_t* evaluations = nullptr);
+
+// The co-located baselines for one GPU type under the same SLO and model.
+std::vector<Baseline> colocated_baselines(const SearchOptions& options, const GpuSpec& gpu);
+
+// Tensor-parallel sizes tried for a GPU: powers of two up to its GPUs per node.
+std::vector<int> tp_candidates(const GpuSpec& gpu);
+
+// The whole plan document of SPEC.md section 7 (plus model, stage model,
+// hardware, alternatives, baselines), as written by `msinfer plan --out`.
+Json plan_document(const SearchOptions& options, const SearchResult& result, size_t alternatives);
+// SPEC.md section 7's `plan` object of a deployment.
+Json deployment_plan_json(const Deployment& d);
+// Reads a plan document back into a Deployment (for simulate and serve).
+StatusOr<Deployment> deployment_from_plan_document(const Json& j, const std::string& source);
+
+}  // namespace msinfer::planner
+
+namespace msinfer::planner {
+
+// "A100-80G x9 (tp 1) + A100-80G x8 (tp 1), m=2": the shape of a plan without its batch.
+std::string shape_summary(const Deployment& d);
+
+// One perturbation of the sensitivity analysis: a price or k1/k3 scaled by `factor`.
+struct SensitivityRow {
+  std::string parameter;  // "price:A100-80G", "k1", "k3"
+  double factor = 1;
+  bool plan_changed = false;
+  std::string new_plan;       // shape_summary of the best plan under the perturbation
+  double original_loss = 0;   // 1 - objective(original shape) / objective(new best), both perturbed
+  bool original_feasible = true;
+};
+
+// Re-runs the search with each GPU price and k1, k3 moved by -20% and +20%.
+// The chosen shape keeps its GPUs, tp, n_a and m; its batch is re-searched.
+StatusOr<std::vector<SensitivityRow>> sensitivity(const SearchOptions& options, const Plan& chosen);
+Json sensitivity_to_json(const std::vector<SensitivityRow>& rows);
+
+}  // namespace msinfer::planner

@@ -1,0 +1,87 @@
+// Discrete-event simulator of one disaggregated deployment (SPEC.md sections 2-3):
+// n_a attention workers, E expert workers, m micro-batches, L MoE layers, many
+// decoding iterations. Jobs: attention compute, M2N transfer, expert compute,
+// N2M transfer, timed by the plan's stage model. Every worker's compute and each
+// NIC direction (send, receive) is a resource that jobs queue for, first come
+// first served. An attention worker starts iteration t+1 for all its
+// micro-batches once all of them finished iteration t (continuous batching
+// recomposes micro-batches between iterations), so without jitter and with
+// balanced load the iteration time equals SPEC's T_total under full overlap.
+// Single-threaded; deterministic for a given seed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "msinfer/core/json.h"
+#include "msinfer/core/status.h"
+#include "msinfer/planner/plan.h"
+
+namespace msinfer::planner {
+
+struct SimOptions {
+  int iterations = 8;
+  double jitter = 0;     // fraction: each duration is scaled by U[1-jitter, 1+jitter]
+  double zipf_s = 0;     // per-expert load skew (0 = balanced)
+  uint64_t seed = 1;
+  int gantt_iterations = 1;  // iterations whose job intervals are recorded
+  int gantt_layers = 1 << 30;  // ... and, within them, layers (0-based) below this
+};
+
+// A row of the timeline.
+enum class Lane { kAttention, kDispatch, kCombine, kExpert };
+
+struct Interval {
+  Lane lane;
+  int worker;  // attention worker (kAttention, kDispatch) or expert worker (kCombine, kExpert)
+  int iteration, micro_batch, layer;
+  double start, end;  // seconds
+};
+
+struct SimResult {
+  double makespan = 0;  // seconds
+  int64_t tokens = 0;
+  double throughput = 0, per_gpu = 0, per_cost = 0, per_watt = 0;
+  double tbt_mean = 0, tbt_p50 = 0, tbt_p99 = 0;
+  double attention_busy = 0;  // mean busy fraction of attention workers
+  double expert_busy = 0;     // mean busy fraction of expert workers
+  double expert_busy_max = 0;
+  double attention_nic_busy = 0;  // mean busy fraction of attention send NICs
+  double attention_bubble = 0;    // idle time of an attention worker per iteration (s)
+  double expert_bubble = 0;
+  double t_attention = 0, t_expert = 0, t_comm = 0;  // measured means (s)
+  std::vector<double> expert_load_share;  // fraction of routed tokens per expert
+  std::vector<Interval> intervals;
+
+  Json to_json() const;  // SPEC section 7's `predicted` names, plus the simulator's own
+};
+
+// Load share per expert under Zipf(s) skew, capped at 1/K (a token visits an
+// expert at most once) with the excess spread over the others; sums to 1.
+std::vector<double> zipf_expert_shares(int experts, int top_k, double s);
+
+StatusOr<SimResult> simulate(const Deployment& d, const SimOptions& options);
+
+// Timeline of the recorded intervals: one row per attention worker, per link
+// direction (dispatch from each attention worker, combine from each expert
+// worker) and per expert worker; micro-batches coloured.
+Status write_gantt_svg(const Deployment& d, const SimResult& r, const std::string& path);
+
+enum class SweepParameter { kAttentionNodes, kMicroBatches };
+struct SweepRow {
+  int value = 0;
+  Deployment deployment;
+  SimResult sim;
+  Prediction closed_form;
+};
+// Parses "attention-nodes=1..16" or "micro-batches=1..4".
+Status parse_sweep(const std::string& spec, SweepParameter* p, int* from, int* to);
+const char* sweep_parameter_name(SweepParameter p);  // "attention_nodes" | "micro_batches"
+// Varies one parameter with b_a held fixed, so the global batch grows with it.
+StatusOr<std::vector<SweepRow>> sweep(const Deployment& base, SweepParameter p, int from, int to,
+                                      const SimOptions& options);
+Status write_sweep_svg(SweepParameter p, const std::vector<SweepRow>& rows,
+                       const std::string& path);
+
+}  // namespace msinfer::planner

@@ -1,0 +1,348 @@
+#include "msinfer/planner/model_spec.h"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+
+namespace msinfer::planner {
+namespace {
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+const char* kSupported =
+    "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, DbrxForCausalLM, "
+    "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM";
+
+ModelSpec gqa_model(std::string name, int layers, int64_t h, int64_t ffn, int e, int k, int heads,
+                    int kv_heads, int64_t vocab) {
+  ModelSpec m;
+  m.name = std::move(name);
+  m.architecture = "builtin";
+  m.layers = m.moe_layers = layers;
+  m.hidden = h;
+  m.expert_ffn = ffn;
+  m.experts = e;
+  m.top_k = k;
+  m.heads = heads;
+  m.kv_heads = kv_heads;
+  m.head_dim = h / heads;
+  m.vocab = vocab;
+  return m;
+}
+
+// Number of layers among `layers` that carry routed experts under Qwen-MoE's
+// decoder_sparse_step / mlp_only_layers rules.
+StatusOr<int> qwen_moe_layers(const JsonFields& f, int layers) {
+  MSI_ASSIGN_OR_RETURN(int64_t step, f.integer_or("decoder_sparse_step", 1));
+  if (step < 1) return f.field_error("decoder_sparse_step", "must be >= 1");
+  std::vector<int64_t> mlp_only;
+  if (f.has("mlp_only_layers")) {
+    const Json& a = f.json().at("mlp_only_layers");
+    if (!a.is_array()) return f.field_error("mlp_only_layers", "must be a list of layer indices");
+    for (const auto& v : a) {
+      if (!v.is_number_integer()) {
+        return f.field_error("mlp_only_layers", "must be a list of layer indices");
+      }
+      mlp_only.push_back(v.get<int64_t>());
+    }
+  }
+  int n = 0;
+  for (int i = 0; i < layers; ++i) {
+    bool only = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end();
+    if (!only && (i + 1) % step == 0) ++n;
+  }
+  return n;
+}
+
+StatusOr<int> get_int(const JsonFields& f, const std::string& key, int64_t min_value = 1) {
+  MSI_ASSIGN_OR_RETURN(int64_t v, f.integer_at_least(key, min_value));
+  if (v > (1LL << 30)) return f.field_error(key, "is implausibly large");
+  return static_cast<int>(v);
+}
+
+Status parse_common_gqa(const JsonFields& f, ModelSpec& m) {
+  MSI_ASSIGN_OR_RETURN(m.layers, get_int(f, "num_hidden_layers"));
+  MSI_ASSIGN_OR_RETURN(m.hidden, f.integer_at_least("hidden_size", 1));
+  MSI_ASSIGN_OR_RETURN(m.heads, get_int(f, "num_attention_heads"));
+  MSI_ASSIGN_OR_RETURN(int64_t kvh, f.integer_or("num_key_value_heads", m.heads));
+  m.kv_heads = static_cast<int>(kvh);
+  MSI_ASSIGN_OR_RETURN(m.head_dim, f.integer_or("head_dim", m.hidden / m.heads));
+  MSI_ASSIGN_OR_RETURN(m.vocab, f.integer_at_least("vocab_size", 1));
+  MSI_ASSIGN_OR_RETURN(m.tied_embeddings, f.boolean_or("tie_word_embeddings", false));
+  MSI_ASSIGN_OR_RETURN(m.top_k, get_int(f, "num_experts_per_tok"));
+  return ok_status();
+}
+
+}  // namespace
+
+double ModelSpec::gqa_group() const {
+  return kv_heads > 0 ? static_cast<double>(heads) / kv_heads : 1.0;
+}
+
+double ModelSpec::attention_params_per_layer() const {
+  double h = static_cast<double>(hidden);
+  if (kv_lora_rank > 0) {
+    double qk = static_cast<double>(qk_nope_head_dim + qk_rope_head_dim);
+    double q = q_lora_rank > 0 ? h * q_lora_rank + static_cast<double>(q_lora_rank) * heads * qk
+                               : h * heads * qk;
+    double kv_a = h * static_cast<double>(kv_lora_rank + qk_rope_head_dim);
+    double kv_b = static_cast<double>(kv_lora_rank) * heads * (qk_nope_head_dim + v_head_dim);
+    double o = static_cast<double>(heads) * v_head_dim * h;
+    return q + kv_a + kv_b + o;
+  }
+  double hd = static_cast<double>(head_dim);
+  return h * heads * hd + 2.0 * h * kv_heads * hd + heads * hd * h;
+}
+
+double ModelSpec::attention_side_params() const {
+  double h = static_cast<double>(hidden);
+  double per_layer = attention_params_per_layer() + 2.0 * h;  // + two RMSNorm weights
+  double p = layers * per_layer;
+  p += moe_layers * (h * experts + 3.0 * h * shared_expert_ffn);
+  p += (layers - moe_layers) * 3.0 * h * dense_ffn;
+  p += vocab * h * (tied_embeddings ? 1.0 : 2.0) + h;
+  return p;
+}
+
+double ModelSpec::expert_params() const { return moe_layers * 3.0 * hidden * expert_ffn; }
+
+double ModelSpec::total_params() const {
+  return attention_side_params() + experts * expert_params();
+}
+
+double ModelSpec::kv_bytes_per_token_per_layer() const {
+  if (kv_lora_rank > 0) return 2.0 * static_cast<double>(kv_lora_rank + qk_rope_head_dim);
+  return 2.0 /*K,V*/ * 2.0 /*bf16*/ * kv_heads * head_dim;
+}
+
+double ModelSpec::attention_side_flops_per_token_per_moe_layer() const {
+  double h = static_cast<double>(hidden);
+  // All dense work of the attention side over the whole model, per token,
+  // spread evenly over the MoE layers (dense layers and the LM head included).
+  double params = layers * attention_params_per_layer() +
+                  moe_layers * (h * experts + 3.0 * h * shared_expert_ffn) +
+                  (layers - moe_layers) * 3.0 * h * dense_ffn + vocab * h;
+  return 2.0 * params / moe_layers;
+}
+
+double ModelSpec::attention_score_flops(double seq_len) const {
+  if (kv_lora_rank > 0) {
+    // Absorbed MLA decode: scores and values over the compressed latent per head.
+    return 2.0 * heads * (2.0 * kv_lora_rank + qk_rope_head_dim) * seq_len;
+  }
+  return 4.0 * heads * static_cast<double>(head_dim) * seq_len;
+}
+
+Json ModelSpec::to_json() const {
+  Json j{{"name", name},
+         {"architecture", architecture},
+         {"layers", layers},
+         {"moe_layers", moe_layers},
+         {"hidden", hidden},
+         {"expert_ffn", expert_ffn},
+         {"experts", experts},
+         {"top_k", top_k},
+         {"heads", heads},
+         {"kv_heads", kv_heads},
+         {"head_dim", head_dim},
+         {"vocab", vocab},
+         {"dense_ffn", dense_ffn},
+         {"shared_expert_ffn", shared_expert_ffn},
+         {"params_total", total_params()},
+         {"params_attention_side", attention_side_params()},
+         {"params_per_expert", expert_params()}};
+  j["tied_embeddings"] = tied_embeddings;
+  if (kv_lora_rank > 0) {
+    j["q_lora_rank"] = q_lora_rank;
+    j["kv_lora_rank"] = kv_lora_rank;
+    j["qk_nope_head_dim"] = qk_nope_head_dim;
+    j["qk_rope_head_dim"] = qk_rope_head_dim;
+    j["v_head_dim"] = v_head_dim;
+  }
+  return j;
+}
+
+Status ModelSpec::validate() const {
+  auto bad = [&](const std::string& what) {
+    return invalid_argument("model '" + name + "': " + what);
+  };
+  if (layers < 1) return bad("layers must be >= 1");
+  if (moe_layers < 1 || moe_layers > layers) return bad("needs 1..layers MoE layers");
+  if (hidden < 1 || expert_ffn < 1) return bad("hidden and expert FFN sizes must be >= 1");
+  if (experts < 1) return bad("experts must be >= 1");
+  if (top_k < 1 || top_k > experts) return bad("top-K must be in 1..experts");
+  if (heads < 1) return bad("heads must be >= 1");
+  if (kv_lora_rank == 0) {
+    if (kv_heads < 1 || heads % kv_heads != 0) {
+      return bad("KV heads must divide attention heads (" + std::to_string(heads) + " / " +
+                 std::to_string(kv_heads) + ")");
+    }
+    if (head_dim < 1) return bad("head_dim must be >= 1");
+  }
+  if (vocab < 1) return bad("vocab must be >= 1");
+  return ok_status();
+}
+
+std::vector<std::string> builtin_model_names() {
+  return {"mixtral-8x22b", "dbrx", "scaled-moe"};
+}
+
+StatusOr<ModelSpec> builtin_model(const std::string& name) {
+  std::string n = lower(name);
+  if (n == "mixtral-8x22b" || n == "mixtral") {
+    return gqa_model("mixtral-8x22b", 56, 6144, 16384, 8, 2, 48, 8, 32768);
+  }
+  if (n == "dbrx") return gqa_model("dbrx", 40, 6144, 10752, 16, 4, 48, 8, 100352);
+  if (n == "scaled-moe" || n == "scaled-moe-317b") {
+    return gqa_model("scaled-moe", 48, 8192, 8192, 32, 4, 64, 8, 32000);
+  }
+  std::string known;
+  for (const auto& k : builtin_model_names()) known += (known.empty() ? "" : ", ") + k;
+  return not_found("model '" + name + "' is neither a built-in model (" + known +
+                   ") nor an existing config.json or model directory");
+}
+
+StatusOr<ModelSpec> parse_hf_config(const Json& config, const std::string& source) {
+  JsonFields f(config, source);
+  MSI_RETURN_IF_ERROR(f.expect_object());
+  std::string arch;
+  if (f.has("architectures") && config.at("architectures").is_array() &&
+      !config.at("architectures").empty() && config.at("architectures")[0].is_string()) {
+    arch = config.at("architectures")[0].get<std::string>();
+  } else {
+    MSI_ASSIGN_OR_RETURN(std::string model_type, f.string_or("model_type", ""));
+    if (model_type == "mixtral") arch = "MixtralForCausalLM";
+    else if (model_type == "qwen2_moe") arch = "Qwen2MoeForCausalLM";
+    else if (model_type == "qwen3_moe") arch = "Qwen3MoeForCausalLM";
+    else if (model_type == "dbrx") arch = "DbrxForCausalLM";
+    else if (model_type == "deepseek_v2") arch = "DeepseekV2ForCausalLM";
+    else if (model_type == "deepseek_v3") arch = "DeepseekV3ForCausalLM";
+    else {
+      return invalid_argument(source + ": no 'architectures' entry and model_type '" + model_type +
+                              "' is not supported; supported: " + std::string(kSupported));
+    }
+  }
+  ModelSpec m;
+  m.architecture = arch;
+  MSI_ASSIGN_OR_RETURN(m.name, f.string_or("_name_or_path", ""));
+  if (m.name.empty()) {
+    m.name = std::filesystem::path(source).parent_path().filename().string();
+    if (m.name.empty()) m.name = arch;
+  }
+  if (arch == "MixtralForCausalLM") {
+    MSI_RETURN_IF_ERROR(parse_common_gqa(f, m));
+    MSI_ASSIGN_OR_RETURN(m.experts, get_int(f, "num_local_experts"));
+    MSI_ASSIGN_OR_RETURN(m.expert_ffn, f.integer_at_least("intermediate_size", 1));
+    m.moe_layers = m.layers;
+  } else if (arch == "Qwen2MoeForCausalLM" || arch == "Qwen3MoeForCausalLM") {
+    MSI_RETURN_IF_ERROR(parse_common_gqa(f, m));
+    MSI_ASSIGN_OR_RETURN(m.experts, get_int(f, "num_experts"));
+    MSI_ASSIGN_OR_RETURN(m.expert_ffn, f.integer_at_least("moe_intermediate_size", 1));
+    MSI_ASSIGN_OR_RETURN(m.moe_layers, qwen_moe_layers(f, m.layers));
+    MSI_ASSIGN_OR_RETURN(m.dense_ffn, f.integer_or("intermediate_size", 0));
+    if (arch == "Qwen2MoeForCausalLM") {
+      MSI_ASSIGN_OR_RETURN(m.shared_expert_ffn, f.integer_or("shared_expert_intermediate_size", 0));
+    }
+  } else if (arch == "DbrxForCausalLM") {
+    MSI_ASSIGN_OR_RETURN(m.layers, get_int(f, "n_layers"));
+    MSI_ASSIGN_OR_RETURN(m.hidden, f.integer_at_least("d_model", 1));
+    MSI_ASSIGN_OR_RETURN(m.heads, get_int(f, "n_heads"));
+    MSI_ASSIGN_OR_RETURN(m.vocab, f.integer_at_least("vocab_size", 1));
+    MSI_ASSIGN_OR_RETURN(m.tied_embeddings, f.boolean_or("tie_word_embeddings", false));
+    MSI_ASSIGN_OR_RETURN(JsonFields attn, f.object("attn_config"));
+    MSI_ASSIGN_OR_RETURN(JsonFields ffn, f.object("ffn_config"));
+    MSI_ASSIGN_OR_RETURN(int64_t kvh, attn.integer_or("kv_n_heads", m.heads));
+    m.kv_heads = static_cast<int>(kvh);
+    m.head_dim = m.hidden / m.heads;
+    MSI_ASSIGN_OR_RETURN(m.experts, get_int(ffn, "moe_num_experts"));
+    MSI_ASSIGN_OR_RETURN(m.top_k, get_int(ffn, "moe_top_k"));
+    MSI_ASSIGN_OR_RETURN(m.expert_ffn, ffn.integer_at_least("ffn_hidden_size", 1));
+    m.moe_layers = m.layers;
+  } else if (arch == "DeepseekV2ForCausalLM" || arch == "DeepseekV3ForCausalLM") {
+    MSI_ASSIGN_OR_RETURN(m.layers, get_int(f, "num_hidden_layers"));
+    MSI_ASSIGN_OR_RETURN(m.hidden, f.integer_at_least("hidden_size", 1));
+    MSI_ASSIGN_OR_RETURN(m.heads, get_int(f, "num_attention_heads"));
+    MSI_ASSIGN_OR_RETURN(int64_t kvh, f.integer_or("num_key_value_heads", m.heads));
+    m.kv_heads = static_cast<int>(kvh);
+    MSI_ASSIGN_OR_RETURN(m.vocab, f.integer_at_least("vocab_size", 1));
+    MSI_ASSIGN_OR_RETURN(m.tied_embeddings, f.boolean_or("tie_word_embeddings", false));
+    MSI_ASSIGN_OR_RETURN(m.experts, get_int(f, "n_routed_experts"));
+    MSI_ASSIGN_OR_RETURN(m.top_k, get_int(f, "num_experts_per_tok"));
+    MSI_ASSIGN_OR_RETURN(m.expert_ffn, f.integer_at_least("moe_intermediate_size", 1));
+    MSI_ASSIGN_OR_RETURN(m.dense_ffn, f.integer_or("intermediate_size", 0));
+    MSI_ASSIGN_OR_RETURN(int64_t shared, f.integer_or("n_shared_experts", 0));
+    m.shared_expert_ffn = shared * m.expert_ffn;
+    MSI_ASSIGN_OR_RETURN(int64_t first_dense, f.integer_or("first_k_dense_replace", 0));
+    MSI_ASSIGN_OR_RETURN(int64_t freq, f.integer_or("moe_layer_freq", 1));
+    if (freq < 1) return f.field_error("moe_layer_freq", "must be >= 1");
+    if (first_dense < 0) return f.field_error("first_k_dense_replace", "must be >= 0");
+    m.moe_layers = 0;
+    for (int i = 0; i < m.layers; ++i) {
+      if (i >= first_dense && i % freq == 0) ++m.moe_layers;
+    }
+    MSI_ASSIGN_OR_RETURN(m.q_lora_rank, f.integer_or("q_lora_rank", 0));
+    MSI_ASSIGN_OR_RETURN(m.kv_lora_rank, f.integer_at_least("kv_lora_rank", 1));
+    MSI_ASSIGN_OR_RETURN(m.qk_nope_head_dim, f.integer_at_least("qk_nope_head_dim", 1));
+    MSI_ASSIGN_OR_RETURN(m.qk_rope_head_dim, f.integer_at_least("qk_rope_head_dim", 1));
+    MSI_ASSIGN_OR_RETURN(m.v_head_dim, f.integer_at_least("v_head_dim", 1));
+    m.head_dim = m.qk_nope_head_dim + m.qk_rope_head_dim;
+  } else {
+    return invalid_argument(source + ": architecture '" + arch +
+                            "' is not supported; supported: " + std::string(kSupported));
+  }
+  Status s = m.validate();
+  if (!s.ok()) return s.with_context(source);
+  return m;
+}
+
+StatusOr<ModelSpec> load_model_spec(const std::string& name_or_path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p(name_or_path);
+  if (fs::is_directory(p, ec)) p /= "config.json";
+  if (fs::is_regular_file(p, ec)) {
+    MSI_ASSIGN_OR_RETURN(Json j, read_json_file(p.string()));
+    return parse_hf_config(j, p.string());
+  }
+  if (name_or_path.find('/') != std::string::npos || name_or_path.ends_with(".json")) {
+    return not_found("--model " + name_or_path + ": no such file or directory");
+  }
+  return builtin_model(name_or_path);
+}
+
+}  // namespace msinfer::planner
+
+namespace msinfer::planner {
+
+StatusOr<ModelSpec> ModelSpec::from_json(const JsonFields& f) {
+  MSI_RETURN_IF_ERROR(f.expect_object());
+  ModelSpec m;
+  MSI_ASSIGN_OR_RETURN(m.name, f.string("name"));
+  MSI_ASSIGN_OR_RETURN(m.architecture, f.string_or("architecture", "builtin"));
+  MSI_ASSIGN_OR_RETURN(m.layers, get_int(f, "layers"));
+  MSI_ASSIGN_OR_RETURN(m.moe_layers, get_int(f, "moe_layers"));
+  MSI_ASSIGN_OR_RETURN(m.hidden, f.integer_at_least("hidden", 1));
+  MSI_ASSIGN_OR_RETURN(m.expert_ffn, f.integer_at_least("expert_ffn", 1));
+  MSI_ASSIGN_OR_RETURN(m.experts, get_int(f, "experts"));
+  MSI_ASSIGN_OR_RETURN(m.top_k, get_int(f, "top_k"));
+  MSI_ASSIGN_OR_RETURN(m.heads, get_int(f, "heads"));
+  MSI_ASSIGN_OR_RETURN(m.kv_heads, get_int(f, "kv_heads"));
+  MSI_ASSIGN_OR_RETURN(m.head_dim, f.integer_at_least("head_dim", 1));
+  MSI_ASSIGN_OR_RETURN(m.vocab, f.integer_at_least("vocab", 1));
+  MSI_ASSIGN_OR_RETURN(m.dense_ffn, f.integer_or("dense_ffn", 0));
+  MSI_ASSIGN_OR_RETURN(m.shared_expert_ffn, f.integer_or("shared_expert_ffn", 0));
+  MSI_ASSIGN_OR_RETURN(m.tied_embeddings, f.boolean_or("tied_embeddings", false));
+  MSI_ASSIGN_OR_RETURN(m.q_lora_rank, f.integer_or("q_lora_rank", 0));
+  MSI_ASSIGN_OR_RETURN(m.kv_lora_rank, f.integer_or("kv_lora_rank", 0));
+  MSI_ASSIGN_OR_RETURN(m.qk_nope_head_dim, f.integer_or("qk_nope_head_dim", 0));
+  MSI_ASSIGN_OR_RETURN(m.qk_rope_head_dim, f.integer_or("qk_rope_head_dim", 0));
+  MSI_ASSIGN_OR_RETURN(m.v_head_dim, f.integer_or("v_head_dim", 0));
+  Status s = m.validate();
+  if (!s.ok()) return s.with_context(f.where());
+  return m;
+}
+
+}  // namespace msinfer::planner

@@ -1,0 +1,214 @@
+#include "msinfer/planner/perf_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace msinfer::planner {
+namespace {
+
+double bytes_time(double bytes, double bandwidth, const UtilCurve& util) {
+  if (bytes <= 0) return 0;
+  return bytes / (bandwidth * util.at(bytes));
+}
+
+}  // namespace
+
+double StageModel::t_comm_attention_side(double b_a) const {
+  return bytes_time(b_a * dispatch_bytes_per_token, attention_nic_bandwidth, nic_util);
+}
+
+double StageModel::t_comm_expert_side(double b_e) const {
+  return bytes_time(b_e * expert_bytes_per_token, expert_nic_bandwidth, nic_util);
+}
+
+Json StageModel::to_json() const {
+  return Json{{"k1_ms_per_token", k1 * 1e3},
+              {"k2_ms", k2 * 1e3},
+              {"k3_ms_per_token", k3 * 1e3},
+              {"k4_ms", k4 * 1e3},
+              {"dispatch_bytes_per_token", dispatch_bytes_per_token},
+              {"expert_bytes_per_token", expert_bytes_per_token},
+              {"attention_nic_gb_s", attention_nic_bandwidth / 1e9},
+              {"expert_nic_gb_s", expert_nic_bandwidth / 1e9},
+              {"nic_util_curve", nic_util.to_json()},
+              {"source", source}};
+}
+
+StatusOr<StageModel> StageModel::from_json(const JsonFields& f) {
+  MSI_RETURN_IF_ERROR(f.expect_object());
+  StageModel s;
+  MSI_ASSIGN_OR_RETURN(double k1, f.number("k1_ms_per_token"));
+  MSI_ASSIGN_OR_RETURN(double k2, f.number("k2_ms"));
+  MSI_ASSIGN_OR_RETURN(double k3, f.number("k3_ms_per_token"));
+  MSI_ASSIGN_OR_RETURN(double k4, f.number("k4_ms"));
+  for (auto [key, v] : {std::pair{"k1_ms_per_token", k1}, std::pair{"k2_ms", k2},
+                        std::pair{"k3_ms_per_token", k3}, std::pair{"k4_ms", k4}}) {
+    if (v < 0) return f.field_error(key, "must be >= 0");
+  }
+  s.k1 = k1 * 1e-3;
+  s.k2 = k2 * 1e-3;
+  s.k3 = k3 * 1e-3;
+  s.k4 = k4 * 1e-3;
+  MSI_ASSIGN_OR_RETURN(s.dispatch_bytes_per_token, f.positive("dispatch_bytes_per_token"));
+  MSI_ASSIGN_OR_RETURN(s.expert_bytes_per_token, f.positive("expert_bytes_per_token"));
+  MSI_ASSIGN_OR_RETURN(double a_nic, f.positive("attention_nic_gb_s"));
+  MSI_ASSIGN_OR_RETURN(double e_nic, f.positive("expert_nic_gb_s"));
+  s.attention_nic_bandwidth = a_nic * 1e9;
+  s.expert_nic_bandwidth = e_nic * 1e9;
+  if (!f.has("nic_util_curve")) return f.field_error("nic_util_curve", "is missing");
+  MSI_ASSIGN_OR_RETURN(s.nic_util, UtilCurve::from_json(f.json().at("nic_util_curve"),
+                                                        f.where() + ".nic_util_curve"));
+  MSI_ASSIGN_OR_RETURN(s.source, f.string_or("source", "plan file"));
+  return s;
+}
+
+StatusOr<Profile> parse_profile(const Json& j, const std::string& source) {
+  JsonFields f(j, source);
+  MSI_RETURN_IF_ERROR(f.expect_object());
+  Profile p;
+  p.source = source;
+  auto opt_ms = [&](const char* key, std::optional<double>& out) -> Status {
+    if (!f.has(key)) return ok_status();
+    MSI_ASSIGN_OR_RETURN(double v, f.number(key));
+    if (v < 0) return f.field_error(key, "must be >= 0");
+    out = v * 1e-3;
+    return ok_status();
+  };
+  MSI_RETURN_IF_ERROR(opt_ms("k1_ms_per_token", p.k1));
+  MSI_RETURN_IF_ERROR(opt_ms("k2_ms", p.k2));
+  MSI_RETURN_IF_ERROR(opt_ms("k3_ms_per_token", p.k3));
+  MSI_RETURN_IF_ERROR(opt_ms("k4_ms", p.k4));
+  MSI_ASSIGN_OR_RETURN(int64_t tpa, f.integer_or("tp_attention", 1));
+  MSI_ASSIGN_OR_RETURN(int64_t tpe, f.integer_or("tp_expert", 1));
+  if (tpa < 1) return f.field_error("tp_attention", "must be >= 1");
+  if (tpe < 1) return f.field_error("tp_expert", "must be >= 1");
+  p.tp_attention = static_cast<int>(tpa);
+  p.tp_expert = static_cast<int>(tpe);
+  if (f.has("nic_util_curve")) {
+    MSI_ASSIGN_OR_RETURN(UtilCurve c,
+                         UtilCurve::from_json(j.at("nic_util_curve"), source + ": nic_util_curve"));
+    p.nic_util = c;
+  }
+  if (f.has("nic_gb_s")) {
+    MSI_ASSIGN_OR_RETURN(double bw, f.positive("nic_gb_s"));
+    p.nic_bandwidth = bw * 1e9;
+  }
+  if (!p.k1 && !p.k2 && !p.k3 && !p.k4 && !p.nic_util && !p.nic_bandwidth) {
+    return invalid_argument(source +
+                            ": holds none of k1_ms_per_token, k2_ms, k3_ms_per_token, k4_ms, "
+                            "nic_util_curve, nic_gb_s");
+  }
+  return p;
+}
+
+StatusOr<Profile> load_profile(const std::string& path) {
+  MSI_ASSIGN_OR_RETURN(Json j, read_json_file(path));
+  return parse_profile(j, path);
+}
+
+double allreduce_time(const GpuSpec& gpu, int tp, double bytes, const UtilCurve& nic_util) {
+  if (tp <= 1 || bytes <= 0) return 0;
+  double moved = 2.0 * (tp - 1) / tp * bytes;
+  if (tp <= gpu.gpus_per_node) {
+    return moved / (gpu.intra_node_bandwidth * gpu.efficiency.intra_node_link);
+  }
+  return bytes_time(moved, gpu.nic_bandwidth, nic_util);
+}
+
+StageModel build_stage_model(const ModelSpec& model, const DeploymentShape& shape,
+                             double seq_len, const UtilCurve& nic_util, const Profile* profile) {
+  const GpuSpec& ga = shape.attention_gpu;
+  const GpuSpec& ge = shape.expert_gpu;
+  const int tpa = shape.tp_attention, tpe = shape.tp_expert;
+  const double h = static_cast<double>(model.hidden);
+  const double L = model.layers, Lm = model.moe_layers;
+  StageModel s;
+  s.source = "roofline";
+
+  // Attention side, per MoE layer and micro-batch (dense layers and LM head spread over them).
+  const double w_bytes_a = 2.0 * model.attention_side_params() / Lm / tpa;
+  const double kv_bytes_a = model.kv_bytes_per_token_per_layer() * seq_len * (L / Lm) / tpa;
+  const double flops_a = (model.attention_side_flops_per_token_per_moe_layer() +
+                          model.attention_score_flops(seq_len) * (L / Lm)) /
+                         tpa;
+  const double bw_a = ga.memory_bandwidth * ga.efficiency.memory_bandwidth;
+  const double fl_a = ga.bf16_flops * ga.efficiency.compute;
+  // One all-reduce of the token's hidden state after O-proj per layer, one more
+  // after the shared-expert FFN when the model has one.
+  const double allreduces_a = (L / Lm) * (1.0 + (model.shared_expert_ffn > 0 ? 1.0 : 0.0));
+  s.k2 = w_bytes_a / bw_a + ga.efficiency.attention_layer_overhead_s;
+  s.k1 = kv_bytes_a / bw_a + flops_a / fl_a + allreduces_a * allreduce_time(ga, tpa, 2 * h, nic_util);
+
+  // Expert side, one expert, per layer and micro-batch.
+  const double w_bytes_e = 2.0 * 3.0 * h * model.expert_ffn / tpe;
+  const double bw_e = ge.memory_bandwidth * ge.efficiency.memory_bandwidth;
+  const double fl_e = ge.bf16_flops * ge.efficiency.compute;
+  s.k4 = w_bytes_e / bw_e + ge.efficiency.expert_layer_overhead_s;
+  s.k3 = model.expert_flops_per_token() / tpe / fl_e + allreduce_time(ge, tpe, 2 * h, nic_util);
+
+  s.dispatch_bytes_per_token = 2.0 * h * model.top_k / tpa;
+  s.expert_bytes_per_token = 2.0 * h / tpe;
+  s.attention_nic_bandwidth = ga.nic_bandwidth;
+  s.expert_nic_bandwidth = ge.nic_bandwidth;
+  s.nic_util = nic_util;
+
+  if (profile != nullptr) {
+    const double sa = static_cast<double>(profile->tp_attention) / tpa;
+    const double se = static_cast<double>(profile->tp_expert) / tpe;
+    const double ar_a = allreduces_a * allreduce_time(ga, tpa, 2 * h, nic_util);
+    const double ar_e = allreduce_time(ge, tpe, 2 * h, nic_util);
+    if (profile->k1) s.k1 = *profile->k1 * sa + ar_a;
+    if (profile->k2) s.k2 = *profile->k2 * sa;
+    if (profile->k3) s.k3 = *profile->k3 * se + ar_e;
+    if (profile->k4) s.k4 = *profile->k4 * se;
+    if (profile->nic_util) s.nic_util = *profile->nic_util;
+    if (profile->nic_bandwidth) {
+      s.attention_nic_bandwidth = s.expert_nic_bandwidth = *profile->nic_bandwidth;
+    }
+    s.source = "profile " + profile->source;
+  }
+  return s;
+}
+
+double attention_node_bytes(const ModelSpec& model, int m, double b_a, double seq_len) {
+  return model.kv_bytes_per_token_per_layer() * m * b_a * seq_len * model.layers +
+         2.0 * model.attention_side_params();
+}
+
+double attention_node_capacity(const GpuSpec& gpu, int tp) {
+  return tp * gpu.memory_bytes * gpu.efficiency.memory_usable;
+}
+
+double expert_node_bytes(const ModelSpec& model) { return 2.0 * model.expert_params(); }
+
+double expert_node_capacity(const GpuSpec& gpu, int tp) {
+  return tp * gpu.memory_bytes * gpu.efficiency.memory_usable;
+}
+
+double expert_gemm_utilization(double b_e, const GpuSpec& gpu) {
+  return std::min(b_e * gpu.memory_bandwidth / gpu.bf16_flops, 1.0);
+}
+
+double spec_iteration_time(const StageTimes& t, int m, int layers) {
+  return (t.t_a + t.t_e + 2 * t.t_c) + t.t_f() * (static_cast<double>(m) * layers - 1);
+}
+
+double iteration_time(const StageTimes& t, int m, int layers) {
+  const double round_trip = t.t_a + t.t_e + 2 * t.t_c;
+  const double slowest = std::max({t.t_a, t.t_e, t.t_c});
+  const double period = std::max(m * slowest, round_trip);
+  return round_trip + (layers - 1) * period + (m - 1) * slowest;
+}
+
+bool full_overlap(const StageTimes& t, int m) {
+  const double tf = t.t_f();
+  return t.t_c < tf && m * tf >= 2 * (tf + t.t_c);
+}
+
+int min_micro_batches_for_overlap(const StageTimes& t) {
+  const double tf = t.t_f();
+  if (tf <= 0) return 1;
+  return std::max(1, static_cast<int>(std::ceil(2.0 * (1.0 + t.t_c / tf) - 1e-12)));
+}
+
+}  // namespace msinfer::planner

@@ -1,0 +1,143 @@
+// The plan document (SPEC.md section 7) written by `msinfer plan` and read by
+// `msinfer simulate --plan` (and later `msinfer serve --plan`).
+#include "msinfer/planner/plan.h"
+
+namespace msinfer::planner {
+Json deployment_plan_json(const Deployment& d) {
+  return Json{{"tp_attention", d.shape.tp_attention},
+              {"tp_expert", d.shape.tp_expert},
+              {"attention_nodes", d.attention_nodes},
+              {"micro_batches", d.micro_batches},
+              {"global_batch", d.global_batch()},
+              {"attention_gpu", d.shape.attention_gpu.name},
+              {"expert_gpu", d.shape.expert_gpu.name},
+              {"expert_nodes", d.expert_nodes()},
+              {"batch_per_micro_batch", d.batch_per_micro_batch},
+              {"attention_gpus", d.attention_gpus()},
+              {"expert_gpus", d.expert_gpus()},
+              {"gpus", d.gpus()}};
+}
+
+Json Prediction::to_json() const {
+  return Json{{"throughput_tokens_per_s", throughput},
+              {"throughput_per_gpu", per_gpu},
+              {"throughput_per_cost", per_cost},
+              {"throughput_per_watt", per_watt},
+              {"tbt_ms", iteration * 1e3},
+              {"t_attention_ms", t_attention * 1e3},
+              {"t_expert_ms", t_expert * 1e3},
+              {"t_comm_ms", t_comm * 1e3},
+              {"tbt_spec_formula_ms", spec_iteration * 1e3},
+              {"tokens_per_expert", tokens_per_expert},
+              {"expert_gemm_utilization", expert_gemm_utilization}};
+}
+
+Json Plan::to_json() const {
+  const Prediction& p = predicted;
+  const Deployment& d = deployment;
+  auto binds = [&](const char* name) { return binding.find(name) != std::string::npos; };
+  Json constraints{
+      {"slo",
+       {{"holds", p.iteration <= slo}, {"binds", binds("slo")},
+        {"tbt_ms", p.iteration * 1e3}, {"limit_ms", slo * 1e3}}},
+      {"attention_memory",
+       {{"holds", p.attention_memory_bytes <= p.attention_memory_capacity},
+        {"binds", binds("attention_memory")},
+        {"used_gb", p.attention_memory_bytes / 1e9},
+        {"capacity_gb", p.attention_memory_capacity / 1e9}}},
+      {"expert_memory",
+       {{"holds", p.expert_memory_bytes <= p.expert_memory_capacity},
+        {"binds", false},
+        {"used_gb", p.expert_memory_bytes / 1e9},
+        {"capacity_gb", p.expert_memory_capacity / 1e9}}},
+      {"overlap",
+       {{"holds", p.full_overlap},
+        {"binds", false},
+        {"micro_batches", d.micro_batches},
+        {"min_micro_batches", p.min_micro_batches},
+        {"comm_below_compute", p.t_comm < std::max(p.t_attention, p.t_expert)}}},
+      {"balance",
+       {{"t_attention_over_t_expert", p.t_expert > 0 ? p.t_attention / p.t_expert : 0.0},
+        {"balance_attention_nodes", balance_attention_nodes}}},
+      {"max_gpus",
+       {{"holds", max_gpus == 0 || d.gpus() <= max_gpus},
+        {"binds", binds("max_gpus")},
+        {"limit", max_gpus},
+        {"gpus", d.gpus()}}},
+      {"binding", binding}};
+  return Json{{"plan", deployment_plan_json(d)}, {"predicted", p.to_json()}, {"constraints", constraints}};
+}
+
+Json plan_document(const SearchOptions& options, const SearchResult& result,
+                   size_t alternatives) {
+  MSI_CHECK(!result.plans.empty()) << "plan_document needs at least one plan";
+  const Plan& best = result.plans.front();
+  const Objective obj = options.objective;
+  Json doc = best.to_json();
+  doc["model"] = best.deployment.model.to_json();
+  doc["stage_model"] = best.deployment.stage.to_json();
+  doc["hardware"] = {{"attention_gpu", best.deployment.shape.attention_gpu.to_json()},
+                     {"expert_gpu", best.deployment.shape.expert_gpu.to_json()}};
+  doc["search"] = {{"objective", objective_name(obj)},
+                   {"slo_ms", options.slo * 1e3},
+                   {"seq_len", options.seq_len},
+                   {"max_micro_batches", options.max_micro_batches},
+                   {"max_gpus", options.max_gpus},
+                   {"gpu_pairs", options.gpu_pairs.size()},
+                   {"feasible_plans", result.plans.size()},
+                   {"batch_evaluations", result.evaluated},
+                   {"stage_model_source", best.deployment.stage.source}};
+  Json alts = Json::array();
+  for (size_t i = 1; i < result.plans.size() && i <= alternatives; ++i) {
+    Json a = result.plans[i].to_json();
+    a["relative_to_best"] = result.plans[i].predicted.objective(obj) / best.predicted.objective(obj);
+    alts.push_back(a);
+  }
+  doc["alternatives"] = alts;
+  Json bases = Json::array();
+  for (const Baseline& b : result.baselines) {
+    Json j = b.to_json();
+    j["plan_gain"] = best.predicted.objective(obj) / b.objective(obj);
+    bases.push_back(j);
+  }
+  doc["baselines"] = bases;
+  return doc;
+}
+
+StatusOr<Deployment> deployment_from_plan_document(const Json& j, const std::string& source) {
+  JsonFields top(j, source);
+  MSI_RETURN_IF_ERROR(top.expect_object());
+  MSI_ASSIGN_OR_RETURN(JsonFields plan, top.object("plan"));
+  MSI_ASSIGN_OR_RETURN(JsonFields model, top.object("model"));
+  MSI_ASSIGN_OR_RETURN(JsonFields stage, top.object("stage_model"));
+  MSI_ASSIGN_OR_RETURN(JsonFields hw, top.object("hardware"));
+  MSI_ASSIGN_OR_RETURN(JsonFields ga, hw.object("attention_gpu"));
+  MSI_ASSIGN_OR_RETURN(JsonFields ge, hw.object("expert_gpu"));
+  Deployment d;
+  MSI_ASSIGN_OR_RETURN(d.model, ModelSpec::from_json(model));
+  MSI_ASSIGN_OR_RETURN(d.stage, StageModel::from_json(stage));
+  MSI_ASSIGN_OR_RETURN(d.shape.attention_gpu, parse_gpu_spec(ga, Efficiency{}));
+  MSI_ASSIGN_OR_RETURN(d.shape.expert_gpu, parse_gpu_spec(ge, Efficiency{}));
+  MSI_ASSIGN_OR_RETURN(int64_t tpa, plan.integer_at_least("tp_attention", 1));
+  MSI_ASSIGN_OR_RETURN(int64_t tpe, plan.integer_at_least("tp_expert", 1));
+  MSI_ASSIGN_OR_RETURN(int64_t n_a, plan.integer_at_least("attention_nodes", 1));
+  MSI_ASSIGN_OR_RETURN(int64_t m, plan.integer_at_least("micro_batches", 1));
+  MSI_ASSIGN_OR_RETURN(int64_t B, plan.integer_at_least("global_batch", 1));
+  if (B % (n_a * m) != 0) {
+    return plan.field_error("global_batch", "must be a multiple of attention_nodes * micro_batches (" +
+                                                std::to_string(n_a * m) + ")");
+  }
+  d.shape.tp_attention = static_cast<int>(tpa);
+  d.shape.tp_expert = static_cast<int>(tpe);
+  d.attention_nodes = static_cast<int>(n_a);
+  d.micro_batches = static_cast<int>(m);
+  d.batch_per_micro_batch = B / (n_a * m);
+  d.seq_len = 2048;
+  if (top.has("search")) {
+    MSI_ASSIGN_OR_RETURN(JsonFields search, top.object("search"));
+    MSI_ASSIGN_OR_RETURN(d.seq_len, search.number_or("seq_len", 2048));
+  }
+  return d;
+}
+
+}  // namespace msinfer::planner

@@ -1,0 +1,42 @@
+// msinfer: one binary, one subcommand per file (tools/msinfer/*.cc).
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "commands.h"
+
+namespace {
+
+void usage(FILE* out) {
+  std::fprintf(out,
+               "usage: msinfer <command> [flags]   (msinfer <command> --help for its flags)\n\n"
+               "commands:\n"
+               "  plan       search the deployment (tp, attention nodes, micro-batches, batch)\n"
+               "             with the best throughput per cost under a TBT SLO\n"
+               "  simulate   play a plan forward event by event; Gantt chart; sweeps\n"
+               "  version    print the version\n\n"
+               "docs: README.md, docs/ARCHITECTURE.md, docs/PLANNER.md\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  std::string cmd = argv[1];
+  if (cmd == "plan") return msinfer::cli::run_plan(argc, argv);
+  if (cmd == "simulate") return msinfer::cli::run_simulate(argc, argv);
+  if (cmd == "version" || cmd == "--version") {
+    std::printf("msinfer %s\n", MSINFER_VERSION);
+    return 0;
+  }
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    usage(stdout);
+    return 0;
+  }
+  std::fprintf(stderr, "msinfer: unknown command '%s'\n", cmd.c_str());
+  usage(stderr);
+  return 2;
+}

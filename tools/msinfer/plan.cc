@@ -1,0 +1,153 @@
+// msinfer plan: search the deployment with the best throughput per cost (or per
+// GPU, per watt) under a TBT SLO, and compare it with co-located baselines.
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "commands.h"
+#include "msinfer/core/table.h"
+#include "planner_flags.h"
+
+namespace msinfer::cli {
+namespace {
+
+using planner::Plan;
+
+std::vector<std::string> plan_cells(const Plan& p, int rank) {
+  const auto& d = p.deployment;
+  const auto& q = p.predicted;
+  return {std::to_string(rank),
+          d.shape.attention_gpu.name + " x" + std::to_string(d.attention_nodes) + " tp" +
+              std::to_string(d.shape.tp_attention),
+          d.shape.expert_gpu.name + " x" + std::to_string(d.expert_nodes()) + " tp" +
+              std::to_string(d.shape.tp_expert),
+          std::to_string(d.micro_batches),
+          std::to_string(d.global_batch()),
+          fmt(q.tokens_per_expert, 0),
+          fmt(q.iteration * 1e3, 1),
+          fmt(q.t_attention * 1e3, 3),
+          fmt(q.t_expert * 1e3, 3),
+          fmt(q.t_comm * 1e3, 3),
+          fmt(q.throughput, 0),
+          fmt(q.per_gpu, 1),
+          fmt(q.per_cost, 1),
+          fmt(q.per_watt, 3),
+          fmt_pct(q.expert_gemm_utilization),
+          p.binding};
+}
+
+void print_human(const planner::SearchOptions& o, const planner::SearchResult& r, size_t top,
+                 const std::vector<planner::SensitivityRow>* sens, double elapsed_ms) {
+  const Plan& best = r.plans.front();
+  const auto& d = best.deployment;
+  std::printf("msinfer plan: %s (%d layers, %d experts, top-%d), SLO %.0f ms, context %.0f, "
+              "objective %s\n",
+              o.model.name.c_str(), o.model.layers, o.model.experts, o.model.top_k, o.slo * 1e3,
+              o.seq_len, planner::objective_name(o.objective));
+  std::printf("stage model: %s; searched %zu GPU pair(s), %zu feasible plans, %lld batch "
+              "evaluations in %.1f ms\n\n",
+              d.stage.source.c_str(), o.gpu_pairs.size(), r.plans.size(),
+              static_cast<long long>(r.evaluated), elapsed_ms);
+  std::printf("Best plan: %s, global batch %lld (b_a = %lld per micro-batch)\n",
+              planner::shape_summary(d).c_str(), static_cast<long long>(d.global_batch()),
+              static_cast<long long>(d.batch_per_micro_batch));
+  std::printf("  %d GPUs, %.0f tokens/s, %.1f tokens/s per GPU, %.1f per cost unit, TBT %.1f ms\n",
+              d.gpus(), best.predicted.throughput, best.predicted.per_gpu,
+              best.predicted.per_cost, best.predicted.iteration * 1e3);
+  std::printf("  k1 = %.4g ms/token, k2 = %.4g ms, k3 = %.4g ms/token, k4 = %.4g ms; "
+              "overlap %s (m >= %d needed); binds: %s\n\n",
+              d.stage.k1 * 1e3, d.stage.k2 * 1e3, d.stage.k3 * 1e3, d.stage.k4 * 1e3,
+              best.predicted.full_overlap ? "full" : "partial", best.predicted.min_micro_batches,
+              best.binding.c_str());
+  Table t({"#", "attention", "experts", "m", "B", "b_e", "TBT ms", "T_a ms", "T_e ms", "T_c ms",
+           "tok/s", "tok/s/GPU", "tok/s/cost", "tok/s/W", "GEMM util", "binds"});
+  for (size_t i = 0; i < r.plans.size() && i <= top; ++i) t.add_row(plan_cells(r.plans[i], i + 1));
+  std::cout << t.to_string() << "\n";
+  Table b({"baseline", "configuration", "GPUs", "batch", "TBT ms", "tok/s/GPU", "tok/s/cost",
+           "tok/s/W", "plan gain"});
+  for (const auto& x : r.baselines) {
+    b.add_row({x.name, x.description, std::to_string(x.gpus), std::to_string(x.batch),
+               fmt(x.iteration * 1e3, 1), fmt(x.per_gpu, 1), fmt(x.per_cost, 1),
+               fmt(x.per_watt, 3),
+               fmt(best.predicted.objective(o.objective) / x.objective(o.objective), 2) + "x"});
+  }
+  if (r.baselines.empty()) {
+    std::cout << "No co-located baseline fits these GPUs under the SLO.\n";
+  } else {
+    std::cout << b.to_string();
+  }
+  if (sens) {
+    std::cout << "\nSensitivity (each parameter moved alone; the chosen shape keeps its batch "
+                 "re-searched):\n";
+    Table s({"parameter", "factor", "plan changes", "best plan then", "chosen plan loses"});
+    for (const auto& row : *sens) {
+      s.add_row({row.parameter, fmt(row.factor, 2), row.plan_changed ? "yes" : "no", row.new_plan,
+                 row.original_feasible ? fmt_pct(row.original_loss) : "infeasible"});
+    }
+    std::cout << s.to_string();
+  }
+}
+
+}  // namespace
+
+int run_plan(int argc, char** argv) {
+  FlagSet flags("plan",
+                "Searches tp_attention, tp_expert, attention nodes n_a, micro-batches m and the\n"
+                "global batch B for the deployment with the best throughput per cost under a\n"
+                "time-between-tokens SLO (SPEC.md section 4), and predicts two co-located\n"
+                "baselines with the same model.");
+  add_search_flags(flags);
+  flags.add_int("top", 5, "alternatives shown after the best plan");
+  flags.add_bool("sensitivity", "re-plan with each price and k1/k3 moved by +-20%");
+  flags.add_bool("json", "print one JSON object (SPEC.md section 7) instead of tables");
+  flags.add_string("out", "", "write the plan document to this file (for simulate / serve)");
+  flags.set_epilog(
+      "examples:\n"
+      "  msinfer plan --model mixtral-8x22b --gpu A100\n"
+      "  msinfer plan --model dbrx --gpu H20 --expert-gpu L40S --objective power\n"
+      "  msinfer plan --model mixtral-8x22b --hetero --gpus L20,L40S,H20,A800,H800 --json\n"
+      "  msinfer plan --model path/to/config.json --gpu H800 --max-gpus 64 --out plan.json");
+  Status s = flags.parse(argc, argv, 2);
+  if (!s.ok()) return report_error("plan", s);
+  if (flags.help_requested()) {
+    std::cout << flags.usage();
+    return 0;
+  }
+  if (!flags.positional().empty()) {
+    return report_error("plan", invalid_argument("unexpected argument '" +
+                                                 flags.positional().front() + "'"));
+  }
+  if (flags.get_int("top") < 0) return report_error("plan", invalid_argument("--top must be >= 0"));
+  auto setup = search_setup_from_flags(flags);
+  if (!setup.ok()) return report_error("plan", setup.status());
+  const planner::SearchOptions& o = setup->options;
+  auto t0 = std::chrono::steady_clock::now();
+  auto result = planner::search_plans(o);
+  if (!result.ok()) return report_error("plan", result.status());
+  std::vector<planner::SensitivityRow> sens;
+  if (flags.get_bool("sensitivity")) {
+    auto rows = planner::sensitivity(o, result->plans.front());
+    if (!rows.ok()) return report_error("plan", rows.status());
+    sens = std::move(rows).value();
+  }
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const size_t top = static_cast<size_t>(flags.get_int("top"));
+  Json doc = planner::plan_document(o, *result, top);
+  if (flags.get_bool("sensitivity")) doc["sensitivity"] = planner::sensitivity_to_json(sens);
+  doc["search"]["elapsed_ms"] = ms;
+  if (!flags.get_string("out").empty()) {
+    Status w = write_json_file(flags.get_string("out"), doc);
+    if (!w.ok()) return report_error("plan", w.with_context("--out"));
+  }
+  if (flags.get_bool("json")) {
+    std::cout << doc.dump(2) << "\n";
+  } else {
+    print_human(o, *result, top, flags.get_bool("sensitivity") ? &sens : nullptr, ms);
+    if (!flags.get_string("out").empty()) {
+      std::printf("\nplan written to %s\n", flags.get_string("out").c_str());
+    }
+  }
+  return 0;
+}
+
+}  // namespace msinfer::cli

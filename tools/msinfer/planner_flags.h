@@ -1,0 +1,26 @@
+// Flags shared by `msinfer plan` and `msinfer simulate` (SPEC.md section 6:
+// simulate takes "the same flags as plan"), and turning them into SearchOptions.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "msinfer/core/flags.h"
+#include "msinfer/planner/plan.h"
+
+namespace msinfer::cli {
+
+void add_search_flags(FlagSet& flags);
+
+// Owns what SearchOptions points to (the profile).
+struct SearchSetup {
+  planner::SearchOptions options;
+  std::unique_ptr<planner::Profile> profile;
+  planner::Catalog catalog;
+};
+StatusOr<SearchSetup> search_setup_from_flags(const FlagSet& flags);
+
+// Prints "msinfer CMD: message" on stderr and returns the exit code for `s`.
+int report_error(const char* command, const Status& s);
+
+}  // namespace msinfer::cli

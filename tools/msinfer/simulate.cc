@@ -1,0 +1,220 @@
+// msinfer simulate: play a plan forward event by event and report throughput,
+// TBT percentiles, busy fractions and bubbles; draw a Gantt chart; sweep n_a or m.
+#include <cstdio>
+#include <iostream>
+
+#include "commands.h"
+#include "msinfer/core/table.h"
+#include "msinfer/planner/simulator.h"
+#include "planner_flags.h"
+
+namespace msinfer::cli {
+namespace {
+
+Status parse_imbalance(const std::string& s, double* zipf_s) {
+  if (s.empty() || s == "none") {
+    *zipf_s = 0;
+    return ok_status();
+  }
+  if (s.rfind("zipf:", 0) != 0) {
+    return invalid_argument("--imbalance: expected zipf:S (e.g. zipf:1.2), got '" + s + "'");
+  }
+  char* end = nullptr;
+  std::string v = s.substr(5);
+  *zipf_s = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || *zipf_s < 0) {
+    return invalid_argument("--imbalance: zipf:S needs a number S >= 0, got '" + s + "'");
+  }
+  return ok_status();
+}
+
+StatusOr<planner::Deployment> deployment_from_flags(const FlagSet& flags) {
+  planner::Deployment d;
+  if (!flags.get_string("plan").empty()) {
+    for (const char* f : {"model", "gpu", "expert-gpu", "gpus", "profile"}) {
+      if (flags.was_set(f)) {
+        return invalid_argument(std::string("--") + f + " conflicts with --plan (the plan fixes it)");
+      }
+    }
+    const std::string& path = flags.get_string("plan");
+    MSI_ASSIGN_OR_RETURN(Json j, read_json_file(path));
+    MSI_ASSIGN_OR_RETURN(d, planner::deployment_from_plan_document(j, path));
+  } else {
+    MSI_ASSIGN_OR_RETURN(SearchSetup setup, search_setup_from_flags(flags));
+    MSI_ASSIGN_OR_RETURN(planner::SearchResult r, planner::search_plans(setup.options));
+    d = r.plans.front().deployment;
+  }
+  if (flags.get_int("attention-nodes") > 0) d.attention_nodes = flags.get_int("attention-nodes");
+  if (flags.get_int("micro-batches") > 0) d.micro_batches = flags.get_int("micro-batches");
+  if (flags.get_int("batch-per-micro-batch") > 0) {
+    d.batch_per_micro_batch = flags.get_int("batch-per-micro-batch");
+  }
+  for (const char* f : {"attention-nodes", "micro-batches", "batch-per-micro-batch"}) {
+    if (flags.get_int(f) < 0) return invalid_argument(std::string("--") + f + " must be >= 1");
+  }
+  return d;
+}
+
+void print_result(const planner::Deployment& d, const planner::SimResult& r,
+                  const planner::Prediction& p, const planner::SimOptions& o) {
+  std::printf("msinfer simulate: %s, %s, b_a = %lld (global batch %lld), %d iterations, "
+              "jitter %.1f%%, zipf %.2f\n\n",
+              d.model.name.c_str(), planner::shape_summary(d).c_str(),
+              static_cast<long long>(d.batch_per_micro_batch),
+              static_cast<long long>(d.global_batch()), o.iterations, o.jitter * 100, o.zipf_s);
+  Table t({"metric", "closed form", "simulated"});
+  t.add_row({"throughput (tokens/s)", fmt(p.throughput, 0), fmt(r.throughput, 0)});
+  t.add_row({"per GPU (tokens/s)", fmt(p.per_gpu, 1), fmt(r.per_gpu, 1)});
+  t.add_row({"per cost unit (tokens/s)", fmt(p.per_cost, 1), fmt(r.per_cost, 1)});
+  t.add_row({"TBT mean (ms)", fmt(p.iteration * 1e3, 2), fmt(r.tbt_mean * 1e3, 2)});
+  t.add_row({"TBT p50 (ms)", "", fmt(r.tbt_p50 * 1e3, 2)});
+  t.add_row({"TBT p99 (ms)", "", fmt(r.tbt_p99 * 1e3, 2)});
+  t.add_row({"T_a (ms)", fmt(p.t_attention * 1e3, 3), fmt(r.t_attention * 1e3, 3)});
+  t.add_row({"T_e (ms)", fmt(p.t_expert * 1e3, 3), fmt(r.t_expert * 1e3, 3)});
+  t.add_row({"T_c (ms)", fmt(p.t_comm * 1e3, 3), fmt(r.t_comm * 1e3, 3)});
+  t.add_row({"attention busy", "", fmt_pct(r.attention_busy)});
+  t.add_row({"expert busy (mean / max)", "",
+             fmt_pct(r.expert_busy) + " / " + fmt_pct(r.expert_busy_max)});
+  t.add_row({"attention NIC busy", "", fmt_pct(r.attention_nic_busy)});
+  t.add_row({"attention bubble (ms/iter)", "", fmt(r.attention_bubble * 1e3, 2)});
+  t.add_row({"expert bubble (ms/iter)", "", fmt(r.expert_bubble * 1e3, 2)});
+  std::cout << t.to_string();
+  std::printf("\nfull overlap (SPEC section 3, m >= %d and T_c < T_f): %s\n", p.min_micro_batches,
+              p.full_overlap ? "yes" : "no");
+}
+
+}  // namespace
+
+int run_simulate(int argc, char** argv) {
+  FlagSet flags("simulate",
+                "Discrete-event simulation of a disaggregated deployment: attention compute,\n"
+                "M2N transfer, expert compute and N2M transfer as jobs queueing for each worker\n"
+                "and each NIC direction. Takes --plan plan.json, or the flags of `msinfer plan`\n"
+                "(and simulates the best plan they find).");
+  flags.add_string("plan", "", "plan document written by `msinfer plan --out`");
+  add_search_flags(flags);
+  flags.add_int("attention-nodes", 0, "override the plan's attention nodes n_a");
+  flags.add_int("micro-batches", 0, "override the plan's micro-batches m");
+  flags.add_int("batch-per-micro-batch", 0, "override the plan's b_a");
+  flags.add_int("iterations", 8, "decoding iterations to simulate");
+  flags.add_double("jitter", 0, "percent: scale every duration by a seeded U[1-p, 1+p]");
+  flags.add_string("imbalance", "none", "per-expert load skew: none | zipf:S");
+  flags.add_int("seed", 1, "random seed for --jitter");
+  flags.add_string("gantt", "", "write an SVG timeline of the first iterations");
+  flags.add_int("gantt-iterations", 1, "iterations drawn by --gantt");
+  flags.add_int("gantt-layers", 6, "layers of each iteration drawn by --gantt (0: all)");
+  flags.add_string("sweep", "",
+                   "attention-nodes=FROM..TO or micro-batches=FROM..TO (b_a held fixed)");
+  flags.add_string("plot", "", "with --sweep: write an SVG chart of tokens/s per GPU and TBT");
+  flags.add_bool("json", "print one JSON object instead of tables");
+  flags.set_epilog(
+      "examples:\n"
+      "  msinfer plan --model mixtral-8x22b --gpu A100 --out plan.json\n"
+      "  msinfer simulate --plan plan.json --gantt gantt.svg\n"
+      "  msinfer simulate --plan plan.json --imbalance zipf:1.2 --jitter 5\n"
+      "  msinfer simulate --plan plan.json --sweep attention-nodes=1..16 --plot sweep.svg");
+  Status s = flags.parse(argc, argv, 2);
+  if (!s.ok()) return report_error("simulate", s);
+  if (flags.help_requested()) {
+    std::cout << flags.usage();
+    return 0;
+  }
+  if (!flags.positional().empty()) {
+    return report_error("simulate", invalid_argument("unexpected argument '" +
+                                                     flags.positional().front() + "'"));
+  }
+  planner::SimOptions o;
+  o.iterations = static_cast<int>(flags.get_int("iterations"));
+  o.jitter = flags.get_double("jitter") / 100.0;
+  o.seed = static_cast<uint64_t>(flags.get_int("seed"));
+  o.gantt_iterations = flags.get_string("gantt").empty() ? 0 : flags.get_int("gantt-iterations");
+  if (flags.get_int("gantt-layers") > 0) o.gantt_layers = flags.get_int("gantt-layers");
+  if (flags.get_int("gantt-iterations") < 1 || flags.get_int("gantt-layers") < 0) {
+    return report_error("simulate", invalid_argument("--gantt-iterations must be >= 1 and "
+                                                     "--gantt-layers >= 0"));
+  }
+  s = parse_imbalance(flags.get_string("imbalance"), &o.zipf_s);
+  if (!s.ok()) return report_error("simulate", s);
+  if (!flags.get_string("plot").empty() && flags.get_string("sweep").empty()) {
+    return report_error("simulate", invalid_argument("--plot needs --sweep"));
+  }
+  auto d = deployment_from_flags(flags);
+  if (!d.ok()) return report_error("simulate", d.status());
+
+  if (!flags.get_string("sweep").empty()) {
+    planner::SweepParameter param;
+    int from = 0, to = 0;
+    s = planner::parse_sweep(flags.get_string("sweep"), &param, &from, &to);
+    if (!s.ok()) return report_error("simulate", s);
+    auto rows = planner::sweep(*d, param, from, to, o);
+    if (!rows.ok()) return report_error("simulate", rows.status());
+    if (!flags.get_string("plot").empty()) {
+      s = planner::write_sweep_svg(param, *rows, flags.get_string("plot"));
+      if (!s.ok()) return report_error("simulate", s.with_context("--plot"));
+    }
+    if (flags.get_bool("json")) {
+      Json out{{"parameter", planner::sweep_parameter_name(param)},
+               {"batch_per_micro_batch", d->batch_per_micro_batch},
+               {"base_plan", planner::deployment_plan_json(*d)}};
+      Json list = Json::array();
+      for (const auto& row : *rows) {
+        Json j = row.sim.to_json();
+        j["attention_nodes"] = row.deployment.attention_nodes;
+        j["micro_batches"] = row.deployment.micro_batches;
+        j["global_batch"] = row.deployment.global_batch();
+        j["gpus"] = row.deployment.gpus();
+        j["tbt_closed_form_ms"] = row.closed_form.iteration * 1e3;
+        list.push_back(j);
+      }
+      out["sweep"] = list;
+      std::cout << out.dump(2) << "\n";
+      return 0;
+    }
+    std::printf("msinfer simulate --sweep %s: %s, b_a = %lld held fixed\n\n",
+                flags.get_string("sweep").c_str(), planner::shape_summary(*d).c_str(),
+                static_cast<long long>(d->batch_per_micro_batch));
+    Table t({planner::sweep_parameter_name(param), "GPUs", "B", "tok/s", "tok/s/GPU",
+             "tok/s/cost", "TBT ms", "TBT p99 ms", "closed-form TBT", "attn busy", "expert busy"});
+    for (const auto& row : *rows) {
+      t.add_row({std::to_string(row.value), std::to_string(row.deployment.gpus()),
+                 std::to_string(row.deployment.global_batch()), fmt(row.sim.throughput, 0),
+                 fmt(row.sim.per_gpu, 1), fmt(row.sim.per_cost, 1),
+                 fmt(row.sim.tbt_mean * 1e3, 2), fmt(row.sim.tbt_p99 * 1e3, 2),
+                 fmt(row.closed_form.iteration * 1e3, 2), fmt_pct(row.sim.attention_busy),
+                 fmt_pct(row.sim.expert_busy)});
+    }
+    std::cout << t.to_string();
+    if (!flags.get_string("plot").empty()) {
+      std::printf("\nchart written to %s\n", flags.get_string("plot").c_str());
+    }
+    return 0;
+  }
+
+  auto r = planner::simulate(*d, o);
+  if (!r.ok()) return report_error("simulate", r.status());
+  const planner::Prediction p = planner::predict(*d);
+  if (!flags.get_string("gantt").empty()) {
+    s = planner::write_gantt_svg(*d, *r, flags.get_string("gantt"));
+    if (!s.ok()) return report_error("simulate", s.with_context("--gantt"));
+  }
+  if (flags.get_bool("json")) {
+    Json shares = r->expert_load_share;
+    Json out{{"plan", planner::deployment_plan_json(*d)},
+             {"predicted", r->to_json()},
+             {"closed_form", p.to_json()},
+             {"full_overlap", p.full_overlap},
+             {"expert_load_share", shares},
+             {"options",
+              {{"iterations", o.iterations}, {"jitter_pct", o.jitter * 100},
+               {"zipf_s", o.zipf_s}, {"seed", o.seed}}}};
+    std::cout << out.dump(2) << "\n";
+  } else {
+    print_result(*d, *r, p, o);
+    if (!flags.get_string("gantt").empty()) {
+      std::printf("Gantt chart written to %s\n", flags.get_string("gantt").c_str());
+    }
+  }
+  return 0;
+}
+
+}  // namespace msinfer::cli
