@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <sstream>
 
 namespace msinfer {
 namespace {
@@ -29,25 +28,25 @@ std::string Table::to_string() const {
   for (const auto& r : rows_) {
     for (size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
   }
-  std::ostringstream out;
+  std::string out;
   auto emit = [&](const std::vector<std::string>& cells, bool header) {
+    std::string line;
     for (size_t c = 0; c < ncol; ++c) {
       std::string cell = c < cells.size() ? cells[c] : "";
       size_t pad = width[c] - cell.size();
-      bool right = !header && looks_numeric(cell);
-      if (c > 0) out << "  ";
-      if (right) out << std::string(pad, ' ') << cell;
-      else if (c + 1 < ncol) out << cell << std::string(pad, ' ');
-      else out << cell;
+      if (c > 0) line += "  ";
+      if (!header && looks_numeric(cell)) line += std::string(pad, ' ') + cell;
+      else line += cell + std::string(pad, ' ');
     }
-    out << "\n";
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
   };
   emit(header_, true);
   size_t total = 0;
   for (size_t c = 0; c < ncol; ++c) total += width[c] + (c > 0 ? 2 : 0);
-  out << std::string(total, '-') << "\n";
+  out += std::string(total, '-') + "\n";
   for (const auto& r : rows_) emit(r, false);
-  return out.str();
+  return out;
 }
 
 std::string fmt(double value, int digits) {

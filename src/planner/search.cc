@@ -177,17 +177,36 @@ StatusOr<SearchResult> search_plans(const SearchOptions& options) {
         for (int n = lo - 1; n <= lo + 2; ++n) {
           if (n >= 1) n_values.insert(std::min(n, n_cap));
         }
-        for (int n_a : n_values) {
-          for (int m = 1; m <= options.max_micro_batches; ++m) {
+        for (int m = 1; m <= options.max_micro_batches; ++m) {
+          std::set<int> tried;
+          int best_for_m = -1;  // index into result.plans (which grows)
+          auto try_n = [&](int n_a) {
+            if (n_a < 1 || n_a > n_cap || !tried.insert(n_a).second) return;
             Deployment cand = d;
             cand.attention_nodes = n_a;
             cand.micro_batches = m;
             auto plan = best_batch(options, cand, &result.evaluated);
-            if (!plan.ok()) continue;
-            if (options.max_gpus > 0 && n_a == n_cap && n_cap < lo) {
-              plan->binding += ",max_gpus";
-            }
+            if (!plan.ok()) return;
+            if (options.max_gpus > 0 && n_a == n_cap && n_cap < lo) plan->binding += ",max_gpus";
             result.plans.push_back(std::move(plan).value());
+            const int idx = static_cast<int>(result.plans.size()) - 1;
+            if (best_for_m < 0 || result.plans[idx].predicted.objective(options.objective) >
+                                      result.plans[best_for_m].predicted.objective(options.objective)) {
+              best_for_m = idx;
+            }
+          };
+          for (int n_a : n_values) try_n(n_a);
+          if (best_for_m < 0) continue;
+          // Balance again with the constants, at the batch just found:
+          // k1 b_a + k2 = k3 b_a n_a K / E + k4.
+          const double b_a =
+              static_cast<double>(result.plans[best_for_m].deployment.batch_per_micro_batch);
+          const double n_ref = (d.stage.k1 * b_a + d.stage.k2 - d.stage.k4) * E /
+                               (d.stage.k3 * b_a * model.top_k);
+          if (n_ref >= 1 && n_ref < (1 << 20)) {
+            const int f = static_cast<int>(std::floor(n_ref));
+            try_n(f);
+            try_n(f + 1);
           }
         }
       }

@@ -61,7 +61,12 @@ StatusOr<std::vector<SensitivityRow>> sensitivity(const SearchOptions& options,
     d.stage.k1 *= o.k1_scale;
     d.stage.k3 *= o.k3_scale;
     auto again = best_batch(o, d);
-    if (again.ok()) {
+    if (again.ok() && again->predicted.objective(obj) >= best.predicted.objective(obj)) {
+      // The search explores n_a near balance only; the chosen shape may still be the best known.
+      row.new_plan = original;
+      row.plan_changed = false;
+      row.original_loss = 0;
+    } else if (again.ok()) {
       row.original_loss = 1.0 - again->predicted.objective(obj) / best.predicted.objective(obj);
     } else {
       row.original_feasible = false;
