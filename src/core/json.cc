@@ -11,7 +11,8 @@ StatusOr<Json> parse_json(std::string_view text, const std::string& source) {
   if (j.is_discarded()) {
     // Re-parse with exceptions only to get the position for the message.
     try {
-      (void)Json::parse(text.begin(), text.end());
+      Json unused = Json::parse(text.begin(), text.end());
+      (void)unused;
     } catch (const Json::parse_error& e) {
       return invalid_argument(source + ": not valid JSON (" + e.what() + ")");
     }

@@ -72,7 +72,7 @@ Json Baseline::to_json() const {
 }
 
 std::vector<Baseline> colocated_baselines(const SearchOptions& options, const GpuSpec& gpu) {
-  const ModelSpec& model = options.model;
+  const ModelConfig& model = options.model;
   const int E = model.experts, K = model.top_k, L = model.moe_layers;
   const double h = static_cast<double>(model.hidden);
   std::vector<Baseline> out;

@@ -115,7 +115,7 @@ double allreduce_time(const GpuSpec& gpu, int tp, double bytes, const UtilCurve&
   return bytes_time(moved, gpu.nic_bandwidth, nic_util);
 }
 
-StageModel build_stage_model(const ModelSpec& model, const DeploymentShape& shape,
+StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& shape,
                              double seq_len, const UtilCurve& nic_util, const Profile* profile) {
   const GpuSpec& ga = shape.attention_gpu;
   const GpuSpec& ge = shape.expert_gpu;
@@ -170,7 +170,7 @@ StageModel build_stage_model(const ModelSpec& model, const DeploymentShape& shap
   return s;
 }
 
-double attention_node_bytes(const ModelSpec& model, int m, double b_a, double seq_len) {
+double attention_node_bytes(const ModelConfig& model, int m, double b_a, double seq_len) {
   return model.kv_bytes_per_token_per_layer() * m * b_a * seq_len * model.layers +
          2.0 * model.attention_side_params();
 }
@@ -179,7 +179,7 @@ double attention_node_capacity(const GpuSpec& gpu, int tp) {
   return tp * gpu.memory_bytes * gpu.efficiency.memory_usable;
 }
 
-double expert_node_bytes(const ModelSpec& model) { return 2.0 * model.expert_params(); }
+double expert_node_bytes(const ModelConfig& model) { return 2.0 * model.expert_params(); }
 
 double expert_node_capacity(const GpuSpec& gpu, int tp) {
   return tp * gpu.memory_bytes * gpu.efficiency.memory_usable;

@@ -114,7 +114,7 @@ StatusOr<Deployment> deployment_from_plan_document(const Json& j, const std::str
   MSI_ASSIGN_OR_RETURN(JsonFields ga, hw.object("attention_gpu"));
   MSI_ASSIGN_OR_RETURN(JsonFields ge, hw.object("expert_gpu"));
   Deployment d;
-  MSI_ASSIGN_OR_RETURN(d.model, ModelSpec::from_json(model));
+  MSI_ASSIGN_OR_RETURN(d.model, ModelConfig::from_json(model));
   MSI_ASSIGN_OR_RETURN(d.stage, StageModel::from_json(stage));
   MSI_ASSIGN_OR_RETURN(d.shape.attention_gpu, parse_gpu_spec(ga, Efficiency{}));
   MSI_ASSIGN_OR_RETURN(d.shape.expert_gpu, parse_gpu_spec(ge, Efficiency{}));

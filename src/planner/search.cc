@@ -150,7 +150,7 @@ StatusOr<SearchResult> search_plans(const SearchOptions& options) {
   if (options.max_micro_batches < 1) return invalid_argument("--max-micro-batches must be >= 1");
   if (options.max_gpus < 0) return invalid_argument("--max-gpus must be >= 0");
   SearchResult result;
-  const ModelSpec& model = options.model;
+  const ModelConfig& model = options.model;
   const int E = model.experts;
   for (const auto& [ga, ge] : options.gpu_pairs) {
     for (int tpe : tp_candidates(ge)) {

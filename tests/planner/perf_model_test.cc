@@ -12,7 +12,7 @@ using testing::ideal_gpu;
 using testing::tiny_model;
 
 TEST(StageModelTest, RooflineCoefficientsByHand) {
-  const ModelSpec m = tiny_model();
+  const ModelConfig m = tiny_model();
   DeploymentShape shape{ideal_gpu(), ideal_gpu(), 1, 1};
   StageModel s = build_stage_model(m, shape, /*seq_len=*/100, half_util());
   // k2: attention-side weights per MoE layer, 2 bytes * 38208 params / 2 layers, at 1e11 B/s.
@@ -35,7 +35,7 @@ TEST(StageModelTest, RooflineCoefficientsByHand) {
 }
 
 TEST(StageModelTest, TensorParallelSplitsWorkAndAddsAllReduce) {
-  const ModelSpec m = tiny_model();
+  const ModelConfig m = tiny_model();
   StageModel s1 = build_stage_model(m, {ideal_gpu(), ideal_gpu(), 1, 1}, 100, half_util());
   StageModel s2 = build_stage_model(m, {ideal_gpu(), ideal_gpu(), 2, 2}, 100, half_util());
   // Ring all-reduce of a 128-byte hidden row over 2 GPUs: 2 * 1/2 * 128 B at 1e10 B/s.
@@ -100,7 +100,7 @@ TEST(StageModelTest, JsonRoundTrip) {
 }
 
 TEST(MemoryTest, SpecFormula) {
-  const ModelSpec m = tiny_model();
+  const ModelConfig m = tiny_model();
   // SPEC: 4 m b_a s h L / g + 2 P_a, with h = 64, g = 2.
   const int mb = 3;
   const double b_a = 5, s = 100;

@@ -3,12 +3,12 @@
 #pragma once
 
 #include "msinfer/planner/catalog.h"
-#include "msinfer/planner/model_spec.h"
+#include "msinfer/core/model_config.h"
 
 namespace msinfer::planner::testing {
 
-inline ModelSpec tiny_model() {
-  ModelSpec m;
+inline ModelConfig tiny_model() {
+  ModelConfig m;
   m.name = "tiny";
   m.architecture = "builtin";
   m.layers = m.moe_layers = 2;

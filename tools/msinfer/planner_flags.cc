@@ -59,7 +59,7 @@ StatusOr<SearchSetup> search_setup_from_flags(const FlagSet& flags) {
   if (flags.get_string("model").empty()) {
     return invalid_argument("--model is required (mixtral-8x22b, dbrx, scaled-moe or a config.json)");
   }
-  MSI_ASSIGN_OR_RETURN(o.model, planner::load_model_spec(flags.get_string("model")));
+  MSI_ASSIGN_OR_RETURN(o.model, load_model_config(flags.get_string("model")));
   const planner::Catalog& cat = setup.catalog;
   if (flags.get_bool("hetero")) {
     if (flags.was_set("gpu") || flags.was_set("expert-gpu")) {

@@ -16,7 +16,7 @@
 #include "msinfer/core/json.h"
 #include "msinfer/core/status.h"
 #include "msinfer/planner/catalog.h"
-#include "msinfer/planner/model_spec.h"
+#include "msinfer/core/model_config.h"
 
 namespace msinfer::planner {
 
@@ -67,7 +67,7 @@ struct DeploymentShape {
 };
 
 // k1..k4 and the transfer model for `shape`, from the roofline or from `profile`.
-StageModel build_stage_model(const ModelSpec& model, const DeploymentShape& shape,
+StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& shape,
                              double seq_len, const UtilCurve& nic_util,
                              const Profile* profile = nullptr);
 
@@ -77,9 +77,9 @@ double allreduce_time(const GpuSpec& gpu, int tp, double bytes, const UtilCurve&
 
 // Bytes an attention node needs: bf16 KV cache of m micro-batches of b_a
 // requests at context s, plus bf16 weights (SPEC.md section 4's memory constraint).
-double attention_node_bytes(const ModelSpec& model, int m, double b_a, double seq_len);
+double attention_node_bytes(const ModelConfig& model, int m, double b_a, double seq_len);
 double attention_node_capacity(const GpuSpec& gpu, int tp);  // tp * C * memory_usable
-double expert_node_bytes(const ModelSpec& model);            // one expert's bf16 weights
+double expert_node_bytes(const ModelConfig& model);            // one expert's bf16 weights
 double expert_node_capacity(const GpuSpec& gpu, int tp);
 
 // Roofline utilisation of an expert GEMM with b_e tokens: min(b_e * W / F, 1).

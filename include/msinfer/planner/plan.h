@@ -12,7 +12,7 @@
 #include "msinfer/core/json.h"
 #include "msinfer/core/status.h"
 #include "msinfer/planner/catalog.h"
-#include "msinfer/planner/model_spec.h"
+#include "msinfer/core/model_config.h"
 #include "msinfer/planner/perf_model.h"
 
 namespace msinfer::planner {
@@ -24,7 +24,7 @@ const char* objective_name(Objective o);
 // One disaggregated deployment: what the simulator and the runtime need.
 // Each of the E experts lives on its own expert node of tp_expert GPUs.
 struct Deployment {
-  ModelSpec model;
+  ModelConfig model;
   DeploymentShape shape;
   int attention_nodes = 1;  // n_a
   int micro_batches = 1;    // m
@@ -74,7 +74,7 @@ struct Plan {
 };
 
 struct SearchOptions {
-  ModelSpec model;
+  ModelConfig model;
   std::vector<std::pair<GpuSpec, GpuSpec>> gpu_pairs;  // (attention GPU, expert GPU)
   double slo = 0.150;       // seconds
   double seq_len = 2048;    // average context of a decoding request

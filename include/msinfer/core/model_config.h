@@ -1,7 +1,10 @@
-// The shape of an MoE model as the planner sees it: layer counts and widths,
-// from which it derives parameter counts, FLOPs and KV-cache bytes. Built in:
-// Mixtral-8x22B, DBRX, Scaled-MoE (SPEC.md section 4); or read from an HF
-// config.json of a Mixtral, Qwen2-MoE, Qwen3-MoE, DBRX or DeepSeek-V2/V3 model.
+// ModelConfig: the one description of an MoE model, shared by the planner (its
+// shape: layer counts and widths, from which it derives parameter counts,
+// FLOPs and KV-cache bytes) and the engine (plus the numerics: RoPE base, norm
+// epsilon, routing rule, special tokens). Built in: Mixtral-8x22B, DBRX,
+// Scaled-MoE (SPEC.md section 4); or read from an HF config.json of a Mixtral,
+// Qwen2-MoE, Qwen3-MoE, DBRX or DeepSeek-V2/V3 model. The engine executes
+// Mixtral and Qwen3-MoE (check_executable()).
 //
 // Shared experts and dense (non-MoE) layers run on the attention side: every
 // token visits them, so they are a dense GEMM with the attention replica's
@@ -15,9 +18,9 @@
 #include "msinfer/core/json.h"
 #include "msinfer/core/status.h"
 
-namespace msinfer::planner {
+namespace msinfer {
 
-struct ModelSpec {
+struct ModelConfig {
   std::string name;
   std::string architecture;  // HF architectures[0], or "builtin"
   int layers = 0;            // all decoder layers
@@ -41,6 +44,15 @@ struct ModelSpec {
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
 
+  // Numerics the engine needs (defaults are the HF defaults of Mixtral).
+  double rope_theta = 1e6;
+  double rms_norm_eps = 1e-5;
+  bool norm_topk_prob = true;   // renormalise the top-K softmax weights (Mixtral: always)
+  bool qk_norm = false;         // RMSNorm on q and k per head before RoPE (Qwen3)
+  int64_t max_position_embeddings = 32768;
+  int64_t bos_token_id = -1;    // -1: none
+  std::vector<int64_t> eos_token_ids;
+
   // Query heads per KV head (g in SPEC.md section 4).
   double gqa_group() const;
   // Attention projection parameters of one layer (QKV or MLA, O), without the router.
@@ -63,19 +75,22 @@ struct ModelSpec {
 
   Json to_json() const;
   // Reads what to_json() wrote (plan files carry the model this way).
-  static StatusOr<ModelSpec> from_json(const JsonFields& f);
+  static StatusOr<ModelConfig> from_json(const JsonFields& f);
   // Checks the fields are consistent; names the model and field.
   Status validate() const;
+  // OK when the engine can run this model: Mixtral or Qwen3-MoE, every layer MoE,
+  // no shared expert, plain GQA attention.
+  Status check_executable() const;
 };
 
 // Names of the built-in models, e.g. "mixtral-8x22b".
 std::vector<std::string> builtin_model_names();
 // A built-in model by name (case-insensitive).
-StatusOr<ModelSpec> builtin_model(const std::string& name);
+StatusOr<ModelConfig> builtin_model(const std::string& name);
 // Parses an HF config.json document; `source` names it in errors.
-StatusOr<ModelSpec> parse_hf_config(const Json& config, const std::string& source);
+StatusOr<ModelConfig> parse_hf_config(const Json& config, const std::string& source);
 // `name_or_path` is a built-in name, a config.json path, or a model directory
 // containing config.json.
-StatusOr<ModelSpec> load_model_spec(const std::string& name_or_path);
+StatusOr<ModelConfig> load_model_config(const std::string& name_or_path);
 
-}  // namespace msinfer::planner
+}  // namespace msinfer

@@ -1,10 +1,10 @@
-#include "msinfer/planner/model_spec.h"
+#include "msinfer/core/model_config.h"
 
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
 
-namespace msinfer::planner {
+namespace msinfer {
 namespace {
 
 std::string lower(std::string s) {
@@ -16,9 +16,9 @@ const char* kSupported =
     "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, DbrxForCausalLM, "
     "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM";
 
-ModelSpec gqa_model(std::string name, int layers, int64_t h, int64_t ffn, int e, int k, int heads,
+ModelConfig gqa_model(std::string name, int layers, int64_t h, int64_t ffn, int e, int k, int heads,
                     int kv_heads, int64_t vocab) {
-  ModelSpec m;
+  ModelConfig m;
   m.name = std::move(name);
   m.architecture = "builtin";
   m.layers = m.moe_layers = layers;
@@ -63,7 +63,34 @@ StatusOr<int> get_int(const JsonFields& f, const std::string& key, int64_t min_v
   return static_cast<int>(v);
 }
 
-Status parse_common_gqa(const JsonFields& f, ModelSpec& m) {
+Status parse_eos(const JsonFields& f, ModelConfig& m) {
+  if (!f.has("eos_token_id")) return ok_status();
+  const Json& v = f.json().at("eos_token_id");
+  if (v.is_number_integer()) {
+    m.eos_token_ids = {v.get<int64_t>()};
+  } else if (v.is_array()) {
+    for (const auto& x : v) {
+      if (!x.is_number_integer()) return f.field_error("eos_token_id", "must be integers");
+      m.eos_token_ids.push_back(x.get<int64_t>());
+    }
+  } else {
+    return f.field_error("eos_token_id", "must be an integer or a list of integers");
+  }
+  return ok_status();
+}
+
+Status parse_numerics(const JsonFields& f, ModelConfig& m) {
+  MSI_ASSIGN_OR_RETURN(m.rope_theta, f.number_or("rope_theta", m.rope_theta));
+  MSI_ASSIGN_OR_RETURN(m.rms_norm_eps, f.number_or("rms_norm_eps", m.rms_norm_eps));
+  MSI_ASSIGN_OR_RETURN(m.max_position_embeddings,
+                       f.integer_or("max_position_embeddings", m.max_position_embeddings));
+  MSI_ASSIGN_OR_RETURN(m.bos_token_id, f.integer_or("bos_token_id", -1));
+  if (!(m.rope_theta > 0)) return f.field_error("rope_theta", "must be > 0");
+  if (!(m.rms_norm_eps > 0)) return f.field_error("rms_norm_eps", "must be > 0");
+  return parse_eos(f, m);
+}
+
+Status parse_common_gqa(const JsonFields& f, ModelConfig& m) {
   MSI_ASSIGN_OR_RETURN(m.layers, get_int(f, "num_hidden_layers"));
   MSI_ASSIGN_OR_RETURN(m.hidden, f.integer_at_least("hidden_size", 1));
   MSI_ASSIGN_OR_RETURN(m.heads, get_int(f, "num_attention_heads"));
@@ -73,16 +100,16 @@ Status parse_common_gqa(const JsonFields& f, ModelSpec& m) {
   MSI_ASSIGN_OR_RETURN(m.vocab, f.integer_at_least("vocab_size", 1));
   MSI_ASSIGN_OR_RETURN(m.tied_embeddings, f.boolean_or("tie_word_embeddings", false));
   MSI_ASSIGN_OR_RETURN(m.top_k, get_int(f, "num_experts_per_tok"));
-  return ok_status();
+  return parse_numerics(f, m);
 }
 
 }  // namespace
 
-double ModelSpec::gqa_group() const {
+double ModelConfig::gqa_group() const {
   return kv_heads > 0 ? static_cast<double>(heads) / kv_heads : 1.0;
 }
 
-double ModelSpec::attention_params_per_layer() const {
+double ModelConfig::attention_params_per_layer() const {
   double h = static_cast<double>(hidden);
   if (kv_lora_rank > 0) {
     double qk = static_cast<double>(qk_nope_head_dim + qk_rope_head_dim);
@@ -97,7 +124,7 @@ double ModelSpec::attention_params_per_layer() const {
   return h * heads * hd + 2.0 * h * kv_heads * hd + heads * hd * h;
 }
 
-double ModelSpec::attention_side_params() const {
+double ModelConfig::attention_side_params() const {
   double h = static_cast<double>(hidden);
   double per_layer = attention_params_per_layer() + 2.0 * h;  // + two RMSNorm weights
   double p = layers * per_layer;
@@ -107,18 +134,18 @@ double ModelSpec::attention_side_params() const {
   return p;
 }
 
-double ModelSpec::expert_params() const { return moe_layers * 3.0 * hidden * expert_ffn; }
+double ModelConfig::expert_params() const { return moe_layers * 3.0 * hidden * expert_ffn; }
 
-double ModelSpec::total_params() const {
+double ModelConfig::total_params() const {
   return attention_side_params() + experts * expert_params();
 }
 
-double ModelSpec::kv_bytes_per_token_per_layer() const {
+double ModelConfig::kv_bytes_per_token_per_layer() const {
   if (kv_lora_rank > 0) return 2.0 * static_cast<double>(kv_lora_rank + qk_rope_head_dim);
   return 2.0 /*K,V*/ * 2.0 /*bf16*/ * kv_heads * head_dim;
 }
 
-double ModelSpec::attention_side_flops_per_token_per_moe_layer() const {
+double ModelConfig::attention_side_flops_per_token_per_moe_layer() const {
   double h = static_cast<double>(hidden);
   // All dense work of the attention side over the whole model, per token,
   // spread evenly over the MoE layers (dense layers and the LM head included).
@@ -128,7 +155,7 @@ double ModelSpec::attention_side_flops_per_token_per_moe_layer() const {
   return 2.0 * params / moe_layers;
 }
 
-double ModelSpec::attention_score_flops(double seq_len) const {
+double ModelConfig::attention_score_flops(double seq_len) const {
   if (kv_lora_rank > 0) {
     // Absorbed MLA decode: scores and values over the compressed latent per head.
     return 2.0 * heads * (2.0 * kv_lora_rank + qk_rope_head_dim) * seq_len;
@@ -136,7 +163,7 @@ double ModelSpec::attention_score_flops(double seq_len) const {
   return 4.0 * heads * static_cast<double>(head_dim) * seq_len;
 }
 
-Json ModelSpec::to_json() const {
+Json ModelConfig::to_json() const {
   Json j{{"name", name},
          {"architecture", architecture},
          {"layers", layers},
@@ -155,6 +182,10 @@ Json ModelSpec::to_json() const {
          {"params_attention_side", attention_side_params()},
          {"params_per_expert", expert_params()}};
   j["tied_embeddings"] = tied_embeddings;
+  j["rope_theta"] = rope_theta;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["norm_topk_prob"] = norm_topk_prob;
+  j["qk_norm"] = qk_norm;
   if (kv_lora_rank > 0) {
     j["q_lora_rank"] = q_lora_rank;
     j["kv_lora_rank"] = kv_lora_rank;
@@ -165,7 +196,21 @@ Json ModelSpec::to_json() const {
   return j;
 }
 
-Status ModelSpec::validate() const {
+Status ModelConfig::check_executable() const {
+  auto no = [&](const std::string& why) {
+    return unimplemented("model '" + name + "' (" + architecture + "): " + why +
+                         "; the engine runs MixtralForCausalLM and Qwen3MoeForCausalLM");
+  };
+  if (architecture != "MixtralForCausalLM" && architecture != "Qwen3MoeForCausalLM") {
+    return no("architecture not supported by the engine");
+  }
+  if (moe_layers != layers) return no("dense (mlp-only) layers are not supported yet");
+  if (shared_expert_ffn != 0) return no("shared experts are not supported yet");
+  if (kv_lora_rank != 0) return no("latent attention is not supported yet");
+  return validate();
+}
+
+Status ModelConfig::validate() const {
   auto bad = [&](const std::string& what) {
     return invalid_argument("model '" + name + "': " + what);
   };
@@ -190,7 +235,7 @@ std::vector<std::string> builtin_model_names() {
   return {"mixtral-8x22b", "dbrx", "scaled-moe"};
 }
 
-StatusOr<ModelSpec> builtin_model(const std::string& name) {
+StatusOr<ModelConfig> builtin_model(const std::string& name) {
   std::string n = lower(name);
   if (n == "mixtral-8x22b" || n == "mixtral") {
     return gqa_model("mixtral-8x22b", 56, 6144, 16384, 8, 2, 48, 8, 32768);
@@ -205,7 +250,7 @@ StatusOr<ModelSpec> builtin_model(const std::string& name) {
                    ") nor an existing config.json or model directory");
 }
 
-StatusOr<ModelSpec> parse_hf_config(const Json& config, const std::string& source) {
+StatusOr<ModelConfig> parse_hf_config(const Json& config, const std::string& source) {
   JsonFields f(config, source);
   MSI_RETURN_IF_ERROR(f.expect_object());
   std::string arch;
@@ -225,7 +270,7 @@ StatusOr<ModelSpec> parse_hf_config(const Json& config, const std::string& sourc
                               "' is not supported; supported: " + std::string(kSupported));
     }
   }
-  ModelSpec m;
+  ModelConfig m;
   m.architecture = arch;
   MSI_ASSIGN_OR_RETURN(m.name, f.string_or("_name_or_path", ""));
   if (m.name.empty()) {
@@ -243,6 +288,8 @@ StatusOr<ModelSpec> parse_hf_config(const Json& config, const std::string& sourc
     MSI_ASSIGN_OR_RETURN(m.expert_ffn, f.integer_at_least("moe_intermediate_size", 1));
     MSI_ASSIGN_OR_RETURN(m.moe_layers, qwen_moe_layers(f, m.layers));
     MSI_ASSIGN_OR_RETURN(m.dense_ffn, f.integer_or("intermediate_size", 0));
+    MSI_ASSIGN_OR_RETURN(m.norm_topk_prob, f.boolean_or("norm_topk_prob", false));
+    m.qk_norm = arch == "Qwen3MoeForCausalLM";
     if (arch == "Qwen2MoeForCausalLM") {
       MSI_ASSIGN_OR_RETURN(m.shared_expert_ffn, f.integer_or("shared_expert_intermediate_size", 0));
     }
@@ -298,7 +345,7 @@ StatusOr<ModelSpec> parse_hf_config(const Json& config, const std::string& sourc
   return m;
 }
 
-StatusOr<ModelSpec> load_model_spec(const std::string& name_or_path) {
+StatusOr<ModelConfig> load_model_config(const std::string& name_or_path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::path p(name_or_path);
@@ -313,13 +360,13 @@ StatusOr<ModelSpec> load_model_spec(const std::string& name_or_path) {
   return builtin_model(name_or_path);
 }
 
-}  // namespace msinfer::planner
+}  // namespace msinfer
 
-namespace msinfer::planner {
+namespace msinfer {
 
-StatusOr<ModelSpec> ModelSpec::from_json(const JsonFields& f) {
+StatusOr<ModelConfig> ModelConfig::from_json(const JsonFields& f) {
   MSI_RETURN_IF_ERROR(f.expect_object());
-  ModelSpec m;
+  ModelConfig m;
   MSI_ASSIGN_OR_RETURN(m.name, f.string("name"));
   MSI_ASSIGN_OR_RETURN(m.architecture, f.string_or("architecture", "builtin"));
   MSI_ASSIGN_OR_RETURN(m.layers, get_int(f, "layers"));
@@ -335,6 +382,10 @@ StatusOr<ModelSpec> ModelSpec::from_json(const JsonFields& f) {
   MSI_ASSIGN_OR_RETURN(m.dense_ffn, f.integer_or("dense_ffn", 0));
   MSI_ASSIGN_OR_RETURN(m.shared_expert_ffn, f.integer_or("shared_expert_ffn", 0));
   MSI_ASSIGN_OR_RETURN(m.tied_embeddings, f.boolean_or("tied_embeddings", false));
+  MSI_ASSIGN_OR_RETURN(m.rope_theta, f.number_or("rope_theta", m.rope_theta));
+  MSI_ASSIGN_OR_RETURN(m.rms_norm_eps, f.number_or("rms_norm_eps", m.rms_norm_eps));
+  MSI_ASSIGN_OR_RETURN(m.norm_topk_prob, f.boolean_or("norm_topk_prob", m.norm_topk_prob));
+  MSI_ASSIGN_OR_RETURN(m.qk_norm, f.boolean_or("qk_norm", false));
   MSI_ASSIGN_OR_RETURN(m.q_lora_rank, f.integer_or("q_lora_rank", 0));
   MSI_ASSIGN_OR_RETURN(m.kv_lora_rank, f.integer_or("kv_lora_rank", 0));
   MSI_ASSIGN_OR_RETURN(m.qk_nope_head_dim, f.integer_or("qk_nope_head_dim", 0));
@@ -345,4 +396,4 @@ StatusOr<ModelSpec> ModelSpec::from_json(const JsonFields& f) {
   return m;
 }
 
-}  // namespace msinfer::planner
+}  // namespace msinfer

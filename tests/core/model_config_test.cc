@@ -1,4 +1,4 @@
-#include "msinfer/planner/model_spec.h"
+#include "msinfer/core/model_config.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
-namespace msinfer::planner {
+namespace msinfer {
 namespace {
 
 // Published parameter counts, to 2%: the formulas count every weight matrix.
@@ -38,16 +38,16 @@ TEST(ModelSpecTest, BuiltinsMatchPublishedSizes) {
 }
 
 TEST(ModelSpecTest, UnknownNameListsBuiltins) {
-  auto m = load_model_spec("gpt-5");
+  auto m = load_model_config("gpt-5");
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("mixtral-8x22b, dbrx, scaled-moe"), std::string::npos);
-  auto p = load_model_spec("/nonexistent/config.json");
+  auto p = load_model_config("/nonexistent/config.json");
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find("no such file"), std::string::npos);
 }
 
 TEST(ModelSpecTest, HandComputedTinyModel) {
-  ModelSpec m;
+  ModelConfig m;
   m.name = "tiny";
   m.layers = m.moe_layers = 2;
   m.hidden = 64;
@@ -194,13 +194,13 @@ TEST(HfConfigTest, LoadFromDirectoryAndBrokenFile) {
   {
     std::ofstream(dir / "config.json") << mixtral_8x7b().dump();
   }
-  auto m = load_model_spec(dir.string());
+  auto m = load_model_config(dir.string());
   ASSERT_TRUE(m.ok()) << m.status().to_string();
   EXPECT_EQ(m->name, "msinfer_model_spec_test");
   {
     std::ofstream(dir / "config.json") << "{\"architectures\": [\"MixtralForCausalLM\"";
   }
-  m = load_model_spec((dir / "config.json").string());
+  m = load_model_config((dir / "config.json").string());
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("not valid JSON"), std::string::npos);
   fs::remove_all(dir);
@@ -209,11 +209,11 @@ TEST(HfConfigTest, LoadFromDirectoryAndBrokenFile) {
 TEST(ModelSpecTest, JsonRoundTrip) {
   auto m = builtin_model("dbrx");
   Json j = m->to_json();
-  auto back = ModelSpec::from_json(JsonFields(j, "model"));
+  auto back = ModelConfig::from_json(JsonFields(j, "model"));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_DOUBLE_EQ(back->total_params(), m->total_params());
   EXPECT_EQ(back->name, "dbrx");
 }
 
 }  // namespace
-}  // namespace msinfer::planner
+}  // namespace msinfer
