@@ -1,0 +1,45 @@
+// GQA attention over a paged KV cache, for prefill (causal, any chunk) and
+// decode alike: every query token carries its position p and its request's
+// block table and attends to cache positions 0..p of that request.
+//
+// KV layout of one layer (bf16): K and V pools of [num_blocks][block_size][kv_heads][head_dim];
+// position p of a request lives in block table[p / block_size] at slot p % block_size.
+// The caller writes the step's K/V (write_kv) before calling attention.
+#pragma once
+
+#include <cstdint>
+
+#include "msinfer/core/bf16.h"
+
+namespace msinfer::kernels::cpu {
+
+struct PagedKvLayer {
+  bf16* k = nullptr;
+  bf16* v = nullptr;
+  int64_t block_size = 16;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+
+  int64_t slot_elems() const { return kv_heads * head_dim; }
+  int64_t offset(const int32_t* block_table, int64_t pos) const {
+    return (static_cast<int64_t>(block_table[pos / block_size]) * block_size + pos % block_size) *
+           slot_elems();
+  }
+};
+
+// Stores k, v [tokens, kv_heads, head_dim] (rounded to bf16) at each token's position.
+void write_kv(const PagedKvLayer& kv, const float* k, const float* v, int64_t tokens,
+              const int32_t* positions, const int32_t* const* block_tables);
+
+// out[t, h, :] = softmax(scale * q[t, h] . K[0..p_t]) V[0..p_t], query head h using
+// KV head h / (heads / kv_heads). q and out are [tokens, heads, head_dim].
+void paged_attention(const float* q, int64_t tokens, int64_t heads, const PagedKvLayer& kv,
+                     const int32_t* positions, const int32_t* const* block_tables, float scale,
+                     float* out);
+
+// The plain reference: gathers each context to dense fp32 and loops in double.
+void paged_attention_reference(const float* q, int64_t tokens, int64_t heads,
+                               const PagedKvLayer& kv, const int32_t* positions,
+                               const int32_t* const* block_tables, float scale, float* out);
+
+}  // namespace msinfer::kernels::cpu

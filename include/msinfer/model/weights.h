@@ -1,0 +1,82 @@
+// Model weights as the engine uses them, loaded from an HF-layout checkpoint of
+// a Mixtral or Qwen3-MoE model (tensor names as the HF checkpoints).
+//
+// Every GEMM weight is converted to bf16 if needed and packed for the CPU GEMM
+// (kernels::cpu::PackedLinear); the mapped checkpoint pages are then released,
+// so resident memory is the packed copy, not both. Q, K, V are stacked into one
+// GEMM and each expert's w1 (gate) and w3 (up) into another. The embedding
+// stays memory-mapped (only the rows looked up become resident) unless the
+// checkpoint is not bf16.
+//
+// LoadOptions select a part: an attention worker loads no expert weights, an
+// expert worker only its experts (and nothing else).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "msinfer/core/bf16.h"
+#include "msinfer/core/model_config.h"
+#include "msinfer/core/status.h"
+#include "msinfer/kernels/cpu/gemm.h"
+#include "msinfer/model/safetensors.h"
+
+namespace msinfer::model {
+
+struct ExpertWeights {
+  kernels::cpu::PackedLinear w13;  // [2F, h]: rows 0..F-1 gate (w1), F..2F-1 up (w3)
+  kernels::cpu::PackedLinear w2;   // [h, F]
+};
+
+struct LayerWeights {
+  std::vector<float> input_norm;      // [h]
+  std::vector<float> post_attn_norm;  // [h]
+  std::vector<float> q_norm, k_norm;  // [head_dim], Qwen3 only
+  kernels::cpu::PackedLinear qkv;     // [(heads + 2 kv_heads) head_dim, h]
+  kernels::cpu::PackedLinear o;       // [h, heads head_dim]
+  kernels::cpu::PackedLinear router;  // [E, h]
+  std::vector<ExpertWeights> experts; // [E]; empty entries for experts not loaded
+};
+
+struct LoadOptions {
+  bool attention = true;             // embedding, attention, norms, routers, LM head
+  bool all_experts = true;           // every expert ...
+  std::vector<int> experts;          // ... or only these (when all_experts is false)
+};
+
+class ModelWeights {
+ public:
+  // Reads config.json and the safetensors of `dir`; checks every tensor's
+  // presence, dtype and shape against the config and that no tensor is left over.
+  static StatusOr<std::unique_ptr<ModelWeights>> load(const std::string& dir,
+                                                       const LoadOptions& options = {});
+
+  const ModelConfig& config() const { return config_; }
+  const std::vector<LayerWeights>& layers() const { return layers_; }
+  const std::vector<float>& final_norm() const { return final_norm_; }
+  const kernels::cpu::PackedLinear& lm_head() const { return lm_head_; }
+  // Embedding row of token `id` as floats (bf16 values) into out[h].
+  void embed(int64_t id, float* out) const;
+  bool has_expert(int layer, int expert) const;
+  // Packed GEMM weight bytes held (what the resident set should be close to).
+  size_t packed_bytes() const;
+
+ private:
+  ModelConfig config_;
+  Checkpoint checkpoint_;
+  std::vector<LayerWeights> layers_;
+  std::vector<float> final_norm_;
+  kernels::cpu::PackedLinear lm_head_;
+  const TensorView* embed_view_ = nullptr;
+  std::vector<bf16> embed_copy_;  // when the checkpoint's embedding is not bf16
+};
+
+// HF tensor names of the experts of one layer for the architecture.
+struct ExpertTensorNames {
+  std::string w1, w2, w3;
+};
+ExpertTensorNames expert_tensor_names(const ModelConfig& c, int layer, int expert);
+std::string router_tensor_name(const ModelConfig& c, int layer);
+
+}  // namespace msinfer::model

@@ -1,0 +1,221 @@
+#include "msinfer/model/weights.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+namespace msinfer::model {
+namespace {
+
+using kernels::cpu::PackedLinear;
+
+std::string layer_prefix(int i) { return "model.layers." + std::to_string(i) + "."; }
+
+bool is_qwen3(const ModelConfig& c) { return c.architecture == "Qwen3MoeForCausalLM"; }
+
+// Appends the tensor's values as bf16 to out.
+void append_bf16(const TensorView& t, std::vector<bf16>& out) {
+  const size_t n = static_cast<size_t>(t.numel());
+  const size_t at = out.size();
+  out.resize(at + n);
+  switch (t.dtype) {
+    case DType::kBF16:
+      std::memcpy(out.data() + at, t.data, n * 2);
+      break;
+    case DType::kF16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, t.data + 2 * i, 2);
+        out[at + i] = float_to_bf16(f16_to_float(h));
+      }
+      break;
+    case DType::kF32:
+      for (size_t i = 0; i < n; ++i) {
+        float f;
+        std::memcpy(&f, t.data + 4 * i, 4);
+        out[at + i] = float_to_bf16(f);
+      }
+      break;
+  }
+}
+
+std::vector<float> to_float(const TensorView& t) {
+  std::vector<bf16> b;
+  if (t.dtype == DType::kF32) {
+    std::vector<float> f(static_cast<size_t>(t.numel()));
+    std::memcpy(f.data(), t.data, f.size() * 4);
+    return f;
+  }
+  append_bf16(t, b);
+  std::vector<float> f(b.size());
+  bf16_to_float_n(b.data(), f.data(), static_cast<int64_t>(b.size()));
+  return f;
+}
+
+class Loader {
+ public:
+  Loader(const Checkpoint& ckpt, const std::string& dir) : ckpt_(ckpt), dir_(dir) {}
+
+  // The tensor `name` with exactly `shape`, or an error naming file and tensor.
+  StatusOr<const TensorView*> get(const std::string& name, std::vector<int64_t> shape) {
+    used_.insert(name);
+    const TensorView* t = ckpt_.find(name);
+    if (t == nullptr) return invalid_argument(dir_ + ": tensor '" + name + "' is missing");
+    if (t->shape != shape) {
+      TensorView want;
+      want.shape = shape;
+      return invalid_argument(t->file + ": tensor '" + name + "' has shape " + t->shape_string() +
+                              ", expected " + want.shape_string());
+    }
+    return t;
+  }
+
+  // Packs the row-wise concatenation of the given tensors (each [rows_i, k]).
+  StatusOr<PackedLinear> pack(const std::vector<std::pair<std::string, std::vector<int64_t>>>& parts) {
+    std::vector<bf16> buf;
+    int64_t n = 0, k = parts.front().second[1];
+    for (const auto& [name, shape] : parts) {
+      MSI_ASSIGN_OR_RETURN(const TensorView* t, get(name, shape));
+      append_bf16(*t, buf);
+      ckpt_.release(*t);
+      n += shape[0];
+    }
+    return PackedLinear::pack(buf.data(), n, k);
+  }
+
+  StatusOr<std::vector<float>> vec(const std::string& name, int64_t n) {
+    MSI_ASSIGN_OR_RETURN(const TensorView* t, get(name, {n}));
+    return to_float(*t);
+  }
+
+  void skip(const std::string& name) { used_.insert(name); }
+  const std::set<std::string>& used() const { return used_; }
+
+ private:
+  const Checkpoint& ckpt_;
+  std::string dir_;
+  std::set<std::string> used_;
+};
+
+}  // namespace
+
+ExpertTensorNames expert_tensor_names(const ModelConfig& c, int layer, int expert) {
+  const std::string p = layer_prefix(layer);
+  const std::string e = std::to_string(expert);
+  if (is_qwen3(c)) {
+    return {p + "mlp.experts." + e + ".gate_proj.weight", p + "mlp.experts." + e + ".down_proj.weight",
+            p + "mlp.experts." + e + ".up_proj.weight"};
+  }
+  return {p + "block_sparse_moe.experts." + e + ".w1.weight",
+          p + "block_sparse_moe.experts." + e + ".w2.weight",
+          p + "block_sparse_moe.experts." + e + ".w3.weight"};
+}
+
+std::string router_tensor_name(const ModelConfig& c, int layer) {
+  return layer_prefix(layer) + (is_qwen3(c) ? "mlp.gate.weight" : "block_sparse_moe.gate.weight");
+}
+
+StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& dir,
+                                                           const LoadOptions& options) {
+  auto w = std::unique_ptr<ModelWeights>(new ModelWeights());
+  MSI_ASSIGN_OR_RETURN(w->config_, load_model_config(dir));
+  const ModelConfig& c = w->config_;
+  MSI_RETURN_IF_ERROR(c.check_executable());
+  MSI_ASSIGN_OR_RETURN(w->checkpoint_, Checkpoint::open(dir));
+  for (int e : options.experts) {
+    if (e < 0 || e >= c.experts) {
+      return invalid_argument("expert " + std::to_string(e) + " out of range 0.." +
+                              std::to_string(c.experts - 1));
+    }
+  }
+  Loader ld(w->checkpoint_, dir);
+  const int64_t h = c.hidden, hd = c.head_dim, H = c.heads, KV = c.kv_heads, F = c.expert_ffn;
+  const int64_t E = c.experts, V = c.vocab;
+
+  if (options.attention) {
+    MSI_ASSIGN_OR_RETURN(w->embed_view_, ld.get("model.embed_tokens.weight", {V, h}));
+    if (w->embed_view_->dtype != DType::kBF16) append_bf16(*w->embed_view_, w->embed_copy_);
+    MSI_ASSIGN_OR_RETURN(w->final_norm_, ld.vec("model.norm.weight", h));
+    if (c.tied_embeddings) {
+      MSI_ASSIGN_OR_RETURN(w->lm_head_, ld.pack({{"model.embed_tokens.weight", {V, h}}}));
+    } else {
+      MSI_ASSIGN_OR_RETURN(w->lm_head_, ld.pack({{"lm_head.weight", {V, h}}}));
+    }
+  } else {
+    for (const char* n : {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}) {
+      ld.skip(n);
+    }
+  }
+  w->layers_.resize(c.layers);
+  for (int i = 0; i < c.layers; ++i) {
+    LayerWeights& L = w->layers_[i];
+    const std::string p = layer_prefix(i);
+    const std::vector<std::string> attn_names = {
+        p + "input_layernorm.weight", p + "post_attention_layernorm.weight",
+        p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
+        p + "self_attn.v_proj.weight", p + "self_attn.o_proj.weight",
+        p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight",
+        router_tensor_name(c, i)};
+    if (options.attention) {
+      MSI_ASSIGN_OR_RETURN(L.input_norm, ld.vec(p + "input_layernorm.weight", h));
+      MSI_ASSIGN_OR_RETURN(L.post_attn_norm, ld.vec(p + "post_attention_layernorm.weight", h));
+      MSI_ASSIGN_OR_RETURN(L.qkv, ld.pack({{p + "self_attn.q_proj.weight", {H * hd, h}},
+                                           {p + "self_attn.k_proj.weight", {KV * hd, h}},
+                                           {p + "self_attn.v_proj.weight", {KV * hd, h}}}));
+      MSI_ASSIGN_OR_RETURN(L.o, ld.pack({{p + "self_attn.o_proj.weight", {h, H * hd}}}));
+      if (c.qk_norm) {
+        MSI_ASSIGN_OR_RETURN(L.q_norm, ld.vec(p + "self_attn.q_norm.weight", hd));
+        MSI_ASSIGN_OR_RETURN(L.k_norm, ld.vec(p + "self_attn.k_norm.weight", hd));
+      }
+      MSI_ASSIGN_OR_RETURN(L.router, ld.pack({{router_tensor_name(c, i), {E, h}}}));
+    } else {
+      for (const auto& n : attn_names) ld.skip(n);
+    }
+    L.experts.resize(E);
+    for (int e = 0; e < E; ++e) {
+      const ExpertTensorNames n = expert_tensor_names(c, i, e);
+      const bool want = options.all_experts ||
+                        std::find(options.experts.begin(), options.experts.end(), e) !=
+                            options.experts.end();
+      if (!want) {
+        for (const auto& s : {n.w1, n.w2, n.w3}) ld.skip(s);
+        continue;
+      }
+      MSI_ASSIGN_OR_RETURN(L.experts[e].w13, ld.pack({{n.w1, {F, h}}, {n.w3, {F, h}}}));
+      MSI_ASSIGN_OR_RETURN(L.experts[e].w2, ld.pack({{n.w2, {h, F}}}));
+    }
+  }
+  // Anything in the checkpoint that is not part of this architecture is an error.
+  for (const auto& [name, t] : w->checkpoint_.tensors()) {
+    if (!ld.used().count(name)) {
+      if (c.tied_embeddings && name == "lm_head.weight") continue;
+      return invalid_argument(t.file + ": unexpected tensor '" + name + "' for " +
+                              c.architecture + " with this config");
+    }
+  }
+  return w;
+}
+
+void ModelWeights::embed(int64_t id, float* out) const {
+  const int64_t h = config_.hidden;
+  const bf16* row = embed_copy_.empty()
+                        ? reinterpret_cast<const bf16*>(embed_view_->data) + id * h
+                        : embed_copy_.data() + id * h;
+  bf16_to_float_n(row, out, h);
+}
+
+bool ModelWeights::has_expert(int layer, int expert) const {
+  return !layers_[layer].experts[expert].w13.empty();
+}
+
+size_t ModelWeights::packed_bytes() const {
+  size_t b = lm_head_.bytes();
+  for (const auto& L : layers_) {
+    b += L.qkv.bytes() + L.o.bytes() + L.router.bytes();
+    for (const auto& e : L.experts) b += e.w13.bytes() + e.w2.bytes();
+  }
+  return b;
+}
+
+}  // namespace msinfer::model
