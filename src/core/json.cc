@@ -7,18 +7,13 @@
 namespace msinfer {
 
 StatusOr<Json> parse_json(std::string_view text, const std::string& source) {
-  Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    // Re-parse with exceptions only to get the position for the message.
-    try {
-      Json unused = Json::parse(text.begin(), text.end());
-      (void)unused;
-    } catch (const Json::parse_error& e) {
-      return invalid_argument(source + ": not valid JSON (" + e.what() + ")");
-    }
-    return invalid_argument(source + ": not valid JSON");
+  // nlohmann reports some malformed input (a number too large for a double) by
+  // throwing even with allow_exceptions = false, so catch every json exception.
+  try {
+    return Json::parse(text.begin(), text.end());
+  } catch (const Json::exception& e) {
+    return invalid_argument(source + ": not valid JSON (" + e.what() + ")");
   }
-  return j;
 }
 
 StatusOr<Json> read_json_file(const std::string& path) {

@@ -1,0 +1,74 @@
+// HF tokenizer.json: BPE models with byte-level pre-tokenisation (GPT-2, Qwen,
+// DeepSeek) and with byte fallback and a Metaspace pre-tokenizer or the legacy
+// Prepend/Replace normalizers (Llama, Mistral). Added (special) tokens are
+// split out first; normalizers: NFC, NFKC, Prepend, Replace, Lowercase,
+// Sequence; pre-tokenizers: Split (regex, via PCRE2 with Unicode properties),
+// ByteLevel, Metaspace, Sequence; decoders: ByteLevel, Replace, ByteFallback,
+// Fuse, Strip, Metaspace, Sequence; post-processor TemplateProcessing (BOS).
+//
+// encode() is thread-safe (a mutex guards the word cache).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "msinfer/core/json.h"
+#include "msinfer/core/status.h"
+
+namespace msinfer::model {
+
+class Tokenizer {
+ public:
+  Tokenizer();
+  ~Tokenizer();
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+
+  // `path` is a tokenizer.json or a directory holding one (and optionally
+  // tokenizer_config.json, which decides add_bos_token).
+  static StatusOr<Tokenizer> load(const std::string& path);
+  static StatusOr<Tokenizer> from_json(const Json& tokenizer, const Json* config,
+                                       const std::string& source);
+
+  // add_special_tokens applies the post-processor (e.g. Llama's leading <s>).
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const;
+  // Raw bytes of the decoded ids (may end inside a UTF-8 character).
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const;
+
+  int64_t vocab_size() const;  // highest id + 1, added tokens included
+  std::optional<int32_t> token_id(std::string_view token) const;
+  std::string token(int32_t id) const;
+  bool is_special(int32_t id) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Turns a growing id sequence into text, emitting only whole UTF-8 characters
+// (a character split across tokens is held back until complete).
+class StreamingDecoder {
+ public:
+  explicit StreamingDecoder(const Tokenizer& t, bool skip_special_tokens = true)
+      : t_(t), skip_(skip_special_tokens) {}
+  // New text made complete by this token (possibly empty).
+  std::string push(int32_t id);
+  // Whatever is left (an incomplete character is emitted as U+FFFD).
+  std::string finish();
+
+ private:
+  const Tokenizer& t_;
+  bool skip_;
+  std::vector<int32_t> ids_;
+  size_t emitted_ = 0;  // bytes of decode(ids_) already returned
+};
+
+// Length of the longest prefix of s that ends on a UTF-8 character boundary.
+size_t utf8_complete_prefix(std::string_view s);
+
+}  // namespace msinfer::model

@@ -1,0 +1,51 @@
+// Paged KV cache of one attention worker: a fixed budget of bytes split into
+// blocks of `block_size` token slots, shared by all layers' K and V pools
+// (bf16, layout in kernels/cpu/attention.h). Each request owns a block table;
+// blocks are reserved for its whole lifetime (prompt + max new tokens) when it
+// is admitted, so a running request never runs out of cache.
+// Not thread-safe: owned and used by one engine thread.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "msinfer/core/bf16.h"
+#include "msinfer/core/model_config.h"
+#include "msinfer/core/status.h"
+#include "msinfer/kernels/cpu/attention.h"
+
+namespace msinfer::runtime {
+
+class KvCache {
+ public:
+  // RESOURCE_EXHAUSTED if the budget holds less than one block.
+  static StatusOr<KvCache> create(const ModelConfig& config, int64_t budget_bytes,
+                                  int64_t block_size = 16);
+
+  // Bytes of K and V for one token across all layers.
+  static int64_t bytes_per_token(const ModelConfig& config);
+
+  int64_t block_size() const { return block_size_; }
+  int64_t total_blocks() const { return num_blocks_; }
+  int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
+  int64_t blocks_for(int64_t tokens) const { return (tokens + block_size_ - 1) / block_size_; }
+  int64_t capacity_tokens() const { return num_blocks_ * block_size_; }
+
+  // Reserves blocks for `tokens` positions of request `id`; RESOURCE_EXHAUSTED
+  // (nothing reserved) when they are not free now.
+  Status reserve(int64_t id, int64_t tokens);
+  void release(int64_t id);
+  const int32_t* block_table(int64_t id) const;
+
+  kernels::cpu::PagedKvLayer layer(int l);
+
+ private:
+  int64_t block_size_ = 16, num_blocks_ = 0, slot_elems_ = 0, kv_heads_ = 0, head_dim_ = 0;
+  int layers_ = 0;
+  std::vector<bf16> k_, v_;  // [layers][blocks][block_size][slot]
+  std::vector<int32_t> free_;
+  std::unordered_map<int64_t, std::vector<int32_t>> tables_;
+};
+
+}  // namespace msinfer::runtime

@@ -1,0 +1,65 @@
+// The forward pass split the way disaggregation splits it (SPEC.md section 2):
+// AttentionRunner does everything an attention worker does (embedding,
+// attention over its KV cache, norms, router, fused gate, combine, residual,
+// LM head); ExpertRunner runs one expert's FFN on the rows sent to it. The
+// co-located engine calls both in one process; the disaggregated workers call
+// one each. Neither is thread-safe (they own scratch buffers).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "msinfer/kernels/cpu/moe.h"
+#include "msinfer/model/weights.h"
+#include "msinfer/runtime/kv_cache.h"
+
+namespace msinfer::runtime {
+
+// Tokens of one forward step: token i has id ids[i], sits at positions[i] of the
+// request whose block table is block_tables[i].
+struct TokenBatch {
+  std::vector<int32_t> ids;
+  std::vector<int32_t> positions;
+  std::vector<const int32_t*> block_tables;
+  int64_t size() const { return static_cast<int64_t>(ids.size()); }
+  void clear() {
+    ids.clear();
+    positions.clear();
+    block_tables.clear();
+  }
+};
+
+class AttentionRunner {
+ public:
+  explicit AttentionRunner(const model::ModelWeights& w) : w_(w) {}
+
+  // x[T, h] = embedding rows of the batch.
+  void embed(const TokenBatch& b, float* x) const;
+  // Layer l up to the experts: x += O(attention(RoPE(QKV(norm(x))))) over the
+  // KV cache (the batch's K/V are written first); then the post-attention norm
+  // of x goes through the router and the fused gate into `routed` (experts
+  // grouped by expert_dest[e], or one destination per expert when nullptr).
+  void attention_and_gate(int l, const TokenBatch& b, KvCache& kv, float* x,
+                          kernels::cpu::RoutedBatch* routed, const int32_t* expert_dest = nullptr,
+                          int64_t destinations = 0);
+  // x += the gate-weighted expert results (rows in send-buffer order).
+  void combine(const kernels::cpu::RoutedBatch& routed, const float* results, float* x) const;
+  // Final norm and LM head for the given rows of x: out[rows.size(), vocab].
+  void logits(const float* x, const std::vector<int64_t>& rows, float* out);
+
+ private:
+  const model::ModelWeights& w_;
+  std::vector<float> h_, qkv_, q_, k_, v_, attn_, o_, router_, sel_;
+};
+
+class ExpertRunner {
+ public:
+  explicit ExpertRunner(const model::ModelWeights& w) : w_(w) {}
+  // out[n, h] = FFN of expert e in layer l on rows[n, h].
+  void forward(int l, int e, const float* rows, int64_t n, float* out) const;
+
+ private:
+  const model::ModelWeights& w_;
+};
+
+}  // namespace msinfer::runtime

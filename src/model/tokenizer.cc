@@ -1,0 +1,874 @@
+#include "msinfer/model/tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <unicode/normalizer2.h>
+#include <unicode/unistr.h>
+
+#include <algorithm>
+#include <climits>
+#include <filesystem>
+#include <mutex>
+#include <unordered_map>
+
+namespace msinfer::model {
+namespace {
+
+// ---- UTF-8 helpers ----
+
+size_t utf8_len(unsigned char c) {
+  if (c < 0x80) return 1;
+  if ((c >> 5) == 0x6) return 2;
+  if ((c >> 4) == 0xe) return 3;
+  if ((c >> 3) == 0x1e) return 4;
+  return 1;  // invalid lead byte: treat as one unit
+}
+
+std::vector<std::string> utf8_chars(std::string_view s) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < s.size();) {
+    size_t n = std::min(utf8_len(static_cast<unsigned char>(s[i])), s.size() - i);
+    out.emplace_back(s.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+std::string utf8_encode(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xc0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3f));
+  } else if (cp < 0x10000) {
+    s += static_cast<char>(0xe0 | (cp >> 12));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+    s += static_cast<char>(0x80 | (cp & 0x3f));
+  } else {
+    s += static_cast<char>(0xf0 | (cp >> 18));
+    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+    s += static_cast<char>(0x80 | (cp & 0x3f));
+  }
+  return s;
+}
+
+// GPT-2's reversible byte <-> printable character map.
+struct ByteMap {
+  std::string to_char[256];
+  std::unordered_map<std::string, uint8_t> to_byte;
+  ByteMap() {
+    int n = 0;
+    for (int b = 0; b < 256; ++b) {
+      bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+      uint32_t cp = printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++);
+      to_char[b] = utf8_encode(cp);
+      to_byte[to_char[b]] = static_cast<uint8_t>(b);
+    }
+  }
+};
+
+const ByteMap& byte_map() {
+  static const ByteMap* m = new ByteMap();
+  return *m;
+}
+
+// ---- Regex (PCRE2, UTF + Unicode properties) ----
+
+class Regex {
+ public:
+  static StatusOr<std::shared_ptr<Regex>> compile(const std::string& pattern,
+                                                  const std::string& where) {
+    int err = 0;
+    PCRE2_SIZE off = 0;
+    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                     PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
+    if (code == nullptr) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof(msg));
+      return invalid_argument(where + ": regex does not compile at offset " + std::to_string(off) +
+                              ": " + reinterpret_cast<char*>(msg));
+    }
+    auto r = std::make_shared<Regex>();
+    r->code_ = code;
+    return r;
+  }
+  ~Regex() {
+    if (code_) pcre2_code_free(code_);
+  }
+  // Non-overlapping matches as [begin, end) byte ranges.
+  std::vector<std::pair<size_t, size_t>> find_all(std::string_view s) const {
+    std::vector<std::pair<size_t, size_t>> out;
+    pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
+    size_t pos = 0;
+    while (pos <= s.size()) {
+      int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), pos,
+                           PCRE2_NO_UTF_CHECK, md, nullptr);
+      if (rc < 0) break;
+      PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+      size_t b = ov[0], e = ov[1];
+      if (e == b) {  // empty match: step one character
+        pos = e + (e < s.size() ? utf8_len(static_cast<unsigned char>(s[e])) : 1);
+        continue;
+      }
+      out.emplace_back(b, e);
+      pos = e;
+    }
+    pcre2_match_data_free(md);
+    return out;
+  }
+
+ private:
+  pcre2_code* code_ = nullptr;
+};
+
+const char* kGpt2Pattern =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = utf8_len(c);
+    if (n == 1 && c >= 0x80) return false;
+    if (i + n > s.size()) return false;
+    for (size_t j = 1; j < n; ++j) {
+      if ((static_cast<unsigned char>(s[i + j]) & 0xc0) != 0x80) return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
+// ---- Pipeline pieces ----
+
+struct Normalizer {
+  enum Kind { kNfc, kNfkc, kPrepend, kReplace, kLowercase } kind;
+  std::string a, b;  // Prepend: a; Replace: a -> b
+};
+
+struct PreTokenizer {
+  enum Kind { kSplit, kByteLevel, kMetaspace } kind;
+  std::shared_ptr<Regex> regex;  // Split / ByteLevel(use_regex)
+  std::string literal;           // Split with a String pattern
+  enum Behavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext } behavior = kIsolated;
+  bool invert = false;
+  bool add_prefix_space = false;
+  std::string replacement = "\xe2\x96\x81";  // U+2581
+  std::string prepend_scheme = "always";
+  bool split = true;
+};
+
+struct Decoder {
+  enum Kind { kByteLevel, kReplace, kByteFallback, kFuse, kStrip, kMetaspace } kind;
+  std::string a, b;
+  int start = 0, stop = 0;
+  std::string prepend_scheme = "always";
+};
+
+struct Piece {
+  std::string text;
+  int32_t added_id = -1;  // >= 0: an added token, passed through as is
+};
+
+}  // namespace
+
+struct Tokenizer::Impl {
+  std::unordered_map<std::string, int32_t> vocab;
+  std::vector<std::string> id_to_token;
+  std::unordered_map<std::string, int32_t> merge_rank;  // "a b" -> rank
+  bool byte_fallback = false, fuse_unk = false, ignore_merges = false;
+  int32_t unk_id = -1;
+  std::vector<Normalizer> normalizers;
+  std::vector<PreTokenizer> pre_tokenizers;
+  std::vector<Decoder> decoders;
+  std::vector<std::pair<std::string, int32_t>> added;  // longest first
+  std::vector<bool> special;
+  std::vector<int32_t> prefix_ids, suffix_ids;  // post-processor's single template
+  bool byte_level_input = false;
+  mutable std::mutex mu;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
+
+  std::string normalize(std::string s) const;
+  std::vector<std::string> pre_tokenize(const std::string& s, bool first_section) const;
+  void bpe(const std::string& word, std::vector<int32_t>& out) const;
+};
+
+std::string Tokenizer::Impl::normalize(std::string s) const {
+  for (const auto& n : normalizers) {
+    switch (n.kind) {
+      case Normalizer::kNfc:
+      case Normalizer::kNfkc: {
+        UErrorCode err = U_ZERO_ERROR;
+        const icu::Normalizer2* norm = n.kind == Normalizer::kNfc
+                                           ? icu::Normalizer2::getNFCInstance(err)
+                                           : icu::Normalizer2::getNFKCInstance(err);
+        if (U_FAILURE(err) || !valid_utf8(s)) break;
+        icu::UnicodeString u = icu::UnicodeString::fromUTF8(s);
+        icu::UnicodeString r = norm->normalize(u, err);
+        if (U_SUCCESS(err)) {
+          s.clear();
+          r.toUTF8String(s);
+        }
+        break;
+      }
+      case Normalizer::kPrepend:
+        if (!s.empty()) s = n.a + s;
+        break;
+      case Normalizer::kReplace: {
+        if (n.a.empty()) break;
+        std::string r;
+        for (size_t i = 0; i < s.size();) {
+          if (s.compare(i, n.a.size(), n.a) == 0) {
+            r += n.b;
+            i += n.a.size();
+          } else {
+            r += s[i++];
+          }
+        }
+        s = r;
+        break;
+      }
+      case Normalizer::kLowercase:
+        if (valid_utf8(s)) {
+          icu::UnicodeString u = icu::UnicodeString::fromUTF8(s);
+          u.toLower();
+          s.clear();
+          u.toUTF8String(s);
+        }
+        break;
+    }
+  }
+  return s;
+}
+
+std::vector<std::string> Tokenizer::Impl::pre_tokenize(const std::string& s,
+                                                       bool first_section) const {
+  std::vector<std::string> parts = {s};
+  for (const auto& p : pre_tokenizers) {
+    std::vector<std::string> next;
+    for (const std::string& part : parts) {
+      if (p.kind == PreTokenizer::kByteLevel) {
+        std::string text = part;
+        if (p.add_prefix_space && !text.empty() && text[0] != ' ') text = " " + text;
+        std::vector<std::string> pieces;
+        if (p.regex) {
+          for (auto [b, e] : p.regex->find_all(text)) pieces.push_back(text.substr(b, e - b));
+        } else {
+          pieces.push_back(text);
+        }
+        for (const auto& piece : pieces) {
+          std::string mapped;
+          for (unsigned char c : piece) mapped += byte_map().to_char[c];
+          next.push_back(mapped);
+        }
+        continue;
+      }
+      if (p.kind == PreTokenizer::kMetaspace) {
+        std::string text;
+        for (char c : part) {
+          if (c == ' ') text += p.replacement;
+          else text += c;
+        }
+        const bool prepend = p.prepend_scheme == "always" ||
+                             (p.prepend_scheme == "first" && first_section);
+        if (prepend && text.compare(0, p.replacement.size(), p.replacement) != 0) {
+          text = p.replacement + text;
+        }
+        if (!p.split) {
+          next.push_back(text);
+          continue;
+        }
+        // Split before each replacement character (merged with the next piece).
+        size_t start = 0;
+        for (size_t i = p.replacement.size(); i <= text.size(); ++i) {
+          if (i == text.size() || text.compare(i, p.replacement.size(), p.replacement) == 0) {
+            if (i > start) next.push_back(text.substr(start, i - start));
+            start = i;
+          }
+        }
+        continue;
+      }
+      // Split.
+      std::vector<std::pair<size_t, size_t>> m;
+      if (p.regex) {
+        m = p.regex->find_all(part);
+      } else if (!p.literal.empty()) {
+        for (size_t i = part.find(p.literal); i != std::string::npos;
+             i = part.find(p.literal, i + p.literal.size())) {
+          m.emplace_back(i, i + p.literal.size());
+        }
+      }
+      // Pieces: alternating non-match / match; `invert` swaps their roles.
+      std::vector<std::pair<std::string, bool>> segs;  // (text, is_match)
+      size_t pos = 0;
+      for (auto [b, e] : m) {
+        if (b > pos) segs.emplace_back(part.substr(pos, b - pos), false);
+        segs.emplace_back(part.substr(b, e - b), true);
+        pos = e;
+      }
+      if (pos < part.size()) segs.emplace_back(part.substr(pos), false);
+      if (p.invert) {
+        for (auto& sg : segs) sg.second = !sg.second;
+      }
+      std::vector<std::string> out;
+      for (size_t i = 0; i < segs.size(); ++i) {
+        const auto& [text, is_delim] = segs[i];
+        switch (p.behavior) {
+          case PreTokenizer::kIsolated:
+            out.push_back(text);
+            break;
+          case PreTokenizer::kRemoved:
+            if (!is_delim) out.push_back(text);
+            break;
+          case PreTokenizer::kMergedWithPrevious:
+            if (is_delim && !out.empty()) out.back() += text;
+            else out.push_back(text);
+            break;
+          case PreTokenizer::kMergedWithNext:
+            if (is_delim && i + 1 < segs.size() && !segs[i + 1].second) {
+              out.push_back(text + segs[i + 1].first);
+              ++i;
+            } else {
+              out.push_back(text);
+            }
+            break;
+        }
+      }
+      for (auto& o : out) next.push_back(std::move(o));
+    }
+    parts = std::move(next);
+  }
+  return parts;
+}
+
+void Tokenizer::Impl::bpe(const std::string& word, std::vector<int32_t>& out) const {
+  if (word.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(word);
+    if (it != cache.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  std::vector<int32_t> ids;
+  auto direct = vocab.find(word);
+  if (ignore_merges && direct != vocab.end()) {
+    ids.push_back(direct->second);
+  } else {
+    std::vector<std::string> sym = utf8_chars(word);
+    while (sym.size() > 1) {
+      int best_rank = INT_MAX;
+      size_t best = 0;
+      for (size_t i = 0; i + 1 < sym.size(); ++i) {
+        auto it = merge_rank.find(sym[i] + " " + sym[i + 1]);
+        if (it != merge_rank.end() && it->second < best_rank) {
+          best_rank = it->second;
+          best = i;
+        }
+      }
+      if (best_rank == INT_MAX) break;
+      // Merge every occurrence of this pair, left to right.
+      const std::string a = sym[best], b = sym[best + 1];
+      std::vector<std::string> merged;
+      for (size_t i = 0; i < sym.size(); ++i) {
+        if (i + 1 < sym.size() && sym[i] == a && sym[i + 1] == b) {
+          merged.push_back(a + b);
+          ++i;
+        } else {
+          merged.push_back(sym[i]);
+        }
+      }
+      sym = std::move(merged);
+    }
+    bool last_unk = false;
+    for (const auto& s : sym) {
+      auto it = vocab.find(s);
+      if (it != vocab.end()) {
+        ids.push_back(it->second);
+        last_unk = false;
+      } else if (byte_fallback) {
+        bool all = true;
+        std::vector<int32_t> bytes;
+        for (unsigned char c : s) {
+          char name[8];
+          std::snprintf(name, sizeof(name), "<0x%02X>", c);
+          auto b = vocab.find(name);
+          if (b == vocab.end()) {
+            all = false;
+            break;
+          }
+          bytes.push_back(b->second);
+        }
+        if (all) {
+          ids.insert(ids.end(), bytes.begin(), bytes.end());
+          last_unk = false;
+        } else if (unk_id >= 0 && !(fuse_unk && last_unk)) {
+          ids.push_back(unk_id);
+          last_unk = true;
+        }
+      } else if (unk_id >= 0 && !(fuse_unk && last_unk)) {
+        ids.push_back(unk_id);
+        last_unk = true;
+      }
+    }
+  }
+  out.insert(out.end(), ids.begin(), ids.end());
+  std::lock_guard<std::mutex> lock(mu);
+  if (cache.size() < 100000) cache.emplace(word, std::move(ids));
+}
+
+Tokenizer::Tokenizer() : impl_(std::make_unique<Impl>()) {}
+Tokenizer::~Tokenizer() = default;
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+
+namespace {
+
+StatusOr<std::string> pattern_of(const Json& j, const std::string& where, bool* is_regex) {
+  if (!j.contains("pattern") || !j.at("pattern").is_object()) {
+    return invalid_argument(where + ": 'pattern' must be {\"String\": ..} or {\"Regex\": ..}");
+  }
+  const Json& p = j.at("pattern");
+  if (p.contains("Regex") && p.at("Regex").is_string()) {
+    *is_regex = true;
+    return p.at("Regex").get<std::string>();
+  }
+  if (p.contains("String") && p.at("String").is_string()) {
+    *is_regex = false;
+    return p.at("String").get<std::string>();
+  }
+  return invalid_argument(where + ": 'pattern' must be {\"String\": ..} or {\"Regex\": ..}");
+}
+
+Status parse_normalizer(const Json& j, const std::string& where, std::vector<Normalizer>& out) {
+  if (j.is_null()) return ok_status();
+  JsonFields f(j, where);
+  MSI_ASSIGN_OR_RETURN(std::string type, f.string("type"));
+  if (type == "Sequence") {
+    if (!j.contains("normalizers") || !j.at("normalizers").is_array()) {
+      return f.field_error("normalizers", "must be a list");
+    }
+    for (size_t i = 0; i < j.at("normalizers").size(); ++i) {
+      MSI_RETURN_IF_ERROR(parse_normalizer(j.at("normalizers")[i],
+                                           where + ".normalizers[" + std::to_string(i) + "]", out));
+    }
+  } else if (type == "NFC") {
+    out.push_back({Normalizer::kNfc, "", ""});
+  } else if (type == "NFKC") {
+    out.push_back({Normalizer::kNfkc, "", ""});
+  } else if (type == "Lowercase") {
+    out.push_back({Normalizer::kLowercase, "", ""});
+  } else if (type == "Prepend") {
+    MSI_ASSIGN_OR_RETURN(std::string s, f.string("prepend"));
+    out.push_back({Normalizer::kPrepend, s, ""});
+  } else if (type == "Replace") {
+    bool is_regex = false;
+    MSI_ASSIGN_OR_RETURN(std::string pat, pattern_of(j, where, &is_regex));
+    if (is_regex) return invalid_argument(where + ": Replace with a regex is not supported");
+    MSI_ASSIGN_OR_RETURN(std::string content, f.string("content"));
+    out.push_back({Normalizer::kReplace, pat, content});
+  } else {
+    return invalid_argument(where + ": normalizer type '" + type + "' is not supported");
+  }
+  return ok_status();
+}
+
+Status parse_pre_tokenizer(const Json& j, const std::string& where,
+                           std::vector<PreTokenizer>& out) {
+  if (j.is_null()) return ok_status();
+  JsonFields f(j, where);
+  MSI_ASSIGN_OR_RETURN(std::string type, f.string("type"));
+  PreTokenizer p;
+  if (type == "Sequence") {
+    if (!j.contains("pretokenizers") || !j.at("pretokenizers").is_array()) {
+      return f.field_error("pretokenizers", "must be a list");
+    }
+    for (size_t i = 0; i < j.at("pretokenizers").size(); ++i) {
+      MSI_RETURN_IF_ERROR(parse_pre_tokenizer(
+          j.at("pretokenizers")[i], where + ".pretokenizers[" + std::to_string(i) + "]", out));
+    }
+    return ok_status();
+  }
+  if (type == "ByteLevel") {
+    p.kind = PreTokenizer::kByteLevel;
+    MSI_ASSIGN_OR_RETURN(p.add_prefix_space, f.boolean_or("add_prefix_space", false));
+    MSI_ASSIGN_OR_RETURN(bool use_regex, f.boolean_or("use_regex", true));
+    if (use_regex) {
+      MSI_ASSIGN_OR_RETURN(p.regex, Regex::compile(kGpt2Pattern, where));
+    }
+  } else if (type == "Metaspace") {
+    p.kind = PreTokenizer::kMetaspace;
+    MSI_ASSIGN_OR_RETURN(p.replacement, f.string_or("replacement", p.replacement));
+    MSI_ASSIGN_OR_RETURN(p.split, f.boolean_or("split", true));
+    MSI_ASSIGN_OR_RETURN(bool add_prefix, f.boolean_or("add_prefix_space", true));
+    MSI_ASSIGN_OR_RETURN(p.prepend_scheme,
+                         f.string_or("prepend_scheme", add_prefix ? "always" : "never"));
+  } else if (type == "Split") {
+    p.kind = PreTokenizer::kSplit;
+    bool is_regex = false;
+    MSI_ASSIGN_OR_RETURN(std::string pat, pattern_of(j, where, &is_regex));
+    if (is_regex) {
+      MSI_ASSIGN_OR_RETURN(p.regex, Regex::compile(pat, where));
+    } else {
+      p.literal = pat;
+    }
+    MSI_ASSIGN_OR_RETURN(std::string behavior, f.string_or("behavior", "Isolated"));
+    if (behavior == "Isolated") p.behavior = PreTokenizer::kIsolated;
+    else if (behavior == "Removed") p.behavior = PreTokenizer::kRemoved;
+    else if (behavior == "MergedWithPrevious") p.behavior = PreTokenizer::kMergedWithPrevious;
+    else if (behavior == "MergedWithNext") p.behavior = PreTokenizer::kMergedWithNext;
+    else return f.field_error("behavior", "'" + behavior + "' is not supported");
+    MSI_ASSIGN_OR_RETURN(p.invert, f.boolean_or("invert", false));
+  } else {
+    return invalid_argument(where + ": pre-tokenizer type '" + type + "' is not supported");
+  }
+  out.push_back(std::move(p));
+  return ok_status();
+}
+
+Status parse_decoder(const Json& j, const std::string& where, std::vector<Decoder>& out) {
+  if (j.is_null()) return ok_status();
+  JsonFields f(j, where);
+  MSI_ASSIGN_OR_RETURN(std::string type, f.string("type"));
+  if (type == "Sequence") {
+    if (!j.contains("decoders") || !j.at("decoders").is_array()) {
+      return f.field_error("decoders", "must be a list");
+    }
+    for (size_t i = 0; i < j.at("decoders").size(); ++i) {
+      MSI_RETURN_IF_ERROR(
+          parse_decoder(j.at("decoders")[i], where + ".decoders[" + std::to_string(i) + "]", out));
+    }
+    return ok_status();
+  }
+  Decoder d;
+  if (type == "ByteLevel") {
+    d.kind = Decoder::kByteLevel;
+  } else if (type == "ByteFallback") {
+    d.kind = Decoder::kByteFallback;
+  } else if (type == "Fuse") {
+    d.kind = Decoder::kFuse;
+  } else if (type == "Replace") {
+    d.kind = Decoder::kReplace;
+    bool is_regex = false;
+    MSI_ASSIGN_OR_RETURN(d.a, pattern_of(j, where, &is_regex));
+    if (is_regex) return invalid_argument(where + ": Replace with a regex is not supported");
+    MSI_ASSIGN_OR_RETURN(d.b, f.string("content"));
+  } else if (type == "Strip") {
+    d.kind = Decoder::kStrip;
+    MSI_ASSIGN_OR_RETURN(d.a, f.string("content"));
+    MSI_ASSIGN_OR_RETURN(int64_t start, f.integer_or("start", 0));
+    MSI_ASSIGN_OR_RETURN(int64_t stop, f.integer_or("stop", 0));
+    d.start = static_cast<int>(start);
+    d.stop = static_cast<int>(stop);
+  } else if (type == "Metaspace") {
+    d.kind = Decoder::kMetaspace;
+    MSI_ASSIGN_OR_RETURN(d.a, f.string_or("replacement", "\xe2\x96\x81"));
+    MSI_ASSIGN_OR_RETURN(bool add_prefix, f.boolean_or("add_prefix_space", true));
+    MSI_ASSIGN_OR_RETURN(d.prepend_scheme,
+                         f.string_or("prepend_scheme", add_prefix ? "always" : "never"));
+  } else {
+    return invalid_argument(where + ": decoder type '" + type + "' is not supported");
+  }
+  out.push_back(std::move(d));
+  return ok_status();
+}
+
+}  // namespace
+
+StatusOr<Tokenizer> Tokenizer::from_json(const Json& j, const Json* config,
+                                         const std::string& source) {
+  Tokenizer t;
+  Impl& m = *t.impl_;
+  JsonFields top(j, source);
+  MSI_RETURN_IF_ERROR(top.expect_object());
+  MSI_ASSIGN_OR_RETURN(JsonFields model, top.object("model"));
+  MSI_ASSIGN_OR_RETURN(std::string type, model.string_or("type", "BPE"));
+  if (type != "BPE") {
+    return invalid_argument(source + ": model type '" + type + "' is not supported (BPE)");
+  }
+  if (!model.has("vocab") || !j["model"]["vocab"].is_object()) {
+    return model.field_error("vocab", "must be an object of token -> id");
+  }
+  int32_t max_id = -1;
+  for (const auto& [tok, id] : j["model"]["vocab"].items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (1 << 24)) {
+      return invalid_argument(source + ": model.vocab['" + tok + "'] must be an id in 0..2^24");
+    }
+    m.vocab[tok] = static_cast<int32_t>(id.get<int64_t>());
+    max_id = std::max(max_id, static_cast<int32_t>(id.get<int64_t>()));
+  }
+  if (model.has("merges")) {
+    const Json& merges = j["model"]["merges"];
+    if (!merges.is_array()) return model.field_error("merges", "must be a list");
+    for (size_t i = 0; i < merges.size(); ++i) {
+      std::string key;
+      if (merges[i].is_string()) {
+        key = merges[i].get<std::string>();
+      } else if (merges[i].is_array() && merges[i].size() == 2 && merges[i][0].is_string() &&
+                 merges[i][1].is_string()) {
+        key = merges[i][0].get<std::string>() + " " + merges[i][1].get<std::string>();
+      } else {
+        return invalid_argument(source + ": model.merges[" + std::to_string(i) +
+                                "] must be \"a b\" or [a, b]");
+      }
+      m.merge_rank.emplace(key, static_cast<int32_t>(i));
+    }
+  }
+  MSI_ASSIGN_OR_RETURN(m.byte_fallback, model.boolean_or("byte_fallback", false));
+  MSI_ASSIGN_OR_RETURN(m.fuse_unk, model.boolean_or("fuse_unk", false));
+  MSI_ASSIGN_OR_RETURN(m.ignore_merges, model.boolean_or("ignore_merges", false));
+  MSI_ASSIGN_OR_RETURN(std::string unk, model.string_or("unk_token", ""));
+  if (!unk.empty() && m.vocab.count(unk)) m.unk_id = m.vocab[unk];
+
+  if (top.has("added_tokens")) {
+    const Json& a = j["added_tokens"];
+    if (!a.is_array()) return top.field_error("added_tokens", "must be a list");
+    for (size_t i = 0; i < a.size(); ++i) {
+      JsonFields f(a[i], source + ": added_tokens[" + std::to_string(i) + "]");
+      MSI_ASSIGN_OR_RETURN(int64_t id, f.integer_at_least("id", 0));
+      MSI_ASSIGN_OR_RETURN(std::string content, f.string("content"));
+      MSI_ASSIGN_OR_RETURN(bool special, f.boolean_or("special", false));
+      if (id > (1 << 24)) return f.field_error("id", "is implausibly large");
+      m.added.emplace_back(content, static_cast<int32_t>(id));
+      m.vocab[content] = static_cast<int32_t>(id);
+      max_id = std::max(max_id, static_cast<int32_t>(id));
+      if (special) {
+        if (m.special.size() <= static_cast<size_t>(id)) m.special.resize(id + 1, false);
+        m.special[id] = true;
+      }
+    }
+    std::stable_sort(m.added.begin(), m.added.end(),
+                     [](const auto& x, const auto& y) { return x.first.size() > y.first.size(); });
+  }
+  m.id_to_token.assign(max_id + 1, "");
+  for (const auto& [tok, id] : m.vocab) m.id_to_token[id] = tok;
+  m.special.resize(max_id + 1, false);
+
+  MSI_RETURN_IF_ERROR(parse_normalizer(top.has("normalizer") ? j["normalizer"] : Json(),
+                                       source + ": normalizer", m.normalizers));
+  MSI_RETURN_IF_ERROR(parse_pre_tokenizer(top.has("pre_tokenizer") ? j["pre_tokenizer"] : Json(),
+                                          source + ": pre_tokenizer", m.pre_tokenizers));
+  MSI_RETURN_IF_ERROR(parse_decoder(top.has("decoder") ? j["decoder"] : Json(),
+                                    source + ": decoder", m.decoders));
+  for (const auto& p : m.pre_tokenizers) m.byte_level_input |= p.kind == PreTokenizer::kByteLevel;
+
+  // Post-processor: TemplateProcessing's single template gives BOS/EOS around the text.
+  bool add_bos = true;
+  if (config != nullptr && config->is_object() && config->contains("add_bos_token") &&
+      (*config)["add_bos_token"].is_boolean()) {
+    add_bos = (*config)["add_bos_token"].get<bool>();
+  }
+  if (top.has("post_processor") && j["post_processor"].is_object() &&
+      j["post_processor"].value("type", "") == "TemplateProcessing" && add_bos) {
+    const Json& single = j["post_processor"]["single"];
+    bool seen_seq = false;
+    if (single.is_array()) {
+      for (const auto& item : single) {
+        if (item.contains("Sequence")) {
+          seen_seq = true;
+        } else if (item.contains("SpecialToken")) {
+          std::string id = item["SpecialToken"].value("id", "");
+          auto it = m.vocab.find(id);
+          if (it == m.vocab.end()) {
+            return invalid_argument(source + ": post_processor names unknown token '" + id + "'");
+          }
+          (seen_seq ? m.suffix_ids : m.prefix_ids).push_back(it->second);
+        }
+      }
+    }
+  }
+  return t;
+}
+
+StatusOr<Tokenizer> Tokenizer::load(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path file(path);
+  if (fs::is_directory(file, ec)) file /= "tokenizer.json";
+  MSI_ASSIGN_OR_RETURN(Json j, read_json_file(file.string()));
+  fs::path cfg = file.parent_path() / "tokenizer_config.json";
+  if (fs::exists(cfg, ec)) {
+    MSI_ASSIGN_OR_RETURN(Json c, read_json_file(cfg.string()));
+    return from_json(j, &c, file.string());
+  }
+  return from_json(j, nullptr, file.string());
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  const Impl& m = *impl_;
+  // 1. Added tokens first (longest match at each position).
+  std::vector<Piece> pieces;
+  std::string cur;
+  for (size_t i = 0; i < text.size();) {
+    bool hit = false;
+    for (const auto& [content, id] : m.added) {
+      if (!content.empty() && text.compare(i, content.size(), content) == 0) {
+        if (!cur.empty()) pieces.push_back({std::move(cur), -1});
+        cur.clear();
+        pieces.push_back({"", id});
+        i += content.size();
+        hit = true;
+        break;
+      }
+    }
+    if (!hit) cur += text[i++];
+  }
+  if (!cur.empty()) pieces.push_back({std::move(cur), -1});
+  // 2. Normalise, pre-tokenise and BPE each stretch of ordinary text.
+  std::vector<int32_t> ids;
+  if (add_special_tokens) ids = m.prefix_ids;
+  bool first = true;
+  for (const Piece& p : pieces) {
+    if (p.added_id >= 0) {
+      ids.push_back(p.added_id);
+    } else {
+      for (const std::string& word : m.pre_tokenize(m.normalize(p.text), first)) m.bpe(word, ids);
+    }
+    first = false;
+  }
+  if (add_special_tokens) ids.insert(ids.end(), m.suffix_ids.begin(), m.suffix_ids.end());
+  return ids;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  const Impl& m = *impl_;
+  std::vector<std::string> toks;
+  std::vector<bool> added;
+  for (int32_t id : ids) {
+    if (id < 0 || id >= static_cast<int32_t>(m.id_to_token.size())) continue;
+    if (skip_special_tokens && m.special[id]) continue;
+    toks.push_back(m.id_to_token[id]);
+    bool is_added = false;
+    for (const auto& a : m.added) is_added |= a.second == id;
+    added.push_back(is_added);
+  }
+  for (const Decoder& d : m.decoders) {
+    switch (d.kind) {
+      case Decoder::kByteLevel:
+        for (size_t i = 0; i < toks.size(); ++i) {
+          if (added[i]) continue;
+          std::string bytes;
+          for (const std::string& ch : utf8_chars(toks[i])) {
+            auto it = byte_map().to_byte.find(ch);
+            if (it != byte_map().to_byte.end()) bytes += static_cast<char>(it->second);
+            else bytes += ch;
+          }
+          toks[i] = bytes;
+        }
+        break;
+      case Decoder::kReplace:
+        for (auto& t : toks) {
+          std::string r;
+          for (size_t i = 0; i < t.size();) {
+            if (!d.a.empty() && t.compare(i, d.a.size(), d.a) == 0) {
+              r += d.b;
+              i += d.a.size();
+            } else {
+              r += t[i++];
+            }
+          }
+          t = r;
+        }
+        break;
+      case Decoder::kByteFallback:
+        for (auto& t : toks) {
+          unsigned v = 0;
+          if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
+              std::sscanf(t.c_str() + 3, "%2X", &v) == 1) {
+            t = std::string(1, static_cast<char>(v));
+          }
+        }
+        break;
+      case Decoder::kFuse: {
+        std::string all;
+        for (const auto& t : toks) all += t;
+        toks = {all};
+        added = {false};
+        break;
+      }
+      case Decoder::kStrip:
+        for (auto& t : toks) {
+          int n = 0;
+          while (n < d.start && t.compare(0, d.a.size(), d.a) == 0 && !d.a.empty()) {
+            t = t.substr(d.a.size());
+            ++n;
+          }
+          n = 0;
+          while (n < d.stop && t.size() >= d.a.size() && !d.a.empty() &&
+                 t.compare(t.size() - d.a.size(), d.a.size(), d.a) == 0) {
+            t.resize(t.size() - d.a.size());
+            ++n;
+          }
+        }
+        break;
+      case Decoder::kMetaspace:
+        for (size_t i = 0; i < toks.size(); ++i) {
+          std::string r;
+          for (size_t k = 0; k < toks[i].size();) {
+            if (toks[i].compare(k, d.a.size(), d.a) == 0) {
+              r += ' ';
+              k += d.a.size();
+            } else {
+              r += toks[i][k++];
+            }
+          }
+          if (i == 0 && d.prepend_scheme != "never" && !r.empty() && r[0] == ' ') r = r.substr(1);
+          toks[i] = r;
+        }
+        break;
+    }
+  }
+  std::string out;
+  for (const auto& t : toks) out += t;
+  return out;
+}
+
+int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->id_to_token.size()); }
+
+std::optional<int32_t> Tokenizer::token_id(std::string_view token) const {
+  auto it = impl_->vocab.find(std::string(token));
+  if (it == impl_->vocab.end()) return std::nullopt;
+  return it->second;
+}
+
+std::string Tokenizer::token(int32_t id) const {
+  if (id < 0 || id >= static_cast<int32_t>(impl_->id_to_token.size())) return "";
+  return impl_->id_to_token[id];
+}
+
+bool Tokenizer::is_special(int32_t id) const {
+  return id >= 0 && id < static_cast<int32_t>(impl_->special.size()) && impl_->special[id];
+}
+
+size_t utf8_complete_prefix(std::string_view s) {
+  size_t i = 0, last = 0;
+  while (i < s.size()) {
+    size_t n = utf8_len(static_cast<unsigned char>(s[i]));
+    if (i + n > s.size()) break;
+    i += n;
+    last = i;
+  }
+  return last;
+}
+
+std::string StreamingDecoder::push(int32_t id) {
+  ids_.push_back(id);
+  const std::string all = t_.decode(ids_, skip_);
+  const size_t complete = utf8_complete_prefix(all);
+  if (complete <= emitted_) return "";
+  std::string out = all.substr(emitted_, complete - emitted_);
+  emitted_ = complete;
+  return out;
+}
+
+std::string StreamingDecoder::finish() {
+  const std::string all = t_.decode(ids_, skip_);
+  if (all.size() <= emitted_) return "";
+  std::string rest = all.substr(emitted_);
+  emitted_ = all.size();
+  return rest.empty() ? rest : rest.substr(0, utf8_complete_prefix(rest)) + "\xef\xbf\xbd";
+}
+
+}  // namespace msinfer::model

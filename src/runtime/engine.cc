@@ -1,0 +1,143 @@
+#include "msinfer/runtime/engine.h"
+
+#include <algorithm>
+
+namespace msinfer::runtime {
+
+Engine::Engine(std::shared_ptr<const model::ModelWeights> w, KvCache kv, const EngineOptions& o)
+    : weights_(std::move(w)), kv_(std::move(kv)), options_(o), attention_(*weights_),
+      experts_(*weights_) {}
+
+StatusOr<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::ModelWeights> w,
+                                                 const EngineOptions& options) {
+  if (options.max_step_tokens < 1) return invalid_argument("max_step_tokens must be >= 1");
+  MSI_ASSIGN_OR_RETURN(KvCache kv,
+                       KvCache::create(w->config(), options.kv_cache_bytes, options.block_size));
+  return std::unique_ptr<Engine>(new Engine(std::move(w), std::move(kv), options));
+}
+
+Status Engine::add(GenerationRequest r) {
+  const ModelConfig& c = config();
+  if (r.prompt.empty()) return invalid_argument("request " + std::to_string(r.id) + ": empty prompt");
+  for (int32_t t : r.prompt) {
+    if (t < 0 || t >= c.vocab) {
+      return invalid_argument("request " + std::to_string(r.id) + ": token id " +
+                              std::to_string(t) + " outside the vocabulary (0.." +
+                              std::to_string(c.vocab - 1) + ")");
+    }
+  }
+  MSI_RETURN_IF_ERROR(r.sampling.validate().with_context("request " + std::to_string(r.id)));
+  const int64_t need = static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens;
+  if (need > c.max_position_embeddings) {
+    return resource_exhausted("request " + std::to_string(r.id) + ": prompt + max_tokens = " +
+                              std::to_string(need) + " exceeds the model context of " +
+                              std::to_string(c.max_position_embeddings));
+  }
+  if (kv_.blocks_for(need) > kv_.total_blocks()) {
+    return resource_exhausted("request " + std::to_string(r.id) + ": prompt + max_tokens = " +
+                              std::to_string(need) + " tokens does not fit the KV cache (" +
+                              std::to_string(kv_.capacity_tokens()) +
+                              " tokens); raise --kv-cache-mb or lower --max-tokens");
+  }
+  waiting_.push_back(std::move(r));
+  return ok_status();
+}
+
+void Engine::admit() {
+  while (!waiting_.empty()) {
+    GenerationRequest& r = waiting_.front();
+    const int64_t need = static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens;
+    if (!kv_.reserve(r.id, need).ok()) break;  // first come, first served
+    Running run;
+    run.tokens = r.prompt;
+    run.rng.seed(r.sampling.seed);
+    run.req = std::move(r);
+    running_.push_back(std::move(run));
+    waiting_.pop_front();
+  }
+}
+
+std::vector<TokenEvent> Engine::step() {
+  admit();
+  std::vector<TokenEvent> events;
+  if (running_.empty()) return events;
+  const ModelConfig& c = config();
+  const int64_t h = c.hidden;
+  // Decode tokens first (one each), then prompt chunks within the token budget.
+  batch_.clear();
+  std::vector<int64_t> fed(running_.size(), 0);
+  int64_t budget = options_.max_step_tokens;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+      Running& r = running_[i];
+      const int64_t left = static_cast<int64_t>(r.tokens.size()) - r.computed;
+      const bool decoding = left == 1;
+      if ((pass == 0) != decoding || left <= 0) continue;
+      const int64_t n = std::min(left, budget);
+      const int32_t* table = kv_.block_table(r.req.id);
+      for (int64_t j = 0; j < n; ++j) {
+        batch_.ids.push_back(r.tokens[r.computed + j]);
+        batch_.positions.push_back(static_cast<int32_t>(r.computed + j));
+        batch_.block_tables.push_back(table);
+      }
+      fed[i] = n;
+      budget -= n;
+    }
+  }
+  const int64_t T = batch_.size();
+  x_.resize(T * h);
+  attention_.embed(batch_, x_.data());
+  for (int l = 0; l < c.layers; ++l) {
+    attention_.attention_and_gate(l, batch_, kv_, x_.data(), &routed_);
+    results_.resize(routed_.rows() * h);
+    for (int e = 0; e < c.experts; ++e) {
+      const int64_t off = routed_.expert_offset[e], n = routed_.expert_rows(e);
+      if (n > 0) experts_.forward(l, e, routed_.send.data() + off * h, n, results_.data() + off * h);
+    }
+    attention_.combine(routed_, results_.data(), x_.data());
+  }
+  // Logits for requests whose every token is now in the cache.
+  std::vector<int64_t> rows, owners;
+  int64_t row = 0;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    if (fed[i] == 0) continue;
+    row += fed[i];
+    running_[i].computed += fed[i];
+    if (running_[i].computed == static_cast<int64_t>(running_[i].tokens.size())) {
+      rows.push_back(row - 1);
+      owners.push_back(static_cast<int64_t>(i));
+    }
+  }
+  logits_.resize(rows.size() * c.vocab);
+  attention_.logits(x_.data(), rows, logits_.data());
+  std::vector<size_t> done;
+  for (size_t j = 0; j < rows.size(); ++j) {
+    Running& r = running_[owners[j]];
+    const float* lg = logits_.data() + j * c.vocab;
+    if (observer_) observer_(r.req.id, lg, c.vocab);
+    const int32_t tok = sample_token(lg, c.vocab, r.req.sampling, r.rng);
+    r.tokens.push_back(tok);
+    ++r.generated;
+    TokenEvent ev{r.req.id, tok, false, ""};
+    const auto& stops = r.req.sampling.stop_token_ids;
+    if (!r.req.sampling.ignore_eos &&
+        std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), tok) != c.eos_token_ids.end()) {
+      ev.finish_reason = "eos";
+    } else if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
+      ev.finish_reason = "stop";
+    } else if (r.generated >= r.req.sampling.max_tokens) {
+      ev.finish_reason = "length";
+    }
+    ev.finished = !ev.finish_reason.empty();
+    if (ev.finished) done.push_back(owners[j]);
+    events.push_back(ev);
+  }
+  std::sort(done.rbegin(), done.rend());
+  for (size_t i : done) {
+    kv_.release(running_[i].req.id);
+    running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  return events;
+}
+
+}  // namespace msinfer::runtime

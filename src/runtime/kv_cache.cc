@@ -1,0 +1,66 @@
+#include "msinfer/runtime/kv_cache.h"
+
+namespace msinfer::runtime {
+
+int64_t KvCache::bytes_per_token(const ModelConfig& c) {
+  return 2 /*K,V*/ * 2 /*bf16*/ * c.kv_heads * c.head_dim * c.layers;
+}
+
+StatusOr<KvCache> KvCache::create(const ModelConfig& c, int64_t budget_bytes, int64_t block_size) {
+  if (block_size < 1) return invalid_argument("KV block size must be >= 1");
+  KvCache kv;
+  kv.block_size_ = block_size;
+  kv.layers_ = c.layers;
+  kv.kv_heads_ = c.kv_heads;
+  kv.head_dim_ = c.head_dim;
+  kv.slot_elems_ = c.kv_heads * c.head_dim;
+  kv.num_blocks_ = budget_bytes / (bytes_per_token(c) * block_size);
+  if (kv.num_blocks_ < 1) {
+    return resource_exhausted("KV cache budget of " + std::to_string(budget_bytes) +
+                              " bytes holds no block of " + std::to_string(block_size) +
+                              " tokens (" + std::to_string(bytes_per_token(c) * block_size) +
+                              " bytes needed)");
+  }
+  const size_t n = static_cast<size_t>(c.layers * kv.num_blocks_ * block_size * kv.slot_elems_);
+  kv.k_.resize(n);
+  kv.v_.resize(n);
+  for (int64_t b = kv.num_blocks_ - 1; b >= 0; --b) kv.free_.push_back(static_cast<int32_t>(b));
+  return kv;
+}
+
+Status KvCache::reserve(int64_t id, int64_t tokens) {
+  const int64_t need = blocks_for(tokens);
+  auto& table = tables_[id];
+  const int64_t extra = need - static_cast<int64_t>(table.size());
+  if (extra > free_blocks()) {
+    if (table.empty()) tables_.erase(id);
+    return resource_exhausted("KV cache: " + std::to_string(extra) + " blocks needed, " +
+                              std::to_string(free_blocks()) + " free");
+  }
+  for (int64_t i = 0; i < extra; ++i) {
+    table.push_back(free_.back());
+    free_.pop_back();
+  }
+  return ok_status();
+}
+
+void KvCache::release(int64_t id) {
+  auto it = tables_.find(id);
+  if (it == tables_.end()) return;
+  for (int32_t b : it->second) free_.push_back(b);
+  tables_.erase(it);
+}
+
+const int32_t* KvCache::block_table(int64_t id) const {
+  auto it = tables_.find(id);
+  MSI_CHECK(it != tables_.end()) << "no KV blocks for request " << id;
+  return it->second.data();
+}
+
+kernels::cpu::PagedKvLayer KvCache::layer(int l) {
+  const size_t off = static_cast<size_t>(l) * num_blocks_ * block_size_ * slot_elems_;
+  return kernels::cpu::PagedKvLayer{k_.data() + off, v_.data() + off, block_size_, kv_heads_,
+                                    head_dim_};
+}
+
+}  // namespace msinfer::runtime

@@ -1,0 +1,84 @@
+#include "msinfer/runtime/model_runner.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "msinfer/kernels/cpu/attention.h"
+#include "msinfer/kernels/cpu/ops.h"
+
+namespace msinfer::runtime {
+
+namespace k = kernels::cpu;
+
+void AttentionRunner::embed(const TokenBatch& b, float* x) const {
+  const int64_t h = w_.config().hidden;
+  for (int64_t t = 0; t < b.size(); ++t) w_.embed(b.ids[t], x + t * h);
+}
+
+void AttentionRunner::attention_and_gate(int l, const TokenBatch& b, KvCache& kv, float* x,
+                                         k::RoutedBatch* routed, const int32_t* expert_dest,
+                                         int64_t destinations) {
+  const ModelConfig& c = w_.config();
+  const model::LayerWeights& L = w_.layers()[l];
+  const int64_t T = b.size(), h = c.hidden, hd = c.head_dim, H = c.heads, KV = c.kv_heads;
+  const int64_t qn = H * hd, kn = KV * hd;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  h_.resize(T * h);
+  qkv_.resize(T * (qn + 2 * kn));
+  q_.resize(T * qn);
+  k_.resize(T * kn);
+  v_.resize(T * kn);
+  attn_.resize(T * qn);
+  o_.resize(T * h);
+  router_.resize(T * c.experts);
+
+  k::rms_norm(x, L.input_norm.data(), T, h, eps, h_.data());
+  L.qkv.forward(h_.data(), T, qkv_.data());
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = qkv_.data() + t * (qn + 2 * kn);
+    std::memcpy(q_.data() + t * qn, row, sizeof(float) * qn);
+    std::memcpy(k_.data() + t * kn, row + qn, sizeof(float) * kn);
+    std::memcpy(v_.data() + t * kn, row + qn + kn, sizeof(float) * kn);
+  }
+  if (c.qk_norm) {
+    k::rms_norm(q_.data(), L.q_norm.data(), T * H, hd, eps, q_.data());
+    k::rms_norm(k_.data(), L.k_norm.data(), T * KV, hd, eps, k_.data());
+  }
+  k::rope(q_.data(), b.positions.data(), T, H, hd, c.rope_theta);
+  k::rope(k_.data(), b.positions.data(), T, KV, hd, c.rope_theta);
+  const k::PagedKvLayer layer = kv.layer(l);
+  k::write_kv(layer, k_.data(), v_.data(), T, b.positions.data(), b.block_tables.data());
+  k::paged_attention(q_.data(), T, H, layer, b.positions.data(), b.block_tables.data(),
+                     1.0f / std::sqrt(static_cast<float>(hd)), attn_.data());
+  L.o.forward(attn_.data(), T, o_.data());
+  k::add_inplace(x, o_.data(), T * h);
+
+  k::rms_norm(x, L.post_attn_norm.data(), T, h, eps, h_.data());
+  L.router.forward(h_.data(), T, router_.data());
+  k::fused_gate(router_.data(), T, c.experts, c.top_k, c.norm_topk_prob, expert_dest,
+                destinations, h_.data(), h, routed);
+}
+
+void AttentionRunner::combine(const k::RoutedBatch& routed, const float* results,
+                              float* x) const {
+  k::moe_combine(routed, results, x);
+}
+
+void AttentionRunner::logits(const float* x, const std::vector<int64_t>& rows, float* out) {
+  const ModelConfig& c = w_.config();
+  const int64_t h = c.hidden, n = static_cast<int64_t>(rows.size());
+  sel_.resize(n * h);
+  for (int64_t i = 0; i < n; ++i) {
+    k::rms_norm(x + rows[i] * h, w_.final_norm().data(), 1, h, static_cast<float>(c.rms_norm_eps),
+                sel_.data() + i * h);
+  }
+  w_.lm_head().forward(sel_.data(), n, out);
+}
+
+void ExpertRunner::forward(int l, int e, const float* rows, int64_t n, float* out) const {
+  const model::ExpertWeights& ew = w_.layers()[l].experts[e];
+  MSI_CHECK(!ew.w13.empty()) << "expert " << e << " of layer " << l << " is not loaded here";
+  k::expert_ffn(ew.w13, ew.w2, rows, n, out);
+}
+
+}  // namespace msinfer::runtime

@@ -1,0 +1,56 @@
+#include "msinfer/runtime/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace msinfer::runtime {
+
+Status SamplingParams::validate() const {
+  if (!(temperature >= 0) || !std::isfinite(temperature)) {
+    return invalid_argument("temperature must be >= 0");
+  }
+  if (top_k < 0) return invalid_argument("top_k must be >= 0");
+  if (!(top_p > 0 && top_p <= 1)) return invalid_argument("top_p must be in (0, 1]");
+  if (max_tokens < 1) return invalid_argument("max_tokens must be >= 1");
+  return ok_status();
+}
+
+int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p,
+                     std::mt19937_64& rng) {
+  if (p.temperature == 0.f || p.top_k == 1) {
+    return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+  }
+  std::vector<int32_t> idx(vocab);
+  std::iota(idx.begin(), idx.end(), 0);
+  int64_t keep = vocab;
+  if (p.top_k > 0 && p.top_k < vocab) keep = p.top_k;
+  std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  idx.resize(keep);
+  std::vector<double> prob(keep);
+  const double mx = logits[idx[0]];
+  double sum = 0;
+  for (int64_t i = 0; i < keep; ++i) {
+    sum += prob[i] = std::exp((logits[idx[i]] - mx) / p.temperature);
+  }
+  int64_t n = keep;
+  if (p.top_p < 1.f) {
+    double mass = 0;
+    for (n = 0; n < keep;) {
+      mass += prob[n++] / sum;
+      if (mass >= p.top_p) break;
+    }
+    sum = std::accumulate(prob.begin(), prob.begin() + n, 0.0);
+  }
+  std::uniform_real_distribution<double> u(0.0, sum);
+  double r = u(rng), acc = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    acc += prob[i];
+    if (r < acc) return idx[i];
+  }
+  return idx[n - 1];
+}
+
+}  // namespace msinfer::runtime

@@ -1,0 +1,137 @@
+#include "msinfer/model/tokenizer.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace msinfer::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A hand-made byte-level BPE: bytes as GPT-2 characters, merges "h e", "he l", "hel l", ...
+Json byte_level_tokenizer() {
+  Json vocab = Json::object();
+  int id = 0;
+  for (const char* t : {"h", "e", "l", "o", "\xc4\xa0" /* Ġ = space */, "w", "r", "d", "he", "hel",
+                        "hell", "hello", "\xc4\xa0w", "\xc4\xa0wo"}) {
+    vocab[t] = id++;
+  }
+  return Json{{"model",
+               {{"type", "BPE"},
+                {"vocab", vocab},
+                {"merges", {"h e", "he l", "hel l", "hell o", "\xc4\xa0 w", "\xc4\xa0w o"}}}},
+              {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
+              {"decoder", {{"type", "ByteLevel"}}},
+              {"added_tokens", {{{"id", 100}, {"content", "<|end|>"}, {"special", true}}}}};
+}
+
+TEST(TokenizerTest, ByteLevelBpeMergesByRank) {
+  auto t = Tokenizer::from_json(byte_level_tokenizer(), nullptr, "test");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  // "hello" -> one token; " world" -> "Ġwo" + "r" + "l" + "d".
+  EXPECT_EQ(t->encode("hello world"), (std::vector<int32_t>{11, 13, 6, 2, 7}));
+  EXPECT_EQ(t->encode("hello<|end|>hello"), (std::vector<int32_t>{11, 100, 11}));
+  EXPECT_EQ(t->decode({11, 13, 6, 2, 7}), "hello world");
+  EXPECT_EQ(t->decode({11, 100}), "hello<|end|>");
+  EXPECT_EQ(t->decode({11, 100}, /*skip_special_tokens=*/true), "hello");
+  EXPECT_TRUE(t->is_special(100));
+  EXPECT_EQ(t->token_id("hello"), 11);
+  EXPECT_EQ(t->vocab_size(), 101);
+}
+
+TEST(TokenizerTest, MalformedFilesAreErrors) {
+  Json j = byte_level_tokenizer();
+  j["model"]["type"] = "WordPiece";
+  EXPECT_NE(Tokenizer::from_json(j, nullptr, "t.json").status().message().find("not supported"),
+            std::string::npos);
+  j = byte_level_tokenizer();
+  j["model"]["merges"][0] = 5;
+  EXPECT_FALSE(Tokenizer::from_json(j, nullptr, "t.json").ok());
+  j = byte_level_tokenizer();
+  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}};
+  auto bad = Tokenizer::from_json(j, nullptr, "t.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("regex does not compile"), std::string::npos);
+  EXPECT_FALSE(Tokenizer::load("/nonexistent/tokenizer.json").ok());
+}
+
+TEST(Utf8Test, CompletePrefix) {
+  EXPECT_EQ(utf8_complete_prefix("abc"), 3u);
+  EXPECT_EQ(utf8_complete_prefix("a\xe4\xbd"), 1u);      // 你 cut after 2 of 3 bytes
+  EXPECT_EQ(utf8_complete_prefix("\xe4\xbd\xa0"), 3u);   // 你
+  EXPECT_EQ(utf8_complete_prefix("\xf0\x9f\x98"), 0u);   // 😀 cut
+}
+
+// Real tokenizers fetched by scripts/fetch-tokenizers.
+fs::path cache_dir() { return fs::path(MSINFER_SOURCE_DIR) / ".cache" / "tokenizers"; }
+
+std::string run_capture(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int status = pclose(p);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return "";
+  return out;
+}
+
+class RealTokenizerTest : public ::testing::TestWithParam<std::string> {};
+
+// Our encode and decode against @lenml/tokenizers (transformers.js's port of HF
+// tokenizers) on a corpus of code, CJK, emoji, whitespace runs and special-token text.
+TEST_P(RealTokenizerTest, MatchesTheJavaScriptImplementation) {
+  const fs::path dir = cache_dir() / GetParam();
+  const fs::path js = cache_dir() / "lenml-tokenizers" / "dist" / "main.js";
+  if (!fs::exists(dir / "tokenizer.json") || !fs::exists(js)) {
+    GTEST_SKIP() << "run scripts/fetch-tokenizers first (" << dir << ")";
+  }
+  const fs::path corpus = fs::path(MSINFER_SOURCE_DIR) / "tests/model/data/tokenizer_corpus.json";
+  const fs::path script = fs::path(MSINFER_SOURCE_DIR) / "tests/model/js_tokenize.js";
+  std::string out = run_capture("node '" + script.string() + "' '" + js.string() + "' '" +
+                                dir.string() + "' < '" + corpus.string() + "' 2>/dev/null");
+  ASSERT_FALSE(out.empty()) << "node failed";
+  auto expected = parse_json(out, "js output");
+  auto texts = read_json_file(corpus.string());
+  ASSERT_TRUE(expected.ok() && texts.ok());
+  auto t = Tokenizer::load(dir.string());
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  ASSERT_EQ(expected->size(), texts->size());
+  for (size_t i = 0; i < texts->size(); ++i) {
+    const std::string text = (*texts)[i].get<std::string>();
+    std::vector<int32_t> ids = t->encode(text);
+    EXPECT_EQ(Json(ids), (*expected)[i]["ids"]) << GetParam() << " text #" << i << ": " << text;
+    EXPECT_EQ(t->decode(ids), (*expected)[i]["text"].get<std::string>()) << "text #" << i;
+  }
+}
+
+TEST_P(RealTokenizerTest, StreamingDecodeNeverSplitsACharacter) {
+  const fs::path dir = cache_dir() / GetParam();
+  if (!fs::exists(dir / "tokenizer.json")) GTEST_SKIP() << "run scripts/fetch-tokenizers first";
+  auto t = Tokenizer::load(dir.string());
+  ASSERT_TRUE(t.ok());
+  const std::string text = "Hi 你好世界 😀🎉👨‍👩‍👧 naïve";
+  std::vector<int32_t> ids = t->encode(text, /*add_special_tokens=*/false);
+  StreamingDecoder d(*t);
+  std::string streamed;
+  for (int32_t id : ids) {
+    std::string piece = d.push(id);
+    EXPECT_EQ(utf8_complete_prefix(piece), piece.size()) << "a partial character was emitted";
+    streamed += piece;
+  }
+  streamed += d.finish();
+  EXPECT_EQ(streamed, t->decode(ids, true));
+  EXPECT_NE(streamed.find("你好世界 😀🎉"), std::string::npos) << streamed;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fetched, RealTokenizerTest,
+                         ::testing::Values("qwen3", "deepseek_v3", "llama2"));
+
+}  // namespace
+}  // namespace msinfer::model
