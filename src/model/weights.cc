@@ -40,13 +40,9 @@ void append_bf16(const TensorView& t, std::vector<bf16>& out) {
   }
 }
 
+// Every weight is held as bf16 values, norms included (as an HF bf16 load does).
 std::vector<float> to_float(const TensorView& t) {
   std::vector<bf16> b;
-  if (t.dtype == DType::kF32) {
-    std::vector<float> f(static_cast<size_t>(t.numel()));
-    std::memcpy(f.data(), t.data, f.size() * 4);
-    return f;
-  }
   append_bf16(t, b);
   std::vector<float> f(b.size());
   bf16_to_float_n(b.data(), f.data(), static_cast<int64_t>(b.size()));

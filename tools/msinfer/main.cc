@@ -14,6 +14,8 @@ void usage(FILE* out) {
                "  plan       search the deployment (tp, attention nodes, micro-batches, batch)\n"
                "             with the best throughput per cost under a TBT SLO\n"
                "  simulate   play a plan forward event by event; Gantt chart; sweeps\n"
+               "  make-model write a test model (HF layout, seeded random weights)\n"
+               "  generate   generate text with the engine, streaming\n"
                "  version    print the version\n\n"
                "docs: README.md, docs/ARCHITECTURE.md, docs/PLANNER.md\n");
 }
@@ -28,6 +30,8 @@ int main(int argc, char** argv) {
   std::string cmd = argv[1];
   if (cmd == "plan") return msinfer::cli::run_plan(argc, argv);
   if (cmd == "simulate") return msinfer::cli::run_simulate(argc, argv);
+  if (cmd == "make-model") return msinfer::cli::run_make_model(argc, argv);
+  if (cmd == "generate") return msinfer::cli::run_generate(argc, argv);
   if (cmd == "version" || cmd == "--version") {
     std::printf("msinfer %s\n", MSINFER_VERSION);
     return 0;
@@ -36,7 +40,6 @@ int main(int argc, char** argv) {
     usage(stdout);
     return 0;
   }
-  std::fprintf(stderr, "msinfer: unknown command '%s'\n", cmd.c_str());
-  usage(stderr);
+  std::fprintf(stderr, "msinfer: unknown command '%s' (msinfer --help lists them)\n", cmd.c_str());
   return 2;
 }

@@ -57,6 +57,9 @@ inline float f16_to_float(uint16_t h) {
   return f;
 }
 
+// Float to IEEE half, round to nearest even; overflow gives inf, NaN stays NaN.
+uint16_t float_to_f16(float f);
+
 void bf16_to_float_n(const bf16* in, float* out, int64_t n);
 void float_to_bf16_n(const float* in, bf16* out, int64_t n);
 

@@ -1,0 +1,43 @@
+// Writes test checkpoints in the real HF layout (config.json, safetensors,
+// tokenizer.json, tokenizer_config.json, generation_config.json) with seeded
+// random weights, so every test and benchmark goes through the real loader.
+//
+// Presets: tiny-mixtral and tiny-qwen3moe (a few MB; 8 experts top-2, GQA,
+// >= 2 layers, with a small BPE tokenizer trained on an embedded text: a
+// Llama-style byte-fallback one and a Qwen-style byte-level one), and
+// small-mixtral (hidden 1024, 8 layers, 8 experts top-2, FFN 2816, 16/4 heads,
+// the real Llama-2 tokenizer from scripts/fetch-tokenizers; about 1.3 GB).
+//
+// Weights are scaled so activations stay in a sane range: Linear weights
+// N(0, 1/fan_in), output projections further by 1/sqrt(2 layers), norms 1 + N(0, 0.1^2).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "msinfer/core/json.h"
+#include "msinfer/core/status.h"
+#include "msinfer/model/safetensors.h"
+
+namespace msinfer::model {
+
+struct MakeModelOptions {
+  std::string preset;
+  std::string out_dir;
+  uint64_t seed = 0;
+  DType dtype = DType::kBF16;
+  int shards = 1;                 // > 1: model-0000i-of-0000n.safetensors + index
+  std::string tokenizer_dir;      // small-mixtral's tokenizer (default .cache/tokenizers/llama2)
+};
+
+std::vector<std::string> model_presets();
+// The HF config.json a preset writes (vocab filled in from its tokenizer).
+StatusOr<Json> preset_config(const std::string& preset, int64_t vocab);
+Status make_model(const MakeModelOptions& options);
+
+// Trains a small BPE tokenizer on `text`: byte-level (Qwen style) or
+// byte-fallback with a Metaspace pre-tokenizer (Llama/Mistral style).
+Json train_tokenizer(const std::string& text, int merges, bool byte_level);
+
+}  // namespace msinfer::model

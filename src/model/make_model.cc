@@ -1,0 +1,370 @@
+#include "msinfer/model/make_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <set>
+#include <cstring>
+
+#include "msinfer/core/bf16.h"
+#include "msinfer/model/tokenizer.h"
+
+namespace msinfer::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Text the tiny tokenizers learn their merges from.
+const char* kCorpus =
+    "Mixture-of-Experts models route every token to a few experts. In decoding, every request "
+    "reads its own KV cache, so attention is bound by memory bandwidth, while the experts are "
+    "GEMMs whose weights are shared by the whole batch. Disaggregation puts attention and experts "
+    "on different workers: attention is replicated so that every expert sees a large batch, and "
+    "micro-batches ping-pong between the two sides so that nobody idles. The quick brown fox "
+    "jumps over the lazy dog. Hello world! Hello there, how are you today? def main(): return 0 "
+    "for i in range(10): print(i) 1234567890 the and of to in is that it with as for on was";
+
+// GPT-2's byte-to-character map (same as the tokenizer's).
+std::vector<std::string> byte_chars() {
+  std::vector<std::string> out(256);
+  int n = 0;
+  for (int b = 0; b < 256; ++b) {
+    bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    uint32_t cp = printable ? b : 256 + n++;
+    std::string s;
+    if (cp < 0x80) {
+      s += static_cast<char>(cp);
+    } else {
+      s += static_cast<char>(0xc0 | (cp >> 6));
+      s += static_cast<char>(0x80 | (cp & 0x3f));
+    }
+    out[b] = s;
+  }
+  return out;
+}
+
+std::vector<std::string> split_chars(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < s.size();) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
+    out.push_back(s.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+}  // namespace
+
+Json train_tokenizer(const std::string& text, int merges, bool byte_level) {
+  const std::string meta = "\xe2\x96\x81";  // ▁
+  const auto bc = byte_chars();
+  // Words: split at spaces, the space attached to the following word.
+  std::map<std::vector<std::string>, int> words;
+  std::string word;
+  auto flush = [&](bool space_before) {
+    if (word.empty()) return;
+    std::vector<std::string> sym;
+    if (byte_level) {
+      if (space_before) sym.push_back(bc[' ']);
+      for (unsigned char c : word) sym.push_back(bc[c]);
+    } else {
+      sym.push_back(meta);
+      for (auto& ch : split_chars(word)) sym.push_back(ch);
+    }
+    ++words[sym];
+    word.clear();
+  };
+  bool space = false;
+  for (char c : text) {
+    if (c == ' ') {
+      flush(space);
+      space = true;
+    } else {
+      word += c;
+    }
+  }
+  flush(space);
+
+  Json vocab = Json::object();
+  std::vector<std::string> order;
+  auto add = [&](const std::string& t) {
+    if (!vocab.contains(t)) {
+      vocab[t] = static_cast<int64_t>(order.size());
+      order.push_back(t);
+    }
+  };
+  Json added = Json::array();
+  if (!byte_level) {
+    for (const char* s : {"<unk>", "<s>", "</s>"}) {
+      added.push_back({{"id", static_cast<int64_t>(order.size())}, {"content", s},
+                       {"special", true}, {"normalized", false}});
+      add(s);
+    }
+    for (int b = 0; b < 256; ++b) {
+      char name[8];
+      std::snprintf(name, sizeof(name), "<0x%02X>", b);
+      add(name);
+    }
+    add(meta);
+    for (const auto& [w, n] : words) {
+      for (const auto& s : w) add(s);
+    }
+  } else {
+    for (int b = 0; b < 256; ++b) add(bc[b]);
+  }
+  Json merge_list = Json::array();
+  std::map<std::vector<std::string>, int> cur = words;
+  for (int m = 0; m < merges; ++m) {
+    std::map<std::pair<std::string, std::string>, int> pairs;
+    for (const auto& [w, n] : cur) {
+      for (size_t i = 0; i + 1 < w.size(); ++i) pairs[{w[i], w[i + 1]}] += n;
+    }
+    if (pairs.empty()) break;
+    auto best = std::max_element(pairs.begin(), pairs.end(), [](const auto& a, const auto& b) {
+      return a.second < b.second || (a.second == b.second && a.first > b.first);
+    });
+    if (best->second < 2) break;
+    const auto [a, b] = best->first;
+    merge_list.push_back(a + " " + b);
+    add(a + b);
+    std::map<std::vector<std::string>, int> next;
+    for (const auto& [w, n] : cur) {
+      std::vector<std::string> nw;
+      for (size_t i = 0; i < w.size(); ++i) {
+        if (i + 1 < w.size() && w[i] == a && w[i + 1] == b) {
+          nw.push_back(a + b);
+          ++i;
+        } else {
+          nw.push_back(w[i]);
+        }
+      }
+      next[nw] += n;
+    }
+    cur = std::move(next);
+  }
+  Json tok;
+  tok["version"] = "1.0";
+  if (byte_level) {
+    const int64_t base = static_cast<int64_t>(order.size());
+    int64_t i = 0;
+    for (const char* s : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) {
+      added.push_back({{"id", base + i++}, {"content", s}, {"special", true}, {"normalized", false}});
+    }
+    tok["normalizer"] = {{"type", "NFC"}};
+    tok["pre_tokenizer"] = {
+        {"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"},
+           {"pattern",
+            {{"Regex",
+              "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+              "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}}},
+           {"behavior", "Isolated"},
+           {"invert", false}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+    tok["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}};
+    tok["post_processor"] = nullptr;
+    tok["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", merge_list},
+                    {"byte_fallback", false}, {"ignore_merges", false}};
+  } else {
+    tok["normalizer"] = nullptr;
+    tok["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", meta},
+                            {"prepend_scheme", "first"}, {"split", false}};
+    tok["decoder"] = {{"type", "Sequence"},
+                      {"decoders",
+                       {{{"type", "Replace"}, {"pattern", {{"String", meta}}}, {"content", " "}},
+                        {{"type", "ByteFallback"}},
+                        {{"type", "Fuse"}},
+                        {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}};
+    tok["post_processor"] = {
+        {"type", "TemplateProcessing"},
+        {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                    {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+        {"pair", Json::array()},
+        {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}};
+    tok["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", merge_list},
+                    {"byte_fallback", true}, {"fuse_unk", true}, {"unk_token", "<unk>"}};
+  }
+  tok["added_tokens"] = added;
+  return tok;
+}
+
+std::vector<std::string> model_presets() { return {"tiny-mixtral", "tiny-qwen3moe", "small-mixtral"}; }
+
+StatusOr<Json> preset_config(const std::string& preset, int64_t vocab) {
+  if (preset == "tiny-mixtral" || preset == "small-mixtral") {
+    const bool tiny = preset == "tiny-mixtral";
+    return Json{{"architectures", {"MixtralForCausalLM"}},
+                {"model_type", "mixtral"},
+                {"hidden_size", tiny ? 64 : 1024},
+                {"intermediate_size", tiny ? 128 : 2816},
+                {"num_hidden_layers", tiny ? 2 : 8},
+                {"num_attention_heads", tiny ? 4 : 16},
+                {"num_key_value_heads", tiny ? 2 : 4},
+                {"head_dim", tiny ? 16 : 64},
+                {"num_local_experts", 8},
+                {"num_experts_per_tok", 2},
+                {"vocab_size", vocab},
+                {"rope_theta", 1e6},
+                {"rms_norm_eps", 1e-5},
+                {"max_position_embeddings", tiny ? 4096 : 32768},
+                {"tie_word_embeddings", false},
+                {"bos_token_id", 1},
+                {"eos_token_id", 2},
+                {"torch_dtype", "bfloat16"}};
+  }
+  if (preset == "tiny-qwen3moe") {
+    return Json{{"architectures", {"Qwen3MoeForCausalLM"}},
+                {"model_type", "qwen3_moe"},
+                {"hidden_size", 64},
+                {"moe_intermediate_size", 96},
+                {"intermediate_size", 192},
+                {"num_hidden_layers", 3},
+                {"num_attention_heads", 4},
+                {"num_key_value_heads", 2},
+                {"head_dim", 32},
+                {"num_experts", 8},
+                {"num_experts_per_tok", 2},
+                {"norm_topk_prob", true},
+                {"decoder_sparse_step", 1},
+                {"mlp_only_layers", Json::array()},
+                {"vocab_size", vocab},
+                {"rope_theta", 1e6},
+                {"rms_norm_eps", 1e-6},
+                {"max_position_embeddings", 4096},
+                {"tie_word_embeddings", false},
+                {"bos_token_id", Json()},
+                {"eos_token_id", vocab - 3},  // <|endoftext|>
+                {"torch_dtype", "bfloat16"}};
+  }
+  std::string known;
+  for (const auto& p : model_presets()) known += (known.empty() ? "" : ", ") + p;
+  return invalid_argument("--preset '" + preset + "' is not one of " + known);
+}
+
+Status make_model(const MakeModelOptions& o) {
+  // Tokenizer first: the vocabulary size comes from it.
+  Json tok_json, tok_config;
+  if (o.preset == "small-mixtral") {
+    std::string dir = o.tokenizer_dir.empty() ? ".cache/tokenizers/llama2" : o.tokenizer_dir;
+    auto t = read_json_file(dir + "/tokenizer.json");
+    if (!t.ok()) {
+      return not_found("small-mixtral needs the Llama-2 tokenizer at " + dir +
+                       " (run scripts/fetch-tokenizers, or pass --tokenizer DIR)");
+    }
+    tok_json = *t;
+    auto c = read_json_file(dir + "/tokenizer_config.json");
+    tok_config = c.ok() ? *c : Json{{"add_bos_token", true}};
+  } else if (o.preset == "tiny-mixtral") {
+    tok_json = train_tokenizer(kCorpus, 200, /*byte_level=*/false);
+    tok_config = {{"add_bos_token", true}, {"bos_token", "<s>"}, {"eos_token", "</s>"},
+                  {"tokenizer_class", "LlamaTokenizer"}, {"legacy", true}};
+  } else if (o.preset == "tiny-qwen3moe") {
+    tok_json = train_tokenizer(kCorpus, 200, /*byte_level=*/true);
+    tok_config = {{"add_bos_token", false}, {"eos_token", "<|endoftext|>"},
+                  {"tokenizer_class", "Qwen2Tokenizer"}};
+  }
+  int64_t vocab = 0;
+  if (!tok_json.is_null()) {
+    auto t = Tokenizer::from_json(tok_json, &tok_config, "tokenizer.json");
+    if (!t.ok()) return t.status();
+    vocab = t->vocab_size();
+  }
+  MSI_ASSIGN_OR_RETURN(Json config, preset_config(o.preset, vocab));
+  if (o.shards < 1 || o.shards > 64) return invalid_argument("--shards must be in 1..64");
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
+  if (ec) return not_found("--out " + o.out_dir + ": cannot create (" + ec.message() + ")");
+
+  const bool qwen = o.preset == "tiny-qwen3moe";
+  const int64_t h = config["hidden_size"], L = config["num_hidden_layers"];
+  const int64_t H = config["num_attention_heads"], KV = config["num_key_value_heads"];
+  const int64_t hd = config["head_dim"];
+  const int64_t E = qwen ? config["num_experts"].get<int64_t>() : config["num_local_experts"].get<int64_t>();
+  const int64_t F = qwen ? config["moe_intermediate_size"].get<int64_t>()
+                         : config["intermediate_size"].get<int64_t>();
+
+  struct Spec {
+    std::string name;
+    std::vector<int64_t> shape;
+    double std;      // normal std; < 0: norm weight 1 + N(0, 0.1^2)
+  };
+  std::vector<Spec> specs;
+  const double out_scale = 1.0 / std::sqrt(2.0 * L);
+  specs.push_back({"model.embed_tokens.weight", {vocab, h}, 1.0});
+  for (int64_t i = 0; i < L; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    specs.push_back({p + "input_layernorm.weight", {h}, -1});
+    specs.push_back({p + "self_attn.q_proj.weight", {H * hd, h}, 1 / std::sqrt(double(h))});
+    specs.push_back({p + "self_attn.k_proj.weight", {KV * hd, h}, 1 / std::sqrt(double(h))});
+    specs.push_back({p + "self_attn.v_proj.weight", {KV * hd, h}, 1 / std::sqrt(double(h))});
+    specs.push_back({p + "self_attn.o_proj.weight", {h, H * hd}, out_scale / std::sqrt(double(H * hd))});
+    if (qwen) {
+      specs.push_back({p + "self_attn.q_norm.weight", {hd}, -1});
+      specs.push_back({p + "self_attn.k_norm.weight", {hd}, -1});
+    }
+    specs.push_back({p + "post_attention_layernorm.weight", {h}, -1});
+    const std::string moe = p + (qwen ? "mlp." : "block_sparse_moe.");
+    specs.push_back({moe + "gate.weight", {E, h}, 1 / std::sqrt(double(h))});
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string x = moe + "experts." + std::to_string(e) + ".";
+      specs.push_back({x + (qwen ? "gate_proj" : "w1") + ".weight", {F, h}, 1 / std::sqrt(double(h))});
+      specs.push_back({x + (qwen ? "down_proj" : "w2") + ".weight", {h, F}, out_scale / std::sqrt(double(F))});
+      specs.push_back({x + (qwen ? "up_proj" : "w3") + ".weight", {F, h}, 1 / std::sqrt(double(h))});
+    }
+  }
+  specs.push_back({"model.norm.weight", {h}, -1});
+  specs.push_back({"lm_head.weight", {vocab, h}, 1 / std::sqrt(double(h))});
+
+  // Generate shard by shard (so memory stays at one shard's worth).
+  std::mt19937_64 rng(o.seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const size_t per_shard = (specs.size() + o.shards - 1) / o.shards;
+  Json weight_map = Json::object();
+  for (int s = 0; s < o.shards; ++s) {
+    char name[64];
+    if (o.shards == 1) std::snprintf(name, sizeof(name), "model.safetensors");
+    else std::snprintf(name, sizeof(name), "model-%05d-of-%05d.safetensors", s + 1, o.shards);
+    std::vector<std::vector<uint8_t>> buffers;
+    std::vector<TensorToWrite> tensors;
+    for (size_t i = s * per_shard; i < std::min(specs.size(), (s + 1) * per_shard); ++i) {
+      const Spec& sp = specs[i];
+      int64_t n = 1;
+      for (int64_t d : sp.shape) n *= d;
+      std::vector<uint8_t> buf(static_cast<size_t>(n) * dtype_size(o.dtype));
+      for (int64_t k = 0; k < n; ++k) {
+        const float v = sp.std < 0 ? 1.0f + 0.1f * normal(rng) : static_cast<float>(sp.std) * normal(rng);
+        if (o.dtype == DType::kBF16) {
+          bf16 b = float_to_bf16(v);
+          std::memcpy(buf.data() + 2 * k, &b, 2);
+        } else if (o.dtype == DType::kF32) {
+          std::memcpy(buf.data() + 4 * k, &v, 4);
+        } else {
+          const uint16_t hbits = float_to_f16(v);
+          std::memcpy(buf.data() + 2 * k, &hbits, 2);
+        }
+      }
+      buffers.push_back(std::move(buf));
+      tensors.push_back({sp.name, o.dtype, sp.shape, buffers.back().data()});
+      weight_map[sp.name] = name;
+    }
+    MSI_RETURN_IF_ERROR(write_safetensors((fs::path(o.out_dir) / name).string(), tensors,
+                                          {{"format", "pt"}}));
+  }
+  if (o.shards > 1) {
+    MSI_RETURN_IF_ERROR(write_json_file((fs::path(o.out_dir) / "model.safetensors.index.json").string(),
+                                        Json{{"metadata", Json::object()}, {"weight_map", weight_map}}));
+  }
+  MSI_RETURN_IF_ERROR(write_json_file((fs::path(o.out_dir) / "config.json").string(), config));
+  MSI_RETURN_IF_ERROR(write_json_file((fs::path(o.out_dir) / "tokenizer.json").string(), tok_json));
+  MSI_RETURN_IF_ERROR(
+      write_json_file((fs::path(o.out_dir) / "tokenizer_config.json").string(), tok_config));
+  Json gen{{"eos_token_id", config["eos_token_id"]}};
+  if (!config["bos_token_id"].is_null()) gen["bos_token_id"] = config["bos_token_id"];
+  return write_json_file((fs::path(o.out_dir) / "generation_config.json").string(), gen);
+}
+
+}  // namespace msinfer::model

@@ -1,0 +1,243 @@
+#include "msinfer/runtime/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "msinfer/core/json.h"
+#include "msinfer/model/make_model.h"
+#include "test_models.h"
+
+namespace msinfer::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::shared_ptr<const model::ModelWeights> load(const std::string& dir,
+                                                const model::LoadOptions& o = {}) {
+  auto w = model::ModelWeights::load(dir, o);
+  EXPECT_TRUE(w.ok()) << w.status().to_string();
+  return w.ok() ? std::shared_ptr<const model::ModelWeights>(std::move(w).value()) : nullptr;
+}
+
+std::unique_ptr<Engine> make_engine(std::shared_ptr<const model::ModelWeights> w,
+                                    int64_t kv_bytes = 8 << 20, int64_t block = 4) {
+  EngineOptions o;
+  o.kv_cache_bytes = kv_bytes;
+  o.block_size = block;
+  auto e = Engine::create(std::move(w), o);
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  return std::move(e).value();
+}
+
+GenerationRequest req(int64_t id, std::vector<int32_t> prompt, int max_tokens) {
+  GenerationRequest r{id, std::move(prompt), {}};
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
+std::map<int64_t, std::vector<int32_t>> run_all(Engine& e) {
+  std::map<int64_t, std::vector<int32_t>> out;
+  for (int guard = 0; !e.idle() && guard < 10000; ++guard) {
+    for (const auto& ev : e.step()) out[ev.request_id].push_back(ev.token);
+  }
+  EXPECT_TRUE(e.idle());
+  return out;
+}
+
+TEST(EngineTest, ContinuousBatchingDoesNotChangeGreedyResults) {
+  auto w = load(testing::test_model_dir("tiny-mixtral"));
+  auto alone = make_engine(w);
+  ASSERT_TRUE(alone->add(req(1, {1, 10, 20, 30}, 12)).ok());
+  auto ref = run_all(*alone)[1];
+  ASSERT_EQ(ref.size(), 12u);
+
+  // The same request with others joining and leaving around it.
+  auto e = make_engine(w);
+  ASSERT_TRUE(e->add(req(7, {1, 5}, 3)).ok());
+  ASSERT_TRUE(e->add(req(1, {1, 10, 20, 30}, 12)).ok());
+  std::map<int64_t, std::vector<int32_t>> got;
+  for (int step = 0; !e->idle(); ++step) {
+    if (step == 4) {
+      ASSERT_TRUE(e->add(req(9, {1, 40, 41, 42, 43, 44}, 5)).ok());
+    }
+    for (const auto& ev : e->step()) got[ev.request_id].push_back(ev.token);
+  }
+  EXPECT_EQ(got[1], ref);
+  EXPECT_EQ(got[7].size(), 3u);
+  EXPECT_EQ(got[9].size(), 5u);
+  EXPECT_EQ(e->kv_cache().free_blocks(), e->kv_cache().total_blocks());  // all released
+}
+
+TEST(EngineTest, KvCacheLimitRefusesOrQueues) {
+  auto w = load(testing::test_model_dir("tiny-mixtral"));
+  // tiny-mixtral: 2 layers x 2 KV heads x 16 dims x 2 (K,V) x 2 bytes = 256 B per token.
+  EXPECT_EQ(KvCache::bytes_per_token(w->config()), 256);
+  auto e = make_engine(w, /*kv_bytes=*/256 * 64, /*block=*/4);  // 64 tokens
+  Status s = e->add(req(1, std::vector<int32_t>(40, 3), 30));   // 70 tokens: never fits
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("does not fit the KV cache"), std::string::npos);
+  // Two 40-token requests fit only one at a time: the second waits, both finish.
+  ASSERT_TRUE(e->add(req(2, std::vector<int32_t>(30, 3), 10)).ok());
+  ASSERT_TRUE(e->add(req(3, std::vector<int32_t>(30, 4), 10)).ok());
+  std::map<int64_t, std::vector<int32_t>> out;
+  for (const auto& ev : e->step()) out[ev.request_id].push_back(ev.token);
+  EXPECT_EQ(e->running(), 1);
+  EXPECT_EQ(e->waiting(), 1);
+  for (auto& [id, toks] : run_all(*e)) out[id].insert(out[id].end(), toks.begin(), toks.end());
+  EXPECT_EQ(out[2].size(), 10u);
+  EXPECT_EQ(out[3].size(), 10u);
+}
+
+TEST(EngineTest, BadRequestsAreRefused) {
+  auto w = load(testing::test_model_dir("tiny-mixtral"));
+  auto e = make_engine(w);
+  EXPECT_EQ(e->add(req(1, {}, 4)).code(), StatusCode::kInvalidArgument);
+  Status s = e->add(req(2, {1, 999999}, 4));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("outside the vocabulary"), std::string::npos);
+  GenerationRequest r = req(3, {1, 2}, 4);
+  r.sampling.top_p = 0;
+  EXPECT_EQ(e->add(r).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(e->idle());
+}
+
+TEST(EngineTest, StopsOnStopTokensEosAndLength) {
+  auto w = load(testing::test_model_dir("tiny-mixtral"));
+  auto e = make_engine(w);
+  ASSERT_TRUE(e->add(req(1, {1, 10, 20}, 8)).ok());
+  auto greedy = run_all(*e)[1];
+  // Stop on the third generated token.
+  GenerationRequest r = req(2, {1, 10, 20}, 8);
+  r.sampling.stop_token_ids = {greedy[2]};
+  ASSERT_TRUE(e->add(r).ok());
+  std::vector<TokenEvent> evs;
+  while (!e->idle()) {
+    for (auto& ev : e->step()) evs.push_back(ev);
+  }
+  size_t first = 0;
+  while (greedy[first] != greedy[2]) ++first;  // the stop token may appear earlier
+  ASSERT_EQ(evs.size(), first + 1);
+  EXPECT_TRUE(evs.back().finished);
+  EXPECT_EQ(evs.back().finish_reason, "stop");
+  // The same token as EOS ends it too, unless ignore_eos.
+  GenerationRequest r3 = req(3, {1, 10, 20}, 8);
+  r3.sampling.ignore_eos = false;
+  ASSERT_TRUE(e->add(r3).ok());
+  auto out = run_all(*e)[3];
+  const auto& eos = w->config().eos_token_ids;
+  ASSERT_FALSE(eos.empty());
+  bool hit = false;
+  for (size_t i = 0; i < greedy.size(); ++i) {
+    if (greedy[i] == eos[0]) {
+      EXPECT_EQ(out.size(), i + 1);
+      hit = true;
+      break;
+    }
+  }
+  if (!hit) {
+    EXPECT_EQ(out.size(), 8u);
+  }
+}
+
+TEST(LoaderTest, DtypesAndShardsLoadTheSameWeights) {
+  const fs::path root = fs::path(::testing::TempDir()) / ("msinfer_loader_" + std::to_string(getpid()));
+  auto make = [&](const std::string& name, model::DType dt, int shards) {
+    model::MakeModelOptions o;
+    o.preset = "tiny-qwen3moe";
+    o.out_dir = (root / name).string();
+    o.dtype = dt;
+    o.shards = shards;
+    EXPECT_TRUE(model::make_model(o).ok());
+    auto e = make_engine(load(o.out_dir));
+    EXPECT_TRUE(e->add(req(1, {5, 6, 7, 8}, 6)).ok());
+    return run_all(*e)[1];
+  };
+  auto bf16 = make("bf16", model::DType::kBF16, 1);
+  EXPECT_EQ(make("f32", model::DType::kF32, 1), bf16);  // f32 rounds to the same bf16 values
+  EXPECT_EQ(make("sharded", model::DType::kBF16, 3), bf16);
+  EXPECT_EQ(make("f16", model::DType::kF16, 1).size(), 6u);
+  fs::remove_all(root);
+}
+
+TEST(LoaderTest, ValidatesTensorsAgainstTheConfig) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("msinfer_badmodel_" + std::to_string(getpid()));
+  model::MakeModelOptions o;
+  o.preset = "tiny-mixtral";
+  o.out_dir = dir.string();
+  ASSERT_TRUE(model::make_model(o).ok());
+  auto cfg = read_json_file((dir / "config.json").string());
+  // A config whose expert FFN width disagrees with the tensors.
+  Json bad = *cfg;
+  bad["intermediate_size"] = 100;
+  ASSERT_TRUE(write_json_file((dir / "config.json").string(), bad).ok());
+  auto w = model::ModelWeights::load(dir.string());
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("model.safetensors: tensor 'model.layers.0.block_sparse_moe."
+                                      "experts.0.w1.weight' has shape [128, 64], expected [100, 64]"),
+            std::string::npos)
+      << w.status().message();
+  // More experts in the config than in the file: the router's shape gives it away.
+  bad = *cfg;
+  bad["num_local_experts"] = 9;
+  ASSERT_TRUE(write_json_file((dir / "config.json").string(), bad).ok());
+  w = model::ModelWeights::load(dir.string());
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("block_sparse_moe.gate.weight' has shape [8, 64], expected [9, 64]"),
+            std::string::npos) << w.status().message();
+  // Fewer layers than the file holds: extra tensors.
+  bad = *cfg;
+  bad["num_hidden_layers"] = 1;
+  ASSERT_TRUE(write_json_file((dir / "config.json").string(), bad).ok());
+  w = model::ModelWeights::load(dir.string());
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("unexpected tensor 'model.layers.1."), std::string::npos);
+  // An unsupported architecture.
+  bad = *cfg;
+  bad["architectures"] = {"DbrxForCausalLM"};
+  ASSERT_TRUE(write_json_file((dir / "config.json").string(), bad).ok());
+  EXPECT_FALSE(model::ModelWeights::load(dir.string()).ok());
+  // A checkpoint without the final norm: a missing tensor.
+  ASSERT_TRUE(write_json_file((dir / "config.json").string(), *cfg).ok());
+  {
+    auto ck = model::Checkpoint::open(dir.string());
+    ASSERT_TRUE(ck.ok());
+    std::vector<model::TensorToWrite> keep;
+    for (const auto& [name, t] : ck->tensors()) {
+      if (name != "model.norm.weight") keep.push_back({name, t.dtype, t.shape, t.data});
+    }
+    ASSERT_TRUE(model::write_safetensors((dir / "tmp.bin").string(), keep).ok());
+  }
+  fs::rename(dir / "tmp.bin", dir / "model.safetensors");
+  w = model::ModelWeights::load(dir.string());
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("tensor 'model.norm.weight' is missing"), std::string::npos)
+      << w.status().message();
+  fs::remove_all(dir);
+}
+
+TEST(LoaderTest, PartialLoadsHoldOnlyTheirShare) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  auto all = load(dir);
+  model::LoadOptions attn;
+  attn.all_experts = false;  // attention worker: no experts
+  auto a = load(dir, attn);
+  model::LoadOptions two;
+  two.attention = false;
+  two.all_experts = false;
+  two.experts = {1, 5};
+  auto x = load(dir, two);
+  EXPECT_FALSE(a->has_expert(0, 0));
+  EXPECT_TRUE(x->has_expert(1, 5));
+  EXPECT_FALSE(x->has_expert(1, 4));
+  EXPECT_LT(a->packed_bytes() + x->packed_bytes(), all->packed_bytes());
+  model::LoadOptions bad;
+  bad.all_experts = false;
+  bad.experts = {8};
+  EXPECT_FALSE(model::ModelWeights::load(dir, bad).ok());
+}
+
+}  // namespace
+}  // namespace msinfer::runtime

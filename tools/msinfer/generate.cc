@@ -1,0 +1,162 @@
+// msinfer generate: run a prompt through the engine and stream the text.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <numeric>
+#include <sstream>
+
+#include "commands.h"
+#include "msinfer/core/flags.h"
+#include "msinfer/core/table.h"
+#include "msinfer/model/tokenizer.h"
+#include "msinfer/runtime/engine.h"
+#include "planner_flags.h"
+
+namespace msinfer::cli {
+namespace {
+
+StatusOr<std::vector<int32_t>> parse_ids(const std::string& s, const std::string& flag) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 0 || v > (1L << 30)) {
+      return invalid_argument(flag + ": expected comma-separated token ids, got '" + item + "'");
+    }
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  return ids;
+}
+
+}  // namespace
+
+int run_generate(int argc, char** argv) {
+  FlagSet flags("generate",
+                "Generates text for one prompt with the co-located engine (all experts in this\n"
+                "process), streaming tokens as they are produced, then prints TTFT, time\n"
+                "between tokens and decode tokens/s.");
+  flags.add_string("model", "", "model directory (config.json, *.safetensors, tokenizer.json)");
+  flags.add_string("prompt", "", "prompt text (tokenised with the model's tokenizer)");
+  flags.add_string("prompt-ids", "", "prompt as comma-separated token ids");
+  flags.add_int("max-tokens", 16, "tokens to generate at most");
+  flags.add_double("temperature", 0, "0 for greedy");
+  flags.add_int("top-k", 0, "sample from the k most likely tokens (0: all)");
+  flags.add_double("top-p", 1, "nucleus sampling mass");
+  flags.add_int("seed", 0, "sampling seed");
+  flags.add_string("stop-ids", "", "comma-separated token ids that end generation");
+  flags.add_bool("ignore-eos", "keep going past the end-of-sequence token");
+  flags.add_int("kv-cache-mb", 256, "KV cache budget in MiB", "MSINFER_KV_CACHE_MB");
+  flags.add_bool("json", "print one JSON object (token_ids, text, timings) at the end");
+  flags.set_epilog(
+      "examples:\n"
+      "  msinfer make-model --preset tiny-mixtral --out /tmp/m\n"
+      "  msinfer generate --model /tmp/m --prompt \"Hello\" --max-tokens 16\n"
+      "  msinfer generate --model /tmp/m --prompt-ids 1,2,3 --temperature 0.8 --seed 7 --json");
+  Status s = flags.parse(argc, argv, 2);
+  if (!s.ok()) return report_error("generate", s);
+  if (flags.help_requested()) {
+    std::cout << flags.usage();
+    return 0;
+  }
+  if (flags.get_string("model").empty()) {
+    return report_error("generate", invalid_argument("--model is required"));
+  }
+  if (flags.was_set("prompt") == flags.was_set("prompt-ids")) {
+    return report_error("generate", invalid_argument("give exactly one of --prompt and --prompt-ids"));
+  }
+  if (flags.get_int("kv-cache-mb") < 1) {
+    return report_error("generate", invalid_argument("--kv-cache-mb must be >= 1"));
+  }
+  const std::string dir = flags.get_string("model");
+  auto weights = model::ModelWeights::load(dir);
+  if (!weights.ok()) return report_error("generate", weights.status());
+  std::shared_ptr<const model::ModelWeights> w = std::move(weights).value();
+  auto tok = model::Tokenizer::load(dir);
+  if (!tok.ok() && flags.was_set("prompt")) return report_error("generate", tok.status());
+
+  runtime::GenerationRequest req;
+  req.id = 1;
+  if (flags.was_set("prompt")) {
+    req.prompt = tok->encode(flags.get_string("prompt"));
+  } else {
+    auto ids = parse_ids(flags.get_string("prompt-ids"), "--prompt-ids");
+    if (!ids.ok()) return report_error("generate", ids.status());
+    req.prompt = *ids;
+  }
+  runtime::SamplingParams& sp = req.sampling;
+  sp.max_tokens = static_cast<int>(flags.get_int("max-tokens"));
+  sp.temperature = static_cast<float>(flags.get_double("temperature"));
+  sp.top_k = static_cast<int>(flags.get_int("top-k"));
+  sp.top_p = static_cast<float>(flags.get_double("top-p"));
+  sp.seed = static_cast<uint64_t>(flags.get_int("seed"));
+  sp.ignore_eos = flags.get_bool("ignore-eos");
+  if (!flags.get_string("stop-ids").empty()) {
+    auto ids = parse_ids(flags.get_string("stop-ids"), "--stop-ids");
+    if (!ids.ok()) return report_error("generate", ids.status());
+    sp.stop_token_ids = *ids;
+  }
+  runtime::EngineOptions eo;
+  eo.kv_cache_bytes = flags.get_int("kv-cache-mb") << 20;
+  auto engine = runtime::Engine::create(w, eo);
+  if (!engine.ok()) return report_error("generate", engine.status());
+  s = (*engine)->add(req);
+  if (!s.ok()) return report_error("generate", s);
+
+  const bool json = flags.get_bool("json");
+  std::unique_ptr<model::StreamingDecoder> stream;
+  if (tok.ok()) stream = std::make_unique<model::StreamingDecoder>(*tok);
+  std::vector<int32_t> out_ids;
+  std::vector<double> token_times;
+  std::string finish_reason;
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  while (!(*engine)->idle()) {
+    for (const auto& ev : (*engine)->step()) {
+      token_times.push_back(std::chrono::duration<double>(clock::now() - t0).count());
+      out_ids.push_back(ev.token);
+      if (stream && !json) {
+        std::string piece = stream->push(ev.token);
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+      }
+      if (ev.finished) finish_reason = ev.finish_reason;
+    }
+  }
+  if (stream && !json) {
+    std::string rest = stream->finish();
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
+  }
+  const double ttft = token_times.empty() ? 0 : token_times.front();
+  std::vector<double> gaps;
+  for (size_t i = 1; i < token_times.size(); ++i) gaps.push_back(token_times[i] - token_times[i - 1]);
+  std::vector<double> sorted = gaps;
+  std::sort(sorted.begin(), sorted.end());
+  const double tbt_mean = gaps.empty() ? 0 : std::accumulate(gaps.begin(), gaps.end(), 0.0) / gaps.size();
+  const double tbt_p50 = sorted.empty() ? 0 : sorted[sorted.size() / 2];
+  const double decode_s = token_times.size() > 1 ? token_times.back() - token_times.front() : 0;
+  const double tps = decode_s > 0 ? (token_times.size() - 1) / decode_s : 0;
+  std::string text = tok.ok() ? tok->decode(out_ids, true) : "";
+  if (json) {
+    Json j{{"prompt_ids", req.prompt},
+           {"token_ids", out_ids},
+           {"text", Json(text)},
+           {"finish_reason", finish_reason},
+           {"ttft_ms", ttft * 1e3},
+           {"tbt_ms_mean", tbt_mean * 1e3},
+           {"tbt_ms_p50", tbt_p50 * 1e3},
+           {"decode_tokens_per_s", tps}};
+    // Invalid UTF-8 (a random model may emit half a character) must not break the JSON.
+    std::cout << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
+  } else {
+    std::printf("\n\n%zu prompt tokens, %zu generated (%s); TTFT %.1f ms, TBT %.2f ms mean / %.2f "
+                "ms p50, %.1f tokens/s decode\n",
+                req.prompt.size(), out_ids.size(), finish_reason.c_str(), ttft * 1e3, tbt_mean * 1e3,
+                tbt_p50 * 1e3, tps);
+  }
+  return 0;
+}
+
+}  // namespace msinfer::cli
