@@ -8,5 +8,6 @@ int run_plan(int argc, char** argv);
 int run_simulate(int argc, char** argv);
 int run_make_model(int argc, char** argv);
 int run_generate(int argc, char** argv);
+int run_bench(int argc, char** argv);
 
 }  // namespace msinfer::cli

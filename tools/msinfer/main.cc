@@ -16,6 +16,7 @@ void usage(FILE* out) {
                "  simulate   play a plan forward event by event; Gantt chart; sweeps\n"
                "  make-model write a test model (HF layout, seeded random weights)\n"
                "  generate   generate text with the engine, streaming\n"
+               "  bench      benchmarks: kernels (against this machine's rooflines)\n"
                "  version    print the version\n\n"
                "docs: README.md, docs/ARCHITECTURE.md, docs/PLANNER.md\n");
 }
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
   if (cmd == "simulate") return msinfer::cli::run_simulate(argc, argv);
   if (cmd == "make-model") return msinfer::cli::run_make_model(argc, argv);
   if (cmd == "generate") return msinfer::cli::run_generate(argc, argv);
+  if (cmd == "bench") return msinfer::cli::run_bench(argc, argv);
   if (cmd == "version" || cmd == "--version") {
     std::printf("msinfer %s\n", MSINFER_VERSION);
     return 0;

@@ -4,17 +4,88 @@
 #include <cmath>
 #include <vector>
 
+#include "internal/vec.h"
+
 namespace msinfer::kernels::cpu {
 
 void write_kv(const PagedKvLayer& kv, const float* k, const float* v, int64_t tokens,
               const int32_t* positions, const int32_t* const* block_tables) {
-  const int64_t n = kv.slot_elems();
+  const int64_t n = kv.slot_elems(), hd = kv.head_dim;
   for (int64_t t = 0; t < tokens; ++t) {
-    const int64_t off = kv.offset(block_tables[t], positions[t]);
-    float_to_bf16_n(k + t * n, kv.k + off, n);
-    float_to_bf16_n(v + t * n, kv.v + off, n);
+    for (int64_t g = 0; g < kv.kv_heads; ++g) {
+      const int64_t off = kv.offset(block_tables[t], positions[t], g);
+      internal::to_bf16(k + t * n + g * hd, kv.k + off, hd);
+      internal::to_bf16(v + t * n + g * hd, kv.v + off, hd);
+    }
   }
 }
+
+#if defined(MSINFER_HAVE_AVX512)
+namespace {
+
+// One (query token, KV head) pair with head_dim a multiple of 16: K and V rows
+// are read once for the whole group of query heads.
+void attend_group_avx512(const float* qg, int64_t group, int64_t ctx, const PagedKvLayer& kv,
+                         const int32_t* table, int64_t g, float scale, std::vector<float>& scores,
+                         std::vector<float>& acc, float* out) {
+  const int64_t hd = kv.head_dim, nc = hd / 16;
+  scores.resize(static_cast<size_t>(group * ctx));
+  __m512 kf[16];
+  // Blocks are scattered, so the hardware prefetcher stops at each block's end:
+  // prefetch the row one block ahead.
+  const int64_t ahead = kv.block_size;
+  for (int64_t p = 0; p < ctx; ++p) {
+    if (p + ahead < ctx) {
+      const char* nx = reinterpret_cast<const char*>(kv.k + kv.offset(table, p + ahead, g));
+      for (int64_t b = 0; b < hd * 2; b += 64) _mm_prefetch(nx + b, _MM_HINT_T0);
+    }
+    const bf16* kr = kv.k + kv.offset(table, p, g);
+    for (int64_t c = 0; c < nc; ++c) kf[c] = internal::load_bf16(kr + 16 * c);
+    for (int64_t h = 0; h < group; ++h) {
+      const float* qh = qg + h * hd;
+      __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qh), kf[0]);
+      for (int64_t c = 1; c < nc; ++c) a = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * c), kf[c], a);
+      scores[h * ctx + p] = _mm512_reduce_add_ps(a) * scale;
+    }
+  }
+  for (int64_t h = 0; h < group; ++h) {
+    float* sc = scores.data() + h * ctx;
+    float mx = sc[0];
+    for (int64_t p = 1; p < ctx; ++p) mx = std::max(mx, sc[p]);
+    const __m512 mv = _mm512_set1_ps(mx);
+    __m512 sum = _mm512_setzero_ps();
+    int64_t p = 0;
+    for (; p + 16 <= ctx; p += 16) {
+      const __m512 e = internal::exp512(_mm512_sub_ps(_mm512_loadu_ps(sc + p), mv));
+      _mm512_storeu_ps(sc + p, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    float total = _mm512_reduce_add_ps(sum);
+    for (; p < ctx; ++p) total += (sc[p] = std::exp(sc[p] - mx));
+    const float inv = 1.0f / total;
+    for (p = 0; p < ctx; ++p) sc[p] *= inv;
+  }
+  acc.assign(static_cast<size_t>(group * hd), 0.f);
+  for (int64_t p = 0; p < ctx; ++p) {
+    if (p + ahead < ctx) {
+      const char* nx = reinterpret_cast<const char*>(kv.v + kv.offset(table, p + ahead, g));
+      for (int64_t b = 0; b < hd * 2; b += 64) _mm_prefetch(nx + b, _MM_HINT_T0);
+    }
+    const bf16* vr = kv.v + kv.offset(table, p, g);
+    for (int64_t c = 0; c < nc; ++c) kf[c] = internal::load_bf16(vr + 16 * c);
+    for (int64_t h = 0; h < group; ++h) {
+      const __m512 sv = _mm512_set1_ps(scores[h * ctx + p]);
+      float* a = acc.data() + h * hd;
+      for (int64_t c = 0; c < nc; ++c) {
+        _mm512_storeu_ps(a + 16 * c, _mm512_fmadd_ps(sv, kf[c], _mm512_loadu_ps(a + 16 * c)));
+      }
+    }
+  }
+  std::copy(acc.begin(), acc.end(), out);
+}
+
+}  // namespace
+#endif
 
 void paged_attention(const float* q, int64_t tokens, int64_t heads, const PagedKvLayer& kv,
                      const int32_t* positions, const int32_t* const* block_tables, float scale,
@@ -30,11 +101,18 @@ void paged_attention(const float* q, int64_t tokens, int64_t heads, const PagedK
       const int64_t t = w / kv.kv_heads, g = w % kv.kv_heads;
       const int64_t ctx = positions[t] + 1;
       const int32_t* table = block_tables[t];
-      scores.assign(static_cast<size_t>(group * ctx), 0.f);
       const float* qg = q + (t * heads + g * group) * hd;
+#if defined(MSINFER_HAVE_AVX512)
+      if (hd % 16 == 0 && hd <= 256) {
+        attend_group_avx512(qg, group, ctx, kv, table, g, scale, scores, acc,
+                            out + (t * heads + g * group) * hd);
+        continue;
+      }
+#endif
+      scores.assign(static_cast<size_t>(group * ctx), 0.f);
       // Pass 1: scores for every head of the group, reading each K row once.
       for (int64_t p = 0; p < ctx; ++p) {
-        const bf16* kr = kv.k + kv.offset(table, p) + g * hd;
+        const bf16* kr = kv.k + kv.offset(table, p, g);
         for (int64_t i = 0; i < hd; ++i) kf[i] = bf16_to_float(kr[i]);
         for (int64_t h = 0; h < group; ++h) {
           const float* qh = qg + h * hd;
@@ -58,7 +136,7 @@ void paged_attention(const float* q, int64_t tokens, int64_t heads, const PagedK
       // Pass 2: weighted sum of V, each V row read once for the group.
       acc.assign(static_cast<size_t>(group * hd), 0.f);
       for (int64_t p = 0; p < ctx; ++p) {
-        const bf16* vr = kv.v + kv.offset(table, p) + g * hd;
+        const bf16* vr = kv.v + kv.offset(table, p, g);
         for (int64_t i = 0; i < hd; ++i) kf[i] = bf16_to_float(vr[i]);
         for (int64_t h = 0; h < group; ++h) {
           const float s = scores[h * ctx + p];
@@ -83,7 +161,7 @@ void paged_attention_reference(const float* q, int64_t tokens, int64_t heads,
       std::vector<double> s(ctx);
       double mx = -1e300;
       for (int64_t p = 0; p < ctx; ++p) {
-        const bf16* kr = kv.k + kv.offset(block_tables[t], p) + g * hd;
+        const bf16* kr = kv.k + kv.offset(block_tables[t], p, g);
         double dot = 0;
         for (int64_t i = 0; i < hd; ++i) dot += q[(t * heads + h) * hd + i] * bf16_to_float(kr[i]);
         s[p] = dot * scale;
@@ -94,7 +172,7 @@ void paged_attention_reference(const float* q, int64_t tokens, int64_t heads,
       for (int64_t i = 0; i < hd; ++i) {
         double acc = 0;
         for (int64_t p = 0; p < ctx; ++p) {
-          acc += s[p] / sum * bf16_to_float(kv.v[kv.offset(block_tables[t], p) + g * hd + i]);
+          acc += s[p] / sum * bf16_to_float(kv.v[kv.offset(block_tables[t], p, g) + i]);
         }
         out[(t * heads + h) * hd + i] = static_cast<float>(acc);
       }

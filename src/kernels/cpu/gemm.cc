@@ -5,6 +5,8 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 
+#include "internal/vec.h"
+
 namespace msinfer::kernels::cpu {
 namespace {
 
@@ -107,7 +109,7 @@ void PackedLinear::forward(const float* x, int64_t m, float* y) const {
   thread_local std::vector<bf16> xs;
   thread_local std::vector<float> ys;
   xs.resize(static_cast<size_t>(mb * k_));
-  float_to_bf16_n(x, xs.data(), m * k_);
+  internal::to_bf16(x, xs.data(), m * k_);
   if (mb > m) std::fill(xs.begin() + m * k_, xs.end(), bf16{0});
   float* out = y;
   if (mb > m) {

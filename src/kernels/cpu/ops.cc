@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "internal/vec.h"
+
 namespace msinfer::kernels::cpu {
 
 void rms_norm(const float* x, const float* w, int64_t rows, int64_t dim, float eps, float* y) {
@@ -51,7 +53,17 @@ void silu_mul(const float* gate_up, int64_t rows, int64_t f, float* out) {
     const float* g = gate_up + r * 2 * f;
     const float* u = g + f;
     float* o = out + r * f;
-    for (int64_t j = 0; j < f; ++j) o[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
+    int64_t j = 0;
+#if defined(MSINFER_HAVE_AVX512)
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (; j + 16 <= f; j += 16) {
+      const __m512 gv = _mm512_loadu_ps(g + j);
+      const __m512 e = internal::exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+      const __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, e));
+      _mm512_storeu_ps(o + j, _mm512_mul_ps(s, _mm512_loadu_ps(u + j)));
+    }
+#endif
+    for (; j < f; ++j) o[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
   }
 }
 

@@ -2,8 +2,9 @@
 // decode alike: every query token carries its position p and its request's
 // block table and attends to cache positions 0..p of that request.
 //
-// KV layout of one layer (bf16): K and V pools of [num_blocks][block_size][kv_heads][head_dim];
-// position p of a request lives in block table[p / block_size] at slot p % block_size.
+// KV layout of one layer (bf16): K and V pools of [num_blocks][kv_heads][block_size][head_dim];
+// position p of a request lives in block table[p / block_size] at slot p % block_size,
+// so one KV head's rows of a block are contiguous (head_dim * block_size elements).
 // The caller writes the step's K/V (write_kv) before calling attention.
 #pragma once
 
@@ -21,9 +22,11 @@ struct PagedKvLayer {
   int64_t head_dim = 0;
 
   int64_t slot_elems() const { return kv_heads * head_dim; }
-  int64_t offset(const int32_t* block_table, int64_t pos) const {
-    return (static_cast<int64_t>(block_table[pos / block_size]) * block_size + pos % block_size) *
-           slot_elems();
+  // Element offset of KV head g's row for position pos.
+  int64_t offset(const int32_t* block_table, int64_t pos, int64_t g) const {
+    return ((static_cast<int64_t>(block_table[pos / block_size]) * kv_heads + g) * block_size +
+            pos % block_size) *
+           head_dim;
   }
 };
 

@@ -1,0 +1,153 @@
+#include "msinfer/bench/kernels_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <random>
+
+#include "msinfer/kernels/cpu/attention.h"
+#include "msinfer/kernels/cpu/moe.h"
+
+namespace msinfer::bench {
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// Seconds per call: repeats `f` for at least min_seconds, best of three rounds.
+template <typename F>
+double time_call(F&& f, double min_seconds) {
+  f();  // warm up (primitive creation, page faults)
+  double best = 1e30;
+  for (int round = 0; round < 3; ++round) {
+    int64_t n = 0;
+    auto t0 = clock::now();
+    double s = 0;
+    do {
+      f();
+      ++n;
+      s = std::chrono::duration<double>(clock::now() - t0).count();
+    } while (s < min_seconds / 3);
+    best = std::min(best, s / n);
+  }
+  return best;
+}
+
+std::vector<bf16> random_bf16(size_t n, float scale, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<bf16> v(n);
+  for (auto& x : v) x = float_to_bf16(d(rng));
+  return v;
+}
+
+void finish(KernelBenchRow& r, const MachineLimits& m) {
+  const double peak = m.bf16_flops > 0 ? m.bf16_flops : 1e30;
+  const double t_compute = r.flops / peak, t_memory = r.bytes / m.read_bw;
+  r.bound = t_compute > t_memory ? "compute" : "memory";
+  r.roofline_fraction = std::max(t_compute, t_memory) / r.seconds;
+}
+
+}  // namespace
+
+Json KernelBenchResult::to_json() const {
+  Json rows_j = Json::array();
+  for (const auto& r : rows) {
+    rows_j.push_back({{"kernel", r.kernel},
+                      {"tokens", r.tokens},
+                      {"context", r.context},
+                      {"ms", r.seconds * 1e3},
+                      {"gflops", r.gflops()},
+                      {"gb_s", r.gb_s()},
+                      {"roofline_fraction", r.roofline_fraction},
+                      {"bound", r.bound}});
+  }
+  return Json{{"machine", machine.to_json()}, {"results", rows_j}};
+}
+
+StatusOr<KernelBenchResult> bench_kernels(const KernelBenchOptions& o) {
+  KernelBenchResult res;
+  res.machine = measure_machine(o.quick);
+  const double min_s = o.quick ? o.min_seconds / 4 : o.min_seconds;
+
+  // Expert FFN at the model's shapes.
+  const int64_t h = o.hidden, f = o.expert_ffn;
+  // Enough experts that their weights (~17 MiB each) do not fit in the caches:
+  // calls cycle through them as a layer's experts would, so weights stream from DRAM.
+  const int copies = o.quick ? 8 : 16;
+  std::vector<kernels::cpu::PackedLinear> p13(copies), p2(copies);
+  for (int c = 0; c < copies; ++c) {
+    auto w13 = random_bf16(2 * f * h, 0.03f, 1 + c), w2 = random_bf16(h * f, 0.02f, 100 + c);
+    MSI_ASSIGN_OR_RETURN(p13[c], kernels::cpu::PackedLinear::pack(w13.data(), 2 * f, h));
+    MSI_ASSIGN_OR_RETURN(p2[c], kernels::cpu::PackedLinear::pack(w2.data(), h, f));
+  }
+  for (int64_t m : o.tokens) {
+    std::vector<float> x(m * h, 0.5f), y(m * h);
+    KernelBenchRow r;
+    r.kernel = "expert_ffn";
+    r.tokens = m;
+    int next = 0;
+    r.seconds = time_call(
+        [&] {
+          kernels::cpu::expert_ffn(p13[next], p2[next], x.data(), m, y.data());
+          next = (next + 1) % copies;
+        },
+        min_s);
+    r.flops = 6.0 * h * f * m;
+    r.bytes = 2.0 * 3 * h * f + 4.0 * m * (2 * h + 3 * f);  // weights + activations
+    finish(r, res.machine);
+    res.rows.push_back(r);
+  }
+
+  // Decode attention: `decode_requests` tokens, each over `context` cached positions,
+  // in blocks scattered over a 256 MiB pool (larger than the caches); successive calls
+  // read different blocks, as successive layers and micro-batches would.
+  const int64_t R = o.decode_requests, kvh = o.kv_heads, hd = o.head_dim, H = o.heads;
+  const int64_t block = 16;
+  const int64_t block_elems = kvh * block * hd;
+  const int64_t pool_blocks = (o.quick ? 64ll << 20 : 256ll << 20) / (2 * 2 * block_elems);
+  std::vector<bf16> kpool(pool_blocks * block_elems), vpool(kpool.size());
+  {
+    std::mt19937_64 rng(7);
+    for (auto& x : kpool) x = float_to_bf16(std::uniform_real_distribution<float>(-1, 1)(rng));
+    vpool = kpool;
+  }
+  kernels::cpu::PagedKvLayer kv{kpool.data(), vpool.data(), block, kvh, hd};
+  for (int64_t ctx : o.contexts) {
+    const int64_t blocks_per = (ctx + block - 1) / block;
+    const int64_t sets = std::max<int64_t>(1, pool_blocks / (R * blocks_per));
+    std::vector<int32_t> order(pool_blocks);
+    std::iota(order.begin(), order.end(), 0);
+    std::mt19937_64 rng(ctx);
+    std::shuffle(order.begin(), order.end(), rng);
+    // Block tables of `sets` disjoint batches of R requests.
+    std::vector<std::vector<int32_t>> tables(sets * R);
+    for (int64_t i = 0; i < sets * R; ++i) {
+      for (int64_t b = 0; b < blocks_per; ++b) {
+        tables[i].push_back(order[(i * blocks_per + b) % pool_blocks]);
+      }
+    }
+    std::vector<int32_t> pos(R, static_cast<int32_t>(ctx - 1));
+    std::vector<const int32_t*> tp(R);
+    std::vector<float> q(R * H * hd, 0.1f), out(q.size());
+    int64_t next = 0;
+    KernelBenchRow row;
+    row.kernel = "decode_attention";
+    row.tokens = R;
+    row.context = ctx;
+    row.seconds = time_call(
+        [&] {
+          for (int64_t r = 0; r < R; ++r) tp[r] = tables[next * R + r].data();
+          next = (next + 1) % sets;
+          kernels::cpu::paged_attention(q.data(), R, H, kv, pos.data(), tp.data(), 0.125f,
+                                        out.data());
+        },
+        min_s);
+    row.bytes = 2.0 /*K,V*/ * 2.0 /*bf16*/ * R * ctx * kvh * hd;
+    row.flops = 4.0 * R * H * hd * ctx;
+    finish(row, res.machine);
+    res.rows.push_back(row);
+  }
+  return res;
+}
+
+}  // namespace msinfer::bench

@@ -1,0 +1,46 @@
+// `msinfer bench kernels`: this machine's limits, then the expert FFN (grouped
+// SwiGLU GEMMs) over 1..1024 tokens per expert and decode attention over
+// 128..4096 tokens of context, at the small-mixtral shapes, each against its
+// roofline: time_roofline = max(FLOPs / bf16 peak, bytes / read bandwidth).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "msinfer/bench/machine.h"
+#include "msinfer/core/json.h"
+#include "msinfer/core/status.h"
+
+namespace msinfer::bench {
+
+struct KernelBenchOptions {
+  int64_t hidden = 1024, expert_ffn = 2816;            // small-mixtral
+  int64_t heads = 16, kv_heads = 4, head_dim = 64;
+  int64_t decode_requests = 8;                         // decode tokens per attention call
+  std::vector<int64_t> tokens = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
+  std::vector<int64_t> contexts = {128, 256, 512, 1024, 2048, 4096};
+  double min_seconds = 0.2;  // per measurement
+  bool quick = false;
+};
+
+struct KernelBenchRow {
+  std::string kernel;   // "expert_ffn" | "decode_attention"
+  int64_t tokens = 0;   // tokens per expert, or decode requests
+  int64_t context = 0;  // attention only
+  double seconds = 0;   // per call
+  double flops = 0, bytes = 0;
+  double gflops() const { return flops / seconds / 1e9; }
+  double gb_s() const { return bytes / seconds / 1e9; }
+  double roofline_fraction = 0;
+  std::string bound;    // "compute" | "memory"
+};
+
+struct KernelBenchResult {
+  MachineLimits machine;
+  std::vector<KernelBenchRow> rows;
+  Json to_json() const;
+};
+
+StatusOr<KernelBenchResult> bench_kernels(const KernelBenchOptions& o);
+
+}  // namespace msinfer::bench
