@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <malloc.h>
 #include <set>
 
 namespace msinfer::model {
@@ -69,15 +70,17 @@ class Loader {
 
   // Packs the row-wise concatenation of the given tensors (each [rows_i, k]).
   StatusOr<PackedLinear> pack(const std::vector<std::pair<std::string, std::vector<int64_t>>>& parts) {
-    std::vector<bf16> buf;
+    // One staging buffer reused for every weight: fresh temporaries would leave
+    // the heap fragmented between the packed copies (resident but free).
+    staging_.clear();
     int64_t n = 0, k = parts.front().second[1];
     for (const auto& [name, shape] : parts) {
       MSI_ASSIGN_OR_RETURN(const TensorView* t, get(name, shape));
-      append_bf16(*t, buf);
+      append_bf16(*t, staging_);
       ckpt_.release(*t);
       n += shape[0];
     }
-    return PackedLinear::pack(buf.data(), n, k);
+    return PackedLinear::pack(staging_.data(), n, k);
   }
 
   StatusOr<std::vector<float>> vec(const std::string& name, int64_t n) {
@@ -86,12 +89,14 @@ class Loader {
   }
 
   void skip(const std::string& name) { used_.insert(name); }
+  void release_staging() { std::vector<bf16>().swap(staging_); }
   const std::set<std::string>& used() const { return used_; }
 
  private:
   const Checkpoint& ckpt_;
   std::string dir_;
   std::set<std::string> used_;
+  std::vector<bf16> staging_;
 };
 
 }  // namespace
@@ -182,6 +187,10 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
       MSI_ASSIGN_OR_RETURN(L.experts[e].w2, ld.pack({{n.w2, {h, F}}}));
     }
   }
+  // Return the staging memory and any other free heap pages to the system, so
+  // the resident set is the packed weights.
+  ld.release_staging();
+  ::malloc_trim(0);
   // Anything in the checkpoint that is not part of this architecture is an error.
   for (const auto& [name, t] : w->checkpoint_.tensors()) {
     if (!ld.used().count(name)) {

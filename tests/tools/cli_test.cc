@@ -171,3 +171,40 @@ TEST(CliTest, MalformedCatalogNamesEntryAndField) {
 
 }  // namespace
 }  // namespace msinfer
+
+namespace msinfer {
+namespace {
+
+TEST(CliEngineTest, MakeModelThenGenerateStreamsAndReports) {
+  const std::string dir = ::testing::TempDir() + "/cli_test_model";
+  CliRun m = run("make-model --preset tiny-qwen3moe --out " + dir);
+  ASSERT_EQ(m.code, 0) << m.err;
+  CliRun g = run("generate --model " + dir + " --prompt \"Hello world\" --max-tokens 5 --json");
+  ASSERT_EQ(g.code, 0) << g.err;
+  Json j = parse(g.out);
+  EXPECT_EQ(j["token_ids"].size(), 5u);
+  EXPECT_EQ(j["finish_reason"], "length");
+  EXPECT_TRUE(j.contains("ttft_ms"));
+  EXPECT_TRUE(j.contains("decode_tokens_per_s"));
+  // Seeded sampling is reproducible.
+  const std::string s = "generate --model " + dir + " --prompt-ids 5,6,7 --max-tokens 8 "
+                        "--temperature 0.9 --seed 11 --json";
+  EXPECT_EQ(parse(run(s).out)["token_ids"], parse(run(s).out)["token_ids"]);
+  CliRun human = run("generate --model " + dir + " --prompt Hello --max-tokens 4");
+  ASSERT_EQ(human.code, 0);
+  EXPECT_NE(human.out.find("TTFT"), std::string::npos);
+  for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"generate --model " + dir + " --prompt-ids 1,x", "--prompt-ids"},
+           {"generate --model " + dir, "exactly one of --prompt and --prompt-ids"},
+           {"generate --model /nonexistent --prompt hi", "/nonexistent"},
+           {"generate --model " + dir + " --prompt hi --max-tokens 100000", "exceeds"},
+           {"make-model --preset huge --out /tmp/x", "--preset 'huge'"},
+       }) {
+    CliRun r = run(args);
+    EXPECT_NE(r.code, 0) << args;
+    EXPECT_NE(r.err.find(expect), std::string::npos) << args << " -> " << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace msinfer

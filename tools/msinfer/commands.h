@@ -9,5 +9,6 @@ int run_simulate(int argc, char** argv);
 int run_make_model(int argc, char** argv);
 int run_generate(int argc, char** argv);
 int run_bench(int argc, char** argv);
+int run_profile(int argc, char** argv);
 
 }  // namespace msinfer::cli

@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "msinfer/core/flags.h"
+#include "msinfer/core/process.h"
 #include "msinfer/core/table.h"
 #include "msinfer/model/tokenizer.h"
 #include "msinfer/runtime/engine.h"
@@ -139,6 +140,7 @@ int run_generate(int argc, char** argv) {
   const double decode_s = token_times.size() > 1 ? token_times.back() - token_times.front() : 0;
   const double tps = decode_s > 0 ? (token_times.size() - 1) / decode_s : 0;
   std::string text = tok.ok() ? tok->decode(out_ids, true) : "";
+  const ProcessMemory mem = read_process_memory();
   if (json) {
     Json j{{"prompt_ids", req.prompt},
            {"token_ids", out_ids},
@@ -147,14 +149,19 @@ int run_generate(int argc, char** argv) {
            {"ttft_ms", ttft * 1e3},
            {"tbt_ms_mean", tbt_mean * 1e3},
            {"tbt_ms_p50", tbt_p50 * 1e3},
-           {"decode_tokens_per_s", tps}};
+           {"decode_tokens_per_s", tps},
+           {"rss_mb", mem.rss_bytes / 1048576.0},
+           {"peak_rss_mb", mem.peak_rss_bytes / 1048576.0},
+           {"weights_packed_mb", w->packed_bytes() / 1048576.0},
+           {"kv_cache_mb", static_cast<double>(flags.get_int("kv-cache-mb"))}};
     // Invalid UTF-8 (a random model may emit half a character) must not break the JSON.
     std::cout << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
   } else {
     std::printf("\n\n%zu prompt tokens, %zu generated (%s); TTFT %.1f ms, TBT %.2f ms mean / %.2f "
-                "ms p50, %.1f tokens/s decode\n",
+                "ms p50, %.1f tokens/s decode; RSS %.0f MiB (weights %.0f MiB, KV budget %lld MiB)\n",
                 req.prompt.size(), out_ids.size(), finish_reason.c_str(), ttft * 1e3, tbt_mean * 1e3,
-                tbt_p50 * 1e3, tps);
+                tbt_p50 * 1e3, tps, mem.rss_bytes / 1048576.0, w->packed_bytes() / 1048576.0,
+                static_cast<long long>(flags.get_int("kv-cache-mb")));
   }
   return 0;
 }

@@ -17,6 +17,7 @@ void usage(FILE* out) {
                "  make-model write a test model (HF layout, seeded random weights)\n"
                "  generate   generate text with the engine, streaming\n"
                "  bench      benchmarks: kernels (against this machine's rooflines)\n"
+               "  profile    measure T_a and T_e of a model here, fit k1..k4 for plan --profile\n"
                "  version    print the version\n\n"
                "docs: README.md, docs/ARCHITECTURE.md, docs/PLANNER.md\n");
 }
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   if (cmd == "make-model") return msinfer::cli::run_make_model(argc, argv);
   if (cmd == "generate") return msinfer::cli::run_generate(argc, argv);
   if (cmd == "bench") return msinfer::cli::run_bench(argc, argv);
+  if (cmd == "profile") return msinfer::cli::run_profile(argc, argv);
   if (cmd == "version" || cmd == "--version") {
     std::printf("msinfer %s\n", MSINFER_VERSION);
     return 0;

@@ -1,0 +1,141 @@
+#include "msinfer/bench/profile.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "msinfer/runtime/model_runner.h"
+
+namespace msinfer::bench {
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+template <typename F>
+double seconds_per_call(F&& f, double min_seconds) {
+  f();
+  int64_t n = 0;
+  auto t0 = clock::now();
+  double s = 0;
+  do {
+    f();
+    ++n;
+    s = std::chrono::duration<double>(clock::now() - t0).count();
+  } while (s < min_seconds);
+  return s / n;
+}
+
+}  // namespace
+
+LinearFit fit_line(const std::vector<std::pair<double, double>>& pts) {
+  LinearFit f;
+  const double n = static_cast<double>(pts.size());
+  if (pts.size() < 2) return f;
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (auto [x, y] : pts) {
+    sx += x;
+    sy += y;
+    sxx += x * x;
+    sxy += x * y;
+  }
+  const double den = n * sxx - sx * sx;
+  f.slope = den != 0 ? (n * sxy - sx * sy) / den : 0;
+  f.intercept = (sy - f.slope * sx) / n;
+  const double mean = sy / n;
+  double ss_res = 0, ss_tot = 0;
+  for (auto [x, y] : pts) {
+    const double pred = f.slope * x + f.intercept;
+    ss_res += (y - pred) * (y - pred);
+    ss_tot += (y - mean) * (y - mean);
+    f.max_rel_error = std::max(f.max_rel_error, std::fabs(pred - y) / y);
+  }
+  f.r2 = ss_tot > 0 ? 1 - ss_res / ss_tot : 1;
+  return f;
+}
+
+Json ProfileResult::to_json(const ProfileOptions& o) const {
+  auto pts = [](const std::vector<std::pair<double, double>>& v) {
+    Json a = Json::array();
+    for (auto [x, y] : v) a.push_back({x, y * 1e3});
+    return a;
+  };
+  return Json{{"k1_ms_per_token", attention_fit.slope * 1e3},
+              {"k2_ms", attention_fit.intercept * 1e3},
+              {"k3_ms_per_token", expert_fit.slope * 1e3},
+              {"k4_ms", expert_fit.intercept * 1e3},
+              {"tp_attention", 1},
+              {"tp_expert", 1},
+              {"seq_len", o.seq_len},
+              {"model", o.model_dir},
+              {"threads", omp_get_max_threads()},
+              {"attention_points_ms", pts(attention)},
+              {"expert_points_ms", pts(expert)},
+              {"fit",
+               {{"attention_r2", attention_fit.r2},
+                {"attention_max_rel_error", attention_fit.max_rel_error},
+                {"expert_r2", expert_fit.r2},
+                {"expert_max_rel_error", expert_fit.max_rel_error}}}};
+}
+
+StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
+                                      void (*progress)(const std::string&)) {
+  if (o.seq_len < 1) return invalid_argument("--seq-len must be >= 1");
+  MSI_ASSIGN_OR_RETURN(auto weights, model::ModelWeights::load(o.model_dir));
+  const ModelConfig& c = weights->config();
+  int64_t max_ba = 0;
+  for (int64_t b : o.attention_batches) max_ba = std::max(max_ba, b);
+  const int64_t need = max_ba * (o.seq_len + 1) * runtime::KvCache::bytes_per_token(c);
+  if (need > (o.kv_cache_mb << 20)) {
+    return resource_exhausted("profile needs " + std::to_string(need >> 20) +
+                              " MiB of KV cache for b_a = " + std::to_string(max_ba) + " at " +
+                              std::to_string(o.seq_len) + " tokens; raise --kv-cache-mb");
+  }
+  MSI_ASSIGN_OR_RETURN(runtime::KvCache kv,
+                       runtime::KvCache::create(c, o.kv_cache_mb << 20, /*block_size=*/16));
+  ProfileResult r;
+  runtime::AttentionRunner attn(*weights);
+  runtime::ExpertRunner experts(*weights);
+  kernels::cpu::RoutedBatch routed;
+  std::vector<float> x, results;
+  for (int64_t b : o.attention_batches) {
+    runtime::TokenBatch batch;
+    for (int64_t i = 0; i < b; ++i) {
+      MSI_RETURN_IF_ERROR(kv.reserve(i, o.seq_len + 1));
+      batch.ids.push_back(static_cast<int32_t>(i % c.vocab));
+      batch.positions.push_back(static_cast<int32_t>(o.seq_len));
+      batch.block_tables.push_back(kv.block_table(i));
+    }
+    x.assign(b * c.hidden, 0.01f);
+    int layer = 0;
+    const double s = seconds_per_call(
+        [&] {
+          attn.attention_and_gate(layer, batch, kv, x.data(), &routed);
+          results.assign(routed.rows() * c.hidden, 0.f);
+          attn.combine(routed, results.data(), x.data());
+          std::fill(x.begin(), x.end(), 0.01f);  // keep activations bounded
+          layer = (layer + 1) % c.layers;
+        },
+        o.min_seconds);
+    r.attention.emplace_back(static_cast<double>(b), s);
+    for (int64_t i = 0; i < b; ++i) kv.release(i);
+    if (progress) progress("T_a(b_a = " + std::to_string(b) + ") = " + std::to_string(s * 1e3) + " ms");
+  }
+  for (int64_t b : o.expert_batches) {
+    std::vector<float> rows(b * c.hidden, 0.01f), out(b * c.hidden);
+    int idx = 0;
+    const double s = seconds_per_call(
+        [&] {
+          experts.forward(idx / c.experts, idx % c.experts, rows.data(), b, out.data());
+          idx = (idx + 1) % (c.layers * c.experts);
+        },
+        o.min_seconds);
+    r.expert.emplace_back(static_cast<double>(b), s);
+    if (progress) progress("T_e(b_e = " + std::to_string(b) + ") = " + std::to_string(s * 1e3) + " ms");
+  }
+  r.attention_fit = fit_line(r.attention);
+  r.expert_fit = fit_line(r.expert);
+  return r;
+}
+
+}  // namespace msinfer::bench

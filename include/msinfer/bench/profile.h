@@ -1,0 +1,44 @@
+// `msinfer profile`: measures a model's stage times on this machine and fits
+// SPEC.md section 4's linear model, T_a = k1 b_a + k2 (one layer of one
+// micro-batch on an attention worker: norms, QKV, attention over b_a requests of
+// `seq_len` context, O, router, fused gate, combine) and T_e = k3 b_e + k4 (one
+// expert's FFN on b_e tokens). Calls cycle through layers and experts so weights
+// stream from memory as they do in serving. The result is the file
+// `msinfer plan --profile` reads.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "msinfer/core/json.h"
+#include "msinfer/core/status.h"
+
+namespace msinfer::bench {
+
+struct ProfileOptions {
+  std::string model_dir;
+  int64_t seq_len = 512;
+  std::vector<int64_t> attention_batches = {1, 2, 4, 8, 16, 32, 64};
+  std::vector<int64_t> expert_batches = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+  int64_t kv_cache_mb = 1024;
+  double min_seconds = 0.3;  // per point
+};
+
+struct LinearFit {
+  double slope = 0, intercept = 0;  // seconds per token, seconds
+  double r2 = 0, max_rel_error = 0;
+};
+LinearFit fit_line(const std::vector<std::pair<double, double>>& points);
+
+struct ProfileResult {
+  std::vector<std::pair<double, double>> attention;  // (b_a, seconds)
+  std::vector<std::pair<double, double>> expert;     // (b_e, seconds)
+  LinearFit attention_fit, expert_fit;
+  Json to_json(const ProfileOptions& o) const;  // the --profile file format
+};
+
+// `progress` receives one line per measured point (may be null).
+StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
+                                      void (*progress)(const std::string&) = nullptr);
+
+}  // namespace msinfer::bench

@@ -1,0 +1,24 @@
+#include "msinfer/core/process.h"
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace msinfer {
+
+ProcessMemory read_process_memory() {
+  ProcessMemory m;
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ss(line);
+    std::string key;
+    int64_t kb = 0;
+    ss >> key >> kb;
+    if (key == "VmRSS:") m.rss_bytes = kb * 1024;
+    if (key == "VmHWM:") m.peak_rss_bytes = kb * 1024;
+  }
+  return m;
+}
+
+}  // namespace msinfer

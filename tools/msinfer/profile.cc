@@ -1,0 +1,66 @@
+// msinfer profile: measure T_a and T_e of a model on this machine, fit k1..k4.
+#include <cstdio>
+#include <iostream>
+
+#include "commands.h"
+#include "msinfer/bench/profile.h"
+#include "msinfer/core/flags.h"
+#include "msinfer/core/table.h"
+#include "planner_flags.h"
+
+namespace msinfer::cli {
+
+int run_profile(int argc, char** argv) {
+  FlagSet flags("profile",
+                "Measures T_a (one layer of one micro-batch on an attention worker) over\n"
+                "micro-batch sizes at a context length, and T_e (one expert's FFN) over\n"
+                "per-expert batch sizes, fits T_a = k1 b_a + k2 and T_e = k3 b_e + k4\n"
+                "(SPEC.md section 4) and writes the file `msinfer plan --profile` reads.");
+  flags.add_string("model", "", "model directory");
+  flags.add_string("out", "", "write the profile JSON here");
+  flags.add_int("seq-len", 512, "context length of the decoding requests");
+  flags.add_int("kv-cache-mb", 1024, "KV cache budget for the attention measurements");
+  flags.add_double("seconds", 0.3, "measuring time per point");
+  flags.add_bool("json", "print the profile JSON instead of tables");
+  Status s = flags.parse(argc, argv, 2);
+  if (!s.ok()) return report_error("profile", s);
+  if (flags.help_requested()) {
+    std::cout << flags.usage();
+    return 0;
+  }
+  if (flags.get_string("model").empty()) {
+    return report_error("profile", invalid_argument("--model is required"));
+  }
+  bench::ProfileOptions o;
+  o.model_dir = flags.get_string("model");
+  o.seq_len = flags.get_int("seq-len");
+  o.kv_cache_mb = flags.get_int("kv-cache-mb");
+  o.min_seconds = flags.get_double("seconds");
+  const bool json = flags.get_bool("json");
+  void (*progress)(const std::string&) = [](const std::string& line) {
+    std::fprintf(stderr, "  %s\n", line.c_str());
+  };
+  auto r = bench::profile_model(o, json ? nullptr : progress);
+  if (!r.ok()) return report_error("profile", r.status());
+  Json j = r->to_json(o);
+  if (!flags.get_string("out").empty()) {
+    s = write_json_file(flags.get_string("out"), j);
+    if (!s.ok()) return report_error("profile", s.with_context("--out"));
+  }
+  if (json) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  Table t({"stage", "fit", "R^2", "max error"});
+ t.add_row({std::string("T_a"), "k1 = " + fmt(r->attention_fit.slope * 1e3, 5) + " ms/token, k2 = " +
+                        fmt(r->attention_fit.intercept * 1e3, 4) + " ms",
+             fmt(r->attention_fit.r2, 4), fmt_pct(r->attention_fit.max_rel_error)});
+ t.add_row({std::string("T_e"), "k3 = " + fmt(r->expert_fit.slope * 1e3, 5) + " ms/token, k4 = " +
+                        fmt(r->expert_fit.intercept * 1e3, 4) + " ms",
+             fmt(r->expert_fit.r2, 4), fmt_pct(r->expert_fit.max_rel_error)});
+  std::cout << t.to_string();
+  if (!flags.get_string("out").empty()) std::printf("profile written to %s\n", flags.get_string("out").c_str());
+  return 0;
+}
+
+}  // namespace msinfer::cli
