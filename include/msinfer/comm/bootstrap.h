@@ -1,0 +1,63 @@
+// One-time exchange of addresses and region keys between the ranks of a
+// deployment; never carries data. Two implementations:
+// - TcpBootstrap: ranks connect to a BootstrapServer (run by the launcher on one
+//   host, or by rank 0's host) at host:port; the single-host default.
+// - MpiBootstrap: MPI_Allgather, when the processes were started by mpirun or
+//   srun (PMIx). Only the exchange goes through MPI.
+// make_bootstrap_from_env() picks: MSINFER_BOOTSTRAP=host:port with
+// MSINFER_RANK / MSINFER_WORLD_SIZE -> TCP; else an MPI launch -> MPI.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "msinfer/core/status.h"
+
+namespace msinfer::comm {
+
+class Bootstrap {
+ public:
+  virtual ~Bootstrap() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Every rank's blob, by rank. Blocks until all ranks called it (or times out).
+  virtual StatusOr<std::vector<std::string>> allgather(const std::string& blob) = 0;
+  Status barrier();
+};
+
+// Serves allgather rounds for `world` ranks on 127.0.0.1 (or `host`), port 0 =
+// any free port. Runs on its own thread until destroyed.
+class BootstrapServer {
+ public:
+  static StatusOr<std::unique_ptr<BootstrapServer>> start(int world, const std::string& host = "127.0.0.1",
+                                                          int port = 0);
+  ~BootstrapServer();
+  std::string address() const;  // "host:port"
+
+ private:
+  BootstrapServer() = default;
+  void serve();
+  int listen_fd_ = -1;
+  int world_ = 0;
+  std::string host_;
+  int port_ = 0;
+  std::thread thread_;
+  bool stop_ = false;
+};
+
+StatusOr<std::unique_ptr<Bootstrap>> make_tcp_bootstrap(
+    int rank, int world, const std::string& server,
+    std::chrono::milliseconds timeout = std::chrono::milliseconds(30000));
+
+// True when this process was started by mpirun / srun with PMIx.
+bool launched_by_mpi();
+#ifdef MSINFER_HAVE_MPI
+// Calls MPI_Init if needed; MPI_Finalize at exit.
+StatusOr<std::unique_ptr<Bootstrap>> make_mpi_bootstrap();
+#endif
+StatusOr<std::unique_ptr<Bootstrap>> make_bootstrap_from_env();
+
+}  // namespace msinfer::comm

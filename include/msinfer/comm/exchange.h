@@ -1,0 +1,47 @@
+// A full M2N + N2M exchange between M "attention" ranks and N "expert" ranks
+// over one bootstrap: the traffic of the disaggregated runtime without the
+// compute. Used by the multi-process tests (every byte verified) and by
+// `msinfer bench m2n`. Ranks 0..M-1 send (dispatch) and receive (combine);
+// ranks M..M+N-1 the reverse.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "msinfer/comm/bootstrap.h"
+#include "msinfer/comm/fabric_transport.h"
+#include "msinfer/comm/inproc_transport.h"
+#include "msinfer/comm/m2n.h"
+
+namespace msinfer::comm {
+
+struct ExchangeOptions {
+  int senders = 2, receivers = 2;
+  int64_t bytes = 65536;      // per (sender, receiver) message when uniform
+  int64_t row_bytes = 256;    // bytes is rounded to whole rows
+  int iterations = 20;
+  int warmup = 3;
+  int slots = 2;
+  double zipf = 0;            // > 0: receiver j gets rows proportional to 1/(j+1)^zipf
+  bool empty_to_last = false; // every sender sends 0 rows to the last receiver
+  bool checksum = false;
+  bool verify = true;         // fill and check every byte
+  std::string provider = "shm";  // libfabric provider, unless `inproc` is set
+  InprocFabric* inproc = nullptr;  // ranks as threads of one process (unit tests)
+  int timeout_ms = 5000;
+  int die_at_iteration = -1;  // test hook: this rank's process exits there
+  int die_rank = -1;
+};
+
+struct ExchangeStats {
+  std::vector<double> one_way_us;  // per timed iteration (round trip / 2), senders only
+  int64_t bytes_per_sender = 0;    // per iteration, one direction
+};
+
+// Rows sender s sends to receiver r (the same on both sides).
+int64_t exchange_rows(const ExchangeOptions& o, int s, int r);
+
+// Runs this rank's part. Errors name the peer that failed or is missing.
+Status run_exchange(Bootstrap& boot, const ExchangeOptions& o, ExchangeStats* stats);
+
+}  // namespace msinfer::comm

@@ -1,0 +1,31 @@
+// libfabric transport: FI_EP_RDM endpoints, FI_RMA writes with 32-bit remote CQ
+// data (fi_writedata) — the "RDMA write with immediate" of the design — on any
+// provider that offers them: shm within a host, tcp (tcp;ofi_rxm) across hosts,
+// verbs (InfiniBand/RoCE) and efa on clusters.
+//
+// Things measured on this machine kind that the implementation respects
+// (../shared/MEASUREMENTS.md): remote addresses follow the provider's mr_mode
+// (shm: FI_MR_VIRT_ADDR, virtual addresses; tcp/rxm: offsets into the region);
+// progress is manual, so poll() reads the CQ and write() retries -FI_EAGAIN
+// while progressing; local completions and incoming immediates are told apart
+// by op_context; providers that need posted receives for remote CQ data
+// (FI_RX_CQ_DATA, verbs) get them pre-posted and re-posted.
+#pragma once
+
+#include <string>
+
+#include "msinfer/comm/transport.h"
+
+namespace msinfer::comm {
+
+struct FabricOptions {
+  // libfabric provider name: "shm", "tcp" (tcp;ofi_rxm), "verbs", "efa", or
+  // "" to take libfabric's first RDM provider with RMA and CQ data.
+  std::string provider = "shm";
+  // Pre-posted receives for FI_RX_CQ_DATA providers.
+  int posted_receives = 256;
+};
+
+StatusOr<std::unique_ptr<Transport>> make_fabric_transport(const FabricOptions& options);
+
+}  // namespace msinfer::comm

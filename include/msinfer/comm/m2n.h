@@ -1,0 +1,146 @@
+// The M2N library: moves rows of token activations from M senders to N
+// receivers (dispatch, attention -> experts) and, as a second channel, back
+// (combine, N2M), once per layer and micro-batch (SPEC.md section 2 steps 3-5).
+//
+// Receive layout: each receiver registers one region of
+//   senders x slots x slot_bytes,  slot_bytes = max_rows * row_bytes (+ 8 with checksums)
+// Sender s writes its rows for micro-batch slot k at ((s * slots) + k) * slot_bytes,
+// row r at r * row_bytes; with checksums a 64-bit FNV-1a of the rows follows
+// them. One write per destination, an empty one (0 rows) included, so a
+// receiver never waits for a sender with nothing to say.
+//
+// The 32-bit immediate of each write (docs/M2N.md):
+//   bit 31     channel (0 dispatch, 1 combine)
+//   bits 30-24 sender index (M <= 128)
+//   bits 23-20 slot (<= 16 slots)
+//   bits 19-16 sequence number mod 16 (a stale write from an earlier round is detected)
+//   bits 15-0  row count (<= 65535)
+//
+// Flow control needs no extra messages: a receiver reuses slot k only after it
+// released it (after its results for k were sent back), and a sender only
+// writes slot k again after it received those results.
+//
+// Not thread-safe: an M2NEndpoint and its channels belong to one thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "msinfer/comm/transport.h"
+#include "msinfer/core/status.h"
+
+namespace msinfer::comm {
+
+struct Immediate {
+  int channel = 0, sender = 0, slot = 0;
+  uint32_t seq = 0;  // mod 16
+  uint32_t rows = 0;
+  uint32_t pack() const;
+  static Immediate unpack(uint32_t imm);
+};
+
+struct M2NShape {
+  int senders = 1, receivers = 1, slots = 2;
+  int64_t max_rows = 1024;
+  int64_t row_bytes = 2048;
+  bool checksum = false;  // debug: verify every payload
+  int channel = 0;
+  int64_t slot_bytes() const { return max_rows * row_bytes + (checksum ? 8 : 0); }
+  Status validate() const;
+};
+
+uint64_t fnv1a64(const uint8_t* p, size_t n);
+
+class M2NEndpoint;
+
+// The receiving side of one channel on one receiver.
+class M2NReceiver {
+ public:
+  M2NReceiver(const M2NShape& shape, int index);
+  const M2NShape& shape() const { return shape_; }
+  // Registers the receive region with the endpoint's transport; the returned
+  // region goes to every sender through the bootstrap.
+  StatusOr<RemoteRegion> attach(M2NEndpoint& ep);
+  // Blocks (polling, yielding when idle) until every sender's write for `slot`
+  // carrying `seq` arrived; DEADLINE_EXCEEDED naming the missing senders after
+  // the endpoint's timeout; DATA_LOSS-like INTERNAL on a checksum mismatch or a
+  // stale sequence number.
+  Status wait(int slot, uint32_t seq);
+  const uint8_t* data(int slot, int sender) const;
+  int64_t rows(int slot, int sender) const;
+  // Slot may be written again (its results were sent back).
+  void release(int slot);
+
+ private:
+  friend class M2NEndpoint;
+  Status on_immediate(const Immediate& imm);
+  M2NShape shape_;
+  int index_;
+  M2NEndpoint* ep_ = nullptr;
+  std::vector<uint8_t> region_;
+  struct Arrival {
+    bool arrived = false;
+    uint32_t seq = 0;
+    uint32_t rows = 0;
+  };
+  std::vector<Arrival> arrivals_;  // [slot][sender]
+};
+
+// The sending side of one channel on one sender.
+class M2NSender {
+ public:
+  M2NSender(const M2NShape& shape, int index);
+  const M2NShape& shape() const { return shape_; }
+  Status attach(M2NEndpoint& ep);
+  // Receiver r's transport peer handle and receive region.
+  void set_receiver(int r, int peer, const RemoteRegion& region);
+  // Where to put the rows for `receiver` in `slot` (registered memory).
+  uint8_t* buffer(int slot, int receiver);
+  // One write per receiver with rows[r] rows (0 allowed). INVALID_ARGUMENT before
+  // anything is sent if a count exceeds max_rows, the slot is out of range, or
+  // the slot's previous writes have not completed.
+  Status send(int slot, uint32_t seq, const std::vector<int64_t>& rows);
+  // Blocks until the slot's writes completed locally (its buffer may be reused).
+  Status wait_sent(int slot);
+
+ private:
+  friend class M2NEndpoint;
+  M2NShape shape_;
+  int index_;
+  M2NEndpoint* ep_ = nullptr;
+  std::vector<uint8_t> buffer_;
+  std::vector<int> peers_;
+  std::vector<RemoteRegion> regions_;
+  std::vector<int> in_flight_;  // per slot
+};
+
+// One process's transport plus the channels it takes part in; routes
+// completions to them and implements waiting with a timeout.
+class M2NEndpoint {
+ public:
+  explicit M2NEndpoint(std::unique_ptr<Transport> t,
+                       std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));
+  Transport& transport() { return *t_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  // Polls until done() holds; after the timeout returns DEADLINE_EXCEEDED with
+  // `what()` in the message. Yields the CPU when a poll finds nothing (two
+  // busy-polling processes on two cores starve loopback TCP).
+  Status wait_until(const std::function<bool()>& done, const std::function<std::string()>& what);
+  Status progress();
+
+ private:
+  friend class M2NReceiver;
+  friend class M2NSender;
+  std::unique_ptr<Transport> t_;
+  std::chrono::milliseconds timeout_;
+  std::vector<M2NReceiver*> receivers_;  // by channel
+  std::vector<M2NSender*> senders_;      // by channel
+  std::vector<Completion> scratch_;
+};
+
+}  // namespace msinfer::comm

@@ -1,0 +1,276 @@
+#include "msinfer/comm/bootstrap.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#ifdef MSINFER_HAVE_MPI
+#include <mpi.h>
+#endif
+
+namespace msinfer::comm {
+namespace {
+
+// Full reads/writes with a deadline; false on error, EOF or timeout.
+bool io_all(int fd, void* buf, size_t n, bool write, std::chrono::steady_clock::time_point deadline) {
+  auto* p = static_cast<uint8_t*>(buf);
+  while (n > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    if (left <= 0) return false;
+    pollfd pfd{fd, static_cast<short>(write ? POLLOUT : POLLIN), 0};
+    if (::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left, 1000))) <= 0) continue;
+    ssize_t r = write ? ::send(fd, p, n, MSG_NOSIGNAL) : ::recv(fd, p, n, 0);
+    if (r <= 0) {
+      if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      return false;
+    }
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+bool send_blob(int fd, const std::string& s, std::chrono::steady_clock::time_point d) {
+  uint64_t n = s.size();
+  return io_all(fd, &n, 8, true, d) && io_all(fd, const_cast<char*>(s.data()), s.size(), true, d);
+}
+
+bool recv_blob(int fd, std::string* s, std::chrono::steady_clock::time_point d) {
+  uint64_t n = 0;
+  if (!io_all(fd, &n, 8, false, d) || n > (64u << 20)) return false;
+  s->resize(n);
+  return io_all(fd, s->data(), n, false, d);
+}
+
+class TcpBootstrap : public Bootstrap {
+ public:
+  TcpBootstrap(int rank, int world, std::string host, int port, std::chrono::milliseconds t)
+      : rank_(rank), world_(world), host_(std::move(host)), port_(port), timeout_(t) {}
+  int rank() const override { return rank_; }
+  int size() const override { return world_; }
+
+  StatusOr<std::vector<std::string>> allgather(const std::string& blob) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    int fd = -1;
+    // The server may not be up yet: retry connecting until the deadline.
+    while (true) {
+      fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(port_));
+      ::inet_pton(AF_INET, host_.c_str(), &a.sin_addr);
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) break;
+      ::close(fd);
+      if (std::chrono::steady_clock::now() > deadline) {
+        return Status(StatusCode::kUnavailable, "bootstrap: cannot reach " + host_ + ":" +
+                                                    std::to_string(port_));
+      }
+      ::usleep(20000);
+    }
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    const std::string hello = std::to_string(rank_) + " " + std::to_string(round_++);
+    std::vector<std::string> all(world_);
+    bool ok = send_blob(fd, hello, deadline) && send_blob(fd, blob, deadline);
+    for (int r = 0; ok && r < world_; ++r) ok = recv_blob(fd, &all[r], deadline);
+    ::close(fd);
+    if (!ok) {
+      return Status(StatusCode::kDeadlineExceeded,
+                    "bootstrap: rank " + std::to_string(rank_) +
+                        " did not get every rank's address within " +
+                        std::to_string(timeout_.count()) + " ms (a rank missing or dead?)");
+    }
+    return all;
+  }
+
+ private:
+  int rank_, world_;
+  std::string host_;
+  int port_;
+  std::chrono::milliseconds timeout_;
+  int round_ = 0;
+};
+
+#ifdef MSINFER_HAVE_MPI
+class MpiBootstrap : public Bootstrap {
+ public:
+  MpiBootstrap() {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  StatusOr<std::vector<std::string>> allgather(const std::string& blob) override {
+    int len = static_cast<int>(blob.size());
+    std::vector<int> lens(size_), displs(size_);
+    MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, MPI_COMM_WORLD);
+    int total = 0;
+    for (int r = 0; r < size_; ++r) {
+      displs[r] = total;
+      total += lens[r];
+    }
+    std::string buf(total, '\0');
+    MPI_Allgatherv(blob.data(), len, MPI_BYTE, buf.data(), lens.data(), displs.data(), MPI_BYTE,
+                   MPI_COMM_WORLD);
+    std::vector<std::string> out(size_);
+    for (int r = 0; r < size_; ++r) out[r] = buf.substr(displs[r], lens[r]);
+    return out;
+  }
+
+ private:
+  int rank_ = 0, size_ = 1;
+};
+#endif
+
+}  // namespace
+
+Status Bootstrap::barrier() {
+  auto r = allgather("");
+  return r.ok() ? ok_status() : r.status();
+}
+
+StatusOr<std::unique_ptr<BootstrapServer>> BootstrapServer::start(int world, const std::string& host,
+                                                                  int port) {
+  if (world < 1) return invalid_argument("bootstrap server: world must be >= 1");
+  auto s = std::unique_ptr<BootstrapServer>(new BootstrapServer());
+  s->world_ = world;
+  s->host_ = host;
+  s->listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  ::setsockopt(s->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) {
+    return invalid_argument("bootstrap server: bad address " + host);
+  }
+  if (::bind(s->listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::listen(s->listen_fd_, 256) != 0) {
+    return Status(StatusCode::kUnavailable, "bootstrap server: cannot listen on " + host + ":" +
+                                                std::to_string(port) + ": " + std::strerror(errno));
+  }
+  socklen_t len = sizeof(a);
+  ::getsockname(s->listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
+  s->port_ = ntohs(a.sin_port);
+  s->thread_ = std::thread([p = s.get()] { p->serve(); });
+  return s;
+}
+
+BootstrapServer::~BootstrapServer() {
+  stop_ = true;
+  if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);
+  if (thread_.joinable()) thread_.join();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+}
+
+std::string BootstrapServer::address() const { return host_ + ":" + std::to_string(port_); }
+
+void BootstrapServer::serve() {
+  // Rounds are kept apart by the round number each client sends.
+  struct Round {
+    std::vector<int> fds;
+    std::vector<std::string> blobs;
+    int count = 0;
+  };
+  std::map<int, Round> rounds;
+  while (!stop_) {
+    pollfd pfd{listen_fd_, POLLIN, 0};
+    if (::poll(&pfd, 1, 200) <= 0) continue;
+    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    const auto d = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    std::string hello, blob;
+    if (!recv_blob(fd, &hello, d) || !recv_blob(fd, &blob, d)) {
+      ::close(fd);
+      continue;
+    }
+    int rank = -1, round = -1;
+    if (std::sscanf(hello.c_str(), "%d %d", &rank, &round) != 2 || rank < 0 || rank >= world_) {
+      ::close(fd);
+      continue;
+    }
+    Round& r = rounds[round];
+    if (r.fds.empty()) {
+      r.fds.assign(world_, -1);
+      r.blobs.assign(world_, "");
+    }
+    if (r.fds[rank] >= 0) ::close(r.fds[rank]);  // a retry replaces the earlier connection
+    else ++r.count;
+    r.fds[rank] = fd;
+    r.blobs[rank] = std::move(blob);
+    if (r.count == world_) {
+      for (int i = 0; i < world_; ++i) {
+        for (int j = 0; j < world_; ++j) send_blob(r.fds[i], r.blobs[j], d);
+        ::close(r.fds[i]);
+      }
+      rounds.erase(round);
+    }
+  }
+  for (auto& [_, r] : rounds) {
+    for (int fd : r.fds) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+}
+
+StatusOr<std::unique_ptr<Bootstrap>> make_tcp_bootstrap(int rank, int world,
+                                                        const std::string& server,
+                                                        std::chrono::milliseconds timeout) {
+  const auto colon = server.rfind(':');
+  if (colon == std::string::npos) return invalid_argument("bootstrap: expected host:port, got '" + server + "'");
+  if (rank < 0 || rank >= world) return invalid_argument("bootstrap: rank out of range");
+  return std::unique_ptr<Bootstrap>(new TcpBootstrap(rank, world, server.substr(0, colon),
+                                                     std::atoi(server.c_str() + colon + 1), timeout));
+}
+
+bool launched_by_mpi() {
+  return std::getenv("OMPI_COMM_WORLD_RANK") != nullptr || std::getenv("PMIX_RANK") != nullptr ||
+         std::getenv("PMI_RANK") != nullptr;
+}
+
+#ifdef MSINFER_HAVE_MPI
+StatusOr<std::unique_ptr<Bootstrap>> make_mpi_bootstrap() {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    std::atexit([] {
+      int fin = 0;
+      MPI_Finalized(&fin);
+      if (!fin) MPI_Finalize();
+    });
+  }
+  return std::unique_ptr<Bootstrap>(new MpiBootstrap());
+}
+#endif
+
+StatusOr<std::unique_ptr<Bootstrap>> make_bootstrap_from_env() {
+  const char* server = std::getenv("MSINFER_BOOTSTRAP");
+  if (server != nullptr) {
+    const char* rank = std::getenv("MSINFER_RANK");
+    const char* world = std::getenv("MSINFER_WORLD_SIZE");
+    if (!rank || !world) {
+      return invalid_argument("MSINFER_BOOTSTRAP needs MSINFER_RANK and MSINFER_WORLD_SIZE");
+    }
+    return make_tcp_bootstrap(std::atoi(rank), std::atoi(world), server);
+  }
+#ifdef MSINFER_HAVE_MPI
+  if (launched_by_mpi()) return make_mpi_bootstrap();
+#endif
+  return failed_precondition(
+      "no bootstrap: set MSINFER_BOOTSTRAP=host:port, MSINFER_RANK, MSINFER_WORLD_SIZE, or launch "
+      "with mpirun / srun");
+}
+
+}  // namespace msinfer::comm

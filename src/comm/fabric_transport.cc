@@ -1,0 +1,272 @@
+#include "msinfer/comm/fabric_transport.h"
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <sched.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+
+namespace msinfer::comm {
+namespace {
+
+std::string fi_error(const char* what, int rc) {
+  return std::string(what) + " failed: " + fi_strerror(-rc) + " (" + std::to_string(rc) + ")";
+}
+
+// Context of one write: libfabric hands it back in the completion.
+struct WriteOp {
+  fi_context2 ctx;  // must be first (FI_CONTEXT / FI_CONTEXT2 modes)
+  uint64_t user_context = 0;
+  int peer = -1;
+  bool is_recv = false;
+};
+
+class FabricTransport : public Transport {
+ public:
+  ~FabricTransport() override {
+    for (auto* mr : mrs_) fi_close(&mr->fid);
+    if (ep_) fi_close(&ep_->fid);
+    if (av_) fi_close(&av_->fid);
+    if (cq_) fi_close(&cq_->fid);
+    if (domain_) fi_close(&domain_->fid);
+    if (fabric_) fi_close(&fabric_->fid);
+    if (info_) fi_freeinfo(info_);
+    for (auto* op : ops_) delete op;
+  }
+
+  Status init(const FabricOptions& o) {
+    if (o.provider == "shm" && std::getenv("FI_SHM_DISABLE_CMA") == nullptr) {
+      // Measured here: 96 us vs 216 us one-way for 4x4 x 256 KiB with CMA on.
+      ::setenv("FI_SHM_DISABLE_CMA", "1", 0);
+    }
+    fi_info* hints = fi_allocinfo();
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE | FI_MSG;
+    hints->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
+    hints->domain_attr->mr_mode =
+        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+    hints->domain_attr->threading = FI_THREAD_DOMAIN;
+    hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
+    if (!o.provider.empty()) {
+      const std::string p = o.provider == "tcp" ? "tcp;ofi_rxm" : o.provider;
+      hints->fabric_attr->prov_name = strdup(p.c_str());
+    }
+    int rc = fi_getinfo(FI_VERSION(1, 9), nullptr, nullptr, 0, hints, &info_);
+    fi_freeinfo(hints);
+    if (rc != 0 || info_ == nullptr) {
+      return Status(StatusCode::kUnavailable,
+                    "libfabric: no provider '" + o.provider +
+                        "' with RDM endpoints, RMA writes and CQ data (" + fi_strerror(-rc) +
+                        "); try --fabric-provider shm or tcp");
+    }
+    provider_ = info_->fabric_attr->prov_name;
+    if (info_->domain_attr->cq_data_size < 4) {
+      return Status(StatusCode::kUnavailable, "libfabric " + provider_ + ": CQ data < 4 bytes");
+    }
+    mr_mode_ = info_->domain_attr->mr_mode;
+    if ((rc = fi_fabric(info_->fabric_attr, &fabric_, nullptr))) return internal_error(fi_error("fi_fabric", rc));
+    if ((rc = fi_domain(fabric_, info_, &domain_, nullptr))) return internal_error(fi_error("fi_domain", rc));
+    fi_cq_attr cq_attr{};
+    cq_attr.format = FI_CQ_FORMAT_DATA;
+    cq_attr.size = 4096;
+    if ((rc = fi_cq_open(domain_, &cq_attr, &cq_, nullptr))) return internal_error(fi_error("fi_cq_open", rc));
+    fi_av_attr av_attr{};
+    av_attr.type = FI_AV_TABLE;
+    if ((rc = fi_av_open(domain_, &av_attr, &av_, nullptr))) return internal_error(fi_error("fi_av_open", rc));
+    if ((rc = fi_endpoint(domain_, info_, &ep_, nullptr))) return internal_error(fi_error("fi_endpoint", rc));
+    if ((rc = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV))) return internal_error(fi_error("fi_ep_bind(cq)", rc));
+    if ((rc = fi_ep_bind(ep_, &av_->fid, 0))) return internal_error(fi_error("fi_ep_bind(av)", rc));
+    if ((rc = fi_enable(ep_))) return internal_error(fi_error("fi_enable", rc));
+    char name[256];
+    size_t len = sizeof(name);
+    if ((rc = fi_getname(&ep_->fid, name, &len))) return internal_error(fi_error("fi_getname", rc));
+    address_.assign(name, len);
+    rx_cq_data_ = (info_->rx_attr->mode & FI_RX_CQ_DATA) != 0;
+    if (rx_cq_data_) {
+      for (int i = 0; i < o.posted_receives; ++i) {
+        auto* op = new WriteOp();
+        op->is_recv = true;
+        ops_.push_back(op);
+        MSI_RETURN_IF_ERROR(post_recv(op));
+      }
+    }
+    return ok_status();
+  }
+
+  std::string name() const override { return "fabric:" + provider_; }
+  std::string address() const override { return address_; }
+
+  StatusOr<RemoteRegion> register_memory(void* base, size_t len) override {
+    fid_mr* mr = nullptr;
+    int rc = fi_mr_reg(domain_, base, len, FI_REMOTE_WRITE | FI_WRITE | FI_READ | FI_REMOTE_READ, 0,
+                       next_key_++, 0, &mr, nullptr);
+    if (rc) return internal_error(fi_error("fi_mr_reg", rc));
+    if (mr_mode_ & FI_MR_ENDPOINT) {
+      if ((rc = fi_mr_bind(mr, &ep_->fid, 0))) return internal_error(fi_error("fi_mr_bind", rc));
+      if ((rc = fi_mr_enable(mr))) return internal_error(fi_error("fi_mr_enable", rc));
+    }
+    mrs_.push_back(mr);
+    regions_[reinterpret_cast<uintptr_t>(base)] = {len, mr};
+    RemoteRegion r;
+    r.key = fi_mr_key(mr);
+    // shm reports FI_MR_VIRT_ADDR: peers name target bytes by virtual address;
+    // tcp/rxm reports 0: by offset. A wrong choice completes at the sender and
+    // never at the target (a silent hang), so it follows the reported mode.
+    r.base = (mr_mode_ & FI_MR_VIRT_ADDR) ? reinterpret_cast<uint64_t>(base) : 0;
+    r.length = len;
+    return r;
+  }
+
+  StatusOr<int> connect(const std::string& address) override {
+    fi_addr_t a;
+    int rc = fi_av_insert(av_, address.data(), 1, &a, 0, nullptr);
+    if (rc != 1) return Status(StatusCode::kUnavailable, fi_error("fi_av_insert", rc));
+    peers_.push_back(a);
+    return static_cast<int>(peers_.size()) - 1;
+  }
+
+  Status write(int peer, const void* src, size_t len, const RemoteRegion& dst, uint64_t offset,
+               uint32_t imm, uint64_t context) override {
+    if (peer < 0 || peer >= static_cast<int>(peers_.size())) {
+      return invalid_argument("fabric: unknown peer " + std::to_string(peer));
+    }
+    if (offset + len > dst.length) {
+      return invalid_argument("fabric: write of " + std::to_string(len) + " bytes at offset " +
+                              std::to_string(offset) + " outside the peer's " +
+                              std::to_string(dst.length) + "-byte region");
+    }
+    void* desc = nullptr;
+    if (mr_mode_ & FI_MR_LOCAL) {
+      fid_mr* mr = find_mr(src, len);
+      if (mr == nullptr) return invalid_argument("fabric: write source is not registered memory");
+      desc = fi_mr_desc(mr);
+    }
+    WriteOp* op = take_op();
+    op->user_context = context;
+    op->peer = peer;
+    while (true) {
+      ssize_t rc = fi_writedata(ep_, src, len, desc, imm, peers_[peer], dst.base + offset, dst.key,
+                                &op->ctx);
+      if (rc == 0) return ok_status();
+      if (rc != -FI_EAGAIN) {
+        free_.push_back(op);
+        return Status(StatusCode::kUnavailable,
+                      "fabric: write to peer " + std::to_string(peer) + ": " +
+                          fi_error("fi_writedata", static_cast<int>(rc)));
+      }
+      // Progress is manual: completions must be read for the provider to make room.
+      MSI_RETURN_IF_ERROR(progress());
+    }
+  }
+
+  Status poll(std::vector<Completion>* out, size_t max) override {
+    MSI_RETURN_IF_ERROR(progress());
+    while (!pending_.empty() && max-- > 0) {
+      out->push_back(pending_.front());
+      pending_.pop_front();
+    }
+    return ok_status();
+  }
+
+ private:
+  Status post_recv(WriteOp* op) {
+    while (true) {
+      ssize_t rc = fi_recv(ep_, nullptr, 0, nullptr, FI_ADDR_UNSPEC, &op->ctx);
+      if (rc == 0) return ok_status();
+      if (rc != -FI_EAGAIN) return internal_error(fi_error("fi_recv", static_cast<int>(rc)));
+      fi_cq_data_entry e[16];
+      fi_cq_read(cq_, e, 0);  // progress only
+    }
+  }
+
+  // Reads the CQ into pending_. Incoming immediates and our own write
+  // completions are told apart by op_context (flags are not reliable across
+  // providers).
+  Status progress() {
+    fi_cq_data_entry e[64];
+    while (true) {
+      ssize_t n = fi_cq_read(cq_, e, 64);
+      if (n == -FI_EAGAIN) return ok_status();
+      if (n == -FI_EAVAIL) {
+        fi_cq_err_entry err{};
+        fi_cq_readerr(cq_, &err, 0);
+        auto* op = static_cast<WriteOp*>(err.op_context);
+        std::string who = op && !op->is_recv ? "peer " + std::to_string(op->peer) : "a peer";
+        char buf[256] = {0};
+        const char* prov = fi_cq_strerror(cq_, err.prov_errno, err.err_data, buf, sizeof(buf));
+        return Status(StatusCode::kUnavailable, "fabric (" + provider_ + "): write to " + who +
+                                                    " failed: " + fi_strerror(err.err) + " [" +
+                                                    (prov ? prov : "") + "]");
+      }
+      if (n < 0) return internal_error(fi_error("fi_cq_read", static_cast<int>(n)));
+      for (ssize_t i = 0; i < n; ++i) {
+        auto* op = static_cast<WriteOp*>(e[i].op_context);
+        const bool ours = op != nullptr && !op->is_recv && owned(op);
+        if (ours) {
+          pending_.push_back({Completion::Kind::kLocalWrite, 0, op->user_context});
+          free_.push_back(op);
+        } else {
+          pending_.push_back({Completion::Kind::kRemoteWrite, static_cast<uint32_t>(e[i].data), 0});
+          if (op != nullptr && op->is_recv) MSI_RETURN_IF_ERROR(post_recv(op));
+        }
+      }
+    }
+  }
+
+  bool owned(const WriteOp* op) const { return live_.count(op) != 0; }
+
+  WriteOp* take_op() {
+    if (free_.empty()) {
+      auto* op = new WriteOp();
+      ops_.push_back(op);
+      live_[op] = true;
+      return op;
+    }
+    WriteOp* op = free_.back();
+    free_.pop_back();
+    return op;
+  }
+
+  fid_mr* find_mr(const void* p, size_t len) const {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    auto it = regions_.upper_bound(a);
+    if (it == regions_.begin()) return nullptr;
+    --it;
+    if (a + len > it->first + it->second.first) return nullptr;
+    return it->second.second;
+  }
+
+  fi_info* info_ = nullptr;
+  fid_fabric* fabric_ = nullptr;
+  fid_domain* domain_ = nullptr;
+  fid_cq* cq_ = nullptr;
+  fid_av* av_ = nullptr;
+  fid_ep* ep_ = nullptr;
+  uint64_t mr_mode_ = 0;
+  uint64_t next_key_ = 1;
+  bool rx_cq_data_ = false;
+  std::string provider_, address_;
+  std::vector<fid_mr*> mrs_;
+  std::map<uintptr_t, std::pair<size_t, fid_mr*>> regions_;
+  std::vector<fi_addr_t> peers_;
+  std::vector<WriteOp*> ops_, free_;
+  std::map<const WriteOp*, bool> live_;
+  std::deque<Completion> pending_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Transport>> make_fabric_transport(const FabricOptions& options) {
+  auto t = std::make_unique<FabricTransport>();
+  MSI_RETURN_IF_ERROR(t->init(options));
+  return std::unique_ptr<Transport>(std::move(t));
+}
+
+}  // namespace msinfer::comm

@@ -1,0 +1,121 @@
+// M2N between separate processes (fork) over libfabric shm and tcp (loopback),
+// bootstrapped through a BootstrapServer in the test process. Children are
+// always reaped: killed if still running when the test ends.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "msinfer/comm/exchange.h"
+
+namespace msinfer::comm {
+namespace {
+
+struct Outcome {
+  std::vector<int> exit_codes;
+  double seconds = 0;
+};
+
+// Runs one process per rank; each writes its Status message to a pipe.
+Outcome run_processes(const ExchangeOptions& o, std::vector<std::string>* messages) {
+  const int n = o.senders + o.receivers;
+  auto server = BootstrapServer::start(n);
+  EXPECT_TRUE(server.ok());
+  std::vector<pid_t> pids;
+  std::vector<int> pipes;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < n; ++r) {
+    int fds[2];
+    EXPECT_EQ(::pipe(fds), 0);
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(fds[0]);
+      auto boot = make_tcp_bootstrap(r, n, (*server)->address(), std::chrono::milliseconds(10000));
+      Status s = boot.ok() ? run_exchange(**boot, o, nullptr) : boot.status();
+      std::string msg = s.ok() ? "ok" : s.to_string();
+      ssize_t w = ::write(fds[1], msg.data(), msg.size());
+      (void)w;
+      ::_exit(s.ok() ? 0 : 1);
+    }
+    ::close(fds[1]);
+    pids.push_back(pid);
+    pipes.push_back(fds[0]);
+  }
+  Outcome out;
+  out.exit_codes.assign(n, -1);
+  const auto deadline = t0 + std::chrono::seconds(60);
+  for (int r = 0; r < n; ++r) {
+    int status = 0;
+    while (::waitpid(pids[r], &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(pids[r], SIGKILL);  // never leave a child behind
+        ::waitpid(pids[r], &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    out.exit_codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    char buf[4096];
+    ssize_t k = ::read(pipes[r], buf, sizeof(buf));
+    messages->push_back(k > 0 ? std::string(buf, k) : "");
+    ::close(pipes[r]);
+  }
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+class MultiprocTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MultiprocTest, EveryByteArrivesUpTo4x4) {
+  for (auto [m, n] : {std::pair{1, 1}, {2, 2}, {4, 4}, {3, 2}}) {
+    ExchangeOptions o;
+    o.provider = GetParam();
+    o.senders = m;
+    o.receivers = n;
+    o.bytes = 64 * 1024;
+    o.row_bytes = 512;
+    o.iterations = 30;
+    o.slots = 3;
+    o.checksum = true;
+    o.empty_to_last = m == 4;  // empty messages in the 4x4 case
+    std::vector<std::string> msgs;
+    Outcome out = run_processes(o, &msgs);
+    for (int r = 0; r < m + n; ++r) {
+      EXPECT_EQ(out.exit_codes[r], 0) << GetParam() << " " << m << "x" << n << " rank " << r
+                                      << ": " << msgs[r];
+    }
+  }
+}
+
+TEST_P(MultiprocTest, AKilledPeerIsNamedWithinTheTimeout) {
+  ExchangeOptions o;
+  o.provider = GetParam();
+  o.senders = 2;
+  o.receivers = 2;
+  o.bytes = 4096;
+  o.iterations = 50;
+  o.timeout_ms = 1500;
+  o.die_rank = 3;  // expert rank (receiver index 1)
+  o.die_at_iteration = 10;
+  std::vector<std::string> msgs;
+  Outcome out = run_processes(o, &msgs);
+  EXPECT_EQ(out.exit_codes[3], 3);  // the one that died
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(out.exit_codes[r], 0) << "rank " << r << " should have failed: " << msgs[r];
+  }
+  // Attention ranks wait for the dead expert's answer: they name it.
+  for (int r = 0; r < 2; ++r) {
+    const bool named = msgs[r].find("sender(s) 1") != std::string::npos ||
+                       msgs[r].find("peer 1") != std::string::npos;
+    EXPECT_TRUE(named) << "rank " << r << ": " << msgs[r];
+  }
+  EXPECT_LT(out.seconds, 15.0) << "not detected within the timeout";
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, MultiprocTest, ::testing::Values("shm", "tcp"));
+
+}  // namespace
+}  // namespace msinfer::comm
