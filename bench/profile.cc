@@ -42,6 +42,16 @@ LinearFit fit_line(const std::vector<std::pair<double, double>>& pts) {
   const double den = n * sxx - sx * sx;
   f.slope = den != 0 ? (n * sxy - sx * sy) / den : 0;
   f.intercept = (sy - f.slope * sx) / n;
+  // Stage times cannot have negative terms (plan --profile refuses them): when
+  // noise or cache effects push one below zero, fit the other alone.
+  if (f.intercept < 0) {
+    f.intercept = 0;
+    f.slope = sxx > 0 ? sxy / sxx : 0;
+  }
+  if (f.slope < 0) {
+    f.slope = 0;
+    f.intercept = sy / n;
+  }
   const double mean = sy / n;
   double ss_res = 0, ss_tot = 0;
   for (auto [x, y] : pts) {

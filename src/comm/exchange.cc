@@ -9,22 +9,38 @@
 namespace msinfer::comm {
 namespace {
 
-uint8_t pattern(int channel, int from, int to, int iter, int64_t i) {
-  return static_cast<uint8_t>((channel * 131 + from * 31 + to * 17 + iter * 7 + i * 13) & 0xff);
-}
-
-void fill(uint8_t* p, int64_t n, int channel, int from, int to, int iter) {
-  for (int64_t i = 0; i < n; ++i) p[i] = pattern(channel, from, to, iter, i);
-}
-
-Status check(const uint8_t* p, int64_t n, int channel, int from, int to, int iter) {
+// Message contents: a pattern fixed per (channel, from, to) and an 8-byte stamp
+// with the iteration at the start, so a message that was not rewritten shows.
+// Filling and checking are memcpy/memcmp against a prepared copy: cheap enough
+// not to disturb the timing on a machine with fewer cores than processes.
+std::vector<uint8_t> make_pattern(int channel, int from, int to, int64_t n) {
+  std::vector<uint8_t> p(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    if (p[i] != pattern(channel, from, to, iter, i)) {
-      return internal_error("exchange: byte " + std::to_string(i) + " of the message from rank " +
-                            std::to_string(from) + " to " + std::to_string(to) + " (iteration " +
-                            std::to_string(iter) + ", channel " + std::to_string(channel) +
-                            ") is wrong");
-    }
+    p[i] = static_cast<uint8_t>((channel * 131 + from * 31 + to * 17 + i * 13 + (i >> 8)) & 0xff);
+  }
+  return p;
+}
+
+void fill(uint8_t* p, const std::vector<uint8_t>& pat, int64_t n, int iter) {
+  std::memcpy(p, pat.data(), static_cast<size_t>(n));
+  if (n >= 8) {
+    const int64_t stamp = iter;
+    std::memcpy(p, &stamp, 8);
+  }
+}
+
+Status check(const uint8_t* p, const std::vector<uint8_t>& pat, int64_t n, int channel, int from,
+             int to, int iter) {
+  int64_t stamp = iter;
+  const bool stamp_ok = n < 8 || std::memcmp(p, &stamp, 8) == 0;
+  const int64_t skip = n >= 8 ? 8 : 0;
+  if (!stamp_ok || std::memcmp(p + skip, pat.data() + skip, static_cast<size_t>(n - skip)) != 0) {
+    int64_t i = skip;
+    while (i < n && p[i] == pat[i]) ++i;
+    return internal_error("exchange: the message from rank " + std::to_string(from) + " to " +
+                          std::to_string(to) + " (iteration " + std::to_string(iter) +
+                          ", channel " + std::to_string(channel) + ") is wrong" +
+                          (stamp_ok ? " at byte " + std::to_string(i) : " (stale: old iteration)"));
   }
   return ok_status();
 }
@@ -91,55 +107,56 @@ Status run_exchange(Bootstrap& boot, const ExchangeOptions& o, ExchangeStats* st
     stats->bytes_per_sender = 0;
     for (int r = 0; r < N; ++r) stats->bytes_per_sender += exchange_rows(o, attention ? me : 0, r) * o.row_bytes;
   }
+  // Prepared contents: what this rank sends to each peer and expects from it.
+  std::vector<std::vector<uint8_t>> out_pat(peers), in_pat(peers);
+  std::vector<int64_t> out_rows(peers), in_rows(peers);
+  for (int p = 0; p < peers; ++p) {
+    const int peer_rank = first + p;
+    out_rows[p] = attention ? exchange_rows(o, me, p) : exchange_rows(o, p, my_index);
+    in_rows[p] = out_rows[p];  // replies mirror the dispatch
+    if (o.verify) {
+      out_pat[p] = make_pattern(attention ? 0 : 1, me, peer_rank, out_rows[p] * o.row_bytes);
+      in_pat[p] = make_pattern(attention ? 1 : 0, peer_rank, me, in_rows[p] * o.row_bytes);
+    }
+  }
   for (int it = 0; it < total; ++it) {
     if (it == o.die_at_iteration && me == o.die_rank) ::_exit(3);
     const int slot = it % o.slots;
     const uint32_t seq = static_cast<uint32_t>(it / o.slots);
+    // Prepare the outgoing rows (the buffer is free once its last writes completed).
+    MSI_RETURN_IF_ERROR(sender.wait_sent(slot));
+    if (o.verify) {
+      for (int p = 0; p < peers; ++p) fill(sender.buffer(slot, p), out_pat[p], out_rows[p] * o.row_bytes, it);
+    }
+    if (o.barrier_each_iteration) MSI_RETURN_IF_ERROR(boot.barrier());
     if (attention) {
-      std::vector<int64_t> rows(N);
-      for (int r = 0; r < N; ++r) {
-        rows[r] = exchange_rows(o, me, r);
-        if (o.verify) fill(sender.buffer(slot, r), rows[r] * o.row_bytes, 0, me, M + r, it);
-      }
-      MSI_RETURN_IF_ERROR(sender.wait_sent(slot));
       const auto t0 = std::chrono::steady_clock::now();
-      MSI_RETURN_IF_ERROR(sender.send(slot, seq, rows));
+      MSI_RETURN_IF_ERROR(sender.send(slot, seq, out_rows));
       MSI_RETURN_IF_ERROR(receiver.wait(slot, seq));
       const auto t1 = std::chrono::steady_clock::now();
-      for (int r = 0; r < N; ++r) {
-        if (receiver.rows(slot, r) != exchange_rows(o, me, r)) {
-          return internal_error("exchange: expert rank " + std::to_string(M + r) + " answered " +
-                                std::to_string(receiver.rows(slot, r)) + " rows, expected " +
-                                std::to_string(exchange_rows(o, me, r)));
-        }
-        if (o.verify) {
-          MSI_RETURN_IF_ERROR(check(receiver.data(slot, r), receiver.rows(slot, r) * o.row_bytes, 1,
-                                    M + r, me, it));
-        }
-      }
-      receiver.release(slot);
       if (stats != nullptr && it >= o.warmup) {
         stats->one_way_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 2);
       }
     } else {
+      // Answer as soon as the dispatch is in; verification comes after.
       MSI_RETURN_IF_ERROR(receiver.wait(slot, seq));
-      std::vector<int64_t> rows(M);
+      MSI_RETURN_IF_ERROR(sender.send(slot, seq, out_rows));
+      // Keep progressing until the answer left: some providers move large
+      // messages in segments that need the sender's progress (shm without CMA).
       MSI_RETURN_IF_ERROR(sender.wait_sent(slot));
-      for (int s = 0; s < M; ++s) {
-        rows[s] = receiver.rows(slot, s);
-        if (rows[s] != exchange_rows(o, s, my_index)) {
-          return internal_error("exchange: attention rank " + std::to_string(s) + " sent " +
-                                std::to_string(rows[s]) + " rows, expected " +
-                                std::to_string(exchange_rows(o, s, my_index)));
-        }
-        if (o.verify) {
-          MSI_RETURN_IF_ERROR(check(receiver.data(slot, s), rows[s] * o.row_bytes, 0, s, me, it));
-          fill(sender.buffer(slot, s), rows[s] * o.row_bytes, 1, me, s, it);
-        }
-      }
-      MSI_RETURN_IF_ERROR(sender.send(slot, seq, rows));
-      receiver.release(slot);
     }
+    for (int p = 0; p < peers; ++p) {
+      if (receiver.rows(slot, p) != in_rows[p]) {
+        return internal_error("exchange: rank " + std::to_string(first + p) + " sent " +
+                              std::to_string(receiver.rows(slot, p)) + " rows to rank " +
+                              std::to_string(me) + ", expected " + std::to_string(in_rows[p]));
+      }
+      if (o.verify) {
+        MSI_RETURN_IF_ERROR(check(receiver.data(slot, p), in_pat[p], in_rows[p] * o.row_bytes,
+                                  attention ? 1 : 0, first + p, me, it));
+      }
+    }
+    receiver.release(slot);
   }
   // Drain: our last writes must complete before the process may exit.
   for (int s = 0; s < o.slots; ++s) MSI_RETURN_IF_ERROR(sender.wait_sent(s));

@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <cstdlib>
 #include <cstring>
 
 namespace msinfer::comm {
@@ -70,6 +71,8 @@ Status M2NEndpoint::progress() {
   return ok_status();
 }
 
+static int kSpinBeforeYield = std::getenv("MSINFER_M2N_SPIN") ? std::atoi(std::getenv("MSINFER_M2N_SPIN")) : 64;
+
 Status M2NEndpoint::wait_until(const std::function<bool()>& done,
                                const std::function<std::string()>& what) {
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
@@ -78,7 +81,7 @@ Status M2NEndpoint::wait_until(const std::function<bool()>& done,
     MSI_RETURN_IF_ERROR(progress());
     if (done()) break;
     if (scratch_.empty()) {
-      if (++idle > 64) sched_yield();  // let the peer (and the kernel's loopback) run
+      if (++idle > kSpinBeforeYield) sched_yield();  // let the peer (and the kernel's loopback) run
     } else {
       idle = 0;
     }

@@ -22,6 +22,14 @@ TEST(FitLineTest, HandComputed) {
   EXPECT_NEAR(f.slope, 0.5, 1e-6);
   EXPECT_NEAR(f.intercept, 1.0 / 6, 1e-6);
   EXPECT_NEAR(f.r2, 1 - (1.0 / 36 + 1.0 / 9 + 1.0 / 36) / (2.0 / 3), 1e-6);
+  // Points whose best line has a negative intercept: through the origin instead.
+  f = fit_line({{1, 1}, {2, 3}, {3, 5}});  // y = 2x - 1
+  EXPECT_DOUBLE_EQ(f.intercept, 0);
+  EXPECT_NEAR(f.slope, (1 + 6 + 15) / 14.0, 1e-12);
+  // Decreasing points: a flat line at the mean.
+  f = fit_line({{1, 3}, {2, 2}, {3, 1}});
+  EXPECT_DOUBLE_EQ(f.slope, 0);
+  EXPECT_NEAR(f.intercept, 2, 1e-12);
 }
 
 TEST(ProfileTest, WritesAFileThePlannerReads) {

@@ -1,9 +1,14 @@
 // msinfer bench: benchmarks that report figures against this machine's limits.
+#include <unistd.h>
+
 #include <cstdio>
 #include <iostream>
+#include <sstream>
 
 #include "commands.h"
 #include "msinfer/bench/kernels_bench.h"
+#include "msinfer/bench/m2n_bench.h"
+#include "msinfer/comm/bootstrap.h"
 #include "msinfer/core/flags.h"
 #include "msinfer/core/table.h"
 #include "planner_flags.h"
@@ -47,16 +52,125 @@ int run_bench_kernels(int argc, char** argv) {
   return 0;
 }
 
+StatusOr<std::vector<int64_t>> parse_sizes(const std::string& s) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    double v = std::strtod(item.c_str(), &end);
+    std::string suffix(end);
+    if (suffix == "k" || suffix == "K" || suffix == "KB") v *= 1024;
+    else if (suffix == "m" || suffix == "M" || suffix == "MB") v *= 1024 * 1024;
+    else if (!suffix.empty()) return invalid_argument("--size: cannot read '" + item + "'");
+    if (!(v >= 1) || v > (64 << 20)) return invalid_argument("--size: " + item + " must be 1 B .. 64 MiB");
+    out.push_back(static_cast<int64_t>(v));
+  }
+  if (out.empty()) return invalid_argument("--size: empty list");
+  return out;
+}
+
+int run_bench_m2n(int argc, char** argv) {
+  FlagSet flags("bench m2n",
+                "M2N then N2M rounds between M attention and N expert processes on this host:\n"
+                "one-way latency (round trip / 2) p50/p99 and GB/s per sender, every byte\n"
+                "verified; with the MPI baseline the same traffic goes through Open MPI\n"
+                "Isend/Irecv and MPI_Alltoallv in the same processes. Started directly, it\n"
+                "re-launches itself under mpirun (Open MPI) with M + N ranks.");
+  flags.add_int("senders", 4, "attention processes M");
+  flags.add_int("receivers", 4, "expert processes N");
+  flags.add_string("size", "2k,32k,256k,2m,8m", "bytes per (sender, receiver) message; list, k/m suffixes");
+  flags.add_int("iters", 50, "timed rounds per size");
+  flags.add_string("provider", "shm", "libfabric provider: shm | tcp (MPI uses the matching btl)");
+  flags.add_string("baseline", "mpi", "mpi | none");
+  flags.add_string("imbalance", "none", "none | zipf:S (skewed rows per receiver)");
+  flags.add_bool("no-verify", "skip the byte checks (they run outside the timed span anyway)");
+  flags.add_bool("json", "print one JSON object");
+  Status s = flags.parse(argc, argv, 3);
+  if (!s.ok()) return report_error("bench m2n", s);
+  if (flags.help_requested()) {
+    std::cout << flags.usage();
+    return 0;
+  }
+  bench::M2NBenchOptions o;
+  o.senders = static_cast<int>(flags.get_int("senders"));
+  o.receivers = static_cast<int>(flags.get_int("receivers"));
+  o.iterations = static_cast<int>(flags.get_int("iters"));
+  o.provider = flags.get_string("provider");
+  o.baseline_mpi = flags.get_string("baseline") == "mpi";
+  o.verify = !flags.get_bool("no-verify");
+  if (o.senders < 1 || o.senders > 128 || o.receivers < 1 || o.receivers > 128) {
+    return report_error("bench m2n", invalid_argument("--senders and --receivers must be in 1..128"));
+  }
+  if (o.iterations < 1) return report_error("bench m2n", invalid_argument("--iters must be >= 1"));
+  if (o.provider != "shm" && o.provider != "tcp") {
+    return report_error("bench m2n", invalid_argument("--provider must be shm or tcp"));
+  }
+  if (flags.get_string("baseline") != "mpi" && flags.get_string("baseline") != "none") {
+    return report_error("bench m2n", invalid_argument("--baseline must be mpi or none"));
+  }
+  const std::string imb = flags.get_string("imbalance");
+  if (imb.rfind("zipf:", 0) == 0) {
+    o.zipf = std::atof(imb.c_str() + 5);
+    if (!(o.zipf > 0)) return report_error("bench m2n", invalid_argument("--imbalance zipf:S needs S > 0"));
+  } else if (imb != "none") {
+    return report_error("bench m2n", invalid_argument("--imbalance: expected none or zipf:S"));
+  }
+  auto sizes = parse_sizes(flags.get_string("size"));
+  if (!sizes.ok()) return report_error("bench m2n", sizes.status());
+  o.sizes = *sizes;
+
+  if (!comm::launched_by_mpi()) {
+    // Re-launch under mpirun: one rank per process, the data over libfabric,
+    // MPI only for the bootstrap and the baseline (ob1 pml: UCX needs IB).
+    std::vector<std::string> args = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
+                                     std::to_string(o.senders + o.receivers), "--mca", "pml", "ob1",
+                                     "--mca", "btl", o.provider == "shm" ? "self,vader" : "self,tcp"};
+    if (o.provider == "tcp") {
+      for (const char* a : {"--mca", "btl_tcp_if_include", "lo", "-x", "FI_TCP_IFACE=lo"}) args.push_back(a);
+    }
+    char exe[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0) return report_error("bench m2n", internal_error("cannot resolve /proc/self/exe"));
+    args.push_back(std::string(exe, static_cast<size_t>(n)));
+    for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+    std::vector<char*> cargs;
+    for (auto& a : args) cargs.push_back(a.data());
+    cargs.push_back(nullptr);
+    ::execvp("mpirun", cargs.data());
+    return report_error("bench m2n", Status(StatusCode::kUnavailable,
+                                            "cannot run mpirun (install openmpi-bin)"));
+  }
+  auto rows = bench::run_m2n_bench(o);
+  if (!rows.ok()) return report_error("bench m2n", rows.status());
+  if (rows->empty()) return 0;  // not rank 0
+  if (flags.get_bool("json")) {
+    std::cout << Json{{"results", bench::m2n_rows_to_json(*rows)}}.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("M2N + N2M, %d senders x %d receivers, %s, %d rounds per size, one-way = round trip / 2\n\n",
+              o.senders, o.receivers, o.provider.c_str(), o.iterations);
+  Table t({"size", "name", "p50 us", "p99 us", "GB/s per sender"});
+  for (const auto& r : *rows) {
+    t.add_row({fmt_si(static_cast<double>(r.size)) + "B", r.name, fmt(r.p50_us, 1), fmt(r.p99_us, 1),
+               fmt(r.gbps, 2)});
+  }
+  std::cout << t.to_string();
+  return 0;
+}
+
 }  // namespace
 
 int run_bench(int argc, char** argv) {
   const std::string what = argc > 2 ? argv[2] : "";
   if (what == "kernels") return run_bench_kernels(argc, argv);
+  if (what == "m2n") return run_bench_m2n(argc, argv);
   if (what == "--help" || what == "-h" || what.empty()) {
-    std::printf("usage: msinfer bench kernels [--json] [--quick]\n");
+    std::printf("usage: msinfer bench kernels [--json] [--quick]\n"
+                "       msinfer bench m2n [--senders M --receivers N --size BYTES --provider shm|tcp ...]\n");
     return what.empty() ? 2 : 0;
   }
-  return report_error("bench", invalid_argument("unknown benchmark '" + what + "' (kernels)"));
+  return report_error("bench", invalid_argument("unknown benchmark '" + what + "' (kernels, m2n)"));
 }
 
 }  // namespace msinfer::cli

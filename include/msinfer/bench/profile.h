@@ -28,6 +28,8 @@ struct LinearFit {
   double slope = 0, intercept = 0;  // seconds per token, seconds
   double r2 = 0, max_rel_error = 0;
 };
+// Least squares y = slope x + intercept with both kept >= 0 (when one would be
+// negative, the other is fitted alone).
 LinearFit fit_line(const std::vector<std::pair<double, double>>& points);
 
 struct ProfileResult {

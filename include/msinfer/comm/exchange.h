@@ -29,6 +29,7 @@ struct ExchangeOptions {
   std::string provider = "shm";  // libfabric provider, unless `inproc` is set
   InprocFabric* inproc = nullptr;  // ranks as threads of one process (unit tests)
   int timeout_ms = 5000;
+  bool barrier_each_iteration = false;  // start every round together (benchmarks)
   int die_at_iteration = -1;  // test hook: this rank's process exits there
   int die_rank = -1;
 };

@@ -1,0 +1,38 @@
+// `msinfer bench m2n`: M2N then N2M rounds between M attention and N expert
+// processes, per message size, with one-way latency (round trip / 2) p50/p99 and
+// throughput per sender; every byte verified. The MPI baseline runs the same
+// traffic in the same processes: Isend/Irecv per step, and MPI_Alltoallv.
+// Runs under mpirun (it re-launches itself there when started directly).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "msinfer/core/json.h"
+#include "msinfer/core/status.h"
+
+namespace msinfer::bench {
+
+struct M2NBenchOptions {
+  int senders = 4, receivers = 4;
+  std::vector<int64_t> sizes = {262144};  // bytes per (sender, receiver) message
+  int iterations = 50;
+  std::string provider = "shm";  // shm | tcp
+  bool baseline_mpi = true;
+  double zipf = 0;
+  bool verify = true;
+};
+
+struct M2NBenchRow {
+  std::string name;      // msinfer | mpi-p2p | mpi-alltoallv
+  std::string provider;  // shm | tcp (MPI: the matching btl)
+  int64_t size = 0;
+  int senders = 0, receivers = 0;
+  double p50_us = 0, p99_us = 0, gbps = 0;  // one-way; GB/s per sender
+};
+
+// Under MPI (every rank calls it); rank 0 gets the rows, others an empty list.
+StatusOr<std::vector<M2NBenchRow>> run_m2n_bench(const M2NBenchOptions& o);
+Json m2n_rows_to_json(const std::vector<M2NBenchRow>& rows);
+
+}  // namespace msinfer::bench
