@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 #include "msinfer/comm/bootstrap.h"
@@ -133,6 +134,12 @@ StatusOr<std::vector<M2NBenchRow>> run_m2n_bench(const M2NBenchOptions& o) {
 #ifndef MSINFER_HAVE_MPI
   return unimplemented("bench m2n needs Open MPI (libopenmpi-dev) at build time");
 #else
+  // libfabric's shm reads FI_SHM_DISABLE_CMA once per process: choose for the
+  // largest size of this run (FabricOptions::max_message_bytes explains why).
+  if (o.provider == "shm" && std::getenv("FI_SHM_DISABLE_CMA") == nullptr) {
+    const int64_t largest = *std::max_element(o.sizes.begin(), o.sizes.end());
+    ::setenv("FI_SHM_DISABLE_CMA", largest >= (1 << 20) ? "0" : "1", 1);
+  }
   MSI_ASSIGN_OR_RETURN(auto boot, comm::make_mpi_bootstrap());
   if (boot->size() != o.senders + o.receivers) {
     return invalid_argument("bench m2n: launched with " + std::to_string(boot->size()) +

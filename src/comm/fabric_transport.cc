@@ -43,8 +43,7 @@ class FabricTransport : public Transport {
 
   Status init(const FabricOptions& o) {
     if (o.provider == "shm" && std::getenv("FI_SHM_DISABLE_CMA") == nullptr) {
-      // Measured here: 96 us vs 216 us one-way for 4x4 x 256 KiB with CMA on.
-      ::setenv("FI_SHM_DISABLE_CMA", "1", 0);
+      ::setenv("FI_SHM_DISABLE_CMA", o.max_message_bytes >= (1 << 20) ? "0" : "1", 0);
     }
     fi_info* hints = fi_allocinfo();
     hints->ep_attr->type = FI_EP_RDM;

@@ -24,6 +24,10 @@ struct FabricOptions {
   std::string provider = "shm";
   // Pre-posted receives for FI_RX_CQ_DATA providers.
   int posted_receives = 256;
+  // Largest single write expected. shm: below 1 MiB bounce buffers
+  // (FI_SHM_DISABLE_CMA=1) are faster here, above it single-copy CMA is
+  // (docs/BENCHMARKS.md). An explicit FI_SHM_DISABLE_CMA wins.
+  int64_t max_message_bytes = 0;
 };
 
 StatusOr<std::unique_ptr<Transport>> make_fabric_transport(const FabricOptions& options);
