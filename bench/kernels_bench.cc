@@ -5,32 +5,14 @@
 #include <numeric>
 #include <random>
 
+#include "internal/timing.h"
 #include "msinfer/kernels/cpu/attention.h"
 #include "msinfer/kernels/cpu/moe.h"
 
 namespace msinfer::bench {
 namespace {
 
-using clock = std::chrono::steady_clock;
-
-// Seconds per call: repeats `f` for at least min_seconds, best of three rounds.
-template <typename F>
-double time_call(F&& f, double min_seconds) {
-  f();  // warm up (primitive creation, page faults)
-  double best = 1e30;
-  for (int round = 0; round < 3; ++round) {
-    int64_t n = 0;
-    auto t0 = clock::now();
-    double s = 0;
-    do {
-      f();
-      ++n;
-      s = std::chrono::duration<double>(clock::now() - t0).count();
-    } while (s < min_seconds / 3);
-    best = std::min(best, s / n);
-  }
-  return best;
-}
+using internal::seconds_per_call;
 
 std::vector<bf16> random_bf16(size_t n, float scale, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -86,7 +68,7 @@ StatusOr<KernelBenchResult> bench_kernels(const KernelBenchOptions& o) {
     r.kernel = "expert_ffn";
     r.tokens = m;
     int next = 0;
-    r.seconds = time_call(
+    r.seconds = seconds_per_call(
         [&] {
           kernels::cpu::expert_ffn(p13[next], p2[next], x.data(), m, y.data());
           next = (next + 1) % copies;
@@ -134,7 +116,7 @@ StatusOr<KernelBenchResult> bench_kernels(const KernelBenchOptions& o) {
     row.kernel = "decode_attention";
     row.tokens = R;
     row.context = ctx;
-    row.seconds = time_call(
+    row.seconds = seconds_per_call(
         [&] {
           for (int64_t r = 0; r < R; ++r) tp[r] = tables[next * R + r].data();
           next = (next + 1) % sets;

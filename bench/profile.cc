@@ -5,25 +5,16 @@
 #include <chrono>
 #include <cmath>
 
+#include "internal/timing.h"
 #include "msinfer/runtime/model_runner.h"
 
 namespace msinfer::bench {
 namespace {
 
-using clock = std::chrono::steady_clock;
-
+// One long round: the profile points each take `min_seconds`.
 template <typename F>
-double seconds_per_call(F&& f, double min_seconds) {
-  f();
-  int64_t n = 0;
-  auto t0 = clock::now();
-  double s = 0;
-  do {
-    f();
-    ++n;
-    s = std::chrono::duration<double>(clock::now() - t0).count();
-  } while (s < min_seconds);
-  return s / n;
+double one_round(F&& f, double min_seconds) {
+  return internal::seconds_per_call(f, min_seconds, /*rounds=*/1);
 }
 
 }  // namespace
@@ -118,7 +109,7 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
     }
     x.assign(b * c.hidden, 0.01f);
     int layer = 0;
-    const double s = seconds_per_call(
+    const double s = one_round(
         [&] {
           attn.attention_and_gate(layer, batch, kv, x.data(), &routed);
           results.assign(routed.rows() * c.hidden, 0.f);
@@ -134,7 +125,7 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
   for (int64_t b : o.expert_batches) {
     std::vector<float> rows(b * c.hidden, 0.01f), out(b * c.hidden);
     int idx = 0;
-    const double s = seconds_per_call(
+    const double s = one_round(
         [&] {
           experts.forward(idx / c.experts, idx % c.experts, rows.data(), b, out.data());
           idx = (idx + 1) % (c.layers * c.experts);

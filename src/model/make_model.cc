@@ -26,41 +26,11 @@ const char* kCorpus =
     "jumps over the lazy dog. Hello world! Hello there, how are you today? def main(): return 0 "
     "for i in range(10): print(i) 1234567890 the and of to in is that it with as for on was";
 
-// GPT-2's byte-to-character map (same as the tokenizer's).
-std::vector<std::string> byte_chars() {
-  std::vector<std::string> out(256);
-  int n = 0;
-  for (int b = 0; b < 256; ++b) {
-    bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-    uint32_t cp = printable ? b : 256 + n++;
-    std::string s;
-    if (cp < 0x80) {
-      s += static_cast<char>(cp);
-    } else {
-      s += static_cast<char>(0xc0 | (cp >> 6));
-      s += static_cast<char>(0x80 | (cp & 0x3f));
-    }
-    out[b] = s;
-  }
-  return out;
-}
-
-std::vector<std::string> split_chars(const std::string& s) {
-  std::vector<std::string> out;
-  for (size_t i = 0; i < s.size();) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
-    out.push_back(s.substr(i, n));
-    i += n;
-  }
-  return out;
-}
-
 }  // namespace
 
 Json train_tokenizer(const std::string& text, int merges, bool byte_level) {
   const std::string meta = "\xe2\x96\x81";  // ▁
-  const auto bc = byte_chars();
+  auto bc = [](unsigned char c) { return byte_level_char(c); };
   // Words: split at spaces, the space attached to the following word.
   std::map<std::vector<std::string>, int> words;
   std::string word;
@@ -68,11 +38,11 @@ Json train_tokenizer(const std::string& text, int merges, bool byte_level) {
     if (word.empty()) return;
     std::vector<std::string> sym;
     if (byte_level) {
-      if (space_before) sym.push_back(bc[' ']);
-      for (unsigned char c : word) sym.push_back(bc[c]);
+      if (space_before) sym.push_back(bc(' '));
+      for (unsigned char c : word) sym.push_back(bc(c));
     } else {
       sym.push_back(meta);
-      for (auto& ch : split_chars(word)) sym.push_back(ch);
+      for (auto& ch : utf8_characters(word)) sym.push_back(ch);
     }
     ++words[sym];
     word.clear();
@@ -113,7 +83,7 @@ Json train_tokenizer(const std::string& text, int merges, bool byte_level) {
       for (const auto& s : w) add(s);
     }
   } else {
-    for (int b = 0; b < 256; ++b) add(bc[b]);
+    for (int b = 0; b < 256; ++b) add(bc(static_cast<unsigned char>(b)));
   }
   Json merge_list = Json::array();
   std::map<std::vector<std::string>, int> cur = words;

@@ -842,6 +842,10 @@ bool Tokenizer::is_special(int32_t id) const {
   return id >= 0 && id < static_cast<int32_t>(impl_->special.size()) && impl_->special[id];
 }
 
+std::vector<std::string> utf8_characters(std::string_view s) { return utf8_chars(s); }
+
+const std::string& byte_level_char(uint8_t b) { return byte_map().to_char[b]; }
+
 size_t utf8_complete_prefix(std::string_view s) {
   size_t i = 0, last = 0;
   while (i < s.size()) {

@@ -1,6 +1,8 @@
 #include "msinfer/model/tokenizer.h"
 
 #include <gtest/gtest.h>
+
+#include "../common/subprocess.h"
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -70,17 +72,6 @@ TEST(Utf8Test, CompletePrefix) {
 // Real tokenizers fetched by scripts/fetch-tokenizers.
 fs::path cache_dir() { return fs::path(MSINFER_SOURCE_DIR) / ".cache" / "tokenizers"; }
 
-std::string run_capture(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return "";
-  return out;
-}
 
 class RealTokenizerTest : public ::testing::TestWithParam<std::string> {};
 
@@ -94,7 +85,7 @@ TEST_P(RealTokenizerTest, MatchesTheJavaScriptImplementation) {
   }
   const fs::path corpus = fs::path(MSINFER_SOURCE_DIR) / "tests/model/data/tokenizer_corpus.json";
   const fs::path script = fs::path(MSINFER_SOURCE_DIR) / "tests/model/js_tokenize.js";
-  std::string out = run_capture("node '" + script.string() + "' '" + js.string() + "' '" +
+  std::string out = msinfer::testing::run_capture("node '" + script.string() + "' '" + js.string() + "' '" +
                                 dir.string() + "' < '" + corpus.string() + "' 2>/dev/null");
   ASSERT_FALSE(out.empty()) << "node failed";
   auto expected = parse_json(out, "js output");

@@ -12,6 +12,8 @@
 // decode steps, then one flip in the 8th generated token's K/V leaves max 3.0e-3,
 // mean 1.9e-4 for the rest. The greedy token sequences must be identical.
 #include <gtest/gtest.h>
+
+#include "../common/subprocess.h"
 #include <sys/wait.h>
 
 #include <cmath>
@@ -30,20 +32,10 @@ constexpr int kDecodeSteps = 16;
 constexpr double kMaxTolerance = 1e-2;
 constexpr double kMeanTolerance = 1e-3;
 
-std::string run(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  int st = pclose(p);
-  return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? out : "";
-}
 
 bool have_torch() {
   return std::filesystem::exists("/usr/bin/python3") &&
-         !run("/usr/bin/python3 -c 'import torch, numpy' 2>/dev/null && echo ok").empty();
+         !msinfer::testing::run_capture("/usr/bin/python3 -c 'import torch, numpy' 2>/dev/null && echo ok").empty();
 }
 
 struct EngineRun {
@@ -97,7 +89,7 @@ TEST_P(ExactnessTest, LogitsAndGreedyTokensMatchPyTorch) {
   std::string ids;
   for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
   const std::string script = std::string(MSINFER_SOURCE_DIR) + "/tests/runtime/torch_reference.py";
-  const std::string out = run("/usr/bin/python3 '" + script + "' '" + dir + "' " + ids + " " +
+  const std::string out = msinfer::testing::run_capture("/usr/bin/python3 '" + script + "' '" + dir + "' " + ids + " " +
                               std::to_string(kDecodeSteps + 1));
   ASSERT_FALSE(out.empty()) << "the PyTorch reference failed";
   auto ref = parse_json(out, "torch_reference.py");

@@ -70,5 +70,9 @@ class StreamingDecoder {
 
 // Length of the longest prefix of s that ends on a UTF-8 character boundary.
 size_t utf8_complete_prefix(std::string_view s);
+// s split into UTF-8 characters (an invalid lead byte stands alone).
+std::vector<std::string> utf8_characters(std::string_view s);
+// GPT-2's reversible byte -> printable character map used by byte-level BPE.
+const std::string& byte_level_char(uint8_t b);
 
 }  // namespace msinfer::model

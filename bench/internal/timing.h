@@ -1,0 +1,31 @@
+// Timing helper shared by the benchmarks (private to bench/).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+
+namespace msinfer::bench::internal {
+
+// Seconds per call of f: one warm-up call, then `rounds` rounds that each repeat
+// f for at least min_seconds / rounds; the best round counts.
+template <typename F>
+double seconds_per_call(F&& f, double min_seconds, int rounds = 3) {
+  using clock = std::chrono::steady_clock;
+  f();  // warm up (primitive creation, page faults)
+  double best = 1e30;
+  for (int round = 0; round < rounds; ++round) {
+    int64_t n = 0;
+    const auto t0 = clock::now();
+    double s = 0;
+    do {
+      f();
+      ++n;
+      s = std::chrono::duration<double>(clock::now() - t0).count();
+    } while (s < min_seconds / rounds);
+    best = std::min(best, s / n);
+  }
+  return best;
+}
+
+}  // namespace msinfer::bench::internal
