@@ -8,6 +8,7 @@
 // MSINFER_RANK / MSINFER_WORLD_SIZE -> TCP; else an MPI launch -> MPI.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -45,7 +46,7 @@ class BootstrapServer {
   std::string host_;
   int port_ = 0;
   std::thread thread_;
-  bool stop_ = false;
+  std::atomic<bool> stop_{false};  // set by the destructor, read by the serving thread
 };
 
 StatusOr<std::unique_ptr<Bootstrap>> make_tcp_bootstrap(
