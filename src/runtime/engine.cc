@@ -4,16 +4,23 @@
 
 namespace msinfer::runtime {
 
-Engine::Engine(std::shared_ptr<const model::ModelWeights> w, KvCache kv, const EngineOptions& o)
+Engine::Engine(std::shared_ptr<const model::ModelWeights> w, KvCache kv, const EngineOptions& o,
+               std::unique_ptr<ExpertBackend> experts)
     : weights_(std::move(w)), kv_(std::move(kv)), options_(o), attention_(*weights_),
-      experts_(*weights_) {}
+      experts_(std::move(experts)), mbs_(o.micro_batches) {}
 
 StatusOr<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::ModelWeights> w,
-                                                 const EngineOptions& options) {
+                                                 const EngineOptions& options,
+                                                 std::unique_ptr<ExpertBackend> experts) {
   if (options.max_step_tokens < 1) return invalid_argument("max_step_tokens must be >= 1");
+  if (options.micro_batches < 1 || options.micro_batches > 16) {
+    return invalid_argument("micro_batches must be in 1..16");
+  }
   MSI_ASSIGN_OR_RETURN(KvCache kv,
                        KvCache::create(w->config(), options.kv_cache_bytes, options.block_size));
-  return std::unique_ptr<Engine>(new Engine(std::move(w), std::move(kv), options));
+  if (experts == nullptr) experts = std::make_unique<LocalExperts>(*w);
+  return std::unique_ptr<Engine>(
+      new Engine(std::move(w), std::move(kv), options, std::move(experts)));
 }
 
 Status Engine::add(GenerationRequest r) {
@@ -57,15 +64,20 @@ void Engine::admit() {
   }
 }
 
-std::vector<TokenEvent> Engine::step() {
+StatusOr<std::vector<TokenEvent>> Engine::step() {
   admit();
   std::vector<TokenEvent> events;
-  if (running_.empty()) return events;
+  if (running_.empty() && !options_.step_when_idle) return events;
   const ModelConfig& c = config();
   const int64_t h = c.hidden;
+  const int M = options_.micro_batches;
   // Decode tokens first (one each), then prompt chunks within the token budget.
-  batch_.clear();
-  std::vector<int64_t> fed(running_.size(), 0);
+  // Requests go whole to micro-batches, each to the one with the fewest tokens.
+  for (auto& mb : mbs_) {
+    mb.batch.clear();
+    mb.owners.clear();
+    mb.fed.clear();
+  }
   int64_t budget = options_.max_step_tokens;
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
@@ -74,42 +86,63 @@ std::vector<TokenEvent> Engine::step() {
       const bool decoding = left == 1;
       if ((pass == 0) != decoding || left <= 0) continue;
       const int64_t n = std::min(left, budget);
+      MicroBatch& mb = *std::min_element(mbs_.begin(), mbs_.end(), [](const auto& a, const auto& b) {
+        return a.batch.size() < b.batch.size();
+      });
       const int32_t* table = kv_.block_table(r.req.id);
       for (int64_t j = 0; j < n; ++j) {
-        batch_.ids.push_back(r.tokens[r.computed + j]);
-        batch_.positions.push_back(static_cast<int32_t>(r.computed + j));
-        batch_.block_tables.push_back(table);
+        mb.batch.ids.push_back(r.tokens[r.computed + j]);
+        mb.batch.positions.push_back(static_cast<int32_t>(r.computed + j));
+        mb.batch.block_tables.push_back(table);
       }
-      fed[i] = n;
+      mb.owners.push_back(static_cast<int64_t>(i));
+      mb.fed.push_back(n);
       budget -= n;
     }
   }
-  const int64_t T = batch_.size();
-  x_.resize(T * h);
-  attention_.embed(batch_, x_.data());
+  // Ping-pong: micro-batch k's attention runs while the experts work on k - 1.
+  MSI_RETURN_IF_ERROR(experts_->begin_step());
+  for (auto& mb : mbs_) {
+    mb.x.resize(mb.batch.size() * h);
+    attention_.embed(mb.batch, mb.x.data());
+  }
   for (int l = 0; l < c.layers; ++l) {
-    attention_.attention_and_gate(l, batch_, kv_, x_.data(), &routed_);
-    results_.resize(routed_.rows() * h);
-    for (int e = 0; e < c.experts; ++e) {
-      const int64_t off = routed_.expert_offset[e], n = routed_.expert_rows(e);
-      if (n > 0) experts_.forward(l, e, routed_.send.data() + off * h, n, results_.data() + off * h);
+    for (int k = 0; k < M; ++k) {
+      MicroBatch& mb = mbs_[k];
+      if (l > 0) {
+        mb.results.resize(mb.routed.rows() * h);
+        MSI_RETURN_IF_ERROR(experts_->finish(k, l - 1, mb.routed, mb.results.data()));
+        attention_.combine(mb.routed, mb.results.data(), mb.x.data());
+      }
+      attention_.attention_and_gate(l, mb.batch, kv_, mb.x.data(), &mb.routed);
+      MSI_RETURN_IF_ERROR(experts_->start(k, l, mb.routed));
     }
-    attention_.combine(routed_, results_.data(), x_.data());
+  }
+  for (int k = 0; k < M; ++k) {
+    MicroBatch& mb = mbs_[k];
+    mb.results.resize(mb.routed.rows() * h);
+    MSI_RETURN_IF_ERROR(experts_->finish(k, c.layers - 1, mb.routed, mb.results.data()));
+    attention_.combine(mb.routed, mb.results.data(), mb.x.data());
   }
   // Logits for requests whose every token is now in the cache.
-  std::vector<int64_t> rows, owners;
-  int64_t row = 0;
-  for (size_t i = 0; i < running_.size(); ++i) {
-    if (fed[i] == 0) continue;
-    row += fed[i];
-    running_[i].computed += fed[i];
-    if (running_[i].computed == static_cast<int64_t>(running_[i].tokens.size())) {
-      rows.push_back(row - 1);
-      owners.push_back(static_cast<int64_t>(i));
+  std::vector<std::pair<int, int64_t>> rows;  // (micro-batch, row)
+  std::vector<int64_t> owners;
+  for (int k = 0; k < M; ++k) {
+    int64_t row = 0;
+    for (size_t j = 0; j < mbs_[k].owners.size(); ++j) {
+      Running& r = running_[mbs_[k].owners[j]];
+      row += mbs_[k].fed[j];
+      r.computed += mbs_[k].fed[j];
+      if (r.computed == static_cast<int64_t>(r.tokens.size())) {
+        rows.emplace_back(k, row - 1);
+        owners.push_back(mbs_[k].owners[j]);
+      }
     }
   }
   logits_.resize(rows.size() * c.vocab);
-  attention_.logits(x_.data(), rows, logits_.data());
+  for (size_t j = 0; j < rows.size(); ++j) {
+    attention_.logits(mbs_[rows[j].first].x.data(), {rows[j].second}, logits_.data() + j * c.vocab);
+  }
   std::vector<size_t> done;
   for (size_t j = 0; j < rows.size(); ++j) {
     Running& r = running_[owners[j]];

@@ -41,7 +41,7 @@ GenerationRequest req(int64_t id, std::vector<int32_t> prompt, int max_tokens) {
 std::map<int64_t, std::vector<int32_t>> run_all(Engine& e) {
   std::map<int64_t, std::vector<int32_t>> out;
   for (int guard = 0; !e.idle() && guard < 10000; ++guard) {
-    for (const auto& ev : e.step()) out[ev.request_id].push_back(ev.token);
+    for (const auto& ev : e.step().value()) out[ev.request_id].push_back(ev.token);
   }
   EXPECT_TRUE(e.idle());
   return out;
@@ -63,7 +63,7 @@ TEST(EngineTest, ContinuousBatchingDoesNotChangeGreedyResults) {
     if (step == 4) {
       ASSERT_TRUE(e->add(req(9, {1, 40, 41, 42, 43, 44}, 5)).ok());
     }
-    for (const auto& ev : e->step()) got[ev.request_id].push_back(ev.token);
+    for (const auto& ev : e->step().value()) got[ev.request_id].push_back(ev.token);
   }
   EXPECT_EQ(got[1], ref);
   EXPECT_EQ(got[7].size(), 3u);
@@ -83,7 +83,7 @@ TEST(EngineTest, KvCacheLimitRefusesOrQueues) {
   ASSERT_TRUE(e->add(req(2, std::vector<int32_t>(30, 3), 10)).ok());
   ASSERT_TRUE(e->add(req(3, std::vector<int32_t>(30, 4), 10)).ok());
   std::map<int64_t, std::vector<int32_t>> out;
-  for (const auto& ev : e->step()) out[ev.request_id].push_back(ev.token);
+  for (const auto& ev : e->step().value()) out[ev.request_id].push_back(ev.token);
   EXPECT_EQ(e->running(), 1);
   EXPECT_EQ(e->waiting(), 1);
   for (auto& [id, toks] : run_all(*e)) out[id].insert(out[id].end(), toks.begin(), toks.end());
@@ -115,7 +115,7 @@ TEST(EngineTest, StopsOnStopTokensEosAndLength) {
   ASSERT_TRUE(e->add(r).ok());
   std::vector<TokenEvent> evs;
   while (!e->idle()) {
-    for (auto& ev : e->step()) evs.push_back(ev);
+    for (auto& ev : e->step().value()) evs.push_back(ev);
   }
   size_t first = 0;
   while (greedy[first] != greedy[2]) ++first;  // the stop token may appear earlier

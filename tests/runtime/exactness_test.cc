@@ -45,13 +45,15 @@ struct EngineRun {
 
 // Runs request 1 (the prompt) greedily; optional `other` requests share its batches.
 EngineRun run_engine(const std::string& dir, const std::vector<int32_t>& prompt,
-                     int64_t max_step_tokens, const std::vector<std::vector<int32_t>>& others = {}) {
+                     int64_t max_step_tokens, const std::vector<std::vector<int32_t>>& others = {},
+                     int micro_batches = 1) {
   auto w = model::ModelWeights::load(dir);
   EXPECT_TRUE(w.ok()) << w.status().to_string();
   EngineOptions o;
   o.kv_cache_bytes = 8 << 20;
   o.block_size = 4;  // several blocks per request
   o.max_step_tokens = max_step_tokens;
+  o.micro_batches = micro_batches;
   auto e = Engine::create(std::shared_ptr<const model::ModelWeights>(std::move(w).value()), o);
   EXPECT_TRUE(e.ok());
   EngineRun r;
@@ -69,7 +71,7 @@ EngineRun run_engine(const std::string& dir, const std::vector<int32_t>& prompt,
     EXPECT_TRUE((*e)->add(o2).ok());
   }
   while (!(*e)->idle()) {
-    for (const auto& ev : (*e)->step()) {
+    for (const auto& ev : (*e)->step().value()) {
       if (ev.request_id == 1) r.tokens.push_back(ev.token);
     }
   }
@@ -97,12 +99,18 @@ TEST_P(ExactnessTest, LogitsAndGreedyTokensMatchPyTorch) {
   const auto ref_tokens = (*ref)["tokens"].get<std::vector<int32_t>>();
   const auto ref_logits = (*ref)["logits"].get<std::vector<std::vector<float>>>();
 
-  // Whole prompt in one step; prompt in chunks of 5; and batched with two other requests.
-  for (auto [chunk, others] :
-       {std::pair<int64_t, std::vector<std::vector<int32_t>>>{256, {}},
-        {5, {}},
-        {256, {{prompt[1], prompt[2]}, {prompt[3], prompt[0], prompt[4], prompt[5]}}}}) {
-    EngineRun r = run_engine(dir, prompt, chunk, others);
+  // Whole prompt in one step; prompt in chunks of 5; batched with two other
+  // requests; and those three requests over 3 micro-batches (ping-pong order).
+  const std::vector<std::vector<int32_t>> two = {{prompt[1], prompt[2]},
+                                                 {prompt[3], prompt[0], prompt[4], prompt[5]}};
+  struct Variant {
+    int64_t chunk;
+    std::vector<std::vector<int32_t>> others;
+    int micro_batches;
+  };
+  for (const auto& [chunk, others, mbs] :
+       {Variant{256, {}, 1}, Variant{5, {}, 1}, Variant{256, two, 1}, Variant{256, two, 3}}) {
+    EngineRun r = run_engine(dir, prompt, chunk, others, mbs);
     ASSERT_EQ(r.logits.size(), ref_logits.size()) << "chunk " << chunk;
     EXPECT_EQ(r.tokens, ref_tokens) << "chunk " << chunk << ", " << others.size() << " others";
     double worst = 0, sum = 0;
@@ -118,9 +126,10 @@ TEST_P(ExactnessTest, LogitsAndGreedyTokensMatchPyTorch) {
     }
     EXPECT_LE(worst, kMaxTolerance) << GetParam() << " chunk " << chunk;
     EXPECT_LE(sum / n, kMeanTolerance) << GetParam() << " chunk " << chunk;
-    std::printf("[ exactness ] %s, prefill chunk %lld, %zu other requests: |dlogit| max %.3g, "
-                "mean %.3g over %zu logits\n",
-                GetParam().c_str(), static_cast<long long>(chunk), others.size(), worst, sum / n, n);
+    std::printf("[ exactness ] %s, prefill chunk %lld, %zu other requests, %d micro-batches: "
+                "|dlogit| max %.3g, mean %.3g over %zu logits\n",
+                GetParam().c_str(), static_cast<long long>(chunk), others.size(), mbs, worst,
+                sum / n, n);
   }
 }
 

@@ -115,7 +115,9 @@ int run_generate(int argc, char** argv) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   while (!(*engine)->idle()) {
-    for (const auto& ev : (*engine)->step()) {
+    auto events = (*engine)->step();
+    if (!events.ok()) return report_error("generate", events.status());
+    for (const auto& ev : *events) {
       token_times.push_back(std::chrono::duration<double>(clock::now() - t0).count());
       out_ids.push_back(ev.token);
       if (stream && !json) {

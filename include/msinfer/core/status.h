@@ -83,7 +83,8 @@ class [[nodiscard]] StatusOr {
     MSI_CHECK(ok()) << "value() of an error: " << status_.to_string();
     return *value_;
   }
-  T&& value() && {
+  // By value, so `for (auto& x : f().value())` does not dangle.
+  T value() && {
     MSI_CHECK(ok()) << "value() of an error: " << status_.to_string();
     return std::move(*value_);
   }

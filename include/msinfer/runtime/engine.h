@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "msinfer/model/weights.h"
+#include "msinfer/runtime/expert_backend.h"
 #include "msinfer/runtime/kv_cache.h"
 #include "msinfer/runtime/model_runner.h"
 #include "msinfer/runtime/sampling.h"
@@ -28,6 +29,10 @@ struct EngineOptions {
   int64_t kv_cache_bytes = 256ll << 20;
   int64_t block_size = 16;
   int64_t max_step_tokens = 256;  // decode tokens + prefill chunk tokens per step
+  int micro_batches = 1;          // m: the step's tokens split into m micro-batches
+  // Run a step (all layers, empty micro-batches) even with nothing to do: an
+  // attention worker must still answer the expert workers in lockstep.
+  bool step_when_idle = false;
 };
 
 struct GenerationRequest {
@@ -46,15 +51,18 @@ struct TokenEvent {
 
 class Engine {
  public:
+  // Experts run in this process unless `experts` is given (disaggregated).
   static StatusOr<std::unique_ptr<Engine>> create(std::shared_ptr<const model::ModelWeights> w,
-                                                  const EngineOptions& options);
+                                                  const EngineOptions& options,
+                                                  std::unique_ptr<ExpertBackend> experts = nullptr);
 
   // Queues a request. INVALID_ARGUMENT for an empty prompt, a bad token id or bad
   // sampling; RESOURCE_EXHAUSTED when prompt + max_tokens exceeds the whole KV
   // cache or the model's context.
   Status add(GenerationRequest r);
   // Runs one step; returns the tokens produced (possibly none, during prefill).
-  std::vector<TokenEvent> step();
+  // Fails only when the expert backend does (a remote worker died or timed out).
+  StatusOr<std::vector<TokenEvent>> step();
   bool idle() const { return waiting_.empty() && running_.empty(); }
   int64_t running() const { return static_cast<int64_t>(running_.size()); }
   int64_t waiting() const { return static_cast<int64_t>(waiting_.size()); }
@@ -74,20 +82,28 @@ class Engine {
     int64_t generated = 0;
     std::mt19937_64 rng;
   };
-  Engine(std::shared_ptr<const model::ModelWeights> w, KvCache kv, const EngineOptions& o);
+  Engine(std::shared_ptr<const model::ModelWeights> w, KvCache kv, const EngineOptions& o,
+         std::unique_ptr<ExpertBackend> experts);
   void admit();
 
   std::shared_ptr<const model::ModelWeights> weights_;
   KvCache kv_;
   EngineOptions options_;
   AttentionRunner attention_;
-  ExpertRunner experts_;
+  std::unique_ptr<ExpertBackend> experts_;
   std::deque<GenerationRequest> waiting_;
   std::vector<Running> running_;
   LogitsObserver observer_;
-  TokenBatch batch_;
-  std::vector<float> x_, results_, logits_;
-  kernels::cpu::RoutedBatch routed_;
+  // Per micro-batch: tokens, residual stream, routing, expert results.
+  struct MicroBatch {
+    TokenBatch batch;
+    std::vector<int64_t> owners;  // running_ index of each request in it, with tokens fed
+    std::vector<int64_t> fed;
+    std::vector<float> x, results;
+    kernels::cpu::RoutedBatch routed;
+  };
+  std::vector<MicroBatch> mbs_;
+  std::vector<float> logits_;
 };
 
 }  // namespace msinfer::runtime

@@ -1,0 +1,43 @@
+// Where a forward pass's experts run. For each layer the engine hands every
+// micro-batch's routed rows to start() and later collects the results with
+// finish(); between the two it computes the other micro-batches, which is the
+// ping-pong of SPEC.md section 3 when the experts are remote.
+//  - LocalExperts: in this process (the co-located engine); start() computes.
+//  - RemoteExperts (disaggregated.h): start() sends through the M2N library,
+//    finish() waits for the expert workers' answers.
+#pragma once
+
+#include <vector>
+
+#include "msinfer/core/status.h"
+#include "msinfer/kernels/cpu/moe.h"
+#include "msinfer/runtime/model_runner.h"
+
+namespace msinfer::runtime {
+
+class ExpertBackend {
+ public:
+  virtual ~ExpertBackend() = default;
+  // Called once at the start of each step (all layers of all micro-batches).
+  virtual Status begin_step() { return ok_status(); }
+  // `routed` stays valid and unchanged until finish() for the same (micro_batch, layer).
+  virtual Status start(int micro_batch, int layer, const kernels::cpu::RoutedBatch& routed) = 0;
+  // Writes the expert outputs in send-row order: results[routed.rows(), hidden].
+  virtual Status finish(int micro_batch, int layer, const kernels::cpu::RoutedBatch& routed,
+                        float* results) = 0;
+};
+
+class LocalExperts : public ExpertBackend {
+ public:
+  explicit LocalExperts(const model::ModelWeights& w) : runner_(w), hidden_(w.config().hidden) {}
+  Status start(int micro_batch, int layer, const kernels::cpu::RoutedBatch& routed) override;
+  Status finish(int micro_batch, int layer, const kernels::cpu::RoutedBatch& routed,
+                float* results) override;
+
+ private:
+  ExpertRunner runner_;
+  int64_t hidden_;
+  std::vector<std::vector<float>> out_;  // per micro-batch
+};
+
+}  // namespace msinfer::runtime
