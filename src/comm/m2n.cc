@@ -46,9 +46,10 @@ uint64_t fnv1a64(const uint8_t* p, size_t n) {
 M2NEndpoint::M2NEndpoint(std::unique_ptr<Transport> t, std::chrono::milliseconds timeout)
     : t_(std::move(t)), timeout_(timeout), receivers_(2, nullptr), senders_(2, nullptr) {}
 
-Status M2NEndpoint::progress() {
+Status M2NEndpoint::progress(size_t* n) {
   scratch_.clear();
   MSI_RETURN_IF_ERROR(t_->poll(&scratch_, 256));
+  if (n != nullptr) *n = scratch_.size();
   for (const Completion& c : scratch_) {
     if (c.kind == Completion::Kind::kRemoteWrite) {
       const Immediate imm = Immediate::unpack(c.imm);
@@ -124,26 +125,37 @@ Status M2NReceiver::on_immediate(const Immediate& imm) {
   return ok_status();
 }
 
+bool M2NReceiver::all_arrived(int slot) const {
+  for (int s = 0; s < shape_.senders; ++s) {
+    if (!arrivals_[slot * shape_.senders + s].arrived) return false;
+  }
+  return true;
+}
+
+std::vector<int> M2NReceiver::missing(int slot) const {
+  std::vector<int> m;
+  for (int s = 0; s < shape_.senders; ++s) {
+    if (!arrivals_[slot * shape_.senders + s].arrived) m.push_back(s);
+  }
+  return m;
+}
+
 Status M2NReceiver::wait(int slot, uint32_t seq) {
   if (slot < 0 || slot >= shape_.slots) {
     return invalid_argument("M2N wait: slot " + std::to_string(slot) + " out of range");
   }
-  auto done = [&] {
-    for (int s = 0; s < shape_.senders; ++s) {
-      if (!arrivals_[slot * shape_.senders + s].arrived) return false;
-    }
-    return true;
-  };
-  auto missing = [&] {
+  auto describe = [&] {
     std::string m;
-    for (int s = 0; s < shape_.senders; ++s) {
-      if (!arrivals_[slot * shape_.senders + s].arrived) m += (m.empty() ? "" : ", ") + std::to_string(s);
-    }
+    for (int s : missing(slot)) m += (m.empty() ? "" : ", ") + std::to_string(s);
     return "M2N receiver " + std::to_string(index_) + " (channel " + std::to_string(shape_.channel) +
            "): slot " + std::to_string(slot) + " seq " + std::to_string(seq) +
            " still waiting for sender(s) " + m;
   };
-  MSI_RETURN_IF_ERROR(ep_->wait_until(done, missing));
+  MSI_RETURN_IF_ERROR(ep_->wait_until([&] { return all_arrived(slot); }, describe));
+  return verify(slot, seq);
+}
+
+Status M2NReceiver::verify(int slot, uint32_t seq) const {
   for (int s = 0; s < shape_.senders; ++s) {
     const Arrival& a = arrivals_[slot * shape_.senders + s];
     if (a.seq != (seq & 0xf)) {

@@ -2,6 +2,10 @@
 // code: 0 on success, 1 on a runtime failure, 2 on bad input (flags, files).
 #pragma once
 
+#include "msinfer/core/flags.h"
+#include "msinfer/core/model_config.h"
+#include "msinfer/runtime/disaggregated.h"
+
 namespace msinfer::cli {
 
 int run_plan(int argc, char** argv);
@@ -10,5 +14,11 @@ int run_make_model(int argc, char** argv);
 int run_generate(int argc, char** argv);
 int run_bench(int argc, char** argv);
 int run_profile(int argc, char** argv);
+int run_worker(int argc, char** argv);
+
+// Flags of a disaggregated deployment (shared by generate and worker).
+void add_deployment_flags(FlagSet& flags);
+StatusOr<runtime::WorkerConfig> worker_config_from_flags(const FlagSet& flags,
+                                                         const ModelConfig& model);
 
 }  // namespace msinfer::cli

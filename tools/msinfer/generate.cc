@@ -1,4 +1,6 @@
 // msinfer generate: run a prompt through the engine and stream the text.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -12,6 +14,7 @@
 #include "msinfer/core/table.h"
 #include "msinfer/model/tokenizer.h"
 #include "msinfer/runtime/engine.h"
+#include "msinfer/runtime/router.h"
 #include "planner_flags.h"
 
 namespace msinfer::cli {
@@ -51,11 +54,16 @@ int run_generate(int argc, char** argv) {
   flags.add_bool("ignore-eos", "keep going past the end-of-sequence token");
   flags.add_int("kv-cache-mb", 256, "KV cache budget in MiB", "MSINFER_KV_CACHE_MB");
   flags.add_bool("json", "print one JSON object (token_ids, text, timings) at the end");
+  add_deployment_flags(flags);
   flags.set_epilog(
       "examples:\n"
       "  msinfer make-model --preset tiny-mixtral --out /tmp/m\n"
       "  msinfer generate --model /tmp/m --prompt \"Hello\" --max-tokens 16\n"
-      "  msinfer generate --model /tmp/m --prompt-ids 1,2,3 --temperature 0.8 --seed 7 --json");
+      "  msinfer generate --model /tmp/m --prompt-ids 1,2,3 --temperature 0.8 --seed 7 --json\n"
+      "  msinfer generate --model /tmp/m --prompt Hi --attention-workers 2 --expert-workers 4 "
+      "--micro-batches 2\n\n"
+      "With --attention-workers, the router (this process) starts attention and expert worker\n"
+      "processes joined by the M2N library and stops them on exit (docs/RUNTIME.md).");
   Status s = flags.parse(argc, argv, 2);
   if (!s.ok()) return report_error("generate", s);
   if (flags.help_requested()) {
@@ -72,9 +80,13 @@ int run_generate(int argc, char** argv) {
     return report_error("generate", invalid_argument("--kv-cache-mb must be >= 1"));
   }
   const std::string dir = flags.get_string("model");
-  auto weights = model::ModelWeights::load(dir);
-  if (!weights.ok()) return report_error("generate", weights.status());
-  std::shared_ptr<const model::ModelWeights> w = std::move(weights).value();
+  const bool disaggregated = flags.get_int("attention-workers") > 0 || flags.get_int("expert-workers") > 0;
+  std::shared_ptr<const model::ModelWeights> w;
+  if (!disaggregated) {
+    auto weights = model::ModelWeights::load(dir);
+    if (!weights.ok()) return report_error("generate", weights.status());
+    w = std::move(weights).value();
+  }
   auto tok = model::Tokenizer::load(dir);
   if (!tok.ok() && flags.was_set("prompt")) return report_error("generate", tok.status());
 
@@ -99,12 +111,37 @@ int run_generate(int argc, char** argv) {
     if (!ids.ok()) return report_error("generate", ids.status());
     sp.stop_token_ids = *ids;
   }
-  runtime::EngineOptions eo;
-  eo.kv_cache_bytes = flags.get_int("kv-cache-mb") << 20;
-  auto engine = runtime::Engine::create(w, eo);
-  if (!engine.ok()) return report_error("generate", engine.status());
-  s = (*engine)->add(req);
+  std::unique_ptr<runtime::Engine> engine;
+  std::unique_ptr<runtime::Router> router;
+  if (disaggregated) {
+    auto model = load_model_config(dir);
+    if (!model.ok()) return report_error("generate", model.status());
+    auto wc = worker_config_from_flags(flags, *model);
+    if (!wc.ok()) return report_error("generate", wc.status());
+    char exe[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0) return report_error("generate", internal_error("cannot resolve /proc/self/exe"));
+    std::fprintf(stderr, "msinfer: %d attention worker(s), %d expert worker(s), %d micro-batch(es)\n%s",
+                 wc->attention_workers, wc->expert_workers, wc->micro_batches,
+                 wc->placement.describe().c_str());
+    auto r = runtime::Router::start(*wc, std::string(exe, static_cast<size_t>(n)),
+                                    flags.get_string("placement"));
+    if (!r.ok()) return report_error("generate", r.status());
+    router = std::move(r).value();
+    std::fprintf(stderr, "%s", router->describe().c_str());
+    s = router->add(req);
+  } else {
+    runtime::EngineOptions eo;
+    eo.kv_cache_bytes = flags.get_int("kv-cache-mb") << 20;
+    eo.micro_batches = static_cast<int>(flags.get_int("micro-batches"));
+    auto e = runtime::Engine::create(w, eo);
+    if (!e.ok()) return report_error("generate", e.status());
+    engine = std::move(e).value();
+    s = engine->add(req);
+  }
   if (!s.ok()) return report_error("generate", s);
+  auto step = [&]() { return router ? router->step() : engine->step(); };
+  auto idle = [&]() { return router ? router->idle() : engine->idle(); };
 
   const bool json = flags.get_bool("json");
   std::unique_ptr<model::StreamingDecoder> stream;
@@ -114,9 +151,13 @@ int run_generate(int argc, char** argv) {
   std::string finish_reason;
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
-  while (!(*engine)->idle()) {
-    auto events = (*engine)->step();
-    if (!events.ok()) return report_error("generate", events.status());
+  int64_t steps = 0;
+  while (!idle()) {
+    auto events = step();
+    if (!events.ok()) {
+      return report_error("generate", events.status().with_context("request " + std::to_string(req.id)));
+    }
+    if (router && ++steps % 16 == 0) std::fprintf(stderr, "msinfer: step %lld\n", static_cast<long long>(steps));
     for (const auto& ev : *events) {
       token_times.push_back(std::chrono::duration<double>(clock::now() - t0).count());
       out_ids.push_back(ev.token);
@@ -154,7 +195,7 @@ int run_generate(int argc, char** argv) {
            {"decode_tokens_per_s", tps},
            {"rss_mb", mem.rss_bytes / 1048576.0},
            {"peak_rss_mb", mem.peak_rss_bytes / 1048576.0},
-           {"weights_packed_mb", w->packed_bytes() / 1048576.0},
+           {"weights_packed_mb", w ? w->packed_bytes() / 1048576.0 : 0.0},
            {"kv_cache_mb", static_cast<double>(flags.get_int("kv-cache-mb"))}};
     // Invalid UTF-8 (a random model may emit half a character) must not break the JSON.
     std::cout << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
@@ -162,7 +203,7 @@ int run_generate(int argc, char** argv) {
     std::printf("\n\n%zu prompt tokens, %zu generated (%s); TTFT %.1f ms, TBT %.2f ms mean / %.2f "
                 "ms p50, %.1f tokens/s decode; RSS %.0f MiB (weights %.0f MiB, KV budget %lld MiB)\n",
                 req.prompt.size(), out_ids.size(), finish_reason.c_str(), ttft * 1e3, tbt_mean * 1e3,
-                tbt_p50 * 1e3, tps, mem.rss_bytes / 1048576.0, w->packed_bytes() / 1048576.0,
+                tbt_p50 * 1e3, tps, mem.rss_bytes / 1048576.0, w ? w->packed_bytes() / 1048576.0 : 0.0,
                 static_cast<long long>(flags.get_int("kv-cache-mb")));
   }
   return 0;

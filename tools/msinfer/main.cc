@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   if (cmd == "generate") return msinfer::cli::run_generate(argc, argv);
   if (cmd == "bench") return msinfer::cli::run_bench(argc, argv);
   if (cmd == "profile") return msinfer::cli::run_profile(argc, argv);
+  if (cmd == "worker") return msinfer::cli::run_worker(argc, argv);
   if (cmd == "version" || cmd == "--version") {
     std::printf("msinfer %s\n", MSINFER_VERSION);
     return 0;

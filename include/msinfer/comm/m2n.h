@@ -70,6 +70,11 @@ class M2NReceiver {
   // the endpoint's timeout; DATA_LOSS-like INTERNAL on a checksum mismatch or a
   // stale sequence number.
   Status wait(int slot, uint32_t seq);
+  // Non-blocking parts of wait(): every sender's write for the slot is in, and
+  // the sequence numbers and checksums of a complete slot are right.
+  bool all_arrived(int slot) const;
+  std::vector<int> missing(int slot) const;
+  Status verify(int slot, uint32_t seq) const;
   const uint8_t* data(int slot, int sender) const;
   int64_t rows(int slot, int sender) const;
   // Slot may be written again (its results were sent back).
@@ -131,7 +136,8 @@ class M2NEndpoint {
   // `what()` in the message. Yields the CPU when a poll finds nothing (two
   // busy-polling processes on two cores starve loopback TCP).
   Status wait_until(const std::function<bool()>& done, const std::function<std::string()>& what);
-  Status progress();
+  // Reads completions once; returns how many it handled in *n (if given).
+  Status progress(size_t* n = nullptr);
 
  private:
   friend class M2NReceiver;

@@ -1,0 +1,60 @@
+// The disaggregated runtime's worker side (SPEC.md sections 1-3): attention
+// workers run the engine with RemoteExperts; expert workers hold only their
+// experts' weights and serve (micro-batch slot, layer) units as soon as every
+// attention worker's message for them arrived. Data moves through the M2N
+// library (dispatch: attention -> expert workers; combine: back).
+//
+// Message from attention worker a to expert worker w for (slot k, layer l):
+//   [header: int32 row count per expert hosted on w, in placement order,
+//    padded to whole rows][rows, expert by expert, each hidden floats]
+// The answer carries the outputs of the same rows in the same order.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "msinfer/comm/bootstrap.h"
+#include "msinfer/comm/m2n.h"
+#include "msinfer/core/json.h"
+#include "msinfer/runtime/engine.h"
+#include "msinfer/runtime/expert_backend.h"
+
+namespace msinfer::runtime {
+
+// Expert e's replicas: (expert worker, share of e's tokens); shares sum to 1.
+struct Placement {
+  std::vector<std::vector<std::pair<int, double>>> replicas;  // [E]
+  int workers = 0;
+
+  static Placement round_robin(int experts, int workers);
+  // {"expert_workers": N, "experts": [[[worker, share], ...], ...]} or, per
+  // expert, a plain worker index. Errors name the file and entry.
+  static StatusOr<Placement> from_json(const Json& j, int experts, const std::string& source);
+  std::vector<int> experts_on(int worker) const;  // ascending
+  Json to_json() const;
+  std::string describe() const;  // "expert worker 0: experts 0, 3 (x0.5); ..."
+  Status validate(int experts) const;
+};
+
+struct WorkerConfig {
+  std::string model_dir;
+  int attention_workers = 1, expert_workers = 1, micro_batches = 1;
+  Placement placement;
+  int64_t kv_cache_bytes = 256ll << 20;
+  int64_t max_step_tokens = 256;
+  std::string provider = "shm";
+  int timeout_ms = 10000;
+};
+
+// Joins the deployment (bootstrap ranks: attention workers first, then expert
+// workers) and serves until the process is terminated. Errors name the peer.
+Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot);
+
+// An attention worker: builds its engine with remote experts, then reads JSON
+// commands from `in` ({"op": "add", ...}, {"op": "step"}, {"op": "exit"}) and
+// writes one JSON line per step to `out` ({"events": [...]} or {"error": ...}).
+Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot, int in_fd,
+                            int out_fd);
+
+}  // namespace msinfer::runtime

@@ -1,0 +1,443 @@
+#include "msinfer/runtime/disaggregated.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "msinfer/comm/fabric_transport.h"
+#include "msinfer/core/process.h"
+
+namespace msinfer::runtime {
+namespace {
+
+constexpr int kMaxRows = 65535;
+
+int64_t header_rows(int64_t local_experts, int64_t row_bytes) {
+  return (local_experts * 4 + row_bytes - 1) / row_bytes;
+}
+
+// Connects the two channels of one process: `sender` to every peer's receive
+// region, through one allgather of (address, region).
+Status wire(comm::Bootstrap& boot, comm::M2NEndpoint& ep, comm::M2NSender& sender,
+            const comm::RemoteRegion& region, int first_peer, int peers) {
+  MSI_ASSIGN_OR_RETURN(std::vector<std::string> blobs,
+                       boot.allgather(ep.transport().address() + region.encode()));
+  for (int p = 0; p < peers; ++p) {
+    const std::string& b = blobs[first_peer + p];
+    if (b.size() < 24) return internal_error("bad bootstrap blob from rank " + std::to_string(first_peer + p));
+    MSI_ASSIGN_OR_RETURN(int handle, ep.transport().connect(b.substr(0, b.size() - 24)));
+    MSI_ASSIGN_OR_RETURN(comm::RemoteRegion rr, comm::RemoteRegion::decode(b.substr(b.size() - 24)));
+    sender.set_receiver(p, handle, rr);
+  }
+  return boot.barrier();
+}
+
+comm::M2NShape shape(const WorkerConfig& c, int hidden, int channel) {
+  comm::M2NShape s;
+  s.senders = channel == 0 ? c.attention_workers : c.expert_workers;
+  s.receivers = channel == 0 ? c.expert_workers : c.attention_workers;
+  s.slots = c.micro_batches;
+  s.max_rows = kMaxRows;
+  s.row_bytes = static_cast<int64_t>(hidden) * 4;
+  s.channel = channel;
+  return s;
+}
+
+StatusOr<std::unique_ptr<comm::Transport>> make_transport(const WorkerConfig& c) {
+  comm::FabricOptions fo;
+  fo.provider = c.provider;
+  return comm::make_fabric_transport(fo);
+}
+
+}  // namespace
+
+// ---- placement ----
+
+Placement Placement::round_robin(int experts, int workers) {
+  Placement p;
+  p.workers = workers;
+  p.replicas.resize(experts);
+  for (int e = 0; e < experts; ++e) p.replicas[e] = {{e % workers, 1.0}};
+  return p;
+}
+
+StatusOr<Placement> Placement::from_json(const Json& j, int experts, const std::string& source) {
+  JsonFields f(j, source);
+  MSI_RETURN_IF_ERROR(f.expect_object());
+  Placement p;
+  MSI_ASSIGN_OR_RETURN(int64_t n, f.integer_at_least("expert_workers", 1));
+  p.workers = static_cast<int>(n);
+  if (!f.has("experts") || !j.at("experts").is_array() ||
+      static_cast<int>(j.at("experts").size()) != experts) {
+    return f.field_error("experts", "must list one entry per expert (" + std::to_string(experts) + ")");
+  }
+  for (int e = 0; e < experts; ++e) {
+    const Json& x = j.at("experts")[e];
+    std::vector<std::pair<int, double>> reps;
+    const std::string where = source + ": experts[" + std::to_string(e) + "]";
+    if (x.is_number_integer()) {
+      reps.emplace_back(x.get<int>(), 1.0);
+    } else if (x.is_array() && !x.empty()) {
+      for (const auto& r : x) {
+        if (!r.is_array() || r.size() != 2 || !r[0].is_number_integer() || !r[1].is_number()) {
+          return invalid_argument(where + ": expected [worker, share] pairs");
+        }
+        reps.emplace_back(r[0].get<int>(), r[1].get<double>());
+      }
+    } else {
+      return invalid_argument(where + ": expected a worker index or [[worker, share], ...]");
+    }
+    p.replicas.push_back(reps);
+  }
+  Status s = p.validate(experts);
+  if (!s.ok()) return s.with_context(source);
+  return p;
+}
+
+Status Placement::validate(int experts) const {
+  if (static_cast<int>(replicas.size()) != experts) return invalid_argument("placement: wrong expert count");
+  std::vector<bool> used(workers, false);
+  for (int e = 0; e < experts; ++e) {
+    double sum = 0;
+    for (auto [w, share] : replicas[e]) {
+      if (w < 0 || w >= workers) {
+        return invalid_argument("placement: expert " + std::to_string(e) + " on worker " +
+                                std::to_string(w) + ", outside 0.." + std::to_string(workers - 1));
+      }
+      if (!(share > 0)) return invalid_argument("placement: expert " + std::to_string(e) + " has a share <= 0");
+      sum += share;
+      used[w] = true;
+    }
+    if (std::fabs(sum - 1.0) > 1e-6) {
+      return invalid_argument("placement: shares of expert " + std::to_string(e) + " sum to " +
+                              std::to_string(sum) + ", not 1");
+    }
+  }
+  for (int w = 0; w < workers; ++w) {
+    if (!used[w]) return invalid_argument("placement: expert worker " + std::to_string(w) + " holds no expert");
+  }
+  return ok_status();
+}
+
+std::vector<int> Placement::experts_on(int worker) const {
+  std::vector<int> out;
+  for (int e = 0; e < static_cast<int>(replicas.size()); ++e) {
+    for (auto [w, share] : replicas[e]) {
+      if (w == worker) out.push_back(e);
+    }
+  }
+  return out;
+}
+
+Json Placement::to_json() const {
+  Json ex = Json::array();
+  for (const auto& reps : replicas) {
+    Json r = Json::array();
+    for (auto [w, share] : reps) r.push_back({w, share});
+    ex.push_back(r);
+  }
+  return Json{{"expert_workers", workers}, {"experts", ex}};
+}
+
+std::string Placement::describe() const {
+  std::string s;
+  for (int w = 0; w < workers; ++w) {
+    s += "expert worker " + std::to_string(w) + ": experts";
+    for (int e : experts_on(w)) {
+      s += " " + std::to_string(e);
+      for (auto [ww, share] : replicas[e]) {
+        if (ww == w && share < 1.0) s += "(x" + std::to_string(share).substr(0, 4) + ")";
+      }
+    }
+    s += "\n";
+  }
+  return s;
+}
+
+// ---- attention side: RemoteExperts ----
+
+class RemoteExperts : public ExpertBackend {
+ public:
+  RemoteExperts(const WorkerConfig& c, const ModelConfig& mc, int index, comm::M2NEndpoint& ep)
+      : c_(c), index_(index), ep_(ep), hidden_(mc.hidden), layers_(mc.layers),
+        dispatch_(shape(c, mc.hidden, 0), index), combine_(shape(c, mc.hidden, 1), index) {
+    for (int w = 0; w < c.expert_workers; ++w) local_.push_back(c.placement.experts_on(w));
+  }
+  Status attach(comm::Bootstrap& boot) {
+    MSI_RETURN_IF_ERROR(dispatch_.attach(ep_));
+    MSI_ASSIGN_OR_RETURN(comm::RemoteRegion region, combine_.attach(ep_));
+    return wire(boot, ep_, dispatch_, region, c_.attention_workers, c_.expert_workers);
+  }
+  Status begin_step() override { return ok_status(); }
+
+  Status start(int k, int l, const kernels::cpu::RoutedBatch& r) override {
+    const int W = c_.expert_workers;
+    const int64_t row_bytes = hidden_ * 4;
+    // Split each expert's rows over its replicas by share (first rows to the
+    // first replica), then lay out each destination's message.
+    auto& plan = plans_[k];
+    plan.assign(W, {});
+    std::vector<int64_t> rows(W, 0);
+    for (int w = 0; w < W; ++w) rows[w] = header_rows(static_cast<int64_t>(local_[w].size()), row_bytes);
+    for (int w = 0; w < W; ++w) {
+      uint8_t* buf = dispatch_.buffer(k, w);
+      const int64_t hdr = rows[w];
+      std::vector<int32_t> counts(local_[w].size(), 0);
+      int64_t at = hdr;
+      for (size_t i = 0; i < local_[w].size(); ++i) {
+        const int e = local_[w][i];
+        const int64_t n = r.expert_rows(e), off = r.expert_offset[e];
+        // This replica's [begin, end) of the expert's rows.
+        double before = 0, mine = 0;
+        for (auto [ww, share] : c_.placement.replicas[e]) {
+          if (ww == w) {
+            mine = share;
+            break;
+          }
+          before += share;
+        }
+        const int64_t b = std::llround(before * n), end = std::llround((before + mine) * n);
+        counts[i] = static_cast<int32_t>(end - b);
+        if (at + (end - b) > kMaxRows) {
+          return resource_exhausted("micro-batch too large for one M2N message (" +
+                                    std::to_string(at + end - b) + " rows)");
+        }
+        std::memcpy(buf + at * row_bytes, r.send.data() + (off + b) * hidden_,
+                    static_cast<size_t>((end - b) * row_bytes));
+        plan[w].push_back({off + b, end - b, at - hdr});
+        at += end - b;
+      }
+      std::memset(buf, 0, static_cast<size_t>(hdr * row_bytes));
+      std::memcpy(buf, counts.data(), counts.size() * 4);
+      rows[w] = at;
+    }
+    MSI_RETURN_IF_ERROR(dispatch_.wait_sent(k));
+    return dispatch_.send(k, seq(k, l), rows);
+  }
+
+  Status finish(int k, int l, const kernels::cpu::RoutedBatch& r, float* results) override {
+    Status s = combine_.wait(k, seq(k, l));
+    if (!s.ok()) {
+      if (s.code() == StatusCode::kDeadlineExceeded) {
+        std::string m;
+        for (int w : combine_.missing(k)) m += (m.empty() ? "" : ", ") + std::to_string(w);
+        return Status(StatusCode::kUnavailable,
+                      "attention worker " + std::to_string(index_) + ": no answer from expert worker(s) " +
+                          m + " for layer " + std::to_string(l) + ", micro-batch " + std::to_string(k) +
+                          " within " + std::to_string(c_.timeout_ms) + " ms");
+      }
+      return s;
+    }
+    for (int w = 0; w < c_.expert_workers; ++w) {
+      const auto* data = reinterpret_cast<const float*>(combine_.data(k, w));
+      for (const auto& piece : plans_[k][w]) {
+        std::memcpy(results + piece.send_row * hidden_, data + piece.reply_row * hidden_,
+                    static_cast<size_t>(piece.rows * hidden_) * 4);
+      }
+    }
+    combine_.release(k);
+    ++steps_done_[k];
+    (void)r;
+    return ok_status();
+  }
+
+ private:
+  struct Piece {
+    int64_t send_row, rows, reply_row;
+  };
+  // Every (slot, layer) unit has its own sequence number; all workers count alike.
+  uint32_t seq(int k, int /*layer*/) { return static_cast<uint32_t>(steps_done_[k]); }
+
+  const WorkerConfig& c_;
+  int index_;
+  comm::M2NEndpoint& ep_;
+  int64_t hidden_;
+  int layers_;
+  comm::M2NSender dispatch_;
+  comm::M2NReceiver combine_;
+  std::vector<std::vector<int>> local_;
+  std::map<int, std::vector<std::vector<Piece>>> plans_;
+  std::map<int, int64_t> steps_done_;
+};
+
+// ---- expert worker ----
+
+Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot) {
+  model::LoadOptions lo;
+  lo.attention = false;
+  lo.all_experts = false;
+  lo.experts = c.placement.experts_on(index);
+  MSI_ASSIGN_OR_RETURN(auto w, model::ModelWeights::load(c.model_dir, lo));
+  const ModelConfig& mc = w->config();
+  ExpertRunner runner(*w);
+  MSI_ASSIGN_OR_RETURN(auto transport, make_transport(c));
+  comm::M2NEndpoint ep(std::move(transport), std::chrono::milliseconds(c.timeout_ms));
+  comm::M2NReceiver dispatch(shape(c, mc.hidden, 0), index);
+  comm::M2NSender combine(shape(c, mc.hidden, 1), index);
+  MSI_ASSIGN_OR_RETURN(comm::RemoteRegion region, dispatch.attach(ep));
+  MSI_RETURN_IF_ERROR(combine.attach(ep));
+  MSI_RETURN_IF_ERROR(wire(boot, ep, combine, region, 0, c.attention_workers));
+  std::fprintf(stderr, "msinfer: expert worker %d ready (pid %d): experts", index, ::getpid());
+  for (int e : lo.experts) std::fprintf(stderr, " %d", e);
+  std::fprintf(stderr, "; RSS %.0f MiB (expert weights %.1f MiB)\n",
+               read_process_memory().rss_bytes / 1048576.0, w->packed_bytes() / 1048576.0);
+
+  const int A = c.attention_workers, M = c.micro_batches;
+  const int64_t h = mc.hidden, row_bytes = h * 4;
+  const std::vector<int>& local = lo.experts;
+  const int64_t hdr = header_rows(static_cast<int64_t>(local.size()), row_bytes);
+  std::vector<int64_t> served(M, 0);  // (slot, layer) units served per slot
+  std::vector<float> in, out;
+  int64_t idle = 0;
+  while (true) {
+    size_t got = 0;
+    MSI_RETURN_IF_ERROR(ep.progress(&got));
+    bool worked = false;
+    for (int k = 0; k < M; ++k) {
+      if (!dispatch.all_arrived(k)) continue;
+      const uint32_t seq = static_cast<uint32_t>(served[k]);
+      MSI_RETURN_IF_ERROR(dispatch.verify(k, seq));
+      const int layer = static_cast<int>(served[k] % mc.layers);
+      MSI_RETURN_IF_ERROR(combine.wait_sent(k));
+      std::vector<int64_t> reply_rows(A, 0);
+      // Per local expert: gather its rows from every attention worker, run the
+      // FFN once, scatter the outputs into each sender's answer.
+      std::vector<int64_t> cursor(A, hdr);
+      for (size_t i = 0; i < local.size(); ++i) {
+        int64_t total = 0;
+        std::vector<int32_t> n(A);
+        for (int a = 0; a < A; ++a) {
+          std::memcpy(&n[a], dispatch.data(k, a) + i * 4, 4);
+          if (n[a] < 0 || cursor[a] + n[a] > dispatch.rows(k, a)) {
+            return internal_error("expert worker " + std::to_string(index) +
+                                  ": malformed message from attention worker " + std::to_string(a));
+          }
+          total += n[a];
+        }
+        if (total == 0) continue;
+        in.resize(total * h);
+        out.resize(total * h);
+        int64_t at = 0;
+        for (int a = 0; a < A; ++a) {
+          std::memcpy(in.data() + at * h, dispatch.data(k, a) + cursor[a] * row_bytes,
+                      static_cast<size_t>(n[a] * row_bytes));
+          at += n[a];
+        }
+        runner.forward(layer, local[i], in.data(), total, out.data());
+        at = 0;
+        for (int a = 0; a < A; ++a) {
+          std::memcpy(combine.buffer(k, a) + (cursor[a] - hdr) * row_bytes, out.data() + at * h,
+                      static_cast<size_t>(n[a] * row_bytes));
+          at += n[a];
+          cursor[a] += n[a];
+        }
+      }
+      for (int a = 0; a < A; ++a) reply_rows[a] = dispatch.rows(k, a) - hdr;
+      MSI_RETURN_IF_ERROR(combine.send(k, seq, reply_rows));
+      dispatch.release(k);
+      ++served[k];
+      worked = true;
+    }
+    if (worked || got > 0) {
+      idle = 0;
+    } else if (++idle > 2000) {
+      ::usleep(200);  // nobody has work: near-zero CPU, at most 0.2 ms late to wake
+    } else if (idle > 64) {
+      sched_yield();
+    }
+  }
+}
+
+// ---- attention worker ----
+
+namespace {
+
+bool read_line(int fd, std::string* line) {
+  line->clear();
+  char ch;
+  while (true) {
+    ssize_t n = ::read(fd, &ch, 1);
+    if (n <= 0) return false;
+    if (ch == '\n') return true;
+    *line += ch;
+  }
+}
+
+void write_line(int fd, const std::string& s) {
+  std::string l = s + "\n";
+  size_t off = 0;
+  while (off < l.size()) {
+    ssize_t n = ::write(fd, l.data() + off, l.size() - off);
+    if (n <= 0) return;
+    off += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot, int in_fd,
+                            int out_fd) {
+  model::LoadOptions lo;
+  lo.all_experts = false;  // attention workers map no expert weights
+  MSI_ASSIGN_OR_RETURN(auto w, model::ModelWeights::load(c.model_dir, lo));
+  std::shared_ptr<const model::ModelWeights> weights = std::move(w);
+  MSI_ASSIGN_OR_RETURN(auto transport, make_transport(c));
+  comm::M2NEndpoint ep(std::move(transport), std::chrono::milliseconds(c.timeout_ms));
+  auto remote = std::make_unique<RemoteExperts>(c, weights->config(), index, ep);
+  MSI_RETURN_IF_ERROR(remote->attach(boot));
+  EngineOptions eo;
+  eo.kv_cache_bytes = c.kv_cache_bytes;
+  eo.micro_batches = c.micro_batches;
+  eo.max_step_tokens = c.max_step_tokens;
+  eo.step_when_idle = true;
+  MSI_ASSIGN_OR_RETURN(auto engine, Engine::create(weights, eo, std::move(remote)));
+  write_line(out_fd, Json{{"ready", index},
+                          {"rss_mb", read_process_memory().rss_bytes / 1048576.0},
+                          {"weights_mb", weights->packed_bytes() / 1048576.0}}
+                         .dump());
+  std::string line;
+  while (read_line(in_fd, &line)) {
+    auto cmd = parse_json(line, "attention worker command");
+    if (!cmd.ok()) return cmd.status();
+    const std::string op = cmd->value("op", "");
+    if (op == "exit") return ok_status();
+    if (op == "add") {
+      GenerationRequest r;
+      r.id = cmd->value("id", 0);
+      r.prompt = cmd->value("prompt", std::vector<int32_t>{});
+      SamplingParams& sp = r.sampling;
+      sp.max_tokens = cmd->value("max_tokens", 16);
+      sp.temperature = cmd->value("temperature", 0.0f);
+      sp.top_k = cmd->value("top_k", 0);
+      sp.top_p = cmd->value("top_p", 1.0f);
+      sp.seed = cmd->value("seed", uint64_t{0});
+      sp.ignore_eos = cmd->value("ignore_eos", false);
+      sp.stop_token_ids = cmd->value("stop_token_ids", std::vector<int32_t>{});
+      Status s = engine->add(r);
+      write_line(out_fd, s.ok() ? Json{{"added", r.id}}.dump()
+                                : Json{{"refused", r.id}, {"error", s.message()}}.dump());
+      continue;
+    }
+    if (op == "step") {
+      auto events = engine->step();
+      if (!events.ok()) {
+        write_line(out_fd, Json{{"error", events.status().message()}}.dump());
+        return events.status();
+      }
+      Json ev = Json::array();
+      for (const auto& e : *events) {
+        ev.push_back({{"id", e.request_id}, {"token", e.token}, {"finished", e.finished},
+                      {"reason", e.finish_reason}});
+      }
+      write_line(out_fd, Json{{"events", ev}, {"running", engine->running() + engine->waiting()}}.dump());
+      continue;
+    }
+    return invalid_argument("attention worker: unknown command '" + op + "'");
+  }
+  return ok_status();  // the router closed the pipe
+}
+
+}  // namespace msinfer::runtime

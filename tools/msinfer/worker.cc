@@ -1,0 +1,93 @@
+// msinfer worker: one attention or expert worker process of a disaggregated
+// deployment. Started by the router (generate/serve on one host) or by mpirun /
+// srun on many hosts; the bootstrap comes from the environment.
+#include <cstdio>
+#include <iostream>
+
+#include "commands.h"
+#include "msinfer/core/flags.h"
+#include "msinfer/runtime/disaggregated.h"
+#include "planner_flags.h"
+
+namespace msinfer::cli {
+
+void add_deployment_flags(FlagSet& flags) {
+  flags.add_int("attention-workers", 0, "attention worker processes n_a (0: co-located engine)");
+  flags.add_int("expert-workers", 0, "expert worker processes N");
+  flags.add_int("micro-batches", 1, "micro-batches m per attention worker (ping-pong)");
+  flags.add_string("placement", "", "placement JSON: experts over expert workers, with replicas");
+  flags.add_string("fabric-provider", "shm", "libfabric provider for M2N: shm | tcp | verbs | efa",
+                   "MSINFER_FABRIC_PROVIDER");
+  flags.add_int("timeout-ms", 10000, "M2N timeout: a worker silent this long is reported failed");
+}
+
+StatusOr<runtime::WorkerConfig> worker_config_from_flags(const FlagSet& flags,
+                                                         const ModelConfig& model) {
+  runtime::WorkerConfig c;
+  c.model_dir = flags.get_string("model");
+  c.attention_workers = static_cast<int>(flags.get_int("attention-workers"));
+  c.expert_workers = static_cast<int>(flags.get_int("expert-workers"));
+  c.micro_batches = static_cast<int>(flags.get_int("micro-batches"));
+  c.kv_cache_bytes = flags.get_int("kv-cache-mb") << 20;
+  c.provider = flags.get_string("fabric-provider");
+  c.timeout_ms = static_cast<int>(flags.get_int("timeout-ms"));
+  if (c.attention_workers < 1 || c.attention_workers > 128) {
+    return invalid_argument("--attention-workers must be in 1..128");
+  }
+  if (c.expert_workers < 1 || c.expert_workers > 128) {
+    return invalid_argument("--expert-workers must be in 1..128");
+  }
+  if (c.micro_batches < 1 || c.micro_batches > 16) return invalid_argument("--micro-batches must be in 1..16");
+  if (c.timeout_ms < 100) return invalid_argument("--timeout-ms must be >= 100");
+  if (flags.get_string("placement").empty()) {
+    if (c.expert_workers > model.experts) {
+      return invalid_argument("--expert-workers " + std::to_string(c.expert_workers) + " exceeds the " +
+                              std::to_string(model.experts) + " experts; give a --placement with replicas");
+    }
+    c.placement = runtime::Placement::round_robin(model.experts, c.expert_workers);
+  } else {
+    MSI_ASSIGN_OR_RETURN(Json j, read_json_file(flags.get_string("placement")));
+    MSI_ASSIGN_OR_RETURN(c.placement, runtime::Placement::from_json(j, model.experts,
+                                                                    flags.get_string("placement")));
+    if (c.placement.workers != c.expert_workers) {
+      return invalid_argument(flags.get_string("placement") + ": places experts on " +
+                              std::to_string(c.placement.workers) + " expert workers, --expert-workers is " +
+                              std::to_string(c.expert_workers));
+    }
+  }
+  return c;
+}
+
+int run_worker(int argc, char** argv) {
+  FlagSet flags("worker", "One worker process of a disaggregated deployment (started by the router).");
+  flags.add_string("role", "", "attention | expert");
+  flags.add_int("index", 0, "worker index within its role");
+  flags.add_string("model", "", "model directory");
+  flags.add_int("kv-cache-mb", 256, "KV cache budget (attention workers)");
+  add_deployment_flags(flags);
+  Status s = flags.parse(argc, argv, 2);
+  if (!s.ok()) return report_error("worker", s);
+  if (flags.help_requested()) {
+    std::cout << flags.usage();
+    return 0;
+  }
+  auto model = load_model_config(flags.get_string("model"));
+  if (!model.ok()) return report_error("worker", model.status());
+  auto c = worker_config_from_flags(flags, *model);
+  if (!c.ok()) return report_error("worker", c.status());
+  auto boot = comm::make_bootstrap_from_env();
+  if (!boot.ok()) return report_error("worker", boot.status());
+  const std::string role = flags.get_string("role");
+  const int index = static_cast<int>(flags.get_int("index"));
+  if (role == "expert") {
+    s = runtime::run_expert_worker(*c, index, **boot);
+  } else if (role == "attention") {
+    s = runtime::run_attention_worker(*c, index, **boot, 0, 1);
+  } else {
+    s = invalid_argument("--role must be attention or expert");
+  }
+  if (!s.ok()) return report_error(("worker (" + role + " " + std::to_string(index) + ")").c_str(), s);
+  return 0;
+}
+
+}  // namespace msinfer::cli
