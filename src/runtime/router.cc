@@ -13,20 +13,26 @@
 namespace msinfer::runtime {
 namespace {
 
-bool read_line(int fd, std::string* line, int timeout_ms) {
-  line->clear();
+// Next complete line from fd into *line, keeping partial input in *buf across
+// calls (a timeout must not lose the start of a line). False on timeout or EOF.
+bool read_line(int fd, std::string* buf, std::string* line, int timeout_ms) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  char ch;
   while (true) {
-    pollfd p{fd, POLLIN, 0};
+    const size_t nl = buf->find('\n');
+    if (nl != std::string::npos) {
+      *line = buf->substr(0, nl);
+      buf->erase(0, nl + 1);
+      return true;
+    }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
                           deadline - std::chrono::steady_clock::now()).count();
     if (left <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 100))) <= 0) continue;
-    ssize_t n = ::read(fd, &ch, 1);
+    char chunk[4096];
+    const ssize_t n = ::read(fd, chunk, sizeof(chunk));
     if (n <= 0) return false;
-    if (ch == '\n') return true;
-    *line += ch;
+    buf->append(chunk, static_cast<size_t>(n));
   }
 }
 
@@ -76,12 +82,14 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphans if the router dies
       if (::getppid() != parent) ::_exit(1);
+      // Commands and answers use fds 3 and 4, so nothing a library prints on
+      // stdout (sent to stderr here) can corrupt the protocol.
+      int devnull = ::open("/dev/null", O_RDONLY);
+      ::dup2(devnull, 0);
+      ::dup2(2, 1);
       if (rank < A) {
-        ::dup2(to_child[0], 0);
-        ::dup2(from_child[1], 1);
-      } else {
-        int devnull = ::open("/dev/null", O_RDONLY);
-        ::dup2(devnull, 0);
+        ::dup2(to_child[0], 3);
+        ::dup2(from_child[1], 4);
       }
       ::setenv("MSINFER_BOOTSTRAP", r->server_->address().c_str(), 1);
       ::setenv("MSINFER_RANK", std::to_string(rank).c_str(), 1);
@@ -105,7 +113,7 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
   // wiring (which needs every worker) is done.
   for (int a = 0; a < A; ++a) {
     std::string line;
-    if (!read_line(r->workers_[a].out, &line, 120000)) {
+    if (!read_line(r->workers_[a].out, &r->workers_[a].buf, &line, 120000)) {
       MSI_RETURN_IF_ERROR(r->check_children());
       return Status(StatusCode::kUnavailable, "attention worker " + std::to_string(a) + " did not start");
     }
@@ -177,7 +185,7 @@ Status Router::add(const GenerationRequest& r) {
   std::string line;
   bool got = false;
   while (!got) {
-    got = read_line(workers_[best].out, &line, 200);
+    got = read_line(workers_[best].out, &workers_[best].buf, &line, 200);
     if (!got) MSI_RETURN_IF_ERROR(check_children());
   }
   MSI_ASSIGN_OR_RETURN(Json ans, parse_json(line, "attention worker " + std::to_string(best)));
@@ -203,7 +211,7 @@ StatusOr<std::vector<TokenEvent>> Router::step() {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(c_.timeout_ms * 4 + 10000);
     bool got = false;
     while (!got && std::chrono::steady_clock::now() < deadline) {
-      got = read_line(workers_[a].out, &line, 200);
+      got = read_line(workers_[a].out, &workers_[a].buf, &line, 200);
       if (!got) MSI_RETURN_IF_ERROR(check_children());
     }
     if (!got) return Status(StatusCode::kDeadlineExceeded, "attention worker " + std::to_string(a) + " did not answer a step");

@@ -82,7 +82,8 @@ int run_worker(int argc, char** argv) {
   if (role == "expert") {
     s = runtime::run_expert_worker(*c, index, **boot);
   } else if (role == "attention") {
-    s = runtime::run_attention_worker(*c, index, **boot, 0, 1);
+    // The router's command pipe is fd 3, the answer pipe fd 4.
+    s = runtime::run_attention_worker(*c, index, **boot, 3, 4);
   } else {
     s = invalid_argument("--role must be attention or expert");
   }

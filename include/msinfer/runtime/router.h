@@ -38,6 +38,7 @@ class Router {
     int index = 0;
     pid_t pid = -1;
     int in = -1, out = -1;  // attention workers: command pipe and answers
+    std::string buf;        // answer bytes read but not yet a whole line
     int64_t load = 0;
     double rss_mb = 0;
   };

@@ -1,0 +1,130 @@
+// The disaggregated deployment against the co-located engine, through the
+// msinfer binary as a user runs it (router + worker processes on this host).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+#include "../common/subprocess.h"
+#include "msinfer/core/json.h"
+#include "test_models.h"
+
+namespace msinfer::runtime {
+namespace {
+
+const std::string kBinary = MSINFER_BINARY;
+
+std::vector<int32_t> tokens_of(const std::string& args) {
+  const std::string err = ::testing::TempDir() + "/disaggregated_test_stderr.txt";
+  const std::string out =
+      msinfer::testing::run_capture(kBinary + " generate " + args + " --json 2>" + err);
+  auto j = parse_json(out, "generate --json");
+  std::stringstream e;
+  e << std::ifstream(err).rdbuf();
+  EXPECT_TRUE(j.ok()) << args << "\nstdout: " << out.substr(0, 300) << "\nstderr: " << e.str();
+  return j.ok() ? (*j)["token_ids"].get<std::vector<int32_t>>() : std::vector<int32_t>{};
+}
+
+std::string write_file(const std::string& name, const std::string& text) {
+  const std::string p = ::testing::TempDir() + "/" + name;
+  std::ofstream(p) << text;
+  return p;
+}
+
+class DisaggregatedTest : public ::testing::TestWithParam<std::string> {};
+
+// Greedy tokens of (n_a, N, m) in {(1,1,1), (2,4,2), (2,3,3) uneven, (3,8,2)
+// with replicated experts} equal the co-located engine's.
+TEST_P(DisaggregatedTest, SameTokensAsTheColocatedEngine) {
+  const std::string dir = testing::test_model_dir(GetParam());
+  const std::string uneven = write_file("placement_uneven.json",
+                                        R"({"expert_workers": 3, "experts": [0, 0, 0, 0, 0, 1, 1, 2]})");
+  const std::string replicated = write_file(
+      "placement_replicated.json",
+      R"({"expert_workers": 8, "experts": [[[0, 0.5], [1, 0.5]], 1, 2, 3, 4, 5, 6, [[7, 0.7], [0, 0.3]]]})");
+  const std::string prompt = "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 16 --ignore-eos";
+  const auto ref = tokens_of(prompt);
+  ASSERT_EQ(ref.size(), 16u);
+  for (const std::string& d :
+       {std::string("--attention-workers 1 --expert-workers 1 --micro-batches 1"),
+        std::string("--attention-workers 2 --expert-workers 4 --micro-batches 2"),
+        "--attention-workers 2 --expert-workers 3 --micro-batches 3 --placement " + uneven,
+        "--attention-workers 3 --expert-workers 8 --micro-batches 2 --placement " + replicated}) {
+    EXPECT_EQ(tokens_of(prompt + " " + d), ref) << GetParam() << " " << d;
+  }
+}
+
+TEST_P(DisaggregatedTest, SeededSamplingIsReproducible) {
+  const std::string dir = testing::test_model_dir(GetParam());
+  const std::string args = "--model " + dir + " --prompt-ids 5,9,22 --max-tokens 12 --ignore-eos "
+                           "--temperature 0.9 --seed 5 --attention-workers 2 --expert-workers 2 "
+                           "--micro-batches 2";
+  const auto a = tokens_of(args), b = tokens_of(args);
+  EXPECT_EQ(a.size(), 12u);
+  EXPECT_EQ(a, b);
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyPresets, DisaggregatedTest,
+                         ::testing::Values("tiny-mixtral", "tiny-qwen3moe"));
+
+bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
+
+// Killing an expert worker mid-generation: the request ends with an error naming
+// it, within the M2N timeout; every other process exits; nothing hangs.
+TEST(DisaggregatedKillTest, AKilledExpertWorkerIsNamedAndEverythingStops) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  int err[2];
+  ASSERT_EQ(::pipe(err), 0);
+  const pid_t router = ::fork();
+  if (router == 0) {
+    ::dup2(err[1], 2);
+    int devnull = ::open("/dev/null", O_WRONLY);
+    ::dup2(devnull, 1);
+    ::execl(kBinary.c_str(), kBinary.c_str(), "generate", "--model", dir.c_str(), "--prompt-ids",
+            "5,9,22", "--max-tokens", "3500", "--ignore-eos", "--attention-workers", "2",
+            "--expert-workers", "2", "--micro-batches", "2", "--timeout-ms", "2000", nullptr);
+    ::_exit(127);
+  }
+  ::close(err[1]);
+  FILE* f = ::fdopen(err[0], "r");
+  std::map<std::string, pid_t> pids;
+  std::string all;
+  char line[4096];
+  pid_t victim = -1;
+  std::chrono::steady_clock::time_point killed_at;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    all += line;
+    int idx = 0, pid = 0;
+    char role[32];
+    if (std::sscanf(line, "%31s worker %d: pid %d", role, &idx, &pid) == 3) {
+      pids[std::string(role) + std::to_string(idx)] = pid;
+    }
+    if (victim < 0 && std::strstr(line, "msinfer: step 32") != nullptr && pids.count("expert1")) {
+      victim = pids["expert1"];
+      ::kill(victim, SIGKILL);
+      killed_at = std::chrono::steady_clock::now();
+    }
+  }
+  std::fclose(f);
+  int status = 0;
+  ::waitpid(router, &status, 0);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  ASSERT_GT(victim, 0) << "never saw the workers start and run:\n" << all;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << all;
+  EXPECT_NE(all.find("expert worker 1"), std::string::npos) << all;
+  EXPECT_NE(all.find("request 1"), std::string::npos) << all;
+  EXPECT_LT(seconds, 2.0 + 10.0) << "not detected within the M2N timeout";
+  for (const auto& [name, pid] : pids) EXPECT_FALSE(alive(pid)) << name << " is still running";
+}
+
+}  // namespace
+}  // namespace msinfer::runtime
