@@ -79,6 +79,7 @@ Status run_exchange(Bootstrap& boot, const ExchangeOptions& o, ExchangeStats* st
     FabricOptions fo;
     fo.provider = o.provider;
     fo.max_message_bytes = max_rows * o.row_bytes;
+    fo.write_timeout_ms = o.timeout_ms;
     MSI_ASSIGN_OR_RETURN(transport, make_fabric_transport(fo));
   }
   M2NEndpoint ep(std::move(transport), std::chrono::milliseconds(o.timeout_ms));

@@ -8,6 +8,7 @@
 #include <rdma/fi_rma.h>
 #include <sched.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -42,6 +43,7 @@ class FabricTransport : public Transport {
   }
 
   Status init(const FabricOptions& o) {
+    write_timeout_ = std::chrono::milliseconds(o.write_timeout_ms);
     if (o.provider == "shm" && std::getenv("FI_SHM_DISABLE_CMA") == nullptr) {
       ::setenv("FI_SHM_DISABLE_CMA", o.max_message_bytes >= (1 << 20) ? "0" : "1", 0);
     }
@@ -150,6 +152,7 @@ class FabricTransport : public Transport {
     WriteOp* op = take_op();
     op->user_context = context;
     op->peer = peer;
+    const auto deadline = std::chrono::steady_clock::now() + write_timeout_;
     while (true) {
       ssize_t rc = fi_writedata(ep_, src, len, desc, imm, peers_[peer], dst.base + offset, dst.key,
                                 &op->ctx);
@@ -161,7 +164,16 @@ class FabricTransport : public Transport {
                           fi_error("fi_writedata", static_cast<int>(rc)));
       }
       // Progress is manual: completions must be read for the provider to make room.
-      MSI_RETURN_IF_ERROR(progress());
+      Status p = progress();
+      if (!p.ok() || std::chrono::steady_clock::now() > deadline) {
+        free_.push_back(op);
+        return p.ok() ? Status(StatusCode::kUnavailable,
+                               "fabric (" + provider_ + "): peer " + std::to_string(peer) +
+                                   " accepted no write for " +
+                                   std::to_string(write_timeout_.count()) + " ms (gone?)")
+                      : p;
+      }
+      sched_yield();
     }
   }
 
@@ -258,6 +270,7 @@ class FabricTransport : public Transport {
   std::vector<WriteOp*> ops_, free_;
   std::map<const WriteOp*, bool> live_;
   std::deque<Completion> pending_;
+  std::chrono::milliseconds write_timeout_{5000};
 };
 
 }  // namespace

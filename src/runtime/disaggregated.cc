@@ -49,6 +49,7 @@ comm::M2NShape shape(const WorkerConfig& c, int hidden, int channel) {
 StatusOr<std::unique_ptr<comm::Transport>> make_transport(const WorkerConfig& c) {
   comm::FabricOptions fo;
   fo.provider = c.provider;
+  fo.write_timeout_ms = c.timeout_ms;
   return comm::make_fabric_transport(fo);
 }
 

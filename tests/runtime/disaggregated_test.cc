@@ -23,7 +23,8 @@ namespace {
 const std::string kBinary = MSINFER_BINARY;
 
 std::vector<int32_t> tokens_of(const std::string& args) {
-  const std::string err = ::testing::TempDir() + "/disaggregated_test_stderr.txt";
+  const std::string err =
+      ::testing::TempDir() + "/disaggregated_test_stderr_" + std::to_string(::getpid()) + ".txt";
   const std::string out =
       msinfer::testing::run_capture(kBinary + " generate " + args + " --json 2>" + err);
   auto j = parse_json(out, "generate --json");
@@ -34,7 +35,7 @@ std::vector<int32_t> tokens_of(const std::string& args) {
 }
 
 std::string write_file(const std::string& name, const std::string& text) {
-  const std::string p = ::testing::TempDir() + "/" + name;
+  const std::string p = ::testing::TempDir() + "/" + std::to_string(::getpid()) + "_" + name;
   std::ofstream(p) << text;
   return p;
 }

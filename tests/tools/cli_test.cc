@@ -1,6 +1,7 @@
 // Runs the msinfer binary as a user would and checks its output and exit codes.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -21,7 +22,8 @@ struct CliRun {
 };
 
 CliRun run(const std::string& args) {
-  std::string err_path = ::testing::TempDir() + "/cli_test_stderr.txt";
+  // Per process: ctest runs the tests of this file as parallel processes.
+  std::string err_path = ::testing::TempDir() + "/cli_test_stderr_" + std::to_string(::getpid()) + ".txt";
   std::string cmd = std::string(MSINFER_BINARY) + " " + args + " 2>" + err_path;
   CliRun r;
   FILE* p = popen(cmd.c_str(), "r");

@@ -28,6 +28,9 @@ struct FabricOptions {
   // (FI_SHM_DISABLE_CMA=1) are faster here, above it single-copy CMA is
   // (docs/BENCHMARKS.md). An explicit FI_SHM_DISABLE_CMA wins.
   int64_t max_message_bytes = 0;
+  // A write the provider keeps refusing (-FI_EAGAIN: e.g. the peer is gone and
+  // tcp cannot connect) fails after this long instead of retrying forever.
+  int write_timeout_ms = 5000;
 };
 
 StatusOr<std::unique_ptr<Transport>> make_fabric_transport(const FabricOptions& options);
