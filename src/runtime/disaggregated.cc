@@ -35,13 +35,16 @@ Status wire(comm::Bootstrap& boot, comm::M2NEndpoint& ep, comm::M2NSender& sende
   return boot.barrier();
 }
 
-comm::M2NShape shape(const WorkerConfig& c, int hidden, int channel) {
+// Slots are sized for the largest micro-batch: every token of a step routed to
+// one destination K times, plus the row-count header.
+comm::M2NShape shape(const WorkerConfig& c, const ModelConfig& mc, int channel) {
   comm::M2NShape s;
   s.senders = channel == 0 ? c.attention_workers : c.expert_workers;
   s.receivers = channel == 0 ? c.expert_workers : c.attention_workers;
   s.slots = c.micro_batches;
-  s.max_rows = kMaxRows;
-  s.row_bytes = static_cast<int64_t>(hidden) * 4;
+  s.row_bytes = static_cast<int64_t>(mc.hidden) * 4;
+  s.max_rows = std::min<int64_t>(
+      kMaxRows, c.max_step_tokens * mc.top_k + header_rows(mc.experts, s.row_bytes));
   s.channel = channel;
   return s;
 }
@@ -164,7 +167,7 @@ class RemoteExperts : public ExpertBackend {
  public:
   RemoteExperts(const WorkerConfig& c, const ModelConfig& mc, int index, comm::M2NEndpoint& ep)
       : c_(c), index_(index), ep_(ep), hidden_(mc.hidden), layers_(mc.layers),
-        dispatch_(shape(c, mc.hidden, 0), index), combine_(shape(c, mc.hidden, 1), index) {
+        dispatch_(shape(c, mc, 0), index), combine_(shape(c, mc, 1), index) {
     for (int w = 0; w < c.expert_workers; ++w) local_.push_back(c.placement.experts_on(w));
   }
   Status attach(comm::Bootstrap& boot) {
@@ -202,7 +205,7 @@ class RemoteExperts : public ExpertBackend {
         }
         const int64_t b = std::llround(before * n), end = std::llround((before + mine) * n);
         counts[i] = static_cast<int32_t>(end - b);
-        if (at + (end - b) > kMaxRows) {
+        if (at + (end - b) > dispatch_.shape().max_rows) {
           return resource_exhausted("micro-batch too large for one M2N message (" +
                                     std::to_string(at + end - b) + " rows)");
         }
@@ -276,8 +279,8 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
   ExpertRunner runner(*w);
   MSI_ASSIGN_OR_RETURN(auto transport, make_transport(c));
   comm::M2NEndpoint ep(std::move(transport), std::chrono::milliseconds(c.timeout_ms));
-  comm::M2NReceiver dispatch(shape(c, mc.hidden, 0), index);
-  comm::M2NSender combine(shape(c, mc.hidden, 1), index);
+  comm::M2NReceiver dispatch(shape(c, mc, 0), index);
+  comm::M2NSender combine(shape(c, mc, 1), index);
   MSI_ASSIGN_OR_RETURN(comm::RemoteRegion region, dispatch.attach(ep));
   MSI_RETURN_IF_ERROR(combine.attach(ep));
   MSI_RETURN_IF_ERROR(wire(boot, ep, combine, region, 0, c.attention_workers));
