@@ -1,5 +1,7 @@
 #include "msinfer/runtime/disaggregated.h"
 
+#include "internal/line_io.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -357,30 +359,8 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
 
 // ---- attention worker ----
 
-namespace {
-
-bool read_line(int fd, std::string* line) {
-  line->clear();
-  char ch;
-  while (true) {
-    ssize_t n = ::read(fd, &ch, 1);
-    if (n <= 0) return false;
-    if (ch == '\n') return true;
-    *line += ch;
-  }
-}
-
-void write_line(int fd, const std::string& s) {
-  std::string l = s + "\n";
-  size_t off = 0;
-  while (off < l.size()) {
-    ssize_t n = ::write(fd, l.data() + off, l.size() - off);
-    if (n <= 0) return;
-    off += static_cast<size_t>(n);
-  }
-}
-
-}  // namespace
+using internal::read_line;
+using internal::write_line;
 
 Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot, int in_fd,
                             int out_fd) {
@@ -402,8 +382,8 @@ Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& b
                           {"rss_mb", read_process_memory().rss_bytes / 1048576.0},
                           {"weights_mb", weights->packed_bytes() / 1048576.0}}
                          .dump());
-  std::string line;
-  while (read_line(in_fd, &line)) {
+  std::string line, pending;
+  while (read_line(in_fd, &pending, &line, /*timeout_ms=*/-1)) {
     auto cmd = parse_json(line, "attention worker command");
     if (!cmd.ok()) return cmd.status();
     const std::string op = cmd->value("op", "");

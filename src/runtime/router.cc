@@ -1,5 +1,7 @@
 #include "msinfer/runtime/router.h"
 
+#include "internal/line_io.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -12,43 +14,8 @@
 #include <cstring>
 
 namespace msinfer::runtime {
-namespace {
-
-// Next complete line from fd into *line, keeping partial input in *buf across
-// calls (a timeout must not lose the start of a line). False on timeout or EOF.
-bool read_line(int fd, std::string* buf, std::string* line, int timeout_ms) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (true) {
-    const size_t nl = buf->find('\n');
-    if (nl != std::string::npos) {
-      *line = buf->substr(0, nl);
-      buf->erase(0, nl + 1);
-      return true;
-    }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          deadline - std::chrono::steady_clock::now()).count();
-    if (left <= 0) return false;
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 100))) <= 0) continue;
-    char chunk[4096];
-    const ssize_t n = ::read(fd, chunk, sizeof(chunk));
-    if (n <= 0) return false;
-    buf->append(chunk, static_cast<size_t>(n));
-  }
-}
-
-bool write_line(int fd, const std::string& s) {
-  std::string l = s + "\n";
-  size_t off = 0;
-  while (off < l.size()) {
-    ssize_t n = ::write(fd, l.data() + off, l.size() - off);
-    if (n <= 0) return false;
-    off += static_cast<size_t>(n);
-  }
-  return true;
-}
-
-}  // namespace
+using internal::read_line;
+using internal::write_line;
 
 StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std::string& exe,
                                                 const std::string& placement_file) {

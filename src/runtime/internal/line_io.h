@@ -1,0 +1,53 @@
+// Newline-framed messages over pipes between the router and attention workers
+// (private to runtime/).
+#pragma once
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+
+namespace msinfer::runtime::internal {
+
+// Writes s and a newline; false if the pipe is closed.
+inline bool write_line(int fd, const std::string& s) {
+  const std::string l = s + "\n";
+  size_t off = 0;
+  while (off < l.size()) {
+    const ssize_t n = ::write(fd, l.data() + off, l.size() - off);
+    if (n <= 0) return false;
+    off += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Next complete line from fd, keeping partial input in *buf across calls (a
+// timeout must not lose the start of a line). timeout_ms < 0 waits forever.
+// False on timeout or end of file.
+inline bool read_line(int fd, std::string* buf, std::string* line, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    const size_t nl = buf->find('\n');
+    if (nl != std::string::npos) {
+      *line = buf->substr(0, nl);
+      buf->erase(0, nl + 1);
+      return true;
+    }
+    int wait = -1;
+    if (timeout_ms >= 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            deadline - std::chrono::steady_clock::now()).count();
+      if (left <= 0) return false;
+      wait = static_cast<int>(left < 100 ? left : 100);
+    }
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, wait) <= 0) continue;
+    char chunk[4096];
+    const ssize_t n = ::read(fd, chunk, sizeof(chunk));
+    if (n <= 0) return false;
+    buf->append(chunk, static_cast<size_t>(n));
+  }
+}
+
+}  // namespace msinfer::runtime::internal
