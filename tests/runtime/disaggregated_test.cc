@@ -76,6 +76,31 @@ TEST_P(DisaggregatedTest, SeededSamplingIsReproducible) {
 INSTANTIATE_TEST_SUITE_P(TinyPresets, DisaggregatedTest,
                          ::testing::Values("tiny-mixtral", "tiny-qwen3moe"));
 
+// A plan document decides n_a and m (one expert worker per expert); plans with
+// tensor parallelism are refused with a clear message.
+TEST(DisaggregatedPlanTest, PlanDocumentSetsTheDeployment) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  const std::string catalog = write_file("cpu_catalog.json", R"({
+    "defaults": {"nic_util_curve": [[1024, 0.1], [1048576, 0.9]]},
+    "gpus": [{"name": "CPU2", "bf16_tflops": 0.47, "memory_gb": 24, "memory_bandwidth_gb_s": 32,
+              "nic_gbit_s": 80, "gpus_per_node": 1, "intra_node_gb_s": 32, "price": 1,
+              "tdp_w": 100}]})");
+  const std::string plan = ::testing::TempDir() + "/" + std::to_string(::getpid()) + "_plan.json";
+  ASSERT_FALSE(msinfer::testing::run_capture(kBinary + " plan --model " + dir + " --catalog " +
+                                             catalog + " --gpu CPU2 --max-gpus 10 --seq-len 256 --out " +
+                                             plan).empty());
+  auto j = read_json_file(plan);
+  ASSERT_TRUE(j.ok());
+  EXPECT_EQ((*j)["plan"]["tp_attention"], 1);
+  const std::string prompt = "--model " + dir + " --prompt-ids 5,9,22 --max-tokens 8 --ignore-eos";
+  EXPECT_EQ(tokens_of(prompt + " --plan " + plan), tokens_of(prompt));
+  const std::string big = ::testing::TempDir() + "/" + std::to_string(::getpid()) + "_bigplan.json";
+  msinfer::testing::run_capture(kBinary + " plan --model mixtral-8x22b --gpu A100 --out " + big);
+  const std::string err = msinfer::testing::run_capture(
+      "sh -c '" + kBinary + " generate " + prompt + " --plan " + big + " 2>&1; true'");
+  EXPECT_NE(err.find("tensor parallelism is not supported yet"), std::string::npos) << err;
+}
+
 bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
 
 // Killing an expert worker mid-generation: the request ends with an error naming

@@ -20,5 +20,9 @@ int run_worker(int argc, char** argv);
 void add_deployment_flags(FlagSet& flags);
 StatusOr<runtime::WorkerConfig> worker_config_from_flags(const FlagSet& flags,
                                                          const ModelConfig& model);
+// From `--plan FILE` (SPEC section 7 plan document): n_a and m from the plan, one
+// expert worker per expert; tensor-parallel plans are refused.
+StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
+                                                        const ModelConfig& model);
 
 }  // namespace msinfer::cli

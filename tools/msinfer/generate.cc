@@ -55,6 +55,8 @@ int run_generate(int argc, char** argv) {
   flags.add_int("kv-cache-mb", 256, "KV cache budget in MiB", "MSINFER_KV_CACHE_MB");
   flags.add_bool("json", "print one JSON object (token_ids, text, timings) at the end");
   add_deployment_flags(flags);
+  flags.add_string("plan", "", "plan document from `msinfer plan --out`: its attention_nodes and "
+                               "micro_batches (one expert worker per expert) set the deployment");
   flags.set_epilog(
       "examples:\n"
       "  msinfer make-model --preset tiny-mixtral --out /tmp/m\n"
@@ -80,7 +82,8 @@ int run_generate(int argc, char** argv) {
     return report_error("generate", invalid_argument("--kv-cache-mb must be >= 1"));
   }
   const std::string dir = flags.get_string("model");
-  const bool disaggregated = flags.get_int("attention-workers") > 0 || flags.get_int("expert-workers") > 0;
+  const bool disaggregated = flags.get_int("attention-workers") > 0 ||
+                             flags.get_int("expert-workers") > 0 || !flags.get_string("plan").empty();
   std::shared_ptr<const model::ModelWeights> w;
   if (!disaggregated) {
     auto weights = model::ModelWeights::load(dir);
@@ -116,7 +119,12 @@ int run_generate(int argc, char** argv) {
   if (disaggregated) {
     auto model = load_model_config(dir);
     if (!model.ok()) return report_error("generate", model.status());
-    auto wc = worker_config_from_flags(flags, *model);
+    StatusOr<runtime::WorkerConfig> wc = invalid_argument("no deployment");
+    if (!flags.get_string("plan").empty()) {
+      wc = worker_config_from_plan(flags, *model);
+    } else {
+      wc = worker_config_from_flags(flags, *model);
+    }
     if (!wc.ok()) return report_error("generate", wc.status());
     char exe[4096];
     const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);

@@ -6,6 +6,7 @@
 
 #include "commands.h"
 #include "msinfer/core/flags.h"
+#include "msinfer/planner/plan.h"
 #include "msinfer/runtime/disaggregated.h"
 #include "planner_flags.h"
 
@@ -55,6 +56,40 @@ StatusOr<runtime::WorkerConfig> worker_config_from_flags(const FlagSet& flags,
                               std::to_string(c.expert_workers));
     }
   }
+  return c;
+}
+
+StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
+                                                        const ModelConfig& model) {
+  const std::string& path = flags.get_string("plan");
+  for (const char* f : {"attention-workers", "expert-workers", "micro-batches", "placement"}) {
+    if (flags.was_set(f)) return invalid_argument(std::string("--") + f + " conflicts with --plan");
+  }
+  MSI_ASSIGN_OR_RETURN(Json j, read_json_file(path));
+  MSI_ASSIGN_OR_RETURN(planner::Deployment d, planner::deployment_from_plan_document(j, path));
+  if (d.shape.tp_attention > 1 || d.shape.tp_expert > 1) {
+    return unimplemented(path + ": tp_attention " + std::to_string(d.shape.tp_attention) +
+                         ", tp_expert " + std::to_string(d.shape.tp_expert) +
+                         ": tensor parallelism is not supported yet; plan with tp 1 "
+                         "(e.g. a catalogue whose GPUs have gpus_per_node 1)");
+  }
+  if (d.model.experts != model.experts) {
+    return invalid_argument(path + ": the plan is for " + std::to_string(d.model.experts) +
+                            " experts (" + d.model.name + "), the model has " +
+                            std::to_string(model.experts));
+  }
+  runtime::WorkerConfig c;
+  c.model_dir = flags.get_string("model");
+  c.attention_workers = d.attention_nodes;
+  c.expert_workers = d.expert_nodes();
+  c.micro_batches = d.micro_batches;
+  c.kv_cache_bytes = flags.get_int("kv-cache-mb") << 20;
+  c.provider = flags.get_string("fabric-provider");
+  c.timeout_ms = static_cast<int>(flags.get_int("timeout-ms"));
+  if (c.attention_workers > 128 || c.micro_batches > 16) {
+    return invalid_argument(path + ": attention_nodes must be <= 128 and micro_batches <= 16 here");
+  }
+  c.placement = runtime::Placement::round_robin(model.experts, c.expert_workers);
   return c;
 }
 
