@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "msinfer/comm/bootstrap.h"
+#include "msinfer/core/stats.h"
 #include "msinfer/comm/exchange.h"
 
 #ifdef MSINFER_HAVE_MPI
@@ -15,12 +16,6 @@
 namespace msinfer::bench {
 namespace {
 
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t i = static_cast<size_t>(q * (v.size() - 1) + 0.5);
-  return v[std::min(i, v.size() - 1)];
-}
 
 #ifdef MSINFER_HAVE_MPI
 uint8_t pat(int from, int to, int it, int64_t i) {
@@ -32,7 +27,7 @@ Status mpi_rounds(const comm::ExchangeOptions& o, bool alltoallv, std::vector<do
   int me = 0, n = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
-  const int M = o.senders, N = o.receivers;
+  const int M = o.senders;
   const bool attention = me < M;
   auto bytes_to = [&](int from, int to) -> int64_t {
     // Rows follow exchange_rows for (attention sender, expert receiver) in both directions.

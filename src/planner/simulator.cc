@@ -1,5 +1,7 @@
 #include "msinfer/planner/simulator.h"
 
+#include "msinfer/core/stats.h"
+
 #include <algorithm>
 #include <cmath>
 #include <deque>
@@ -244,16 +246,9 @@ class Engine {
     r.per_gpu = r.throughput / d_.gpus();
     r.per_cost = r.throughput / d_.cost();
     r.per_watt = r.throughput / d_.power_w();
-    std::vector<double> t = tbt_;
-    std::sort(t.begin(), t.end());
-    auto pct = [&](double q) {
-      if (t.empty()) return 0.0;
-      size_t idx = static_cast<size_t>(std::ceil(q * t.size())) - 1;
-      return t[std::min(idx, t.size() - 1)];
-    };
-    r.tbt_mean = t.empty() ? 0 : std::accumulate(t.begin(), t.end(), 0.0) / t.size();
-    r.tbt_p50 = pct(0.50);
-    r.tbt_p99 = pct(0.99);
+    r.tbt_mean = mean(tbt_);
+    r.tbt_p50 = percentile(tbt_, 0.50);
+    r.tbt_p99 = percentile(tbt_, 0.99);
     for (int i = 0; i < n_a_; ++i) {
       r.attention_busy += res_[a_compute(i)].busy_time / now_ / n_a_;
       r.attention_nic_busy += res_[a_send(i)].busy_time / now_ / n_a_;

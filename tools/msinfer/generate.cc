@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "msinfer/core/flags.h"
 #include "msinfer/core/process.h"
+#include "msinfer/core/stats.h"
 #include "msinfer/core/table.h"
 #include "msinfer/model/tokenizer.h"
 #include "msinfer/runtime/engine.h"
@@ -184,10 +185,8 @@ int run_generate(int argc, char** argv) {
   const double ttft = token_times.empty() ? 0 : token_times.front();
   std::vector<double> gaps;
   for (size_t i = 1; i < token_times.size(); ++i) gaps.push_back(token_times[i] - token_times[i - 1]);
-  std::vector<double> sorted = gaps;
-  std::sort(sorted.begin(), sorted.end());
-  const double tbt_mean = gaps.empty() ? 0 : std::accumulate(gaps.begin(), gaps.end(), 0.0) / gaps.size();
-  const double tbt_p50 = sorted.empty() ? 0 : sorted[sorted.size() / 2];
+  const double tbt_mean = mean(gaps);
+  const double tbt_p50 = percentile(gaps, 0.5);
   const double decode_s = token_times.size() > 1 ? token_times.back() - token_times.front() : 0;
   const double tps = decode_s > 0 ? (token_times.size() - 1) / decode_s : 0;
   std::string text = tok.ok() ? tok->decode(out_ids, true) : "";

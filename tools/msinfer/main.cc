@@ -18,6 +18,7 @@ void usage(FILE* out) {
                "  generate   generate text with the engine, streaming\n"
                "  bench      benchmarks: kernels (against this machine's rooflines)\n"
                "  profile    measure T_a and T_e of a model here, fit k1..k4 for plan --profile\n"
+               "  worker     one attention or expert worker (started by generate's router)\n"
                "  version    print the version\n\n"
                "docs: README.md, docs/ARCHITECTURE.md, docs/PLANNER.md\n");
 }
