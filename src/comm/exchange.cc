@@ -58,7 +58,22 @@ int64_t exchange_rows(const ExchangeOptions& o, int s, int r) {
   return static_cast<int64_t>(std::llround(share * uniform * o.receivers));
 }
 
+namespace {
+Status run_exchange_impl(Bootstrap& boot, const ExchangeOptions& o, ExchangeStats* stats,
+                         std::unique_ptr<M2NEndpoint>* keep);
+}  // namespace
+
 Status run_exchange(Bootstrap& boot, const ExchangeOptions& o, ExchangeStats* stats) {
+  std::unique_ptr<M2NEndpoint> ep;
+  Status s = run_exchange_impl(boot, o, stats, &ep);
+  if (!s.ok() && ep != nullptr) ep->abandon();  // do not block closing a dead peer's link
+  return s;
+}
+
+namespace {
+
+Status run_exchange_impl(Bootstrap& boot, const ExchangeOptions& o, ExchangeStats* stats,
+                         std::unique_ptr<M2NEndpoint>* keep) {
   const int M = o.senders, N = o.receivers, me = boot.rank();
   if (boot.size() != M + N) {
     return invalid_argument("exchange: " + std::to_string(M) + " senders + " + std::to_string(N) +
@@ -82,7 +97,8 @@ Status run_exchange(Bootstrap& boot, const ExchangeOptions& o, ExchangeStats* st
     fo.write_timeout_ms = o.timeout_ms;
     MSI_ASSIGN_OR_RETURN(transport, make_fabric_transport(fo));
   }
-  M2NEndpoint ep(std::move(transport), std::chrono::milliseconds(o.timeout_ms));
+  *keep = std::make_unique<M2NEndpoint>(std::move(transport), std::chrono::milliseconds(o.timeout_ms));
+  M2NEndpoint& ep = **keep;
   // Attention ranks send dispatch and receive combine; expert ranks the reverse.
   const int my_index = attention ? me : me - M;
   M2NSender sender(attention ? dispatch : combine, my_index);
@@ -164,5 +180,7 @@ Status run_exchange(Bootstrap& boot, const ExchangeOptions& o, ExchangeStats* st
   for (int s = 0; s < o.slots; ++s) MSI_RETURN_IF_ERROR(sender.wait_sent(s));
   return boot.barrier();
 }
+
+}  // namespace
 
 }  // namespace msinfer::comm

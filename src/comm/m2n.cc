@@ -46,6 +46,10 @@ uint64_t fnv1a64(const uint8_t* p, size_t n) {
 M2NEndpoint::M2NEndpoint(std::unique_ptr<Transport> t, std::chrono::milliseconds timeout)
     : t_(std::move(t)), timeout_(timeout), receivers_(2, nullptr), senders_(2, nullptr) {}
 
+M2NEndpoint::~M2NEndpoint() {
+  if (abandon_) (void)t_.release();  // deliberately leaked: see abandon()
+}
+
 Status M2NEndpoint::progress(size_t* n) {
   scratch_.clear();
   MSI_RETURN_IF_ERROR(t_->poll(&scratch_, 256));

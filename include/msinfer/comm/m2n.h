@@ -129,6 +129,12 @@ class M2NEndpoint {
  public:
   explicit M2NEndpoint(std::unique_ptr<Transport> t,
                        std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));
+  ~M2NEndpoint();
+  // For error exits: the transport is left open instead of closed when the
+  // endpoint is destroyed. Closing a libfabric tcp endpoint whose peer died can
+  // block for a long time (flushing to a dead connection); a process that is
+  // about to exit with an error must not hang there.
+  void abandon() { abandon_ = true; }
   Transport& transport() { return *t_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
@@ -144,6 +150,7 @@ class M2NEndpoint {
   friend class M2NSender;
   std::unique_ptr<Transport> t_;
   std::chrono::milliseconds timeout_;
+  bool abandon_ = false;
   std::vector<M2NReceiver*> receivers_;  // by channel
   std::vector<M2NSender*> senders_;      // by channel
   std::vector<Completion> scratch_;
