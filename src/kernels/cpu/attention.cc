@@ -23,6 +23,20 @@ void write_kv(const PagedKvLayer& kv, const float* k, const float* v, int64_t to
 #if defined(MSINFER_HAVE_AVX512)
 namespace {
 
+// Loads KV head g's row for position p of `pool` (K or V) as floats into
+// row[hd/16], prefetching the row one block ahead: blocks are scattered, so the
+// hardware prefetcher stops at each block's end.
+inline void load_row(const bf16* pool, const PagedKvLayer& kv, const int32_t* table, int64_t p,
+                     int64_t ctx, int64_t g, __m512* row) {
+  const int64_t hd = kv.head_dim;
+  if (p + kv.block_size < ctx) {
+    const char* nx = reinterpret_cast<const char*>(pool + kv.offset(table, p + kv.block_size, g));
+    for (int64_t b = 0; b < hd * 2; b += 64) _mm_prefetch(nx + b, _MM_HINT_T0);
+  }
+  const bf16* r = pool + kv.offset(table, p, g);
+  for (int64_t c = 0; c < hd / 16; ++c) row[c] = internal::load_bf16(r + 16 * c);
+}
+
 // One (query token, KV head) pair with head_dim a multiple of 16: K and V rows
 // are read once for the whole group of query heads.
 void attend_group_avx512(const float* qg, int64_t group, int64_t ctx, const PagedKvLayer& kv,
@@ -31,16 +45,8 @@ void attend_group_avx512(const float* qg, int64_t group, int64_t ctx, const Page
   const int64_t hd = kv.head_dim, nc = hd / 16;
   scores.resize(static_cast<size_t>(group * ctx));
   __m512 kf[16];
-  // Blocks are scattered, so the hardware prefetcher stops at each block's end:
-  // prefetch the row one block ahead.
-  const int64_t ahead = kv.block_size;
   for (int64_t p = 0; p < ctx; ++p) {
-    if (p + ahead < ctx) {
-      const char* nx = reinterpret_cast<const char*>(kv.k + kv.offset(table, p + ahead, g));
-      for (int64_t b = 0; b < hd * 2; b += 64) _mm_prefetch(nx + b, _MM_HINT_T0);
-    }
-    const bf16* kr = kv.k + kv.offset(table, p, g);
-    for (int64_t c = 0; c < nc; ++c) kf[c] = internal::load_bf16(kr + 16 * c);
+    load_row(kv.k, kv, table, p, ctx, g, kf);
     for (int64_t h = 0; h < group; ++h) {
       const float* qh = qg + h * hd;
       __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qh), kf[0]);
@@ -67,12 +73,7 @@ void attend_group_avx512(const float* qg, int64_t group, int64_t ctx, const Page
   }
   acc.assign(static_cast<size_t>(group * hd), 0.f);
   for (int64_t p = 0; p < ctx; ++p) {
-    if (p + ahead < ctx) {
-      const char* nx = reinterpret_cast<const char*>(kv.v + kv.offset(table, p + ahead, g));
-      for (int64_t b = 0; b < hd * 2; b += 64) _mm_prefetch(nx + b, _MM_HINT_T0);
-    }
-    const bf16* vr = kv.v + kv.offset(table, p, g);
-    for (int64_t c = 0; c < nc; ++c) kf[c] = internal::load_bf16(vr + 16 * c);
+    load_row(kv.v, kv, table, p, ctx, g, kf);
     for (int64_t h = 0; h < group; ++h) {
       const __m512 sv = _mm512_set1_ps(scores[h * ctx + p]);
       float* a = acc.data() + h * hd;
