@@ -6,19 +6,61 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+#include <dirent.h>
 #include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
+#include <random>
 
 namespace msinfer::comm {
 namespace {
 
 std::string fi_error(const char* what, int rc) {
   return std::string(what) + " failed: " + fi_strerror(-rc) + " (" + std::to_string(rc) + ")";
+}
+
+// shm endpoints are POSIX shared-memory objects (16 MiB each) that libfabric
+// names "<pid>:<uid>:<index>" by default and creates with O_EXCL. A process that
+// is killed leaves its object behind, and a later process that gets the same
+// pid then cannot open an endpoint (fi_enable: EBUSY). So msinfer names its
+// own: kShmPrefix + "<pid>-<random>", and each new endpoint first removes the
+// objects of msinfer processes that no longer exist.
+constexpr const char* kShmPrefix = "msinfer-";
+
+}  // namespace
+
+void remove_dead_shm_endpoints() {
+  DIR* d = ::opendir("/dev/shm");
+  if (d == nullptr) return;
+  const size_t plen = std::strlen(kShmPrefix);
+  while (dirent* e = ::readdir(d)) {
+    if (std::strncmp(e->d_name, kShmPrefix, plen) != 0) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name + plen, &end, 10);
+    if (end == e->d_name + plen || *end != '-' || pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      ::shm_unlink((std::string("/") + e->d_name).c_str());
+    }
+  }
+  ::closedir(d);
+}
+
+namespace {
+
+std::string new_shm_endpoint_name() {
+  std::random_device rd;
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%s%d-%08x%08x", kShmPrefix, static_cast<int>(::getpid()), rd(),
+                rd());
+  return buf;
 }
 
 // Context of one write: libfabric hands it back in the completion.
@@ -84,6 +126,13 @@ class FabricTransport : public Transport {
     if ((rc = fi_endpoint(domain_, info_, &ep_, nullptr))) return internal_error(fi_error("fi_endpoint", rc));
     if ((rc = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV))) return internal_error(fi_error("fi_ep_bind(cq)", rc));
     if ((rc = fi_ep_bind(ep_, &av_->fid, 0))) return internal_error(fi_error("fi_ep_bind(av)", rc));
+    if (provider_ == "shm") {
+      remove_dead_shm_endpoints();
+      const std::string shm_name = new_shm_endpoint_name();
+      if ((rc = fi_setname(&ep_->fid, const_cast<char*>(shm_name.c_str()), shm_name.size() + 1))) {
+        return internal_error(fi_error("fi_setname", rc));
+      }
+    }
     if ((rc = fi_enable(ep_))) return internal_error(fi_error("fi_enable", rc));
     char name[256];
     size_t len = sizeof(name);

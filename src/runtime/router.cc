@@ -1,6 +1,7 @@
 #include "msinfer/runtime/router.h"
 
 #include "internal/line_io.h"
+#include "msinfer/comm/fabric_transport.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -124,6 +125,7 @@ void Router::shutdown() {
     if (w.out >= 0) ::close(w.out);
     w.out = -1;
   }
+  comm::remove_dead_shm_endpoints();  // those of workers that were killed
 }
 
 Status Router::check_children() {

@@ -6,10 +6,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <chrono>
+#include <fstream>
 #include <thread>
 
 #include "msinfer/comm/exchange.h"
+#include "msinfer/comm/fabric_transport.h"
 
 namespace msinfer::comm {
 namespace {
@@ -64,6 +68,7 @@ Outcome run_processes(const ExchangeOptions& o, std::vector<std::string>* messag
     ::close(pipes[r]);
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  remove_dead_shm_endpoints();  // of a rank that died holding its endpoint
   return out;
 }
 
@@ -113,6 +118,48 @@ TEST_P(MultiprocTest, AKilledPeerIsNamedWithinTheTimeout) {
     EXPECT_TRUE(named) << "rank " << r << ": " << msgs[r];
   }
   EXPECT_LT(out.seconds, 15.0) << "not detected within the timeout";
+}
+
+std::vector<std::string> shm_objects_of(pid_t pid) {
+  std::vector<std::string> out;
+  const std::string mine = "msinfer-" + std::to_string(pid) + "-";
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::string(e->d_name).rfind(mine, 0) == 0) out.push_back(e->d_name);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+// A killed process leaves its shm endpoint object behind. It must neither stop
+// a later process that reuses the pid (libfabric's default name is the pid)
+// nor stay in /dev/shm: the next endpoint removes objects of dead processes.
+TEST(ShmEndpointTest, ObjectsOfKilledProcessesAreNoObstacleAndAreRemoved) {
+  pid_t child = ::fork();
+  if (child == 0) {
+    // Stand in for a dead process with this pid: libfabric's default name.
+    std::ofstream("/dev/shm/" + std::to_string(::getpid()) + ":0:0") << "stale";
+    FabricOptions o;
+    o.provider = "shm";
+    auto t = make_fabric_transport(o);
+    if (!t.ok()) ::_exit(1);
+    ::kill(::getpid(), SIGKILL);  // dies holding the endpoint
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  std::remove(("/dev/shm/" + std::to_string(child) + ":0:0").c_str());
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the endpoint did not open next to a stale object";
+  EXPECT_EQ(shm_objects_of(child).size(), 1u) << "the killed process's object should remain";
+
+  FabricOptions o;
+  o.provider = "shm";
+  auto t = make_fabric_transport(o);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_TRUE(shm_objects_of(child).empty()) << "the dead process's object was not removed";
+  EXPECT_EQ(shm_objects_of(::getpid()).size(), 1u);
+  t->reset();
+  EXPECT_TRUE(shm_objects_of(::getpid()).empty()) << "closing the endpoint removes its object";
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, MultiprocTest, ::testing::Values("shm", "tcp"));

@@ -149,7 +149,15 @@ TEST(DisaggregatedKillTest, AKilledExpertWorkerIsNamedAndEverythingStops) {
   EXPECT_NE(all.find("expert worker 1"), std::string::npos) << all;
   EXPECT_NE(all.find("request 1"), std::string::npos) << all;
   EXPECT_LT(seconds, 2.0 + 10.0) << "not detected within the M2N timeout";
-  for (const auto& [name, pid] : pids) EXPECT_FALSE(alive(pid)) << name << " is still running";
+  for (const auto& [name, pid] : pids) {
+    EXPECT_FALSE(alive(pid)) << name << " is still running";
+    // Its shm endpoint (a 16 MiB /dev/shm object) does not outlive it.
+    const std::string prefix = "msinfer-" + std::to_string(pid) + "-";
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+      EXPECT_NE(e.path().filename().string().rfind(prefix, 0), 0u)
+          << name << " left " << e.path();
+    }
+  }
 }
 
 }  // namespace

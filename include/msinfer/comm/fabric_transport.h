@@ -35,4 +35,9 @@ struct FabricOptions {
 
 StatusOr<std::unique_ptr<Transport>> make_fabric_transport(const FabricOptions& options);
 
+// shm endpoints are shared-memory objects in /dev/shm; a killed process leaves
+// its own behind. Removes those of msinfer processes that no longer exist.
+// Every new shm endpoint calls it; so does the router after reaping workers.
+void remove_dead_shm_endpoints();
+
 }  // namespace msinfer::comm
