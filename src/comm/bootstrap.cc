@@ -1,6 +1,10 @@
 #include "msinfer/comm/bootstrap.h"
 
+#include "msinfer/comm/tcp.h"
+
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -61,24 +65,10 @@ class TcpBootstrap : public Bootstrap {
 
   StatusOr<std::vector<std::string>> allgather(const std::string& blob) override {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    int fd = -1;
-    // The server may not be up yet: retry connecting until the deadline.
-    while (true) {
-      fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_port = htons(static_cast<uint16_t>(port_));
-      ::inet_pton(AF_INET, host_.c_str(), &a.sin_addr);
-      if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) break;
-      ::close(fd);
-      if (std::chrono::steady_clock::now() > deadline) {
-        return Status(StatusCode::kUnavailable, "bootstrap: cannot reach " + host_ + ":" +
-                                                    std::to_string(port_));
-      }
-      ::usleep(20000);
-    }
-    int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    // The server may not be up yet: tcp_connect retries until the deadline.
+    auto c = tcp_connect(host_ + ":" + std::to_string(port_), timeout_);
+    if (!c.ok()) return c.status().with_context("bootstrap");
+    const int fd = *c;
     const std::string hello = std::to_string(rank_) + " " + std::to_string(round_++);
     std::vector<std::string> all(world_);
     bool ok = send_blob(fd, hello, deadline) && send_blob(fd, blob, deadline);
@@ -145,23 +135,9 @@ StatusOr<std::unique_ptr<BootstrapServer>> BootstrapServer::start(int world, con
   auto s = std::unique_ptr<BootstrapServer>(new BootstrapServer());
   s->world_ = world;
   s->host_ = host;
-  s->listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int one = 1;
-  ::setsockopt(s->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) {
-    return invalid_argument("bootstrap server: bad address " + host);
-  }
-  if (::bind(s->listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::listen(s->listen_fd_, 256) != 0) {
-    return Status(StatusCode::kUnavailable, "bootstrap server: cannot listen on " + host + ":" +
-                                                std::to_string(port) + ": " + std::strerror(errno));
-  }
-  socklen_t len = sizeof(a);
-  ::getsockname(s->listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
-  s->port_ = ntohs(a.sin_port);
+  auto fd = tcp_listen(host, port, &s->port_);
+  if (!fd.ok()) return fd.status().with_context("bootstrap server");
+  s->listen_fd_ = *fd;
   s->thread_ = std::thread([p = s.get()] { p->serve(); });
   return s;
 }
@@ -236,6 +212,25 @@ StatusOr<std::unique_ptr<Bootstrap>> make_tcp_bootstrap(int rank, int world,
 bool launched_by_mpi() {
   return std::getenv("OMPI_COMM_WORLD_RANK") != nullptr || std::getenv("PMIX_RANK") != nullptr ||
          std::getenv("PMI_RANK") != nullptr;
+}
+
+std::string local_address() {
+  if (const char* a = std::getenv("MSINFER_ADDRESS"); a != nullptr && *a != '\0') return a;
+  std::string found = "127.0.0.1";
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return found;
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    char buf[INET_ADDRSTRLEN];
+    const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf)) != nullptr) {
+      found = buf;
+      break;
+    }
+  }
+  ::freeifaddrs(list);
+  return found;
 }
 
 #ifdef MSINFER_HAVE_MPI

@@ -101,12 +101,14 @@ class FabricTransport : public Transport {
       const std::string p = o.provider == "tcp" ? "tcp;ofi_rxm" : o.provider;
       hints->fabric_attr->prov_name = strdup(p.c_str());
     }
-    int rc = fi_getinfo(FI_VERSION(1, 9), nullptr, nullptr, 0, hints, &info_);
+    int rc = fi_getinfo(FI_VERSION(1, 9), o.address.empty() ? nullptr : o.address.c_str(),
+                        nullptr, o.address.empty() ? 0 : FI_SOURCE, hints, &info_);
     fi_freeinfo(hints);
     if (rc != 0 || info_ == nullptr) {
       return Status(StatusCode::kUnavailable,
                     "libfabric: no provider '" + o.provider +
-                        "' with RDM endpoints, RMA writes and CQ data (" + fi_strerror(-rc) +
+                        "' with RDM endpoints, RMA writes and CQ data" +
+                        (o.address.empty() ? "" : " on " + o.address) + " (" + fi_strerror(-rc) +
                         "); try --fabric-provider shm or tcp");
     }
     provider_ = info_->fabric_attr->prov_name;

@@ -55,6 +55,7 @@ StatusOr<std::unique_ptr<comm::Transport>> make_transport(const WorkerConfig& c)
   comm::FabricOptions fo;
   fo.provider = c.provider;
   fo.write_timeout_ms = c.timeout_ms;
+  fo.address = c.address;
   return comm::make_fabric_transport(fo);
 }
 
@@ -271,7 +272,11 @@ class RemoteExperts : public ExpertBackend {
 
 // ---- expert worker ----
 
-Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot) {
+using internal::read_line;
+using internal::write_line;
+
+Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot, int in_fd,
+                         int out_fd) {
   model::LoadOptions lo;
   lo.attention = false;
   lo.all_experts = false;
@@ -297,8 +302,28 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
   const int64_t hdr = header_rows(static_cast<int64_t>(local.size()), row_bytes);
   std::vector<int64_t> served(M, 0);  // (slot, layer) units served per slot
   std::vector<float> in, out;
-  int64_t idle = 0;
+  std::string pending;
+  // Commands from the router: {"op": "exit"}, or the router gone (end of file).
+  // Looked at when idle and every 1024 rounds, so a poll() costs nothing.
+  auto told_to_exit = [&]() -> StatusOr<bool> {
+    std::string line;
+    bool eof = false;
+    while (read_line(in_fd, &pending, &line, 0, &eof)) {
+      auto cmd = parse_json(line, "expert worker command");
+      if (!cmd.ok()) return cmd.status();
+      const std::string op = cmd->value("op", "");
+      if (op == "exit") return true;
+      return invalid_argument("expert worker: unknown command '" + op + "'");
+    }
+    (void)out_fd;
+    return eof;
+  };
+  int64_t idle = 0, rounds = 0;
   while (true) {
+    if (idle > 64 || (++rounds & 1023) == 0) {
+      MSI_ASSIGN_OR_RETURN(bool stop, told_to_exit());
+      if (stop) return ok_status();
+    }
     size_t got = 0;
     MSI_RETURN_IF_ERROR(ep.progress(&got));
     bool worked = false;
@@ -358,9 +383,6 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
 }
 
 // ---- attention worker ----
-
-using internal::read_line;
-using internal::write_line;
 
 Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot, int in_fd,
                             int out_fd) {

@@ -7,12 +7,18 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <sstream>
+
+#include "msinfer/comm/tcp.h"
 
 namespace msinfer::runtime {
 using internal::read_line;
@@ -30,7 +36,7 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
     w.role = rank < A ? "attention" : "expert";
     w.index = rank < A ? rank : rank - A;
     int to_child[2] = {-1, -1}, from_child[2] = {-1, -1};
-    if (rank < A && (::pipe2(to_child, O_CLOEXEC) != 0 || ::pipe2(from_child, O_CLOEXEC) != 0)) {
+    if (::pipe2(to_child, O_CLOEXEC) != 0 || ::pipe2(from_child, O_CLOEXEC) != 0) {
       return internal_error("router: pipe failed");
     }
     std::vector<std::string> args = {exe, "worker", "--role", w.role, "--index", std::to_string(w.index),
@@ -56,10 +62,8 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
       int devnull = ::open("/dev/null", O_RDONLY);
       ::dup2(devnull, 0);
       ::dup2(2, 1);
-      if (rank < A) {
-        ::dup2(to_child[0], 3);
-        ::dup2(from_child[1], 4);
-      }
+      ::dup2(to_child[0], 3);
+      ::dup2(from_child[1], 4);
       // Share the cores: each worker gets nproc / workers OpenMP threads that
       // sleep when idle (spinning OpenMP threads of one process starve another
       // process's M2N polling; measured 100 ms per step instead of ~1 ms).
@@ -77,70 +81,204 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
       ::_exit(127);
     }
     w.pid = pid;
-    if (rank < A) {
-      ::close(to_child[0]);
-      ::close(from_child[1]);
-      w.in = to_child[1];
-      w.out = from_child[0];
-    }
+    ::close(to_child[0]);
+    ::close(from_child[1]);
+    w.in = to_child[1];
+    w.out = from_child[0];
     r->workers_.push_back(w);
   }
-  // Attention workers say "ready" once their weights are loaded and the M2N
-  // wiring (which needs every worker) is done.
-  for (int a = 0; a < A; ++a) {
-    std::string line;
-    if (!read_line(r->workers_[a].out, &r->workers_[a].buf, &line, 120000)) {
-      MSI_RETURN_IF_ERROR(r->check_children());
-      return Status(StatusCode::kUnavailable, "attention worker " + std::to_string(a) + " did not start");
-    }
-    auto j = parse_json(line, "attention worker");
-    if (!j.ok() || !j->contains("ready")) {
-      return Status(StatusCode::kUnavailable, "attention worker " + std::to_string(a) + ": " + line);
-    }
-    r->workers_[a].rss_mb = j->value("rss_mb", 0.0);
-  }
+  MSI_RETURN_IF_ERROR(r->wait_ready());
   return r;
+}
+
+// Attention workers say "ready" once their weights are loaded and the M2N
+// wiring (which needs every worker) is done.
+Status Router::wait_ready() {
+  for (int a = 0; a < c_.attention_workers; ++a) {
+    Worker& w = workers_[a];
+    std::string line;
+    bool got = false;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
+    while (!got && std::chrono::steady_clock::now() < deadline) {
+      got = read_line(w.out, &w.buf, &line, 200);
+      if (!got) MSI_RETURN_IF_ERROR(check_children());
+    }
+    if (!got) return Status(StatusCode::kUnavailable, name_of(w) + " did not start within 300 s");
+    auto j = parse_json(line, name_of(w));
+    if (!j.ok() || !j->contains("ready")) {
+      return Status(StatusCode::kUnavailable, name_of(w) + ": " + line);
+    }
+    w.rss_mb = j->value("rss_mb", 0.0);
+  }
+  return ok_status();
+}
+
+std::string Router::name_of(const Worker& w) const {
+  return w.role + " worker " + std::to_string(w.index);
+}
+
+// ---- under a launcher (mpirun / srun) ----
+//
+// Rank 0 (router) listens on this host's address for control connections and
+// runs the bootstrap server of the workers' M2N wiring; one launcher allgather
+// tells every rank both addresses. Each worker connects, says who it is
+// ({"rank", "pid", "host"}), then bootstraps its M2N endpoint through the
+// router's server as rank (launcher rank - 1) and serves commands on the
+// socket exactly as over the pipes of a local deployment.
+
+namespace {
+
+Status check_launcher_size(const WorkerConfig& c, const comm::Bootstrap& launcher) {
+  const int need = 1 + c.attention_workers + c.expert_workers;
+  if (launcher.size() != need) {
+    return invalid_argument("the launcher started " + std::to_string(launcher.size()) +
+                            " ranks; this deployment needs 1 router + " +
+                            std::to_string(c.attention_workers) + " attention + " +
+                            std::to_string(c.expert_workers) + " expert workers = " +
+                            std::to_string(need) + " (e.g. mpirun -np " + std::to_string(need) + ")");
+  }
+  return ok_status();
+}
+
+std::string host_name() {
+  char h[256] = {};
+  ::gethostname(h, sizeof(h) - 1);
+  return h;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Router>> Router::start_launched(const WorkerConfig& c,
+                                                         comm::Bootstrap& launcher) {
+  MSI_RETURN_IF_ERROR(check_launcher_size(c, launcher));
+  auto r = std::unique_ptr<Router>(new Router());
+  r->c_ = c;
+  const int A = c.attention_workers, N = c.expert_workers;
+  const std::string host = comm::local_address();
+  MSI_ASSIGN_OR_RETURN(r->server_, comm::BootstrapServer::start(A + N, host));
+  int port = 0;
+  MSI_ASSIGN_OR_RETURN(const int listen_fd, comm::tcp_listen(host, 0, &port));
+  ::signal(SIGPIPE, SIG_IGN);
+  auto gathered = launcher.allgather(r->server_->address() + " " + host + ":" + std::to_string(port));
+  if (!gathered.ok()) {
+    ::close(listen_fd);
+    return gathered.status();
+  }
+  r->workers_.resize(A + N);
+  for (int i = 0; i < A + N; ++i) {
+    r->workers_[i].role = i < A ? "attention" : "expert";
+    r->workers_[i].index = i < A ? i : i - A;
+  }
+  Status s = ok_status();
+  for (int joined = 0; joined < A + N && s.ok(); ++joined) {
+    auto fd = comm::tcp_accept(listen_fd, std::chrono::seconds(120));
+    if (!fd.ok()) {
+      s = fd.status().with_context("router: only " + std::to_string(joined) + " of " +
+                                   std::to_string(A + N) + " workers connected");
+      break;
+    }
+    std::string line, buf;
+    auto hello = read_line(*fd, &buf, &line, 30000) ? parse_json(line, "worker hello")
+                                                     : StatusOr<Json>(invalid_argument("no hello"));
+    const int rank = hello.ok() ? hello->value("rank", -1) : -1;
+    if (rank < 1 || rank > A + N || r->workers_[rank - 1].in >= 0) {
+      ::close(*fd);
+      s = invalid_argument("router: a worker connected with a bad hello: " + line);
+      break;
+    }
+    Worker& w = r->workers_[rank - 1];
+    w.in = w.out = *fd;
+    w.buf = buf;
+    w.where = "rank " + std::to_string(rank) + " on " + hello->value("host", std::string("?")) +
+              " (" + hello->value("address", std::string("?")) +
+              ", pid " + std::to_string(hello->value("pid", 0)) + ")";
+  }
+  ::close(listen_fd);
+  MSI_RETURN_IF_ERROR(s);
+  MSI_RETURN_IF_ERROR(r->wait_ready());
+  return r;
+}
+
+Status join_launched_deployment(const WorkerConfig& config, comm::Bootstrap& launcher) {
+  MSI_RETURN_IF_ERROR(check_launcher_size(config, launcher));
+  const int rank = launcher.rank();
+  if (rank < 1) return invalid_argument("join_launched_deployment: rank 0 is the router");
+  MSI_ASSIGN_OR_RETURN(auto all, launcher.allgather(""));
+  std::istringstream addrs(all[0]);
+  std::string bootstrap, control;
+  addrs >> bootstrap >> control;
+  MSI_ASSIGN_OR_RETURN(const int fd, comm::tcp_connect(control, std::chrono::seconds(60)));
+  write_line(fd, Json{{"rank", rank}, {"pid", ::getpid()}, {"host", host_name()},
+                      {"address", comm::local_address()}}.dump());
+  WorkerConfig c = config;
+  if (c.address.empty() && c.provider != "shm") c.address = comm::local_address();
+  // As the local router does for its children: share this host's cores among
+  // the ranks on it, with OpenMP threads that sleep when idle (before the
+  // first parallel region reads them). Explicit settings win.
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (local == nullptr) local = std::getenv("SLURM_NTASKS_PER_NODE");
+  const long per_host = local != nullptr ? std::max(1L, std::atol(local)) : 1L;
+  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+  ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / per_host)).c_str(), 0);
+  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+  const int A = c.attention_workers, N = c.expert_workers;
+  MSI_ASSIGN_OR_RETURN(auto boot, comm::make_tcp_bootstrap(rank - 1, A + N, bootstrap));
+  Status s = rank <= A ? run_attention_worker(c, rank - 1, *boot, fd, fd)
+                       : run_expert_worker(c, rank - 1 - A, *boot, fd, fd);
+  ::close(fd);
+  return s;
 }
 
 Router::~Router() { shutdown(); }
 
 void Router::shutdown() {
   for (auto& w : workers_) {
-    if (w.in >= 0) {
-      write_line(w.in, R"({"op": "exit"})");
-      ::close(w.in);
-      w.in = -1;
-    }
+    if (w.in >= 0) write_line(w.in, R"({"op": "exit"})");
   }
   for (auto& w : workers_) {
-    if (w.pid <= 0) continue;
-    if (w.role == "expert") ::kill(w.pid, SIGTERM);
-    int st = 0;
-    for (int i = 0; i < 200 && ::waitpid(w.pid, &st, WNOHANG) == 0; ++i) ::usleep(10000);
-    if (::waitpid(w.pid, &st, WNOHANG) == 0) {
-      ::kill(w.pid, SIGKILL);
-      ::waitpid(w.pid, &st, 0);
+    if (w.pid > 0) {
+      int st = 0;
+      for (int i = 0; i < 200 && ::waitpid(w.pid, &st, WNOHANG) == 0; ++i) ::usleep(10000);
+      if (::waitpid(w.pid, &st, WNOHANG) == 0) {
+        ::kill(w.pid, SIGKILL);
+        ::waitpid(w.pid, &st, 0);
+      }
+      w.pid = -1;
+    } else if (w.out >= 0) {
+      // A launcher's rank: it closes the socket as it exits.
+      std::string line;
+      bool eof = false;
+      for (int i = 0; i < 20 && !eof; ++i) read_line(w.out, &w.buf, &line, 100, &eof);
     }
-    w.pid = -1;
-    if (w.out >= 0) ::close(w.out);
-    w.out = -1;
+    if (w.in >= 0) ::close(w.in);
+    if (w.out >= 0 && w.out != w.in) ::close(w.out);
+    w.in = w.out = -1;
   }
   comm::remove_dead_shm_endpoints();  // those of workers that were killed
 }
 
 Status Router::check_children() {
   for (auto& w : workers_) {
-    if (w.pid <= 0) continue;
-    int st = 0;
-    if (::waitpid(w.pid, &st, WNOHANG) == w.pid) {
-      const std::string how = WIFSIGNALED(st) ? "was killed by signal " + std::to_string(WTERMSIG(st))
-                                              : "exited with status " + std::to_string(WEXITSTATUS(st));
-      const std::string who = w.role + " worker " + std::to_string(w.index);
-      const pid_t pid = w.pid;
+    std::string how;
+    if (w.pid > 0) {
+      int st = 0;
+      if (::waitpid(w.pid, &st, WNOHANG) != w.pid) continue;
+      how = "(pid " + std::to_string(w.pid) + ") " +
+            (WIFSIGNALED(st) ? "was killed by signal " + std::to_string(WTERMSIG(st))
+                             : "exited with status " + std::to_string(WEXITSTATUS(st)));
       w.pid = -1;
-      shutdown();
-      return Status(StatusCode::kUnavailable, who + " (pid " + std::to_string(pid) + ") " + how);
+    } else if (w.out >= 0 && !w.where.empty()) {
+      // A launcher's rank on any host: its socket ends when the process does.
+      char c;
+      const ssize_t n = ::recv(w.out, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n != 0 && !(n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) continue;
+      how = "(" + w.where + ") closed its connection: it exited or its host is unreachable";
+    } else {
+      continue;
     }
+    const std::string who = name_of(w) + " " + how;
+    shutdown();
+    return Status(StatusCode::kUnavailable, who);
   }
   return ok_status();
 }
@@ -212,7 +350,7 @@ StatusOr<std::vector<TokenEvent>> Router::step() {
 std::string Router::describe() const {
   std::string s;
   for (const auto& w : workers_) {
-    s += w.role + " worker " + std::to_string(w.index) + ": pid " + std::to_string(w.pid) + "\n";
+    s += name_of(w) + ": " + (w.where.empty() ? "pid " + std::to_string(w.pid) : w.where) + "\n";
   }
   return s;
 }

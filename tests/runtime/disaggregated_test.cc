@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -158,6 +159,86 @@ TEST(DisaggregatedKillTest, AKilledExpertWorkerIsNamedAndEverythingStops) {
           << name << " left " << e.path();
     }
   }
+}
+
+// Two "hosts": network namespaces joined by a veth pair, created and removed
+// here. mpirun (in host a) reaches host b through a plm_rsh_agent script that
+// runs `ip netns exec`; the router, both attention workers (host a) and both
+// expert workers (host b) are ranks of one job, and the M2N data goes over the
+// tcp provider across the veth.
+class TwoHostTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string id = std::to_string(::getpid());
+    ns_a_ = "msi" + id + "a";
+    ns_b_ = "msi" + id + "b";
+    if (std::system("command -v mpirun >/dev/null && command -v ip >/dev/null") != 0) {
+      GTEST_SKIP() << "needs mpirun (openmpi-bin) and ip (iproute2)";
+    }
+    if (!sh("ip netns add " + ns_a_)) {
+      GTEST_SKIP() << "cannot create network namespaces here (needs root / CAP_NET_ADMIN)";
+    }
+    created_ = true;
+    const std::string va = "mva" + id, vb = "mvb" + id;
+    ASSERT_TRUE(sh("ip netns add " + ns_b_));
+    ASSERT_TRUE(sh("ip link add " + va + " type veth peer name " + vb));
+    ASSERT_TRUE(sh("ip link set " + va + " netns " + ns_a_ + " && ip link set " + vb + " netns " + ns_b_));
+    ASSERT_TRUE(sh("ip -n " + ns_a_ + " addr add 10.77.0.1/24 dev " + va + " && ip -n " + ns_b_ +
+                   " addr add 10.77.0.2/24 dev " + vb));
+    for (const auto& [ns, dev] : {std::pair{ns_a_, va}, std::pair{ns_b_, vb}}) {
+      ASSERT_TRUE(sh("ip -n " + ns + " link set lo up && ip -n " + ns + " link set " + dev + " up"));
+    }
+    agent_ = write_file("netns_agent.sh",
+                        "#!/bin/sh\n"
+                        "# mpirun's remote launcher: AGENT [options] HOST COMMAND...\n"
+                        "while [ $# -gt 0 ]; do case \"$1\" in -*) shift ;; *) break ;; esac; done\n"
+                        "host=$1; shift\n"
+                        "case \"$host\" in 10.77.0.1) ns=" + ns_a_ + " ;; 10.77.0.2) ns=" + ns_b_ +
+                            " ;; *) echo \"unknown host $host\" >&2; exit 1 ;; esac\n"
+                        "exec ip netns exec \"$ns\" sh -c \"$*\"\n");
+    ::chmod(agent_.c_str(), 0755);
+    hostfile_ = write_file("netns_hosts", "10.77.0.1 slots=3\n10.77.0.2 slots=2\n");
+  }
+  void TearDown() override {
+    if (!created_) return;
+    // Anything still running in the namespaces goes first; deleting a
+    // namespace removes its end of the veth pair and so the pair.
+    for (const std::string& ns : {ns_a_, ns_b_}) {
+      sh("ip netns pids " + ns + " 2>/dev/null | xargs -r kill -9");
+      sh("ip netns del " + ns + " 2>/dev/null");
+    }
+  }
+  static bool sh(const std::string& cmd) { return std::system(cmd.c_str()) == 0; }
+
+  std::string ns_a_, ns_b_, agent_, hostfile_;
+  bool created_ = false;
+};
+
+TEST_F(TwoHostTest, MpirunDeploymentOverTcpBetweenNamespacesMatchesTheColocatedEngine) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  const std::string prompt = "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 12 --ignore-eos";
+  const auto ref = tokens_of(prompt);
+  ASSERT_EQ(ref.size(), 12u);
+  // Both namespaces share this machine's hostname and /dev/shm, which confuses
+  // Open MPI's shared-memory transport (only the rendezvous goes through MPI):
+  // real hosts need no `--mca btl`.
+  const std::string err = ::testing::TempDir() + "/two_host_stderr_" + std::to_string(::getpid());
+  const std::string cmd =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -s KILL 120 ip netns exec " +
+      ns_a_ + " mpirun --hostfile " + hostfile_ + " -np 5 --mca plm_rsh_agent " + agent_ +
+      " --mca oob_tcp_if_include 10.77.0.0/24 --mca btl_tcp_if_include 10.77.0.0/24 --mca btl self,tcp " +
+      kBinary + " generate " + prompt +
+      " --attention-workers 2 --expert-workers 2 --micro-batches 2 --fabric-provider tcp --json 2>" + err;
+  const std::string out = msinfer::testing::run_capture(cmd);
+  std::stringstream e;
+  e << std::ifstream(err).rdbuf();
+  auto j = parse_json(out, "mpirun generate --json");
+  ASSERT_TRUE(j.ok()) << "stdout: " << out.substr(0, 300) << "\nstderr: " << e.str();
+  EXPECT_EQ((*j)["token_ids"].get<std::vector<int32_t>>(), ref) << e.str();
+  // The expert workers really were on the other host.
+  EXPECT_NE(e.str().find("expert worker 0: rank 3 on"), std::string::npos) << e.str();
+  EXPECT_NE(e.str().find("(10.77.0.2, pid"), std::string::npos) << e.str();
+  EXPECT_NE(e.str().find("ready"), std::string::npos) << e.str();
 }
 
 }  // namespace

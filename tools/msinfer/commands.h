@@ -2,6 +2,10 @@
 // code: 0 on success, 1 on a runtime failure, 2 on bad input (flags, files).
 #pragma once
 
+#include <memory>
+#include <string>
+
+#include "msinfer/comm/bootstrap.h"
 #include "msinfer/core/flags.h"
 #include "msinfer/core/model_config.h"
 #include "msinfer/runtime/disaggregated.h"
@@ -24,5 +28,11 @@ StatusOr<runtime::WorkerConfig> worker_config_from_flags(const FlagSet& flags,
 // expert worker per expert; tensor-parallel plans are refused.
 StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
                                                         const ModelConfig& model);
+
+// The launcher's job when mpirun / srun started this process with more than one
+// rank (rank 0 routes, the others are workers); null otherwise.
+StatusOr<std::unique_ptr<comm::Bootstrap>> launcher_job();
+// This binary's path, for the router to start workers with.
+StatusOr<std::string> self_executable();
 
 }  // namespace msinfer::cli

@@ -1,6 +1,8 @@
 // msinfer worker: one attention or expert worker process of a disaggregated
 // deployment. Started by the router (generate/serve on one host) or by mpirun /
 // srun on many hosts; the bootstrap comes from the environment.
+#include <unistd.h>
+
 #include <cstdio>
 #include <iostream>
 
@@ -93,6 +95,24 @@ StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
   return c;
 }
 
+StatusOr<std::unique_ptr<comm::Bootstrap>> launcher_job() {
+  if (!comm::launched_by_mpi()) return std::unique_ptr<comm::Bootstrap>();
+#ifdef MSINFER_HAVE_MPI
+  MSI_ASSIGN_OR_RETURN(auto b, comm::make_mpi_bootstrap());
+  if (b->size() == 1) return std::unique_ptr<comm::Bootstrap>();  // mpirun -np 1: fork locally
+  return b;
+#else
+  return failed_precondition("started by mpirun/srun, but this msinfer was built without MPI");
+#endif
+}
+
+StatusOr<std::string> self_executable() {
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) return internal_error("cannot resolve /proc/self/exe");
+  return std::string(exe, static_cast<size_t>(n));
+}
+
 int run_worker(int argc, char** argv) {
   FlagSet flags("worker", "One worker process of a disaggregated deployment (started by the router).");
   flags.add_string("role", "", "attention | expert");
@@ -114,10 +134,10 @@ int run_worker(int argc, char** argv) {
   if (!boot.ok()) return report_error("worker", boot.status());
   const std::string role = flags.get_string("role");
   const int index = static_cast<int>(flags.get_int("index"));
+  // The router's command pipe is fd 3, the answer pipe fd 4.
   if (role == "expert") {
-    s = runtime::run_expert_worker(*c, index, **boot);
+    s = runtime::run_expert_worker(*c, index, **boot, 3, 4);
   } else if (role == "attention") {
-    // The router's command pipe is fd 3, the answer pipe fd 4.
     s = runtime::run_attention_worker(*c, index, **boot, 3, 4);
   } else {
     s = invalid_argument("--role must be attention or expert");

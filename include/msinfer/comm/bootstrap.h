@@ -55,6 +55,10 @@ StatusOr<std::unique_ptr<Bootstrap>> make_tcp_bootstrap(
 
 // True when this process was started by mpirun / srun with PMIx.
 bool launched_by_mpi();
+
+// The IPv4 address other hosts reach this one by: MSINFER_ADDRESS if set, else
+// the first interface that is up and not loopback, else 127.0.0.1.
+std::string local_address();
 #ifdef MSINFER_HAVE_MPI
 // Calls MPI_Init if needed; MPI_Finalize at exit.
 StatusOr<std::unique_ptr<Bootstrap>> make_mpi_bootstrap();

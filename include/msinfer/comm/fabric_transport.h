@@ -31,6 +31,9 @@ struct FabricOptions {
   // A write the provider keeps refusing (-FI_EAGAIN: e.g. the peer is gone and
   // tcp cannot connect) fails after this long instead of retrying forever.
   int write_timeout_ms = 5000;
+  // Local address to bind (tcp, verbs: the interface peers reach this host
+  // by); empty lets the provider choose, which may be loopback.
+  std::string address;
 };
 
 StatusOr<std::unique_ptr<Transport>> make_fabric_transport(const FabricOptions& options);

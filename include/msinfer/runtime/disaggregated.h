@@ -44,12 +44,15 @@ struct WorkerConfig {
   int64_t kv_cache_bytes = 256ll << 20;
   int64_t max_step_tokens = 256;
   std::string provider = "shm";
+  std::string address;  // local address for the fabric (multi-host); "" = provider's choice
   int timeout_ms = 10000;
 };
 
 // Joins the deployment (bootstrap ranks: attention workers first, then expert
-// workers) and serves until the process is terminated. Errors name the peer.
-Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot);
+// workers) and serves until the router says {"op": "exit"} on `in` or closes
+// it. Errors name the peer.
+Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot, int in_fd,
+                         int out_fd);
 
 // An attention worker: builds its engine with remote experts, then reads JSON
 // commands from `in` ({"op": "add", ...}, {"op": "step"}, {"op": "exit"}) and

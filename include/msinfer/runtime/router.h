@@ -1,10 +1,14 @@
-// The router of a single-host disaggregated deployment: starts the attention
-// and expert worker processes (this binary's `worker` subcommand), bootstraps
-// them, assigns each request to the attention worker with the least load, and
-// steps all attention workers together (they must answer the expert workers in
-// lockstep even when idle). Workers die with the router (PR_SET_PDEATHSIG) and
-// are terminated when it is destroyed; a worker that dies fails every
-// in-flight request with an error naming it.
+// The router of a disaggregated deployment: assigns each request to the
+// attention worker with the least load and steps all attention workers
+// together (they must answer the expert workers in lockstep even when idle).
+// Two ways to get workers:
+// - start(): one host. Forks the attention and expert workers (this binary's
+//   `worker` subcommand), talks to them over pipes; they die with the router
+//   (PR_SET_PDEATHSIG) and are terminated when it is destroyed.
+// - start_launched(): many hosts. mpirun / srun started this binary as every
+//   rank: rank 0 is the router, ranks 1..n_a attention workers, the rest expert
+//   workers (join_launched_deployment()). Workers reach the router over TCP.
+// A worker that dies fails every in-flight request with an error naming it.
 #pragma once
 
 #include <sys/types.h>
@@ -24,6 +28,9 @@ class Router {
   // `exe` is the msinfer binary; `placement_file` may be empty (round robin).
   static StatusOr<std::unique_ptr<Router>> start(const WorkerConfig& c, const std::string& exe,
                                                  const std::string& placement_file);
+  // Rank 0 of a launcher's job whose other ranks call join_launched_deployment.
+  static StatusOr<std::unique_ptr<Router>> start_launched(const WorkerConfig& c,
+                                                          comm::Bootstrap& launcher);
   ~Router();
 
   Status add(const GenerationRequest& r);
@@ -36,20 +43,28 @@ class Router {
   struct Worker {
     std::string role;
     int index = 0;
-    pid_t pid = -1;
-    int in = -1, out = -1;  // attention workers: command pipe and answers
+    pid_t pid = -1;         // forked here; -1 for a launcher's rank
+    std::string where;      // a launcher's rank: "rank R on HOST (pid P)"
+    int in = -1, out = -1;  // commands and answers: pipes, or one TCP socket
     std::string buf;        // answer bytes read but not yet a whole line
     int64_t load = 0;
     double rss_mb = 0;
   };
   Router() = default;
+  Status wait_ready();
   Status check_children();
   void shutdown();
+  std::string name_of(const Worker& w) const;
 
   WorkerConfig c_;
   std::unique_ptr<comm::BootstrapServer> server_;
   std::vector<Worker> workers_;  // attention workers first
   std::map<int64_t, int> in_flight_;  // request id -> attention worker
 };
+
+// Ranks 1.. of a launcher's job: takes the role of `launcher`'s rank (ranks
+// 1..n_a attention workers, then expert workers), reaches the router (rank 0)
+// over TCP and serves until it says exit. The job must have 1 + n_a + N ranks.
+Status join_launched_deployment(const WorkerConfig& c, comm::Bootstrap& launcher);
 
 }  // namespace msinfer::runtime

@@ -1,5 +1,5 @@
-// Newline-framed messages over pipes between the router and attention workers
-// (private to runtime/).
+// Newline-framed JSON messages between the router and its workers, over pipes
+// (one host) or TCP sockets (under mpirun/srun). Private to runtime/.
 #pragma once
 
 #include <poll.h>
@@ -24,9 +24,11 @@ inline bool write_line(int fd, const std::string& s) {
 
 // Next complete line from fd, keeping partial input in *buf across calls (a
 // timeout must not lose the start of a line). timeout_ms < 0 waits forever.
-// False on timeout or end of file.
-inline bool read_line(int fd, std::string* buf, std::string* line, int timeout_ms) {
+// False on timeout or end of file (then *eof, if given, is set).
+inline bool read_line(int fd, std::string* buf, std::string* line, int timeout_ms,
+                      bool* eof = nullptr) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  bool polled = false;  // timeout 0 still looks once
   while (true) {
     const size_t nl = buf->find('\n');
     if (nl != std::string::npos) {
@@ -38,14 +40,18 @@ inline bool read_line(int fd, std::string* buf, std::string* line, int timeout_m
     if (timeout_ms >= 0) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
                             deadline - std::chrono::steady_clock::now()).count();
-      if (left <= 0) return false;
-      wait = static_cast<int>(left < 100 ? left : 100);
+      if (left <= 0 && polled) return false;
+      wait = static_cast<int>(left <= 0 ? 0 : left < 100 ? left : 100);
     }
+    polled = true;
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, wait) <= 0) continue;
     char chunk[4096];
     const ssize_t n = ::read(fd, chunk, sizeof(chunk));
-    if (n <= 0) return false;
+    if (n <= 0) {
+      if (eof != nullptr) *eof = true;
+      return false;
+    }
     buf->append(chunk, static_cast<size_t>(n));
   }
 }

@@ -1,0 +1,23 @@
+// Plain TCP sockets for the control plane (bootstrap rounds, the router's
+// commands to workers on other hosts). Data never goes through here.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "msinfer/core/status.h"
+
+namespace msinfer::comm {
+
+// A listening socket on host (IPv4 literal) and port (0: any free port); the
+// port bound is returned in *bound_port.
+StatusOr<int> tcp_listen(const std::string& host, int port, int* bound_port);
+
+// Connects to "host:port", retrying until `timeout` (the peer may not listen
+// yet). TCP_NODELAY is set.
+StatusOr<int> tcp_connect(const std::string& host_port, std::chrono::milliseconds timeout);
+
+// Waits up to `timeout` for a connection on a listening socket.
+StatusOr<int> tcp_accept(int listen_fd, std::chrono::milliseconds timeout);
+
+}  // namespace msinfer::comm
