@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -17,8 +18,26 @@ namespace {
 
 constexpr int kMaxRows = 65535;
 
+// Message header: int32 row count per expert on the destination, then (in the
+// header's last 8 bytes) the sender's system-clock send time in ns, for T_c.
 int64_t header_rows(int64_t local_experts, int64_t row_bytes) {
-  return (local_experts * 4 + row_bytes - 1) / row_bytes;
+  return (local_experts * 4 + 8 + row_bytes - 1) / row_bytes;
+}
+
+int64_t wall_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// GEMM FLOPs per token of one layer on the attention side: QKV, O, router.
+double attention_layer_flops(const ModelConfig& mc) {
+  const double h = static_cast<double>(mc.hidden), hd = static_cast<double>(mc.head_dim);
+  return 2.0 * h * (mc.heads + 2.0 * mc.kv_heads) * hd + 2.0 * mc.heads * hd * h + 2.0 * h * mc.experts;
 }
 
 // Connects the two channels of one process: `sender` to every peer's receive
@@ -168,8 +187,10 @@ std::string Placement::describe() const {
 
 class RemoteExperts : public ExpertBackend {
  public:
-  RemoteExperts(const WorkerConfig& c, const ModelConfig& mc, int index, comm::M2NEndpoint& ep)
+  RemoteExperts(const WorkerConfig& c, const ModelConfig& mc, int index, comm::M2NEndpoint& ep,
+                WorkerStats* stats)
       : c_(c), index_(index), ep_(ep), hidden_(mc.hidden), layers_(mc.layers),
+        layer_flops_(attention_layer_flops(mc)), stats_(stats),
         dispatch_(shape(c, mc, 0), index), combine_(shape(c, mc, 1), index) {
     for (int w = 0; w < c.expert_workers; ++w) local_.push_back(c.placement.experts_on(w));
   }
@@ -178,9 +199,17 @@ class RemoteExperts : public ExpertBackend {
     MSI_ASSIGN_OR_RETURN(comm::RemoteRegion region, combine_.attach(ep_));
     return wire(boot, ep_, dispatch_, region, c_.attention_workers, c_.expert_workers);
   }
-  Status begin_step() override { return ok_status(); }
+  Status begin_step() override {
+    last_return_ = std::chrono::steady_clock::now();
+    return ok_status();
+  }
 
   Status start(int k, int l, const kernels::cpu::RoutedBatch& r) override {
+    // Since the previous call returned: micro-batch k's attention for layer l.
+    stats_->t_a.add(k, l, seconds_since(last_return_));
+    stats_->gemm_flops += layer_flops_ * static_cast<double>(r.tokens);
+    if (l == 0) stats_->tokens += r.tokens;
+    const int64_t sent_ns = wall_ns();
     const int W = c_.expert_workers;
     const int64_t row_bytes = hidden_ * 4;
     // Split each expert's rows over its replicas by share (first rows to the
@@ -219,14 +248,19 @@ class RemoteExperts : public ExpertBackend {
       }
       std::memset(buf, 0, static_cast<size_t>(hdr * row_bytes));
       std::memcpy(buf, counts.data(), counts.size() * 4);
+      std::memcpy(buf + hdr * row_bytes - 8, &sent_ns, 8);
       rows[w] = at;
     }
     MSI_RETURN_IF_ERROR(dispatch_.wait_sent(k));
-    return dispatch_.send(k, seq(k, l), rows);
+    Status s = dispatch_.send(k, seq(k, l), rows);
+    last_return_ = std::chrono::steady_clock::now();
+    return s;
   }
 
   Status finish(int k, int l, const kernels::cpu::RoutedBatch& r, float* results) override {
+    const auto waited_from = std::chrono::steady_clock::now();
     Status s = combine_.wait(k, seq(k, l));
+    stats_->wait_s += seconds_since(waited_from);
     if (!s.ok()) {
       if (s.code() == StatusCode::kDeadlineExceeded) {
         std::string m;
@@ -248,6 +282,7 @@ class RemoteExperts : public ExpertBackend {
     combine_.release(k);
     ++steps_done_[k];
     (void)r;
+    last_return_ = std::chrono::steady_clock::now();
     return ok_status();
   }
 
@@ -263,6 +298,9 @@ class RemoteExperts : public ExpertBackend {
   comm::M2NEndpoint& ep_;
   int64_t hidden_;
   int layers_;
+  double layer_flops_;
+  WorkerStats* stats_;
+  std::chrono::steady_clock::time_point last_return_ = std::chrono::steady_clock::now();
   comm::M2NSender dispatch_;
   comm::M2NReceiver combine_;
   std::vector<std::vector<int>> local_;
@@ -303,8 +341,12 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
   std::vector<int64_t> served(M, 0);  // (slot, layer) units served per slot
   std::vector<float> in, out;
   std::string pending;
-  // Commands from the router: {"op": "exit"}, or the router gone (end of file).
-  // Looked at when idle and every 1024 rounds, so a poll() costs nothing.
+  WorkerStats stats(M, mc.layers);
+  auto window_from = std::chrono::steady_clock::now();
+  const double ffn_flops_per_row = 2.0 * 3.0 * static_cast<double>(h) * static_cast<double>(mc.expert_ffn);
+  // Commands from the router: {"op": "stats", "reset": bool}, {"op": "exit"},
+  // or the router gone (end of file). Looked at when idle and every 1024
+  // rounds, so a poll() costs nothing.
   auto told_to_exit = [&]() -> StatusOr<bool> {
     std::string line;
     bool eof = false;
@@ -313,9 +355,18 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
       if (!cmd.ok()) return cmd.status();
       const std::string op = cmd->value("op", "");
       if (op == "exit") return true;
+      if (op == "stats") {
+        const double window = seconds_since(window_from);
+        stats.wait_s = std::max(0.0, window - stats.busy_s);  // nothing to serve
+        write_line(out_fd, Json{{"stats", stats.to_json(window)}}.dump());
+        if (cmd->value("reset", false)) {
+          stats.reset();
+          window_from = std::chrono::steady_clock::now();
+        }
+        continue;
+      }
       return invalid_argument("expert worker: unknown command '" + op + "'");
     }
-    (void)out_fd;
     return eof;
   };
   int64_t idle = 0, rounds = 0;
@@ -329,9 +380,18 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
     bool worked = false;
     for (int k = 0; k < M; ++k) {
       if (!dispatch.all_arrived(k)) continue;
+      const auto unit_from = std::chrono::steady_clock::now();
+      const int64_t seen_ns = wall_ns();
       const uint32_t seq = static_cast<uint32_t>(served[k]);
       MSI_RETURN_IF_ERROR(dispatch.verify(k, seq));
       const int layer = static_cast<int>(served[k] % mc.layers);
+      int64_t last_sent_ns = 0;
+      for (int a = 0; a < A; ++a) {
+        int64_t t = 0;
+        std::memcpy(&t, dispatch.data(k, a) + hdr * row_bytes - 8, 8);
+        last_sent_ns = std::max(last_sent_ns, t);
+      }
+      stats.t_c.add(k, layer, std::max<int64_t>(0, seen_ns - last_sent_ns) * 1e-9);
       MSI_RETURN_IF_ERROR(combine.wait_sent(k));
       std::vector<int64_t> reply_rows(A, 0);
       // Per local expert: gather its rows from every attention worker, run the
@@ -358,6 +418,8 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
           at += n[a];
         }
         runner.forward(layer, local[i], in.data(), total, out.data());
+        stats.gemm_flops += ffn_flops_per_row * static_cast<double>(total);
+        stats.tokens += total;
         at = 0;
         for (int a = 0; a < A; ++a) {
           std::memcpy(combine.buffer(k, a) + (cursor[a] - hdr) * row_bytes, out.data() + at * h,
@@ -369,6 +431,9 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
       for (int a = 0; a < A; ++a) reply_rows[a] = dispatch.rows(k, a) - hdr;
       MSI_RETURN_IF_ERROR(combine.send(k, seq, reply_rows));
       dispatch.release(k);
+      const double unit_s = seconds_since(unit_from);
+      stats.t_e.add(k, layer, unit_s);
+      stats.busy_s += unit_s;
       ++served[k];
       worked = true;
     }
@@ -392,7 +457,9 @@ Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& b
   std::shared_ptr<const model::ModelWeights> weights = std::move(w);
   MSI_ASSIGN_OR_RETURN(auto transport, make_transport(c));
   comm::M2NEndpoint ep(std::move(transport), std::chrono::milliseconds(c.timeout_ms));
-  auto remote = std::make_unique<RemoteExperts>(c, weights->config(), index, ep);
+  WorkerStats stats(c.micro_batches, weights->config().layers);
+  auto window_from = std::chrono::steady_clock::now();
+  auto remote = std::make_unique<RemoteExperts>(c, weights->config(), index, ep, &stats);
   MSI_RETURN_IF_ERROR(remote->attach(boot));
   EngineOptions eo;
   eo.kv_cache_bytes = c.kv_cache_bytes;
@@ -427,8 +494,19 @@ Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& b
                                 : Json{{"refused", r.id}, {"error", s.message()}}.dump());
       continue;
     }
+    if (op == "stats") {
+      write_line(out_fd, Json{{"stats", stats.to_json(seconds_since(window_from))}}.dump());
+      if (cmd->value("reset", false)) {
+        stats.reset();
+        window_from = std::chrono::steady_clock::now();
+      }
+      continue;
+    }
     if (op == "step") {
+      const auto step_from = std::chrono::steady_clock::now();
+      const double wait_before = stats.wait_s;
       auto events = engine->step();
+      stats.busy_s += seconds_since(step_from) - (stats.wait_s - wait_before);
       if (!events.ok()) {
         write_line(out_fd, Json{{"error", events.status().message()}}.dump());
         return events.status();

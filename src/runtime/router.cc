@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <chrono>
 #include <cerrno>
 #include <cstdlib>
@@ -19,6 +20,8 @@
 #include <sstream>
 
 #include "msinfer/comm/tcp.h"
+
+extern char** environ;
 
 namespace msinfer::runtime {
 using internal::read_line;
@@ -51,6 +54,31 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
       args.push_back("--placement");
       args.push_back(placement_file);
     }
+    // Share the cores: each worker gets nproc / workers OpenMP threads that
+    // sleep when idle (spinning OpenMP threads of one process starve another
+    // process's M2N polling; measured 100 ms per step instead of ~1 ms).
+    // Explicit settings in the environment win.
+    const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+    std::map<std::string, std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const char* eq = std::strchr(*e, '=');
+      if (eq != nullptr) env[std::string(*e, static_cast<size_t>(eq - *e))] = eq + 1;
+    }
+    env.emplace("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / (A + N))));
+    env.emplace("OMP_WAIT_POLICY", "PASSIVE");
+    env["MSINFER_BOOTSTRAP"] = r->server_->address();
+    env["MSINFER_RANK"] = std::to_string(rank);
+    env["MSINFER_WORLD_SIZE"] = std::to_string(A + N);
+    std::vector<std::string> env_lines;
+    for (const auto& [k, v] : env) env_lines.push_back(k + "=" + v);
+    // Everything the child needs is built here: between fork and exec it only
+    // makes system calls (the bootstrap server's thread may hold the
+    // allocator's lock at the fork).
+    std::vector<char*> argv, envp;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (auto& e : env_lines) envp.push_back(e.data());
+    envp.push_back(nullptr);
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid < 0) return internal_error("router: fork failed");
@@ -64,20 +92,7 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
       ::dup2(2, 1);
       ::dup2(to_child[0], 3);
       ::dup2(from_child[1], 4);
-      // Share the cores: each worker gets nproc / workers OpenMP threads that
-      // sleep when idle (spinning OpenMP threads of one process starve another
-      // process's M2N polling; measured 100 ms per step instead of ~1 ms).
-      // Explicit settings in the environment win.
-      const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
-      ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / (A + N))).c_str(), 0);
-      ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
-      ::setenv("MSINFER_BOOTSTRAP", r->server_->address().c_str(), 1);
-      ::setenv("MSINFER_RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("MSINFER_WORLD_SIZE", std::to_string(A + N).c_str(), 1);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(exe.c_str(), argv.data());
+      ::execve(exe.c_str(), argv.data(), envp.data());
       ::_exit(127);
     }
     w.pid = pid;
@@ -345,6 +360,33 @@ StatusOr<std::vector<TokenEvent>> Router::step() {
     }
   }
   return events;
+}
+
+StatusOr<std::vector<Json>> Router::stats(bool reset) {
+  for (auto& w : workers_) {
+    if (!write_line(w.in, Json{{"op", "stats"}, {"reset", reset}}.dump())) {
+      MSI_RETURN_IF_ERROR(check_children());
+      return Status(StatusCode::kUnavailable, name_of(w) + " is gone");
+    }
+  }
+  std::vector<Json> out;
+  for (auto& w : workers_) {
+    std::string line;
+    bool got = false;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(c_.timeout_ms);
+    while (!got && std::chrono::steady_clock::now() < deadline) {
+      got = read_line(w.out, &w.buf, &line, 200);
+      if (!got) MSI_RETURN_IF_ERROR(check_children());
+    }
+    if (!got) return Status(StatusCode::kDeadlineExceeded, name_of(w) + " did not report its stats");
+    MSI_ASSIGN_OR_RETURN(Json j, parse_json(line, name_of(w)));
+    if (!j.contains("stats")) return internal_error(name_of(w) + ": expected stats, got " + line);
+    Json st = j["stats"];
+    st["role"] = w.role;
+    st["index"] = w.index;
+    out.push_back(std::move(st));
+  }
+  return out;
 }
 
 std::string Router::describe() const {

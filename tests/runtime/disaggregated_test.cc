@@ -161,6 +161,53 @@ TEST(DisaggregatedKillTest, AKilledExpertWorkerIsNamedAndEverythingStops) {
   }
 }
 
+// bench serve through a 1 + 2 deployment: every token accounted for, and the
+// workers' counters agree with each other (each token of a decode step visits
+// top_k experts in every layer, and every visit is one expert row).
+TEST(BenchServeTest, WorkerCountersAccountForEveryToken) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  const std::string err = ::testing::TempDir() + "/bench_serve_stderr_" + std::to_string(::getpid());
+  const std::string out = msinfer::testing::run_capture(
+      kBinary + " bench serve --offline --model " + dir +
+      " --num-prompts 6 --input-len 9 --output-len 7 --attention-workers 1 --expert-workers 2"
+      " --micro-batches 2 --json 2>" + err);
+  std::stringstream e;
+  e << std::ifstream(err).rdbuf();
+  auto j = parse_json(out, "bench serve --json");
+  ASSERT_TRUE(j.ok()) << out.substr(0, 300) << "\n" << e.str();
+  EXPECT_EQ((*j)["generated_tokens"].get<int64_t>(), 6 * 7);
+  EXPECT_GT((*j)["decode_tokens_per_s"].get<double>(), 0);
+  EXPECT_LE((*j)["ttft_ms_p50"].get<double>(), (*j)["ttft_ms_p99"].get<double>());
+  const auto& workers = (*j)["workers"];
+  ASSERT_EQ(workers.size(), 3u);
+  auto cfg = read_json_file(dir + "/config.json");
+  ASSERT_TRUE(cfg.ok());
+  const int64_t layers = (*cfg)["num_hidden_layers"].get<int64_t>();
+  const int64_t top_k = (*cfg)["num_experts_per_tok"].get<int64_t>();
+  // Decode phase: 6 requests x 6 more tokens, one row each per step.
+  EXPECT_EQ(workers[0]["role"], "attention");
+  EXPECT_EQ(workers[0]["tokens"].get<int64_t>(), 6 * 6);
+  int64_t expert_rows = 0;
+  for (size_t i = 1; i < workers.size(); ++i) {
+    const auto& w = workers[i];
+    EXPECT_EQ(w["role"], "expert");
+    expert_rows += w["tokens"].get<int64_t>();
+    ASSERT_TRUE(w.contains("t_e_s")) << w.dump();
+    EXPECT_EQ(w["t_e_s"].size(), 2u);            // micro-batch slots
+    EXPECT_EQ(w["t_e_s"][0].size(), static_cast<size_t>(layers));
+    EXPECT_GT(w["t_e_mean_s"].get<double>(), 0);
+    EXPECT_GE(w["t_c_mean_s"].get<double>(), 0);
+  }
+  EXPECT_EQ(expert_rows, 6 * 6 * top_k * layers);
+  for (const auto& w : workers) {
+    const double busy = w["busy_fraction"].get<double>(), wait = w["wait_fraction"].get<double>();
+    EXPECT_GT(busy, 0) << w.dump();
+    EXPECT_LE(busy + wait, 1.0 + 1e-6) << w.dump();
+    EXPECT_GT(w["gemm_gflops_per_s"].get<double>(), 0) << w.dump();
+  }
+  EXPECT_GT(workers[0]["t_a_mean_s"].get<double>(), 0);
+}
+
 // Two "hosts": network namespaces joined by a veth pair, created and removed
 // here. mpirun (in host a) reaches host b through a plm_rsh_agent script that
 // runs `ip netns exec`; the router, both attention workers (host a) and both

@@ -165,12 +165,15 @@ int run_bench(int argc, char** argv) {
   const std::string what = argc > 2 ? argv[2] : "";
   if (what == "kernels") return run_bench_kernels(argc, argv);
   if (what == "m2n") return run_bench_m2n(argc, argv);
+  if (what == "serve") return run_bench_serve(argc, argv);
   if (what == "--help" || what == "-h" || what.empty()) {
     std::printf("usage: msinfer bench kernels [--json] [--quick]\n"
-                "       msinfer bench m2n [--senders M --receivers N --size BYTES --provider shm|tcp ...]\n");
+                "       msinfer bench m2n [--senders M --receivers N --size BYTES --provider shm|tcp ...]\n"
+                "       msinfer bench serve --offline --model DIR [--num-prompts P --input-len I "
+                "--output-len O] [deployment flags] [--json]\n");
     return what.empty() ? 2 : 0;
   }
-  return report_error("bench", invalid_argument("unknown benchmark '" + what + "' (kernels, m2n)"));
+  return report_error("bench", invalid_argument("unknown benchmark '" + what + "' (kernels, m2n, serve)"));
 }
 
 }  // namespace msinfer::cli

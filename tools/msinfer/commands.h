@@ -17,6 +17,7 @@ int run_simulate(int argc, char** argv);
 int run_make_model(int argc, char** argv);
 int run_generate(int argc, char** argv);
 int run_bench(int argc, char** argv);
+int run_bench_serve(int argc, char** argv);  // `bench serve`
 int run_profile(int argc, char** argv);
 int run_worker(int argc, char** argv);
 

@@ -6,7 +6,8 @@
 //
 // Message from attention worker a to expert worker w for (slot k, layer l):
 //   [header: int32 row count per expert hosted on w, in placement order,
-//    padded to whole rows][rows, expert by expert, each hidden floats]
+//    padded to whole rows, its last 8 bytes the send time][rows, expert by
+//    expert, each hidden floats]
 // The answer carries the outputs of the same rows in the same order.
 #pragma once
 
@@ -19,6 +20,7 @@
 #include "msinfer/core/json.h"
 #include "msinfer/runtime/engine.h"
 #include "msinfer/runtime/expert_backend.h"
+#include "msinfer/runtime/worker_stats.h"
 
 namespace msinfer::runtime {
 
@@ -55,8 +57,9 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
                          int out_fd);
 
 // An attention worker: builds its engine with remote experts, then reads JSON
-// commands from `in` ({"op": "add", ...}, {"op": "step"}, {"op": "exit"}) and
-// writes one JSON line per step to `out` ({"events": [...]} or {"error": ...}).
+// commands from `in` ({"op": "add", ...}, {"op": "step"}, {"op": "stats",
+// "reset": bool}, {"op": "exit"}) and writes one JSON line per command to `out`
+// ({"events": [...]}, {"stats": WorkerStats}, or {"error": ...}).
 Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot, int in_fd,
                             int out_fd);
 

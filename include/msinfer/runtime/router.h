@@ -38,6 +38,9 @@ class Router {
   bool idle() const { return in_flight_.empty(); }
   // One line per worker: role, index, pid, RSS.
   std::string describe() const;
+  // Every worker's WorkerStats since the last reset ({"role", "index", ...}),
+  // attention workers first; call between steps. reset starts a new window.
+  StatusOr<std::vector<Json>> stats(bool reset);
 
  private:
   struct Worker {

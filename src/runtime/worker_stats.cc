@@ -1,0 +1,63 @@
+#include "msinfer/runtime/worker_stats.h"
+
+#include <algorithm>
+
+namespace msinfer::runtime {
+
+int64_t UnitTimes::count() const {
+  int64_t c = 0;
+  for (int64_t n : n_) c += n;
+  return c;
+}
+
+double UnitTimes::mean() const {
+  double s = 0;
+  for (double x : sum_) s += x;
+  const int64_t c = count();
+  return c > 0 ? s / static_cast<double>(c) : 0.0;
+}
+
+Json UnitTimes::to_json() const {
+  Json slots = Json::array();
+  for (size_t k = 0; layers_ > 0 && k < sum_.size() / layers_; ++k) {
+    Json row = Json::array();
+    for (int l = 0; l < layers_; ++l) {
+      const size_t i = k * layers_ + l;
+      row.push_back(n_[i] > 0 ? Json(sum_[i] / static_cast<double>(n_[i])) : Json(nullptr));
+    }
+    slots.push_back(row);
+  }
+  return slots;
+}
+
+void UnitTimes::reset() {
+  std::fill(sum_.begin(), sum_.end(), 0.0);
+  std::fill(n_.begin(), n_.end(), 0);
+}
+
+Json WorkerStats::to_json(double window_s) const {
+  Json j{{"window_s", window_s},
+         {"busy_s", busy_s},
+         {"wait_s", wait_s},
+         {"busy_fraction", window_s > 0 ? busy_s / window_s : 0.0},
+         {"wait_fraction", window_s > 0 ? wait_s / window_s : 0.0},
+         {"gemm_flops", gemm_flops},
+         {"gemm_gflops_per_s", busy_s > 0 ? gemm_flops / busy_s / 1e9 : 0.0},
+         {"tokens", tokens}};
+  for (const auto& [name, t] : {std::pair{"t_a", &t_a}, {"t_e", &t_e}, {"t_c", &t_c}}) {
+    if (t->count() == 0) continue;
+    j[std::string(name) + "_mean_s"] = t->mean();
+    j[std::string(name) + "_s"] = t->to_json();
+  }
+  return j;
+}
+
+void WorkerStats::reset() {
+  busy_s = wait_s = gemm_flops = 0;
+  tokens = 0;
+  t_a.reset();
+  t_e.reset();
+  t_c.reset();
+}
+
+}  // namespace msinfer::runtime

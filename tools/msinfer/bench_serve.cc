@@ -1,0 +1,202 @@
+// msinfer bench serve: drives a fixed offline workload through a deployment
+// (co-located engine, or router + workers) and reports what the router and
+// every worker measured.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <random>
+
+#include "commands.h"
+#include "msinfer/core/flags.h"
+#include "msinfer/core/stats.h"
+#include "msinfer/core/table.h"
+#include "msinfer/runtime/engine.h"
+#include "msinfer/runtime/router.h"
+#include "planner_flags.h"
+
+namespace msinfer::cli {
+
+int run_bench_serve(int argc, char** argv) {
+  FlagSet flags("bench serve",
+                "Offline serving benchmark: submits --num-prompts random prompts of --input-len\n"
+                "tokens at once, each generating exactly --output-len tokens, runs them to the\n"
+                "end and reports TTFT and time between tokens (p50/p99 over every request),\n"
+                "decode tokens/s, and for a disaggregated deployment each worker's busy and\n"
+                "network-wait fractions, achieved GEMM GFLOP/s and mean T_a / T_e / T_c\n"
+                "(per micro-batch slot and layer with --json). Worker figures cover the\n"
+                "decode phase: from the moment every request has its first token.");
+  flags.add_string("model", "", "model directory");
+  flags.add_bool("offline", "all prompts submitted at once (the only mode so far)");
+  flags.add_int("num-prompts", 8, "requests");
+  flags.add_int("input-len", 32, "prompt tokens per request");
+  flags.add_int("output-len", 32, "generated tokens per request");
+  flags.add_int("seed", 0, "seed of the random prompts");
+  flags.add_int("kv-cache-mb", 256, "KV cache budget in MiB (per attention worker)");
+  flags.add_bool("json", "print one JSON object");
+  add_deployment_flags(flags);
+  flags.add_string("plan", "", "plan document from `msinfer plan --out` (sets n_a and m)");
+  flags.set_epilog(
+      "examples:\n"
+      "  msinfer bench serve --offline --model /tmp/m --num-prompts 16 --input-len 64 --output-len 32\n"
+      "  msinfer bench serve --offline --model /tmp/m --attention-workers 1 --expert-workers 1 "
+      "--micro-batches 2 --json");
+  Status s = flags.parse(argc, argv, 3);
+  if (!s.ok()) return report_error("bench serve", s);
+  if (flags.help_requested()) {
+    std::cout << flags.usage();
+    return 0;
+  }
+  const std::string dir = flags.get_string("model");
+  if (dir.empty()) return report_error("bench serve", invalid_argument("--model is required"));
+  const int64_t P = flags.get_int("num-prompts"), I = flags.get_int("input-len"),
+                O = flags.get_int("output-len");
+  if (P < 1 || P > 100000 || I < 1 || O < 1) {
+    return report_error("bench serve", invalid_argument("--num-prompts, --input-len and --output-len must be >= 1"));
+  }
+  auto model = load_model_config(dir);
+  if (!model.ok()) return report_error("bench serve", model.status());
+  const bool disaggregated = flags.get_int("attention-workers") > 0 ||
+                             flags.get_int("expert-workers") > 0 || !flags.get_string("plan").empty();
+  std::unique_ptr<runtime::Engine> engine;
+  std::unique_ptr<runtime::Router> router;
+  std::unique_ptr<comm::Bootstrap> launcher;
+  std::string deployment;
+  if (disaggregated) {
+    auto wc = flags.get_string("plan").empty() ? worker_config_from_flags(flags, *model)
+                                               : worker_config_from_plan(flags, *model);
+    if (!wc.ok()) return report_error("bench serve", wc.status());
+    auto l = launcher_job();
+    if (!l.ok()) return report_error("bench serve", l.status());
+    launcher = std::move(l).value();
+    if (launcher && launcher->rank() > 0) {
+      s = runtime::join_launched_deployment(*wc, *launcher);
+      if (!s.ok()) return report_error(("rank " + std::to_string(launcher->rank())).c_str(), s);
+      return 0;
+    }
+    StatusOr<std::unique_ptr<runtime::Router>> r = internal_error("no router");
+    if (launcher) {
+      r = runtime::Router::start_launched(*wc, *launcher);
+    } else {
+      auto exe = self_executable();
+      if (!exe.ok()) return report_error("bench serve", exe.status());
+      r = runtime::Router::start(*wc, *exe, flags.get_string("placement"));
+    }
+    if (!r.ok()) return report_error("bench serve", r.status());
+    router = std::move(r).value();
+    deployment = "disaggregated: " + std::to_string(wc->attention_workers) + " attention + " +
+                 std::to_string(wc->expert_workers) + " expert workers, m=" +
+                 std::to_string(wc->micro_batches);
+  } else {
+    auto w = model::ModelWeights::load(dir);
+    if (!w.ok()) return report_error("bench serve", w.status());
+    runtime::EngineOptions eo;
+    eo.kv_cache_bytes = flags.get_int("kv-cache-mb") << 20;
+    eo.micro_batches = static_cast<int>(flags.get_int("micro-batches"));
+    auto e = runtime::Engine::create(std::move(w).value(), eo);
+    if (!e.ok()) return report_error("bench serve", e.status());
+    engine = std::move(e).value();
+    deployment = "co-located engine, m=" + std::to_string(eo.micro_batches);
+  }
+  std::fprintf(stderr, "msinfer bench serve: %s; %lld prompts x %lld tokens in, %lld out\n",
+               deployment.c_str(), static_cast<long long>(P), static_cast<long long>(I),
+               static_cast<long long>(O));
+
+  std::mt19937_64 rng(static_cast<uint64_t>(flags.get_int("seed")));
+  std::uniform_int_distribution<int32_t> token(0, model->vocab - 1);
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  for (int64_t i = 0; i < P; ++i) {
+    runtime::GenerationRequest req;
+    req.id = i + 1;
+    for (int64_t t = 0; t < I; ++t) req.prompt.push_back(token(rng));
+    req.sampling.max_tokens = static_cast<int>(O);
+    req.sampling.ignore_eos = true;
+    s = router ? router->add(req) : engine->add(req);
+    if (!s.ok()) return report_error("bench serve", s.with_context("request " + std::to_string(i + 1)));
+  }
+  std::map<int64_t, std::vector<double>> times;  // request -> token times (s since t0)
+  int64_t first_tokens = 0, decode_tokens = 0;
+  double decode_from = 0;
+  std::vector<Json> workers;
+  int64_t steps = 0;
+  while (router ? !router->idle() : !engine->idle()) {
+    auto events = router ? router->step() : engine->step();
+    if (!events.ok()) return report_error("bench serve", events.status());
+    const double now = std::chrono::duration<double>(clock::now() - t0).count();
+    for (const auto& ev : *events) {
+      auto& t = times[ev.request_id];
+      if (t.empty()) ++first_tokens;
+      else if (decode_from > 0) ++decode_tokens;
+      t.push_back(now);
+    }
+    if (decode_from == 0 && first_tokens == P) {
+      decode_from = now;  // every request has its first token: the decode phase starts
+      if (router) {
+        auto st = router->stats(/*reset=*/true);
+        if (!st.ok()) return report_error("bench serve", st.status());
+      }
+    }
+    if (++steps % 64 == 0) {
+      std::fprintf(stderr, "msinfer bench serve: step %lld, %zu of %lld requests started\n",
+                   static_cast<long long>(steps), times.size(), static_cast<long long>(P));
+    }
+  }
+  const double end = std::chrono::duration<double>(clock::now() - t0).count();
+  if (router) {
+    auto st = router->stats(/*reset=*/false);
+    if (!st.ok()) return report_error("bench serve", st.status());
+    workers = *st;
+  }
+  std::vector<double> ttft, tbt;
+  int64_t generated = 0;
+  for (const auto& [id, t] : times) {
+    ttft.push_back(t.front());
+    for (size_t i = 1; i < t.size(); ++i) tbt.push_back(t[i] - t[i - 1]);
+    generated += static_cast<int64_t>(t.size());
+  }
+  const double decode_tps = end > decode_from ? decode_tokens / (end - decode_from) : 0;
+  Json out{{"deployment", deployment},
+           {"num_prompts", P},
+           {"input_len", I},
+           {"output_len", O},
+           {"steps", steps},
+           {"seconds", end},
+           {"generated_tokens", generated},
+           {"output_tokens_per_s", generated / end},
+           {"decode_tokens_per_s", decode_tps},
+           {"ttft_ms_p50", percentile(ttft, 0.5) * 1e3},
+           {"ttft_ms_p99", percentile(ttft, 0.99) * 1e3},
+           {"tbt_ms_p50", percentile(tbt, 0.5) * 1e3},
+           {"tbt_ms_p99", percentile(tbt, 0.99) * 1e3},
+           {"workers", workers}};
+  if (flags.get_bool("json")) {
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%s: %lld requests, %lld tokens in %.2f s (%lld steps)\n"
+              "TTFT p50 %.1f ms, p99 %.1f ms; TBT p50 %.2f ms, p99 %.2f ms; decode %.1f tokens/s, "
+              "output %.1f tokens/s\n",
+              deployment.c_str(), static_cast<long long>(P), static_cast<long long>(generated), end,
+              static_cast<long long>(steps), out["ttft_ms_p50"].get<double>(),
+              out["ttft_ms_p99"].get<double>(), out["tbt_ms_p50"].get<double>(),
+              out["tbt_ms_p99"].get<double>(), decode_tps, generated / end);
+  if (!workers.empty()) {
+    std::printf("\nworkers, decode phase (%.2f s):\n", end - decode_from);
+    Table t({"worker", "busy", "network wait", "GEMM GFLOP/s", "T_a ms", "T_e ms", "T_c ms"});
+    auto ms = [](const Json& w, const char* key) {
+      return w.contains(key) ? fmt(w[key].get<double>() * 1e3, 3) : std::string("");
+    };
+    for (const auto& w : workers) {
+      t.add_row({w["role"].get<std::string>() + " " + std::to_string(w["index"].get<int>()),
+                 fmt_pct(w["busy_fraction"].get<double>()), fmt_pct(w["wait_fraction"].get<double>()),
+                 fmt(w["gemm_gflops_per_s"].get<double>(), 1), ms(w, "t_a_mean_s"), ms(w, "t_e_mean_s"),
+                 ms(w, "t_c_mean_s")});
+    }
+    std::cout << t.to_string();
+  }
+  return 0;
+}
+
+}  // namespace msinfer::cli
