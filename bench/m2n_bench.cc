@@ -209,4 +209,26 @@ StatusOr<std::vector<M2NBenchRow>> run_m2n_bench(const M2NBenchOptions& o) {
 #endif
 }
 
+StatusOr<Json> add_transfer_model(Json profile, const std::vector<M2NBenchRow>& rows) {
+  if (!profile.is_object()) return invalid_argument("profile: expected a JSON object");
+  double peak = 0;
+  for (const auto& r : rows) {
+    if (r.name == "msinfer") peak = std::max(peak, r.gbps);
+  }
+  if (!(peak > 0)) return invalid_argument("no msinfer rows to fit a transfer model to");
+  Json curve = Json::array();
+  for (const auto& r : rows) {
+    // Keyed by the bytes one sender sends in a round, as the planner asks.
+    if (r.name == "msinfer") {
+      curve.push_back({static_cast<double>(r.size) * r.receivers, r.gbps / peak});
+    }
+  }
+  profile["nic_gb_s"] = peak;
+  profile["nic_util_curve"] = curve;
+  profile["nic_source"] = "msinfer bench m2n, " + rows.front().provider + ", " +
+                          std::to_string(rows.front().senders) + "x" +
+                          std::to_string(rows.front().receivers);
+  return profile;
+}
+
 }  // namespace msinfer::bench

@@ -1,4 +1,6 @@
+#include "msinfer/bench/m2n_bench.h"
 #include "msinfer/bench/profile.h"
+#include "msinfer/planner/perf_model.h"
 
 #include <gtest/gtest.h>
 
@@ -60,6 +62,43 @@ TEST(ProfileTest, WritesAFileThePlannerReads) {
   o.kv_cache_mb = 0;
   EXPECT_EQ(profile_model(o).status().code(), StatusCode::kResourceExhausted);
   std::filesystem::remove_all(dir);
+}
+
+// The transfer model fitted to M2N rows gives back each measured one-way time
+// through the planner's own formula, and keeps the profile's k's.
+TEST(TransferModelTest, ReproducesTheMeasuredOneWayTimes) {
+  std::vector<M2NBenchRow> rows;
+  const std::vector<std::pair<int64_t, double>> measured = {{2048, 6.0}, {32768, 14.0}, {262144, 60.0}};
+  for (auto [size, p50_us] : measured) {
+    M2NBenchRow r;
+    r.name = "msinfer";
+    r.provider = "shm";
+    r.size = size;
+    r.senders = 2;
+    r.receivers = 2;
+    r.p50_us = p50_us;
+    r.gbps = 2.0 * size / (p50_us * 1e-6) / 1e9;  // a sender sends `size` to each receiver
+    rows.push_back(r);
+  }
+  M2NBenchRow mpi = rows.back();
+  mpi.name = "mpi-p2p";
+  mpi.gbps = 1000;  // other implementations' rows are ignored
+  rows.push_back(mpi);
+  auto j = add_transfer_model(Json{{"k1_ms_per_token", 0.01}}, rows);
+  ASSERT_TRUE(j.ok()) << j.status().to_string();
+  EXPECT_EQ((*j)["k1_ms_per_token"].get<double>(), 0.01);
+  auto p = planner::parse_profile(*j, "test");
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  ASSERT_TRUE(p->nic_bandwidth && p->nic_util);
+  planner::StageModel sm;
+  sm.dispatch_bytes_per_token = 1;  // so b_a counts bytes
+  sm.attention_nic_bandwidth = *p->nic_bandwidth;
+  sm.nic_util = *p->nic_util;
+  for (auto [size, p50_us] : measured) {
+    EXPECT_NEAR(sm.t_comm_attention_side(2.0 * size) * 1e6, p50_us, p50_us * 1e-9) << size;
+  }
+  EXPECT_FALSE(add_transfer_model(Json::object(), {mpi}).ok());
+  EXPECT_FALSE(add_transfer_model(Json::array(), rows).ok());
 }
 
 }  // namespace

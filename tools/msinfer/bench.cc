@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 
@@ -86,6 +87,9 @@ int run_bench_m2n(int argc, char** argv) {
   flags.add_string("imbalance", "none", "none | zipf:S (skewed rows per receiver)");
   flags.add_bool("no-verify", "skip the byte checks (they run outside the timed span anyway)");
   flags.add_bool("json", "print one JSON object");
+  flags.add_string("profile-into", "",
+                   "add the measured transfer model (nic_gb_s, nic_util_curve) to this profile "
+                   "JSON (from `msinfer profile`; created if missing) for plan/simulate/bench serve");
   Status s = flags.parse(argc, argv, 3);
   if (!s.ok()) return report_error("bench m2n", s);
   if (flags.help_requested()) {
@@ -144,6 +148,18 @@ int run_bench_m2n(int argc, char** argv) {
   auto rows = bench::run_m2n_bench(o);
   if (!rows.ok()) return report_error("bench m2n", rows.status());
   if (rows->empty()) return 0;  // not rank 0
+  if (const std::string& into = flags.get_string("profile-into"); !into.empty()) {
+    Json base = Json::object();
+    if (std::ifstream(into).good()) {
+      auto j = read_json_file(into);
+      if (!j.ok()) return report_error("bench m2n", j.status());
+      base = *j;
+    }
+    auto merged = bench::add_transfer_model(base, *rows);
+    if (!merged.ok()) return report_error("bench m2n", merged.status().with_context(into));
+    std::ofstream(into) << merged->dump(2) << "\n";
+    std::fprintf(stderr, "msinfer bench m2n: transfer model written into %s\n", into.c_str());
+  }
   if (flags.get_bool("json")) {
     std::cout << Json{{"results", bench::m2n_rows_to_json(*rows)}}.dump(2) << "\n";
     return 0;

@@ -6,17 +6,92 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <random>
+#include <tuple>
 
 #include "commands.h"
 #include "msinfer/core/flags.h"
 #include "msinfer/core/stats.h"
 #include "msinfer/core/table.h"
+#include "msinfer/planner/perf_model.h"
 #include "msinfer/runtime/engine.h"
 #include "msinfer/runtime/router.h"
 #include "planner_flags.h"
 
 namespace msinfer::cli {
+namespace {
+
+// The planner's prediction (SPEC.md sections 3-4) for this deployment during
+// decode, from a measured profile: k1..k4 from `msinfer profile`, the
+// transfer model from `msinfer bench m2n --profile-into`.
+StatusOr<Json> predict(const ModelConfig& mc, const runtime::WorkerConfig& c, int64_t requests,
+                       const std::string& profile_path) {
+  MSI_ASSIGN_OR_RETURN(planner::Profile prof, planner::load_profile(profile_path));
+  if (!prof.k1 || !prof.k2 || !prof.k3 || !prof.k4) {
+    return invalid_argument(profile_path + ": needs k1..k4 (write it with `msinfer profile --out`)");
+  }
+  MSI_ASSIGN_OR_RETURN(planner::UtilCurve flat, planner::UtilCurve::make({{1.0, 1.0}}, "flat"));
+  planner::DeploymentShape shape;  // tp 1: the GPU entries are not used
+  planner::StageModel sm = planner::build_stage_model(mc, shape, 0, prof.nic_util.value_or(flat), &prof);
+  // This runtime moves fp32 rows (the planner's default assumes bf16).
+  sm.dispatch_bytes_per_token = 4.0 * mc.hidden * mc.top_k;
+  sm.expert_bytes_per_token = 4.0 * mc.hidden;
+  const double A = c.attention_workers, m = c.micro_batches;
+  const double b_a = static_cast<double>(requests) / A / m;  // decode tokens per micro-batch
+  planner::StageTimes t;
+  t.t_a = sm.t_attention(b_a);
+  // Uniform routing: expert e gets A * b_a * K / E rows, split over its replicas
+  // by share; an expert worker runs one GEMM per expert it holds.
+  double rows_max = 0;
+  for (int w = 0; w < c.expert_workers; ++w) {
+    double te = 0, rows = 0;
+    for (int e : c.placement.experts_on(w)) {
+      for (auto [ww, share] : c.placement.replicas[e]) {
+        if (ww != w) continue;
+        const double b_e = A * b_a * mc.top_k / mc.experts * share;
+        te += sm.t_expert(b_e);
+        rows += b_e;
+      }
+    }
+    t.t_e = std::max(t.t_e, te);
+    rows_max = std::max(rows_max, rows);
+  }
+  Json j{{"b_a", b_a}, {"t_a_s", t.t_a}, {"t_e_s", t.t_e}, {"source", profile_path}};
+  if (prof.nic_bandwidth) {
+    // One attention worker sends b_a * K rows (over all destinations); the
+    // busiest expert worker receives rows_max (from all attention workers).
+    t.t_c = sm.t_comm(b_a, rows_max);
+    j["t_c_s"] = t.t_c;
+  }
+  const double T = planner::iteration_time(t, c.micro_batches, mc.layers);
+  j["iteration_s"] = T;
+  j["decode_tokens_per_s"] = static_cast<double>(requests) / T;
+  j["full_overlap"] = planner::full_overlap(t, c.micro_batches);
+  return j;
+}
+
+double mean_over(const std::vector<Json>& workers, const std::string& role, const char* key) {
+  double s = 0;
+  int n = 0;
+  for (const auto& w : workers) {
+    if (w["role"] == role && w.contains(key)) {
+      s += w[key].get<double>();
+      ++n;
+    }
+  }
+  return n > 0 ? s / n : 0;
+}
+
+double max_over(const std::vector<Json>& workers, const std::string& role, const char* key) {
+  double s = 0;
+  for (const auto& w : workers) {
+    if (w["role"] == role && w.contains(key)) s = std::max(s, w[key].get<double>());
+  }
+  return s;
+}
+
+}  // namespace
 
 int run_bench_serve(int argc, char** argv) {
   FlagSet flags("bench serve",
@@ -35,6 +110,9 @@ int run_bench_serve(int argc, char** argv) {
   flags.add_int("seed", 0, "seed of the random prompts");
   flags.add_int("kv-cache-mb", 256, "KV cache budget in MiB (per attention worker)");
   flags.add_bool("json", "print one JSON object");
+  flags.add_string("profile", "",
+                   "profile JSON (msinfer profile, + bench m2n --profile-into): also print the "
+                   "planner's predicted T_a, T_e, T_c and decode tokens/s, and their error");
   add_deployment_flags(flags);
   flags.add_string("plan", "", "plan document from `msinfer plan --out` (sets n_a and m)");
   flags.set_epilog(
@@ -63,10 +141,12 @@ int run_bench_serve(int argc, char** argv) {
   std::unique_ptr<runtime::Router> router;
   std::unique_ptr<comm::Bootstrap> launcher;
   std::string deployment;
+  std::optional<runtime::WorkerConfig> config;
   if (disaggregated) {
     auto wc = flags.get_string("plan").empty() ? worker_config_from_flags(flags, *model)
                                                : worker_config_from_plan(flags, *model);
     if (!wc.ok()) return report_error("bench serve", wc.status());
+    config = *wc;
     auto l = launcher_job();
     if (!l.ok()) return report_error("bench serve", l.status());
     launcher = std::move(l).value();
@@ -171,6 +251,19 @@ int run_bench_serve(int argc, char** argv) {
            {"tbt_ms_p50", percentile(tbt, 0.5) * 1e3},
            {"tbt_ms_p99", percentile(tbt, 0.99) * 1e3},
            {"workers", workers}};
+  if (!flags.get_string("profile").empty()) {
+    if (!config) {
+      return report_error("bench serve", invalid_argument("--profile predicts a disaggregated deployment"));
+    }
+    auto p = predict(*model, *config, P, flags.get_string("profile"));
+    if (!p.ok()) return report_error("bench serve", p.status());
+    Json measured{{"t_a_s", mean_over(workers, "attention", "t_a_mean_s")},
+                  {"t_e_s", max_over(workers, "expert", "t_e_mean_s")},
+                  {"t_c_s", mean_over(workers, "expert", "t_c_mean_s")},
+                  {"decode_tokens_per_s", decode_tps}};
+    out["prediction"] = *p;
+    out["measured"] = measured;
+  }
   if (flags.get_bool("json")) {
     std::cout << out.dump(2) << "\n";
     return 0;
@@ -193,6 +286,22 @@ int run_bench_serve(int argc, char** argv) {
                  fmt_pct(w["busy_fraction"].get<double>()), fmt_pct(w["wait_fraction"].get<double>()),
                  fmt(w["gemm_gflops_per_s"].get<double>(), 1), ms(w, "t_a_mean_s"), ms(w, "t_e_mean_s"),
                  ms(w, "t_c_mean_s")});
+    }
+    std::cout << t.to_string();
+  }
+  if (out.contains("prediction")) {
+    const Json& p = out["prediction"];
+    const Json& m = out["measured"];
+    std::printf("\nplanner prediction (%s, b_a %.1f, %s):\n", p["source"].get<std::string>().c_str(),
+                p["b_a"].get<double>(), p["full_overlap"].get<bool>() ? "full overlap" : "no full overlap");
+    Table t({"quantity", "predicted", "measured", "error"});
+    for (const auto& [key, label, scale] :
+         {std::tuple{"t_a_s", "T_a ms", 1e3}, {"t_e_s", "T_e ms (slowest worker)", 1e3},
+          {"t_c_s", "T_c ms", 1e3}, {"decode_tokens_per_s", "decode tokens/s", 1.0}}) {
+      if (!p.contains(key)) continue;
+      const double pv = p[key].get<double>(), mv = m[key].get<double>();
+      t.add_row({label, fmt(pv * scale, 3), fmt(mv * scale, 3),
+                 mv > 0 ? fmt_pct((pv - mv) / mv) : std::string("")});
     }
     std::cout << t.to_string();
   }

@@ -35,4 +35,12 @@ struct M2NBenchRow {
 StatusOr<std::vector<M2NBenchRow>> run_m2n_bench(const M2NBenchOptions& o);
 Json m2n_rows_to_json(const std::vector<M2NBenchRow>& rows);
 
+// The planner's transfer model from msinfer's rows: nic_gb_s = the best
+// one-way GB/s per sender over the sizes, nic_util_curve = each size's GB/s
+// as a fraction of it, keyed by the bytes one sender sends per round (size x
+// receivers), so bytes / (nic_gb_s * util(bytes)) reproduces the measured
+// one-way p50 (latency included) at every measured size. Merged
+// into `profile` (a `msinfer profile` document, or an empty object).
+StatusOr<Json> add_transfer_model(Json profile, const std::vector<M2NBenchRow>& rows);
+
 }  // namespace msinfer::bench
