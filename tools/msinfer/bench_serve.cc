@@ -139,32 +139,18 @@ int run_bench_serve(int argc, char** argv) {
                              flags.get_int("expert-workers") > 0 || !flags.get_string("plan").empty();
   std::unique_ptr<runtime::Engine> engine;
   std::unique_ptr<runtime::Router> router;
-  std::unique_ptr<comm::Bootstrap> launcher;
   std::string deployment;
   std::optional<runtime::WorkerConfig> config;
   if (disaggregated) {
-    auto wc = flags.get_string("plan").empty() ? worker_config_from_flags(flags, *model)
-                                               : worker_config_from_plan(flags, *model);
-    if (!wc.ok()) return report_error("bench serve", wc.status());
-    config = *wc;
-    auto l = launcher_job();
-    if (!l.ok()) return report_error("bench serve", l.status());
-    launcher = std::move(l).value();
-    if (launcher && launcher->rank() > 0) {
-      s = runtime::join_launched_deployment(*wc, *launcher);
-      if (!s.ok()) return report_error(("rank " + std::to_string(launcher->rank())).c_str(), s);
-      return 0;
+    auto d = start_deployment(flags);
+    if (!d.ok()) return report_error("bench serve", d.status());
+    if (d->worker_rank > 0) {
+      if (d->worker_status.ok()) return 0;
+      return report_error(("rank " + std::to_string(d->worker_rank)).c_str(), d->worker_status);
     }
-    StatusOr<std::unique_ptr<runtime::Router>> r = internal_error("no router");
-    if (launcher) {
-      r = runtime::Router::start_launched(*wc, *launcher);
-    } else {
-      auto exe = self_executable();
-      if (!exe.ok()) return report_error("bench serve", exe.status());
-      r = runtime::Router::start(*wc, *exe, flags.get_string("placement"));
-    }
-    if (!r.ok()) return report_error("bench serve", r.status());
-    router = std::move(r).value();
+    router = std::move(d->router);
+    config = d->config;
+    const runtime::WorkerConfig* wc = &d->config;
     deployment = "disaggregated: " + std::to_string(wc->attention_workers) + " attention + " +
                  std::to_string(wc->expert_workers) + " expert workers, m=" +
                  std::to_string(wc->micro_batches);

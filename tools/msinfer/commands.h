@@ -9,6 +9,7 @@
 #include "msinfer/core/flags.h"
 #include "msinfer/core/model_config.h"
 #include "msinfer/runtime/disaggregated.h"
+#include "msinfer/runtime/router.h"
 
 namespace msinfer::cli {
 
@@ -35,5 +36,17 @@ StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
 StatusOr<std::unique_ptr<comm::Bootstrap>> launcher_job();
 // This binary's path, for the router to start workers with.
 StatusOr<std::string> self_executable();
+
+// The disaggregated deployment that the flags (deployment flags or --plan,
+// --model, --kv-cache-mb) describe: a router with its workers, forked here or
+// the launcher's other ranks. On a launcher's worker rank (worker_rank > 0)
+// this process has served as that worker and finished: no router.
+struct Deployment {
+  runtime::WorkerConfig config;
+  std::unique_ptr<runtime::Router> router;
+  int worker_rank = 0;
+  Status worker_status;
+};
+StatusOr<Deployment> start_deployment(const FlagSet& flags);
 
 }  // namespace msinfer::cli

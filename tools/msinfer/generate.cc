@@ -85,25 +85,6 @@ int run_generate(int argc, char** argv) {
   const std::string dir = flags.get_string("model");
   const bool disaggregated = flags.get_int("attention-workers") > 0 ||
                              flags.get_int("expert-workers") > 0 || !flags.get_string("plan").empty();
-  // Under mpirun / srun every rank runs this command: rank 0 routes, the others
-  // become the workers their rank names.
-  std::unique_ptr<comm::Bootstrap> launcher;
-  StatusOr<runtime::WorkerConfig> wc = invalid_argument("no deployment");
-  if (disaggregated) {
-    auto model = load_model_config(dir);
-    if (!model.ok()) return report_error("generate", model.status());
-    wc = flags.get_string("plan").empty() ? worker_config_from_flags(flags, *model)
-                                          : worker_config_from_plan(flags, *model);
-    if (!wc.ok()) return report_error("generate", wc.status());
-    auto l = launcher_job();
-    if (!l.ok()) return report_error("generate", l.status());
-    launcher = std::move(l).value();
-    if (launcher && launcher->rank() > 0) {
-      s = runtime::join_launched_deployment(*wc, *launcher);
-      if (!s.ok()) return report_error(("rank " + std::to_string(launcher->rank())).c_str(), s);
-      return 0;
-    }
-  }
   std::shared_ptr<const model::ModelWeights> w;
   if (!disaggregated) {
     auto weights = model::ModelWeights::load(dir);
@@ -137,20 +118,13 @@ int run_generate(int argc, char** argv) {
   std::unique_ptr<runtime::Engine> engine;
   std::unique_ptr<runtime::Router> router;
   if (disaggregated) {
-    std::fprintf(stderr, "msinfer: %d attention worker(s), %d expert worker(s), %d micro-batch(es)\n%s",
-                 wc->attention_workers, wc->expert_workers, wc->micro_batches,
-                 wc->placement.describe().c_str());
-    StatusOr<std::unique_ptr<runtime::Router>> r = internal_error("no router");
-    if (launcher) {
-      r = runtime::Router::start_launched(*wc, *launcher);
-    } else {
-      auto exe = self_executable();
-      if (!exe.ok()) return report_error("generate", exe.status());
-      r = runtime::Router::start(*wc, *exe, flags.get_string("placement"));
+    auto d = start_deployment(flags);
+    if (!d.ok()) return report_error("generate", d.status());
+    if (d->worker_rank > 0) {
+      if (d->worker_status.ok()) return 0;
+      return report_error(("rank " + std::to_string(d->worker_rank)).c_str(), d->worker_status);
     }
-    if (!r.ok()) return report_error("generate", r.status());
-    router = std::move(r).value();
-    std::fprintf(stderr, "%s", router->describe().c_str());
+    router = std::move(d->router);
     s = router->add(req);
   } else {
     runtime::EngineOptions eo;

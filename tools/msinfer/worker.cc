@@ -10,6 +10,7 @@
 #include "msinfer/core/flags.h"
 #include "msinfer/planner/plan.h"
 #include "msinfer/runtime/disaggregated.h"
+#include "msinfer/runtime/router.h"
 #include "planner_flags.h"
 
 namespace msinfer::cli {
@@ -111,6 +112,32 @@ StatusOr<std::string> self_executable() {
   const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   if (n <= 0) return internal_error("cannot resolve /proc/self/exe");
   return std::string(exe, static_cast<size_t>(n));
+}
+
+StatusOr<Deployment> start_deployment(const FlagSet& flags) {
+  Deployment d;
+  MSI_ASSIGN_OR_RETURN(ModelConfig model, load_model_config(flags.get_string("model")));
+  MSI_ASSIGN_OR_RETURN(d.config, flags.get_string("plan").empty() ? worker_config_from_flags(flags, model)
+                                                                  : worker_config_from_plan(flags, model));
+  const runtime::WorkerConfig& c = d.config;
+  // Under mpirun / srun every rank runs the same command: rank 0 routes, the
+  // others become the workers their rank names and serve until told to exit.
+  MSI_ASSIGN_OR_RETURN(auto launcher, launcher_job());
+  if (launcher && launcher->rank() > 0) {
+    d.worker_rank = launcher->rank();
+    d.worker_status = runtime::join_launched_deployment(c, *launcher);
+    return d;
+  }
+  std::fprintf(stderr, "msinfer: %d attention worker(s), %d expert worker(s), %d micro-batch(es)\n%s",
+               c.attention_workers, c.expert_workers, c.micro_batches, c.placement.describe().c_str());
+  if (launcher) {
+    MSI_ASSIGN_OR_RETURN(d.router, runtime::Router::start_launched(c, *launcher));
+  } else {
+    MSI_ASSIGN_OR_RETURN(std::string exe, self_executable());
+    MSI_ASSIGN_OR_RETURN(d.router, runtime::Router::start(c, exe, flags.get_string("placement")));
+  }
+  std::fprintf(stderr, "%s", d.router->describe().c_str());
+  return d;
 }
 
 int run_worker(int argc, char** argv) {
