@@ -1,5 +1,7 @@
 #include "msinfer/core/process.h"
 
+#include <sys/resource.h>
+
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -19,6 +21,13 @@ ProcessMemory read_process_memory() {
     if (key == "VmHWM:") m.peak_rss_bytes = kb * 1024;
   }
   return m;
+}
+
+double process_cpu_seconds() {
+  rusage u{};
+  if (::getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 
 }  // namespace msinfer

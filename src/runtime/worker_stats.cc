@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "msinfer/core/process.h"
+
 namespace msinfer::runtime {
 
 int64_t UnitTimes::count() const {
@@ -35,8 +37,14 @@ void UnitTimes::reset() {
   std::fill(n_.begin(), n_.end(), 0);
 }
 
+WorkerStats::WorkerStats(int slots, int layers)
+    : t_a(slots, layers), t_e(slots, layers), t_c(slots, layers), cpu_at_reset(process_cpu_seconds()) {}
+
 Json WorkerStats::to_json(double window_s) const {
+  const double cpu = process_cpu_seconds() - cpu_at_reset;
   Json j{{"window_s", window_s},
+         {"cpu_s", cpu},
+         {"cpu_fraction", window_s > 0 ? cpu / window_s : 0.0},
          {"busy_s", busy_s},
          {"wait_s", wait_s},
          {"busy_fraction", window_s > 0 ? busy_s / window_s : 0.0},
@@ -55,6 +63,7 @@ Json WorkerStats::to_json(double window_s) const {
 void WorkerStats::reset() {
   busy_s = wait_s = gemm_flops = 0;
   tokens = 0;
+  cpu_at_reset = process_cpu_seconds();
   t_a.reset();
   t_e.reset();
   t_c.reset();

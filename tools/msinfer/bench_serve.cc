@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <thread>
 #include <tuple>
 
 #include "commands.h"
@@ -110,6 +111,8 @@ int run_bench_serve(int argc, char** argv) {
   flags.add_int("seed", 0, "seed of the random prompts");
   flags.add_int("kv-cache-mb", 256, "KV cache budget in MiB (per attention worker)");
   flags.add_bool("json", "print one JSON object");
+  flags.add_double("idle-seconds", 1, "after the workload, leave the deployment idle this long and "
+                                      "report each worker's CPU use meanwhile (0: skip)");
   flags.add_string("profile", "",
                    "profile JSON (msinfer profile, + bench m2n --profile-into): also print the "
                    "planner's predicted T_a, T_e, T_c and decode tokens/s, and their error");
@@ -211,9 +214,19 @@ int run_bench_serve(int argc, char** argv) {
   }
   const double end = std::chrono::duration<double>(clock::now() - t0).count();
   if (router) {
-    auto st = router->stats(/*reset=*/false);
+    auto st = router->stats(/*reset=*/true);
     if (!st.ok()) return report_error("bench serve", st.status());
     workers = *st;
+  }
+  // Nobody has work: the deployment should sleep.
+  const double idle_s = flags.get_double("idle-seconds");
+  if (router && idle_s > 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(idle_s));
+    auto st = router->stats(/*reset=*/false);
+    if (!st.ok()) return report_error("bench serve", st.status());
+    for (size_t i = 0; i < workers.size() && i < st->size(); ++i) {
+      workers[i]["idle_cpu_fraction"] = (*st)[i]["cpu_fraction"];
+    }
   }
   std::vector<double> ttft, tbt;
   int64_t generated = 0;
@@ -263,7 +276,8 @@ int run_bench_serve(int argc, char** argv) {
               out["tbt_ms_p99"].get<double>(), decode_tps, generated / end);
   if (!workers.empty()) {
     std::printf("\nworkers, decode phase (%.2f s):\n", end - decode_from);
-    Table t({"worker", "busy", "network wait", "GEMM GFLOP/s", "T_a ms", "T_e ms", "T_c ms"});
+    Table t({"worker", "busy", "network wait", "GEMM GFLOP/s", "T_a ms", "T_e ms", "T_c ms",
+             "CPU when idle"});
     auto ms = [](const Json& w, const char* key) {
       return w.contains(key) ? fmt(w[key].get<double>() * 1e3, 3) : std::string("");
     };
@@ -271,7 +285,8 @@ int run_bench_serve(int argc, char** argv) {
       t.add_row({w["role"].get<std::string>() + " " + std::to_string(w["index"].get<int>()),
                  fmt_pct(w["busy_fraction"].get<double>()), fmt_pct(w["wait_fraction"].get<double>()),
                  fmt(w["gemm_gflops_per_s"].get<double>(), 1), ms(w, "t_a_mean_s"), ms(w, "t_e_mean_s"),
-                 ms(w, "t_c_mean_s")});
+                 ms(w, "t_c_mean_s"),
+                 w.contains("idle_cpu_fraction") ? fmt_pct(w["idle_cpu_fraction"].get<double>()) : ""});
     }
     std::cout << t.to_string();
   }

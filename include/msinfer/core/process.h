@@ -1,4 +1,4 @@
-// This process's memory as the kernel reports it (/proc/self/status).
+// This process's memory (/proc/self/status) and CPU time as the kernel reports them.
 #pragma once
 
 #include <cstdint>
@@ -12,5 +12,8 @@ struct ProcessMemory {
 
 // Zeros when /proc is unavailable.
 ProcessMemory read_process_memory();
+
+// User + system CPU seconds of every thread of this process so far.
+double process_cpu_seconds();
 
 }  // namespace msinfer

@@ -10,7 +10,9 @@
 //    micro-batch between its previous answer and its next send), T_e (expert
 //    compute of the unit), T_c (dispatch: the last attention worker's send to
 //    the expert worker seeing every message; system clock, so across hosts it
-//    includes their clock offset).
+//    includes their clock offset);
+//  - cpu_s: the process's CPU time in the window (all threads), which shows
+//    whether an idle deployment really idles.
 #pragma once
 
 #include <string>
@@ -41,10 +43,11 @@ class UnitTimes {
 
 struct WorkerStats {
   WorkerStats() = default;
-  WorkerStats(int slots, int layers) : t_a(slots, layers), t_e(slots, layers), t_c(slots, layers) {}
+  WorkerStats(int slots, int layers);
   double busy_s = 0, wait_s = 0, gemm_flops = 0;
   int64_t tokens = 0;  // rows computed (attention: tokens; expert: token-expert pairs)
   UnitTimes t_a, t_e, t_c;
+  double cpu_at_reset = 0;
   // Adds window_s (wall time since the last reset) and the rates.
   Json to_json(double window_s) const;
   void reset();
