@@ -139,9 +139,16 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
       }
     }
   }
+  // One LM-head GEMM per micro-batch over all its rows: the head is the
+  // largest matrix, and row by row it was streamed once per request.
   logits_.resize(rows.size() * c.vocab);
-  for (size_t j = 0; j < rows.size(); ++j) {
-    attention_.logits(mbs_[rows[j].first].x.data(), {rows[j].second}, logits_.data() + j * c.vocab);
+  for (size_t j = 0; j < rows.size();) {
+    const int k = rows[j].first;
+    std::vector<int64_t> mine;
+    size_t end = j;
+    for (; end < rows.size() && rows[end].first == k; ++end) mine.push_back(rows[end].second);
+    attention_.logits(mbs_[k].x.data(), mine, logits_.data() + j * c.vocab);
+    j = end;
   }
   std::vector<size_t> done;
   for (size_t j = 0; j < rows.size(); ++j) {
