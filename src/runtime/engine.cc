@@ -1,6 +1,7 @@
 #include "msinfer/runtime/engine.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace msinfer::runtime {
 
@@ -139,17 +140,20 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
       }
     }
   }
-  // One LM-head GEMM per micro-batch over all its rows: the head is the
-  // largest matrix, and row by row it was streamed once per request.
-  logits_.resize(rows.size() * c.vocab);
-  for (size_t j = 0; j < rows.size();) {
-    const int k = rows[j].first;
-    std::vector<int64_t> mine;
-    size_t end = j;
-    for (; end < rows.size() && rows[end].first == k; ++end) mine.push_back(rows[end].second);
-    attention_.logits(mbs_[k].x.data(), mine, logits_.data() + j * c.vocab);
-    j = end;
+  // One LM-head GEMM over every row that needs logits, whichever micro-batch
+  // it is in: the head is the largest matrix, and each GEMM streams it from
+  // memory once (row by row it was once per request, per micro-batch once
+  // per micro-batch).
+  const int64_t n = static_cast<int64_t>(rows.size());
+  head_in_.resize(n * h);
+  std::vector<int64_t> all(n);
+  for (int64_t j = 0; j < n; ++j) {
+    std::memcpy(head_in_.data() + j * h, mbs_[rows[j].first].x.data() + rows[j].second * h,
+                static_cast<size_t>(h) * sizeof(float));
+    all[j] = j;
   }
+  logits_.resize(n * c.vocab);
+  if (n > 0) attention_.logits(head_in_.data(), all, logits_.data());
   std::vector<size_t> done;
   for (size_t j = 0; j < rows.size(); ++j) {
     Running& r = running_[owners[j]];
