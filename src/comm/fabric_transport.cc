@@ -87,7 +87,9 @@ class FabricTransport : public Transport {
   Status init(const FabricOptions& o) {
     write_timeout_ = std::chrono::milliseconds(o.write_timeout_ms);
     if (o.provider == "shm" && std::getenv("FI_SHM_DISABLE_CMA") == nullptr) {
-      ::setenv("FI_SHM_DISABLE_CMA", o.max_message_bytes >= (1 << 20) ? "0" : "1", 0);
+      const bool cma = o.shm_single_copy == FabricOptions::SingleCopy::kOn ||
+                       o.max_message_bytes >= (1 << 20);
+      ::setenv("FI_SHM_DISABLE_CMA", cma ? "0" : "1", 0);
     }
     fi_info* hints = fi_allocinfo();
     hints->ep_attr->type = FI_EP_RDM;

@@ -25,9 +25,15 @@ struct FabricOptions {
   // Pre-posted receives for FI_RX_CQ_DATA providers.
   int posted_receives = 256;
   // Largest single write expected. shm: below 1 MiB bounce buffers
-  // (FI_SHM_DISABLE_CMA=1) are faster here, above it single-copy CMA is
-  // (docs/BENCHMARKS.md). An explicit FI_SHM_DISABLE_CMA wins.
+  // (FI_SHM_DISABLE_CMA=1) have the lower latency here, above it single-copy
+  // CMA does (docs/BENCHMARKS.md). An explicit FI_SHM_DISABLE_CMA wins.
   int64_t max_message_bytes = 0;
+  // shm single-copy (CMA): kAuto decides by max_message_bytes; kOn always.
+  // With CMA the sender copies straight into the receiver's region and never
+  // waits for the receiver's progress; bounce buffers are drained by the
+  // receiver, so a receiver busy computing stalls the sender.
+  enum class SingleCopy { kAuto, kOn };
+  SingleCopy shm_single_copy = SingleCopy::kAuto;
   // A write the provider keeps refusing (-FI_EAGAIN: e.g. the peer is gone and
   // tcp cannot connect) fails after this long instead of retrying forever.
   int write_timeout_ms = 5000;

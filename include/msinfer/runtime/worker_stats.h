@@ -9,8 +9,9 @@
 //  - per (micro-batch slot, layer) means: T_a (attention compute of the
 //    micro-batch between its previous answer and its next send), T_e (expert
 //    compute of the unit), T_c (dispatch: the last attention worker's send to
-//    the expert worker seeing every message; system clock, so across hosts it
-//    includes their clock offset);
+//    the expert worker seeing every message, sampled only when that send came
+//    while the expert worker was idle, else it would be queueing behind
+//    another unit; system clock, so across hosts it includes their offset);
 //  - cpu_s: the process's CPU time in the window (all threads), which shows
 //    whether an idle deployment really idles.
 #pragma once
