@@ -71,6 +71,36 @@ TEST(EngineTest, ContinuousBatchingDoesNotChangeGreedyResults) {
   EXPECT_EQ(e->kv_cache().free_blocks(), e->kv_cache().total_blocks());  // all released
 }
 
+// A long prompt is prefilled in chunks of the step budget, and a request that
+// is decoding meanwhile still gets a token every step.
+TEST(EngineTest, ALongPromptDoesNotStallDecoding) {
+  auto w = load(testing::test_model_dir("tiny-mixtral"));
+  EngineOptions o;
+  o.kv_cache_bytes = 8 << 20;
+  o.max_step_tokens = 32;
+  auto e = std::move(Engine::create(w, o)).value();
+  ASSERT_TRUE(e->add(req(1, {1, 10, 20}, 40)).ok());
+  ASSERT_EQ(e->step().value().size(), 1u);  // request 1 is decoding
+  std::vector<int32_t> long_prompt(300);
+  for (int i = 0; i < 300; ++i) long_prompt[i] = 1 + i % 150;
+  ASSERT_TRUE(e->add(req(2, long_prompt, 2)).ok());
+  // 300 prompt tokens at 31 per step (one token of the budget is request 1's).
+  int steps_until_first = 0;
+  bool first = false;
+  while (!first) {
+    ASSERT_LT(steps_until_first, 40) << "the long prompt never finished";
+    auto ev = e->step().value();
+    ++steps_until_first;
+    int for_1 = 0;
+    for (const auto& x : ev) {
+      for_1 += x.request_id == 1;
+      first = first || x.request_id == 2;
+    }
+    EXPECT_EQ(for_1, 1) << "step " << steps_until_first << ": the decoding request was stalled";
+  }
+  EXPECT_EQ(steps_until_first, (300 + 30) / 31);  // ceil(300 / 31): chunked, not one step
+}
+
 TEST(EngineTest, KvCacheLimitRefusesOrQueues) {
   auto w = load(testing::test_model_dir("tiny-mixtral"));
   // tiny-mixtral: 2 layers x 2 KV heads x 16 dims x 2 (K,V) x 2 bytes = 256 B per token.
