@@ -340,6 +340,10 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
   for (int e : lo.experts) std::fprintf(stderr, " %d", e);
   std::fprintf(stderr, "; RSS %.0f MiB (expert weights %.1f MiB)\n",
                read_process_memory().rss_bytes / 1048576.0, w->packed_bytes() / 1048576.0);
+  write_line(out_fd, Json{{"ready", index},
+                          {"rss_mb", read_process_memory().rss_bytes / 1048576.0},
+                          {"weights_mb", w->packed_bytes() / 1048576.0}}
+                         .dump());
 
   const int A = c.attention_workers, M = c.micro_batches;
   const int64_t h = mc.hidden, row_bytes = h * 4;

@@ -15,6 +15,7 @@
 #include <map>
 #include <chrono>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -106,11 +107,10 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
   return r;
 }
 
-// Attention workers say "ready" once their weights are loaded and the M2N
-// wiring (which needs every worker) is done.
+// Every worker says "ready" (with its resident memory) once its weights are
+// loaded and the M2N wiring (which needs every worker) is done.
 Status Router::wait_ready() {
-  for (int a = 0; a < c_.attention_workers; ++a) {
-    Worker& w = workers_[a];
+  for (Worker& w : workers_) {
     std::string line;
     bool got = false;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
@@ -392,7 +392,9 @@ StatusOr<std::vector<Json>> Router::stats(bool reset) {
 std::string Router::describe() const {
   std::string s;
   for (const auto& w : workers_) {
-    s += name_of(w) + ": " + (w.where.empty() ? "pid " + std::to_string(w.pid) : w.where) + "\n";
+    char rss[64];
+    std::snprintf(rss, sizeof(rss), ", RSS %.0f MiB", w.rss_mb);
+    s += name_of(w) + ": " + (w.where.empty() ? "pid " + std::to_string(w.pid) : w.where) + rss + "\n";
   }
   return s;
 }

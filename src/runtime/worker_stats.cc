@@ -45,6 +45,7 @@ Json WorkerStats::to_json(double window_s) const {
   Json j{{"window_s", window_s},
          {"cpu_s", cpu},
          {"cpu_fraction", window_s > 0 ? cpu / window_s : 0.0},
+         {"rss_mb", read_process_memory().rss_bytes / 1048576.0},
          {"busy_s", busy_s},
          {"wait_s", wait_s},
          {"busy_fraction", window_s > 0 ? busy_s / window_s : 0.0},

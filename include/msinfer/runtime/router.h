@@ -36,7 +36,7 @@ class Router {
   Status add(const GenerationRequest& r);
   StatusOr<std::vector<TokenEvent>> step();
   bool idle() const { return in_flight_.empty(); }
-  // One line per worker: role, index, pid, RSS.
+  // One line per worker: role, index, pid (or rank, host, address), RSS.
   std::string describe() const;
   // Every worker's WorkerStats since the last reset ({"role", "index", ...}),
   // attention workers first; call between steps. reset starts a new window.
