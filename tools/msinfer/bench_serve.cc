@@ -138,6 +138,10 @@ int run_bench_serve(int argc, char** argv) {
   }
   auto model = load_model_config(dir);
   if (!model.ok()) return report_error("bench serve", model.status());
+  if (!flags.get_string("profile").empty()) {  // a bad profile fails now, not after the run
+    auto p = planner::load_profile(flags.get_string("profile"));
+    if (!p.ok()) return report_error("bench serve", p.status());
+  }
   const bool disaggregated = flags.get_int("attention-workers") > 0 ||
                              flags.get_int("expert-workers") > 0 || !flags.get_string("plan").empty();
   std::unique_ptr<runtime::Engine> engine;
