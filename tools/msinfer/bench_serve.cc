@@ -144,6 +144,10 @@ int run_bench_serve(int argc, char** argv) {
   }
   const bool disaggregated = flags.get_int("attention-workers") > 0 ||
                              flags.get_int("expert-workers") > 0 || !flags.get_string("plan").empty();
+  if (!flags.get_string("profile").empty() && !disaggregated) {
+    return report_error("bench serve", invalid_argument("--profile predicts a disaggregated deployment: "
+                                                        "give --attention-workers and --expert-workers"));
+  }
   std::unique_ptr<runtime::Engine> engine;
   std::unique_ptr<runtime::Router> router;
   std::string deployment;
@@ -255,9 +259,6 @@ int run_bench_serve(int argc, char** argv) {
            {"tbt_ms_p99", percentile(tbt, 0.99) * 1e3},
            {"workers", workers}};
   if (!flags.get_string("profile").empty()) {
-    if (!config) {
-      return report_error("bench serve", invalid_argument("--profile predicts a disaggregated deployment"));
-    }
     auto p = predict(*model, *config, P, flags.get_string("profile"));
     if (!p.ok()) return report_error("bench serve", p.status());
     Json measured{{"t_a_s", mean_over(workers, "attention", "t_a_mean_s")},
