@@ -104,9 +104,13 @@ TEST(DisaggregatedPlanTest, PlanDocumentSetsTheDeployment) {
 
 bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
 
-// Killing an expert worker mid-generation: the request ends with an error naming
-// it, within the M2N timeout; every other process exits; nothing hangs.
-TEST(DisaggregatedKillTest, AKilledExpertWorkerIsNamedAndEverythingStops) {
+// Killing a worker of either kind mid-generation: the request ends with an
+// error naming it, within the M2N timeout; every other process exits; nothing
+// hangs.
+class DisaggregatedKillTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DisaggregatedKillTest, AKilledWorkerIsNamedAndEverythingStops) {
+  const std::string victim_role = GetParam();
   const std::string dir = testing::test_model_dir("tiny-mixtral");
   int err[2];
   ASSERT_EQ(::pipe(err), 0);
@@ -134,8 +138,8 @@ TEST(DisaggregatedKillTest, AKilledExpertWorkerIsNamedAndEverythingStops) {
     if (std::sscanf(line, "%31s worker %d: pid %d", role, &idx, &pid) == 3) {
       pids[std::string(role) + std::to_string(idx)] = pid;
     }
-    if (victim < 0 && std::strstr(line, "msinfer: step 32") != nullptr && pids.count("expert1")) {
-      victim = pids["expert1"];
+    if (victim < 0 && std::strstr(line, "msinfer: step 32") != nullptr && pids.count(victim_role + "1")) {
+      victim = pids[victim_role + "1"];
       ::kill(victim, SIGKILL);
       killed_at = std::chrono::steady_clock::now();
     }
@@ -147,7 +151,7 @@ TEST(DisaggregatedKillTest, AKilledExpertWorkerIsNamedAndEverythingStops) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
   ASSERT_GT(victim, 0) << "never saw the workers start and run:\n" << all;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << all;
-  EXPECT_NE(all.find("expert worker 1"), std::string::npos) << all;
+  EXPECT_NE(all.find(victim_role + " worker 1"), std::string::npos) << all;
   EXPECT_NE(all.find("request 1"), std::string::npos) << all;
   EXPECT_LT(seconds, 2.0 + 10.0) << "not detected within the M2N timeout";
   for (const auto& [name, pid] : pids) {
@@ -160,6 +164,8 @@ TEST(DisaggregatedKillTest, AKilledExpertWorkerIsNamedAndEverythingStops) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Roles, DisaggregatedKillTest, ::testing::Values("expert", "attention"));
 
 // bench serve through a 1 + 2 deployment: every token accounted for, and the
 // workers' counters agree with each other (each token of a decode step visits
