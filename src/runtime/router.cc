@@ -111,14 +111,9 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
 // loaded and the M2N wiring (which needs every worker) is done.
 Status Router::wait_ready() {
   for (Worker& w : workers_) {
-    std::string line;
-    bool got = false;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
-    while (!got && std::chrono::steady_clock::now() < deadline) {
-      got = read_line(w.out, &w.buf, &line, 200);
-      if (!got) MSI_RETURN_IF_ERROR(check_children());
-    }
-    if (!got) return Status(StatusCode::kUnavailable, name_of(w) + " did not start within 300 s");
+    MSI_ASSIGN_OR_RETURN(std::string line,
+                         read_answer(w, std::chrono::seconds(300), StatusCode::kUnavailable,
+                                     "did not start within 300 s"));
     auto j = parse_json(line, name_of(w));
     if (!j.ok() || !j->contains("ready")) {
       return Status(StatusCode::kUnavailable, name_of(w) + ": " + line);
@@ -126,6 +121,25 @@ Status Router::wait_ready() {
     w.rss_mb = j->value("rss_mb", 0.0);
   }
   return ok_status();
+}
+
+Status Router::send_command(Worker& w, const std::string& command) {
+  if (write_line(w.in, command)) return ok_status();
+  MSI_RETURN_IF_ERROR(check_children());
+  return Status(StatusCode::kUnavailable, name_of(w) + " is gone");
+}
+
+// The worker's next line; while waiting, a worker that died is reported (and
+// everything stopped) instead. A negative timeout waits as long as it takes.
+StatusOr<std::string> Router::read_answer(Worker& w, std::chrono::milliseconds timeout,
+                                          StatusCode code, const std::string& late) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string line;
+  while (timeout.count() < 0 || std::chrono::steady_clock::now() < deadline) {
+    if (read_line(w.out, &w.buf, &line, 200)) return line;
+    MSI_RETURN_IF_ERROR(check_children());
+  }
+  return Status(code, name_of(w) + " " + late);
 }
 
 std::string Router::name_of(const Worker& w) const {
@@ -308,17 +322,10 @@ Status Router::add(const GenerationRequest& r) {
          {"max_tokens", r.sampling.max_tokens}, {"temperature", r.sampling.temperature},
          {"top_k", r.sampling.top_k}, {"top_p", r.sampling.top_p}, {"seed", r.sampling.seed},
          {"ignore_eos", r.sampling.ignore_eos}, {"stop_token_ids", r.sampling.stop_token_ids}};
-  if (!write_line(workers_[best].in, j.dump())) {
-    MSI_RETURN_IF_ERROR(check_children());
-    return Status(StatusCode::kUnavailable, "attention worker " + std::to_string(best) + " is gone");
-  }
-  std::string line;
-  bool got = false;
-  while (!got) {
-    got = read_line(workers_[best].out, &workers_[best].buf, &line, 200);
-    if (!got) MSI_RETURN_IF_ERROR(check_children());
-  }
-  MSI_ASSIGN_OR_RETURN(Json ans, parse_json(line, "attention worker " + std::to_string(best)));
+  MSI_RETURN_IF_ERROR(send_command(workers_[best], j.dump()));
+  MSI_ASSIGN_OR_RETURN(std::string line, read_answer(workers_[best], std::chrono::milliseconds(-1),
+                                                     StatusCode::kDeadlineExceeded, ""));
+  MSI_ASSIGN_OR_RETURN(Json ans, parse_json(line, name_of(workers_[best])));
   if (ans.contains("refused")) {
     return Status(StatusCode::kResourceExhausted, ans.value("error", std::string("refused")));
   }
@@ -330,22 +337,14 @@ Status Router::add(const GenerationRequest& r) {
 StatusOr<std::vector<TokenEvent>> Router::step() {
   std::vector<TokenEvent> events;
   for (int a = 0; a < c_.attention_workers; ++a) {
-    if (!write_line(workers_[a].in, R"({"op": "step"})")) {
-      MSI_RETURN_IF_ERROR(check_children());
-      return Status(StatusCode::kUnavailable, "attention worker " + std::to_string(a) + " is gone");
-    }
+    MSI_RETURN_IF_ERROR(send_command(workers_[a], R"({"op": "step"})"));
   }
   for (int a = 0; a < c_.attention_workers; ++a) {
-    std::string line;
     // A step waits at most the M2N timeout per layer; check for dead workers while waiting.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(c_.timeout_ms * 4 + 10000);
-    bool got = false;
-    while (!got && std::chrono::steady_clock::now() < deadline) {
-      got = read_line(workers_[a].out, &workers_[a].buf, &line, 200);
-      if (!got) MSI_RETURN_IF_ERROR(check_children());
-    }
-    if (!got) return Status(StatusCode::kDeadlineExceeded, "attention worker " + std::to_string(a) + " did not answer a step");
-    MSI_ASSIGN_OR_RETURN(Json j, parse_json(line, "attention worker " + std::to_string(a)));
+    MSI_ASSIGN_OR_RETURN(std::string line,
+                         read_answer(workers_[a], std::chrono::milliseconds(c_.timeout_ms * 4 + 10000),
+                                     StatusCode::kDeadlineExceeded, "did not answer a step"));
+    MSI_ASSIGN_OR_RETURN(Json j, parse_json(line, name_of(workers_[a])));
     if (j.contains("error")) {
       shutdown();
       return Status(StatusCode::kUnavailable, j["error"].get<std::string>());
@@ -364,21 +363,13 @@ StatusOr<std::vector<TokenEvent>> Router::step() {
 
 StatusOr<std::vector<Json>> Router::stats(bool reset) {
   for (auto& w : workers_) {
-    if (!write_line(w.in, Json{{"op", "stats"}, {"reset", reset}}.dump())) {
-      MSI_RETURN_IF_ERROR(check_children());
-      return Status(StatusCode::kUnavailable, name_of(w) + " is gone");
-    }
+    MSI_RETURN_IF_ERROR(send_command(w, Json{{"op", "stats"}, {"reset", reset}}.dump()));
   }
   std::vector<Json> out;
   for (auto& w : workers_) {
-    std::string line;
-    bool got = false;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(c_.timeout_ms);
-    while (!got && std::chrono::steady_clock::now() < deadline) {
-      got = read_line(w.out, &w.buf, &line, 200);
-      if (!got) MSI_RETURN_IF_ERROR(check_children());
-    }
-    if (!got) return Status(StatusCode::kDeadlineExceeded, name_of(w) + " did not report its stats");
+    MSI_ASSIGN_OR_RETURN(std::string line,
+                         read_answer(w, std::chrono::milliseconds(c_.timeout_ms),
+                                     StatusCode::kDeadlineExceeded, "did not report its stats"));
     MSI_ASSIGN_OR_RETURN(Json j, parse_json(line, name_of(w)));
     if (!j.contains("stats")) return internal_error(name_of(w) + ": expected stats, got " + line);
     Json st = j["stats"];

@@ -13,6 +13,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -55,6 +56,11 @@ class Router {
   };
   Router() = default;
   Status wait_ready();
+  // Writes one command line to `w`; a closed channel is reported as the
+  // worker's death when it died, else as "gone".
+  Status send_command(Worker& w, const std::string& command);
+  StatusOr<std::string> read_answer(Worker& w, std::chrono::milliseconds timeout, StatusCode code,
+                                    const std::string& late);
   Status check_children();
   void shutdown();
   std::string name_of(const Worker& w) const;
