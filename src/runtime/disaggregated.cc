@@ -353,7 +353,6 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
   std::vector<float> in, out;
   std::string pending;
   WorkerStats stats(M, mc.layers);
-  auto window_from = std::chrono::steady_clock::now();
   const double ffn_flops_per_row = 2.0 * 3.0 * static_cast<double>(h) * static_cast<double>(mc.expert_ffn);
   // Commands from the router: {"op": "stats", "reset": bool}, {"op": "exit"},
   // or the router gone (end of file). Looked at when idle and every 1024
@@ -367,13 +366,9 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
       const std::string op = cmd->value("op", "");
       if (op == "exit") return true;
       if (op == "stats") {
-        const double window = seconds_since(window_from);
-        stats.wait_s = std::max(0.0, window - stats.busy_s);  // nothing to serve
-        write_line(out_fd, Json{{"stats", stats.to_json(window)}}.dump());
-        if (cmd->value("reset", false)) {
-          stats.reset();
-          window_from = std::chrono::steady_clock::now();
-        }
+        stats.wait_s = std::max(0.0, stats.window_s() - stats.busy_s);  // nothing to serve
+        write_line(out_fd, Json{{"stats", stats.to_json()}}.dump());
+        if (cmd->value("reset", false)) stats.reset();
         continue;
       }
       return invalid_argument("expert worker: unknown command '" + op + "'");
@@ -480,7 +475,6 @@ Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& b
   MSI_ASSIGN_OR_RETURN(auto transport, make_transport(c));
   comm::M2NEndpoint ep(std::move(transport), std::chrono::milliseconds(c.timeout_ms));
   WorkerStats stats(c.micro_batches, weights->config().layers);
-  auto window_from = std::chrono::steady_clock::now();
   auto remote = std::make_unique<RemoteExperts>(c, weights->config(), index, ep, &stats);
   MSI_RETURN_IF_ERROR(remote->attach(boot));
   EngineOptions eo;
@@ -517,11 +511,8 @@ Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& b
       continue;
     }
     if (op == "stats") {
-      write_line(out_fd, Json{{"stats", stats.to_json(seconds_since(window_from))}}.dump());
-      if (cmd->value("reset", false)) {
-        stats.reset();
-        window_from = std::chrono::steady_clock::now();
-      }
+      write_line(out_fd, Json{{"stats", stats.to_json()}}.dump());
+      if (cmd->value("reset", false)) stats.reset();
       continue;
     }
     if (op == "step") {

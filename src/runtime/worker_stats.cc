@@ -40,7 +40,12 @@ void UnitTimes::reset() {
 WorkerStats::WorkerStats(int slots, int layers)
     : t_a(slots, layers), t_e(slots, layers), t_c(slots, layers), cpu_at_reset(process_cpu_seconds()) {}
 
-Json WorkerStats::to_json(double window_s) const {
+double WorkerStats::window_s() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - reset_at).count();
+}
+
+Json WorkerStats::to_json() const {
+  const double window_s = this->window_s();
   const double cpu = process_cpu_seconds() - cpu_at_reset;
   Json j{{"window_s", window_s},
          {"cpu_s", cpu},
@@ -65,6 +70,7 @@ void WorkerStats::reset() {
   busy_s = wait_s = gemm_flops = 0;
   tokens = 0;
   cpu_at_reset = process_cpu_seconds();
+  reset_at = std::chrono::steady_clock::now();
   t_a.reset();
   t_e.reset();
   t_c.reset();

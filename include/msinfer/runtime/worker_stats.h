@@ -16,6 +16,7 @@
 //    whether an idle deployment really idles.
 #pragma once
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -49,8 +50,10 @@ struct WorkerStats {
   int64_t tokens = 0;  // rows computed (attention: tokens; expert: token-expert pairs)
   UnitTimes t_a, t_e, t_c;
   double cpu_at_reset = 0;
-  // Adds window_s (wall time since the last reset) and the rates.
-  Json to_json(double window_s) const;
+  std::chrono::steady_clock::time_point reset_at = std::chrono::steady_clock::now();
+  double window_s() const;  // wall time since the last reset
+  // The figures with window_s and the rates.
+  Json to_json() const;
   void reset();
 };
 
