@@ -133,10 +133,9 @@ int run_bench_m2n(int argc, char** argv) {
     if (o.provider == "tcp") {
       for (const char* a : {"--mca", "btl_tcp_if_include", "lo", "-x", "FI_TCP_IFACE=lo"}) args.push_back(a);
     }
-    char exe[4096];
-    const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    if (n <= 0) return report_error("bench m2n", internal_error("cannot resolve /proc/self/exe"));
-    args.push_back(std::string(exe, static_cast<size_t>(n)));
+    auto exe = self_executable();
+    if (!exe.ok()) return report_error("bench m2n", exe.status());
+    args.push_back(*exe);
     for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
     std::vector<char*> cargs;
     for (auto& a : args) cargs.push_back(a.data());
