@@ -1,7 +1,6 @@
 #include "msinfer/runtime/engine.h"
 
 #include <algorithm>
-#include <cstring>
 
 namespace msinfer::runtime {
 
@@ -144,16 +143,10 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
   // it is in: the head is the largest matrix, and each GEMM streams it from
   // memory once (row by row it was once per request, per micro-batch once
   // per micro-batch).
-  const int64_t n = static_cast<int64_t>(rows.size());
-  head_in_.resize(n * h);
-  std::vector<int64_t> all(n);
-  for (int64_t j = 0; j < n; ++j) {
-    std::memcpy(head_in_.data() + j * h, mbs_[rows[j].first].x.data() + rows[j].second * h,
-                static_cast<size_t>(h) * sizeof(float));
-    all[j] = j;
-  }
-  logits_.resize(n * c.vocab);
-  if (n > 0) attention_.logits(head_in_.data(), all, logits_.data());
+  std::vector<const float*> head_rows;
+  for (const auto& [k, row] : rows) head_rows.push_back(mbs_[k].x.data() + row * h);
+  logits_.resize(rows.size() * c.vocab);
+  if (!head_rows.empty()) attention_.logits(head_rows, logits_.data());
   std::vector<size_t> done;
   for (size_t j = 0; j < rows.size(); ++j) {
     Running& r = running_[owners[j]];

@@ -64,12 +64,12 @@ void AttentionRunner::combine(const k::RoutedBatch& routed, const float* results
   k::moe_combine(routed, results, x);
 }
 
-void AttentionRunner::logits(const float* x, const std::vector<int64_t>& rows, float* out) {
+void AttentionRunner::logits(const std::vector<const float*>& rows, float* out) {
   const ModelConfig& c = w_.config();
   const int64_t h = c.hidden, n = static_cast<int64_t>(rows.size());
   sel_.resize(n * h);
   for (int64_t i = 0; i < n; ++i) {
-    k::rms_norm(x + rows[i] * h, w_.final_norm().data(), 1, h, static_cast<float>(c.rms_norm_eps),
+    k::rms_norm(rows[i], w_.final_norm().data(), 1, h, static_cast<float>(c.rms_norm_eps),
                 sel_.data() + i * h);
   }
   w_.lm_head().forward(sel_.data(), n, out);

@@ -104,7 +104,6 @@ class Engine {
   };
   std::vector<MicroBatch> mbs_;
   std::vector<float> logits_;
-  std::vector<float> head_in_;  // the rows that need logits, gathered from every micro-batch
 };
 
 }  // namespace msinfer::runtime

@@ -44,8 +44,9 @@ class AttentionRunner {
                           int64_t destinations = 0);
   // x += the gate-weighted expert results (rows in send-buffer order).
   void combine(const kernels::cpu::RoutedBatch& routed, const float* results, float* x) const;
-  // Final norm and LM head for the given rows of x: out[rows.size(), vocab].
-  void logits(const float* x, const std::vector<int64_t>& rows, float* out);
+  // Final norm and LM head for the given hidden-state rows (from any
+  // micro-batch), in one GEMM: out[rows.size(), vocab].
+  void logits(const std::vector<const float*>& rows, float* out);
 
  private:
   const model::ModelWeights& w_;
