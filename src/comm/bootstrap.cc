@@ -6,7 +6,6 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -58,15 +57,15 @@ bool recv_blob(int fd, std::string* s, std::chrono::steady_clock::time_point d) 
 
 class TcpBootstrap : public Bootstrap {
  public:
-  TcpBootstrap(int rank, int world, std::string host, int port, std::chrono::milliseconds t)
-      : rank_(rank), world_(world), host_(std::move(host)), port_(port), timeout_(t) {}
+  TcpBootstrap(int rank, int world, std::string server, std::chrono::milliseconds t)
+      : rank_(rank), world_(world), server_(std::move(server)), timeout_(t) {}
   int rank() const override { return rank_; }
   int size() const override { return world_; }
 
   StatusOr<std::vector<std::string>> allgather(const std::string& blob) override {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     // The server may not be up yet: tcp_connect retries until the deadline.
-    auto c = tcp_connect(host_ + ":" + std::to_string(port_), timeout_);
+    auto c = tcp_connect(server_, timeout_);
     if (!c.ok()) return c.status().with_context("bootstrap");
     const int fd = *c;
     const std::string hello = std::to_string(rank_) + " " + std::to_string(round_++);
@@ -85,8 +84,7 @@ class TcpBootstrap : public Bootstrap {
 
  private:
   int rank_, world_;
-  std::string host_;
-  int port_;
+  std::string server_;  // host:port
   std::chrono::milliseconds timeout_;
   int round_ = 0;
 };
@@ -160,10 +158,9 @@ void BootstrapServer::serve() {
   };
   std::map<int, Round> rounds;
   while (!stop_) {
-    pollfd pfd{listen_fd_, POLLIN, 0};
-    if (::poll(&pfd, 1, 200) <= 0) continue;
-    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
+    auto accepted = tcp_accept(listen_fd_, std::chrono::milliseconds(200));  // then look at stop_
+    if (!accepted.ok()) continue;
+    const int fd = *accepted;
     const auto d = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     std::string hello, blob;
     if (!recv_blob(fd, &hello, d) || !recv_blob(fd, &blob, d)) {
@@ -202,11 +199,11 @@ void BootstrapServer::serve() {
 StatusOr<std::unique_ptr<Bootstrap>> make_tcp_bootstrap(int rank, int world,
                                                         const std::string& server,
                                                         std::chrono::milliseconds timeout) {
-  const auto colon = server.rfind(':');
-  if (colon == std::string::npos) return invalid_argument("bootstrap: expected host:port, got '" + server + "'");
+  if (server.rfind(':') == std::string::npos) {
+    return invalid_argument("bootstrap: expected host:port, got '" + server + "'");
+  }
   if (rank < 0 || rank >= world) return invalid_argument("bootstrap: rank out of range");
-  return std::unique_ptr<Bootstrap>(new TcpBootstrap(rank, world, server.substr(0, colon),
-                                                     std::atoi(server.c_str() + colon + 1), timeout));
+  return std::unique_ptr<Bootstrap>(new TcpBootstrap(rank, world, server, timeout));
 }
 
 bool launched_by_mpi() {
