@@ -6,12 +6,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <dirent.h>
-
 #include <chrono>
 #include <fstream>
 #include <thread>
 
+#include "../common/shm_objects.h"
 #include "msinfer/comm/exchange.h"
 #include "msinfer/comm/fabric_transport.h"
 
@@ -151,17 +150,7 @@ TEST_P(MultiprocTest, AKilledPeerIsNamedWithinTheTimeout) {
   EXPECT_LT(out.seconds, 15.0) << "not detected within the timeout";
 }
 
-std::vector<std::string> shm_objects_of(pid_t pid) {
-  std::vector<std::string> out;
-  const std::string mine = "msinfer-" + std::to_string(pid) + "-";
-  if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d)) {
-      if (std::string(e->d_name).rfind(mine, 0) == 0) out.push_back(e->d_name);
-    }
-    ::closedir(d);
-  }
-  return out;
-}
+using msinfer::testing::shm_objects_of;
 
 // A killed process leaves its shm endpoint object behind. It must neither stop
 // a later process that reuses the pid (libfabric's default name is the pid)

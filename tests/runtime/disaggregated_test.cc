@@ -14,6 +14,7 @@
 #include <map>
 #include <sstream>
 
+#include "../common/shm_objects.h"
 #include "../common/subprocess.h"
 #include "msinfer/core/json.h"
 #include "test_models.h"
@@ -157,10 +158,8 @@ TEST_P(DisaggregatedKillTest, AKilledWorkerIsNamedAndEverythingStops) {
   for (const auto& [name, pid] : pids) {
     EXPECT_FALSE(alive(pid)) << name << " is still running";
     // Its shm endpoint (a 16 MiB /dev/shm object) does not outlive it.
-    const std::string prefix = "msinfer-" + std::to_string(pid) + "-";
-    for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
-      EXPECT_NE(e.path().filename().string().rfind(prefix, 0), 0u)
-          << name << " left " << e.path();
+    for (const auto& left : msinfer::testing::shm_objects_of(pid)) {
+      ADD_FAILURE() << name << " left /dev/shm/" << left;
     }
   }
 }
