@@ -357,7 +357,8 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
   // Commands from the router: {"op": "stats", "reset": bool}, {"op": "exit"},
   // or the router gone (end of file). Looked at when idle and every 1024
   // rounds, so a poll() costs nothing.
-  auto told_to_exit = [&]() -> StatusOr<bool> {
+  // Answers every command waiting; true when the worker is to stop.
+  auto handle_commands = [&]() -> StatusOr<bool> {
     std::string line;
     bool eof = false;
     while (read_line(in_fd, &pending, &line, 0, &eof)) {
@@ -379,7 +380,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
   int64_t idle_since_ns = wall_ns();  // when the last unit's work ended
   while (true) {
     if (idle > 64 || (++rounds & 1023) == 0) {
-      MSI_ASSIGN_OR_RETURN(bool stop, told_to_exit());
+      MSI_ASSIGN_OR_RETURN(bool stop, handle_commands());
       if (stop) return ok_status();
     }
     size_t got = 0;
