@@ -25,16 +25,27 @@ void add_deployment_flags(FlagSet& flags) {
   flags.add_int("timeout-ms", 10000, "M2N timeout: a worker silent this long is reported failed");
 }
 
-StatusOr<runtime::WorkerConfig> worker_config_from_flags(const FlagSet& flags,
-                                                         const ModelConfig& model) {
+namespace {
+
+// What every worker of either kind takes from the flags, whoever sets the shape.
+StatusOr<runtime::WorkerConfig> process_config_from_flags(const FlagSet& flags) {
   runtime::WorkerConfig c;
   c.model_dir = flags.get_string("model");
-  c.attention_workers = static_cast<int>(flags.get_int("attention-workers"));
-  c.expert_workers = static_cast<int>(flags.get_int("expert-workers"));
-  c.micro_batches = static_cast<int>(flags.get_int("micro-batches"));
   c.kv_cache_bytes = flags.get_int("kv-cache-mb") << 20;
   c.provider = flags.get_string("fabric-provider");
   c.timeout_ms = static_cast<int>(flags.get_int("timeout-ms"));
+  if (c.timeout_ms < 100) return invalid_argument("--timeout-ms must be >= 100");
+  return c;
+}
+
+}  // namespace
+
+StatusOr<runtime::WorkerConfig> worker_config_from_flags(const FlagSet& flags,
+                                                         const ModelConfig& model) {
+  MSI_ASSIGN_OR_RETURN(runtime::WorkerConfig c, process_config_from_flags(flags));
+  c.attention_workers = static_cast<int>(flags.get_int("attention-workers"));
+  c.expert_workers = static_cast<int>(flags.get_int("expert-workers"));
+  c.micro_batches = static_cast<int>(flags.get_int("micro-batches"));
   if (c.attention_workers < 1 || c.attention_workers > 128) {
     return invalid_argument("--attention-workers must be in 1..128");
   }
@@ -42,7 +53,6 @@ StatusOr<runtime::WorkerConfig> worker_config_from_flags(const FlagSet& flags,
     return invalid_argument("--expert-workers must be in 1..128");
   }
   if (c.micro_batches < 1 || c.micro_batches > 16) return invalid_argument("--micro-batches must be in 1..16");
-  if (c.timeout_ms < 100) return invalid_argument("--timeout-ms must be >= 100");
   if (flags.get_string("placement").empty()) {
     if (c.expert_workers > model.experts) {
       return invalid_argument("--expert-workers " + std::to_string(c.expert_workers) + " exceeds the " +
@@ -81,14 +91,10 @@ StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
                             " experts (" + d.model.name + "), the model has " +
                             std::to_string(model.experts));
   }
-  runtime::WorkerConfig c;
-  c.model_dir = flags.get_string("model");
+  MSI_ASSIGN_OR_RETURN(runtime::WorkerConfig c, process_config_from_flags(flags));
   c.attention_workers = d.attention_nodes;
   c.expert_workers = d.expert_nodes();
   c.micro_batches = d.micro_batches;
-  c.kv_cache_bytes = flags.get_int("kv-cache-mb") << 20;
-  c.provider = flags.get_string("fabric-provider");
-  c.timeout_ms = static_cast<int>(flags.get_int("timeout-ms"));
   if (c.attention_workers > 128 || c.micro_batches > 16) {
     return invalid_argument(path + ": attention_nodes must be <= 128 and micro_batches <= 16 here");
   }
