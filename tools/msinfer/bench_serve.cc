@@ -142,8 +142,7 @@ int run_bench_serve(int argc, char** argv) {
     auto p = planner::load_profile(flags.get_string("profile"));
     if (!p.ok()) return report_error("bench serve", p.status());
   }
-  const bool disaggregated = flags.get_int("attention-workers") > 0 ||
-                             flags.get_int("expert-workers") > 0 || !flags.get_string("plan").empty();
+  const bool disaggregated = deployment_requested(flags);
   if (!flags.get_string("profile").empty() && !disaggregated) {
     return report_error("bench serve", invalid_argument("--profile predicts a disaggregated deployment: "
                                                         "give --attention-workers and --expert-workers"));
@@ -155,22 +154,16 @@ int run_bench_serve(int argc, char** argv) {
   if (disaggregated) {
     auto d = start_deployment(flags);
     if (!d.ok()) return report_error("bench serve", d.status());
-    if (d->worker_rank > 0) {
-      if (d->worker_status.ok()) return 0;
-      return report_error(("rank " + std::to_string(d->worker_rank)).c_str(), d->worker_status);
-    }
+    if (d->worker_rank > 0) return worker_rank_exit_code(*d);
     router = std::move(d->router);
     config = d->config;
-    const runtime::WorkerConfig* wc = &d->config;
-    deployment = "disaggregated: " + std::to_string(wc->attention_workers) + " attention + " +
-                 std::to_string(wc->expert_workers) + " expert workers, m=" +
-                 std::to_string(wc->micro_batches);
+    deployment = "disaggregated: " + std::to_string(config->attention_workers) + " attention + " +
+                 std::to_string(config->expert_workers) + " expert workers, m=" +
+                 std::to_string(config->micro_batches);
   } else {
     auto w = model::ModelWeights::load(dir);
     if (!w.ok()) return report_error("bench serve", w.status());
-    runtime::EngineOptions eo;
-    eo.kv_cache_bytes = flags.get_int("kv-cache-mb") << 20;
-    eo.micro_batches = static_cast<int>(flags.get_int("micro-batches"));
+    const runtime::EngineOptions eo = colocated_engine_options(flags);
     auto e = runtime::Engine::create(std::move(w).value(), eo);
     if (!e.ok()) return report_error("bench serve", e.status());
     engine = std::move(e).value();

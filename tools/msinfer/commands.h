@@ -48,5 +48,12 @@ struct Deployment {
   Status worker_status;
 };
 StatusOr<Deployment> start_deployment(const FlagSet& flags);
+// True when the flags ask for a disaggregated deployment rather than the
+// co-located engine (--attention-workers, --expert-workers or --plan).
+bool deployment_requested(const FlagSet& flags);
+// The exit code of a launcher's worker rank once it has served.
+int worker_rank_exit_code(const Deployment& d);
+// The co-located engine's options from --kv-cache-mb and --micro-batches.
+runtime::EngineOptions colocated_engine_options(const FlagSet& flags);
 
 }  // namespace msinfer::cli

@@ -83,8 +83,7 @@ int run_generate(int argc, char** argv) {
     return report_error("generate", invalid_argument("--kv-cache-mb must be >= 1"));
   }
   const std::string dir = flags.get_string("model");
-  const bool disaggregated = flags.get_int("attention-workers") > 0 ||
-                             flags.get_int("expert-workers") > 0 || !flags.get_string("plan").empty();
+  const bool disaggregated = deployment_requested(flags);
   std::shared_ptr<const model::ModelWeights> w;
   if (!disaggregated) {
     auto weights = model::ModelWeights::load(dir);
@@ -120,17 +119,11 @@ int run_generate(int argc, char** argv) {
   if (disaggregated) {
     auto d = start_deployment(flags);
     if (!d.ok()) return report_error("generate", d.status());
-    if (d->worker_rank > 0) {
-      if (d->worker_status.ok()) return 0;
-      return report_error(("rank " + std::to_string(d->worker_rank)).c_str(), d->worker_status);
-    }
+    if (d->worker_rank > 0) return worker_rank_exit_code(*d);
     router = std::move(d->router);
     s = router->add(req);
   } else {
-    runtime::EngineOptions eo;
-    eo.kv_cache_bytes = flags.get_int("kv-cache-mb") << 20;
-    eo.micro_batches = static_cast<int>(flags.get_int("micro-batches"));
-    auto e = runtime::Engine::create(w, eo);
+    auto e = runtime::Engine::create(w, colocated_engine_options(flags));
     if (!e.ok()) return report_error("generate", e.status());
     engine = std::move(e).value();
     s = engine->add(req);

@@ -146,6 +146,23 @@ StatusOr<Deployment> start_deployment(const FlagSet& flags) {
   return d;
 }
 
+bool deployment_requested(const FlagSet& flags) {
+  return flags.get_int("attention-workers") > 0 || flags.get_int("expert-workers") > 0 ||
+         !flags.get_string("plan").empty();
+}
+
+int worker_rank_exit_code(const Deployment& d) {
+  if (d.worker_status.ok()) return 0;
+  return report_error(("rank " + std::to_string(d.worker_rank)).c_str(), d.worker_status);
+}
+
+runtime::EngineOptions colocated_engine_options(const FlagSet& flags) {
+  runtime::EngineOptions eo;
+  eo.kv_cache_bytes = flags.get_int("kv-cache-mb") << 20;
+  eo.micro_batches = static_cast<int>(flags.get_int("micro-batches"));
+  return eo;
+}
+
 int run_worker(int argc, char** argv) {
   FlagSet flags("worker", "One worker process of a disaggregated deployment (started by the router).");
   flags.add_string("role", "", "attention | expert");
