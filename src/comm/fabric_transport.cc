@@ -19,6 +19,7 @@
 #include <deque>
 #include <map>
 #include <random>
+#include <unordered_set>
 
 namespace msinfer::comm {
 namespace {
@@ -148,6 +149,7 @@ class FabricTransport : public Transport {
         auto* op = new WriteOp();
         op->is_recv = true;
         ops_.push_back(op);
+        live_.insert(op);
         MSI_RETURN_IF_ERROR(post_recv(op));
       }
     }
@@ -262,6 +264,7 @@ class FabricTransport : public Transport {
         fi_cq_err_entry err{};
         fi_cq_readerr(cq_, &err, 0);
         auto* op = static_cast<WriteOp*>(err.op_context);
+        if (!owned(op)) op = nullptr;
         std::string who = op && !op->is_recv ? "peer " + std::to_string(op->peer) : "a peer";
         char buf[256] = {0};
         const char* prov = fi_cq_strerror(cq_, err.prov_errno, err.err_data, buf, sizeof(buf));
@@ -271,26 +274,29 @@ class FabricTransport : public Transport {
       }
       if (n < 0) return internal_error(fi_error("fi_cq_read", static_cast<int>(n)));
       for (ssize_t i = 0; i < n; ++i) {
+        // op_context of a remote write's completion is whatever the provider
+        // left there (shm: not a pointer of this process), so it is looked up
+        // among our operations before it is dereferenced.
         auto* op = static_cast<WriteOp*>(e[i].op_context);
-        const bool ours = op != nullptr && !op->is_recv && owned(op);
-        if (ours) {
+        if (!owned(op)) op = nullptr;
+        if (op != nullptr && !op->is_recv) {
           pending_.push_back({Completion::Kind::kLocalWrite, 0, op->user_context});
           free_.push_back(op);
         } else {
           pending_.push_back({Completion::Kind::kRemoteWrite, static_cast<uint32_t>(e[i].data), 0});
-          if (op != nullptr && op->is_recv) MSI_RETURN_IF_ERROR(post_recv(op));
+          if (op != nullptr) MSI_RETURN_IF_ERROR(post_recv(op));
         }
       }
     }
   }
 
-  bool owned(const WriteOp* op) const { return live_.count(op) != 0; }
+  bool owned(const void* op) const { return live_.count(op) != 0; }
 
   WriteOp* take_op() {
     if (free_.empty()) {
       auto* op = new WriteOp();
       ops_.push_back(op);
-      live_[op] = true;
+      live_.insert(op);
       return op;
     }
     WriteOp* op = free_.back();
@@ -321,7 +327,7 @@ class FabricTransport : public Transport {
   std::map<uintptr_t, std::pair<size_t, fid_mr*>> regions_;
   std::vector<fi_addr_t> peers_;
   std::vector<WriteOp*> ops_, free_;
-  std::map<const WriteOp*, bool> live_;
+  std::unordered_set<const void*> live_;  // every op we made (writes, receives)
   std::deque<Completion> pending_;
   std::chrono::milliseconds write_timeout_{5000};
 };
