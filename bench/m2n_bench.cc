@@ -22,89 +22,130 @@ uint8_t pat(int from, int to, int it, int64_t i) {
   return static_cast<uint8_t>((from * 31 + to * 17 + it * 7 + i * 13) & 0xff);
 }
 
-// The same traffic as the M2N exchange with MPI: dispatch then combine, per iteration.
-Status mpi_rounds(const comm::ExchangeOptions& o, bool alltoallv, std::vector<double>* one_way) {
-  int me = 0, n = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &me);
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  const int M = o.senders;
-  const bool attention = me < M;
-  auto bytes_to = [&](int from, int to) -> int64_t {
-    // Rows follow exchange_rows for (attention sender, expert receiver) in both directions.
-    const int s = from < M ? from : to, r = from < M ? to - M : from - M;
-    if ((from < M) == (to < M)) return 0;
-    return comm::exchange_rows(o, s, r) * o.row_bytes;
-  };
-  std::vector<std::vector<uint8_t>> sendbufs(n), recvbufs(n);
-  for (int p = 0; p < n; ++p) {
-    sendbufs[p].resize(static_cast<size_t>(std::max<int64_t>(bytes_to(me, p), 1)));
-    recvbufs[p].resize(static_cast<size_t>(std::max<int64_t>(bytes_to(p, me), 1)));
+// The same traffic as the M2N exchange with MPI, a round (dispatch then
+// combine) at a time: Isend/Irecv per peer, or one MPI_Alltoallv per phase.
+class MpiRounds {
+ public:
+  MpiRounds(const comm::ExchangeOptions& o, bool alltoallv) : o_(o), alltoallv_(alltoallv) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &me_);
+    MPI_Comm_size(MPI_COMM_WORLD, &n_);
+    attention_ = me_ < o.senders;
+    sendbufs_.resize(n_);
+    recvbufs_.resize(n_);
+    for (int p = 0; p < n_; ++p) {
+      sendbufs_[p].resize(static_cast<size_t>(std::max<int64_t>(bytes_to(me_, p), 1)));
+      recvbufs_[p].resize(static_cast<size_t>(std::max<int64_t>(bytes_to(p, me_), 1)));
+    }
+    scount_.resize(n_);
+    sdispl_.resize(n_);
+    rcount_.resize(n_);
+    rdispl_.resize(n_);
   }
-  std::vector<int> scount(n), sdispl(n), rcount(n), rdispl(n);
-  std::vector<uint8_t> sflat, rflat;
-  const int total = o.warmup + o.iterations;
-  for (int it = 0; it < total; ++it) {
-    for (int p = 0; p < n; ++p) {
-      const int64_t b = bytes_to(me, p);
-      for (int64_t i = 0; i < b; ++i) sendbufs[p][i] = pat(me, p, it, i);
+
+  Status round(int it, double* one_way_us) {
+    *one_way_us = 0;
+    for (int p = 0; p < n_; ++p) {
+      const int64_t b = bytes_to(me_, p);
+      for (int64_t i = 0; i < b; ++i) sendbufs_[p][i] = pat(me_, p, it, i);
     }
     MPI_Barrier(MPI_COMM_WORLD);
     const auto t0 = std::chrono::steady_clock::now();
     for (int phase = 0; phase < 2; ++phase) {
       // phase 0: attention -> experts; phase 1: experts -> attention.
-      const bool sending = (phase == 0) == attention;
-      if (alltoallv) {
-        int so = 0, ro = 0;
-        for (int p = 0; p < n; ++p) {
-          scount[p] = sending ? static_cast<int>(bytes_to(me, p)) : 0;
-          rcount[p] = !sending ? static_cast<int>(bytes_to(p, me)) : 0;
-          sdispl[p] = so;
-          rdispl[p] = ro;
-          so += scount[p];
-          ro += rcount[p];
-        }
-        sflat.resize(std::max(so, 1));
-        rflat.resize(std::max(ro, 1));
-        for (int p = 0; p < n; ++p) {
-          if (scount[p]) std::memcpy(sflat.data() + sdispl[p], sendbufs[p].data(), scount[p]);
-        }
-        MPI_Alltoallv(sflat.data(), scount.data(), sdispl.data(), MPI_BYTE, rflat.data(),
-                      rcount.data(), rdispl.data(), MPI_BYTE, MPI_COMM_WORLD);
-        for (int p = 0; p < n; ++p) {
-          if (rcount[p]) std::memcpy(recvbufs[p].data(), rflat.data() + rdispl[p], rcount[p]);
-        }
+      const bool sending = (phase == 0) == attention_;
+      if (alltoallv_) {
+        alltoallv(sending);
       } else {
-        std::vector<MPI_Request> reqs;
-        for (int p = 0; p < n; ++p) {
-          if (sending && bytes_to(me, p) >= 0 && (p < M) != attention) {
-            reqs.emplace_back();
-            MPI_Isend(sendbufs[p].data(), static_cast<int>(bytes_to(me, p)), MPI_BYTE, p, it,
-                      MPI_COMM_WORLD, &reqs.back());
-          }
-          if (!sending && (p < M) != attention) {
-            reqs.emplace_back();
-            MPI_Irecv(recvbufs[p].data(), static_cast<int>(bytes_to(p, me)), MPI_BYTE, p, it,
-                      MPI_COMM_WORLD, &reqs.back());
-          }
-        }
-        MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
+        p2p(sending, it);
       }
     }
     const auto t1 = std::chrono::steady_clock::now();
-    if (attention && it >= o.warmup) {
-      one_way->push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 2);
-    }
-    for (int p = 0; o.verify && p < n; ++p) {
-      const int64_t b = bytes_to(p, me);
+    if (attention_) *one_way_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / 2;
+    MPI_Barrier(MPI_COMM_WORLD);  // as the exchange: the checks start when every rank is done
+    for (int p = 0; o_.verify && p < n_; ++p) {
+      const int64_t b = bytes_to(p, me_);
       for (int64_t i = 0; i < b; ++i) {
-        if (recvbufs[p][i] != pat(p, me, it, i)) {
+        if (recvbufs_[p][i] != pat(p, me_, it, i)) {
           return internal_error("MPI baseline: byte " + std::to_string(i) + " from rank " +
                                 std::to_string(p) + " is wrong");
         }
       }
     }
+    return ok_status();
   }
-  return ok_status();
+
+ private:
+  // Rows follow exchange_rows for (attention sender, expert receiver) in both directions.
+  int64_t bytes_to(int from, int to) const {
+    const int M = o_.senders;
+    if ((from < M) == (to < M)) return 0;
+    const int s = from < M ? from : to, r = from < M ? to - M : from - M;
+    return comm::exchange_rows(o_, s, r) * o_.row_bytes;
+  }
+
+  void alltoallv(bool sending) {
+    int so = 0, ro = 0;
+    for (int p = 0; p < n_; ++p) {
+      scount_[p] = sending ? static_cast<int>(bytes_to(me_, p)) : 0;
+      rcount_[p] = !sending ? static_cast<int>(bytes_to(p, me_)) : 0;
+      sdispl_[p] = so;
+      rdispl_[p] = ro;
+      so += scount_[p];
+      ro += rcount_[p];
+    }
+    sflat_.resize(std::max(so, 1));
+    rflat_.resize(std::max(ro, 1));
+    for (int p = 0; p < n_; ++p) {
+      if (scount_[p]) std::memcpy(sflat_.data() + sdispl_[p], sendbufs_[p].data(), scount_[p]);
+    }
+    MPI_Alltoallv(sflat_.data(), scount_.data(), sdispl_.data(), MPI_BYTE, rflat_.data(),
+                  rcount_.data(), rdispl_.data(), MPI_BYTE, MPI_COMM_WORLD);
+    for (int p = 0; p < n_; ++p) {
+      if (rcount_[p]) std::memcpy(recvbufs_[p].data(), rflat_.data() + rdispl_[p], rcount_[p]);
+    }
+  }
+
+  void p2p(bool sending, int it) {
+    reqs_.clear();
+    for (int p = 0; p < n_; ++p) {
+      if ((p < o_.senders) == attention_) continue;  // same side: no traffic
+      reqs_.emplace_back();
+      if (sending) {
+        MPI_Isend(sendbufs_[p].data(), static_cast<int>(bytes_to(me_, p)), MPI_BYTE, p, it,
+                  MPI_COMM_WORLD, &reqs_.back());
+      } else {
+        MPI_Irecv(recvbufs_[p].data(), static_cast<int>(bytes_to(p, me_)), MPI_BYTE, p, it,
+                  MPI_COMM_WORLD, &reqs_.back());
+      }
+    }
+    MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+  }
+
+  comm::ExchangeOptions o_;
+  bool alltoallv_ = false, attention_ = false;
+  int me_ = 0, n_ = 0;
+  std::vector<std::vector<uint8_t>> sendbufs_, recvbufs_;
+  std::vector<int> scount_, sdispl_, rcount_, rdispl_;
+  std::vector<uint8_t> sflat_, rflat_;
+  std::vector<MPI_Request> reqs_;
+};
+
+// Rank 0 gets every sender's latencies.
+std::vector<double> gather_at_root(const std::vector<double>& lat, int world) {
+  int count = static_cast<int>(lat.size());
+  std::vector<int> counts(world);
+  MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+  std::vector<int> displs(world);
+  int total = 0;
+  for (int r = 0; r < world; ++r) {
+    displs[r] = total;
+    total += counts[r];
+  }
+  std::vector<double> all(std::max(total, 1));
+  MPI_Gatherv(lat.data(), count, MPI_DOUBLE, all.data(), counts.data(), displs.data(), MPI_DOUBLE,
+              0, MPI_COMM_WORLD);
+  all.resize(total);
+  return all;
 }
 #endif
 
@@ -155,54 +196,47 @@ StatusOr<std::vector<M2NBenchRow>> run_m2n_bench(const M2NBenchOptions& o) {
     e.zipf = o.zipf;
     e.verify = o.verify;
     e.timeout_ms = 30000;
-    e.barrier_each_iteration = true;  // as the MPI baselines: every round starts together
-    struct Variant {
-      std::string name;
-      int kind;  // 0 fabric, 1 p2p, 2 alltoallv
-    };
-    std::vector<Variant> variants = {{"msinfer", 0}};
+    e.barrier_each_iteration = true;  // as the MPI baselines: rounds start and end together
+    // The variants take turns round by round (the first one rotating), so a
+    // burst of noise on this shared host hits them alike.
+    std::vector<std::string> names = {"msinfer"};
+    MSI_ASSIGN_OR_RETURN(std::unique_ptr<comm::Exchange> ex, comm::Exchange::open(*boot, e));
+    std::vector<std::unique_ptr<MpiRounds>> mpi;
     if (o.baseline_mpi) {
-      variants.push_back({"mpi-p2p", 1});
-      variants.push_back({"mpi-alltoallv", 2});
+      names.push_back("mpi-p2p");
+      mpi.push_back(std::make_unique<MpiRounds>(e, false));
+      names.push_back("mpi-alltoallv");
+      mpi.push_back(std::make_unique<MpiRounds>(e, true));
     }
-    for (const auto& v : variants) {
-      std::vector<double> lat;
-      comm::ExchangeStats stats;
-      if (v.kind == 0) {
-        MSI_RETURN_IF_ERROR(comm::run_exchange(*boot, e, &stats));
-        lat = stats.one_way_us;
-      } else {
-        MSI_RETURN_IF_ERROR(mpi_rounds(e, v.kind == 2, &lat));
+    const int nv = static_cast<int>(names.size());
+    std::vector<std::vector<double>> lat(nv);
+    for (int it = 0; it < e.warmup + e.iterations; ++it) {
+      for (int k = 0; k < nv; ++k) {
+        const int v = (it + k) % nv;
+        double us = 0;
+        if (v == 0) {
+          MSI_RETURN_IF_ERROR(ex->round(it, &us));
+        } else {
+          MSI_RETURN_IF_ERROR(mpi[v - 1]->round(it, &us));
+        }
+        if (attention && it >= e.warmup) lat[v].push_back(us);
       }
-      // Gather every sender's latencies at rank 0.
-      int count = static_cast<int>(lat.size());
-      std::vector<int> counts(boot->size());
-      MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
-      std::vector<int> displs(boot->size());
-      int total = 0;
-      for (int r = 0; r < boot->size(); ++r) {
-        displs[r] = total;
-        total += counts[r];
-      }
-      std::vector<double> all(std::max(total, 1));
-      MPI_Gatherv(lat.data(), count, MPI_DOUBLE, all.data(), counts.data(), displs.data(),
-                  MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    }
+    MSI_RETURN_IF_ERROR(ex->close());
+    for (int v = 0; v < nv; ++v) {
+      std::vector<double> all = gather_at_root(lat[v], boot->size());
       if (boot->rank() == 0) {
-        all.resize(total);
-        int64_t per_sender = 0;
-        for (int r = 0; r < o.receivers; ++r) per_sender += comm::exchange_rows(e, 0, r) * e.row_bytes;
         M2NBenchRow row;
-        row.name = v.name;
+        row.name = names[v];
         row.provider = o.provider;
         row.size = size;
         row.senders = o.senders;
         row.receivers = o.receivers;
         row.p50_us = percentile(all, 0.5);
         row.p99_us = percentile(all, 0.99);
-        row.gbps = row.p50_us > 0 ? per_sender / (row.p50_us * 1e-6) / 1e9 : 0;
+        row.gbps = row.p50_us > 0 ? ex->bytes_per_sender() / (row.p50_us * 1e-6) / 1e9 : 0;
         rows.push_back(row);
       }
-      (void)attention;
     }
   }
   return rows;

@@ -58,29 +58,43 @@ int64_t exchange_rows(const ExchangeOptions& o, int s, int r) {
   return static_cast<int64_t>(std::llround(share * uniform * o.receivers));
 }
 
-namespace {
-Status run_exchange_impl(Bootstrap& boot, const ExchangeOptions& o, ExchangeStats* stats,
-                         std::unique_ptr<M2NEndpoint>* keep);
-}  // namespace
-
-Status run_exchange(Bootstrap& boot, const ExchangeOptions& o, ExchangeStats* stats) {
+struct Exchange::State {
+  ExchangeOptions o;
+  Bootstrap* boot = nullptr;
+  bool attention = false;
+  int me = 0, my_index = 0, peers = 0, first = 0;
   std::unique_ptr<M2NEndpoint> ep;
-  Status s = run_exchange_impl(boot, o, stats, &ep);
-  if (!s.ok() && ep != nullptr) ep->abandon();  // do not block closing a dead peer's link
-  return s;
+  std::unique_ptr<M2NSender> sender;
+  std::unique_ptr<M2NReceiver> receiver;
+  // Prepared contents: what this rank sends to each peer and expects from it.
+  std::vector<std::vector<uint8_t>> out_pat, in_pat;
+  std::vector<int64_t> out_rows, in_rows;
+  int64_t bytes_per_sender = 0;
+  bool failed = false;
+};
+
+Exchange::Exchange(std::unique_ptr<State> s) : s_(std::move(s)) {}
+
+Exchange::~Exchange() {
+  // A failed exchange does not block closing a dead peer's link.
+  if (s_ != nullptr && s_->failed && s_->ep != nullptr) s_->ep->abandon();
 }
 
-namespace {
+int64_t Exchange::bytes_per_sender() const { return s_->bytes_per_sender; }
 
-Status run_exchange_impl(Bootstrap& boot, const ExchangeOptions& o, ExchangeStats* stats,
-                         std::unique_ptr<M2NEndpoint>* keep) {
+StatusOr<std::unique_ptr<Exchange>> Exchange::open(Bootstrap& boot, const ExchangeOptions& o) {
   const int M = o.senders, N = o.receivers, me = boot.rank();
   if (boot.size() != M + N) {
     return invalid_argument("exchange: " + std::to_string(M) + " senders + " + std::to_string(N) +
                             " receivers need " + std::to_string(M + N) + " ranks, have " +
                             std::to_string(boot.size()));
   }
-  const bool attention = me < M;
+  auto st = std::make_unique<State>();
+  State& x = *st;
+  x.o = o;
+  x.boot = &boot;
+  x.me = me;
+  x.attention = me < M;
   int64_t max_rows = 0;
   for (int s = 0; s < M; ++s) {
     for (int r = 0; r < N; ++r) max_rows = std::max(max_rows, exchange_rows(o, s, r));
@@ -95,92 +109,129 @@ Status run_exchange_impl(Bootstrap& boot, const ExchangeOptions& o, ExchangeStat
     fo.provider = o.provider;
     fo.max_message_bytes = max_rows * o.row_bytes;
     fo.write_timeout_ms = o.timeout_ms;
-    MSI_ASSIGN_OR_RETURN(transport, make_fabric_transport(fo));
+    MSI_ASSIGN_OR_RETURN(transport, make_transport(fo));
   }
-  *keep = std::make_unique<M2NEndpoint>(std::move(transport), std::chrono::milliseconds(o.timeout_ms));
-  M2NEndpoint& ep = **keep;
+  x.ep = std::make_unique<M2NEndpoint>(std::move(transport), std::chrono::milliseconds(o.timeout_ms));
+  std::unique_ptr<Exchange> ex(new Exchange(std::move(st)));
+  x.failed = true;  // until set up
   // Attention ranks send dispatch and receive combine; expert ranks the reverse.
-  const int my_index = attention ? me : me - M;
-  M2NSender sender(attention ? dispatch : combine, my_index);
-  M2NReceiver receiver(attention ? combine : dispatch, my_index);
-  MSI_RETURN_IF_ERROR(sender.attach(ep));
-  MSI_ASSIGN_OR_RETURN(RemoteRegion region, receiver.attach(ep));
+  x.my_index = x.attention ? me : me - M;
+  x.sender = std::make_unique<M2NSender>(x.attention ? dispatch : combine, x.my_index);
+  x.receiver = std::make_unique<M2NReceiver>(x.attention ? combine : dispatch, x.my_index);
+  MSI_RETURN_IF_ERROR(x.sender->attach(*x.ep));
+  MSI_ASSIGN_OR_RETURN(RemoteRegion region, x.receiver->attach(*x.ep));
   MSI_ASSIGN_OR_RETURN(std::vector<std::string> blobs,
-                       boot.allgather(ep.transport().address() + region.encode()));
+                       boot.allgather(x.ep->transport().address() + region.encode()));
   // Peers: the other side's ranks.
-  const int peers = attention ? N : M;
-  const int first = attention ? M : 0;
-  for (int p = 0; p < peers; ++p) {
-    const std::string& b = blobs[first + p];
-    if (b.size() < 24) return internal_error("exchange: bad bootstrap blob from rank " + std::to_string(first + p));
-    MSI_ASSIGN_OR_RETURN(int handle, ep.transport().connect(b.substr(0, b.size() - 24)));
+  x.peers = x.attention ? N : M;
+  x.first = x.attention ? M : 0;
+  for (int p = 0; p < x.peers; ++p) {
+    const std::string& b = blobs[x.first + p];
+    if (b.size() < 24) {
+      return internal_error("exchange: bad bootstrap blob from rank " + std::to_string(x.first + p));
+    }
+    MSI_ASSIGN_OR_RETURN(int handle, x.ep->transport().connect(b.substr(0, b.size() - 24)));
     MSI_ASSIGN_OR_RETURN(RemoteRegion rr, RemoteRegion::decode(b.substr(b.size() - 24)));
-    sender.set_receiver(p, handle, rr);
+    x.sender->set_receiver(p, handle, rr);
   }
   MSI_RETURN_IF_ERROR(boot.barrier());
-
-  const int total = o.warmup + o.iterations;
-  if (stats != nullptr) {
-    stats->one_way_us.clear();
-    stats->bytes_per_sender = 0;
-    for (int r = 0; r < N; ++r) stats->bytes_per_sender += exchange_rows(o, attention ? me : 0, r) * o.row_bytes;
+  for (int r = 0; r < N; ++r) {
+    x.bytes_per_sender += exchange_rows(o, x.attention ? me : 0, r) * o.row_bytes;
   }
-  // Prepared contents: what this rank sends to each peer and expects from it.
-  std::vector<std::vector<uint8_t>> out_pat(peers), in_pat(peers);
-  std::vector<int64_t> out_rows(peers), in_rows(peers);
-  for (int p = 0; p < peers; ++p) {
-    const int peer_rank = first + p;
-    out_rows[p] = attention ? exchange_rows(o, me, p) : exchange_rows(o, p, my_index);
-    in_rows[p] = out_rows[p];  // replies mirror the dispatch
+  x.out_pat.resize(x.peers);
+  x.in_pat.resize(x.peers);
+  x.out_rows.resize(x.peers);
+  x.in_rows.resize(x.peers);
+  for (int p = 0; p < x.peers; ++p) {
+    const int peer_rank = x.first + p;
+    x.out_rows[p] = x.attention ? exchange_rows(o, me, p) : exchange_rows(o, p, x.my_index);
+    x.in_rows[p] = x.out_rows[p];  // replies mirror the dispatch
     if (o.verify) {
-      out_pat[p] = make_pattern(attention ? 0 : 1, me, peer_rank, out_rows[p] * o.row_bytes);
-      in_pat[p] = make_pattern(attention ? 1 : 0, peer_rank, me, in_rows[p] * o.row_bytes);
+      x.out_pat[p] = make_pattern(x.attention ? 0 : 1, me, peer_rank, x.out_rows[p] * o.row_bytes);
+      x.in_pat[p] = make_pattern(x.attention ? 1 : 0, peer_rank, me, x.in_rows[p] * o.row_bytes);
     }
   }
-  for (int it = 0; it < total; ++it) {
-    if (it == o.die_at_iteration && me == o.die_rank) ::_exit(3);
-    const int slot = it % o.slots;
-    const uint32_t seq = static_cast<uint32_t>(it / o.slots);
-    // Prepare the outgoing rows (the buffer is free once its last writes completed).
-    MSI_RETURN_IF_ERROR(sender.wait_sent(slot));
-    if (o.verify) {
-      for (int p = 0; p < peers; ++p) fill(sender.buffer(slot, p), out_pat[p], out_rows[p] * o.row_bytes, it);
-    }
-    if (o.barrier_each_iteration) MSI_RETURN_IF_ERROR(boot.barrier());
-    if (attention) {
-      const auto t0 = std::chrono::steady_clock::now();
-      MSI_RETURN_IF_ERROR(sender.send(slot, seq, out_rows));
-      MSI_RETURN_IF_ERROR(receiver.wait(slot, seq));
-      const auto t1 = std::chrono::steady_clock::now();
-      if (stats != nullptr && it >= o.warmup) {
-        stats->one_way_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 2);
-      }
-    } else {
-      // Answer as soon as the dispatch is in; verification comes after.
-      MSI_RETURN_IF_ERROR(receiver.wait(slot, seq));
-      MSI_RETURN_IF_ERROR(sender.send(slot, seq, out_rows));
-      // Keep progressing until the answer left: some providers move large
-      // messages in segments that need the sender's progress (shm without CMA).
-      MSI_RETURN_IF_ERROR(sender.wait_sent(slot));
-    }
-    for (int p = 0; p < peers; ++p) {
-      if (receiver.rows(slot, p) != in_rows[p]) {
-        return internal_error("exchange: rank " + std::to_string(first + p) + " sent " +
-                              std::to_string(receiver.rows(slot, p)) + " rows to rank " +
-                              std::to_string(me) + ", expected " + std::to_string(in_rows[p]));
-      }
-      if (o.verify) {
-        MSI_RETURN_IF_ERROR(check(receiver.data(slot, p), in_pat[p], in_rows[p] * o.row_bytes,
-                                  attention ? 1 : 0, first + p, me, it));
-      }
-    }
-    receiver.release(slot);
-  }
-  // Drain: our last writes must complete before the process may exit.
-  for (int s = 0; s < o.slots; ++s) MSI_RETURN_IF_ERROR(sender.wait_sent(s));
-  return boot.barrier();
+  x.failed = false;
+  return ex;
 }
 
-}  // namespace
+Status Exchange::round(int it, double* one_way_us) {
+  State& x = *s_;
+  x.failed = true;  // until this round completes
+  const ExchangeOptions& o = x.o;
+  M2NSender& sender = *x.sender;
+  M2NReceiver& receiver = *x.receiver;
+  if (one_way_us != nullptr) *one_way_us = 0;
+  if (it == o.die_at_iteration && x.me == o.die_rank) ::_exit(3);
+  const int slot = it % o.slots;
+  const uint32_t seq = static_cast<uint32_t>(it / o.slots);
+  // Prepare the outgoing rows (the buffer is free once its last writes completed).
+  MSI_RETURN_IF_ERROR(sender.wait_sent(slot));
+  if (o.verify) {
+    for (int p = 0; p < x.peers; ++p) {
+      fill(sender.buffer(slot, p), x.out_pat[p], x.out_rows[p] * o.row_bytes, it);
+    }
+  }
+  if (o.barrier_each_iteration) MSI_RETURN_IF_ERROR(x.boot->barrier());
+  if (x.attention) {
+    const auto t0 = std::chrono::steady_clock::now();
+    MSI_RETURN_IF_ERROR(sender.send(slot, seq, x.out_rows));
+    MSI_RETURN_IF_ERROR(receiver.wait(slot, seq));
+    const auto t1 = std::chrono::steady_clock::now();
+    if (one_way_us != nullptr) {
+      *one_way_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / 2;
+    }
+  } else {
+    // Answer as soon as the dispatch is in; verification comes after.
+    MSI_RETURN_IF_ERROR(receiver.wait(slot, seq));
+    MSI_RETURN_IF_ERROR(sender.send(slot, seq, x.out_rows));
+    // Keep progressing until the answer left: some providers move large
+    // messages in segments that need the sender's progress (shm without CMA).
+    MSI_RETURN_IF_ERROR(sender.wait_sent(slot));
+  }
+  // Benchmarks: nobody verifies (or starts the next round's work) while
+  // another rank is still timing this one; on a host with fewer cores than
+  // ranks that work would take the core from a rank that is waiting.
+  if (o.barrier_each_iteration) MSI_RETURN_IF_ERROR(x.boot->barrier());
+  for (int p = 0; p < x.peers; ++p) {
+    if (receiver.rows(slot, p) != x.in_rows[p]) {
+      return internal_error("exchange: rank " + std::to_string(x.first + p) + " sent " +
+                            std::to_string(receiver.rows(slot, p)) + " rows to rank " +
+                            std::to_string(x.me) + ", expected " + std::to_string(x.in_rows[p]));
+    }
+    if (o.verify) {
+      MSI_RETURN_IF_ERROR(check(receiver.data(slot, p), x.in_pat[p], x.in_rows[p] * o.row_bytes,
+                                x.attention ? 1 : 0, x.first + p, x.me, it));
+    }
+  }
+  receiver.release(slot);
+  x.failed = false;
+  return ok_status();
+}
+
+Status Exchange::close() {
+  State& x = *s_;
+  x.failed = true;
+  // Drain: our last writes must complete before the process may exit.
+  for (int s = 0; s < x.o.slots; ++s) MSI_RETURN_IF_ERROR(x.sender->wait_sent(s));
+  MSI_RETURN_IF_ERROR(x.boot->barrier());
+  x.failed = false;
+  return ok_status();
+}
+
+Status run_exchange(Bootstrap& boot, const ExchangeOptions& o, ExchangeStats* stats) {
+  MSI_ASSIGN_OR_RETURN(std::unique_ptr<Exchange> ex, Exchange::open(boot, o));
+  if (stats != nullptr) {
+    stats->one_way_us.clear();
+    stats->bytes_per_sender = ex->bytes_per_sender();
+  }
+  const int total = o.warmup + o.iterations;
+  for (int it = 0; it < total; ++it) {
+    double us = 0;
+    MSI_RETURN_IF_ERROR(ex->round(it, &us));
+    if (stats != nullptr && it >= o.warmup && boot.rank() < o.senders) stats->one_way_us.push_back(us);
+  }
+  return ex->close();
+}
 
 }  // namespace msinfer::comm

@@ -5,6 +5,7 @@
 // ranks M..M+N-1 the reverse.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,8 @@ struct ExchangeOptions {
   std::string provider = "shm";  // libfabric provider, unless `inproc` is set
   InprocFabric* inproc = nullptr;  // ranks as threads of one process (unit tests)
   int timeout_ms = 5000;
-  bool barrier_each_iteration = false;  // start every round together (benchmarks)
+  bool barrier_each_iteration = false;  // benchmarks: every round starts together, and ends
+                                        // together before the byte checks
   int die_at_iteration = -1;  // test hook: this rank's process exits there
   int die_rank = -1;
 };
@@ -42,7 +44,30 @@ struct ExchangeStats {
 // Rows sender s sends to receiver r (the same on both sides).
 int64_t exchange_rows(const ExchangeOptions& o, int s, int r);
 
-// Runs this rank's part. Errors name the peer that failed or is missing.
+// This rank's side of the exchange, one round at a time (`msinfer bench m2n`
+// interleaves its rounds with the MPI baselines'). Errors name the peer that
+// failed or is missing; after one, the endpoint is abandoned, not closed, so
+// that a dead peer cannot block the destructor.
+class Exchange {
+ public:
+  // Endpoint, buffers and peers; collective (every rank of `boot` calls it).
+  static StatusOr<std::unique_ptr<Exchange>> open(Bootstrap& boot, const ExchangeOptions& o);
+  ~Exchange();
+  // Round `it` (counting warm-up rounds): dispatch, then combine, every byte
+  // checked when o.verify. Senders get the one-way time (round trip / 2) in
+  // microseconds, receivers 0.
+  Status round(int it, double* one_way_us);
+  // Waits for this rank's writes to complete, then meets every rank.
+  Status close();
+  int64_t bytes_per_sender() const;  // per round, one direction
+
+ private:
+  struct State;
+  explicit Exchange(std::unique_ptr<State> s);
+  std::unique_ptr<State> s_;
+};
+
+// open, warm-up + timed rounds, close.
 Status run_exchange(Bootstrap& boot, const ExchangeOptions& o, ExchangeStats* stats);
 
 }  // namespace msinfer::comm
