@@ -54,15 +54,15 @@ void remove_dead_shm_endpoints() {
   ::closedir(d);
 }
 
-namespace {
-
-std::string new_shm_endpoint_name() {
+std::string new_shm_object_name() {
   std::random_device rd;
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%s%d-%08x%08x", kShmPrefix, static_cast<int>(::getpid()), rd(),
                 rd());
   return buf;
 }
+
+namespace {
 
 // Context of one write: libfabric hands it back in the completion.
 struct WriteOp {
@@ -133,7 +133,7 @@ class FabricTransport : public Transport {
     if ((rc = fi_ep_bind(ep_, &av_->fid, 0))) return internal_error(fi_error("fi_ep_bind(av)", rc));
     if (provider_ == "shm") {
       remove_dead_shm_endpoints();
-      const std::string shm_name = new_shm_endpoint_name();
+      const std::string shm_name = new_shm_object_name();
       if ((rc = fi_setname(&ep_->fid, const_cast<char*>(shm_name.c_str()), shm_name.size() + 1))) {
         return internal_error(fi_error("fi_setname", rc));
       }

@@ -86,7 +86,7 @@ Status M2NEndpoint::wait_until(const std::function<bool()>& done,
     MSI_RETURN_IF_ERROR(progress());
     if (done()) break;
     if (scratch_.empty()) {
-      if (++idle > kSpinBeforeYield) sched_yield();  // let the peer (and the kernel's loopback) run
+      if (++idle > kSpinBeforeYield) sched_yield();  // let the peer (and the kernel's loopback) run  // let the peer (and the kernel's loopback) run
     } else {
       idle = 0;
     }
@@ -102,14 +102,15 @@ Status M2NEndpoint::wait_until(const std::function<bool()>& done,
 
 M2NReceiver::M2NReceiver(const M2NShape& shape, int index)
     : shape_(shape), index_(index),
-      region_(static_cast<size_t>(shape.senders * shape.slots * shape.slot_bytes())),
       arrivals_(static_cast<size_t>(shape.slots * shape.senders)) {}
 
 StatusOr<RemoteRegion> M2NReceiver::attach(M2NEndpoint& ep) {
   MSI_RETURN_IF_ERROR(shape_.validate());
   ep_ = &ep;
   ep.receivers_[shape_.channel] = this;
-  return ep.transport().register_memory(region_.data(), region_.size());
+  MSI_ASSIGN_OR_RETURN(region_, ep.transport().allocate(static_cast<size_t>(
+                                    shape_.senders * shape_.slots * shape_.slot_bytes())));
+  return ep.transport().register_memory(region_->data(), region_->size());
 }
 
 Status M2NReceiver::on_immediate(const Immediate& imm) {
@@ -188,7 +189,7 @@ Status M2NReceiver::verify(int slot, uint32_t seq) const {
 }
 
 const uint8_t* M2NReceiver::data(int slot, int sender) const {
-  return region_.data() + (static_cast<size_t>(sender) * shape_.slots + slot) * shape_.slot_bytes();
+  return region_->data() + (static_cast<size_t>(sender) * shape_.slots + slot) * shape_.slot_bytes();
 }
 
 int64_t M2NReceiver::rows(int slot, int sender) const {

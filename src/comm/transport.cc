@@ -1,8 +1,30 @@
 #include <cstring>
 
+#include "msinfer/comm/direct_transport.h"
 #include "msinfer/comm/inproc_transport.h"
 
 namespace msinfer::comm {
+
+StatusOr<std::unique_ptr<Transport>> make_transport(const FabricOptions& options) {
+  if (options.provider == "direct") return make_direct_transport(options);
+  return make_fabric_transport(options);
+}
+
+namespace {
+class HeapMemory : public RegionMemory {
+ public:
+  explicit HeapMemory(size_t n) : v_(n) {}
+  uint8_t* data() override { return v_.data(); }
+  size_t size() const override { return v_.size(); }
+
+ private:
+  std::vector<uint8_t> v_;
+};
+}  // namespace
+
+StatusOr<std::unique_ptr<RegionMemory>> Transport::allocate(size_t len) {
+  return std::unique_ptr<RegionMemory>(new HeapMemory(len));
+}
 
 std::string RemoteRegion::encode() const {
   std::string s(24, '\0');

@@ -80,7 +80,7 @@ StatusOr<std::unique_ptr<comm::Transport>> make_transport(const WorkerConfig& c)
   // progress to drain, so an attention worker's send blocked ~3 ms per unit
   // while the experts computed (small-mixtral, 1+1, m=3: busy 52% -> 11%).
   fo.shm_single_copy = comm::FabricOptions::SingleCopy::kOn;
-  return comm::make_fabric_transport(fo);
+  return comm::make_transport(fo);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// The /dev/shm objects of one process's libfabric shm endpoints, which
-// msinfer names msinfer-<pid>-<random> (comm/fabric_transport.cc).
+// The /dev/shm objects of one process (libfabric shm endpoints, direct-transport
+// mailboxes and regions), which msinfer names msinfer-<pid>-<random>
+// (comm/fabric_transport.h).
 #pragma once
 
 #include <sys/types.h>

@@ -82,7 +82,9 @@ int run_bench_m2n(int argc, char** argv) {
   flags.add_int("receivers", 4, "expert processes N");
   flags.add_string("size", "2k,32k,256k,2m,8m", "bytes per (sender, receiver) message; list, k/m suffixes");
   flags.add_int("iters", 50, "timed rounds per size");
-  flags.add_string("provider", "shm", "libfabric provider: shm | tcp (MPI uses the matching btl)");
+  flags.add_string("provider", "shm",
+                   "direct (msinfer's shared-memory transport) | shm | tcp (libfabric providers);\n"
+                   "MPI uses the matching btl: vader for direct and shm, tcp for tcp");
   flags.add_string("baseline", "mpi", "mpi | none");
   flags.add_string("imbalance", "none", "none | zipf:S (skewed rows per receiver)");
   flags.add_bool("no-verify", "skip the byte checks (they run outside the timed span anyway)");
@@ -107,8 +109,8 @@ int run_bench_m2n(int argc, char** argv) {
     return report_error("bench m2n", invalid_argument("--senders and --receivers must be in 1..128"));
   }
   if (o.iterations < 1) return report_error("bench m2n", invalid_argument("--iters must be >= 1"));
-  if (o.provider != "shm" && o.provider != "tcp") {
-    return report_error("bench m2n", invalid_argument("--provider must be shm or tcp"));
+  if (o.provider != "direct" && o.provider != "shm" && o.provider != "tcp") {
+    return report_error("bench m2n", invalid_argument("--provider must be direct, shm or tcp"));
   }
   if (flags.get_string("baseline") != "mpi" && flags.get_string("baseline") != "none") {
     return report_error("bench m2n", invalid_argument("--baseline must be mpi or none"));
@@ -127,9 +129,16 @@ int run_bench_m2n(int argc, char** argv) {
   if (!comm::launched_by_mpi()) {
     // Re-launch under mpirun: one rank per process, the data over libfabric,
     // MPI only for the bootstrap and the baseline (ob1 pml: UCX needs IB).
-    std::vector<std::string> args = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
-                                     std::to_string(o.senders + o.receivers), "--mca", "pml", "ob1",
-                                     "--mca", "btl", o.provider == "shm" ? "self,vader" : "self,tcp"};
+    // Ranks are bound round-robin to cores (rank r on core r mod cores), so on
+    // a host with fewer cores than ranks every core gets the same mix of
+    // senders and receivers. Left to the scheduler, the placement drifts
+    // mid-run (both senders on one core, say) and the one-way time with it,
+    // 2-6x on the 2-core VM, for msinfer and MPI alike.
+    std::vector<std::string> args = {"mpirun", "--allow-run-as-root", "--oversubscribe",
+                                     "--map-by", "core", "--bind-to", "core:overload-allowed",
+                                     "-np", std::to_string(o.senders + o.receivers),
+                                     "--mca", "pml", "ob1",
+                                     "--mca", "btl", o.provider == "tcp" ? "self,tcp" : "self,vader"};
     if (o.provider == "tcp") {
       for (const char* a : {"--mca", "btl_tcp_if_include", "lo", "-x", "FI_TCP_IFACE=lo"}) args.push_back(a);
     }
@@ -183,7 +192,7 @@ int run_bench(int argc, char** argv) {
   if (what == "serve") return run_bench_serve(argc, argv);
   if (what == "--help" || what == "-h" || what.empty()) {
     std::printf("usage: msinfer bench kernels [--json] [--quick]\n"
-                "       msinfer bench m2n [--senders M --receivers N --size BYTES --provider shm|tcp ...]\n"
+                "       msinfer bench m2n [--senders M --receivers N --size BYTES --provider direct|shm|tcp ...]\n"
                 "       msinfer bench serve --offline --model DIR [--num-prompts P --input-len I "
                 "--output-len O] [deployment flags] [--json]\n");
     return what.empty() ? 2 : 0;

@@ -44,9 +44,17 @@ struct FabricOptions {
 
 StatusOr<std::unique_ptr<Transport>> make_fabric_transport(const FabricOptions& options);
 
-// shm endpoints are shared-memory objects in /dev/shm; a killed process leaves
-// its own behind. Removes those of msinfer processes that no longer exist.
-// Every new shm endpoint calls it; so does the router after reaping workers.
+// The transport a process asks for by name: "direct" is msinfer's own
+// transport within a host (direct_transport.h), any other name a libfabric
+// provider.
+StatusOr<std::unique_ptr<Transport>> make_transport(const FabricOptions& options);
+
+// shm endpoints (libfabric's and the cma transport's mailboxes) are
+// shared-memory objects in /dev/shm; a killed process leaves its own behind.
+// msinfer names them "msinfer-<pid>-<random>" (new_shm_object_name), and
+// remove_dead_shm_endpoints removes those of msinfer processes that no longer
+// exist. Every new endpoint calls it; so does the router after reaping workers.
+std::string new_shm_object_name();
 void remove_dead_shm_endpoints();
 
 }  // namespace msinfer::comm

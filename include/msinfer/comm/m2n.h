@@ -62,8 +62,8 @@ class M2NReceiver {
  public:
   M2NReceiver(const M2NShape& shape, int index);
   const M2NShape& shape() const { return shape_; }
-  // Registers the receive region with the endpoint's transport; the returned
-  // region goes to every sender through the bootstrap.
+  // Allocates the receive region from the endpoint's transport and registers
+  // it; the returned region goes to every sender through the bootstrap.
   StatusOr<RemoteRegion> attach(M2NEndpoint& ep);
   // Blocks (polling, yielding when idle) until every sender's write for `slot`
   // carrying `seq` arrived; DEADLINE_EXCEEDED naming the missing senders after
@@ -86,7 +86,7 @@ class M2NReceiver {
   M2NShape shape_;
   int index_;
   M2NEndpoint* ep_ = nullptr;
-  std::vector<uint8_t> region_;
+  std::unique_ptr<RegionMemory> region_;  // from the transport, at attach()
   struct Arrival {
     bool arrived = false;
     uint32_t seq = 0;

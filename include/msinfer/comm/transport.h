@@ -41,14 +41,26 @@ struct Completion {
   uint64_t context = 0;  // kLocalWrite: the context given to write()
 };
 
+// Memory for a receive region, from Transport::allocate.
+class RegionMemory {
+ public:
+  virtual ~RegionMemory() = default;
+  virtual uint8_t* data() = 0;
+  virtual size_t size() const = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
   virtual std::string name() const = 0;
   // This endpoint's address, to hand to peers through the bootstrap.
   virtual std::string address() const = 0;
+  // Zeroed memory for a region peers will write into (register it next). Heap
+  // memory unless the transport's peers can store into it directly (the
+  // direct transport: shared memory).
+  virtual StatusOr<std::unique_ptr<RegionMemory>> allocate(size_t len);
   // Registers [base, base + len) as a source and a target of writes. The memory
-  // must outlive the transport.
+  // must stay valid while peers may write into it.
   virtual StatusOr<RemoteRegion> register_memory(void* base, size_t len) = 0;
   // A handle for the peer at `address`.
   virtual StatusOr<int> connect(const std::string& address) = 0;

@@ -1,0 +1,181 @@
+// The direct transport (shared-memory regions + mailbox; CMA for memory it did
+// not allocate) between endpoints of one process and, for a dead peer, a
+// forked child. The multi-process M2N exchange over it is in multiproc_test.cc.
+#include "msinfer/comm/direct_transport.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <numeric>
+
+#include "../common/shm_objects.h"
+
+namespace msinfer::comm {
+namespace {
+
+using msinfer::testing::shm_objects_of;
+
+std::unique_ptr<Transport> open_direct(int timeout_ms = 5000) {
+  FabricOptions o;
+  o.provider = "direct";
+  o.write_timeout_ms = timeout_ms;
+  auto t = make_transport(o);
+  EXPECT_TRUE(t.ok()) << t.status().to_string();
+  return t.ok() ? std::move(*t) : nullptr;
+}
+
+std::vector<Completion> drain(Transport& t) {
+  std::vector<Completion> out;
+  EXPECT_TRUE(t.poll(&out, 1000).ok());
+  return out;
+}
+
+TEST(DirectTransportTest, WritesLandInTheRegionBeforeTheirImmediate) {
+  auto a = open_direct(), b = open_direct();
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->name(), "direct");
+  auto mem = b->allocate(1 << 20);
+  ASSERT_TRUE(mem.ok()) << mem.status().to_string();
+  auto region = b->register_memory((*mem)->data(), (*mem)->size());
+  ASSERT_TRUE(region.ok());
+  EXPECT_NE(region->key, 0u) << "allocated memory is shared, not written by CMA";
+  auto peer = a->connect(b->address());
+  ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+
+  std::vector<uint8_t> src(300000);
+  std::iota(src.begin(), src.end(), 7);
+  for (uint32_t k = 0; k < 3; ++k) {
+    const uint64_t off = 1000 + k * 300000;
+    ASSERT_TRUE(a->write(*peer, src.data(), src.size(), *region, off, 0xabc00 + k, 40 + k).ok());
+  }
+  ASSERT_TRUE(a->write(*peer, src.data(), 0, *region, 0, 0xabcff, 99).ok());  // empty still signals
+  auto local = drain(*a);
+  ASSERT_EQ(local.size(), 4u);
+  for (uint32_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(local[k].kind, Completion::Kind::kLocalWrite);
+    EXPECT_EQ(local[k].context, k < 3 ? 40 + k : 99u);
+  }
+  auto remote = drain(*b);
+  ASSERT_EQ(remote.size(), 4u);
+  for (uint32_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(remote[k].kind, Completion::Kind::kRemoteWrite);
+    EXPECT_EQ(remote[k].imm, 0xabc00 + k) << "immediates arrive in order";
+    EXPECT_EQ(std::memcmp((*mem)->data() + 1000 + k * 300000, src.data(), src.size()), 0);
+  }
+  EXPECT_EQ(remote[3].imm, 0xabcffu);
+  EXPECT_TRUE(drain(*b).empty());
+}
+
+TEST(DirectTransportTest, MemoryItDidNotAllocateIsWrittenThroughCrossMemoryAttach) {
+  auto a = open_direct(), b = open_direct();
+  ASSERT_TRUE(a && b);
+  std::vector<uint8_t> heap(4096, 0);
+  auto region = b->register_memory(heap.data(), heap.size());
+  ASSERT_TRUE(region.ok());
+  EXPECT_EQ(region->key, 0u);
+  auto peer = a->connect(b->address());
+  ASSERT_TRUE(peer.ok());
+  std::vector<uint8_t> src(100, 0x5a);
+  ASSERT_TRUE(a->write(*peer, src.data(), src.size(), *region, 50, 1, 0).ok());
+  auto remote = drain(*b);
+  ASSERT_EQ(remote.size(), 1u);
+  EXPECT_EQ(heap[49], 0);
+  EXPECT_EQ(heap[50], 0x5a);
+  EXPECT_EQ(heap[149], 0x5a);
+  EXPECT_EQ(heap[150], 0);
+}
+
+TEST(DirectTransportTest, BadWritesAreRefusedBeforeAnythingMoves) {
+  auto a = open_direct(), b = open_direct();
+  ASSERT_TRUE(a && b);
+  auto mem = b->allocate(4096);
+  ASSERT_TRUE(mem.ok());
+  auto region = b->register_memory((*mem)->data(), (*mem)->size());
+  auto peer = a->connect(b->address());
+  ASSERT_TRUE(region.ok() && peer.ok());
+  std::vector<uint8_t> src(4096, 1);
+  Status s = a->write(*peer, src.data(), 4096, *region, 1, 0, 0);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  s = a->write(*peer + 1, src.data(), 16, *region, 0, 0, 0);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_TRUE(drain(*b).empty());
+  EXPECT_EQ((*mem)->data()[0], 0) << "nothing was written";
+  EXPECT_FALSE(a->connect("direct:1:no-such-mailbox").ok());
+  EXPECT_FALSE(a->connect("shm-address").ok());
+}
+
+TEST(DirectTransportTest, AMailboxNobodyDrainsFailsAfterTheTimeout) {
+  auto a = open_direct(200), b = open_direct();
+  ASSERT_TRUE(a && b);
+  auto mem = b->allocate(64);
+  auto region = b->register_memory((*mem)->data(), (*mem)->size());
+  auto peer = a->connect(b->address());
+  ASSERT_TRUE(region.ok() && peer.ok());
+  Status s;
+  int sent = 0;
+  while (s.ok() && sent < 10000) {
+    s = a->write(*peer, (*mem)->data(), 0, *region, 0, 0, 0);
+    if (s.ok()) ++sent;
+  }
+  EXPECT_EQ(sent, 4096) << "the mailbox holds 4096 immediates";
+  EXPECT_NE(s.to_string().find("took no immediate"), std::string::npos) << s.to_string();
+  EXPECT_EQ(drain(*b).size(), 1000u) << "poll hands out at most `max`";
+}
+
+TEST(DirectTransportTest, ADeadPeerIsNamedAndItsObjectsAreRemoved) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(fds[0]);
+    auto t = open_direct();
+    std::vector<uint8_t> heap(64);
+    auto r = t->register_memory(heap.data(), heap.size());
+    auto mem = t->allocate(4096);
+    if (!r.ok() || !mem.ok()) ::_exit(1);
+    const std::string msg = t->address() + "\n" + r->encode();
+    if (::write(fds[1], msg.data(), msg.size()) != static_cast<ssize_t>(msg.size())) ::_exit(1);
+    while (true) ::pause();  // until killed, holding its objects
+  }
+  ::close(fds[1]);
+  char buf[512];
+  const ssize_t n = ::read(fds[0], buf, sizeof(buf));
+  ::close(fds[0]);
+  ASSERT_GT(n, 25);
+  const std::string msg(buf, static_cast<size_t>(n));
+  const size_t nl = msg.find('\n');
+  auto region = RemoteRegion::decode(msg.substr(nl + 1));
+  ASSERT_TRUE(region.ok());
+  auto a = open_direct(300);
+  auto peer = a->connect(msg.substr(0, nl));
+  ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+  EXPECT_EQ(shm_objects_of(child).size(), 2u) << "its mailbox and its region";
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+
+  uint8_t byte = 1;
+  Status s = a->write(*peer, &byte, 1, *region, 0, 0, 0);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_NE(s.to_string().find("peer 0"), std::string::npos) << s.to_string();
+  EXPECT_NE(s.to_string().find("gone"), std::string::npos) << s.to_string();
+
+  auto next = open_direct();  // a new endpoint clears what the dead one left
+  EXPECT_TRUE(shm_objects_of(child).empty());
+}
+
+TEST(DirectTransportTest, ClosingRemovesEveryObject) {
+  {
+    auto t = open_direct();
+    ASSERT_TRUE(t);
+    auto mem = t->allocate(1 << 16);
+    ASSERT_TRUE(mem.ok());
+    EXPECT_EQ(shm_objects_of(::getpid()).size(), 2u);
+  }
+  EXPECT_TRUE(shm_objects_of(::getpid()).empty());
+}
+
+}  // namespace
+}  // namespace msinfer::comm
