@@ -2,11 +2,13 @@
 
 #include "msinfer/comm/direct_transport.h"
 #include "msinfer/comm/inproc_transport.h"
+#include "msinfer/comm/socket_transport.h"
 
 namespace msinfer::comm {
 
 StatusOr<std::unique_ptr<Transport>> make_transport(const FabricOptions& options) {
   if (options.provider == "direct") return make_direct_transport(options);
+  if (options.provider == "socket") return make_socket_transport(options);
   return make_fabric_transport(options);
 }
 

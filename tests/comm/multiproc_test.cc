@@ -202,7 +202,7 @@ TEST(ShmEndpointTest, ObjectsOfKilledProcessesAreNoObstacleAndAreRemoved) {
   EXPECT_TRUE(shm_objects_of(::getpid()).empty()) << "closing the endpoint removes its object";
 }
 
-INSTANTIATE_TEST_SUITE_P(Providers, MultiprocTest, ::testing::Values("shm", "tcp", "direct"));
+INSTANTIATE_TEST_SUITE_P(Providers, MultiprocTest, ::testing::Values("shm", "tcp", "direct", "socket"));
 
 }  // namespace
 }  // namespace msinfer::comm

@@ -83,8 +83,9 @@ int run_bench_m2n(int argc, char** argv) {
   flags.add_string("size", "2k,32k,256k,2m,8m", "bytes per (sender, receiver) message; list, k/m suffixes");
   flags.add_int("iters", 50, "timed rounds per size");
   flags.add_string("provider", "shm",
-                   "direct (msinfer's shared-memory transport) | shm | tcp (libfabric providers);\n"
-                   "MPI uses the matching btl: vader for direct and shm, tcp for tcp");
+                   "direct | socket (msinfer's shared-memory and TCP transports) | shm | tcp\n"
+                   "(libfabric providers); MPI uses the matching btl: vader for direct and shm,\n"
+                   "tcp for socket and tcp");
   flags.add_string("baseline", "mpi", "mpi | none");
   flags.add_string("imbalance", "none", "none | zipf:S (skewed rows per receiver)");
   flags.add_bool("no-verify", "skip the byte checks (they run outside the timed span anyway)");
@@ -109,8 +110,9 @@ int run_bench_m2n(int argc, char** argv) {
     return report_error("bench m2n", invalid_argument("--senders and --receivers must be in 1..128"));
   }
   if (o.iterations < 1) return report_error("bench m2n", invalid_argument("--iters must be >= 1"));
-  if (o.provider != "direct" && o.provider != "shm" && o.provider != "tcp") {
-    return report_error("bench m2n", invalid_argument("--provider must be direct, shm or tcp"));
+  const bool over_tcp = o.provider == "socket" || o.provider == "tcp";
+  if (o.provider != "direct" && o.provider != "shm" && !over_tcp) {
+    return report_error("bench m2n", invalid_argument("--provider must be direct, socket, shm or tcp"));
   }
   if (flags.get_string("baseline") != "mpi" && flags.get_string("baseline") != "none") {
     return report_error("bench m2n", invalid_argument("--baseline must be mpi or none"));
@@ -138,8 +140,8 @@ int run_bench_m2n(int argc, char** argv) {
                                      "--map-by", "core", "--bind-to", "core:overload-allowed",
                                      "-np", std::to_string(o.senders + o.receivers),
                                      "--mca", "pml", "ob1",
-                                     "--mca", "btl", o.provider == "tcp" ? "self,tcp" : "self,vader"};
-    if (o.provider == "tcp") {
+                                     "--mca", "btl", over_tcp ? "self,tcp" : "self,vader"};
+    if (over_tcp) {
       for (const char* a : {"--mca", "btl_tcp_if_include", "lo", "-x", "FI_TCP_IFACE=lo"}) args.push_back(a);
     }
     auto exe = self_executable();
@@ -192,7 +194,7 @@ int run_bench(int argc, char** argv) {
   if (what == "serve") return run_bench_serve(argc, argv);
   if (what == "--help" || what == "-h" || what.empty()) {
     std::printf("usage: msinfer bench kernels [--json] [--quick]\n"
-                "       msinfer bench m2n [--senders M --receivers N --size BYTES --provider direct|shm|tcp ...]\n"
+                "       msinfer bench m2n [--senders M --receivers N --size BYTES --provider direct|socket|shm|tcp ...]\n"
                 "       msinfer bench serve --offline --model DIR [--num-prompts P --input-len I "
                 "--output-len O] [deployment flags] [--json]\n");
     return what.empty() ? 2 : 0;

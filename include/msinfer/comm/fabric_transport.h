@@ -44,9 +44,9 @@ struct FabricOptions {
 
 StatusOr<std::unique_ptr<Transport>> make_fabric_transport(const FabricOptions& options);
 
-// The transport a process asks for by name: "direct" is msinfer's own
-// transport within a host (direct_transport.h), any other name a libfabric
-// provider.
+// The transport a process asks for by name: "direct" (within a host,
+// direct_transport.h) and "socket" (TCP, socket_transport.h) are msinfer's
+// own; any other name is a libfabric provider.
 StatusOr<std::unique_ptr<Transport>> make_transport(const FabricOptions& options);
 
 // shm endpoints (libfabric's and the cma transport's mailboxes) are

@@ -1,0 +1,403 @@
+#include "msinfer/comm/socket_transport.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <map>
+
+#include "msinfer/comm/tcp.h"
+
+namespace msinfer::comm {
+namespace {
+
+// Precedes every payload on the wire.
+struct Header {
+  uint64_t key;     // region key at the target
+  uint64_t offset;  // into that region
+  uint64_t len;     // payload bytes that follow
+  uint32_t imm;
+  uint32_t unused;
+};
+static_assert(sizeof(Header) == 32);
+
+std::string errno_text(int e) { return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")"; }
+
+void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+class SocketTransport : public Transport {
+ public:
+  ~SocketTransport() override {
+    // Every connection is watched (it may carry the peer's writes), so
+    // incoming_ has them all.
+    for (auto& [fd, in] : incoming_) ::close(fd);
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+    if (epoll_fd_ >= 0) ::close(epoll_fd_);
+  }
+
+  Status init(const FabricOptions& o) {
+    connect_timeout_ = std::chrono::milliseconds(o.write_timeout_ms);
+    const std::string host = o.address.empty() ? "127.0.0.1" : o.address;
+    int port = 0;
+    MSI_ASSIGN_OR_RETURN(listen_fd_, tcp_listen(host, 0, &port));
+    set_nonblocking(listen_fd_);
+    address_ = "socket:" + host + ":" + std::to_string(port);
+    epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+    if (epoll_fd_ < 0) return internal_error("socket transport: epoll_create1: " + errno_text(errno));
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = listen_fd_;
+    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev) != 0) {
+      return internal_error("socket transport: epoll_ctl: " + errno_text(errno));
+    }
+    return ok_status();
+  }
+
+  std::string name() const override { return "socket"; }
+  std::string address() const override { return address_; }
+
+  StatusOr<RemoteRegion> register_memory(void* base, size_t len) override {
+    RemoteRegion r;
+    r.key = ++next_key_;
+    r.base = 0;  // offsets into the region
+    r.length = len;
+    regions_[r.key] = {static_cast<uint8_t*>(base), len};
+    return r;
+  }
+
+  // Connections are made at the first write, one per pair of endpoints: if
+  // the peer already connected to us (it wrote first), its connection carries
+  // our writes too, so the acknowledgements of one direction ride on the
+  // other's data instead of going as packets of their own.
+  StatusOr<int> connect(const std::string& address) override {
+    if (address.rfind("socket:", 0) != 0) {
+      return invalid_argument("socket transport: '" + address + "' is not a socket address (socket:<ip>:<port>)");
+    }
+    peers_.push_back({kNotYet, address, {}});
+    return static_cast<int>(peers_.size()) - 1;
+  }
+
+  Status write(int peer, const void* src, size_t len, const RemoteRegion& dst, uint64_t offset,
+               uint32_t imm, uint64_t context) override {
+    if (peer < 0 || peer >= static_cast<int>(peers_.size())) {
+      return invalid_argument("socket transport: unknown peer " + std::to_string(peer));
+    }
+    if (offset + len > dst.length) {
+      return invalid_argument("socket transport: write of " + std::to_string(len) + " bytes at offset " +
+                              std::to_string(offset) + " outside the peer's " +
+                              std::to_string(dst.length) + "-byte region");
+    }
+    Peer& p = peers_[peer];
+    if (p.fd == kNotYet) MSI_RETURN_IF_ERROR(open_connection(peer));
+    p.queue.push_back({{dst.key, dst.base + offset, len, imm, 0}, static_cast<const uint8_t*>(src), 0, context});
+    if (p.queue.size() == 1) return flush(peer);
+    return ok_status();
+  }
+
+  Status poll(std::vector<Completion>* out, size_t max) override {
+    for (int i = 0; i < static_cast<int>(peers_.size()); ++i) {
+      if (!peers_[i].queue.empty()) MSI_RETURN_IF_ERROR(flush(i));
+    }
+    MSI_RETURN_IF_ERROR(pump());
+    while (max > 0 && !done_.empty()) {
+      out->push_back(done_.front());
+      done_.pop_front();
+      --max;
+    }
+    return ok_status();
+  }
+
+ private:
+  struct Out {
+    Header h;
+    const uint8_t* src;
+    size_t sent;  // header and payload bytes handed to the kernel
+    uint64_t context;
+  };
+  static constexpr int kNotYet = -1, kClosed = -2;
+  struct Peer {
+    int fd;  // kNotYet until the first write
+    std::string address;
+    std::deque<Out> queue;
+  };
+  struct In {
+    std::string who;      // the writer's address, from its hello
+    uint32_t hello_len = 0;
+    size_t got = 0;       // bytes of the current part so far
+    enum class Part { kHelloLen, kHello, kHeader, kPayload } part = Part::kHelloLen;
+    Header h{};
+    uint8_t* dst = nullptr;
+  };
+
+  // "peer N (address)" when we write to the connection's owner too.
+  std::string name_of(const In& in) const {
+    if (in.who.empty()) return "a peer";
+    for (size_t i = 0; i < peers_.size(); ++i) {
+      if (peers_[i].address == in.who) return "peer " + std::to_string(i) + " (" + in.who + ")";
+    }
+    return in.who;
+  }
+
+  Status open_connection(int peer) {
+    Peer& p = peers_[peer];
+    MSI_RETURN_IF_ERROR(pump());  // take in connections (and hellos) that arrived
+    for (auto& [fd, in] : incoming_) {
+      if (in.part != In::Part::kHelloLen && in.part != In::Part::kHello && in.who == p.address) {
+        int one = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        p.fd = fd;
+        return ok_status();
+      }
+    }
+    MSI_ASSIGN_OR_RETURN(int fd, tcp_connect(p.address.substr(7), connect_timeout_));
+    // Hello: who is writing, so that the target can name us, and answer on
+    // this connection.
+    const uint32_t n = static_cast<uint32_t>(address_.size());
+    std::string hello(reinterpret_cast<const char*>(&n), 4);
+    hello += address_;
+    if (::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(hello.size())) {
+      const int e = errno;
+      ::close(fd);
+      return Status(StatusCode::kUnavailable, "socket transport: hello to peer " + std::to_string(peer) +
+                                                  " (" + p.address + "): " + errno_text(e));
+    }
+    set_nonblocking(fd);
+    In in;
+    in.who = p.address;
+    in.part = In::Part::kHeader;  // the peer answers without a hello
+    MSI_RETURN_IF_ERROR(watch(fd, std::move(in)));
+    p.fd = fd;
+    return ok_status();
+  }
+
+  // Reads from every connection epoll says has data; accepts new ones.
+  Status pump() {
+    epoll_event ev[32];
+    const int n = ::epoll_wait(epoll_fd_, ev, 32, 0);
+    if (n < 0 && errno != EINTR) return internal_error("socket transport: epoll_wait: " + errno_text(errno));
+    for (int i = 0; i < n; ++i) {
+      if (ev[i].data.fd == listen_fd_) {
+        MSI_RETURN_IF_ERROR(accept_all());
+      } else {
+        MSI_RETURN_IF_ERROR(read_from(ev[i].data.fd));
+      }
+    }
+    return ok_status();
+  }
+
+  Status watch(int fd, In in) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      ::close(fd);
+      return internal_error("socket transport: epoll_ctl: " + errno_text(errno));
+    }
+    incoming_[fd] = std::move(in);
+    return ok_status();
+  }
+
+  // Hands queued writes to the kernel until it takes no more.
+  Status flush(int peer) {
+    Peer& p = peers_[peer];
+    if (p.fd == kClosed && !p.queue.empty()) {
+      return Status(StatusCode::kUnavailable, "socket transport: peer " + std::to_string(peer) + " (" +
+                                                  p.address + ") closed the connection (gone?)");
+    }
+    while (!p.queue.empty()) {
+      Out& o = p.queue.front();
+      const size_t total = sizeof(Header) + o.h.len;
+      iovec iov[2];
+      int k = 0;
+      if (o.sent < sizeof(Header)) {
+        iov[k++] = {reinterpret_cast<char*>(&o.h) + o.sent, sizeof(Header) - o.sent};
+        if (o.h.len > 0) iov[k++] = {const_cast<uint8_t*>(o.src), o.h.len};
+      } else {
+        iov[k++] = {const_cast<uint8_t*>(o.src) + (o.sent - sizeof(Header)), total - o.sent};
+      }
+      msghdr m{};
+      m.msg_iov = iov;
+      m.msg_iovlen = static_cast<size_t>(k);
+      const ssize_t n = ::sendmsg(p.fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return ok_status();  // next poll
+        if (errno == EINTR) continue;
+        return Status(StatusCode::kUnavailable, "socket transport: write to peer " +
+                                                    std::to_string(peer) + " (" + p.address +
+                                                    "): " + errno_text(errno) + " (gone?)");
+      }
+      o.sent += static_cast<size_t>(n);
+      if (o.sent < total) return ok_status();  // the kernel is full
+      done_.push_back({Completion::Kind::kLocalWrite, 0, o.context});
+      p.queue.pop_front();
+    }
+    return ok_status();
+  }
+
+  Status accept_all() {
+    while (true) {
+      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) {
+          return ok_status();
+        }
+        return internal_error("socket transport: accept: " + errno_text(errno));
+      }
+      MSI_RETURN_IF_ERROR(watch(fd, In{}));
+    }
+  }
+
+  void drop(int fd) {
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    ::close(fd);
+    incoming_.erase(fd);
+    for (auto& p : peers_) {
+      if (p.fd == fd) p.fd = kClosed;
+    }
+  }
+
+  // Advances one connection's parser over `n` bytes that arrived.
+  Status take(int fd, In& in, const uint8_t* p, size_t n) {
+    while (n > 0) {
+      uint8_t* to = nullptr;
+      size_t want = 0;
+      switch (in.part) {
+        case In::Part::kHelloLen:
+          to = reinterpret_cast<uint8_t*>(&in.hello_len);
+          want = 4;
+          break;
+        case In::Part::kHello:
+          to = reinterpret_cast<uint8_t*>(in.who.data());
+          want = in.hello_len;
+          break;
+        case In::Part::kHeader:
+          to = reinterpret_cast<uint8_t*>(&in.h);
+          want = sizeof(Header);
+          break;
+        case In::Part::kPayload:
+          to = in.dst;
+          want = in.h.len;
+          break;
+      }
+      const size_t k = std::min(n, want - in.got);
+      std::memcpy(to + in.got, p, k);
+      in.got += k;
+      p += k;
+      n -= k;
+      if (in.got == want) MSI_RETURN_IF_ERROR(part_done(fd, in));
+    }
+    return ok_status();
+  }
+
+  // The current part of a connection's stream is complete: move to the next.
+  Status part_done(int fd, In& in) {
+    in.got = 0;
+    switch (in.part) {
+      case In::Part::kHelloLen:
+        if (in.hello_len > 4096) {
+          drop(fd);
+          return internal_error("socket transport: a connection that does not speak msinfer");
+        }
+        in.who.assign(in.hello_len, '\0');
+        in.part = In::Part::kHello;
+        if (in.hello_len == 0) in.part = In::Part::kHeader;
+        break;
+      case In::Part::kHello:
+        in.part = In::Part::kHeader;
+        break;
+      case In::Part::kHeader: {
+        auto it = regions_.find(in.h.key);
+        if (it == regions_.end() || in.h.offset + in.h.len > it->second.second) {
+          const std::string who = name_of(in);
+          drop(fd);
+          return internal_error("socket transport: " + who + " wrote " + std::to_string(in.h.len) +
+                                " bytes at offset " + std::to_string(in.h.offset) + " of region " +
+                                std::to_string(in.h.key) +
+                                ", which is not a registered region that holds them");
+        }
+        in.dst = it->second.first + in.h.offset;
+        in.part = In::Part::kPayload;
+        if (in.h.len == 0) {
+          done_.push_back({Completion::Kind::kRemoteWrite, in.h.imm, 0});
+          in.part = In::Part::kHeader;
+        }
+        break;
+      }
+      case In::Part::kPayload:
+        done_.push_back({Completion::Kind::kRemoteWrite, in.h.imm, 0});
+        in.part = In::Part::kHeader;
+        break;
+    }
+    return ok_status();
+  }
+
+  // Reads what the kernel has for one connection. Small messages
+  // come in whole, header and payload, with one recv into a staging buffer
+  // and are copied out (as MPI's tcp btl does up to its eager limit); the
+  // rest of a large payload is received straight into the region.
+  Status read_from(int fd) {
+    In& in = incoming_[fd];
+    while (true) {
+      const bool direct = in.part == In::Part::kPayload && in.h.len - in.got >= kStaging;
+      uint8_t* to = direct ? in.dst + in.got : staging_.data();
+      const size_t want = direct ? in.h.len - in.got : kStaging;
+      const ssize_t n = ::recv(fd, to, want, MSG_DONTWAIT);
+      if (n == 0) {
+        // The writer closed: between messages that is a peer that finished.
+        const bool between = in.part == In::Part::kHeader && in.got == 0;
+        const std::string who = name_of(in);
+        drop(fd);
+        if (between) return ok_status();
+        return Status(StatusCode::kUnavailable,
+                      "socket transport: " + who + " closed its connection in the middle of a write (died?)");
+      }
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return ok_status();
+        if (errno == EINTR) continue;
+        const std::string why = "socket transport: reading from " + name_of(in) + ": " +
+                                errno_text(errno) + " (died?)";
+        drop(fd);
+        return Status(StatusCode::kUnavailable, why);
+      }
+      if (direct) {
+        in.got += static_cast<size_t>(n);
+        if (in.got == in.h.len) MSI_RETURN_IF_ERROR(part_done(fd, in));
+      } else {
+        MSI_RETURN_IF_ERROR(take(fd, in, staging_.data(), static_cast<size_t>(n)));
+        if (incoming_.count(fd) == 0) return ok_status();  // dropped
+      }
+      // Less than asked for: the socket is drained, and epoll (level-
+      // triggered) reports it again when more comes; no recv to hear EAGAIN.
+      if (static_cast<size_t>(n) < want) return ok_status();
+    }
+  }
+
+  static constexpr size_t kStaging = 64 * 1024 + sizeof(Header);
+  std::vector<uint8_t> staging_ = std::vector<uint8_t>(kStaging);
+  int listen_fd_ = -1, epoll_fd_ = -1;
+  std::string address_;
+  std::chrono::milliseconds connect_timeout_{5000};
+  uint64_t next_key_ = 0;
+  std::map<uint64_t, std::pair<uint8_t*, size_t>> regions_;
+  std::vector<Peer> peers_;
+  std::map<int, In> incoming_;
+  std::deque<Completion> done_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Transport>> make_socket_transport(const FabricOptions& options) {
+  auto t = std::make_unique<SocketTransport>();
+  MSI_RETURN_IF_ERROR(t->init(options));
+  return std::unique_ptr<Transport>(std::move(t));
+}
+
+}  // namespace msinfer::comm
