@@ -240,7 +240,10 @@ Status join_launched_deployment(const WorkerConfig& config, comm::Bootstrap& lau
   write_line(fd, Json{{"rank", rank}, {"pid", ::getpid()}, {"host", host_name()},
                       {"address", comm::local_address()}}.dump());
   WorkerConfig c = config;
-  if (c.address.empty() && c.provider != "shm") c.address = comm::local_address();
+  // Transports that cross hosts bind the address peers reach this host by.
+  if (c.address.empty() && c.provider != "shm" && c.provider != "direct") {
+    c.address = comm::local_address();
+  }
   // As the local router does for its children: share this host's cores among
   // the ranks on it, with OpenMP threads that sleep when idle (before the
   // first parallel region reads them). Explicit settings win.

@@ -218,9 +218,10 @@ TEST(BenchServeTest, WorkerCountersAccountForEveryToken) {
 // Two "hosts": network namespaces joined by a veth pair, created and removed
 // here. mpirun (in host a) reaches host b through a plm_rsh_agent script that
 // runs `ip netns exec`; the router, both attention workers (host a) and both
-// expert workers (host b) are ranks of one job, and the M2N data goes over the
-// tcp provider across the veth.
-class TwoHostTest : public ::testing::Test {
+// expert workers (host b) are ranks of one job, and the M2N data goes across
+// the veth over msinfer's socket transport (the default under mpirun) or
+// libfabric's tcp provider.
+class TwoHostTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     const std::string id = std::to_string(::getpid());
@@ -268,7 +269,7 @@ class TwoHostTest : public ::testing::Test {
   bool created_ = false;
 };
 
-TEST_F(TwoHostTest, MpirunDeploymentOverTcpBetweenNamespacesMatchesTheColocatedEngine) {
+TEST_P(TwoHostTest, MpirunDeploymentBetweenNamespacesMatchesTheColocatedEngine) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
   const std::string prompt = "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 12 --ignore-eos";
   const auto ref = tokens_of(prompt);
@@ -286,7 +287,8 @@ TEST_F(TwoHostTest, MpirunDeploymentOverTcpBetweenNamespacesMatchesTheColocatedE
       ns_a_ + " mpirun -x ASAN_OPTIONS --hostfile " + hostfile_ + " -np 5 --mca plm_rsh_agent " + agent_ +
       " --mca oob_tcp_if_include 10.77.0.0/24 --mca btl_tcp_if_include 10.77.0.0/24 --mca btl self,tcp " +
       kBinary + " generate " + prompt +
-      " --attention-workers 2 --expert-workers 2 --micro-batches 2 --fabric-provider tcp --json 2>" + err;
+      " --attention-workers 2 --expert-workers 2 --micro-batches 2 --fabric-provider " + GetParam() +
+      " --json 2>" + err;
   const std::string out = msinfer::testing::run_capture(cmd);
   std::stringstream e;
   e << std::ifstream(err).rdbuf();
@@ -298,6 +300,8 @@ TEST_F(TwoHostTest, MpirunDeploymentOverTcpBetweenNamespacesMatchesTheColocatedE
   EXPECT_NE(e.str().find("(10.77.0.2, pid"), std::string::npos) << e.str();
   EXPECT_NE(e.str().find("ready"), std::string::npos) << e.str();
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, TwoHostTest, ::testing::Values("socket", "tcp"));
 
 }  // namespace
 }  // namespace msinfer::runtime

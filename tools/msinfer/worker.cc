@@ -20,7 +20,10 @@ void add_deployment_flags(FlagSet& flags) {
   flags.add_int("expert-workers", 0, "expert worker processes N");
   flags.add_int("micro-batches", 1, "micro-batches m per attention worker (ping-pong)");
   flags.add_string("placement", "", "placement JSON: experts over expert workers, with replicas");
-  flags.add_string("fabric-provider", "shm", "libfabric provider for M2N: shm | tcp | verbs | efa",
+  flags.add_string("fabric-provider", "",
+                   "M2N transport: direct | socket (msinfer's own: shared memory within a host,\n"
+                   "TCP) | shm | tcp | verbs | efa (libfabric providers); default: direct for a\n"
+                   "local deployment, socket for one launched by mpirun/srun",
                    "MSINFER_FABRIC_PROVIDER");
   flags.add_int("timeout-ms", 10000, "M2N timeout: a worker silent this long is reported failed");
 }
@@ -33,6 +36,7 @@ StatusOr<runtime::WorkerConfig> process_config_from_flags(const FlagSet& flags) 
   c.model_dir = flags.get_string("model");
   c.kv_cache_bytes = flags.get_int("kv-cache-mb") << 20;
   c.provider = flags.get_string("fabric-provider");
+  if (c.provider.empty()) c.provider = comm::launched_by_mpi() ? "socket" : "direct";
   c.timeout_ms = static_cast<int>(flags.get_int("timeout-ms"));
   if (c.timeout_ms < 100) return invalid_argument("--timeout-ms must be >= 100");
   return c;

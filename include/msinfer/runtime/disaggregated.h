@@ -45,7 +45,7 @@ struct WorkerConfig {
   Placement placement;
   int64_t kv_cache_bytes = 256ll << 20;
   int64_t max_step_tokens = 256;
-  std::string provider = "shm";
+  std::string provider = "direct";  // M2N transport (comm::make_transport)
   std::string address;  // local address for the fabric (multi-host); "" = provider's choice
   int timeout_ms = 10000;
 };
