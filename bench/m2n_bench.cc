@@ -228,7 +228,9 @@ StatusOr<std::vector<M2NBenchRow>> run_m2n_bench(const M2NBenchOptions& o) {
       if (boot->rank() == 0) {
         M2NBenchRow row;
         row.name = names[v];
-        row.provider = o.provider;
+        // MPI rows name the btl they ran on.
+        const bool over_tcp = o.provider == "tcp" || o.provider == "socket";
+        row.provider = v == 0 ? o.provider : over_tcp ? "tcp" : "vader";
         row.size = size;
         row.senders = o.senders;
         row.receivers = o.receivers;

@@ -148,6 +148,50 @@ TEST(CliTest, BadInputGetsOneLineErrorAndNonZeroExit) {
   }
 }
 
+// bench m2n re-launches itself under mpirun: every transport's rows come
+// with the two MPI baselines, one-way latencies and throughput.
+TEST(CliTest, BenchM2nComparesEachTransportWithMpi) {
+  if (std::system("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "needs mpirun (openmpi-bin)";
+  // Open MPI leaks at exit (MPI_Init's allocations); under AddressSanitizer
+  // that would fail every rank, so the ranks run without leak checking.
+  ::setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
+  for (const std::string provider : {"direct", "socket", "shm", "tcp"}) {
+    CliRun r = run("bench m2n --senders 2 --receivers 1 --size 2k,40000 --iters 5 --provider " +
+                   provider + " --json");
+    ASSERT_EQ(r.code, 0) << provider << ": " << r.err;
+    Json j = parse(r.out);
+    ASSERT_TRUE(j.contains("results")) << r.out;
+    ASSERT_EQ(j["results"].size(), 6u) << r.out;  // 2 sizes x (msinfer, mpi-p2p, mpi-alltoallv)
+    std::vector<std::string> names;
+    for (const auto& row : j["results"]) {
+      names.push_back(row["name"].get<std::string>());
+      EXPECT_EQ(row["senders"].get<int>(), 2);
+      EXPECT_EQ(row["receivers"].get<int>(), 1);
+      EXPECT_TRUE(row["size"].get<int64_t>() == 2048 || row["size"].get<int64_t>() == 40000) << row.dump();
+      EXPECT_GT(row["p50_us"].get<double>(), 0) << row.dump();
+      EXPECT_GE(row["p99_us"].get<double>(), row["p50_us"].get<double>()) << row.dump();
+      EXPECT_GT(row["gbps"].get<double>(), 0) << row.dump();
+      const std::string want = row["name"] == "msinfer"                              ? provider
+                               : (provider == "tcp" || provider == "socket") ? "tcp"
+                                                                             : "vader";
+      EXPECT_EQ(row["provider"].get<std::string>(), want) << row.dump();
+    }
+    EXPECT_EQ(std::count(names.begin(), names.end(), "msinfer"), 2);
+    EXPECT_EQ(std::count(names.begin(), names.end(), "mpi-p2p"), 2);
+    EXPECT_EQ(std::count(names.begin(), names.end(), "mpi-alltoallv"), 2);
+  }
+  for (const auto& [args, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"bench m2n --provider ib", "--provider"},
+           {"bench m2n --senders 0", "--senders"},
+           {"bench m2n --size 12q", "12q"},
+           {"bench m2n --imbalance zipf:0", "zipf"},
+       }) {
+    CliRun r = run(args);
+    EXPECT_NE(r.code, 0) << args;
+    EXPECT_NE(r.err.find(expect), std::string::npos) << args << " -> " << r.err;
+  }
+}
+
 TEST(CliTest, HelpExplainsFlags) {
   for (const char* cmd : {"plan", "simulate"}) {
     CliRun r = run(std::string(cmd) + " --help");

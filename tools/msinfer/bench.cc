@@ -82,7 +82,7 @@ int run_bench_m2n(int argc, char** argv) {
   flags.add_int("receivers", 4, "expert processes N");
   flags.add_string("size", "2k,32k,256k,2m,8m", "bytes per (sender, receiver) message; list, k/m suffixes");
   flags.add_int("iters", 50, "timed rounds per size");
-  flags.add_string("provider", "shm",
+  flags.add_string("provider", "direct",
                    "direct | socket (msinfer's shared-memory and TCP transports) | shm | tcp\n"
                    "(libfabric providers); MPI uses the matching btl: vader for direct and shm,\n"
                    "tcp for socket and tcp");

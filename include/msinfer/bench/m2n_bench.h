@@ -17,7 +17,7 @@ struct M2NBenchOptions {
   int senders = 4, receivers = 4;
   std::vector<int64_t> sizes = {262144};  // bytes per (sender, receiver) message
   int iterations = 50;
-  std::string provider = "shm";  // shm | tcp
+  std::string provider = "direct";  // direct | socket | shm | tcp
   bool baseline_mpi = true;
   double zipf = 0;
   bool verify = true;
@@ -25,7 +25,7 @@ struct M2NBenchOptions {
 
 struct M2NBenchRow {
   std::string name;      // msinfer | mpi-p2p | mpi-alltoallv
-  std::string provider;  // shm | tcp (MPI: the matching btl)
+  std::string provider;  // msinfer: the transport; MPI: the btl (vader | tcp)
   int64_t size = 0;
   int senders = 0, receivers = 0;
   double p50_us = 0, p99_us = 0, gbps = 0;  // one-way; GB/s per sender
