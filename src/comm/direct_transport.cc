@@ -199,7 +199,8 @@ class DirectTransport : public Transport {
       ::shm_unlink(("/" + name).c_str());
       return Status(StatusCode::kResourceExhausted,
                     "direct: a " + std::to_string(bytes) + "-byte receive region in /dev/shm: " +
-                        errno_text(rc));
+                        errno_text(rc) +
+                        "; make /dev/shm larger or use another transport (socket, shm)");
     }
     (*objects_at_)[reinterpret_cast<uintptr_t>(p)] = {bytes, n};
     return std::unique_ptr<RegionMemory>(
