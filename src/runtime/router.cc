@@ -25,6 +25,21 @@
 extern char** environ;
 
 namespace msinfer::runtime {
+namespace {
+
+// The role of bootstrap rank r (0 .. A+N-1): attention workers come first,
+// then expert workers. The local router, the launched one and a joining
+// worker all name roles this way.
+struct Role {
+  bool attention;
+  int index;  // among the workers of its kind
+  const char* name() const { return attention ? "attention" : "expert"; }
+};
+Role role_of(const WorkerConfig& c, int r) {
+  return r < c.attention_workers ? Role{true, r} : Role{false, r - c.attention_workers};
+}
+
+}  // namespace
 using internal::read_line;
 using internal::write_line;
 
@@ -37,8 +52,9 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
   ::signal(SIGPIPE, SIG_IGN);
   for (int rank = 0; rank < A + N; ++rank) {
     Worker w;
-    w.role = rank < A ? "attention" : "expert";
-    w.index = rank < A ? rank : rank - A;
+    const Role role = role_of(c, rank);
+    w.role = role.name();
+    w.index = role.index;
     int to_child[2] = {-1, -1}, from_child[2] = {-1, -1};
     if (::pipe2(to_child, O_CLOEXEC) != 0 || ::pipe2(from_child, O_CLOEXEC) != 0) {
       return internal_error("router: pipe failed");
@@ -195,8 +211,9 @@ StatusOr<std::unique_ptr<Router>> Router::start_launched(const WorkerConfig& c,
   }
   r->workers_.resize(A + N);
   for (int i = 0; i < A + N; ++i) {
-    r->workers_[i].role = i < A ? "attention" : "expert";
-    r->workers_[i].index = i < A ? i : i - A;
+    const Role role = role_of(c, i);
+    r->workers_[i].role = role.name();
+    r->workers_[i].index = role.index;
   }
   Status s = ok_status();
   for (int joined = 0; joined < A + N && s.ok(); ++joined) {
@@ -255,8 +272,9 @@ Status join_launched_deployment(const WorkerConfig& config, comm::Bootstrap& lau
   ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   const int A = c.attention_workers, N = c.expert_workers;
   MSI_ASSIGN_OR_RETURN(auto boot, comm::make_tcp_bootstrap(rank - 1, A + N, bootstrap));
-  Status s = rank <= A ? run_attention_worker(c, rank - 1, *boot, fd, fd)
-                       : run_expert_worker(c, rank - 1 - A, *boot, fd, fd);
+  const Role role = role_of(c, rank - 1);  // launcher rank 0 is the router
+  Status s = role.attention ? run_attention_worker(c, role.index, *boot, fd, fd)
+                            : run_expert_worker(c, role.index, *boot, fd, fd);
   ::close(fd);
   return s;
 }
