@@ -211,6 +211,16 @@ bool launched_by_mpi() {
          std::getenv("PMI_RANK") != nullptr;
 }
 
+int local_process_count(int world) {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (local == nullptr) local = std::getenv("SLURM_NTASKS_PER_NODE");
+  return local != nullptr ? std::max(1, std::atoi(local)) : std::max(1, world);
+}
+
+bool oversubscribed(int local_processes) {
+  return local_processes > std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+}
+
 std::string local_address() {
   if (const char* a = std::getenv("MSINFER_ADDRESS"); a != nullptr && *a != '\0') return a;
   std::string found = "127.0.0.1";

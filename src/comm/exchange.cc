@@ -112,6 +112,7 @@ StatusOr<std::unique_ptr<Exchange>> Exchange::open(Bootstrap& boot, const Exchan
     MSI_ASSIGN_OR_RETURN(transport, make_transport(fo));
   }
   x.ep = std::make_unique<M2NEndpoint>(std::move(transport), std::chrono::milliseconds(o.timeout_ms));
+  x.ep->set_yield_when_idle(oversubscribed(local_process_count(boot.size())));
   std::unique_ptr<Exchange> ex(new Exchange(std::move(st)));
   x.failed = true;  // until set up
   // Attention ranks send dispatch and receive combine; expert ranks the reverse.

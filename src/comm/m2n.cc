@@ -86,7 +86,11 @@ Status M2NEndpoint::wait_until(const std::function<bool()>& done,
     MSI_RETURN_IF_ERROR(progress());
     if (done()) break;
     if (scratch_.empty()) {
-      if (++idle > kSpinBeforeYield) sched_yield();  // let the peer (and the kernel's loopback) run
+      if (++idle > kSpinBeforeYield && yield_when_idle_) {
+        sched_yield();  // let the peer (and the kernel's loopback) run
+      } else {
+        cpu_relax();
+      }
     } else {
       idle = 0;
     }

@@ -331,6 +331,8 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
   ExpertRunner runner(*w);
   MSI_ASSIGN_OR_RETURN(auto transport, make_transport(c));
   comm::M2NEndpoint ep(std::move(transport), std::chrono::milliseconds(c.timeout_ms));
+  ep.set_yield_when_idle(
+      comm::oversubscribed(comm::local_process_count(c.attention_workers + c.expert_workers)));
   comm::M2NReceiver dispatch(shape(c, mc, 0), index);
   comm::M2NSender combine(shape(c, mc, 1), index);
   MSI_ASSIGN_OR_RETURN(comm::RemoteRegion region, dispatch.attach(ep));
@@ -451,7 +453,8 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
       ++served[k];
       worked = true;
     }
-    // Idle: spin, then yield, then sleep 0.2 ms; once idle for 50 ms (the
+    // Idle: spin, then yield (where the host is oversubscribed), then sleep
+    // 0.2 ms; once idle for 50 ms (the
     // deployment has no work, not a gap between units) sleep 2 ms, so an idle
     // deployment costs next to no CPU and the first unit after it is at most
     // 2 ms late.
@@ -459,8 +462,10 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
       idle = 0;
     } else if (++idle > 2000) {
       ::usleep(wall_ns() - idle_since_ns > 50'000'000 ? 2000 : 200);
-    } else if (idle > 64) {
+    } else if (idle > 64 && ep.yield_when_idle()) {
       sched_yield();
+    } else {
+      comm::cpu_relax();
     }
   }
 }
@@ -475,6 +480,8 @@ Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& b
   std::shared_ptr<const model::ModelWeights> weights = std::move(w);
   MSI_ASSIGN_OR_RETURN(auto transport, make_transport(c));
   comm::M2NEndpoint ep(std::move(transport), std::chrono::milliseconds(c.timeout_ms));
+  ep.set_yield_when_idle(
+      comm::oversubscribed(comm::local_process_count(c.attention_workers + c.expert_workers)));
   WorkerStats stats(c.micro_batches, weights->config().layers);
   auto remote = std::make_unique<RemoteExperts>(c, weights->config(), index, ep, &stats);
   MSI_RETURN_IF_ERROR(remote->attach(boot));

@@ -264,9 +264,7 @@ Status join_launched_deployment(const WorkerConfig& config, comm::Bootstrap& lau
   // As the local router does for its children: share this host's cores among
   // the ranks on it, with OpenMP threads that sleep when idle (before the
   // first parallel region reads them). Explicit settings win.
-  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  if (local == nullptr) local = std::getenv("SLURM_NTASKS_PER_NODE");
-  const long per_host = local != nullptr ? std::max(1L, std::atol(local)) : 1L;
+  const long per_host = comm::local_process_count(1);
   const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
   ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / per_host)).c_str(), 0);
   ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);

@@ -56,6 +56,15 @@ StatusOr<std::unique_ptr<Bootstrap>> make_tcp_bootstrap(
 // True when this process was started by mpirun / srun with PMIx.
 bool launched_by_mpi();
 
+// How many processes of this job run on this host: the launcher's count
+// (OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_NTASKS_PER_NODE) when there is one, else
+// `world` (a local deployment or benchmark: every process is here).
+int local_process_count(int world);
+
+// More processes on this host than cores: a process with nothing to do should
+// give its core away (sched_yield) rather than spin for its next message.
+bool oversubscribed(int local_processes);
+
 // The IPv4 address other hosts reach this one by: MSINFER_ADDRESS if set, else
 // the first interface that is up and not loopback, else 127.0.0.1.
 std::string local_address();

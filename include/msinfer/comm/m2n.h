@@ -55,6 +55,16 @@ struct M2NShape {
 
 uint64_t fnv1a64(const uint8_t* p, size_t n);
 
+// A spin-wait hint for loops that poll: the core's resources go to its other
+// hyperthread, and a hypervisor sees a vCPU that waits.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 class M2NEndpoint;
 
 // The receiving side of one channel on one receiver.
@@ -138,9 +148,16 @@ class M2NEndpoint {
   Transport& transport() { return *t_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  // Whether waiting gives the core away after 64 empty polls (sched_yield)
+  // or keeps spinning (with a pause hint). Yield where this host has more
+  // processes than cores (comm::oversubscribed): there a spinning waiter
+  // takes the core from the peer it waits for. Spin otherwise: a yield hands
+  // a whole scheduler slice (~2 ms) to any other process on the core.
+  // Default: yield.
+  void set_yield_when_idle(bool y) { yield_when_idle_ = y; }
+  bool yield_when_idle() const { return yield_when_idle_; }
   // Polls until done() holds; after the timeout returns DEADLINE_EXCEEDED with
-  // `what()` in the message. Yields the CPU when a poll finds nothing (two
-  // busy-polling processes on two cores starve loopback TCP).
+  // `what()` in the message.
   Status wait_until(const std::function<bool()>& done, const std::function<std::string()>& what);
   // Reads completions once; returns how many it handled in *n (if given).
   Status progress(size_t* n = nullptr);
@@ -151,6 +168,7 @@ class M2NEndpoint {
   std::unique_ptr<Transport> t_;
   std::chrono::milliseconds timeout_;
   bool abandon_ = false;
+  bool yield_when_idle_ = true;
   std::vector<M2NReceiver*> receivers_;  // by channel
   std::vector<M2NSender*> senders_;      // by channel
   std::vector<Completion> scratch_;
