@@ -44,8 +44,6 @@ struct Mailbox {
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "mailbox atomics must be address-free");
 
-std::string errno_text(int e) { return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")"; }
-
 // Maps the mailbox object `name`; creates and initialises it when `create`.
 StatusOr<Mailbox*> map_mailbox(const std::string& name, bool create) {
   const int fd = ::shm_open(("/" + name).c_str(), create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
@@ -241,14 +239,7 @@ class DirectTransport : public Transport {
 
   Status write(int peer, const void* src, size_t len, const RemoteRegion& dst, uint64_t offset,
                uint32_t imm, uint64_t context) override {
-    if (peer < 0 || peer >= static_cast<int>(peers_.size())) {
-      return invalid_argument("direct: unknown peer " + std::to_string(peer));
-    }
-    if (offset + len > dst.length) {
-      return invalid_argument("direct: write of " + std::to_string(len) + " bytes at offset " +
-                              std::to_string(offset) + " outside the peer's " +
-                              std::to_string(dst.length) + "-byte region");
-    }
+    MSI_RETURN_IF_ERROR(check_write("direct", peer, peers_.size(), len, dst, offset));
     Peer& p = peers_[peer];
     if (dst.key != 0) {
       auto it = p.regions.find(dst.key);

@@ -190,14 +190,7 @@ class FabricTransport : public Transport {
 
   Status write(int peer, const void* src, size_t len, const RemoteRegion& dst, uint64_t offset,
                uint32_t imm, uint64_t context) override {
-    if (peer < 0 || peer >= static_cast<int>(peers_.size())) {
-      return invalid_argument("fabric: unknown peer " + std::to_string(peer));
-    }
-    if (offset + len > dst.length) {
-      return invalid_argument("fabric: write of " + std::to_string(len) + " bytes at offset " +
-                              std::to_string(offset) + " outside the peer's " +
-                              std::to_string(dst.length) + "-byte region");
-    }
+    MSI_RETURN_IF_ERROR(check_write("fabric", peer, peers_.size(), len, dst, offset));
     void* desc = nullptr;
     if (mr_mode_ & FI_MR_LOCAL) {
       fid_mr* mr = find_mr(src, len);

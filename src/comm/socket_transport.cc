@@ -29,8 +29,6 @@ struct Header {
 };
 static_assert(sizeof(Header) == 32);
 
-std::string errno_text(int e) { return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")"; }
-
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
 class SocketTransport : public Transport {
@@ -87,14 +85,7 @@ class SocketTransport : public Transport {
 
   Status write(int peer, const void* src, size_t len, const RemoteRegion& dst, uint64_t offset,
                uint32_t imm, uint64_t context) override {
-    if (peer < 0 || peer >= static_cast<int>(peers_.size())) {
-      return invalid_argument("socket transport: unknown peer " + std::to_string(peer));
-    }
-    if (offset + len > dst.length) {
-      return invalid_argument("socket transport: write of " + std::to_string(len) + " bytes at offset " +
-                              std::to_string(offset) + " outside the peer's " +
-                              std::to_string(dst.length) + "-byte region");
-    }
+    MSI_RETURN_IF_ERROR(check_write("socket transport", peer, peers_.size(), len, dst, offset));
     Peer& p = peers_[peer];
     if (p.fd == kNotYet) MSI_RETURN_IF_ERROR(open_connection(peer));
     p.queue.push_back({{dst.key, dst.base + offset, len, imm, 0}, static_cast<const uint8_t*>(src), 0, context});

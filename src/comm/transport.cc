@@ -28,6 +28,21 @@ StatusOr<std::unique_ptr<RegionMemory>> Transport::allocate(size_t len) {
   return std::unique_ptr<RegionMemory>(new HeapMemory(len));
 }
 
+Status check_write(const std::string& transport, int peer, size_t peers, size_t len,
+                   const RemoteRegion& dst, uint64_t offset) {
+  if (peer < 0 || static_cast<size_t>(peer) >= peers) {
+    return invalid_argument(transport + ": unknown peer " + std::to_string(peer));
+  }
+  if (offset + len > dst.length) {
+    return invalid_argument(transport + ": write of " + std::to_string(len) + " bytes at offset " +
+                            std::to_string(offset) + " outside the peer's " +
+                            std::to_string(dst.length) + "-byte region");
+  }
+  return ok_status();
+}
+
+std::string errno_text(int e) { return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")"; }
+
 std::string RemoteRegion::encode() const {
   std::string s(24, '\0');
   std::memcpy(s.data(), &key, 8);
@@ -81,9 +96,7 @@ class InprocTransport : public Transport {
   Status write(int peer, const void* src, size_t len, const RemoteRegion& dst, uint64_t offset,
                uint32_t imm, uint64_t context) override {
     std::lock_guard<std::mutex> lock(f_->mu_);
-    if (peer < 0 || peer >= static_cast<int>(f_->endpoints_.size())) {
-      return invalid_argument("inproc: unknown peer " + std::to_string(peer));
-    }
+    MSI_RETURN_IF_ERROR(check_write("inproc", peer, f_->endpoints_.size(), len, dst, offset));
     auto& target = *f_->endpoints_[peer];
     if (target.closed) {
       return Status(StatusCode::kUnavailable, "inproc: peer " + std::to_string(peer) + " is gone");

@@ -73,4 +73,13 @@ class Transport {
   virtual Status poll(std::vector<Completion>* out, size_t max) = 0;
 };
 
+// What every write() checks before anything moves: `peer` is one of the
+// `peers` handles and [offset, offset + len) lies in the peer's region.
+// INVALID_ARGUMENT naming `transport` otherwise.
+Status check_write(const std::string& transport, int peer, size_t peers, size_t len,
+                   const RemoteRegion& dst, uint64_t offset);
+
+// strerror(e) and the number, for messages.
+std::string errno_text(int e);
+
 }  // namespace msinfer::comm
