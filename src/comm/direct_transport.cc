@@ -8,6 +8,9 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -76,6 +79,43 @@ StatusOr<Mailbox*> map_mailbox(const std::string& name, bool create) {
     return Status(StatusCode::kUnavailable, "direct: " + name + " is not an msinfer direct-transport mailbox");
   }
   return m;
+}
+
+// Copies into a peer's region. From 32 KiB on, with non-temporal (streaming)
+// stores: they go to memory without first taking each destination line from
+// the cache that holds it, which is the receiver's (it read the slot last
+// time). When the two processes' cores share no cache (on this VM: whenever
+// the hypervisor puts the vCPUs on different CCDs), a plain memcpy paid a
+// cross-cache transfer per line: bench m2n 1x1 256 KiB p50 54-90 us, against
+// 10 us streaming; with a shared cache 7.4 vs 9.9 us; 4x4 2 MiB 2252 vs
+// 1249 us.
+constexpr size_t kStreamingCopyBytes = 32 * 1024;
+
+void copy_to_peer(uint8_t* dst, const uint8_t* src, size_t n) {
+#if defined(__x86_64__)
+  if (n >= kStreamingCopyBytes) {
+    const size_t head = std::min(n, (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15);
+    std::memcpy(dst, src, head);
+    dst += head;
+    src += head;
+    n -= head;
+    const size_t body = n & ~static_cast<size_t>(63);
+    for (size_t i = 0; i < body; i += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+      const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+    }
+    std::memcpy(dst + body, src + body, n - body);
+    _mm_sfence();  // the stores are visible before the immediate is published
+    return;
+  }
+#endif
+  std::memcpy(dst, src, n);
 }
 
 // Claims a position and stores `imm`; false when the ring is full.
@@ -250,7 +290,7 @@ class DirectTransport : public Transport {
       if (dst.base + offset + len > it->second.second) {
         return invalid_argument("direct: write beyond peer " + std::to_string(peer) + "'s region object");
       }
-      std::memcpy(it->second.first + dst.base + offset, src, len);
+      copy_to_peer(it->second.first + dst.base + offset, static_cast<const uint8_t*>(src), len);
     }
     size_t done = dst.key != 0 ? len : 0;
     while (done < len) {
