@@ -113,6 +113,7 @@ StatusOr<std::unique_ptr<Exchange>> Exchange::open(Bootstrap& boot, const Exchan
   }
   x.ep = std::make_unique<M2NEndpoint>(std::move(transport), std::chrono::milliseconds(o.timeout_ms));
   x.ep->set_yield_when_idle(oversubscribed(local_process_count(boot.size())));
+  x.ep->set_spins_before_yield(0);  // nothing but communication here (m2n.h)
   std::unique_ptr<Exchange> ex(new Exchange(std::move(st)));
   x.failed = true;  // until set up
   // Attention ranks send dispatch and receive combine; expert ranks the reverse.

@@ -76,7 +76,13 @@ Status M2NEndpoint::progress(size_t* n) {
   return ok_status();
 }
 
-static int kSpinBeforeYield = std::getenv("MSINFER_M2N_SPIN") ? std::atoi(std::getenv("MSINFER_M2N_SPIN")) : 64;
+void M2NEndpoint::relax(int64_t idle_polls) const {
+  if (yield_when_idle_ && idle_polls > spins_before_yield_) {
+    sched_yield();  // let the peer (and the kernel's loopback) run
+  } else {
+    cpu_relax();
+  }
+}
 
 Status M2NEndpoint::wait_until(const std::function<bool()>& done,
                                const std::function<std::string()>& what) {
@@ -86,11 +92,7 @@ Status M2NEndpoint::wait_until(const std::function<bool()>& done,
     MSI_RETURN_IF_ERROR(progress());
     if (done()) break;
     if (scratch_.empty()) {
-      if (++idle > kSpinBeforeYield && yield_when_idle_) {
-        sched_yield();  // let the peer (and the kernel's loopback) run
-      } else {
-        cpu_relax();
-      }
+      relax(++idle);
     } else {
       idle = 0;
     }

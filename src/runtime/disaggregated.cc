@@ -453,8 +453,8 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
       ++served[k];
       worked = true;
     }
-    // Idle: spin, then yield (where the host is oversubscribed), then sleep
-    // 0.2 ms; once idle for 50 ms (the
+    // Idle: yield where the host is oversubscribed, else spin (ep.relax);
+    // after 2000 empty polls sleep 0.2 ms; once idle for 50 ms (the
     // deployment has no work, not a gap between units) sleep 2 ms, so an idle
     // deployment costs next to no CPU and the first unit after it is at most
     // 2 ms late.
@@ -462,10 +462,8 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
       idle = 0;
     } else if (++idle > 2000) {
       ::usleep(wall_ns() - idle_since_ns > 50'000'000 ? 2000 : 200);
-    } else if (idle > 64 && ep.yield_when_idle()) {
-      sched_yield();
     } else {
-      comm::cpu_relax();
+      ep.relax(idle);
     }
   }
 }
