@@ -149,10 +149,10 @@ bool try_take(Mailbox* m, uint32_t* imm) {
   return true;
 }
 
-// A receive region: a shared-memory object of its own, unlinked when freed.
 // The transport's record of its live region objects: base -> (bytes, n).
 using ObjectIndex = std::map<uintptr_t, std::pair<size_t, uint64_t>>;
 
+// A receive region: a shared-memory object of its own, unlinked when freed.
 class SharedRegion : public RegionMemory {
  public:
   SharedRegion(std::string name, uint8_t* p, size_t n, std::shared_ptr<ObjectIndex> index)
@@ -264,7 +264,8 @@ class DirectTransport : public Transport {
   StatusOr<int> connect(const std::string& address) override {
     const size_t a = address.find(':'), b = address.find(':', a + 1);
     if (address.rfind("direct:", 0) != 0 || b == std::string::npos) {
-      return invalid_argument("direct: '" + address + "' is not a cma address (cma:<pid>:<mailbox>)");
+      return invalid_argument("direct: '" + address +
+                              "' is not a direct-transport address (direct:<pid>:<mailbox>)");
     }
     const pid_t pid = static_cast<pid_t>(std::atoll(address.substr(a + 1, b - a - 1).c_str()));
     MSI_ASSIGN_OR_RETURN(Mailbox * m, map_mailbox(address.substr(b + 1), false));

@@ -29,9 +29,10 @@ struct FabricOptions {
   // CMA does (docs/BENCHMARKS.md). An explicit FI_SHM_DISABLE_CMA wins.
   int64_t max_message_bytes = 0;
   // shm single-copy (CMA): kAuto decides by max_message_bytes; kOn always.
-  // With CMA the sender copies straight into the receiver's region and never
-  // waits for the receiver's progress; bounce buffers are drained by the
-  // receiver, so a receiver busy computing stalls the sender.
+  // With CMA a write only queues a command, and the receiver copies the data
+  // (process_vm_readv) when it next progresses, so the sender's call returns
+  // at once; bounce buffers must be drained by the receiver before the sender
+  // can go on, so a receiver busy computing stalls the sender.
   enum class SingleCopy { kAuto, kOn };
   SingleCopy shm_single_copy = SingleCopy::kAuto;
   // A write the provider keeps refusing (-FI_EAGAIN: e.g. the peer is gone and
@@ -49,8 +50,8 @@ StatusOr<std::unique_ptr<Transport>> make_fabric_transport(const FabricOptions& 
 // own; any other name is a libfabric provider.
 StatusOr<std::unique_ptr<Transport>> make_transport(const FabricOptions& options);
 
-// shm endpoints (libfabric's and the cma transport's mailboxes) are
-// shared-memory objects in /dev/shm; a killed process leaves its own behind.
+// shm endpoints (libfabric's, and the direct transport's mailboxes and
+// regions) are shared-memory objects in /dev/shm; a killed process leaves its own behind.
 // msinfer names them "msinfer-<pid>-<random>" (new_shm_object_name), and
 // remove_dead_shm_endpoints removes those of msinfer processes that no longer
 // exist. Every new endpoint calls it; so does the router after reaping workers.
