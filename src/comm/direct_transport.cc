@@ -47,26 +47,45 @@ struct Mailbox {
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "mailbox atomics must be address-free");
 
+// A whole shared-memory object, mapped.
+struct Mapping {
+  uint8_t* p = nullptr;
+  size_t n = 0;
+};
+
+// Creates the object `name` with `create_bytes` (its pages reserved with
+// posix_fallocate, so a full /dev/shm is an error here rather than a SIGBUS
+// at the first store) or, with create_bytes == 0, opens an existing one; maps
+// all of it. A created object is unlinked again if anything fails.
+StatusOr<Mapping> map_object(const std::string& name, size_t create_bytes) {
+  const std::string path = "/" + name;
+  const bool create = create_bytes > 0;
+  const int fd = ::shm_open(path.c_str(), create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
+  if (fd < 0) return Status(StatusCode::kUnavailable, "direct: shm_open(" + name + "): " + errno_text(errno));
+  size_t n = create_bytes;
+  int rc = 0;
+  if (create) {
+    rc = ::ftruncate(fd, static_cast<off_t>(n)) == 0 ? ::posix_fallocate(fd, 0, static_cast<off_t>(n)) : errno;
+  } else {
+    struct stat st {};
+    rc = ::fstat(fd, &st) == 0 ? 0 : errno;
+    n = static_cast<size_t>(st.st_size);
+  }
+  void* p = rc == 0 ? ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  if (rc == 0 && p == MAP_FAILED) rc = errno;
+  ::close(fd);
+  if (rc == 0) return Mapping{static_cast<uint8_t*>(p), n};
+  if (!create) return Status(StatusCode::kUnavailable, "direct: mapping " + name + ": " + errno_text(rc));
+  ::shm_unlink(path.c_str());
+  return Status(StatusCode::kResourceExhausted,
+                "direct: a " + std::to_string(n) + "-byte object in /dev/shm (" + name + "): " +
+                    errno_text(rc) + "; make /dev/shm larger or use another transport (socket, shm)");
+}
+
 // Maps the mailbox object `name`; creates and initialises it when `create`.
 StatusOr<Mailbox*> map_mailbox(const std::string& name, bool create) {
-  const int fd = ::shm_open(("/" + name).c_str(), create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
-  if (fd < 0) {
-    return Status(StatusCode::kUnavailable, "direct: shm_open(" + name + "): " + errno_text(errno));
-  }
-  if (create && ::ftruncate(fd, sizeof(Mailbox)) != 0) {
-    const int e = errno;
-    ::close(fd);
-    ::shm_unlink(("/" + name).c_str());
-    return Status(StatusCode::kUnavailable, "direct: ftruncate(" + name + "): " + errno_text(e));
-  }
-  void* p = ::mmap(nullptr, sizeof(Mailbox), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int e = errno;
-  ::close(fd);
-  if (p == MAP_FAILED) {
-    if (create) ::shm_unlink(("/" + name).c_str());
-    return Status(StatusCode::kUnavailable, "direct: mmap(" + name + "): " + errno_text(e));
-  }
-  auto* m = static_cast<Mailbox*>(p);
+  MSI_ASSIGN_OR_RETURN(Mapping map, map_object(name, create ? sizeof(Mailbox) : 0));
+  auto* m = reinterpret_cast<Mailbox*>(map.p);
   if (create) {
     m->pid = ::getpid();
     m->tail.store(0, std::memory_order_relaxed);
@@ -74,8 +93,8 @@ StatusOr<Mailbox*> map_mailbox(const std::string& name, bool create) {
     for (uint64_t i = 0; i < kCells; ++i) new (&m->cells[i].seq) std::atomic<uint64_t>(i);
     std::atomic_thread_fence(std::memory_order_release);
     m->magic = kMagic;
-  } else if (m->magic != kMagic) {
-    ::munmap(p, sizeof(Mailbox));
+  } else if (map.n != sizeof(Mailbox) || m->magic != kMagic) {
+    ::munmap(map.p, map.n);
     return Status(StatusCode::kUnavailable, "direct: " + name + " is not an msinfer direct-transport mailbox");
   }
   return m;
@@ -172,29 +191,12 @@ class SharedRegion : public RegionMemory {
   std::shared_ptr<ObjectIndex> index_;
 };
 
-// Maps the whole object `name` (a peer's region) for writing.
-StatusOr<std::pair<uint8_t*, size_t>> map_region(const std::string& name) {
-  const int fd = ::shm_open(("/" + name).c_str(), O_RDWR, 0600);
-  if (fd < 0) return Status(StatusCode::kUnavailable, "direct: shm_open(" + name + "): " + errno_text(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    return Status(StatusCode::kUnavailable, "direct: fstat(" + name + "): " + errno_text(e));
-  }
-  void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int e = errno;
-  ::close(fd);
-  if (p == MAP_FAILED) return Status(StatusCode::kUnavailable, "direct: mmap(" + name + "): " + errno_text(e));
-  return std::make_pair(static_cast<uint8_t*>(p), static_cast<size_t>(st.st_size));
-}
-
 class DirectTransport : public Transport {
  public:
   ~DirectTransport() override {
     for (auto& p : peers_) {
       ::munmap(p.mailbox, sizeof(Mailbox));
-      for (auto& [key, m] : p.regions) ::munmap(m.first, m.second);
+      for (auto& [key, m] : p.regions) ::munmap(m.p, m.n);
     }
     if (mine_ != nullptr) ::munmap(mine_, sizeof(Mailbox));
     if (!name_.empty()) ::shm_unlink(("/" + name_).c_str());
@@ -222,27 +224,9 @@ class DirectTransport : public Transport {
   StatusOr<std::unique_ptr<RegionMemory>> allocate(size_t len) override {
     const uint64_t n = ++objects_;
     const std::string name = region_name(name_, n);
-    const int fd = ::shm_open(("/" + name).c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) return Status(StatusCode::kUnavailable, "direct: shm_open(" + name + "): " + errno_text(errno));
-    // posix_fallocate reserves the pages now: a full /dev/shm is an error
-    // here rather than a SIGBUS at the first write.
-    const size_t bytes = std::max<size_t>(len, 1);
-    int rc = ::ftruncate(fd, static_cast<off_t>(bytes));
-    if (rc == 0) rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-    else rc = errno;
-    void* p = rc == 0 ? ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-    if (rc == 0 && p == MAP_FAILED) rc = errno;
-    ::close(fd);
-    if (rc != 0) {
-      ::shm_unlink(("/" + name).c_str());
-      return Status(StatusCode::kResourceExhausted,
-                    "direct: a " + std::to_string(bytes) + "-byte receive region in /dev/shm: " +
-                        errno_text(rc) +
-                        "; make /dev/shm larger or use another transport (socket, shm)");
-    }
-    (*objects_at_)[reinterpret_cast<uintptr_t>(p)] = {bytes, n};
-    return std::unique_ptr<RegionMemory>(
-        new SharedRegion(name, static_cast<uint8_t*>(p), bytes, objects_at_));
+    MSI_ASSIGN_OR_RETURN(Mapping map, map_object(name, std::max<size_t>(len, 1)));
+    (*objects_at_)[reinterpret_cast<uintptr_t>(map.p)] = {map.n, n};
+    return std::unique_ptr<RegionMemory>(new SharedRegion(name, map.p, map.n, objects_at_));
   }
 
   StatusOr<RemoteRegion> register_memory(void* base, size_t len) override {
@@ -285,13 +269,13 @@ class DirectTransport : public Transport {
     if (dst.key != 0) {
       auto it = p.regions.find(dst.key);
       if (it == p.regions.end()) {
-        MSI_ASSIGN_OR_RETURN(auto m, map_region(region_name(p.mailbox_name, dst.key)));
+        MSI_ASSIGN_OR_RETURN(Mapping m, map_object(region_name(p.mailbox_name, dst.key), 0));
         it = p.regions.emplace(dst.key, m).first;
       }
-      if (dst.base + offset + len > it->second.second) {
+      if (dst.base + offset + len > it->second.n) {
         return invalid_argument("direct: write beyond peer " + std::to_string(peer) + "'s region object");
       }
-      copy_to_peer(it->second.first + dst.base + offset, static_cast<const uint8_t*>(src), len);
+      copy_to_peer(it->second.p + dst.base + offset, static_cast<const uint8_t*>(src), len);
     }
     size_t done = dst.key != 0 ? len : 0;
     while (done < len) {
@@ -354,7 +338,7 @@ class DirectTransport : public Transport {
     pid_t pid;
     std::string mailbox_name;
     Mailbox* mailbox;
-    std::map<uint64_t, std::pair<uint8_t*, size_t>> regions;  // mapped on first write
+    std::map<uint64_t, Mapping> regions;  // mapped on first write
   };
   std::string name_;
   Mailbox* mine_ = nullptr;
