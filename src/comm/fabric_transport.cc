@@ -148,8 +148,7 @@ class FabricTransport : public Transport {
       for (int i = 0; i < o.posted_receives; ++i) {
         auto* op = new WriteOp();
         op->is_recv = true;
-        ops_.push_back(op);
-        live_.insert(op);
+        ops_.insert(op);
         MSI_RETURN_IF_ERROR(post_recv(op));
       }
     }
@@ -283,13 +282,12 @@ class FabricTransport : public Transport {
     }
   }
 
-  bool owned(const void* op) const { return live_.count(op) != 0; }
+  bool owned(const void* op) const { return ops_.count(static_cast<WriteOp*>(const_cast<void*>(op))) != 0; }
 
   WriteOp* take_op() {
     if (free_.empty()) {
       auto* op = new WriteOp();
-      ops_.push_back(op);
-      live_.insert(op);
+      ops_.insert(op);
       return op;
     }
     WriteOp* op = free_.back();
@@ -319,8 +317,10 @@ class FabricTransport : public Transport {
   std::vector<fid_mr*> mrs_;
   std::map<uintptr_t, std::pair<size_t, fid_mr*>> regions_;
   std::vector<fi_addr_t> peers_;
-  std::vector<WriteOp*> ops_, free_;
-  std::unordered_set<const void*> live_;  // every op we made (writes, receives)
+  // Every op we made (writes and pre-posted receives): owned here, and what
+  // tells our completions from a provider's stale op_context.
+  std::unordered_set<WriteOp*> ops_;
+  std::vector<WriteOp*> free_;
   std::deque<Completion> pending_;
   std::chrono::milliseconds write_timeout_{5000};
 };
