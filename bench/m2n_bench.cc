@@ -8,6 +8,7 @@
 #include "msinfer/comm/bootstrap.h"
 #include "msinfer/core/stats.h"
 #include "msinfer/comm/exchange.h"
+#include "msinfer/comm/fabric_transport.h"
 
 #ifdef MSINFER_HAVE_MPI
 #include <mpi.h>
@@ -151,6 +152,10 @@ std::vector<double> gather_at_root(const std::vector<double>& lat, int world) {
 
 }  // namespace
 
+std::string mpi_btl_for(const std::string& provider) {
+  return comm::transport_within_host(provider) ? "vader" : "tcp";
+}
+
 Json m2n_rows_to_json(const std::vector<M2NBenchRow>& rows) {
   Json out = Json::array();
   for (const auto& r : rows) {
@@ -228,9 +233,7 @@ StatusOr<std::vector<M2NBenchRow>> run_m2n_bench(const M2NBenchOptions& o) {
       if (boot->rank() == 0) {
         M2NBenchRow row;
         row.name = names[v];
-        // MPI rows name the btl they ran on.
-        const bool over_tcp = o.provider == "tcp" || o.provider == "socket";
-        row.provider = v == 0 ? o.provider : over_tcp ? "tcp" : "vader";
+        row.provider = v == 0 ? o.provider : mpi_btl_for(o.provider);  // MPI: its btl
         row.size = size;
         row.senders = o.senders;
         row.receivers = o.receivers;

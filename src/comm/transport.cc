@@ -12,6 +12,8 @@ StatusOr<std::unique_ptr<Transport>> make_transport(const FabricOptions& options
   return make_fabric_transport(options);
 }
 
+bool transport_within_host(const std::string& name) { return name == "direct" || name == "shm"; }
+
 namespace {
 class HeapMemory : public RegionMemory {
  public:

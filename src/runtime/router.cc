@@ -258,7 +258,7 @@ Status join_launched_deployment(const WorkerConfig& config, comm::Bootstrap& lau
                       {"address", comm::local_address()}}.dump());
   WorkerConfig c = config;
   // Transports that cross hosts bind the address peers reach this host by.
-  if (c.address.empty() && c.provider != "shm" && c.provider != "direct") {
+  if (c.address.empty() && !comm::transport_within_host(c.provider)) {
     c.address = comm::local_address();
   }
   // As the local router does for its children: share this host's cores among

@@ -110,8 +110,7 @@ int run_bench_m2n(int argc, char** argv) {
     return report_error("bench m2n", invalid_argument("--senders and --receivers must be in 1..128"));
   }
   if (o.iterations < 1) return report_error("bench m2n", invalid_argument("--iters must be >= 1"));
-  const bool over_tcp = o.provider == "socket" || o.provider == "tcp";
-  if (o.provider != "direct" && o.provider != "shm" && !over_tcp) {
+  if (o.provider != "direct" && o.provider != "socket" && o.provider != "shm" && o.provider != "tcp") {
     return report_error("bench m2n", invalid_argument("--provider must be direct, socket, shm or tcp"));
   }
   if (flags.get_string("baseline") != "mpi" && flags.get_string("baseline") != "none") {
@@ -140,8 +139,8 @@ int run_bench_m2n(int argc, char** argv) {
                                      "--map-by", "core", "--bind-to", "core:overload-allowed",
                                      "-np", std::to_string(o.senders + o.receivers),
                                      "--mca", "pml", "ob1",
-                                     "--mca", "btl", over_tcp ? "self,tcp" : "self,vader"};
-    if (over_tcp) {
+                                     "--mca", "btl", "self," + bench::mpi_btl_for(o.provider)};
+    if (bench::mpi_btl_for(o.provider) == "tcp") {
       for (const char* a : {"--mca", "btl_tcp_if_include", "lo", "-x", "FI_TCP_IFACE=lo"}) args.push_back(a);
     }
     auto exe = self_executable();

@@ -31,6 +31,11 @@ struct M2NBenchRow {
   double p50_us = 0, p99_us = 0, gbps = 0;  // one-way; GB/s per sender
 };
 
+// The Open MPI btl that carries the same traffic as msinfer's `provider`:
+// vader (shared memory) beside a transport within the host, tcp beside the
+// others.
+std::string mpi_btl_for(const std::string& provider);
+
 // Under MPI (every rank calls it); rank 0 gets the rows, others an empty list.
 StatusOr<std::vector<M2NBenchRow>> run_m2n_bench(const M2NBenchOptions& o);
 Json m2n_rows_to_json(const std::vector<M2NBenchRow>& rows);

@@ -50,6 +50,11 @@ StatusOr<std::unique_ptr<Transport>> make_fabric_transport(const FabricOptions& 
 // own; any other name is a libfabric provider.
 StatusOr<std::unique_ptr<Transport>> make_transport(const FabricOptions& options);
 
+// Whether the transport so named reaches only processes on this host
+// (direct, libfabric's shm). The others bind the address other hosts reach
+// this one by.
+bool transport_within_host(const std::string& name);
+
 // shm endpoints (libfabric's, and the direct transport's mailboxes and
 // regions) are shared-memory objects in /dev/shm; a killed process leaves its own behind.
 // msinfer names them "msinfer-<pid>-<random>" (new_shm_object_name), and
