@@ -83,10 +83,7 @@ std::vector<Baseline> colocated_baselines(const SearchOptions& options, const Gp
   for (int tp = 1; tp <= 64; tp *= 2) {
     if (options.max_gpus > 0 && tp > options.max_gpus) break;
     DeploymentShape shape{gpu, gpu, tp, tp};
-    StageModel s = build_stage_model(model, shape, options.seq_len, options.nic_util,
-                                     options.profile);
-    s.k1 *= options.k1_scale;
-    s.k3 *= options.k3_scale;
+    const StageModel s = search_stage_model(options, model, shape);
     const double cap = tp * gpu.memory_bytes * gpu.efficiency.memory_usable;
     auto time = [&](double b) { return L * (s.t_attention(b) + s.k3 * b * K + E * s.k4); };
     auto ok = [&](int64_t b) {
@@ -114,10 +111,7 @@ std::vector<Baseline> colocated_baselines(const SearchOptions& options, const Gp
   Baseline best_ep;
   for (int tp : tp_candidates(gpu)) {
     DeploymentShape shape{gpu, gpu, tp, tp};
-    StageModel s = build_stage_model(model, shape, options.seq_len, options.nic_util,
-                                     options.profile);
-    s.k1 *= options.k1_scale;
-    s.k3 *= options.k3_scale;
+    const StageModel s = search_stage_model(options, model, shape);
     for (int ep = 2; ep <= E; ++ep) {
       if (E % ep != 0) continue;
       if (options.max_gpus > 0 && ep * tp > options.max_gpus) break;

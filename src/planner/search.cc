@@ -80,6 +80,14 @@ Prediction predict(const Deployment& d) {
   return p;
 }
 
+StageModel search_stage_model(const SearchOptions& options, const ModelConfig& model,
+                              const DeploymentShape& shape) {
+  StageModel s = build_stage_model(model, shape, options.seq_len, options.nic_util, options.profile);
+  s.k1 *= options.k1_scale;
+  s.k3 *= options.k3_scale;
+  return s;
+}
+
 std::vector<int> tp_candidates(const GpuSpec& gpu) {
   std::vector<int> out;
   for (int tp = 1; tp <= gpu.gpus_per_node; tp *= 2) out.push_back(tp);
@@ -163,10 +171,7 @@ StatusOr<SearchResult> search_plans(const SearchOptions& options) {
         d.model = model;
         d.shape = DeploymentShape{ga, ge, tpa, tpe};
         d.seq_len = options.seq_len;
-        d.stage = build_stage_model(model, d.shape, options.seq_len, options.nic_util,
-                                    options.profile);
-        d.stage.k1 *= options.k1_scale;
-        d.stage.k3 *= options.k3_scale;
+        d.stage = search_stage_model(options, model, d.shape);
         // n_a by balance (T_a = T_e with the constants ignored), and its neighbours.
         const double n_bal = d.stage.k1 * E / (d.stage.k3 * model.top_k);
         int n_cap = 1 << 20;

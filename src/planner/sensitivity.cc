@@ -57,9 +57,7 @@ StatusOr<std::vector<SensitivityRow>> sensitivity(const SearchOptions& options,
     Deployment d = chosen.deployment;
     scale_gpu(d.shape.attention_gpu);
     scale_gpu(d.shape.expert_gpu);
-    d.stage = build_stage_model(d.model, d.shape, o.seq_len, o.nic_util, o.profile);
-    d.stage.k1 *= o.k1_scale;
-    d.stage.k3 *= o.k3_scale;
+    d.stage = search_stage_model(o, d.model, d.shape);
     auto again = best_batch(o, d);
     if (again.ok() && again->predicted.objective(obj) >= best.predicted.objective(obj)) {
       // The search explores n_a near balance only; the chosen shape may still be the best known.

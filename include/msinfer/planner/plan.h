@@ -110,6 +110,12 @@ struct SearchResult {
 
 StatusOr<SearchResult> search_plans(const SearchOptions& options);
 
+// The stage model every planner path evaluates a shape with: build_stage_model
+// under the options' context length, NIC curve and profile, with k1 and k3
+// scaled as the options say.
+StageModel search_stage_model(const SearchOptions& options, const ModelConfig& model,
+                              const DeploymentShape& shape);
+
 // The largest b_a for a fixed deployment shape (n_a, m, GPUs, tp); NOT_FOUND if even
 // b_a = 1 breaks the SLO or memory.
 StatusOr<Plan> best_batch(const SearchOptions& options, Deployment d, int64_t* evaluations = nullptr);
