@@ -358,6 +358,17 @@ class SocketTransport : public Transport {
         drop(fd);
         return Status(StatusCode::kUnavailable, why);
       }
+      // A large read may have reopened a window that was (nearly) closed:
+      // tell the writer now. Left to delayed ACKs, the update can wait until
+      // the writer's tail-loss probe retransmits (>= 2 jiffies, 8 ms at
+      // HZ=250): 2x2 256 KiB rounds stalled by 4-15 ms one-way, one run in
+      // about four, each stall a TCPLossProbes count. After small reads it is
+      // not needed, and costs: forcing ACKs after every read took 4x4 2 KiB
+      // p50 from ~80 to ~105 us.
+      if (static_cast<size_t>(n) >= kQuickAckAfter) {
+        int one = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
+      }
       if (direct) {
         in.got += static_cast<size_t>(n);
         if (in.got == in.h.len) MSI_RETURN_IF_ERROR(part_done(fd, in));
@@ -372,6 +383,7 @@ class SocketTransport : public Transport {
   }
 
   static constexpr size_t kStaging = 64 * 1024 + sizeof(Header);
+  static constexpr size_t kQuickAckAfter = 64 * 1024;
   std::vector<uint8_t> staging_ = std::vector<uint8_t>(kStaging);
   int listen_fd_ = -1, epoll_fd_ = -1;
   std::string address_;
