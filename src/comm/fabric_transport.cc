@@ -282,7 +282,7 @@ class FabricTransport : public Transport {
     }
   }
 
-  bool owned(const void* op) const { return ops_.count(static_cast<WriteOp*>(const_cast<void*>(op))) != 0; }
+  bool owned(WriteOp* op) const { return ops_.count(op) != 0; }
 
   WriteOp* take_op() {
     if (free_.empty()) {

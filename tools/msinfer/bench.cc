@@ -128,19 +128,21 @@ int run_bench_m2n(int argc, char** argv) {
   o.sizes = *sizes;
 
   if (!comm::launched_by_mpi()) {
-    // Re-launch under mpirun: one rank per process, the data over libfabric,
-    // MPI only for the bootstrap and the baseline (ob1 pml: UCX needs IB).
+    // Re-launch under mpirun: one rank per process, the data over the chosen
+    // transport, MPI only for the bootstrap and the baseline (ob1 pml: UCX
+    // needs IB), on the btl that matches the transport.
     // Ranks are bound round-robin to cores (rank r on core r mod cores), so on
     // a host with fewer cores than ranks every core gets the same mix of
     // senders and receivers. Left to the scheduler, the placement drifts
     // mid-run (both senders on one core, say) and the one-way time with it,
     // 2-6x on the 2-core VM, for msinfer and MPI alike.
+    const std::string btl = bench::mpi_btl_for(o.provider);
     std::vector<std::string> args = {"mpirun", "--allow-run-as-root", "--oversubscribe",
                                      "--map-by", "core", "--bind-to", "core:overload-allowed",
                                      "-np", std::to_string(o.senders + o.receivers),
                                      "--mca", "pml", "ob1",
-                                     "--mca", "btl", "self," + bench::mpi_btl_for(o.provider)};
-    if (bench::mpi_btl_for(o.provider) == "tcp") {
+                                     "--mca", "btl", "self," + btl};
+    if (btl == "tcp") {
       for (const char* a : {"--mca", "btl_tcp_if_include", "lo", "-x", "FI_TCP_IFACE=lo"}) args.push_back(a);
     }
     auto exe = self_executable();
