@@ -22,8 +22,17 @@ std::vector<bf16> random_bf16(size_t n, float scale, uint64_t seed) {
   return v;
 }
 
+// The compute roof of a row: vdpbf16ps peak for bf16 GEMMs at the levels that
+// use it (oneDNN), the fp32 FMA peak for everything else (own panel kernels
+// widen bf16/int8 to fp32; attention runs in fp32).
+double compute_peak(const KernelBenchRow& r, const MachineLimits& m) {
+  const bool bf16_dot = r.weights == "bf16" && m.bf16_flops > 0 && r.kernel == "expert_ffn";
+  return bf16_dot ? m.bf16_flops : m.fp32_flops;
+}
+
 void finish(KernelBenchRow& r, const MachineLimits& m) {
-  const double peak = m.bf16_flops > 0 ? m.bf16_flops : 1e30;
+  const double peak = compute_peak(r, m);
+  r.peak = peak == m.bf16_flops ? "bf16" : "fp32";
   const double t_compute = r.flops / peak, t_memory = r.bytes / m.read_bw;
   r.bound = t_compute > t_memory ? "compute" : "memory";
   r.roofline_fraction = std::max(t_compute, t_memory) / r.seconds;
@@ -35,12 +44,14 @@ Json KernelBenchResult::to_json() const {
   Json rows_j = Json::array();
   for (const auto& r : rows) {
     rows_j.push_back({{"kernel", r.kernel},
+                      {"weights", r.weights},
                       {"tokens", r.tokens},
                       {"context", r.context},
                       {"ms", r.seconds * 1e3},
                       {"gflops", r.gflops()},
                       {"gb_s", r.gb_s()},
                       {"roofline_fraction", r.roofline_fraction},
+                      {"compute_peak", r.peak},
                       {"bound", r.bound}});
   }
   return Json{{"machine", machine.to_json()}, {"results", rows_j}};
@@ -56,28 +67,32 @@ StatusOr<KernelBenchResult> bench_kernels(const KernelBenchOptions& o) {
   // Enough experts that their weights (~17 MiB each) do not fit in the caches:
   // calls cycle through them as a layer's experts would, so weights stream from DRAM.
   const int copies = o.quick ? 8 : 16;
-  std::vector<kernels::cpu::PackedLinear> p13(copies), p2(copies);
-  for (int c = 0; c < copies; ++c) {
-    auto w13 = random_bf16(2 * f * h, 0.03f, 1 + c), w2 = random_bf16(h * f, 0.02f, 100 + c);
-    MSI_ASSIGN_OR_RETURN(p13[c], kernels::cpu::PackedLinear::pack(w13.data(), 2 * f, h));
-    MSI_ASSIGN_OR_RETURN(p2[c], kernels::cpu::PackedLinear::pack(w2.data(), h, f));
-  }
-  for (int64_t m : o.tokens) {
-    std::vector<float> x(m * h, 0.5f), y(m * h);
-    KernelBenchRow r;
-    r.kernel = "expert_ffn";
-    r.tokens = m;
-    int next = 0;
-    r.seconds = seconds_per_call(
-        [&] {
-          kernels::cpu::expert_ffn(p13[next], p2[next], x.data(), m, y.data());
-          next = (next + 1) % copies;
-        },
-        min_s);
-    r.flops = 6.0 * h * f * m;
-    r.bytes = 2.0 * 3 * h * f + 4.0 * m * (2 * h + 3 * f);  // weights + activations
-    finish(r, res.machine);
-    res.rows.push_back(r);
+  for (const kernels::cpu::WeightFormat fmt : o.weights) {
+    std::vector<kernels::cpu::PackedLinear> p13(copies), p2(copies);
+    for (int c = 0; c < copies; ++c) {
+      auto w13 = random_bf16(2 * f * h, 0.03f, 1 + c), w2 = random_bf16(h * f, 0.02f, 100 + c);
+      MSI_ASSIGN_OR_RETURN(p13[c], kernels::cpu::PackedLinear::pack(w13.data(), 2 * f, h, fmt));
+      MSI_ASSIGN_OR_RETURN(p2[c], kernels::cpu::PackedLinear::pack(w2.data(), h, f, fmt));
+    }
+    for (int64_t m : o.tokens) {
+      std::vector<float> x(m * h, 0.5f), y(m * h);
+      KernelBenchRow r;
+      r.kernel = "expert_ffn";
+      r.weights = kernels::cpu::weight_format_name(fmt);
+      r.tokens = m;
+      int next = 0;
+      r.seconds = seconds_per_call(
+          [&] {
+            kernels::cpu::expert_ffn(p13[next], p2[next], x.data(), m, y.data());
+            next = (next + 1) % copies;
+          },
+          min_s);
+      r.flops = 6.0 * h * f * m;
+      // Packed weights (int8: one byte each plus a scale per row) + activations.
+      r.bytes = static_cast<double>(p13[0].bytes() + p2[0].bytes()) + 4.0 * m * (2 * h + 3 * f);
+      finish(r, res.machine);
+      res.rows.push_back(r);
+    }
   }
 
   // Decode attention: `decode_requests` tokens, each over `context` cached positions,
@@ -114,6 +129,7 @@ StatusOr<KernelBenchResult> bench_kernels(const KernelBenchOptions& o) {
     int64_t next = 0;
     KernelBenchRow row;
     row.kernel = "decode_attention";
+    row.weights = "bf16";  // the KV cache
     row.tokens = R;
     row.context = ctx;
     row.seconds = seconds_per_call(

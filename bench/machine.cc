@@ -7,12 +7,19 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <vector>
+
+#include "msinfer/kernels/cpu/isa.h"
 
 namespace msinfer::bench {
 namespace {
 
 using clock = std::chrono::steady_clock;
+using kernels::cpu::IsaLevel;
+
+// Each probe is compiled for its level with a target attribute and called only
+// when the active level includes it (the same dispatch as the kernels).
 
 __attribute__((target("avx512f,avx512bf16"))) double bf16_loop(long iters) {
   __m512 acc[24];
@@ -27,17 +34,77 @@ __attribute__((target("avx512f,avx512bf16"))) double bf16_loop(long iters) {
   return s;
 }
 
-double bf16_peak(int threads, long iters) {
+__attribute__((target("avx512f"))) double fma512_loop(long iters) {
+  __m512 acc[24];
+  for (int j = 0; j < 24; ++j) acc[j] = _mm512_set1_ps(static_cast<float>(j));
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-3f);
+  for (long i = 0; i < iters; ++i) {
+#pragma GCC unroll 24
+    for (int j = 0; j < 24; ++j) acc[j] = _mm512_fmadd_ps(acc[j], a, b);
+  }
+  float s = 0;
+  for (auto& x : acc) s += _mm512_reduce_add_ps(x);
+  return s;
+}
+
+__attribute__((target("avx2,fma"))) double fma256_loop(long iters) {
+  __m256 acc[12];
+  for (int j = 0; j < 12; ++j) acc[j] = _mm256_set1_ps(static_cast<float>(j));
+  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(1e-3f);
+  for (long i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (int j = 0; j < 12; ++j) acc[j] = _mm256_fmadd_ps(acc[j], a, b);
+  }
+  float s = 0;
+  for (auto& x : acc) {
+    float t[8];
+    _mm256_storeu_ps(t, x);
+    for (float v : t) s += v;
+  }
+  return s;
+}
+
+// SSE2 (every x86-64): a multiply and an add per lane, counted as 2 FLOPs.
+double sse_loop(long iters) {
+  __m128 acc[12];
+  for (int j = 0; j < 12; ++j) acc[j] = _mm_set1_ps(static_cast<float>(j));
+  const __m128 a = _mm_set1_ps(0.999f), b = _mm_set1_ps(1e-3f);
+  for (long i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (int j = 0; j < 12; ++j) acc[j] = _mm_add_ps(_mm_mul_ps(acc[j], a), b);
+  }
+  float s = 0;
+  for (auto& x : acc) {
+    float t[4];
+    _mm_storeu_ps(t, x);
+    for (float v : t) s += v;
+  }
+  return s;
+}
+
+// FLOPs per loop iteration of each probe.
+struct PeakProbe {
+  double (*loop)(long);
+  double flops_per_iter;
+};
+
+PeakProbe fp32_probe(IsaLevel level) {
+  if (level >= IsaLevel::kAvx512) return {fma512_loop, 24.0 * 32};
+  if (level >= IsaLevel::kAvx2) return {fma256_loop, 12.0 * 16};
+  return {sse_loop, 12.0 * 8};
+}
+
+double peak(const PeakProbe& p, int threads, long iters) {
   double sink = 0;
   auto t0 = clock::now();
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
-  sink += bf16_loop(iters);
+  sink += p.loop(iters);
   const double s = std::chrono::duration<double>(clock::now() - t0).count();
   if (sink == 42.0) std::abort();  // keep the result alive
-  return threads * iters * 24.0 * 64.0 / s;
+  return threads * iters * p.flops_per_iter / s;
 }
 
-__attribute__((target("avx512f"))) float sum_range(const float* p, size_t n) {
+__attribute__((target("avx512f"))) float sum512(const float* p, size_t n) {
   __m512 a[8];
   for (auto& x : a) x = _mm512_setzero_ps();
   size_t i = 0;
@@ -51,7 +118,41 @@ __attribute__((target("avx512f"))) float sum_range(const float* p, size_t n) {
   return s;
 }
 
-double read_bandwidth(const float* buf, size_t n, int threads, int reps) {
+__attribute__((target("avx2"))) float sum256(const float* p, size_t n) {
+  __m256 a[8];
+  for (auto& x : a) x = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) a[j] = _mm256_add_ps(a[j], _mm256_load_ps(p + i + 8 * j));
+  }
+  for (int j = 1; j < 8; ++j) a[0] = _mm256_add_ps(a[0], a[j]);
+  float t[8];
+  _mm256_storeu_ps(t, a[0]);
+  float s = 0;
+  for (float v : t) s += v;
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
+float sum128(const float* p, size_t n) {
+  __m128 a[8];
+  for (auto& x : a) x = _mm_setzero_ps();
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) a[j] = _mm_add_ps(a[j], _mm_load_ps(p + i + 4 * j));
+  }
+  for (int j = 1; j < 8; ++j) a[0] = _mm_add_ps(a[0], a[j]);
+  float t[4];
+  _mm_storeu_ps(t, a[0]);
+  float s = t[0] + t[1] + t[2] + t[3];
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
+double read_bandwidth(float (*sum)(const float*, size_t), const float* buf, size_t n, int threads,
+                      int reps) {
   double best = 0;
   for (int r = 0; r < reps; ++r) {
     double sink = 0;
@@ -60,7 +161,7 @@ double read_bandwidth(const float* buf, size_t n, int threads, int reps) {
     {
       const int t = omp_get_thread_num(), nt = omp_get_num_threads();
       const size_t begin = n * t / nt, end = n * (t + 1) / nt;
-      sink += sum_range(buf + (begin & ~size_t{15}), (end & ~size_t{15}) - (begin & ~size_t{15}));
+      sink += sum(buf + (begin & ~size_t{15}), (end & ~size_t{15}) - (begin & ~size_t{15}));
     }
     const double s = std::chrono::duration<double>(clock::now() - t0).count();
     if (sink == 42.0) std::abort();
@@ -71,9 +172,25 @@ double read_bandwidth(const float* buf, size_t n, int threads, int reps) {
 
 }  // namespace
 
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
+    }
+  }
+  return "unknown";
+}
+
 Json MachineLimits::to_json() const {
   return Json{{"threads", threads},
+              {"isa", isa},
+              {"cpu", cpu},
               {"avx512_bf16", avx512_bf16},
+              {"fp32_gflops_1_thread", fp32_flops_1t / 1e9},
+              {"fp32_gflops", fp32_flops / 1e9},
               {"bf16_gflops_1_thread", bf16_flops_1t / 1e9},
               {"bf16_gflops", bf16_flops / 1e9},
               {"read_gb_s_1_thread", read_bw_1t / 1e9},
@@ -83,20 +200,28 @@ Json MachineLimits::to_json() const {
 MachineLimits measure_machine(bool quick) {
   MachineLimits m;
   m.threads = omp_get_max_threads();
-  __builtin_cpu_init();
-  m.avx512_bf16 = __builtin_cpu_supports("avx512bf16");
+  const IsaLevel level = kernels::cpu::active_isa();
+  m.isa = kernels::cpu::isa_name(level);
+  m.cpu = cpu_model_name();
   const long iters = quick ? 5000000 : 20000000;
+  const PeakProbe fp32 = fp32_probe(level);
+  peak(fp32, 1, iters / 10);  // warm up (clock ramp)
+  m.fp32_flops_1t = peak(fp32, 1, iters);
+  m.fp32_flops = peak(fp32, m.threads, iters);
+  m.avx512_bf16 = level >= IsaLevel::kAvx512Bf16;
   if (m.avx512_bf16) {
-    bf16_peak(1, iters / 10);  // warm up (clock ramp)
-    m.bf16_flops_1t = bf16_peak(1, iters);
-    m.bf16_flops = bf16_peak(m.threads, iters);
+    const PeakProbe bf16{bf16_loop, 24.0 * 64};
+    m.bf16_flops_1t = peak(bf16, 1, iters);
+    m.bf16_flops = peak(bf16, m.threads, iters);
   }
+  float (*sum)(const float*, size_t) =
+      level >= IsaLevel::kAvx512 ? sum512 : level >= IsaLevel::kAvx2 ? sum256 : sum128;
   const size_t n = (quick ? 64u : 256u) << 20;  // floats: 256 MiB or 1 GiB
   float* buf = static_cast<float*>(std::aligned_alloc(64, n * sizeof(float)));
 #pragma omp parallel for num_threads(m.threads) schedule(static)
   for (size_t i = 0; i < n; ++i) buf[i] = 1.0f;  // first touch by the reading threads
-  m.read_bw_1t = read_bandwidth(buf, n, 1, quick ? 2 : 4);
-  m.read_bw = read_bandwidth(buf, n, m.threads, quick ? 2 : 4);
+  m.read_bw_1t = read_bandwidth(sum, buf, n, 1, quick ? 2 : 4);
+  m.read_bw = read_bandwidth(sum, buf, n, m.threads, quick ? 2 : 4);
   std::free(buf);
   return m;
 }

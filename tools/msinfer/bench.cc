@@ -19,11 +19,16 @@ namespace {
 
 int run_bench_kernels(int argc, char** argv) {
   FlagSet flags("bench kernels",
-                "Measures this machine's bf16 peak and memory read bandwidth, then the expert\n"
-                "FFN for 1..1024 tokens per expert and decode attention over 128..4096 tokens\n"
-                "of context at the small-mixtral shapes, each as a fraction of its roofline.");
+                "Measures this machine's fp32 FMA peak, bf16 peak (AVX512-BF16 only) and memory\n"
+                "read bandwidth, then the expert FFN (bf16 and int8 weights) for 1..1024 tokens\n"
+                "per expert and decode attention over 128..4096 tokens of context at the\n"
+                "small-mixtral shapes, each as a fraction of its roofline, at the active CPU\n"
+                "kernel level (MSINFER_ISA or --isa to force a lower one).");
   flags.add_bool("json", "print one JSON object");
   flags.add_bool("quick", "shorter measurements (noisier)");
+  flags.add_string("isa", "", "CPU kernel level: generic|avx2|avx512|avx512bf16|amx (default: best)");
+  flags.add_string("weights", "bf16,int8", "expert weight formats to measure: bf16, int8 or both");
+  flags.add_string("tokens", "", "tokens per expert, comma-separated (default 1,2,4,...,1024)");
   Status s = flags.parse(argc, argv, 3);
   if (!s.ok()) return report_error("bench kernels", s);
   if (flags.help_requested()) {
@@ -32,6 +37,33 @@ int run_bench_kernels(int argc, char** argv) {
   }
   bench::KernelBenchOptions o;
   o.quick = flags.get_bool("quick");
+  s = apply_isa_flag(flags.get_string("isa"));
+  if (!s.ok()) return report_error("bench kernels", s);
+  o.weights.clear();
+  {
+    std::stringstream ss(flags.get_string("weights"));
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      auto f = kernels::cpu::parse_weight_format(item);
+      if (!f.ok()) return report_error("bench kernels", f.status().with_context("--weights"));
+      o.weights.push_back(*f);
+    }
+    if (o.weights.empty()) return report_error("bench kernels", invalid_argument("--weights: empty"));
+  }
+  if (!flags.get_string("tokens").empty()) {
+    o.tokens.clear();
+    std::stringstream ss(flags.get_string("tokens"));
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      char* end = nullptr;
+      const long long v = std::strtoll(item.c_str(), &end, 10);
+      if (end == item.c_str() || *end != '\0' || v < 1 || v > 65536) {
+        return report_error("bench kernels",
+                            invalid_argument("--tokens: '" + item + "' is not an integer 1..65536"));
+      }
+      o.tokens.push_back(v);
+    }
+  }
   auto r = bench::bench_kernels(o);
   if (!r.ok()) return report_error("bench kernels", r.status());
   if (flags.get_bool("json")) {
@@ -39,15 +71,20 @@ int run_bench_kernels(int argc, char** argv) {
     return 0;
   }
   const auto& m = r->machine;
-  std::printf("machine: %d threads; bf16 peak %.0f GFLOP/s (1 thread %.0f)%s; read bandwidth "
-              "%.1f GB/s (1 thread %.1f)\n\n",
-              m.threads, m.bf16_flops / 1e9, m.bf16_flops_1t / 1e9,
-              m.avx512_bf16 ? "" : " [no AVX512-BF16]", m.read_bw / 1e9, m.read_bw_1t / 1e9);
-  Table t({"kernel", "tokens", "context", "ms", "GFLOP/s", "GB/s", "roofline", "bound"});
+  std::printf("machine: %s, %d threads, kernel level %s; fp32 FMA peak %.0f GFLOP/s (1 thread "
+              "%.0f); ",
+              m.cpu.c_str(), m.threads, m.isa.c_str(), m.fp32_flops / 1e9, m.fp32_flops_1t / 1e9);
+  if (m.avx512_bf16) {
+    std::printf("bf16 peak %.0f GFLOP/s (1 thread %.0f); ", m.bf16_flops / 1e9,
+                m.bf16_flops_1t / 1e9);
+  }
+  std::printf("read bandwidth %.1f GB/s (1 thread %.1f)\n\n", m.read_bw / 1e9, m.read_bw_1t / 1e9);
+  Table t({"kernel", "weights", "tokens", "context", "ms", "GFLOP/s", "GB/s", "roofline", "bound"});
   for (const auto& row : r->rows) {
-    t.add_row({row.kernel, std::to_string(row.tokens),
+    t.add_row({row.kernel, row.weights, std::to_string(row.tokens),
                row.context ? std::to_string(row.context) : "", fmt(row.seconds * 1e3, 3),
-               fmt(row.gflops(), 1), fmt(row.gb_s(), 1), fmt_pct(row.roofline_fraction), row.bound});
+               fmt(row.gflops(), 1), fmt(row.gb_s(), 1), fmt_pct(row.roofline_fraction),
+               row.bound + (row.bound == "compute" ? " (" + row.peak + ")" : "")});
   }
   std::cout << t.to_string();
   return 0;

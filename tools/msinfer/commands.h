@@ -8,6 +8,7 @@
 #include "msinfer/comm/bootstrap.h"
 #include "msinfer/core/flags.h"
 #include "msinfer/core/model_config.h"
+#include "msinfer/kernels/cpu/gemm.h"
 #include "msinfer/runtime/disaggregated.h"
 #include "msinfer/runtime/router.h"
 
@@ -21,6 +22,14 @@ int run_bench(int argc, char** argv);
 int run_bench_serve(int argc, char** argv);  // `bench serve`
 int run_profile(int argc, char** argv);
 int run_worker(int argc, char** argv);
+
+// --isa and --weights, for every command that runs the engine.
+void add_engine_flags(FlagSet& flags);
+// `--isa LEVEL` (empty: no change): caps this process and the workers it starts
+// at LEVEL by setting MSINFER_ISA; bad input if unknown or above this CPU's best.
+Status apply_isa_flag(const std::string& level);
+// Applies --isa and returns the --weights format (bad input for unknown values).
+StatusOr<kernels::cpu::WeightFormat> apply_engine_flags(const FlagSet& flags);
 
 // Flags of a disaggregated deployment (shared by generate and worker).
 void add_deployment_flags(FlagSet& flags);

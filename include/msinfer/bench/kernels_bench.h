@@ -1,7 +1,9 @@
 // `msinfer bench kernels`: this machine's limits, then the expert FFN (grouped
 // SwiGLU GEMMs) over 1..1024 tokens per expert and decode attention over
 // 128..4096 tokens of context, at the small-mixtral shapes, each against its
-// roofline: time_roofline = max(FLOPs / bf16 peak, bytes / read bandwidth).
+// roofline: time_roofline = max(FLOPs / compute peak, bytes / read bandwidth),
+// with the bf16 peak for bf16 GEMMs where the level has vdpbf16ps and the fp32
+// FMA peak otherwise. Kernels run at the active CPU level (kernels/cpu/isa.h).
 #pragma once
 
 #include <string>
@@ -10,6 +12,7 @@
 #include "msinfer/bench/machine.h"
 #include "msinfer/core/json.h"
 #include "msinfer/core/status.h"
+#include "msinfer/kernels/cpu/gemm.h"
 
 namespace msinfer::bench {
 
@@ -18,6 +21,8 @@ struct KernelBenchOptions {
   int64_t heads = 16, kv_heads = 4, head_dim = 64;
   int64_t decode_requests = 8;                         // decode tokens per attention call
   std::vector<int64_t> tokens = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
+  std::vector<kernels::cpu::WeightFormat> weights = {kernels::cpu::WeightFormat::kBf16,
+                                                     kernels::cpu::WeightFormat::kInt8};
   std::vector<int64_t> contexts = {128, 256, 512, 1024, 2048, 4096};
   double min_seconds = 0.2;  // per measurement
   bool quick = false;
@@ -25,6 +30,7 @@ struct KernelBenchOptions {
 
 struct KernelBenchRow {
   std::string kernel;   // "expert_ffn" | "decode_attention"
+  std::string weights;  // "bf16" | "int8" (attention: the bf16 KV cache)
   int64_t tokens = 0;   // tokens per expert, or decode requests
   int64_t context = 0;  // attention only
   double seconds = 0;   // per call
@@ -33,6 +39,7 @@ struct KernelBenchRow {
   double gb_s() const { return bytes / seconds / 1e9; }
   double roofline_fraction = 0;
   std::string bound;    // "compute" | "memory"
+  std::string peak;     // compute roof used: "bf16" | "fp32"
 };
 
 struct KernelBenchResult {

@@ -1,68 +1,22 @@
 #include "msinfer/kernels/cpu/gemm.h"
 
-#include <map>
-#include <mutex>
-#include <oneapi/dnnl/dnnl.hpp>
-#include <tuple>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 
-#include "internal/vec.h"
+#include "internal/level.h"
+#include "msinfer/core/logging.h"
 
 namespace msinfer::kernels::cpu {
-namespace {
 
-using dnnl::memory;
-using dt = memory::data_type;
-using tag = memory::format_tag;
+const char* weight_format_name(WeightFormat f) { return f == WeightFormat::kInt8 ? "int8" : "bf16"; }
 
-struct Runtime {
-  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-};
-
-Runtime& runtime() {
-  static Runtime* r = new Runtime();
-  return *r;
+StatusOr<WeightFormat> parse_weight_format(std::string_view name) {
+  if (name == "bf16") return WeightFormat::kBf16;
+  if (name == "int8") return WeightFormat::kInt8;
+  return invalid_argument("unknown weight format '" + std::string(name) +
+                          "' (expected bf16 or int8)");
 }
-
-dnnl::matmul::primitive_desc make_pd(int64_t m, int64_t n, int64_t k) {
-  memory::desc src({m, k}, dt::bf16, tag::ab);
-  memory::desc wei({k, n}, dt::bf16, tag::any);
-  memory::desc dst({m, n}, dt::f32, tag::ab);
-  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, dst), runtime().engine);
-}
-
-struct Packed {
-  memory weights;
-  memory::desc desc;
-};
-
-// Primitive cache keyed by (n, k, m bucket).
-class PrimitiveCache {
- public:
-  dnnl::matmul get(int64_t m, int64_t n, int64_t k, const memory::desc& packed) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto key = std::make_tuple(m, n, k);
-    auto it = cache_.find(key);
-    if (it != cache_.end()) return it->second;
-    auto pd = make_pd(m, n, k);
-    MSI_CHECK(pd.weights_desc() == packed)
-        << "oneDNN chose a different weight layout for M = " << m << " (N = " << n
-        << ", K = " << k << "); the packed layout is assumed independent of M";
-    dnnl::matmul prim(pd);
-    cache_.emplace(key, prim);
-    return prim;
-  }
-
- private:
-  std::mutex mu_;
-  std::map<std::tuple<int64_t, int64_t, int64_t>, dnnl::matmul> cache_;
-};
-
-PrimitiveCache& cache() {
-  static PrimitiveCache* c = new PrimitiveCache();
-  return *c;
-}
-
-}  // namespace
 
 int64_t gemm_m_bucket(int64_t m) {
   if (m <= 1) return 1;
@@ -74,55 +28,92 @@ int64_t gemm_m_bucket(int64_t m) {
   return (m + 63) / 64 * 64;
 }
 
-StatusOr<PackedLinear> PackedLinear::pack(const bf16* w, int64_t n, int64_t k) {
-  if (n <= 0 || k <= 0) return invalid_argument("PackedLinear: empty weight");
-  try {
-    auto pd = make_pd(1, n, k);
-    auto packed = std::make_shared<Packed>();
-    packed->desc = pd.weights_desc();
-    packed->weights = memory(packed->desc, runtime().engine);
-    memory::desc user_desc({k, n}, dt::bf16, tag::ba);  // W [n, k] row-major is W^T in "ba"
-    memory user(user_desc, runtime().engine, const_cast<bf16*>(w));
-    dnnl::stream s(runtime().engine);
-    dnnl::reorder(user, packed->weights).execute(s, user, packed->weights);
-    s.wait();
-    PackedLinear p;
-    p.n_ = n;
-    p.k_ = k;
-    p.impl_ = packed;
-    return p;
-  } catch (const dnnl::error& e) {
-    return internal_error(std::string("oneDNN packing failed: ") + e.what());
+void quantize_int8_rows(const bf16* w, int64_t n, int64_t k, int8_t* q, float* scale) {
+  for (int64_t j = 0; j < n; ++j) {
+    const bf16* row = w + j * k;
+    float amax = 0;
+    for (int64_t t = 0; t < k; ++t) amax = std::max(amax, std::fabs(bf16_to_float(row[t])));
+    const float s = amax > 0 ? amax / 127.0f : 1.0f;
+    const float inv = 1.0f / s;
+    scale[j] = s;
+    for (int64_t t = 0; t < k; ++t) {
+      const float v = std::nearbyint(bf16_to_float(row[t]) * inv);
+      q[j * k + t] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
+    }
   }
 }
 
-size_t PackedLinear::bytes() const {
-  if (!impl_) return 0;
-  return static_cast<const Packed*>(impl_.get())->desc.get_size();
+namespace internal {
+
+Status pack_panels(const bf16* w, int64_t n, int64_t k, WeightFormat format, int64_t panel,
+                   GemmWeights* out) {
+  out->format = format;
+  out->n = n;
+  out->k = k;
+  out->panel = panel;
+  out->panels = (n + panel - 1) / panel;
+  const size_t elem = format == WeightFormat::kInt8 ? 1 : 2;
+  const size_t bytes = static_cast<size_t>(out->panels * panel * k) * elem;
+  void* mem = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (mem == nullptr) return resource_exhausted("GEMM weight of " + std::to_string(bytes) + " bytes");
+  std::memset(mem, 0, bytes);
+  out->data.reset(static_cast<uint8_t*>(mem));
+  out->data_bytes = bytes;
+  if (format == WeightFormat::kBf16) {
+    bf16* dst = static_cast<bf16*>(mem);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t p = j / panel, c = j % panel;
+      for (int64_t t = 0; t < k; ++t) dst[(p * k + t) * panel + c] = w[j * k + t];
+    }
+  } else {
+    std::vector<int8_t> q(static_cast<size_t>(n * k));
+    out->scale.assign(static_cast<size_t>(out->panels * panel), 0.f);
+    quantize_int8_rows(w, n, k, q.data(), out->scale.data());
+    int8_t* dst = static_cast<int8_t*>(mem);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t p = j / panel, c = j % panel;
+      for (int64_t t = 0; t < k; ++t) dst[(p * k + t) * panel + c] = q[j * k + t];
+    }
+  }
+  return ok_status();
 }
+
+}  // namespace internal
+
+StatusOr<PackedLinear> PackedLinear::pack(const bf16* w, int64_t n, int64_t k,
+                                          WeightFormat format) {
+  return pack(w, n, k, format, active_isa());
+}
+
+StatusOr<PackedLinear> PackedLinear::pack(const bf16* w, int64_t n, int64_t k, WeightFormat format,
+                                          IsaLevel level) {
+  if (n <= 0 || k <= 0 || w == nullptr) return invalid_argument("PackedLinear: empty weight");
+  if (!isa_supported(level)) {
+    return failed_precondition(std::string("PackedLinear: CPU kernel level ") + isa_name(level) +
+                               " is not available here (" + isa_description() + ")");
+  }
+  auto g = std::make_shared<internal::GemmWeights>();
+  g->level = level;
+  MSI_RETURN_IF_ERROR(internal::kernels_for(level).pack(w, n, k, format, g.get()));
+  g->level = level;
+  g->format = format;
+  g->n = n;
+  g->k = k;
+  PackedLinear p;
+  p.n_ = n;
+  p.k_ = k;
+  p.impl_ = std::move(g);
+  return p;
+}
+
+size_t PackedLinear::bytes() const { return impl_ ? impl_->bytes() : 0; }
+IsaLevel PackedLinear::level() const { return impl_ ? impl_->level : IsaLevel::kGeneric; }
+WeightFormat PackedLinear::format() const { return impl_ ? impl_->format : WeightFormat::kBf16; }
 
 void PackedLinear::forward(const float* x, int64_t m, float* y) const {
   if (m <= 0) return;
   MSI_CHECK(impl_) << "PackedLinear used before pack()";
-  const auto* packed = static_cast<const Packed*>(impl_.get());
-  const int64_t mb = gemm_m_bucket(m);
-  thread_local std::vector<bf16> xs;
-  thread_local std::vector<float> ys;
-  xs.resize(static_cast<size_t>(mb * k_));
-  internal::to_bf16(x, xs.data(), m * k_);
-  if (mb > m) std::fill(xs.begin() + m * k_, xs.end(), bf16{0});
-  float* out = y;
-  if (mb > m) {
-    ys.resize(static_cast<size_t>(mb * n_));
-    out = ys.data();
-  }
-  dnnl::matmul prim = cache().get(mb, n_, k_, packed->desc);
-  memory src({{mb, k_}, dt::bf16, tag::ab}, runtime().engine, xs.data());
-  memory dst({{mb, n_}, dt::f32, tag::ab}, runtime().engine, out);
-  thread_local dnnl::stream s(runtime().engine);
-  prim.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, packed->weights}, {DNNL_ARG_DST, dst}});
-  s.wait();
-  if (out != y) std::copy(ys.begin(), ys.begin() + m * n_, y);
+  internal::kernels_for(impl_->level).forward(*impl_, x, m, y);
 }
 
 void linear_reference(const bf16* w, int64_t n, int64_t k, const float* x, int64_t m, float* y) {

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "internal/level.h"
 #include "msinfer/kernels/cpu/ops.h"
 
 namespace msinfer::kernels::cpu {
@@ -161,16 +162,8 @@ void gate_reference(const float* logits, int64_t tokens, int64_t experts, int64_
 }
 
 void moe_combine(const RoutedBatch& r, const float* results, float* out) {
-  const int64_t h = r.hidden;
-#pragma omp parallel for if (r.tokens * h > 65536)
-  for (int64_t t = 0; t < r.tokens; ++t) {
-    float* o = out + t * h;
-    for (int64_t k = 0; k < r.top_k; ++k) {
-      const float w = r.topk_weight[t * r.top_k + k];
-      const float* src = results + static_cast<int64_t>(r.slot_row[t * r.top_k + k]) * h;
-      for (int64_t i = 0; i < h; ++i) o[i] += w * src[i];
-    }
-  }
+  internal::active_kernels().combine(r.topk_weight.data(), r.slot_row.data(), r.tokens, r.top_k,
+                                     r.hidden, results, out);
 }
 
 void expert_ffn(const PackedLinear& w13, const PackedLinear& w2, const float* x, int64_t rows,

@@ -1,0 +1,70 @@
+// The generic level: portable C++ for any x86-64 (or other) CPU, no
+// intrinsics; the reference the other levels are tested against. GEMM weights
+// in panels of 16 columns.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "../internal/level.h"
+
+namespace msinfer::kernels::cpu::internal::generic {
+
+#include "../internal/portable.inc"
+
+void to_bf16(const float* in, bf16* out, int64_t n) { to_bf16_portable(in, out, n); }
+
+namespace {
+
+constexpr int64_t kPanel = 16;
+
+Status pack(const bf16* w, int64_t n, int64_t k, WeightFormat format, GemmWeights* out) {
+  return pack_panels(w, n, k, format, kPanel, out);
+}
+
+void forward(const GemmWeights& w, const float* x, int64_t m, float* y) {
+  thread_local std::vector<float> xr;
+  xr.assign(x, x + m * w.k);
+  round_bf16_inplace(xr.data(), m * w.k);
+  if (w.format == WeightFormat::kBf16) {
+    panel_forward_portable<bf16>(w, xr.data(), m, y);
+  } else {
+    panel_forward_portable<int8_t>(w, xr.data(), m, y);
+  }
+}
+
+void paged_attention(const float* q, int64_t tokens, int64_t heads, const PagedKvLayer& kv,
+                     const int32_t* positions, const int32_t* const* block_tables, float scale,
+                     float* out) {
+  const int64_t hd = kv.head_dim, group = heads / kv.kv_heads, work = tokens * kv.kv_heads;
+#pragma omp parallel
+  {
+    std::vector<float> scores, kf, acc;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t wi = 0; wi < work; ++wi) {
+      const int64_t t = wi / kv.kv_heads, g = wi % kv.kv_heads;
+      attend_group_portable(q + (t * heads + g * group) * hd, group, positions[t] + 1, kv,
+                            block_tables[t], g, scale, scores, kf, acc,
+                            out + (t * heads + g * group) * hd);
+    }
+  }
+}
+
+void silu_mul(const float* gate_up, int64_t rows, int64_t f, float* out) {
+#pragma omp parallel for if (rows * f > 65536)
+  for (int64_t r = 0; r < rows; ++r) {
+    silu_mul_row_portable(gate_up + r * 2 * f, gate_up + r * 2 * f + f, 0, f, out + r * f);
+  }
+}
+
+}  // namespace
+
+const LevelKernels& kernels() {
+  static const LevelKernels k = {IsaLevel::kGeneric, kPanel, pack, forward, write_kv,
+                                 paged_attention, rms_norm, rope, silu_mul, add_inplace,
+                                 softmax_inplace, combine, to_bf16};
+  return k;
+}
+
+}  // namespace msinfer::kernels::cpu::internal::generic

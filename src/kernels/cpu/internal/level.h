@@ -1,0 +1,103 @@
+// The table of kernels one CPU level provides (private to the kernels module).
+// Each level's translation unit (generic/, avx2/, avx512/, avx512bf16/) fills
+// one table; isa.cc picks the active one. Public entry points (attention.h,
+// ops.h, moe.h, gemm.h) call through the active table, except GEMMs, which run
+// the table of the level their weights were packed for.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "msinfer/core/bf16.h"
+#include "msinfer/core/status.h"
+#include "msinfer/kernels/cpu/attention.h"
+#include "msinfer/kernels/cpu/gemm.h"
+#include "msinfer/kernels/cpu/isa.h"
+
+namespace msinfer::kernels::cpu::internal {
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+// A packed GEMM weight. Panel levels: data holds ceil(n / panel) panels of
+// [k][panel] elements (bf16 or int8), zero-padded past row n; scale [n padded
+// to panels] for int8. oneDNN levels: onednn holds its packed memory.
+struct GemmWeights {
+  IsaLevel level = IsaLevel::kGeneric;
+  WeightFormat format = WeightFormat::kBf16;
+  int64_t n = 0, k = 0;
+  int64_t panel = 0, panels = 0;
+  std::unique_ptr<uint8_t, FreeDeleter> data;  // 64-byte aligned
+  size_t data_bytes = 0;
+  std::vector<float> scale;
+  std::shared_ptr<void> onednn;
+  size_t onednn_bytes = 0;
+
+  size_t bytes() const { return data_bytes + scale.size() * sizeof(float) + onednn_bytes; }
+  const bf16* bf16_panel(int64_t p) const {
+    return reinterpret_cast<const bf16*>(data.get()) + p * k * panel;
+  }
+  const int8_t* int8_panel(int64_t p) const {
+    return reinterpret_cast<const int8_t*>(data.get()) + p * k * panel;
+  }
+};
+
+// Packs W [n, k] into panels of `panel` columns (shared by every panel level).
+Status pack_panels(const bf16* w, int64_t n, int64_t k, WeightFormat format, int64_t panel,
+                   GemmWeights* out);
+
+struct LevelKernels {
+  IsaLevel level;
+  int64_t gemm_panel;  // panel width of this level's own GEMM (0: oneDNN for bf16)
+  Status (*pack)(const bf16* w, int64_t n, int64_t k, WeightFormat format, GemmWeights* out);
+  // y[m, n] = round_bf16(x) · W^T; m >= 1.
+  void (*forward)(const GemmWeights& w, const float* x, int64_t m, float* y);
+  void (*write_kv)(const PagedKvLayer& kv, const float* k, const float* v, int64_t tokens,
+                   const int32_t* positions, const int32_t* const* block_tables);
+  void (*paged_attention)(const float* q, int64_t tokens, int64_t heads, const PagedKvLayer& kv,
+                          const int32_t* positions, const int32_t* const* block_tables,
+                          float scale, float* out);
+  void (*rms_norm)(const float* x, const float* w, int64_t rows, int64_t dim, float eps,
+                   float* y);
+  void (*rope)(float* x, const int32_t* positions, int64_t tokens, int64_t heads,
+               int64_t head_dim, double theta);
+  void (*silu_mul)(const float* gate_up, int64_t rows, int64_t f, float* out);
+  void (*add_inplace)(float* y, const float* x, int64_t n);
+  void (*softmax_inplace)(float* x, int64_t n);
+  // out[t] += sum_k weight[t*K+k] * results[slot_row[t*K+k]] (moe_combine's loop).
+  void (*combine)(const float* weight, const int32_t* slot_row, int64_t tokens, int64_t top_k,
+                  int64_t hidden, const float* results, float* out);
+  void (*to_bf16)(const float* in, bf16* out, int64_t n);
+};
+
+// Each level's table, defined in its own translation unit. Calling a level's
+// functions on a CPU that lacks its instructions raises SIGILL: only isa.cc
+// hands out tables, and only for supported levels.
+namespace generic {
+const LevelKernels& kernels();
+}
+namespace avx2 {
+const LevelKernels& kernels();
+}
+namespace avx512 {
+const LevelKernels& kernels();
+}
+namespace avx512bf16 {
+const LevelKernels& kernels();
+}
+
+// The oneDNN bf16 GEMM (onednn_gemm.cc): oneDNN picks its own instructions,
+// capped at `level` (avx512bf16 or amx).
+Status onednn_probe(IsaLevel level);
+Status onednn_pack(const bf16* w, int64_t n, int64_t k, GemmWeights* out);
+void onednn_forward(const GemmWeights& w, const float* x, int64_t m, float* y);
+
+// The active level's table (isa.cc).
+const LevelKernels& active_kernels();
+// The table of `level`; the level must be supported.
+const LevelKernels& kernels_for(IsaLevel level);
+
+}  // namespace msinfer::kernels::cpu::internal

@@ -1,0 +1,42 @@
+// Flags of every command that runs the CPU engine: the kernel level and the
+// weight format (docs/ENGINE.md, "CPU kernel levels").
+#include <cstdlib>
+
+#include "commands.h"
+#include "msinfer/kernels/cpu/isa.h"
+
+namespace msinfer::cli {
+
+void add_engine_flags(FlagSet& flags) {
+  flags.add_string("isa", "",
+                   "CPU kernel level cap: generic | avx2 | avx512 | avx512bf16 | amx (default:\n"
+                   "the best this CPU runs); inherited by the workers this command starts",
+                   "MSINFER_ISA");
+  flags.add_string("weights", "bf16",
+                   "GEMM weight format: bf16, or int8 (quantised at load, symmetric per output\n"
+                   "channel; router and embedding stay bf16)",
+                   "MSINFER_WEIGHTS");
+}
+
+Status apply_isa_flag(const std::string& level) {
+  if (level.empty()) return ok_status();
+  auto want = kernels::cpu::parse_isa(level);
+  if (!want.ok()) return want.status().with_context("--isa");
+  // Before the first kernel call: the level is read once per process, and
+  // worker processes inherit the environment.
+  ::setenv("MSINFER_ISA", level.c_str(), 1);
+  if (*want > kernels::cpu::detected_isa()) {
+    return invalid_argument(std::string("--isa ") + level + ": this CPU runs at most " +
+                            kernels::cpu::isa_name(kernels::cpu::detected_isa()));
+  }
+  return ok_status();
+}
+
+StatusOr<kernels::cpu::WeightFormat> apply_engine_flags(const FlagSet& flags) {
+  MSI_RETURN_IF_ERROR(apply_isa_flag(flags.get_string("isa")));
+  auto format = kernels::cpu::parse_weight_format(flags.get_string("weights"));
+  if (!format.ok()) return format.status().with_context("--weights");
+  return *format;
+}
+
+}  // namespace msinfer::cli
