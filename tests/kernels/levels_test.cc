@@ -1,0 +1,254 @@
+// Every kernel of every CPU level this machine runs, against the generic level
+// (plain C++, itself checked against the double-precision references in the
+// other kernel tests) on odd shapes, bf16 and int8 weights. A level this CPU
+// lacks is listed as not run; generic always runs.
+//
+// Tolerances: levels differ from generic only in fp32 summation order (FMA
+// chains, blocked K, reductions of 8 partial sums) and, in exp, by the
+// polynomial's ~2e-7 relative error: 1e-5 relative to the largest output.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <numeric>
+
+#include "msinfer/kernels/cpu/attention.h"
+#include "msinfer/kernels/cpu/gemm.h"
+#include "msinfer/kernels/cpu/isa.h"
+#include "msinfer/kernels/cpu/moe.h"
+#include "msinfer/kernels/cpu/ops.h"
+#include "test_util.h"
+
+namespace msinfer::kernels::cpu {
+namespace {
+
+using testing::randn;
+using testing::randn_bf16;
+using testing::rel_err;
+
+constexpr double kTol = 1e-5;
+
+// Levels above generic that this CPU runs (may be empty).
+std::vector<IsaLevel> higher_levels() {
+  std::vector<IsaLevel> out;
+  for (IsaLevel l : all_isa_levels()) {
+    if (l != IsaLevel::kGeneric && isa_supported(l)) out.push_back(l);
+  }
+  return out;
+}
+
+// Restores the active level after a test that forces others.
+class LevelsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    saved_ = active_isa();
+    std::string run = "generic";
+    for (IsaLevel l : higher_levels()) run += std::string(" ") + isa_name(l);
+    std::printf("[ levels ] comparing with generic: %s (CPU: %s)\n", run.c_str(),
+                isa_name(detected_isa()));
+  }
+  void TearDown() override { ASSERT_TRUE(force_isa(saved_).ok()); }
+
+  // f() run at generic and at `level`; returns (generic output, level output).
+  static std::pair<std::vector<float>, std::vector<float>> both(
+      IsaLevel level, const std::function<std::vector<float>()>& f) {
+    EXPECT_TRUE(force_isa(IsaLevel::kGeneric).ok());
+    auto g = f();
+    EXPECT_TRUE(force_isa(level).ok());
+    auto l = f();
+    return {g, l};
+  }
+
+  IsaLevel saved_ = IsaLevel::kGeneric;
+};
+
+TEST_F(LevelsTest, GemmBf16AndInt8MatchGenericOverOddShapes) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {1, 1}, {7, 13}, {17, 33}, {33, 300}, {64, 128}, {130, 67}};
+  const std::vector<int64_t> ms = {1, 2, 3, 5, 6, 7, 12, 13, 17, 65, 200};
+  for (auto [n, k] : shapes) {
+    auto w = randn_bf16(n * k, 1 + n + k);
+    for (WeightFormat fmt : {WeightFormat::kBf16, WeightFormat::kInt8}) {
+      auto gen = PackedLinear::pack(w.data(), n, k, fmt, IsaLevel::kGeneric);
+      ASSERT_TRUE(gen.ok()) << gen.status().to_string();
+      // Generic against the double-precision reference (int8: on the dequantised weights).
+      std::vector<bf16> wref = w;
+      if (fmt == WeightFormat::kInt8) {
+        std::vector<int8_t> q(n * k);
+        std::vector<float> s(n);
+        quantize_int8_rows(w.data(), n, k, q.data(), s.data());
+        // q * s is not a bf16 value in general; compare against float math instead.
+        for (int64_t m : {1, 13}) {
+          auto x = randn(m * k, 7 + m);
+          std::vector<float> y(m * n), ref(m * n);
+          gen->forward(x.data(), m, y.data());
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < n; ++j) {
+              double acc = 0;
+              for (int64_t t = 0; t < k; ++t) {
+                acc += static_cast<double>(round_to_bf16(x[i * k + t])) * q[j * k + t];
+              }
+              ref[i * n + j] = static_cast<float>(acc * s[j]);
+            }
+          }
+          EXPECT_LT(rel_err(y, ref), kTol) << "generic int8 n=" << n << " k=" << k << " m=" << m;
+        }
+      } else {
+        auto x = randn(5 * k, 9);
+        std::vector<float> y(5 * n), ref(5 * n);
+        gen->forward(x.data(), 5, y.data());
+        linear_reference(w.data(), n, k, x.data(), 5, ref.data());
+        EXPECT_LT(rel_err(y, ref), kTol) << "generic bf16 n=" << n << " k=" << k;
+      }
+      for (IsaLevel level : higher_levels()) {
+        auto lv = PackedLinear::pack(w.data(), n, k, fmt, level);
+        ASSERT_TRUE(lv.ok()) << isa_name(level) << ": " << lv.status().to_string();
+        EXPECT_EQ(lv->level(), level);
+        EXPECT_EQ(lv->format(), fmt);
+        for (int64_t m : ms) {
+          auto x = randn(m * k, 100 + m);
+          std::vector<float> yg(m * n, -1.f), yl(m * n, -2.f);
+          gen->forward(x.data(), m, yg.data());
+          lv->forward(x.data(), m, yl.data());
+          EXPECT_LT(rel_err(yl, yg), kTol) << isa_name(level) << " " << weight_format_name(fmt)
+                                           << " n=" << n << " k=" << k << " m=" << m;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(LevelsTest, Int8WeightsAreSymmetricPerRowWithinHalfAStep) {
+  const int64_t n = 9, k = 70;
+  auto w = randn_bf16(n * k, 3);
+  w[5] = float_to_bf16(0.f);  // zero rows and values survive
+  for (int64_t t = 0; t < k; ++t) w[2 * k + t] = float_to_bf16(0.f);
+  std::vector<int8_t> q(n * k);
+  std::vector<float> s(n);
+  quantize_int8_rows(w.data(), n, k, q.data(), s.data());
+  for (int64_t j = 0; j < n; ++j) {
+    float amax = 0;
+    for (int64_t t = 0; t < k; ++t) amax = std::max(amax, std::fabs(bf16_to_float(w[j * k + t])));
+    int peak = 0;
+    for (int64_t t = 0; t < k; ++t) {
+      const float v = bf16_to_float(w[j * k + t]);
+      EXPECT_LE(std::fabs(q[j * k + t] * s[j] - v), 0.5f * s[j] + 1e-7f) << j << "," << t;
+      EXPECT_GE(q[j * k + t], -127);
+      peak = std::max(peak, std::abs(static_cast<int>(q[j * k + t])));
+    }
+    if (amax > 0) {
+      EXPECT_EQ(peak, 127) << "row " << j << " uses the full range";
+      EXPECT_FLOAT_EQ(s[j], amax / 127.0f);
+    } else {
+      EXPECT_EQ(peak, 0);
+    }
+  }
+}
+
+TEST_F(LevelsTest, AttentionMatchesGenericForEveryHeadDimAndGroup) {
+  for (IsaLevel level : higher_levels()) {
+    for (int64_t hd : {1, 5, 8, 16, 33, 64, 128}) {
+      for (int64_t group : {1, 3, 9}) {
+        const int64_t kvh = 2, heads = kvh * group, bs = 4, blocks = 24;
+        std::vector<bf16> kpool(blocks * bs * kvh * hd), vpool(kpool.size());
+        PagedKvLayer kv{kpool.data(), vpool.data(), bs, kvh, hd};
+        std::vector<int32_t> table_a = {7, 2, 9, 20, 3, 15, 11, 1, 0, 23};
+        std::vector<int32_t> pos;
+        std::vector<const int32_t*> tables;
+        for (int p = 0; p < 37; ++p) {
+          pos.push_back(p);
+          tables.push_back(table_a.data());
+        }
+        const int64_t T = static_cast<int64_t>(pos.size());
+        auto k = randn(T * kvh * hd, 1 + hd), v = randn(T * kvh * hd, 2 + hd);
+        auto q = randn(T * heads * hd, 3 + hd);
+        auto [g, l] = both(level, [&] {
+          write_kv(kv, k.data(), v.data(), T, pos.data(), tables.data());
+          std::vector<float> out(q.size());
+          paged_attention(q.data(), T, heads, kv, pos.data(), tables.data(),
+                          1.0f / std::sqrt(static_cast<float>(hd)), out.data());
+          return out;
+        });
+        EXPECT_LT(rel_err(l, g), kTol) << isa_name(level) << " hd=" << hd << " group=" << group;
+      }
+    }
+  }
+}
+
+TEST_F(LevelsTest, ElementwiseKernelsMatchGeneric) {
+  for (IsaLevel level : higher_levels()) {
+    for (int64_t dim : {1, 7, 16, 33, 130}) {
+      const int64_t rows = 5;
+      auto x = randn(rows * dim, dim), w = randn(dim, 2 * dim);
+      auto [g1, l1] = both(level, [&] {
+        std::vector<float> y(x.size());
+        rms_norm(x.data(), w.data(), rows, dim, 1e-6f, y.data());
+        return y;
+      });
+      EXPECT_LT(rel_err(l1, g1), kTol) << isa_name(level) << " rms_norm " << dim;
+      auto [g2, l2] = both(level, [&] {
+        std::vector<float> gate_up = randn(rows * 2 * dim, 3 * dim, 4.0f), out(rows * dim);
+        silu_mul(gate_up.data(), rows, dim, out.data());
+        return out;
+      });
+      EXPECT_LT(rel_err(l2, g2), kTol) << isa_name(level) << " silu_mul " << dim;
+      auto [g3, l3] = both(level, [&] {
+        std::vector<float> s = randn(dim, 5 * dim, 3.0f);
+        softmax_inplace(s.data(), dim);
+        std::vector<float> y = randn(dim, 6);
+        add_inplace(y.data(), s.data(), dim);
+        return y;
+      });
+      EXPECT_LT(rel_err(l3, g3), kTol) << isa_name(level) << " softmax/add " << dim;
+      if (dim % 2 == 0) {
+        std::vector<int32_t> positions = {0, 3, 17, 1000, 5};
+        auto [g4, l4] = both(level, [&] {
+          std::vector<float> r = randn(5 * 3 * dim, 8);
+          rope(r.data(), positions.data(), 5, 3, dim, 1e6);
+          return r;
+        });
+        EXPECT_LT(rel_err(l4, g4), kTol) << isa_name(level) << " rope " << dim;
+      }
+    }
+    // Gate and combine at odd sizes.
+    const int64_t T = 11, E = 6, K = 2, h = 19;
+    auto logits = randn(T * E, 4), xs = randn(T * h, 5);
+    auto [g5, l5] = both(level, [&] {
+      RoutedBatch r;
+      fused_gate(logits.data(), T, E, K, true, nullptr, 0, xs.data(), h, &r);
+      std::vector<float> results = randn(r.rows() * h, 6), out(T * h, 0.5f);
+      moe_combine(r, results.data(), out.data());
+      return out;
+    });
+    EXPECT_LT(rel_err(l5, g5), kTol) << isa_name(level) << " gate + combine";
+  }
+}
+
+TEST(IsaTest, NamesParseAndForcingAboveTheCpuIsRefused) {
+  for (IsaLevel l : all_isa_levels()) {
+    auto p = parse_isa(isa_name(l));
+    ASSERT_TRUE(p.ok());
+    EXPECT_EQ(*p, l);
+  }
+  EXPECT_FALSE(parse_isa("avx3").ok());
+  EXPECT_FALSE(parse_isa("").ok());
+  EXPECT_TRUE(isa_supported(IsaLevel::kGeneric));
+  EXPECT_LE(active_isa(), detected_isa());
+  const IsaLevel saved = active_isa();
+  for (IsaLevel l : all_isa_levels()) {
+    Status s = force_isa(l);
+    EXPECT_EQ(s.ok(), isa_supported(l)) << isa_name(l);
+    if (!s.ok()) {
+      EXPECT_NE(s.message().find("not available"), std::string::npos) << s.message();
+      // Packing for a level the CPU cannot run is an error too, never a crash.
+      bf16 one = float_to_bf16(1.0f);
+      EXPECT_FALSE(PackedLinear::pack(&one, 1, 1, WeightFormat::kBf16, l).ok());
+    }
+  }
+  ASSERT_TRUE(force_isa(saved).ok());
+  EXPECT_FALSE(parse_weight_format("int4").ok());
+  EXPECT_EQ(*parse_weight_format("int8"), WeightFormat::kInt8);
+}
+
+}  // namespace
+}  // namespace msinfer::kernels::cpu
