@@ -1,3 +1,4 @@
+#include "msinfer/kernels/cpu/isa.h"
 #include "msinfer/bench/profile.h"
 
 #include <omp.h>
@@ -70,6 +71,8 @@ Json ProfileResult::to_json(const ProfileOptions& o) const {
               {"seq_len", o.seq_len},
               {"model", o.model_dir},
               {"threads", omp_get_max_threads()},
+              {"isa", kernels::cpu::isa_name(kernels::cpu::active_isa())},
+              {"weights", kernels::cpu::weight_format_name(o.weights)},
               {"attention_points_ms", pts(attention)},
               {"expert_points_ms", pts(expert)},
               {"fit",
@@ -82,7 +85,9 @@ Json ProfileResult::to_json(const ProfileOptions& o) const {
 StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
                                       void (*progress)(const std::string&)) {
   if (o.seq_len < 1) return invalid_argument("--seq-len must be >= 1");
-  MSI_ASSIGN_OR_RETURN(auto weights, model::ModelWeights::load(o.model_dir));
+  model::LoadOptions lo;
+  lo.weights = o.weights;
+  MSI_ASSIGN_OR_RETURN(auto weights, model::ModelWeights::load(o.model_dir, lo));
   const ModelConfig& c = weights->config();
   int64_t max_ba = 0;
   for (int64_t b : o.attention_batches) max_ba = std::max(max_ba, b);

@@ -69,7 +69,8 @@ class Loader {
   }
 
   // Packs the row-wise concatenation of the given tensors (each [rows_i, k]).
-  StatusOr<PackedLinear> pack(const std::vector<std::pair<std::string, std::vector<int64_t>>>& parts) {
+  StatusOr<PackedLinear> pack(const std::vector<std::pair<std::string, std::vector<int64_t>>>& parts,
+                              kernels::cpu::WeightFormat format) {
     // One staging buffer reused for every weight: fresh temporaries would leave
     // the heap fragmented between the packed copies (resident but free).
     staging_.clear();
@@ -80,7 +81,7 @@ class Loader {
       ckpt_.release(*t);
       n += shape[0];
     }
-    return PackedLinear::pack(staging_.data(), n, k);
+    return PackedLinear::pack(staging_.data(), n, k, format);
   }
 
   StatusOr<std::vector<float>> vec(const std::string& name, int64_t n) {
@@ -131,6 +132,7 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
     }
   }
   Loader ld(w->checkpoint_, dir);
+  const kernels::cpu::WeightFormat fmt = options.weights;
   const int64_t h = c.hidden, hd = c.head_dim, H = c.heads, KV = c.kv_heads, F = c.expert_ffn;
   const int64_t E = c.experts, V = c.vocab;
 
@@ -139,9 +141,9 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
     if (w->embed_view_->dtype != DType::kBF16) append_bf16(*w->embed_view_, w->embed_copy_);
     MSI_ASSIGN_OR_RETURN(w->final_norm_, ld.vec("model.norm.weight", h));
     if (c.tied_embeddings) {
-      MSI_ASSIGN_OR_RETURN(w->lm_head_, ld.pack({{"model.embed_tokens.weight", {V, h}}}));
+      MSI_ASSIGN_OR_RETURN(w->lm_head_, ld.pack({{"model.embed_tokens.weight", {V, h}}}, fmt));
     } else {
-      MSI_ASSIGN_OR_RETURN(w->lm_head_, ld.pack({{"lm_head.weight", {V, h}}}));
+      MSI_ASSIGN_OR_RETURN(w->lm_head_, ld.pack({{"lm_head.weight", {V, h}}}, fmt));
     }
   } else {
     for (const char* n : {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}) {
@@ -163,13 +165,15 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
       MSI_ASSIGN_OR_RETURN(L.post_attn_norm, ld.vec(p + "post_attention_layernorm.weight", h));
       MSI_ASSIGN_OR_RETURN(L.qkv, ld.pack({{p + "self_attn.q_proj.weight", {H * hd, h}},
                                            {p + "self_attn.k_proj.weight", {KV * hd, h}},
-                                           {p + "self_attn.v_proj.weight", {KV * hd, h}}}));
-      MSI_ASSIGN_OR_RETURN(L.o, ld.pack({{p + "self_attn.o_proj.weight", {h, H * hd}}}));
+                                           {p + "self_attn.v_proj.weight", {KV * hd, h}}},
+                                          fmt));
+      MSI_ASSIGN_OR_RETURN(L.o, ld.pack({{p + "self_attn.o_proj.weight", {h, H * hd}}}, fmt));
       if (c.qk_norm) {
         MSI_ASSIGN_OR_RETURN(L.q_norm, ld.vec(p + "self_attn.q_norm.weight", hd));
         MSI_ASSIGN_OR_RETURN(L.k_norm, ld.vec(p + "self_attn.k_norm.weight", hd));
       }
-      MSI_ASSIGN_OR_RETURN(L.router, ld.pack({{router_tensor_name(c, i), {E, h}}}));
+      MSI_ASSIGN_OR_RETURN(L.router, ld.pack({{router_tensor_name(c, i), {E, h}}},
+                                             kernels::cpu::WeightFormat::kBf16));
     } else {
       for (const auto& n : attn_names) ld.skip(n);
     }
@@ -183,8 +187,8 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
         for (const auto& s : {n.w1, n.w2, n.w3}) ld.skip(s);
         continue;
       }
-      MSI_ASSIGN_OR_RETURN(L.experts[e].w13, ld.pack({{n.w1, {F, h}}, {n.w3, {F, h}}}));
-      MSI_ASSIGN_OR_RETURN(L.experts[e].w2, ld.pack({{n.w2, {h, F}}}));
+      MSI_ASSIGN_OR_RETURN(L.experts[e].w13, ld.pack({{n.w1, {F, h}}, {n.w3, {F, h}}}, fmt));
+      MSI_ASSIGN_OR_RETURN(L.experts[e].w2, ld.pack({{n.w2, {h, F}}}, fmt));
     }
   }
   // Return the staging memory and any other free heap pages to the system, so

@@ -326,6 +326,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
   lo.attention = false;
   lo.all_experts = false;
   lo.experts = c.placement.experts_on(index);
+  lo.weights = c.weights;
   MSI_ASSIGN_OR_RETURN(auto w, model::ModelWeights::load(c.model_dir, lo));
   const ModelConfig& mc = w->config();
   ExpertRunner runner(*w);
@@ -474,6 +475,7 @@ Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& b
                             int out_fd) {
   model::LoadOptions lo;
   lo.all_experts = false;  // attention workers map no expert weights
+  lo.weights = c.weights;
   MSI_ASSIGN_OR_RETURN(auto w, model::ModelWeights::load(c.model_dir, lo));
   std::shared_ptr<const model::ModelWeights> weights = std::move(w);
   MSI_ASSIGN_OR_RETURN(auto transport, make_transport(c));

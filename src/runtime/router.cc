@@ -66,7 +66,8 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
                                      "--micro-batches", std::to_string(c.micro_batches),
                                      "--kv-cache-mb", std::to_string(c.kv_cache_bytes >> 20),
                                      "--fabric-provider", c.provider,
-                                     "--timeout-ms", std::to_string(c.timeout_ms)};
+                                     "--timeout-ms", std::to_string(c.timeout_ms),
+                                     "--weights", kernels::cpu::weight_format_name(c.weights)};
     if (!placement_file.empty()) {
       args.push_back("--placement");
       args.push_back(placement_file);

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "commands.h"
+#include "msinfer/kernels/cpu/isa.h"
 #include "msinfer/core/flags.h"
 #include "msinfer/core/stats.h"
 #include "msinfer/core/table.h"
@@ -116,6 +117,7 @@ int run_bench_serve(int argc, char** argv) {
   flags.add_string("profile", "",
                    "profile JSON (msinfer profile, + bench m2n --profile-into): also print the "
                    "planner's predicted T_a, T_e, T_c and decode tokens/s, and their error");
+  add_engine_flags(flags);
   add_deployment_flags(flags);
   flags.add_string("plan", "", "plan document from `msinfer plan --out` (sets n_a and m)");
   flags.set_epilog(
@@ -136,6 +138,8 @@ int run_bench_serve(int argc, char** argv) {
   if (P < 1 || P > 100000 || I < 1 || O < 1) {
     return report_error("bench serve", invalid_argument("--num-prompts, --input-len and --output-len must be >= 1"));
   }
+  auto weight_format = apply_engine_flags(flags);
+  if (!weight_format.ok()) return report_error("bench serve", weight_format.status());
   auto model = load_model_config(dir);
   if (!model.ok()) return report_error("bench serve", model.status());
   if (!flags.get_string("profile").empty()) {  // a bad profile fails now, not after the run
@@ -161,7 +165,9 @@ int run_bench_serve(int argc, char** argv) {
                  std::to_string(config->expert_workers) + " expert workers, m=" +
                  std::to_string(config->micro_batches);
   } else {
-    auto w = model::ModelWeights::load(dir);
+    model::LoadOptions lo;
+    lo.weights = *weight_format;
+    auto w = model::ModelWeights::load(dir, lo);
     if (!w.ok()) return report_error("bench serve", w.status());
     const runtime::EngineOptions eo = colocated_engine_options(flags);
     auto e = runtime::Engine::create(std::move(w).value(), eo);
@@ -169,6 +175,8 @@ int run_bench_serve(int argc, char** argv) {
     engine = std::move(e).value();
     deployment = "co-located engine, m=" + std::to_string(eo.micro_batches);
   }
+  deployment += std::string("; CPU kernels ") + kernels::cpu::isa_description() + ", " +
+                kernels::cpu::weight_format_name(*weight_format) + " weights";
   std::fprintf(stderr, "msinfer bench serve: %s; %lld prompts x %lld tokens in, %lld out\n",
                deployment.c_str(), static_cast<long long>(P), static_cast<long long>(I),
                static_cast<long long>(O));
@@ -238,6 +246,8 @@ int run_bench_serve(int argc, char** argv) {
   }
   const double decode_tps = end > decode_from ? decode_tokens / (end - decode_from) : 0;
   Json out{{"deployment", deployment},
+           {"isa", kernels::cpu::isa_name(kernels::cpu::active_isa())},
+           {"weights", kernels::cpu::weight_format_name(*weight_format)},
            {"num_prompts", P},
            {"input_len", I},
            {"output_len", O},

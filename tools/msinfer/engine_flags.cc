@@ -10,8 +10,8 @@ namespace msinfer::cli {
 void add_engine_flags(FlagSet& flags) {
   flags.add_string("isa", "",
                    "CPU kernel level cap: generic | avx2 | avx512 | avx512bf16 | amx (default:\n"
-                   "the best this CPU runs); inherited by the workers this command starts",
-                   "MSINFER_ISA");
+                   "MSINFER_ISA, else the best this CPU runs); inherited by the workers this\n"
+                   "command starts");
   flags.add_string("weights", "bf16",
                    "GEMM weight format: bf16, or int8 (quantised at load, symmetric per output\n"
                    "channel; router and embedding stay bf16)",

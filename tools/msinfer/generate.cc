@@ -13,6 +13,7 @@
 #include "msinfer/core/process.h"
 #include "msinfer/core/stats.h"
 #include "msinfer/core/table.h"
+#include "msinfer/kernels/cpu/isa.h"
 #include "msinfer/model/tokenizer.h"
 #include "msinfer/runtime/engine.h"
 #include "msinfer/runtime/router.h"
@@ -55,6 +56,7 @@ int run_generate(int argc, char** argv) {
   flags.add_bool("ignore-eos", "keep going past the end-of-sequence token");
   flags.add_int("kv-cache-mb", 256, "KV cache budget in MiB", "MSINFER_KV_CACHE_MB");
   flags.add_bool("json", "print one JSON object (token_ids, text, timings) at the end");
+  add_engine_flags(flags);
   add_deployment_flags(flags);
   flags.add_string("plan", "", "plan document from `msinfer plan --out`: its attention_nodes and "
                                "micro_batches (one expert worker per expert) set the deployment");
@@ -82,11 +84,15 @@ int run_generate(int argc, char** argv) {
   if (flags.get_int("kv-cache-mb") < 1) {
     return report_error("generate", invalid_argument("--kv-cache-mb must be >= 1"));
   }
+  auto weight_format = apply_engine_flags(flags);
+  if (!weight_format.ok()) return report_error("generate", weight_format.status());
   const std::string dir = flags.get_string("model");
   const bool disaggregated = deployment_requested(flags);
   std::shared_ptr<const model::ModelWeights> w;
   if (!disaggregated) {
-    auto weights = model::ModelWeights::load(dir);
+    model::LoadOptions lo;
+    lo.weights = *weight_format;
+    auto weights = model::ModelWeights::load(dir, lo);
     if (!weights.ok()) return report_error("generate", weights.status());
     w = std::move(weights).value();
   }
@@ -183,15 +189,21 @@ int run_generate(int argc, char** argv) {
            {"rss_mb", mem.rss_bytes / 1048576.0},
            {"peak_rss_mb", mem.peak_rss_bytes / 1048576.0},
            {"weights_packed_mb", w ? w->packed_bytes() / 1048576.0 : 0.0},
-           {"kv_cache_mb", static_cast<double>(flags.get_int("kv-cache-mb"))}};
+           {"kv_cache_mb", static_cast<double>(flags.get_int("kv-cache-mb"))},
+           {"isa", kernels::cpu::isa_name(kernels::cpu::active_isa())},
+           {"weights", kernels::cpu::weight_format_name(*weight_format)}};
     // Invalid UTF-8 (a random model may emit half a character) must not break the JSON.
     std::cout << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
   } else {
     std::printf("\n\n%zu prompt tokens, %zu generated (%s); TTFT %.1f ms, TBT %.2f ms mean / %.2f "
-                "ms p50, %.1f tokens/s decode; RSS %.0f MiB (weights %.0f MiB, KV budget %lld MiB)\n",
+                "ms p50, %.1f tokens/s decode; RSS %.0f MiB (%s weights %.0f MiB, KV budget %lld "
+                "MiB); CPU kernels %s\n",
                 req.prompt.size(), out_ids.size(), finish_reason.c_str(), ttft * 1e3, tbt_mean * 1e3,
-                tbt_p50 * 1e3, tps, mem.rss_bytes / 1048576.0, w ? w->packed_bytes() / 1048576.0 : 0.0,
-                static_cast<long long>(flags.get_int("kv-cache-mb")));
+                tbt_p50 * 1e3, tps, mem.rss_bytes / 1048576.0,
+                kernels::cpu::weight_format_name(*weight_format),
+                w ? w->packed_bytes() / 1048576.0 : 0.0,
+                static_cast<long long>(flags.get_int("kv-cache-mb")),
+                kernels::cpu::isa_description().c_str());
   }
   return 0;
 }

@@ -6,6 +6,7 @@
 #include "msinfer/bench/profile.h"
 #include "msinfer/core/flags.h"
 #include "msinfer/core/table.h"
+#include "msinfer/kernels/cpu/isa.h"
 #include "planner_flags.h"
 
 namespace msinfer::cli {
@@ -22,6 +23,7 @@ int run_profile(int argc, char** argv) {
   flags.add_int("kv-cache-mb", 1024, "KV cache budget for the attention measurements");
   flags.add_double("seconds", 0.3, "measuring time per point");
   flags.add_bool("json", "print the profile JSON instead of tables");
+  add_engine_flags(flags);
   Status s = flags.parse(argc, argv, 2);
   if (!s.ok()) return report_error("profile", s);
   if (flags.help_requested()) {
@@ -31,7 +33,10 @@ int run_profile(int argc, char** argv) {
   if (flags.get_string("model").empty()) {
     return report_error("profile", invalid_argument("--model is required"));
   }
+  auto weight_format = apply_engine_flags(flags);
+  if (!weight_format.ok()) return report_error("profile", weight_format.status());
   bench::ProfileOptions o;
+  o.weights = *weight_format;
   o.model_dir = flags.get_string("model");
   o.seq_len = flags.get_int("seq-len");
   o.kv_cache_mb = flags.get_int("kv-cache-mb");
@@ -40,6 +45,10 @@ int run_profile(int argc, char** argv) {
   void (*progress)(const std::string&) = [](const std::string& line) {
     std::fprintf(stderr, "  %s\n", line.c_str());
   };
+  if (!json) {
+    std::fprintf(stderr, "msinfer profile: CPU kernels %s, %s weights\n",
+                 kernels::cpu::isa_description().c_str(), kernels::cpu::weight_format_name(o.weights));
+  }
   auto r = bench::profile_model(o, json ? nullptr : progress);
   if (!r.ok()) return report_error("profile", r.status());
   Json j = r->to_json(o);

@@ -39,6 +39,7 @@ StatusOr<runtime::WorkerConfig> process_config_from_flags(const FlagSet& flags) 
   if (c.provider.empty()) c.provider = comm::launched_by_mpi() ? "socket" : "direct";
   c.timeout_ms = static_cast<int>(flags.get_int("timeout-ms"));
   if (c.timeout_ms < 100) return invalid_argument("--timeout-ms must be >= 100");
+  MSI_ASSIGN_OR_RETURN(c.weights, apply_engine_flags(flags));
   return c;
 }
 
@@ -173,6 +174,7 @@ int run_worker(int argc, char** argv) {
   flags.add_int("index", 0, "worker index within its role");
   flags.add_string("model", "", "model directory");
   flags.add_int("kv-cache-mb", 256, "KV cache budget (attention workers)");
+  add_engine_flags(flags);
   add_deployment_flags(flags);
   Status s = flags.parse(argc, argv, 2);
   if (!s.ok()) return report_error("worker", s);

@@ -12,6 +12,7 @@
 
 #include "msinfer/core/json.h"
 #include "msinfer/core/status.h"
+#include "msinfer/kernels/cpu/gemm.h"
 
 namespace msinfer::bench {
 
@@ -22,6 +23,7 @@ struct ProfileOptions {
   std::vector<int64_t> expert_batches = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
   int64_t kv_cache_mb = 1024;
   double min_seconds = 0.3;  // per point
+  kernels::cpu::WeightFormat weights = kernels::cpu::WeightFormat::kBf16;
 };
 
 struct LinearFit {

@@ -2,7 +2,8 @@
 // a Mixtral or Qwen3-MoE model (tensor names as the HF checkpoints).
 //
 // Every GEMM weight is converted to bf16 if needed and packed for the CPU GEMM
-// (kernels::cpu::PackedLinear); the mapped checkpoint pages are then released,
+// of the active kernel level (kernels::cpu::PackedLinear), as bf16 or, with
+// LoadOptions::weights = kInt8, quantised to int8; the mapped checkpoint pages are then released,
 // so resident memory is the packed copy, not both. Q, K, V are stacked into one
 // GEMM and each expert's w1 (gate) and w3 (up) into another. The embedding
 // stays memory-mapped (only the rows looked up become resident) unless the
@@ -43,6 +44,9 @@ struct LoadOptions {
   bool attention = true;             // embedding, attention, norms, routers, LM head
   bool all_experts = true;           // every expert ...
   std::vector<int> experts;          // ... or only these (when all_experts is false)
+  // GEMM weight format. int8 quantises every GEMM weight but the routers (the
+  // gate's top-K is sensitive and its weight tiny); the embedding stays bf16.
+  kernels::cpu::WeightFormat weights = kernels::cpu::WeightFormat::kBf16;
 };
 
 class ModelWeights {

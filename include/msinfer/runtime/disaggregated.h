@@ -18,6 +18,7 @@
 #include "msinfer/comm/bootstrap.h"
 #include "msinfer/comm/m2n.h"
 #include "msinfer/core/json.h"
+#include "msinfer/kernels/cpu/gemm.h"
 #include "msinfer/runtime/engine.h"
 #include "msinfer/runtime/expert_backend.h"
 #include "msinfer/runtime/worker_stats.h"
@@ -48,6 +49,7 @@ struct WorkerConfig {
   std::string provider = "direct";  // M2N transport (comm::make_transport)
   std::string address;  // local address for the fabric (multi-host); "" = provider's choice
   int timeout_ms = 10000;
+  kernels::cpu::WeightFormat weights = kernels::cpu::WeightFormat::kBf16;  // GEMM weights
 };
 
 // Joins the deployment (bootstrap ranks: attention workers first, then expert
