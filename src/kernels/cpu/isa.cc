@@ -57,8 +57,8 @@ IsaLevel detect() {
 }
 
 // Start-up probe of a level's kernels: only the oneDNN levels can fail.
-Status probe(IsaLevel level) {
-  if (level >= IsaLevel::kAvx512Bf16) return internal::onednn_probe(level);
+Status probe(IsaLevel level, IsaLevel detected) {
+  if (level >= IsaLevel::kAvx512Bf16) return internal::onednn_probe(level, detected);
   return ok_status();
 }
 
@@ -87,7 +87,7 @@ State& state() {
       }
     }
     while (best > IsaLevel::kGeneric) {
-      Status p = probe(best);
+      Status p = probe(best, st->detected);
       if (p.ok()) break;
       const IsaLevel lower = static_cast<IsaLevel>(static_cast<int>(best) - 1);
       MSI_LOG(WARNING) << "CPU kernel level " << isa_name(best) << " failed its start-up check ("

@@ -4,6 +4,7 @@
 // on AVX2 and no bf16/f16 weights with f32 activations, so the lower levels use
 // msinfer's own panel kernels. Primitives are created per (N, K, M bucket) and
 // cached; M is bucketed and padded so a serving loop creates only a few.
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -65,13 +66,16 @@ PrimitiveCache& cache() {
 
 }  // namespace
 
-Status onednn_probe(IsaLevel level) {
+Status onednn_probe(IsaLevel level, IsaLevel detected) {
   static std::once_flag capped;
-  std::call_once(capped, [level] {
-    // Must precede the first primitive; without it oneDNN would use AMX on an
-    // AMX CPU even when the avx512bf16 level was asked for.
-    (void)dnnl::set_max_cpu_isa(level == IsaLevel::kAmx ? dnnl::cpu_isa::avx512_core_amx
-                                                        : dnnl::cpu_isa::avx512_core_bf16);
+  std::call_once(capped, [level, detected] {
+    // On an AMX CPU asked for avx512bf16, keep oneDNN off AMX. This must
+    // precede the first primitive, and the API call would override a
+    // DNNL_MAX_CPU_ISA the user set, so it is made only when needed.
+    if (level == IsaLevel::kAvx512Bf16 && detected == IsaLevel::kAmx &&
+        std::getenv("DNNL_MAX_CPU_ISA") == nullptr) {
+      (void)dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_bf16);
+    }
   });
   try {
     auto pd = make_pd(1, 32, 32);

@@ -90,8 +90,8 @@ const LevelKernels& kernels();
 }
 
 // The oneDNN bf16 GEMM (onednn_gemm.cc): oneDNN picks its own instructions,
-// capped at `level` (avx512bf16 or amx).
-Status onednn_probe(IsaLevel level);
+// capped at `level` (avx512bf16 or amx); `detected` is the CPU's best level.
+Status onednn_probe(IsaLevel level, IsaLevel detected);
 Status onednn_pack(const bf16* w, int64_t n, int64_t k, GemmWeights* out);
 void onednn_forward(const GemmWeights& w, const float* x, int64_t m, float* y);
 
