@@ -84,15 +84,8 @@ constexpr int kAccRegs = 24;
 
 #include "../internal/simd.inc"
 
-void to_bf16(const float* in, bf16* out, int64_t n) { to_bf16_portable(in, out, n); }
-
-const LevelKernels& kernels() {
-  static const LevelKernels k = {IsaLevel::kAvx512, kPanel,  pack,     forward,
-                                 write_kv,          paged_attention, rms_norm, rope,
-                                 silu_mul,          add_inplace,     softmax_inplace, combine,
-                                 to_bf16};
-  return k;
-}
+constexpr IsaLevel kLevel = IsaLevel::kAvx512;
+#include "../internal/level_table.inc"
 
 }  // namespace msinfer::kernels::cpu::internal::avx512
 

@@ -38,7 +38,6 @@ const LevelKernels& kernels() {
   static const LevelKernels k = [] {
     LevelKernels t = avx512::kernels();
     t.level = IsaLevel::kAvx512Bf16;
-    t.gemm_panel = 0;
     t.pack = pack;
     t.forward = forward;
     t.to_bf16 = to_bf16;

@@ -13,8 +13,6 @@ namespace msinfer::kernels::cpu::internal::generic {
 
 #include "../internal/portable.inc"
 
-void to_bf16(const float* in, bf16* out, int64_t n) { to_bf16_portable(in, out, n); }
-
 namespace {
 
 constexpr int64_t kPanel = 16;
@@ -60,11 +58,7 @@ void silu_mul(const float* gate_up, int64_t rows, int64_t f, float* out) {
 
 }  // namespace
 
-const LevelKernels& kernels() {
-  static const LevelKernels k = {IsaLevel::kGeneric, kPanel, pack, forward, write_kv,
-                                 paged_attention, rms_norm, rope, silu_mul, add_inplace,
-                                 softmax_inplace, combine, to_bf16};
-  return k;
-}
+constexpr IsaLevel kLevel = IsaLevel::kGeneric;
+#include "../internal/level_table.inc"
 
 }  // namespace msinfer::kernels::cpu::internal::generic

@@ -51,7 +51,6 @@ Status pack_panels(const bf16* w, int64_t n, int64_t k, WeightFormat format, int
 
 struct LevelKernels {
   IsaLevel level;
-  int64_t gemm_panel;  // panel width of this level's own GEMM (0: oneDNN for bf16)
   Status (*pack)(const bf16* w, int64_t n, int64_t k, WeightFormat format, GemmWeights* out);
   // y[m, n] = round_bf16(x) · W^T; m >= 1.
   void (*forward)(const GemmWeights& w, const float* x, int64_t m, float* y);
