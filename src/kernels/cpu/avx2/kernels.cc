@@ -24,17 +24,6 @@ namespace msinfer::kernels::cpu::internal::avx2 {
 
 #include "../internal/portable.inc"
 
-// Sums of 8 vectors of 8 floats: out[j] = sum(v[j][0..8)).
-inline void reduce8_avx(const float (*v)[8], float* out) {
-  __m256 r[8];
-  for (int j = 0; j < 8; ++j) r[j] = _mm256_load_ps(v[j]);
-  const __m256 t0 = _mm256_hadd_ps(r[0], r[1]), t1 = _mm256_hadd_ps(r[2], r[3]);
-  const __m256 t2 = _mm256_hadd_ps(r[4], r[5]), t3 = _mm256_hadd_ps(r[6], r[7]);
-  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-  _mm256_store_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
-                                     _mm256_permute2f128_ps(u0, u1, 0x31)));
-}
-
 struct V {
   using reg = __m256;
   static constexpr int64_t kLanes = 8;
@@ -72,25 +61,13 @@ struct V {
   }
   static __m256 fold8(reg v) { return v; }
   static void store8(float* p, __m256 v) { _mm256_store_ps(p, v); }
-  static void reduce8(const float (*v)[8], float* out) { reduce8_avx(v, out); }
-  // exp(x): x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial (Cephes expf
-  // coefficients), 2^n built in the exponent bits. Relative error ~2e-7 on
-  // [-87, 88]; clamped outside (0 below, exp(88) above).
-  static reg exp(reg x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  static reg min(reg a, reg b) { return _mm256_min_ps(a, b); }
+  static reg round(reg x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static reg fnma(reg a, reg b, reg c) { return _mm256_fnmadd_ps(a, b, c); }  // c - a * b
+  // 2^n for integral n in [-126, 127], built in the exponent bits.
+  static reg pow2(reg n) {
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
   }
 };
 
