@@ -14,20 +14,14 @@
 #include <deque>
 #include <map>
 
+#include "internal/socket_wire.h"
 #include "msinfer/comm/tcp.h"
 
 namespace msinfer::comm {
 namespace {
 
-// Precedes every payload on the wire.
-struct Header {
-  uint64_t key;     // region key at the target
-  uint64_t offset;  // into that region
-  uint64_t len;     // payload bytes that follow
-  uint32_t imm;
-  uint32_t unused;
-};
-static_assert(sizeof(Header) == 32);
+using Header = internal::WireHeader;
+using In = internal::WireReader;
 
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
@@ -119,14 +113,6 @@ class SocketTransport : public Transport {
     std::string address;
     std::deque<Out> queue;
   };
-  struct In {
-    std::string who;      // the writer's address, from its hello
-    uint32_t hello_len = 0;
-    size_t got = 0;       // bytes of the current part so far
-    enum class Part { kHelloLen, kHello, kHeader, kPayload } part = Part::kHelloLen;
-    Header h{};
-    uint8_t* dst = nullptr;
-  };
 
   // "peer N (address)" when we write to the connection's owner too.
   std::string name_of(const In& in) const {
@@ -141,7 +127,7 @@ class SocketTransport : public Transport {
     Peer& p = peers_[peer];
     MSI_RETURN_IF_ERROR(pump());  // take in connections (and hellos) that arrived
     for (auto& [fd, in] : incoming_) {
-      if (in.part != In::Part::kHelloLen && in.part != In::Part::kHello && in.who == p.address) {
+      if (in.hello_done() && in.who == p.address) {
         int one = 1;
         ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         p.fd = fd;
@@ -255,79 +241,15 @@ class SocketTransport : public Transport {
     }
   }
 
-  // Advances one connection's parser over `n` bytes that arrived.
-  Status take(int fd, In& in, const uint8_t* p, size_t n) {
-    while (n > 0) {
-      uint8_t* to = nullptr;
-      size_t want = 0;
-      switch (in.part) {
-        case In::Part::kHelloLen:
-          to = reinterpret_cast<uint8_t*>(&in.hello_len);
-          want = 4;
-          break;
-        case In::Part::kHello:
-          to = reinterpret_cast<uint8_t*>(in.who.data());
-          want = in.hello_len;
-          break;
-        case In::Part::kHeader:
-          to = reinterpret_cast<uint8_t*>(&in.h);
-          want = sizeof(Header);
-          break;
-        case In::Part::kPayload:
-          to = in.dst;
-          want = in.h.len;
-          break;
-      }
-      const size_t k = std::min(n, want - in.got);
-      std::memcpy(to + in.got, p, k);
-      in.got += k;
-      p += k;
-      n -= k;
-      if (in.got == want) MSI_RETURN_IF_ERROR(part_done(fd, in));
-    }
-    return ok_status();
-  }
-
-  // The current part of a connection's stream is complete: move to the next.
-  Status part_done(int fd, In& in) {
-    in.got = 0;
-    switch (in.part) {
-      case In::Part::kHelloLen:
-        if (in.hello_len > 4096) {
-          drop(fd);
-          return internal_error("socket transport: a connection that does not speak msinfer");
-        }
-        in.who.assign(in.hello_len, '\0');
-        in.part = In::Part::kHello;
-        if (in.hello_len == 0) in.part = In::Part::kHeader;
-        break;
-      case In::Part::kHello:
-        in.part = In::Part::kHeader;
-        break;
-      case In::Part::kHeader: {
-        auto it = regions_.find(in.h.key);
-        if (it == regions_.end() || in.h.offset + in.h.len > it->second.second) {
-          const std::string who = name_of(in);
-          drop(fd);
-          return internal_error("socket transport: " + who + " wrote " + std::to_string(in.h.len) +
-                                " bytes at offset " + std::to_string(in.h.offset) + " of region " +
-                                std::to_string(in.h.key) +
-                                ", which is not a registered region that holds them");
-        }
-        in.dst = it->second.first + in.h.offset;
-        in.part = In::Part::kPayload;
-        if (in.h.len == 0) {
-          done_.push_back({Completion::Kind::kRemoteWrite, in.h.imm, 0});
-          in.part = In::Part::kHeader;
-        }
-        break;
-      }
-      case In::Part::kPayload:
-        done_.push_back({Completion::Kind::kRemoteWrite, in.h.imm, 0});
-        in.part = In::Part::kHeader;
-        break;
-    }
-    return ok_status();
+  // Hands the parser's verdict on a connection's bytes on: completed writes
+  // become completions; a violation drops the connection and names the peer.
+  Status parsed(int fd, In& in, Status s) {
+    for (uint32_t imm : imms_) done_.push_back({Completion::Kind::kRemoteWrite, imm, 0});
+    imms_.clear();
+    if (s.ok()) return s;
+    const std::string who = name_of(in);
+    drop(fd);
+    return internal_error("socket transport: " + who + " " + s.message());
   }
 
   // Reads what the kernel has for one connection. Small messages
@@ -343,7 +265,7 @@ class SocketTransport : public Transport {
       const ssize_t n = ::recv(fd, to, want, MSG_DONTWAIT);
       if (n == 0) {
         // The writer closed: between messages that is a peer that finished.
-        const bool between = in.part == In::Part::kHeader && in.got == 0;
+        const bool between = in.between_messages();
         const std::string who = name_of(in);
         drop(fd);
         if (between) return ok_status();
@@ -371,9 +293,10 @@ class SocketTransport : public Transport {
       }
       if (direct) {
         in.got += static_cast<size_t>(n);
-        if (in.got == in.h.len) MSI_RETURN_IF_ERROR(part_done(fd, in));
+        if (in.got == in.h.len) MSI_RETURN_IF_ERROR(parsed(fd, in, in.part_done(regions_, &imms_)));
       } else {
-        MSI_RETURN_IF_ERROR(take(fd, in, staging_.data(), static_cast<size_t>(n)));
+        MSI_RETURN_IF_ERROR(
+            parsed(fd, in, in.take(staging_.data(), static_cast<size_t>(n), regions_, &imms_)));
         if (incoming_.count(fd) == 0) return ok_status();  // dropped
       }
       // Less than asked for: the socket is drained, and epoll (level-
@@ -389,7 +312,8 @@ class SocketTransport : public Transport {
   std::string address_;
   std::chrono::milliseconds connect_timeout_{5000};
   uint64_t next_key_ = 0;
-  std::map<uint64_t, std::pair<uint8_t*, size_t>> regions_;
+  internal::RegionTable regions_;
+  std::vector<uint32_t> imms_;  // scratch for the parser
   std::vector<Peer> peers_;
   std::map<int, In> incoming_;
   std::deque<Completion> done_;

@@ -201,14 +201,15 @@ TEST(ShmEndpointTest, ObjectsOfKilledProcessesAreNoObstacleAndAreRemoved) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   std::remove(("/dev/shm/" + std::to_string(child) + ":0:0").c_str());
   ASSERT_TRUE(WIFSIGNALED(status)) << "the endpoint did not open next to a stale object";
-  EXPECT_EQ(shm_objects_of(child).size(), 1u) << "the killed process's object should remain";
+  EXPECT_EQ(shm_objects_of(child).size(), 2u)
+      << "the killed process's object (and lock) should remain";
 
   FabricOptions o;
   o.provider = "shm";
   auto t = make_fabric_transport(o);
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   EXPECT_TRUE(shm_objects_of(child).empty()) << "the dead process's object was not removed";
-  EXPECT_EQ(shm_objects_of(::getpid()).size(), 1u);
+  EXPECT_EQ(shm_objects_of(::getpid()).size(), 2u) << "the endpoint's object and its lock";
   t->reset();
   EXPECT_TRUE(shm_objects_of(::getpid()).empty()) << "closing the endpoint removes its object";
 }
