@@ -103,12 +103,20 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphans if the router dies
       if (::getppid() != parent) ::_exit(1);
       // Commands and answers use fds 3 and 4, so nothing a library prints on
-      // stdout (sent to stderr here) can corrupt the protocol.
-      int devnull = ::open("/dev/null", O_RDONLY);
-      ::dup2(devnull, 0);
-      ::dup2(2, 1);
-      ::dup2(to_child[0], 3);
-      ::dup2(from_child[1], 4);
+      // stdout (sent to stderr here) can corrupt the protocol. A source may
+      // already sit on a target number, or on another target's (with stdin
+      // closed, fd 0 goes to the bootstrap listener and the first pipe end
+      // is fd 3: dup2(3, 3) does nothing and leaves close-on-exec set), so
+      // every source is first moved above the targets, then put in place;
+      // dup2 from another fd clears close-on-exec.
+      const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      int sources[4] = {devnull, 2, to_child[0], from_child[1]};
+      for (int& fd : sources) fd = fd >= 0 ? ::fcntl(fd, F_DUPFD_CLOEXEC, 10) : -1;
+      if (sources[1] < 0) sources[1] = sources[0];  // no stderr: stdout to /dev/null
+      const int targets[4] = {0, 1, 3, 4};
+      for (int i = 0; i < 4; ++i) {
+        if (sources[i] < 0 || ::dup2(sources[i], targets[i]) < 0) ::_exit(126);
+      }
       ::execve(exe.c_str(), argv.data(), envp.data());
       ::_exit(127);
     }
