@@ -1,12 +1,11 @@
 #include "msinfer/comm/bootstrap.h"
 
-#include "msinfer/comm/tcp.h"
-
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -14,6 +13,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+
+#include "internal/socket_wire.h"
+#include "msinfer/comm/tcp.h"
 
 #ifdef MSINFER_HAVE_MPI
 #include <mpi.h>
@@ -60,8 +62,13 @@ bool recv_blob(int fd, std::string* s, std::chrono::steady_clock::time_point d) 
 
 class TcpBootstrap : public Bootstrap {
  public:
-  TcpBootstrap(int rank, int world, std::string server, std::chrono::milliseconds t)
-      : rank_(rank), world_(world), server_(std::move(server)), timeout_(t) {}
+  TcpBootstrap(int rank, int world, std::string server, std::string secret,
+               std::chrono::milliseconds t)
+      : rank_(rank),
+        world_(world),
+        server_(std::move(server)),
+        secret_(std::move(secret)),
+        timeout_(t) {}
   int rank() const override { return rank_; }
   int size() const override { return world_; }
 
@@ -71,7 +78,8 @@ class TcpBootstrap : public Bootstrap {
     auto c = tcp_connect(server_, timeout_);
     if (!c.ok()) return c.status().with_context("bootstrap");
     const int fd = *c;
-    const std::string hello = std::to_string(rank_) + " " + std::to_string(round_++);
+    const std::string hello =
+        std::to_string(rank_) + " " + std::to_string(round_++) + " " + secret_;
     std::vector<std::string> all(world_);
     bool ok = send_blob(fd, hello, deadline) && send_blob(fd, blob, deadline);
     for (int r = 0; ok && r < world_; ++r) ok = recv_blob(fd, &all[r], deadline);
@@ -88,6 +96,7 @@ class TcpBootstrap : public Bootstrap {
  private:
   int rank_, world_;
   std::string server_;  // host:port
+  std::string secret_;
   std::chrono::milliseconds timeout_;
   int round_ = 0;
 };
@@ -130,10 +139,32 @@ Status Bootstrap::barrier() {
   return r.ok() ? ok_status() : r.status();
 }
 
-StatusOr<std::unique_ptr<BootstrapServer>> BootstrapServer::start(int world, const std::string& host,
-                                                                  int port) {
+std::string new_job_secret() {
+  uint8_t b[16];
+  size_t got = 0;
+  while (got < sizeof(b)) {
+    const ssize_t n = ::getrandom(b + got, sizeof(b) - got, 0);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else {
+      MSI_CHECK(errno == EINTR) << "getrandom: " << std::strerror(errno);
+    }
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (uint8_t v : b) {
+    s += hex[v >> 4];
+    s += hex[v & 15];
+  }
+  return s;
+}
+
+StatusOr<std::unique_ptr<BootstrapServer>> BootstrapServer::start(int world,
+                                                                  const std::string& host, int port,
+                                                                  const std::string& secret) {
   if (world < 1) return invalid_argument("bootstrap server: world must be >= 1");
   auto s = std::unique_ptr<BootstrapServer>(new BootstrapServer());
+  s->secret_ = secret.empty() ? new_job_secret() : secret;
   s->world_ = world;
   s->host_ = host;
   auto fd = tcp_listen(host, port, &s->port_);
@@ -185,6 +216,14 @@ struct Client {
 };
 }  // namespace
 
+// "rank round secret" with a rank of this world and the job's secret.
+bool BootstrapServer::parse_hello(const std::string& hello, int* rank, int* round) const {
+  char secret[64] = {};
+  if (std::sscanf(hello.c_str(), "%d %d %63s", rank, round, secret) != 3) return false;
+  return *rank >= 0 && *rank < world_ && *round >= 0 &&
+         internal::same_secret(std::string(secret), secret_);
+}
+
 void BootstrapServer::serve() {
   // Rounds are kept apart by the round number each client sends.
   struct Round {
@@ -224,10 +263,7 @@ void BootstrapServer::serve() {
       std::string hello, blob;
       auto whole = drop ? StatusOr<bool>(false) : c.parse(&hello, &blob);
       int rank = -1, round = -1;
-      if (!whole.ok() || (*whole && (std::sscanf(hello.c_str(), "%d %d", &rank, &round) != 2 ||
-                                     rank < 0 || rank >= world_))) {
-        drop = true;
-      }
+      if (!whole.ok() || (*whole && !parse_hello(hello, &rank, &round))) drop = true;
       if (drop) {
         ::close(c.fd);
         continue;
@@ -269,12 +305,13 @@ void BootstrapServer::serve() {
 
 StatusOr<std::unique_ptr<Bootstrap>> make_tcp_bootstrap(int rank, int world,
                                                         const std::string& server,
+                                                        const std::string& secret,
                                                         std::chrono::milliseconds timeout) {
   if (server.rfind(':') == std::string::npos) {
     return invalid_argument("bootstrap: expected host:port, got '" + server + "'");
   }
   if (rank < 0 || rank >= world) return invalid_argument("bootstrap: rank out of range");
-  return std::unique_ptr<Bootstrap>(new TcpBootstrap(rank, world, server, timeout));
+  return std::unique_ptr<Bootstrap>(new TcpBootstrap(rank, world, server, secret, timeout));
 }
 
 bool launched_by_mpi() {
@@ -333,10 +370,12 @@ StatusOr<std::unique_ptr<Bootstrap>> make_bootstrap_from_env() {
   if (server != nullptr) {
     const char* rank = std::getenv("MSINFER_RANK");
     const char* world = std::getenv("MSINFER_WORLD_SIZE");
-    if (!rank || !world) {
-      return invalid_argument("MSINFER_BOOTSTRAP needs MSINFER_RANK and MSINFER_WORLD_SIZE");
+    const char* secret = std::getenv("MSINFER_JOB_SECRET");
+    if (!rank || !world || !secret) {
+      return invalid_argument(
+          "MSINFER_BOOTSTRAP needs MSINFER_RANK, MSINFER_WORLD_SIZE and MSINFER_JOB_SECRET");
     }
-    return make_tcp_bootstrap(std::atoi(rank), std::atoi(world), server);
+    return make_tcp_bootstrap(std::atoi(rank), std::atoi(world), server, secret);
   }
 #ifdef MSINFER_HAVE_MPI
   if (launched_by_mpi()) return make_mpi_bootstrap();

@@ -15,6 +15,7 @@
 #include <map>
 
 #include "internal/socket_wire.h"
+#include "msinfer/comm/bootstrap.h"
 #include "msinfer/comm/tcp.h"
 
 namespace msinfer::comm {
@@ -24,6 +25,10 @@ using Header = internal::WireHeader;
 using In = internal::WireReader;
 
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+// An address is "socket:<ip>:<port>:<secret>"; messages show it without the
+// secret.
+std::string shown(const std::string& address) { return address.substr(0, address.rfind(':')); }
 
 class SocketTransport : public Transport {
  public:
@@ -41,7 +46,10 @@ class SocketTransport : public Transport {
     int port = 0;
     MSI_ASSIGN_OR_RETURN(listen_fd_, tcp_listen(host, 0, &port));
     set_nonblocking(listen_fd_);
-    address_ = "socket:" + host + ":" + std::to_string(port);
+    // A secret of this endpoint's own, handed to peers only inside its
+    // address (through the job's bootstrap): a connection must present it.
+    secret_ = new_job_secret();
+    address_ = "socket:" + host + ":" + std::to_string(port) + ":" + secret_;
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
     if (epoll_fd_ < 0) return internal_error("socket transport: epoll_create1: " + errno_text(errno));
     epoll_event ev{};
@@ -70,8 +78,11 @@ class SocketTransport : public Transport {
   // our writes too, so the acknowledgements of one direction ride on the
   // other's data instead of going as packets of their own.
   StatusOr<int> connect(const std::string& address) override {
-    if (address.rfind("socket:", 0) != 0) {
-      return invalid_argument("socket transport: '" + address + "' is not a socket address (socket:<ip>:<port>)");
+    const size_t secret_at = address.rfind(':') + 1;
+    if (address.rfind("socket:", 0) != 0 || address.size() - secret_at != internal::kSecretChars ||
+        address.find(':', 7) == secret_at - 1) {
+      return invalid_argument("socket transport: '" + shown(address) +
+                              "' is not a socket address (socket:<ip>:<port>:<secret>)");
     }
     peers_.push_back({kNotYet, address, {}});
     return static_cast<int>(peers_.size()) - 1;
@@ -118,9 +129,10 @@ class SocketTransport : public Transport {
   std::string name_of(const In& in) const {
     if (in.who.empty()) return "a peer";
     for (size_t i = 0; i < peers_.size(); ++i) {
-      if (peers_[i].address == in.who) return "peer " + std::to_string(i) + " (" + in.who + ")";
+      if (peers_[i].address == in.who)
+        return "peer " + std::to_string(i) + " (" + shown(in.who) + ")";
     }
-    return in.who;
+    return shown(in.who);
   }
 
   Status open_connection(int peer) {
@@ -134,17 +146,20 @@ class SocketTransport : public Transport {
         return ok_status();
       }
     }
-    MSI_ASSIGN_OR_RETURN(int fd, tcp_connect(p.address.substr(7), connect_timeout_));
-    // Hello: who is writing, so that the target can name us, and answer on
-    // this connection.
-    const uint32_t n = static_cast<uint32_t>(address_.size());
+    const size_t secret_at = p.address.rfind(':') + 1;
+    MSI_ASSIGN_OR_RETURN(int fd, tcp_connect(p.address.substr(7, secret_at - 8), connect_timeout_));
+    // Hello: the target's secret, then who is writing, so that the target
+    // can name us, and answer on this connection (socket_wire.h).
+    const std::string body = p.address.substr(secret_at) + address_;
+    const uint32_t n = static_cast<uint32_t>(body.size());
     std::string hello(reinterpret_cast<const char*>(&n), 4);
-    hello += address_;
+    hello += body;
     if (::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(hello.size())) {
       const int e = errno;
       ::close(fd);
-      return Status(StatusCode::kUnavailable, "socket transport: hello to peer " + std::to_string(peer) +
-                                                  " (" + p.address + "): " + errno_text(e));
+      return Status(StatusCode::kUnavailable, "socket transport: hello to peer " +
+                                                  std::to_string(peer) + " (" + shown(p.address) +
+                                                  "): " + errno_text(e));
     }
     set_nonblocking(fd);
     In in;
@@ -186,8 +201,9 @@ class SocketTransport : public Transport {
   Status flush(int peer) {
     Peer& p = peers_[peer];
     if (p.fd == kClosed && !p.queue.empty()) {
-      return Status(StatusCode::kUnavailable, "socket transport: peer " + std::to_string(peer) + " (" +
-                                                  p.address + ") closed the connection (gone?)");
+      return Status(StatusCode::kUnavailable, "socket transport: peer " + std::to_string(peer) +
+                                                  " (" + shown(p.address) +
+                                                  ") closed the connection (gone?)");
     }
     while (!p.queue.empty()) {
       Out& o = p.queue.front();
@@ -208,7 +224,7 @@ class SocketTransport : public Transport {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return ok_status();  // next poll
         if (errno == EINTR) continue;
         return Status(StatusCode::kUnavailable, "socket transport: write to peer " +
-                                                    std::to_string(peer) + " (" + p.address +
+                                                    std::to_string(peer) + " (" + shown(p.address) +
                                                     "): " + errno_text(errno) + " (gone?)");
       }
       o.sent += static_cast<size_t>(n);
@@ -228,7 +244,9 @@ class SocketTransport : public Transport {
         }
         return internal_error("socket transport: accept: " + errno_text(errno));
       }
-      MSI_RETURN_IF_ERROR(watch(fd, In{}));
+      In in;
+      in.secret = secret_;
+      MSI_RETURN_IF_ERROR(watch(fd, std::move(in)));
     }
   }
 
@@ -247,6 +265,12 @@ class SocketTransport : public Transport {
     for (uint32_t imm : imms_) done_.push_back({Completion::Kind::kRemoteWrite, imm, 0});
     imms_.clear();
     if (s.ok()) return s;
+    if (!in.hello_done()) {
+      // Not one of the job's processes (no secret, a port scan, a stray
+      // client): dropped, and the job goes on.
+      drop(fd);
+      return ok_status();
+    }
     const std::string who = name_of(in);
     drop(fd);
     return internal_error("socket transport: " + who + " " + s.message());
@@ -309,7 +333,7 @@ class SocketTransport : public Transport {
   static constexpr size_t kQuickAckAfter = 64 * 1024;
   std::vector<uint8_t> staging_ = std::vector<uint8_t>(kStaging);
   int listen_fd_ = -1, epoll_fd_ = -1;
-  std::string address_;
+  std::string address_, secret_;
   std::chrono::milliseconds connect_timeout_{5000};
   uint64_t next_key_ = 0;
   internal::RegionTable regions_;

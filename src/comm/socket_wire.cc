@@ -7,6 +7,13 @@
 
 namespace msinfer::comm::internal {
 
+bool same_secret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
 Status WireReader::take(const uint8_t* p, size_t n, const RegionTable& regions,
                         std::vector<uint32_t>* imms) {
   while (n > 0) {
@@ -44,7 +51,7 @@ Status WireReader::part_done(const RegionTable& regions, std::vector<uint32_t>* 
   got = 0;
   switch (part) {
     case Part::kHelloLen:
-      if (hello_len == 0 || hello_len > kMaxHello) {
+      if (hello_len <= kSecretChars || hello_len > kMaxHello) {
         return invalid_argument("a connection that does not speak msinfer (hello of " +
                                 std::to_string(hello_len) + " bytes)");
       }
@@ -52,6 +59,10 @@ Status WireReader::part_done(const RegionTable& regions, std::vector<uint32_t>* 
       part = Part::kHello;
       break;
     case Part::kHello:
+      if (secret.size() != kSecretChars || !same_secret(who.substr(0, kSecretChars), secret)) {
+        return invalid_argument("a connection without this job's secret");
+      }
+      who.erase(0, kSecretChars);
       part = Part::kHeader;
       break;
     case Part::kHeader: {

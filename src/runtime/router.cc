@@ -84,6 +84,7 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
     env.emplace("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / (A + N))));
     env.emplace("OMP_WAIT_POLICY", "PASSIVE");
     env["MSINFER_BOOTSTRAP"] = r->server_->address();
+    env["MSINFER_JOB_SECRET"] = r->server_->secret();  // as NCCL hands out its unique id
     env["MSINFER_RANK"] = std::to_string(rank);
     env["MSINFER_WORLD_SIZE"] = std::to_string(A + N);
     std::vector<std::string> env_lines;
@@ -212,7 +213,10 @@ StatusOr<std::unique_ptr<Router>> Router::start_launched(const WorkerConfig& c,
   int port = 0;
   MSI_ASSIGN_OR_RETURN(const int listen_fd, comm::tcp_listen(host, 0, &port));
   ::signal(SIGPIPE, SIG_IGN);
-  auto gathered = launcher.allgather(r->server_->address() + " " + host + ":" + std::to_string(port));
+  // The launcher's own channel (MPI / PMIx) carries the job's secret to the
+  // ranks; the bootstrap server and the control socket require it.
+  auto gathered = launcher.allgather(r->server_->address() + " " + host + ":" +
+                                     std::to_string(port) + " " + r->server_->secret());
   if (!gathered.ok()) {
     ::close(listen_fd);
     return gathered.status();
@@ -234,10 +238,18 @@ StatusOr<std::unique_ptr<Router>> Router::start_launched(const WorkerConfig& c,
     std::string line, buf;
     auto hello = read_line(*fd, &buf, &line, 30000) ? parse_json(line, "worker hello")
                                                      : StatusOr<Json>(invalid_argument("no hello"));
-    const int rank = hello.ok() ? hello->value("rank", -1) : -1;
+    const std::string secret = hello.ok() ? hello->value("secret", std::string()) : "";
+    if (!hello.ok() || secret.size() != r->server_->secret().size() ||
+        !std::equal(secret.begin(), secret.end(), r->server_->secret().begin())) {
+      ::close(*fd);  // not one of the job's ranks: ignored
+      --joined;
+      continue;
+    }
+    const int rank = hello->value("rank", -1);
     if (rank < 1 || rank > A + N || r->workers_[rank - 1].in >= 0) {
       ::close(*fd);
-      s = invalid_argument("router: a worker connected with a bad hello: " + line);
+      s = invalid_argument("router: a worker connected with a bad hello (rank " +
+                           std::to_string(rank) + ")");
       break;
     }
     Worker& w = r->workers_[rank - 1];
@@ -259,11 +271,15 @@ Status join_launched_deployment(const WorkerConfig& config, comm::Bootstrap& lau
   if (rank < 1) return invalid_argument("join_launched_deployment: rank 0 is the router");
   MSI_ASSIGN_OR_RETURN(auto all, launcher.allgather(""));
   std::istringstream addrs(all[0]);
-  std::string bootstrap, control;
-  addrs >> bootstrap >> control;
+  std::string bootstrap, control, secret;
+  addrs >> bootstrap >> control >> secret;
   MSI_ASSIGN_OR_RETURN(const int fd, comm::tcp_connect(control, std::chrono::seconds(60)));
-  write_line(fd, Json{{"rank", rank}, {"pid", ::getpid()}, {"host", host_name()},
-                      {"address", comm::local_address()}}.dump());
+  write_line(fd, Json{{"rank", rank},
+                      {"pid", ::getpid()},
+                      {"host", host_name()},
+                      {"address", comm::local_address()},
+                      {"secret", secret}}
+                     .dump());
   WorkerConfig c = config;
   // Transports that cross hosts bind the address peers reach this host by.
   if (c.address.empty() && !comm::transport_within_host(c.provider)) {
@@ -277,7 +293,7 @@ Status join_launched_deployment(const WorkerConfig& config, comm::Bootstrap& lau
   ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / per_host)).c_str(), 0);
   ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   const int A = c.attention_workers, N = c.expert_workers;
-  MSI_ASSIGN_OR_RETURN(auto boot, comm::make_tcp_bootstrap(rank - 1, A + N, bootstrap));
+  MSI_ASSIGN_OR_RETURN(auto boot, comm::make_tcp_bootstrap(rank - 1, A + N, bootstrap, secret));
   const Role role = role_of(c, rank - 1);  // launcher rank 0 is the router
   Status s = role.attention ? run_attention_worker(c, role.index, *boot, fd, fd)
                             : run_expert_worker(c, role.index, *boot, fd, fd);

@@ -108,7 +108,8 @@ TEST(BootstrapServerTest, ASilentClientDelaysNobody) {
   std::vector<std::thread> ranks;
   for (int r = 0; r < 2; ++r) {
     ranks.emplace_back([&, r] {
-      auto b = make_tcp_bootstrap(r, 2, (*server)->address(), std::chrono::seconds(5));
+      auto b = make_tcp_bootstrap(r, 2, (*server)->address(), (*server)->secret(),
+                                  std::chrono::seconds(5));
       if (!b.ok()) {
         status[r] = b.status();
         return;
@@ -133,13 +134,58 @@ TEST(BootstrapServerTest, AnOversizedBlobIsRefusedAtOnce) {
   ASSERT_TRUE(server.ok());
   auto fd = tcp_connect((*server)->address(), std::chrono::seconds(2));
   ASSERT_TRUE(fd.ok());
-  const std::string msg = framed("0 0") + std::string("\0\0\x20\0\0\0\0\0", 8);  // 2 MiB follow
+  const std::string msg =
+      framed("0 0 " + (*server)->secret()) + std::string("\0\0\x20\0\0\0\0\0", 8);  // 2 MiB follow
   ASSERT_EQ(::send(*fd, msg.data(), msg.size(), MSG_NOSIGNAL), static_cast<ssize_t>(msg.size()));
   pollfd p{*fd, POLLIN, 0};
   ASSERT_EQ(::poll(&p, 1, 5000), 1) << "the server kept the connection open";
   char c;
   EXPECT_EQ(::recv(*fd, &c, 1, 0), 0) << "expected the server to close the connection";
   ::close(*fd);
+}
+
+// Only the job's ranks take part: a client without the job's secret, or with
+// another, neither joins a round nor replaces a rank's blob ("a retry").
+TEST(BootstrapServerTest, ClientsWithoutTheJobsSecretAreDropped) {
+  auto server = BootstrapServer::start(2);
+  ASSERT_TRUE(server.ok());
+  EXPECT_EQ((*server)->secret().size(), 32u);
+  auto other = BootstrapServer::start(1);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE((*server)->secret(), (*other)->secret()) << "every job gets a secret of its own";
+  // An intruder claims rank 1 of round 0, with no secret and with a wrong one.
+  std::vector<int> intruders;
+  for (const std::string& hello : {std::string("1 0"), "1 0 " + (*other)->secret()}) {
+    auto fd = tcp_connect((*server)->address(), std::chrono::seconds(2));
+    ASSERT_TRUE(fd.ok());
+    const std::string msg = framed(hello) + framed("intruder's address");
+    ASSERT_EQ(::send(*fd, msg.data(), msg.size(), MSG_NOSIGNAL), static_cast<ssize_t>(msg.size()));
+    pollfd p{*fd, POLLIN, 0};
+    ASSERT_EQ(::poll(&p, 1, 5000), 1) << "the server kept a connection without the secret";
+    char c;
+    EXPECT_EQ(::recv(*fd, &c, 1, 0), 0);
+    intruders.push_back(*fd);
+  }
+  // The real ranks still meet, and see each other's blobs only.
+  std::vector<std::string> got[2];
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      auto b = make_tcp_bootstrap(r, 2, (*server)->address(), (*server)->secret(),
+                                  std::chrono::seconds(5));
+      auto all = b.ok() ? (*b)->allgather("rank " + std::to_string(r))
+                        : StatusOr<std::vector<std::string>>(b.status());
+      if (all.ok()) got[r] = *all;
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int fd : intruders) ::close(fd);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(got[r], (std::vector<std::string>{"rank 0", "rank 1"}));
+  // A rank with the wrong secret gets nothing.
+  auto wrong = make_tcp_bootstrap(0, 1, (*server)->address(), (*other)->secret(),
+                                  std::chrono::milliseconds(500));
+  ASSERT_TRUE(wrong.ok());
+  EXPECT_FALSE((*wrong)->allgather("x").ok());
 }
 
 }  // namespace

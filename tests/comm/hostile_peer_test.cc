@@ -26,11 +26,15 @@ std::unique_ptr<Transport> open_transport(const std::string& provider) {
   return t.ok() ? std::move(*t) : nullptr;
 }
 
-// The first bytes of a connection to a socket transport: who is writing.
-std::string socket_hello(const std::string& who) {
-  const uint32_t n = static_cast<uint32_t>(who.size());
-  return std::string(reinterpret_cast<const char*>(&n), 4) + who;
+// The first bytes of a connection to the socket transport at `target`: its
+// secret (the last field of its address) and who is writing. What a process
+// of the job sends: the bounds checks must hold against one gone rogue too.
+std::string socket_hello(const std::string& target, const std::string& who) {
+  const std::string body = target.substr(target.rfind(':') + 1) + who;
+  const uint32_t n = static_cast<uint32_t>(body.size());
+  return std::string(reinterpret_cast<const char*>(&n), 4) + body;
 }
+const std::string kRogue = "socket:127.0.0.1:9:0123456789abcdef0123456789abcdef";
 
 std::string socket_header(uint64_t key, uint64_t offset, uint64_t len, uint32_t imm) {
   std::string h(32, '\0');
@@ -65,10 +69,11 @@ TEST(HostilePeerTest, SocketWriteWhoseOffsetWrapsAroundIsRefused) {
   std::vector<uint8_t> memory(16384, 0);
   auto region = t->register_memory(memory.data() + 8192, 8192);
   ASSERT_TRUE(region.ok());
-  auto fd = tcp_connect(t->address().substr(7), std::chrono::seconds(2));
+  auto fd =
+      tcp_connect(t->address().substr(7, t->address().rfind(':') - 7), std::chrono::seconds(2));
   ASSERT_TRUE(fd.ok()) << fd.status().to_string();
   const uint64_t offset = ~uint64_t{0} - 4096 + 1;  // 2^64 - 4096
-  ASSERT_TRUE(send_all(*fd, socket_hello("socket:127.0.0.1:9") +
+  ASSERT_TRUE(send_all(*fd, socket_hello(t->address(), kRogue) +
                                 socket_header(region->key, offset, 4096, 77) +
                                 std::string(4096, '\xee')));
   std::vector<Completion> got;
@@ -76,6 +81,7 @@ TEST(HostilePeerTest, SocketWriteWhoseOffsetWrapsAroundIsRefused) {
   ::close(*fd);
   EXPECT_FALSE(s.ok()) << "the write was accepted";
   EXPECT_NE(s.message().find("socket:127.0.0.1:9"), std::string::npos) << s.to_string();
+  EXPECT_EQ(s.message().find("0123456789abcdef"), std::string::npos) << "a secret in a message";
   for (const Completion& c : got) EXPECT_NE(c.imm, 77u) << "a completion for the refused write";
   EXPECT_EQ(std::count(memory.begin(), memory.end(), 0), 16384)
       << "bytes written outside the region";
@@ -87,9 +93,10 @@ TEST(HostilePeerTest, SocketWritePastTheRegionsEndIsRefused) {
   std::vector<uint8_t> memory(8192, 0);
   auto region = t->register_memory(memory.data(), 4096);
   ASSERT_TRUE(region.ok());
-  auto fd = tcp_connect(t->address().substr(7), std::chrono::seconds(2));
+  auto fd =
+      tcp_connect(t->address().substr(7, t->address().rfind(':') - 7), std::chrono::seconds(2));
   ASSERT_TRUE(fd.ok());
-  ASSERT_TRUE(send_all(*fd, socket_hello("socket:127.0.0.1:9") +
+  ASSERT_TRUE(send_all(*fd, socket_hello(t->address(), kRogue) +
                                 socket_header(region->key, 4000, 200, 5) + std::string(200, 'x')));
   std::vector<Completion> got;
   Status s = poll_until_error(*t, &got);
@@ -97,6 +104,41 @@ TEST(HostilePeerTest, SocketWritePastTheRegionsEndIsRefused) {
   EXPECT_FALSE(s.ok());
   EXPECT_TRUE(got.empty());
   EXPECT_EQ(std::count(memory.begin(), memory.end(), 0), 8192);
+}
+
+// Anyone who can reach the port but was not handed the address (with its
+// secret) through the job's bootstrap: dropped at once, nothing written, no
+// completion, and the transport carries on (a stray client must not fail the
+// job).
+TEST(HostilePeerTest, SocketConnectionsWithoutTheSecretAreDropped) {
+  auto t = open_transport("socket");
+  ASSERT_TRUE(t);
+  std::vector<uint8_t> memory(4096, 0);
+  auto region = t->register_memory(memory.data(), memory.size());
+  ASSERT_TRUE(region.ok());
+  const std::string body = socket_header(region->key, 0, 16, 3) + std::string(16, 'x');
+  const std::string wrong = "socket:127.0.0.1:9:ffffffffffffffffffffffffffffffff";
+  for (const std::string& opening :
+       {socket_hello(wrong, kRogue), socket_hello(t->address(), "").substr(0, 4 + 32),
+        std::string("GET / HTTP/1.0\r\n\r\n")}) {
+    auto fd =
+        tcp_connect(t->address().substr(7, t->address().rfind(':') - 7), std::chrono::seconds(2));
+    ASSERT_TRUE(fd.ok());
+    ASSERT_TRUE(send_all(*fd, opening + body));
+    // The transport closes the connection; meanwhile it reports nothing.
+    std::vector<Completion> got;
+    bool closed = false;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!closed && std::chrono::steady_clock::now() < deadline) {
+      ASSERT_TRUE(t->poll(&got, 64).ok());
+      char c;
+      closed = ::recv(*fd, &c, 1, MSG_DONTWAIT) == 0;
+    }
+    ::close(*fd);
+    EXPECT_TRUE(closed) << "a connection without the secret was kept";
+    EXPECT_TRUE(got.empty());
+  }
+  EXPECT_EQ(std::count(memory.begin(), memory.end(), 0), 4096);
 }
 
 TEST(HostilePeerTest, CheckWriteDoesNotWrapAround) {

@@ -3,8 +3,13 @@
 // that fuzz/socket_wire_fuzz.cc can feed it arbitrary bytes.
 //
 // A connection opens with a hello from the writer:
-//   u32 n (host order, 1..kMaxHello), then n bytes: the writer's transport
-//   address ("socket:<ip>:<port>"), which the target uses to name it
+//   u32 n (host order, kSecretChars+1..kMaxHello), then n bytes: the target's
+//   secret (kSecretChars hex digits, from the target's address, which only
+//   the job's bootstrap handed out) and the writer's own transport address
+//   ("socket:<ip>:<port>:<secret>"), which the target uses to name it and to
+//   write back on this connection
+// A connection whose hello is malformed or carries another secret is
+// dropped before anything it sent is looked at.
 // then carries messages, each a WireHeader and `len` payload bytes that land
 // in the target's region `key` at `offset`. The connection's other end (the
 // one that connected, when the target writes back) sends no hello.
@@ -32,6 +37,10 @@ struct WireHeader {
 static_assert(sizeof(WireHeader) == 32);
 
 constexpr uint32_t kMaxHello = 4096;
+constexpr size_t kSecretChars = 32;
+
+// Equal strings, compared in time that does not depend on where they differ.
+bool same_secret(const std::string& a, const std::string& b);
 
 // The target's registered regions: key -> (base, bytes).
 using RegionTable = std::map<uint64_t, std::pair<uint8_t*, size_t>>;
@@ -40,6 +49,7 @@ using RegionTable = std::map<uint64_t, std::pair<uint8_t*, size_t>>;
 struct WireReader {
   enum class Part { kHelloLen, kHello, kHeader, kPayload };
   Part part = Part::kHelloLen;
+  std::string secret;  // what the hello must present (the target's)
   std::string who;  // the writer's address, from its hello
   uint32_t hello_len = 0;
   size_t got = 0;  // bytes of the current part so far
@@ -49,7 +59,8 @@ struct WireReader {
   // Advances over n bytes that arrived; the immediate of every completed
   // write is appended to *imms. An error (the message says what the peer
   // sent, not who it is) means the connection must be dropped: nothing of
-  // the offending message has been written anywhere.
+  // the offending message has been written anywhere. Before hello_done()
+  // the peer has not shown it belongs to the job.
   Status take(const uint8_t* p, size_t n, const RegionTable& regions, std::vector<uint32_t>* imms);
   // The current part is complete (also called by a reader that received a
   // payload straight into dst).
