@@ -162,6 +162,7 @@ Json m2n_rows_to_json(const std::vector<M2NBenchRow>& rows) {
     out.push_back({{"name", r.name},
                    {"provider", r.provider},
                    {"size", r.size},
+                   {"row_bytes", r.row_bytes},
                    {"senders", r.senders},
                    {"receivers", r.receivers},
                    {"p50_us", r.p50_us},
@@ -193,7 +194,16 @@ StatusOr<std::vector<M2NBenchRow>> run_m2n_bench(const M2NBenchOptions& o) {
     comm::ExchangeOptions e;
     e.senders = o.senders;
     e.receivers = o.receivers;
+    // Rows of 2048 bytes (a 512-float activation) where the size allows;
+    // else the largest row under that which makes up the size exactly (the
+    // bytes labelled are the bytes sent).
     e.row_bytes = std::min<int64_t>(size, 2048);
+    while (size % e.row_bytes != 0) --e.row_bytes;
+    if (size / e.row_bytes > 65535) {
+      return invalid_argument("bench m2n: --size " + std::to_string(size) +
+                              " is not a whole number of at most 65535 rows of up to 2048 bytes; "
+                              "take a multiple of 2048");
+    }
     e.bytes = size;
     e.iterations = o.iterations;
     e.warmup = std::max(3, o.iterations / 10);
@@ -235,6 +245,7 @@ StatusOr<std::vector<M2NBenchRow>> run_m2n_bench(const M2NBenchOptions& o) {
         row.name = names[v];
         row.provider = v == 0 ? o.provider : mpi_btl_for(o.provider);  // MPI: its btl
         row.size = size;
+        row.row_bytes = e.row_bytes;
         row.senders = o.senders;
         row.receivers = o.receivers;
         row.p50_us = percentile(all, 0.5);

@@ -1,12 +1,11 @@
 #include "msinfer/comm/bootstrap.h"
 
-#include "msinfer/comm/tcp.h"
-
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -14,6 +13,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+
+#include "internal/socket_wire.h"
+#include "msinfer/comm/tcp.h"
 
 #ifdef MSINFER_HAVE_MPI
 #include <mpi.h>
@@ -48,17 +50,25 @@ bool send_blob(int fd, const std::string& s, std::chrono::steady_clock::time_poi
   return io_all(fd, &n, 8, true, d) && io_all(fd, const_cast<char*>(s.data()), s.size(), true, d);
 }
 
+// Blobs are an address and a region (~100 bytes); a hello is "rank round".
+constexpr uint64_t kMaxBlobBytes = 64 << 10, kMaxHelloBytes = 256;
+
 bool recv_blob(int fd, std::string* s, std::chrono::steady_clock::time_point d) {
   uint64_t n = 0;
-  if (!io_all(fd, &n, 8, false, d) || n > (64u << 20)) return false;
+  if (!io_all(fd, &n, 8, false, d) || n > kMaxBlobBytes) return false;
   s->resize(n);
   return io_all(fd, s->data(), n, false, d);
 }
 
 class TcpBootstrap : public Bootstrap {
  public:
-  TcpBootstrap(int rank, int world, std::string server, std::chrono::milliseconds t)
-      : rank_(rank), world_(world), server_(std::move(server)), timeout_(t) {}
+  TcpBootstrap(int rank, int world, std::string server, std::string secret,
+               std::chrono::milliseconds t)
+      : rank_(rank),
+        world_(world),
+        server_(std::move(server)),
+        secret_(std::move(secret)),
+        timeout_(t) {}
   int rank() const override { return rank_; }
   int size() const override { return world_; }
 
@@ -68,7 +78,8 @@ class TcpBootstrap : public Bootstrap {
     auto c = tcp_connect(server_, timeout_);
     if (!c.ok()) return c.status().with_context("bootstrap");
     const int fd = *c;
-    const std::string hello = std::to_string(rank_) + " " + std::to_string(round_++);
+    const std::string hello =
+        std::to_string(rank_) + " " + std::to_string(round_++) + " " + secret_;
     std::vector<std::string> all(world_);
     bool ok = send_blob(fd, hello, deadline) && send_blob(fd, blob, deadline);
     for (int r = 0; ok && r < world_; ++r) ok = recv_blob(fd, &all[r], deadline);
@@ -85,6 +96,7 @@ class TcpBootstrap : public Bootstrap {
  private:
   int rank_, world_;
   std::string server_;  // host:port
+  std::string secret_;
   std::chrono::milliseconds timeout_;
   int round_ = 0;
 };
@@ -127,10 +139,32 @@ Status Bootstrap::barrier() {
   return r.ok() ? ok_status() : r.status();
 }
 
-StatusOr<std::unique_ptr<BootstrapServer>> BootstrapServer::start(int world, const std::string& host,
-                                                                  int port) {
+std::string new_job_secret() {
+  uint8_t b[16];
+  size_t got = 0;
+  while (got < sizeof(b)) {
+    const ssize_t n = ::getrandom(b + got, sizeof(b) - got, 0);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else {
+      MSI_CHECK(errno == EINTR) << "getrandom: " << std::strerror(errno);
+    }
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (uint8_t v : b) {
+    s += hex[v >> 4];
+    s += hex[v & 15];
+  }
+  return s;
+}
+
+StatusOr<std::unique_ptr<BootstrapServer>> BootstrapServer::start(int world,
+                                                                  const std::string& host, int port,
+                                                                  const std::string& secret) {
   if (world < 1) return invalid_argument("bootstrap server: world must be >= 1");
   auto s = std::unique_ptr<BootstrapServer>(new BootstrapServer());
+  s->secret_ = secret.empty() ? new_job_secret() : secret;
   s->world_ = world;
   s->host_ = host;
   auto fd = tcp_listen(host, port, &s->port_);
@@ -149,6 +183,47 @@ BootstrapServer::~BootstrapServer() {
 
 std::string BootstrapServer::address() const { return host_ + ":" + std::to_string(port_); }
 
+// One client connection of the server: it sends two length-prefixed blobs
+// (hello "rank round", then the rank's blob) and waits for the round's answer.
+// Read without blocking, all connections at once, so a silent or slow one
+// delays nobody; each must have sent both within kClientDeadline.
+namespace {
+constexpr auto kClientDeadline = std::chrono::seconds(30);
+constexpr size_t kMaxClients = 1024;
+
+struct Client {
+  int fd = -1;
+  std::chrono::steady_clock::time_point deadline;
+  std::string in;  // bytes received so far
+  // The two blobs, once whole; false while incomplete, an error when the
+  // client breaks the framing (then it is dropped).
+  StatusOr<bool> parse(std::string* hello, std::string* blob) const {
+    size_t at = 0;
+    std::string* outs[2] = {hello, blob};
+    for (int i = 0; i < 2; ++i) {
+      if (in.size() - at < 8) return false;
+      uint64_t n = 0;
+      std::memcpy(&n, in.data() + at, 8);
+      if (n > (i == 0 ? kMaxHelloBytes : kMaxBlobBytes)) {
+        return invalid_argument("a " + std::to_string(n) + "-byte " + (i == 0 ? "hello" : "blob"));
+      }
+      if (in.size() - at - 8 < n) return false;
+      outs[i]->assign(in, at + 8, n);
+      at += 8 + n;
+    }
+    return true;
+  }
+};
+}  // namespace
+
+// "rank round secret" with a rank of this world and the job's secret.
+bool BootstrapServer::parse_hello(const std::string& hello, int* rank, int* round) const {
+  char secret[64] = {};
+  if (std::sscanf(hello.c_str(), "%d %d %63s", rank, round, secret) != 3) return false;
+  return *rank >= 0 && *rank < world_ && *round >= 0 &&
+         internal::same_secret(std::string(secret), secret_);
+}
+
 void BootstrapServer::serve() {
   // Rounds are kept apart by the round number each client sends.
   struct Round {
@@ -157,38 +232,70 @@ void BootstrapServer::serve() {
     int count = 0;
   };
   std::map<int, Round> rounds;
+  std::vector<Client> clients;
+  std::vector<pollfd> pfds;
   while (!stop_) {
-    auto accepted = tcp_accept(listen_fd_, std::chrono::milliseconds(200));  // then look at stop_
-    if (!accepted.ok()) continue;
-    const int fd = *accepted;
-    const auto d = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    std::string hello, blob;
-    if (!recv_blob(fd, &hello, d) || !recv_blob(fd, &blob, d)) {
-      ::close(fd);
-      continue;
-    }
-    int rank = -1, round = -1;
-    if (std::sscanf(hello.c_str(), "%d %d", &rank, &round) != 2 || rank < 0 || rank >= world_) {
-      ::close(fd);
-      continue;
-    }
-    Round& r = rounds[round];
-    if (r.fds.empty()) {
-      r.fds.assign(world_, -1);
-      r.blobs.assign(world_, "");
-    }
-    if (r.fds[rank] >= 0) ::close(r.fds[rank]);  // a retry replaces the earlier connection
-    else ++r.count;
-    r.fds[rank] = fd;
-    r.blobs[rank] = std::move(blob);
-    if (r.count == world_) {
-      for (int i = 0; i < world_; ++i) {
-        for (int j = 0; j < world_; ++j) send_blob(r.fds[i], r.blobs[j], d);
-        ::close(r.fds[i]);
+    pfds.assign(1, pollfd{listen_fd_, POLLIN, 0});
+    for (const Client& c : clients) pfds.push_back({c.fd, POLLIN, 0});
+    if (::poll(pfds.data(), pfds.size(), 200) < 0 && errno != EINTR) break;  // then look at stop_
+    const auto now = std::chrono::steady_clock::now();
+    if (pfds[0].revents & POLLIN) {
+      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd >= 0 && clients.size() >= kMaxClients) {
+        ::close(fd);
+      } else if (fd >= 0) {
+        clients.push_back({fd, now + kClientDeadline, {}});
       }
-      rounds.erase(round);
     }
+    std::vector<Client> next;
+    for (size_t i = 0; i < clients.size(); ++i) {
+      Client& c = clients[i];
+      bool drop = now > c.deadline;
+      if (!drop && i + 1 < pfds.size() && (pfds[i + 1].revents & (POLLIN | POLLHUP | POLLERR))) {
+        char buf[4096];
+        const ssize_t n = ::recv(c.fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n > 0) {
+          c.in.append(buf, static_cast<size_t>(n));
+        } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+          drop = true;
+        }
+      }
+      std::string hello, blob;
+      auto whole = drop ? StatusOr<bool>(false) : c.parse(&hello, &blob);
+      int rank = -1, round = -1;
+      if (!whole.ok() || (*whole && !parse_hello(hello, &rank, &round))) drop = true;
+      if (drop) {
+        ::close(c.fd);
+        continue;
+      }
+      if (!*whole) {
+        next.push_back(std::move(c));
+        continue;
+      }
+      Round& r = rounds[round];
+      if (r.fds.empty()) {
+        r.fds.assign(world_, -1);
+        r.blobs.assign(world_, "");
+      }
+      if (r.fds[rank] >= 0)
+        ::close(r.fds[rank]);  // a retry replaces the earlier connection
+      else
+        ++r.count;
+      r.fds[rank] = c.fd;
+      r.blobs[rank] = std::move(blob);
+      if (r.count == world_) {
+        // Small answers (every rank's address): the socket buffers take them.
+        const auto d = now + std::chrono::seconds(2);
+        for (int k = 0; k < world_; ++k) {
+          for (int j = 0; j < world_; ++j) send_blob(r.fds[k], r.blobs[j], d);
+          ::close(r.fds[k]);
+        }
+        rounds.erase(round);
+      }
+    }
+    clients = std::move(next);
   }
+  for (const Client& c : clients) ::close(c.fd);
   for (auto& [_, r] : rounds) {
     for (int fd : r.fds) {
       if (fd >= 0) ::close(fd);
@@ -198,12 +305,13 @@ void BootstrapServer::serve() {
 
 StatusOr<std::unique_ptr<Bootstrap>> make_tcp_bootstrap(int rank, int world,
                                                         const std::string& server,
+                                                        const std::string& secret,
                                                         std::chrono::milliseconds timeout) {
   if (server.rfind(':') == std::string::npos) {
     return invalid_argument("bootstrap: expected host:port, got '" + server + "'");
   }
   if (rank < 0 || rank >= world) return invalid_argument("bootstrap: rank out of range");
-  return std::unique_ptr<Bootstrap>(new TcpBootstrap(rank, world, server, timeout));
+  return std::unique_ptr<Bootstrap>(new TcpBootstrap(rank, world, server, secret, timeout));
 }
 
 bool launched_by_mpi() {
@@ -262,10 +370,12 @@ StatusOr<std::unique_ptr<Bootstrap>> make_bootstrap_from_env() {
   if (server != nullptr) {
     const char* rank = std::getenv("MSINFER_RANK");
     const char* world = std::getenv("MSINFER_WORLD_SIZE");
-    if (!rank || !world) {
-      return invalid_argument("MSINFER_BOOTSTRAP needs MSINFER_RANK and MSINFER_WORLD_SIZE");
+    const char* secret = std::getenv("MSINFER_JOB_SECRET");
+    if (!rank || !world || !secret) {
+      return invalid_argument(
+          "MSINFER_BOOTSTRAP needs MSINFER_RANK, MSINFER_WORLD_SIZE and MSINFER_JOB_SECRET");
     }
-    return make_tcp_bootstrap(std::atoi(rank), std::atoi(world), server);
+    return make_tcp_bootstrap(std::atoi(rank), std::atoi(world), server, secret);
   }
 #ifdef MSINFER_HAVE_MPI
   if (launched_by_mpi()) return make_mpi_bootstrap();

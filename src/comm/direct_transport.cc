@@ -4,9 +4,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
 #include <unistd.h>
 #if defined(__x86_64__)
 #include <emmintrin.h>
@@ -25,27 +23,34 @@ namespace msinfer::comm {
 namespace {
 
 constexpr uint64_t kMagic = 0x6d73696e66646972ull;  // "msinfdir"
-constexpr uint64_t kCells = 4096;                   // power of two
+constexpr uint32_t kLinks = 256;                    // senders one receiver takes writes from
+constexpr uint64_t kRingCells = 512;                // immediates in flight per link; power of two
 
-// One immediate in flight. `seq` follows the bounded-queue protocol (D. Vyukov):
-// a cell at ring position p is free for the producer that claims p when seq == p,
-// and holds that producer's immediate when seq == p + 1.
-struct Cell {
-  std::atomic<uint64_t> seq;
-  uint32_t imm;
-  uint32_t unused;
+// One sender's queue of immediates to one receiver: a single-producer,
+// single-consumer ring. Only the producer stores `tail` and the cells, only
+// the consumer `head`, so a producer that dies at any instruction leaves its
+// own link short of (at most) the immediate it was posting, and every other
+// link as it was. (A ring shared by all senders, claimed with a CAS and
+// published per cell, left a hole that blocked the receiver for everyone
+// when a sender died between the two; NCCL's shared-memory FIFOs and
+// libfabric shm's per-peer queues are per pair for the same reason.)
+struct Link {
+  alignas(64) std::atomic<uint64_t> tail;  // written by the producer (release, after the data)
+  int64_t pid;                             // the producer's, for messages
+  alignas(64) std::atomic<uint64_t> head;  // written by the consumer
+  alignas(64) uint32_t cells[kRingCells];
 };
 
-// The receiver's mailbox, shared by every process that connected to it: many
-// producers (claim a position with a CAS on tail), one consumer (head).
+// The receiver's mailbox: kLinks links, handed out in order to the senders
+// that connect (links_claimed counts them; a link is never reused).
 struct Mailbox {
   uint64_t magic;
   int64_t pid;
-  alignas(64) std::atomic<uint64_t> tail;
-  alignas(64) uint64_t head;
-  alignas(64) Cell cells[kCells];
+  alignas(64) std::atomic<uint32_t> links_claimed;
+  Link links[kLinks];
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "mailbox atomics must be address-free");
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "mailbox atomics must be address-free");
 
 // A whole shared-memory object, mapped.
 struct Mapping {
@@ -87,10 +92,8 @@ StatusOr<Mailbox*> map_mailbox(const std::string& name, bool create) {
   MSI_ASSIGN_OR_RETURN(Mapping map, map_object(name, create ? sizeof(Mailbox) : 0));
   auto* m = reinterpret_cast<Mailbox*>(map.p);
   if (create) {
+    // The object is zero-filled (ftruncate): every link empty, none claimed.
     m->pid = ::getpid();
-    m->tail.store(0, std::memory_order_relaxed);
-    m->head = 0;
-    for (uint64_t i = 0; i < kCells; ++i) new (&m->cells[i].seq) std::atomic<uint64_t>(i);
     std::atomic_thread_fence(std::memory_order_release);
     m->magic = kMagic;
   } else if (map.n != sizeof(Mailbox) || m->magic != kMagic) {
@@ -137,34 +140,13 @@ void copy_to_peer(uint8_t* dst, const uint8_t* src, size_t n) {
   std::memcpy(dst, src, n);
 }
 
-// Claims a position and stores `imm`; false when the ring is full.
-bool try_post(Mailbox* m, uint32_t imm) {
-  uint64_t pos = m->tail.load(std::memory_order_relaxed);
-  while (true) {
-    Cell& c = m->cells[pos & (kCells - 1)];
-    const uint64_t seq = c.seq.load(std::memory_order_acquire);
-    const int64_t diff = static_cast<int64_t>(seq) - static_cast<int64_t>(pos);
-    if (diff == 0) {
-      if (m->tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
-        c.imm = imm;
-        c.seq.store(pos + 1, std::memory_order_release);  // publishes imm, after the data
-        return true;
-      }
-    } else if (diff < 0) {
-      return false;  // full: the receiver has not taken the cell from kCells ago
-    } else {
-      pos = m->tail.load(std::memory_order_relaxed);
-    }
-  }
-}
-
-// The consumer's side: the next immediate, if one was posted.
-bool try_take(Mailbox* m, uint32_t* imm) {
-  Cell& c = m->cells[m->head & (kCells - 1)];
-  if (c.seq.load(std::memory_order_acquire) != m->head + 1) return false;
-  *imm = c.imm;
-  c.seq.store(m->head + kCells, std::memory_order_release);
-  ++m->head;
+// The producer's side: stores `imm` and publishes it (after the data the
+// caller wrote); false when the link is full.
+bool try_post(Link* l, uint32_t imm) {
+  const uint64_t t = l->tail.load(std::memory_order_relaxed);  // ours alone
+  if (t - l->head.load(std::memory_order_acquire) >= kRingCells) return false;
+  l->cells[t & (kRingCells - 1)] = imm;
+  l->tail.store(t + 1, std::memory_order_release);
   return true;
 }
 
@@ -174,8 +156,9 @@ using ObjectIndex = std::map<uintptr_t, std::pair<size_t, uint64_t>>;
 // A receive region: a shared-memory object of its own, unlinked when freed.
 class SharedRegion : public RegionMemory {
  public:
-  SharedRegion(std::string name, uint8_t* p, size_t n, std::shared_ptr<ObjectIndex> index)
-      : name_(std::move(name)), p_(p), n_(n), index_(std::move(index)) {}
+  SharedRegion(std::string name, uint8_t* p, size_t n, std::shared_ptr<ObjectIndex> index,
+               std::shared_ptr<ShmOwner> owner)
+      : name_(std::move(name)), p_(p), n_(n), index_(std::move(index)), owner_(std::move(owner)) {}
   ~SharedRegion() override {
     index_->erase(reinterpret_cast<uintptr_t>(p_));
     ::munmap(p_, n_);
@@ -189,6 +172,7 @@ class SharedRegion : public RegionMemory {
   uint8_t* p_;
   size_t n_;
   std::shared_ptr<ObjectIndex> index_;
+  std::shared_ptr<ShmOwner> owner_;  // the lock outlives the object
 };
 
 class DirectTransport : public Transport {
@@ -204,11 +188,9 @@ class DirectTransport : public Transport {
 
   Status init(const FabricOptions& o) {
     write_timeout_ = std::chrono::milliseconds(o.write_timeout_ms);
-    // Let peers write into this process where Yama restricts ptrace to
-    // descendants (EINVAL without Yama: nothing to allow).
-    (void)::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
     remove_dead_shm_endpoints();
-    name_ = new_shm_object_name();
+    MSI_ASSIGN_OR_RETURN(owner_, ShmOwner::create());
+    name_ = owner_->name();
     auto m = map_mailbox(name_, true);
     if (!m.ok()) {
       name_.clear();
@@ -226,7 +208,7 @@ class DirectTransport : public Transport {
     const std::string name = region_name(name_, n);
     MSI_ASSIGN_OR_RETURN(Mapping map, map_object(name, std::max<size_t>(len, 1)));
     (*objects_at_)[reinterpret_cast<uintptr_t>(map.p)] = {map.n, n};
-    return std::unique_ptr<RegionMemory>(new SharedRegion(name, map.p, map.n, objects_at_));
+    return std::unique_ptr<RegionMemory>(new SharedRegion(name, map.p, map.n, objects_at_, owner_));
   }
 
   StatusOr<RemoteRegion> register_memory(void* base, size_t len) override {
@@ -239,8 +221,8 @@ class DirectTransport : public Transport {
       r.key = it->second.second;  // peers map object n and write at this offset
       r.base = a - it->first;
     } else {
-      r.key = 0;  // not ours to share: peers write with process_vm_writev
-      r.base = a;
+      r.key = 0;  // not shared memory: a source of writes only, peers cannot write it
+      r.base = 0;
     }
     return r;
   }
@@ -258,7 +240,18 @@ class DirectTransport : public Transport {
       return Status(StatusCode::kUnavailable, "direct: mailbox of " + address + " belongs to pid " +
                                                   std::to_string(m->pid));
     }
-    peers_.push_back({pid, address.substr(b + 1), m, {}});
+    // Our own link into that mailbox. A claim is one fetch_add: a process
+    // that dies around it leaves at most one unused link behind.
+    const uint32_t k = m->links_claimed.fetch_add(1, std::memory_order_relaxed);
+    if (k >= kLinks) {
+      ::munmap(m, sizeof(Mailbox));
+      return Status(StatusCode::kResourceExhausted,
+                    "direct: the mailbox of " + address + " has no free link (" +
+                        std::to_string(kLinks) + " senders have connected to it)");
+    }
+    Link* link = &m->links[k];
+    link->pid = ::getpid();
+    peers_.push_back({pid, address.substr(b + 1), m, link, {}});
     return static_cast<int>(peers_.size()) - 1;
   }
 
@@ -266,42 +259,31 @@ class DirectTransport : public Transport {
                uint32_t imm, uint64_t context) override {
     MSI_RETURN_IF_ERROR(check_write("direct", peer, peers_.size(), len, dst, offset));
     Peer& p = peers_[peer];
-    if (dst.key != 0) {
-      auto it = p.regions.find(dst.key);
-      if (it == p.regions.end()) {
-        MSI_ASSIGN_OR_RETURN(Mapping m, map_object(region_name(p.mailbox_name, dst.key), 0));
-        it = p.regions.emplace(dst.key, m).first;
-      }
-      if (dst.base + offset + len > it->second.n) {
-        return invalid_argument("direct: write beyond peer " + std::to_string(peer) + "'s region object");
-      }
-      copy_to_peer(it->second.p + dst.base + offset, static_cast<const uint8_t*>(src), len);
+    // Peers write only into shared-memory objects their owner allocated.
+    // (Memory registered otherwise was once written with process_vm_writev,
+    // which needed every process to let any other ptrace it; nothing used it.)
+    if (dst.key == 0) {
+      return invalid_argument("direct: peer " + std::to_string(peer) +
+                              "'s region is not shared memory (registered without "
+                              "Transport::allocate); the direct transport cannot write into it");
     }
-    size_t done = dst.key != 0 ? len : 0;
-    while (done < len) {
-      iovec local{const_cast<char*>(static_cast<const char*>(src)) + done, len - done};
-      iovec remote{reinterpret_cast<void*>(dst.base + offset + done), len - done};
-      const ssize_t n = ::process_vm_writev(p.pid, &local, 1, &remote, 1, 0);
-      if (n < 0) {
-        const int e = errno;
-        if (e == EINTR) continue;
-        std::string why = errno_text(e);
-        if (e == ESRCH) why = "the process is gone";
-        if (e == EPERM || e == ENOSYS) {
-          why += ": cross-memory attach is not permitted here (kernel.yama.ptrace_scope, or a "
-                 "seccomp filter); use the libfabric shm provider";
-        }
-        return Status(StatusCode::kUnavailable, "direct: write to peer " + std::to_string(peer) +
-                                                    " (pid " + std::to_string(p.pid) + "): " + why);
-      }
-      done += static_cast<size_t>(n);
+    auto it = p.regions.find(dst.key);
+    if (it == p.regions.end()) {
+      MSI_ASSIGN_OR_RETURN(Mapping m, map_object(region_name(p.mailbox_name, dst.key), 0));
+      it = p.regions.emplace(dst.key, m).first;
     }
-    // The data is in place; now the immediate. The ring holds kCells, far more
-    // than M2N's flow control lets be outstanding, so a full one means the
-    // receiver stopped taking them.
+    // dst comes from the peer's bootstrap blob: no sum that can wrap.
+    if (dst.base > it->second.n || !range_within(offset, len, it->second.n - dst.base)) {
+      return invalid_argument("direct: write beyond peer " + std::to_string(peer) +
+                              "'s region object");
+    }
+    copy_to_peer(it->second.p + dst.base + offset, static_cast<const uint8_t*>(src), len);
+    // The data is in place; now the immediate. The link holds kRingCells, far
+    // more than M2N's flow control lets be outstanding, so a full one means
+    // the receiver stopped taking them.
     const auto deadline = std::chrono::steady_clock::now() + write_timeout_;
-    while (!try_post(p.mailbox, imm)) {
-      if (::kill(p.pid, 0) != 0 && errno == ESRCH) {
+    while (!try_post(p.link, imm)) {
+      if (!shm_owner_alive(p.mailbox_name)) {
         return Status(StatusCode::kUnavailable,
                       "direct: peer " + std::to_string(peer) + " (pid " + std::to_string(p.pid) + ") is gone");
       }
@@ -322,10 +304,27 @@ class DirectTransport : public Transport {
       local_.pop_front();
       --max;
     }
-    uint32_t imm = 0;
-    while (max > 0 && try_take(mine_, &imm)) {
-      out->push_back({Completion::Kind::kRemoteWrite, imm, 0});
-      --max;
+    // Every claimed link, from where the last poll stopped (so a busy link
+    // cannot starve the others when `max` cuts a poll short). A link's tail is
+    // whatever its producer stored: anything beyond kRingCells ahead of the
+    // head reads stale cells (bad immediates, refused by M2N), never outside
+    // the ring.
+    const uint32_t n = std::min(mine_->links_claimed.load(std::memory_order_acquire), kLinks);
+    if (heads_.size() < n) heads_.resize(n, 0);
+    for (uint32_t i = 0; i < n && max > 0; ++i) {
+      const uint32_t k = (next_link_ + i) % n;
+      Link& l = mine_->links[k];
+      uint64_t h = heads_[k];
+      const uint64_t t = l.tail.load(std::memory_order_acquire);
+      if (t == h) continue;
+      while (h != t && max > 0) {
+        out->push_back({Completion::Kind::kRemoteWrite, l.cells[h & (kRingCells - 1)], 0});
+        ++h;
+        --max;
+      }
+      heads_[k] = h;
+      l.head.store(h, std::memory_order_release);
+      if (max == 0) next_link_ = (k + 1) % n;
     }
     return ok_status();
   }
@@ -338,10 +337,15 @@ class DirectTransport : public Transport {
     pid_t pid;
     std::string mailbox_name;
     Mailbox* mailbox;
+    Link* link;                           // ours in that mailbox
     std::map<uint64_t, Mapping> regions;  // mapped on first write
   };
+  std::shared_ptr<ShmOwner> owner_;  // our objects' name and liveness lock; regions share it
   std::string name_;
   Mailbox* mine_ = nullptr;
+  std::vector<uint64_t>
+      heads_;  // consumer positions of mine_'s links (the shared copy is for producers)
+  uint32_t next_link_ = 0;
   std::vector<Peer> peers_;
   uint64_t objects_ = 0;
   std::shared_ptr<ObjectIndex> objects_at_ = std::make_shared<ObjectIndex>();

@@ -123,18 +123,15 @@ StatusOr<std::unique_ptr<Exchange>> Exchange::open(Bootstrap& boot, const Exchan
   MSI_RETURN_IF_ERROR(x.sender->attach(*x.ep));
   MSI_ASSIGN_OR_RETURN(RemoteRegion region, x.receiver->attach(*x.ep));
   MSI_ASSIGN_OR_RETURN(std::vector<std::string> blobs,
-                       boot.allgather(x.ep->transport().address() + region.encode()));
+                       boot.allgather(PeerCard{x.ep->transport().address(), region}.encode()));
   // Peers: the other side's ranks.
   x.peers = x.attention ? N : M;
   x.first = x.attention ? M : 0;
   for (int p = 0; p < x.peers; ++p) {
-    const std::string& b = blobs[x.first + p];
-    if (b.size() < 24) {
-      return internal_error("exchange: bad bootstrap blob from rank " + std::to_string(x.first + p));
-    }
-    MSI_ASSIGN_OR_RETURN(int handle, x.ep->transport().connect(b.substr(0, b.size() - 24)));
-    MSI_ASSIGN_OR_RETURN(RemoteRegion rr, RemoteRegion::decode(b.substr(b.size() - 24)));
-    x.sender->set_receiver(p, handle, rr);
+    MSI_ASSIGN_OR_RETURN(
+        PeerCard card, PeerCard::decode(blobs[x.first + p], "rank " + std::to_string(x.first + p)));
+    MSI_ASSIGN_OR_RETURN(int handle, x.ep->transport().connect(card.address));
+    x.sender->set_receiver(p, handle, card.region);
   }
   MSI_RETURN_IF_ERROR(boot.barrier());
   for (int r = 0; r < N; ++r) {

@@ -1,17 +1,20 @@
 #include "msinfer/comm/fabric_transport.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
-#include <dirent.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -32,34 +35,108 @@ std::string fi_error(const char* what, int rc) {
 // names "<pid>:<uid>:<index>" by default and creates with O_EXCL. A process that
 // is killed leaves its object behind, and a later process that gets the same
 // pid then cannot open an endpoint (fi_enable: EBUSY). So msinfer names its
-// own: kShmPrefix + "<pid>-<random>", and each new endpoint first removes the
-// objects of msinfer processes that no longer exist.
+// own: kShmPrefix + "<pid>-<16 hex digits>", and each new endpoint first
+// removes the objects whose owner is gone.
 constexpr const char* kShmPrefix = "msinfer-";
+constexpr const char* kLiveSuffix = ".live";
+
+// The token an object's name starts with ("msinfer-<pid>-<16 hex>"), or ""
+// for a name msinfer did not make.
+std::string token_of(const std::string& name) {
+  const size_t plen = std::strlen(kShmPrefix);
+  if (name.compare(0, plen, kShmPrefix) != 0) return "";
+  size_t i = plen;
+  while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
+  if (i == plen || i >= name.size() || name[i] != '-') return "";
+  const size_t hex = ++i;
+  while (i < name.size() && std::isxdigit(static_cast<unsigned char>(name[i]))) ++i;
+  if (i - hex != 16) return "";
+  return name.substr(0, i);
+}
+
+// Whether a process holds the lock of `token`; with `keep_fd`, a lock this
+// call took (the owner is gone) stays held and its fd is returned there.
+bool token_alive(const std::string& token, int* keep_fd = nullptr) {
+  const std::string live = "/dev/shm/" + token + kLiveSuffix;
+  const int fd = ::open(live.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return false;  // no lock: nobody can vouch for the objects
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return true;  // held by its owner (EWOULDBLOCK): alive; any other error: assume so
+  }
+  if (keep_fd != nullptr) {
+    *keep_fd = fd;
+  } else {
+    ::close(fd);
+  }
+  return false;
+}
 
 }  // namespace
+
+StatusOr<std::unique_ptr<ShmOwner>> ShmOwner::create() {
+  std::random_device rd;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%s%d-%08x%08x", kShmPrefix, static_cast<int>(::getpid()), rd(),
+                  rd());
+    auto o = std::unique_ptr<ShmOwner>(new ShmOwner());
+    o->name_ = buf;
+    // Locked before it appears under its name (link), so no cleaner ever
+    // sees the lock object unlocked while its owner lives.
+    const std::string tmp = std::string("/dev/shm/.") + buf + ".tmp";
+    const std::string live = "/dev/shm/" + o->name_ + kLiveSuffix;
+    o->fd_ = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (o->fd_ < 0) {
+      return Status(StatusCode::kUnavailable,
+                    "shared memory: creating " + tmp + ": " + errno_text(errno));
+    }
+    const bool locked = ::flock(o->fd_, LOCK_EX | LOCK_NB) == 0;
+    const int e = locked ? (::link(tmp.c_str(), live.c_str()) == 0 ? 0 : errno) : errno;
+    ::unlink(tmp.c_str());
+    if (e == EEXIST) continue;  // the same random name: take another
+    if (e != 0)
+      return Status(StatusCode::kUnavailable, "shared memory: lock " + live + ": " + errno_text(e));
+    return o;
+  }
+  return internal_error("shared memory: no free object name after 8 tries");
+}
+
+ShmOwner::~ShmOwner() {
+  if (fd_ >= 0) {
+    ::unlink(("/dev/shm/" + name_ + kLiveSuffix).c_str());
+    ::close(fd_);
+  }
+}
+
+bool shm_owner_alive(const std::string& object_name) {
+  const std::string token = token_of(object_name);
+  return !token.empty() && token_alive(token);
+}
 
 void remove_dead_shm_endpoints() {
   DIR* d = ::opendir("/dev/shm");
   if (d == nullptr) return;
-  const size_t plen = std::strlen(kShmPrefix);
+  std::map<std::string, std::vector<std::string>> by_token;
   while (dirent* e = ::readdir(d)) {
-    if (std::strncmp(e->d_name, kShmPrefix, plen) != 0) continue;
-    char* end = nullptr;
-    const long pid = std::strtol(e->d_name + plen, &end, 10);
-    if (end == e->d_name + plen || *end != '-' || pid <= 0) continue;
-    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
-      ::shm_unlink((std::string("/") + e->d_name).c_str());
-    }
+    const std::string name = e->d_name;
+    const std::string token = token_of(name);
+    if (!token.empty()) by_token[token].push_back(name);
   }
   ::closedir(d);
-}
-
-std::string new_shm_object_name() {
-  std::random_device rd;
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%s%d-%08x%08x", kShmPrefix, static_cast<int>(::getpid()), rd(),
-                rd());
-  return buf;
+  for (const auto& [token, names] : by_token) {
+    int lock_fd = -1;
+    if (token_alive(token, &lock_fd)) continue;
+    // Its owner is gone (or never took a lock: an object of an older msinfer
+    // or one a cleaner was removing): its objects first, the lock last.
+    for (const std::string& n : names) {
+      if (n != token + kLiveSuffix) ::shm_unlink(("/" + n).c_str());
+    }
+    if (lock_fd >= 0) {
+      ::unlink(("/dev/shm/" + token + kLiveSuffix).c_str());
+      ::close(lock_fd);
+    }
+  }
 }
 
 namespace {
@@ -133,7 +210,8 @@ class FabricTransport : public Transport {
     if ((rc = fi_ep_bind(ep_, &av_->fid, 0))) return internal_error(fi_error("fi_ep_bind(av)", rc));
     if (provider_ == "shm") {
       remove_dead_shm_endpoints();
-      const std::string shm_name = new_shm_object_name();
+      MSI_ASSIGN_OR_RETURN(shm_owner_, ShmOwner::create());
+      const std::string shm_name = shm_owner_->name();
       if ((rc = fi_setname(&ep_->fid, const_cast<char*>(shm_name.c_str()), shm_name.size() + 1))) {
         return internal_error(fi_error("fi_setname", rc));
       }
@@ -310,6 +388,7 @@ class FabricTransport : public Transport {
   fid_cq* cq_ = nullptr;
   fid_av* av_ = nullptr;
   fid_ep* ep_ = nullptr;
+  std::unique_ptr<ShmOwner> shm_owner_;  // shm: names the endpoint's object, proves we live
   uint64_t mr_mode_ = 0;
   uint64_t next_key_ = 1;
   bool rx_cq_data_ = false;

@@ -14,22 +14,21 @@
 #include <deque>
 #include <map>
 
+#include "internal/socket_wire.h"
+#include "msinfer/comm/bootstrap.h"
 #include "msinfer/comm/tcp.h"
 
 namespace msinfer::comm {
 namespace {
 
-// Precedes every payload on the wire.
-struct Header {
-  uint64_t key;     // region key at the target
-  uint64_t offset;  // into that region
-  uint64_t len;     // payload bytes that follow
-  uint32_t imm;
-  uint32_t unused;
-};
-static_assert(sizeof(Header) == 32);
+using Header = internal::WireHeader;
+using In = internal::WireReader;
 
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+// An address is "socket:<ip>:<port>:<secret>"; messages show it without the
+// secret.
+std::string shown(const std::string& address) { return address.substr(0, address.rfind(':')); }
 
 class SocketTransport : public Transport {
  public:
@@ -47,7 +46,10 @@ class SocketTransport : public Transport {
     int port = 0;
     MSI_ASSIGN_OR_RETURN(listen_fd_, tcp_listen(host, 0, &port));
     set_nonblocking(listen_fd_);
-    address_ = "socket:" + host + ":" + std::to_string(port);
+    // A secret of this endpoint's own, handed to peers only inside its
+    // address (through the job's bootstrap): a connection must present it.
+    secret_ = new_job_secret();
+    address_ = "socket:" + host + ":" + std::to_string(port) + ":" + secret_;
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
     if (epoll_fd_ < 0) return internal_error("socket transport: epoll_create1: " + errno_text(errno));
     epoll_event ev{};
@@ -76,8 +78,11 @@ class SocketTransport : public Transport {
   // our writes too, so the acknowledgements of one direction ride on the
   // other's data instead of going as packets of their own.
   StatusOr<int> connect(const std::string& address) override {
-    if (address.rfind("socket:", 0) != 0) {
-      return invalid_argument("socket transport: '" + address + "' is not a socket address (socket:<ip>:<port>)");
+    const size_t secret_at = address.rfind(':') + 1;
+    if (address.rfind("socket:", 0) != 0 || address.size() - secret_at != internal::kSecretChars ||
+        address.find(':', 7) == secret_at - 1) {
+      return invalid_argument("socket transport: '" + shown(address) +
+                              "' is not a socket address (socket:<ip>:<port>:<secret>)");
     }
     peers_.push_back({kNotYet, address, {}});
     return static_cast<int>(peers_.size()) - 1;
@@ -119,46 +124,42 @@ class SocketTransport : public Transport {
     std::string address;
     std::deque<Out> queue;
   };
-  struct In {
-    std::string who;      // the writer's address, from its hello
-    uint32_t hello_len = 0;
-    size_t got = 0;       // bytes of the current part so far
-    enum class Part { kHelloLen, kHello, kHeader, kPayload } part = Part::kHelloLen;
-    Header h{};
-    uint8_t* dst = nullptr;
-  };
 
   // "peer N (address)" when we write to the connection's owner too.
   std::string name_of(const In& in) const {
     if (in.who.empty()) return "a peer";
     for (size_t i = 0; i < peers_.size(); ++i) {
-      if (peers_[i].address == in.who) return "peer " + std::to_string(i) + " (" + in.who + ")";
+      if (peers_[i].address == in.who)
+        return "peer " + std::to_string(i) + " (" + shown(in.who) + ")";
     }
-    return in.who;
+    return shown(in.who);
   }
 
   Status open_connection(int peer) {
     Peer& p = peers_[peer];
     MSI_RETURN_IF_ERROR(pump());  // take in connections (and hellos) that arrived
     for (auto& [fd, in] : incoming_) {
-      if (in.part != In::Part::kHelloLen && in.part != In::Part::kHello && in.who == p.address) {
+      if (in.hello_done() && in.who == p.address) {
         int one = 1;
         ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         p.fd = fd;
         return ok_status();
       }
     }
-    MSI_ASSIGN_OR_RETURN(int fd, tcp_connect(p.address.substr(7), connect_timeout_));
-    // Hello: who is writing, so that the target can name us, and answer on
-    // this connection.
-    const uint32_t n = static_cast<uint32_t>(address_.size());
+    const size_t secret_at = p.address.rfind(':') + 1;
+    MSI_ASSIGN_OR_RETURN(int fd, tcp_connect(p.address.substr(7, secret_at - 8), connect_timeout_));
+    // Hello: the target's secret, then who is writing, so that the target
+    // can name us, and answer on this connection (socket_wire.h).
+    const std::string body = p.address.substr(secret_at) + address_;
+    const uint32_t n = static_cast<uint32_t>(body.size());
     std::string hello(reinterpret_cast<const char*>(&n), 4);
-    hello += address_;
+    hello += body;
     if (::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(hello.size())) {
       const int e = errno;
       ::close(fd);
-      return Status(StatusCode::kUnavailable, "socket transport: hello to peer " + std::to_string(peer) +
-                                                  " (" + p.address + "): " + errno_text(e));
+      return Status(StatusCode::kUnavailable, "socket transport: hello to peer " +
+                                                  std::to_string(peer) + " (" + shown(p.address) +
+                                                  "): " + errno_text(e));
     }
     set_nonblocking(fd);
     In in;
@@ -200,8 +201,9 @@ class SocketTransport : public Transport {
   Status flush(int peer) {
     Peer& p = peers_[peer];
     if (p.fd == kClosed && !p.queue.empty()) {
-      return Status(StatusCode::kUnavailable, "socket transport: peer " + std::to_string(peer) + " (" +
-                                                  p.address + ") closed the connection (gone?)");
+      return Status(StatusCode::kUnavailable, "socket transport: peer " + std::to_string(peer) +
+                                                  " (" + shown(p.address) +
+                                                  ") closed the connection (gone?)");
     }
     while (!p.queue.empty()) {
       Out& o = p.queue.front();
@@ -222,7 +224,7 @@ class SocketTransport : public Transport {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return ok_status();  // next poll
         if (errno == EINTR) continue;
         return Status(StatusCode::kUnavailable, "socket transport: write to peer " +
-                                                    std::to_string(peer) + " (" + p.address +
+                                                    std::to_string(peer) + " (" + shown(p.address) +
                                                     "): " + errno_text(errno) + " (gone?)");
       }
       o.sent += static_cast<size_t>(n);
@@ -242,7 +244,9 @@ class SocketTransport : public Transport {
         }
         return internal_error("socket transport: accept: " + errno_text(errno));
       }
-      MSI_RETURN_IF_ERROR(watch(fd, In{}));
+      In in;
+      in.secret = secret_;
+      MSI_RETURN_IF_ERROR(watch(fd, std::move(in)));
     }
   }
 
@@ -255,79 +259,21 @@ class SocketTransport : public Transport {
     }
   }
 
-  // Advances one connection's parser over `n` bytes that arrived.
-  Status take(int fd, In& in, const uint8_t* p, size_t n) {
-    while (n > 0) {
-      uint8_t* to = nullptr;
-      size_t want = 0;
-      switch (in.part) {
-        case In::Part::kHelloLen:
-          to = reinterpret_cast<uint8_t*>(&in.hello_len);
-          want = 4;
-          break;
-        case In::Part::kHello:
-          to = reinterpret_cast<uint8_t*>(in.who.data());
-          want = in.hello_len;
-          break;
-        case In::Part::kHeader:
-          to = reinterpret_cast<uint8_t*>(&in.h);
-          want = sizeof(Header);
-          break;
-        case In::Part::kPayload:
-          to = in.dst;
-          want = in.h.len;
-          break;
-      }
-      const size_t k = std::min(n, want - in.got);
-      std::memcpy(to + in.got, p, k);
-      in.got += k;
-      p += k;
-      n -= k;
-      if (in.got == want) MSI_RETURN_IF_ERROR(part_done(fd, in));
+  // Hands the parser's verdict on a connection's bytes on: completed writes
+  // become completions; a violation drops the connection and names the peer.
+  Status parsed(int fd, In& in, Status s) {
+    for (uint32_t imm : imms_) done_.push_back({Completion::Kind::kRemoteWrite, imm, 0});
+    imms_.clear();
+    if (s.ok()) return s;
+    if (!in.hello_done()) {
+      // Not one of the job's processes (no secret, a port scan, a stray
+      // client): dropped, and the job goes on.
+      drop(fd);
+      return ok_status();
     }
-    return ok_status();
-  }
-
-  // The current part of a connection's stream is complete: move to the next.
-  Status part_done(int fd, In& in) {
-    in.got = 0;
-    switch (in.part) {
-      case In::Part::kHelloLen:
-        if (in.hello_len > 4096) {
-          drop(fd);
-          return internal_error("socket transport: a connection that does not speak msinfer");
-        }
-        in.who.assign(in.hello_len, '\0');
-        in.part = In::Part::kHello;
-        if (in.hello_len == 0) in.part = In::Part::kHeader;
-        break;
-      case In::Part::kHello:
-        in.part = In::Part::kHeader;
-        break;
-      case In::Part::kHeader: {
-        auto it = regions_.find(in.h.key);
-        if (it == regions_.end() || in.h.offset + in.h.len > it->second.second) {
-          const std::string who = name_of(in);
-          drop(fd);
-          return internal_error("socket transport: " + who + " wrote " + std::to_string(in.h.len) +
-                                " bytes at offset " + std::to_string(in.h.offset) + " of region " +
-                                std::to_string(in.h.key) +
-                                ", which is not a registered region that holds them");
-        }
-        in.dst = it->second.first + in.h.offset;
-        in.part = In::Part::kPayload;
-        if (in.h.len == 0) {
-          done_.push_back({Completion::Kind::kRemoteWrite, in.h.imm, 0});
-          in.part = In::Part::kHeader;
-        }
-        break;
-      }
-      case In::Part::kPayload:
-        done_.push_back({Completion::Kind::kRemoteWrite, in.h.imm, 0});
-        in.part = In::Part::kHeader;
-        break;
-    }
-    return ok_status();
+    const std::string who = name_of(in);
+    drop(fd);
+    return internal_error("socket transport: " + who + " " + s.message());
   }
 
   // Reads what the kernel has for one connection. Small messages
@@ -343,7 +289,7 @@ class SocketTransport : public Transport {
       const ssize_t n = ::recv(fd, to, want, MSG_DONTWAIT);
       if (n == 0) {
         // The writer closed: between messages that is a peer that finished.
-        const bool between = in.part == In::Part::kHeader && in.got == 0;
+        const bool between = in.between_messages();
         const std::string who = name_of(in);
         drop(fd);
         if (between) return ok_status();
@@ -371,9 +317,10 @@ class SocketTransport : public Transport {
       }
       if (direct) {
         in.got += static_cast<size_t>(n);
-        if (in.got == in.h.len) MSI_RETURN_IF_ERROR(part_done(fd, in));
+        if (in.got == in.h.len) MSI_RETURN_IF_ERROR(parsed(fd, in, in.part_done(regions_, &imms_)));
       } else {
-        MSI_RETURN_IF_ERROR(take(fd, in, staging_.data(), static_cast<size_t>(n)));
+        MSI_RETURN_IF_ERROR(
+            parsed(fd, in, in.take(staging_.data(), static_cast<size_t>(n), regions_, &imms_)));
         if (incoming_.count(fd) == 0) return ok_status();  // dropped
       }
       // Less than asked for: the socket is drained, and epoll (level-
@@ -386,10 +333,11 @@ class SocketTransport : public Transport {
   static constexpr size_t kQuickAckAfter = 64 * 1024;
   std::vector<uint8_t> staging_ = std::vector<uint8_t>(kStaging);
   int listen_fd_ = -1, epoll_fd_ = -1;
-  std::string address_;
+  std::string address_, secret_;
   std::chrono::milliseconds connect_timeout_{5000};
   uint64_t next_key_ = 0;
-  std::map<uint64_t, std::pair<uint8_t*, size_t>> regions_;
+  internal::RegionTable regions_;
+  std::vector<uint32_t> imms_;  // scratch for the parser
   std::vector<Peer> peers_;
   std::map<int, In> incoming_;
   std::deque<Completion> done_;

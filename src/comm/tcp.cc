@@ -1,12 +1,14 @@
 #include "msinfer/comm/tcp.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -44,6 +46,56 @@ StatusOr<int> tcp_listen(const std::string& host, int port, int* bound_port) {
   return fd;
 }
 
+namespace {
+
+// One non-blocking connect() to `a`, waiting for it with poll() no later
+// than `deadline`. The fd on success; -1 with *why set otherwise. (A blocking
+// connect() gives up only after the kernel's SYN retries, ~127 s, whatever
+// the caller's timeout: e.g. against a listener whose accept queue is full.)
+int connect_once(const sockaddr_in& a, std::chrono::steady_clock::time_point deadline,
+                 std::string* why) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    *why = std::string("socket: ") + std::strerror(errno);
+    return -1;
+  }
+  int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof(a));
+  int err = rc == 0 ? 0 : errno;
+  if (err == EINPROGRESS || err == EINTR) {
+    while (true) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            deadline - std::chrono::steady_clock::now())
+                            .count();
+      if (left <= 0) {
+        err = ETIMEDOUT;
+        break;
+      }
+      pollfd p{fd, POLLOUT, 0};
+      const int n = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
+      if (n < 0 && errno != EINTR) {
+        err = errno;
+        break;
+      }
+      if (n <= 0) continue;
+      socklen_t len = sizeof(err);
+      if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+      break;
+    }
+  }
+  if (err != 0) {
+    *why = std::strerror(err);
+    ::close(fd);
+    return -1;
+  }
+  // Blocking again, as callers expect; TCP_NODELAY for small control messages.
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+}  // namespace
+
 StatusOr<int> tcp_connect(const std::string& host_port, std::chrono::milliseconds timeout) {
   const auto colon = host_port.rfind(':');
   if (colon == std::string::npos) return invalid_argument("expected host:port, got '" + host_port + "'");
@@ -51,19 +103,18 @@ StatusOr<int> tcp_connect(const std::string& host_port, std::chrono::millisecond
   MSI_ASSIGN_OR_RETURN(sockaddr_in a, parse_ipv4(host_port.substr(0, colon), port));
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return internal_error(std::string("socket: ") + std::strerror(errno));
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
-      int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      return fd;
+    std::string why;
+    const int fd = connect_once(a, deadline, &why);
+    if (fd >= 0) return fd;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Status(StatusCode::kUnavailable, "cannot reach " + host_port + " within " +
+                                                  std::to_string(timeout.count()) + " ms: " + why);
     }
-    const std::string why = std::strerror(errno);
-    ::close(fd);
-    if (std::chrono::steady_clock::now() > deadline) {
-      return Status(StatusCode::kUnavailable, "cannot reach " + host_port + ": " + why);
-    }
-    ::usleep(20000);
+    // Refused (nobody listens yet): try again shortly, within the deadline.
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    ::usleep(static_cast<useconds_t>(std::max<int64_t>(0, std::min<int64_t>(left, 20000))));
   }
 }
 

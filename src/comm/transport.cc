@@ -30,38 +30,6 @@ StatusOr<std::unique_ptr<RegionMemory>> Transport::allocate(size_t len) {
   return std::unique_ptr<RegionMemory>(new HeapMemory(len));
 }
 
-Status check_write(const std::string& transport, int peer, size_t peers, size_t len,
-                   const RemoteRegion& dst, uint64_t offset) {
-  if (peer < 0 || static_cast<size_t>(peer) >= peers) {
-    return invalid_argument(transport + ": unknown peer " + std::to_string(peer));
-  }
-  if (offset + len > dst.length) {
-    return invalid_argument(transport + ": write of " + std::to_string(len) + " bytes at offset " +
-                            std::to_string(offset) + " outside the peer's " +
-                            std::to_string(dst.length) + "-byte region");
-  }
-  return ok_status();
-}
-
-std::string errno_text(int e) { return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")"; }
-
-std::string RemoteRegion::encode() const {
-  std::string s(24, '\0');
-  std::memcpy(s.data(), &key, 8);
-  std::memcpy(s.data() + 8, &base, 8);
-  std::memcpy(s.data() + 16, &length, 8);
-  return s;
-}
-
-StatusOr<RemoteRegion> RemoteRegion::decode(const std::string& blob) {
-  if (blob.size() != 24) return invalid_argument("remote region blob must be 24 bytes");
-  RemoteRegion r;
-  std::memcpy(&r.key, blob.data(), 8);
-  std::memcpy(&r.base, blob.data() + 8, 8);
-  std::memcpy(&r.length, blob.data() + 16, 8);
-  return r;
-}
-
 class InprocTransport : public Transport {
  public:
   InprocTransport(InprocFabric* f, int index) : f_(f), index_(index) {}
@@ -104,7 +72,7 @@ class InprocTransport : public Transport {
       return Status(StatusCode::kUnavailable, "inproc: peer " + std::to_string(peer) + " is gone");
     }
     auto it = target.regions.find(dst.key);
-    if (it == target.regions.end() || offset + len > it->second.len) {
+    if (it == target.regions.end() || !range_within(offset, len, it->second.len)) {
       return invalid_argument("inproc: write outside peer " + std::to_string(peer) + "'s region");
     }
     if (len > 0) std::memcpy(it->second.base + offset, src, len);

@@ -45,13 +45,13 @@ double attention_layer_flops(const ModelConfig& mc) {
 Status wire(comm::Bootstrap& boot, comm::M2NEndpoint& ep, comm::M2NSender& sender,
             const comm::RemoteRegion& region, int first_peer, int peers) {
   MSI_ASSIGN_OR_RETURN(std::vector<std::string> blobs,
-                       boot.allgather(ep.transport().address() + region.encode()));
+                       boot.allgather(comm::PeerCard{ep.transport().address(), region}.encode()));
   for (int p = 0; p < peers; ++p) {
-    const std::string& b = blobs[first_peer + p];
-    if (b.size() < 24) return internal_error("bad bootstrap blob from rank " + std::to_string(first_peer + p));
-    MSI_ASSIGN_OR_RETURN(int handle, ep.transport().connect(b.substr(0, b.size() - 24)));
-    MSI_ASSIGN_OR_RETURN(comm::RemoteRegion rr, comm::RemoteRegion::decode(b.substr(b.size() - 24)));
-    sender.set_receiver(p, handle, rr);
+    MSI_ASSIGN_OR_RETURN(
+        comm::PeerCard card,
+        comm::PeerCard::decode(blobs[first_peer + p], "rank " + std::to_string(first_peer + p)));
+    MSI_ASSIGN_OR_RETURN(int handle, ep.transport().connect(card.address));
+    sender.set_receiver(p, handle, card.region);
   }
   return boot.barrier();
 }

@@ -34,6 +34,14 @@ Status Engine::add(GenerationRequest r) {
     }
   }
   MSI_RETURN_IF_ERROR(r.sampling.validate().with_context("request " + std::to_string(r.id)));
+  // The id names the request's KV block table: a second request under the
+  // same id would share (and, finishing first, free) the other's blocks.
+  const auto same_id = [&](const GenerationRequest& o) { return o.id == r.id; };
+  if (std::any_of(waiting_.begin(), waiting_.end(), same_id) ||
+      std::any_of(running_.begin(), running_.end(),
+                  [&](const Running& o) { return same_id(o.req); })) {
+    return invalid_argument("request " + std::to_string(r.id) + ": the id is already in use");
+  }
   const int64_t need = static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens;
   if (need > c.max_position_embeddings) {
     return resource_exhausted("request " + std::to_string(r.id) + ": prompt + max_tokens = " +

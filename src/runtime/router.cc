@@ -85,6 +85,7 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
     env.emplace("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / (A + N))));
     env.emplace("OMP_WAIT_POLICY", "PASSIVE");
     env["MSINFER_BOOTSTRAP"] = r->server_->address();
+    env["MSINFER_JOB_SECRET"] = r->server_->secret();  // as NCCL hands out its unique id
     env["MSINFER_RANK"] = std::to_string(rank);
     env["MSINFER_WORLD_SIZE"] = std::to_string(A + N);
     std::vector<std::string> env_lines;
@@ -104,12 +105,20 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphans if the router dies
       if (::getppid() != parent) ::_exit(1);
       // Commands and answers use fds 3 and 4, so nothing a library prints on
-      // stdout (sent to stderr here) can corrupt the protocol.
-      int devnull = ::open("/dev/null", O_RDONLY);
-      ::dup2(devnull, 0);
-      ::dup2(2, 1);
-      ::dup2(to_child[0], 3);
-      ::dup2(from_child[1], 4);
+      // stdout (sent to stderr here) can corrupt the protocol. A source may
+      // already sit on a target number, or on another target's (with stdin
+      // closed, fd 0 goes to the bootstrap listener and the first pipe end
+      // is fd 3: dup2(3, 3) does nothing and leaves close-on-exec set), so
+      // every source is first moved above the targets, then put in place;
+      // dup2 from another fd clears close-on-exec.
+      const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      int sources[4] = {devnull, 2, to_child[0], from_child[1]};
+      for (int& fd : sources) fd = fd >= 0 ? ::fcntl(fd, F_DUPFD_CLOEXEC, 10) : -1;
+      if (sources[1] < 0) sources[1] = sources[0];  // no stderr: stdout to /dev/null
+      const int targets[4] = {0, 1, 3, 4};
+      for (int i = 0; i < 4; ++i) {
+        if (sources[i] < 0 || ::dup2(sources[i], targets[i]) < 0) ::_exit(126);
+      }
       ::execve(exe.c_str(), argv.data(), envp.data());
       ::_exit(127);
     }
@@ -205,7 +214,10 @@ StatusOr<std::unique_ptr<Router>> Router::start_launched(const WorkerConfig& c,
   int port = 0;
   MSI_ASSIGN_OR_RETURN(const int listen_fd, comm::tcp_listen(host, 0, &port));
   ::signal(SIGPIPE, SIG_IGN);
-  auto gathered = launcher.allgather(r->server_->address() + " " + host + ":" + std::to_string(port));
+  // The launcher's own channel (MPI / PMIx) carries the job's secret to the
+  // ranks; the bootstrap server and the control socket require it.
+  auto gathered = launcher.allgather(r->server_->address() + " " + host + ":" +
+                                     std::to_string(port) + " " + r->server_->secret());
   if (!gathered.ok()) {
     ::close(listen_fd);
     return gathered.status();
@@ -227,10 +239,18 @@ StatusOr<std::unique_ptr<Router>> Router::start_launched(const WorkerConfig& c,
     std::string line, buf;
     auto hello = read_line(*fd, &buf, &line, 30000) ? parse_json(line, "worker hello")
                                                      : StatusOr<Json>(invalid_argument("no hello"));
-    const int rank = hello.ok() ? hello->value("rank", -1) : -1;
+    const std::string secret = hello.ok() ? hello->value("secret", std::string()) : "";
+    if (!hello.ok() || secret.size() != r->server_->secret().size() ||
+        !std::equal(secret.begin(), secret.end(), r->server_->secret().begin())) {
+      ::close(*fd);  // not one of the job's ranks: ignored
+      --joined;
+      continue;
+    }
+    const int rank = hello->value("rank", -1);
     if (rank < 1 || rank > A + N || r->workers_[rank - 1].in >= 0) {
       ::close(*fd);
-      s = invalid_argument("router: a worker connected with a bad hello: " + line);
+      s = invalid_argument("router: a worker connected with a bad hello (rank " +
+                           std::to_string(rank) + ")");
       break;
     }
     Worker& w = r->workers_[rank - 1];
@@ -252,11 +272,15 @@ Status join_launched_deployment(const WorkerConfig& config, comm::Bootstrap& lau
   if (rank < 1) return invalid_argument("join_launched_deployment: rank 0 is the router");
   MSI_ASSIGN_OR_RETURN(auto all, launcher.allgather(""));
   std::istringstream addrs(all[0]);
-  std::string bootstrap, control;
-  addrs >> bootstrap >> control;
+  std::string bootstrap, control, secret;
+  addrs >> bootstrap >> control >> secret;
   MSI_ASSIGN_OR_RETURN(const int fd, comm::tcp_connect(control, std::chrono::seconds(60)));
-  write_line(fd, Json{{"rank", rank}, {"pid", ::getpid()}, {"host", host_name()},
-                      {"address", comm::local_address()}}.dump());
+  write_line(fd, Json{{"rank", rank},
+                      {"pid", ::getpid()},
+                      {"host", host_name()},
+                      {"address", comm::local_address()},
+                      {"secret", secret}}
+                     .dump());
   WorkerConfig c = config;
   // Transports that cross hosts bind the address peers reach this host by.
   if (c.address.empty() && !comm::transport_within_host(c.provider)) {
@@ -270,7 +294,7 @@ Status join_launched_deployment(const WorkerConfig& config, comm::Bootstrap& lau
   ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / per_host)).c_str(), 0);
   ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   const int A = c.attention_workers, N = c.expert_workers;
-  MSI_ASSIGN_OR_RETURN(auto boot, comm::make_tcp_bootstrap(rank - 1, A + N, bootstrap));
+  MSI_ASSIGN_OR_RETURN(auto boot, comm::make_tcp_bootstrap(rank - 1, A + N, bootstrap, secret));
   const Role role = role_of(c, rank - 1);  // launcher rank 0 is the router
   Status s = role.attention ? run_attention_worker(c, role.index, *boot, fd, fd)
                             : run_expert_worker(c, role.index, *boot, fd, fd);

@@ -28,7 +28,7 @@ struct Outcome {
 // thread holds the allocator's lock can hang, as seen under ASan).
 struct ServerProcess {
   pid_t pid = -1;
-  std::string address;
+  std::string address, secret;
   explicit ServerProcess(int world) {
     int fds[2];
     EXPECT_EQ(::pipe(fds), 0);
@@ -36,7 +36,7 @@ struct ServerProcess {
     if (pid == 0) {
       ::close(fds[0]);
       auto server = BootstrapServer::start(world);
-      const std::string a = server.ok() ? (*server)->address() : "";
+      const std::string a = server.ok() ? (*server)->address() + " " + (*server)->secret() : "";
       ssize_t w = ::write(fds[1], a.data(), a.size());
       (void)w;
       ::close(fds[1]);
@@ -46,7 +46,9 @@ struct ServerProcess {
     char buf[256];
     const ssize_t k = ::read(fds[0], buf, sizeof(buf));
     ::close(fds[0]);
-    address = k > 0 ? std::string(buf, static_cast<size_t>(k)) : "";
+    const std::string got = k > 0 ? std::string(buf, static_cast<size_t>(k)) : "";
+    address = got.substr(0, got.find(' '));
+    secret = got.find(' ') == std::string::npos ? "" : got.substr(got.find(' ') + 1);
     EXPECT_FALSE(address.empty()) << "bootstrap server did not start";
   }
   ~ServerProcess() {
@@ -68,7 +70,8 @@ Outcome run_processes(const ExchangeOptions& o, std::vector<std::string>* messag
     pid_t pid = ::fork();
     if (pid == 0) {
       ::close(fds[0]);
-      auto boot = make_tcp_bootstrap(r, n, server.address, std::chrono::milliseconds(10000));
+      auto boot =
+          make_tcp_bootstrap(r, n, server.address, server.secret, std::chrono::milliseconds(10000));
       Status s = boot.ok() ? run_exchange(**boot, o, nullptr) : boot.status();
       std::string msg = s.ok() ? "ok" : s.to_string();
       ssize_t w = ::write(fds[1], msg.data(), msg.size());
@@ -201,14 +204,15 @@ TEST(ShmEndpointTest, ObjectsOfKilledProcessesAreNoObstacleAndAreRemoved) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   std::remove(("/dev/shm/" + std::to_string(child) + ":0:0").c_str());
   ASSERT_TRUE(WIFSIGNALED(status)) << "the endpoint did not open next to a stale object";
-  EXPECT_EQ(shm_objects_of(child).size(), 1u) << "the killed process's object should remain";
+  EXPECT_EQ(shm_objects_of(child).size(), 2u)
+      << "the killed process's object (and lock) should remain";
 
   FabricOptions o;
   o.provider = "shm";
   auto t = make_fabric_transport(o);
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   EXPECT_TRUE(shm_objects_of(child).empty()) << "the dead process's object was not removed";
-  EXPECT_EQ(shm_objects_of(::getpid()).size(), 1u);
+  EXPECT_EQ(shm_objects_of(::getpid()).size(), 2u) << "the endpoint's object and its lock";
   t->reset();
   EXPECT_TRUE(shm_objects_of(::getpid()).empty()) << "closing the endpoint removes its object";
 }

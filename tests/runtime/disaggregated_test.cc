@@ -78,6 +78,18 @@ TEST_P(DisaggregatedTest, SeededSamplingIsReproducible) {
 INSTANTIATE_TEST_SUITE_P(TinyPresets, DisaggregatedTest,
                          ::testing::Values("tiny-mixtral", "tiny-qwen3moe"));
 
+// With stdin closed, fd 0 is free: the router's bootstrap listener takes it
+// and the first pipe end becomes fd 3, the number a worker reads commands
+// from. The workers must still get their pipes.
+TEST(DisaggregatedStdioTest, RunsWithStdinClosed) {
+  const std::string prompt = "--model " + testing::test_model_dir("tiny-mixtral") +
+                             " --prompt-ids 5,9,22 --max-tokens 4 --ignore-eos";
+  const auto ref = tokens_of(prompt);
+  ASSERT_EQ(ref.size(), 4u);
+  EXPECT_EQ(tokens_of(prompt + " --attention-workers 1 --expert-workers 1 --micro-batches 1 <&-"),
+            ref);
+}
+
 // A plan document decides n_a and m (one expert worker per expert); plans with
 // tensor parallelism are refused with a clear message.
 TEST(DisaggregatedPlanTest, PlanDocumentSetsTheDeployment) {

@@ -134,6 +134,24 @@ TEST(EngineTest, BadRequestsAreRefused) {
   EXPECT_TRUE(e->idle());
 }
 
+// Two requests under one id would share one KV block table, freed while the
+// other still uses it: the second is refused while the first is queued or
+// running, and accepted again once it finished.
+TEST(EngineTest, ARequestIdInUseIsRefused) {
+  auto w = load(testing::test_model_dir("tiny-mixtral"));
+  auto e = make_engine(w);
+  ASSERT_TRUE(e->add(req(7, {1, 2, 3}, 3)).ok());
+  Status s = e->add(req(7, {4, 5}, 3));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("already in use"), std::string::npos) << s.to_string();
+  ASSERT_TRUE(e->step().ok());  // now running
+  EXPECT_EQ(e->running(), 1);
+  EXPECT_EQ(e->add(req(7, {4, 5}, 3)).code(), StatusCode::kInvalidArgument);
+  for (int i = 0; i < 20 && !e->idle(); ++i) ASSERT_TRUE(e->step().ok());
+  ASSERT_TRUE(e->idle());
+  EXPECT_TRUE(e->add(req(7, {4, 5}, 3)).ok());
+}
+
 TEST(EngineTest, StopsOnStopTokensEosAndLength) {
   auto w = load(testing::test_model_dir("tiny-mixtral"));
   auto e = make_engine(w);

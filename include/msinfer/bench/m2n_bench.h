@@ -26,7 +26,8 @@ struct M2NBenchOptions {
 struct M2NBenchRow {
   std::string name;      // msinfer | mpi-p2p | mpi-alltoallv
   std::string provider;  // msinfer: the transport; MPI: the btl (vader | tcp)
-  int64_t size = 0;
+  int64_t size = 0;      // bytes each sender sends to each receiver per round
+  int64_t row_bytes = 0;  // in rows of this many bytes (size is a whole number of them)
   int senders = 0, receivers = 0;
   double p50_us = 0, p99_us = 0, gbps = 0;  // one-way; GB/s per sender
 };

@@ -5,7 +5,8 @@
 // - MpiBootstrap: MPI_Allgather, when the processes were started by mpirun or
 //   srun (PMIx). Only the exchange goes through MPI.
 // make_bootstrap_from_env() picks: MSINFER_BOOTSTRAP=host:port with
-// MSINFER_RANK / MSINFER_WORLD_SIZE -> TCP; else an MPI launch -> MPI.
+// MSINFER_RANK / MSINFER_WORLD_SIZE / MSINFER_JOB_SECRET -> TCP; else an MPI
+// launch -> MPI.
 #pragma once
 
 #include <atomic>
@@ -29,28 +30,43 @@ class Bootstrap {
   Status barrier();
 };
 
-// Serves allgather rounds for `world` ranks on 127.0.0.1 (or `host`), port 0 =
-// any free port. Runs on its own thread until destroyed.
+// 32 hex digits from the kernel's random source (getrandom): a job's secret.
+std::string new_job_secret();
+
+// Serves allgather rounds for `world` ranks on 127.0.0.1 (or `host`: the
+// interface the deployment uses, never all of them), port 0 = any free port.
+// Runs on its own thread until destroyed. Every client must present the
+// job's secret (`secret`, or a new one when empty: see secret()) in its
+// first message; a connection that does not is dropped. Clients are read
+// without blocking, all at once: a silent one delays nobody, and is dropped
+// after 30 s.
 class BootstrapServer {
  public:
-  static StatusOr<std::unique_ptr<BootstrapServer>> start(int world, const std::string& host = "127.0.0.1",
-                                                          int port = 0);
+  static StatusOr<std::unique_ptr<BootstrapServer>> start(int world,
+                                                          const std::string& host = "127.0.0.1",
+                                                          int port = 0,
+                                                          const std::string& secret = "");
   ~BootstrapServer();
   std::string address() const;  // "host:port"
+  // For the ranks (MSINFER_JOB_SECRET): the launcher passes it as NCCL passes
+  // its unique id.
+  const std::string& secret() const { return secret_; }
 
  private:
   BootstrapServer() = default;
   void serve();
+  bool parse_hello(const std::string& hello, int* rank, int* round) const;
   int listen_fd_ = -1;
   int world_ = 0;
-  std::string host_;
+  std::string host_, secret_;
   int port_ = 0;
   std::thread thread_;
   std::atomic<bool> stop_{false};  // set by the destructor, read by the serving thread
 };
 
+// A rank of a TcpBootstrap: `secret` is the server's (BootstrapServer::secret).
 StatusOr<std::unique_ptr<Bootstrap>> make_tcp_bootstrap(
-    int rank, int world, const std::string& server,
+    int rank, int world, const std::string& server, const std::string& secret,
     std::chrono::milliseconds timeout = std::chrono::milliseconds(30000));
 
 // True when this process was started by mpirun / srun with PMIx.

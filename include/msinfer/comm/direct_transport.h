@@ -3,11 +3,12 @@
 // maps on its first write, so a write is one memcpy by the sender straight
 // into the receiver's region — a single copy, no system call, and nothing to
 // do on the receiving side, which is what an RDMA write is — followed by the
-// 32-bit immediate posted into the receiver's mailbox, a lock-free ring in a
-// small shared-memory object that the receiver polls. The immediate is
-// published (release store) after the data, so a receiver that sees it sees
-// the rows. Memory registered without allocate() is written with one
-// process_vm_writev (Linux cross-memory attach) instead.
+// 32-bit immediate posted into the receiver's mailbox, a small shared-memory
+// object that the receiver polls, where each connected sender owns a
+// single-producer ring (a "link"): a sender that dies breaks only its own.
+// The immediate is published (release store) after the data, so a receiver
+// that sees it sees the rows. Memory registered without allocate() can be
+// the source of a write, never its target.
 //
 // Why next to libfabric's shm provider: shm moves a write either through
 // bounce buffers (two copies, drained by the receiver's progress) or by a
@@ -17,11 +18,11 @@
 // on this host (docs/BENCHMARKS.md) that costs shm the 32 KiB-8 MiB range.
 //
 // Objects live in /dev/shm, named like libfabric shm endpoints
-// ("msinfer-<pid>-<random>", the mailbox; "...-r<n>", region n), are unlinked
-// by their owner and, after a crash, by the next endpoint
-// (remove_dead_shm_endpoints). A peer's death shows as its immediates not
-// arriving (the M2N wait names it) or, for a full mailbox or a CMA write, as an
-// error naming it.
+// ("msinfer-<pid>-<random>", the mailbox; "...-r<n>", region n; ".live", the
+// owner's liveness lock), are unlinked by their owner and, after a crash, by
+// the next endpoint (remove_dead_shm_endpoints). A peer's death shows as its
+// immediates not arriving (the M2N wait names it) or, once the link to it is
+// full, as an error naming it.
 #pragma once
 
 #include <memory>

@@ -12,6 +12,7 @@
 // (FI_RX_CQ_DATA, verbs) get them pre-posted and re-posted.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "msinfer/comm/transport.h"
@@ -56,11 +57,32 @@ StatusOr<std::unique_ptr<Transport>> make_transport(const FabricOptions& options
 bool transport_within_host(const std::string& name);
 
 // shm endpoints (libfabric's, and the direct transport's mailboxes and
-// regions) are shared-memory objects in /dev/shm; a killed process leaves its own behind.
-// msinfer names them "msinfer-<pid>-<random>" (new_shm_object_name), and
-// remove_dead_shm_endpoints removes those of msinfer processes that no longer
-// exist. Every new endpoint calls it; so does the router after reaping workers.
-std::string new_shm_object_name();
+// regions) are shared-memory objects in /dev/shm; a killed process leaves its
+// own behind. msinfer names them "msinfer-<pid>-<16 hex digits>" (a token
+// from ShmOwner), and remove_dead_shm_endpoints removes those whose owner is
+// gone. Liveness is a lock, not the pid: "<token>.live" in /dev/shm, held
+// (flock) by the owner from before its first object exists until after its
+// last is unlinked, and released by the kernel when it dies. kill(pid, 0)
+// cannot tell: a live process of another PID namespace (containers sharing
+// /dev/shm) is ESRCH here too, and its pid may be another process's here.
+class ShmOwner {
+ public:
+  // A fresh token with its lock taken. UNAVAILABLE if /dev/shm is not there.
+  static StatusOr<std::unique_ptr<ShmOwner>> create();
+  ~ShmOwner();                                       // unlinks and releases the lock
+  const std::string& name() const { return name_; }  // "msinfer-<pid>-<16 hex>"
+
+ private:
+  ShmOwner() = default;
+  std::string name_;
+  int fd_ = -1;
+};
+
+// Whether the owner of the object so named (by token) holds its lock.
+bool shm_owner_alive(const std::string& object_name);
+
+// Removes every msinfer object whose owner is gone. Every new endpoint calls
+// it; so does the router after reaping workers.
 void remove_dead_shm_endpoints();
 
 }  // namespace msinfer::comm

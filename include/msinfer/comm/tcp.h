@@ -14,7 +14,9 @@ namespace msinfer::comm {
 StatusOr<int> tcp_listen(const std::string& host, int port, int* bound_port);
 
 // Connects to "host:port", retrying until `timeout` (the peer may not listen
-// yet). TCP_NODELAY is set.
+// yet); returns within `timeout` (plus ~20 ms) whatever the network does: the
+// connect is non-blocking and waited for with poll. The socket returned is
+// blocking, with TCP_NODELAY set.
 StatusOr<int> tcp_connect(const std::string& host_port, std::chrono::milliseconds timeout);
 
 // Waits up to `timeout` for a connection on a listening socket.

@@ -30,8 +30,27 @@ struct RemoteRegion {
   uint64_t base = 0;    // address of byte 0 as the peer must name it (virtual
                         // address, or 0 when the provider uses offsets)
   uint64_t length = 0;
-  std::string encode() const;
+  std::string encode() const;  // 24 bytes: key, base, length (host order)
+  // Refuses anything but 24 bytes and a region whose end (base + length)
+  // wraps around 2^64: the blob comes from another process.
   static StatusOr<RemoteRegion> decode(const std::string& blob);
+};
+
+// [offset, offset + len) lies within [0, size), computed without the
+// wrap-around of offset + len (both come off the wire or out of a peer's blob).
+constexpr bool range_within(uint64_t offset, uint64_t len, uint64_t size) {
+  return offset <= size && len <= size - offset;
+}
+
+// What a rank publishes through the bootstrap so that peers can write to it:
+// its transport address followed by its receive region (RemoteRegion::encode).
+struct PeerCard {
+  std::string address;
+  RemoteRegion region;
+  std::string encode() const;
+  // INVALID_ARGUMENT naming `who` for a blob too short, an empty address or a
+  // bad region; never reads outside `blob`.
+  static StatusOr<PeerCard> decode(const std::string& blob, const std::string& who);
 };
 
 struct Completion {

@@ -56,9 +56,9 @@ class Engine {
                                                   const EngineOptions& options,
                                                   std::unique_ptr<ExpertBackend> experts = nullptr);
 
-  // Queues a request. INVALID_ARGUMENT for an empty prompt, a bad token id or bad
-  // sampling; RESOURCE_EXHAUSTED when prompt + max_tokens exceeds the whole KV
-  // cache or the model's context.
+  // Queues a request. INVALID_ARGUMENT for an empty prompt, a bad token id, bad
+  // sampling or an id that a queued or running request has; RESOURCE_EXHAUSTED when prompt +
+  // max_tokens exceeds the whole KV cache or the model's context.
   Status add(GenerationRequest r);
   // Runs one step; returns the tokens produced (possibly none, during prefill).
   // Fails only when the expert backend does (a remote worker died or timed out).

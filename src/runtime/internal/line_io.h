@@ -5,17 +5,20 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <string>
 
 namespace msinfer::runtime::internal {
 
-// Writes s and a newline; false if the pipe is closed.
+// Writes s and a newline; false if the pipe is closed. A signal that
+// interrupts the write (EINTR) is not a closed pipe: the write goes on.
 inline bool write_line(int fd, const std::string& s) {
   const std::string l = s + "\n";
   size_t off = 0;
   while (off < l.size()) {
     const ssize_t n = ::write(fd, l.data() + off, l.size() - off);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return false;
     off += static_cast<size_t>(n);
   }
@@ -24,7 +27,8 @@ inline bool write_line(int fd, const std::string& s) {
 
 // Next complete line from fd, keeping partial input in *buf across calls (a
 // timeout must not lose the start of a line). timeout_ms < 0 waits forever.
-// False on timeout or end of file (then *eof, if given, is set).
+// False on timeout or end of file (then *eof, if given, is set); a signal
+// (EINTR) is neither.
 inline bool read_line(int fd, std::string* buf, std::string* line, int timeout_ms,
                       bool* eof = nullptr) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
@@ -48,6 +52,7 @@ inline bool read_line(int fd, std::string* buf, std::string* line, int timeout_m
     if (::poll(&p, 1, wait) <= 0) continue;
     char chunk[4096];
     const ssize_t n = ::read(fd, chunk, sizeof(chunk));
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (n <= 0) {
       if (eof != nullptr) *eof = true;
       return false;

@@ -1,0 +1,86 @@
+// The router <-> worker line protocol's I/O (src/runtime/internal/line_io.h)
+// under signals: an interrupted write or read is not a closed pipe.
+#include "../../src/runtime/internal/line_io.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+
+namespace msinfer::runtime::internal {
+namespace {
+
+std::atomic<int> signals_seen{0};
+void count_signal(int) { signals_seen.fetch_add(1); }
+
+// A write_line blocked on a full pipe, hit by signals whose handler does not
+// restart system calls (no SA_RESTART: write returns EINTR), still writes
+// the whole line once the reader drains the pipe.
+TEST(LineIoTest, SignalsDoNotBreakAWrite) {
+  struct sigaction sa {
+  }, old{};
+  sa.sa_handler = count_signal;
+  sa.sa_flags = 0;
+  sigemptyset(&sa.sa_mask);
+  ASSERT_EQ(::sigaction(SIGUSR1, &sa, &old), 0);
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  // Fill the pipe so that the next write blocks.
+  ::fcntl(fds[1], F_SETFL, O_NONBLOCK);
+  const std::string filler(4096, 'f');
+  size_t filled = 0;
+  while (true) {
+    const ssize_t n = ::write(fds[1], filler.data(), filler.size());
+    if (n <= 0) break;
+    filled += static_cast<size_t>(n);
+  }
+  ::fcntl(fds[1], F_SETFL, 0);
+  std::atomic<int> result{-1};
+  std::thread writer([&] { result = write_line(fds[1], "the line") ? 1 : 0; });
+  // Interrupt the writer many times while it is blocked (or about to be).
+  const int before = signals_seen.load();
+  for (int i = 0; i < 200 && result.load() == -1; ++i) {
+    ::pthread_kill(writer.native_handle(), SIGUSR1);
+    while (signals_seen.load() == before + i && result.load() == -1) std::this_thread::yield();
+  }
+  // Drain: the filler, then the line.
+  std::string got;
+  char buf[65536];
+  while (got.size() < filled + 9) {
+    const ssize_t n = ::read(fds[0], buf, sizeof(buf));
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  writer.join();
+  ::sigaction(SIGUSR1, &old, nullptr);
+  ::close(fds[0]);
+  ::close(fds[1]);
+  EXPECT_GT(signals_seen.load(), before);
+  EXPECT_EQ(result.load(), 1) << "write_line gave up on a signal";
+  EXPECT_EQ(got.substr(filled), "the line\n");
+}
+
+TEST(LineIoTest, ReadLineKeepsPartialLinesAndReportsEndOfFile) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ASSERT_EQ(::write(fds[1], "ab", 2), 2);
+  std::string buf, line;
+  bool eof = false;
+  EXPECT_FALSE(read_line(fds[0], &buf, &line, 0, &eof));
+  EXPECT_FALSE(eof);
+  ASSERT_EQ(::write(fds[1], "c\nd", 3), 3);
+  ASSERT_TRUE(read_line(fds[0], &buf, &line, 1000));
+  EXPECT_EQ(line, "abc");
+  ::close(fds[1]);
+  EXPECT_FALSE(read_line(fds[0], &buf, &line, 1000, &eof));
+  EXPECT_TRUE(eof);
+  ::close(fds[0]);
+}
+
+}  // namespace
+}  // namespace msinfer::runtime::internal
