@@ -1,13 +1,19 @@
 // Runs the msinfer binary as a user would and checks its output and exit codes.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/inotify.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -465,6 +471,138 @@ TEST(CliHardeningTest, LoadErrorsExitTheSameEverywhere) {
       "bench serve --offline --model " + dir + " --attention-workers 1 --expert-workers 1", want);
   expect_refused("profile --model " + dir, want);
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace msinfer
+
+// ---- Issue 12 item 6: a signal leaves no msinfer shared-memory objects behind.
+namespace msinfer {
+namespace {
+
+// Owners (pids) of the msinfer-<pid>-* objects in /dev/shm.
+std::set<long> shm_owners() {
+  std::set<long> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("msinfer-", 0) != 0) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(n.c_str() + 8, &end, 10);
+    if (pid > 0 && *end == '-') out.insert(pid);
+  }
+  return out;
+}
+
+long parent_pid(long pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(in)), {});
+  const size_t r = s.rfind(')');
+  if (r == std::string::npos || r + 4 >= s.size()) return -1;
+  return std::strtol(s.c_str() + r + 4, nullptr, 10);
+}
+
+// A child running msinfer with `args`, stdout to /dev/null, stderr to a pipe.
+// Stopped with SIGTERM (and reaped) unless the test reaped it.
+struct Child {
+  pid_t pid = -1;
+  FILE* err = nullptr;
+  bool reaped = false;
+  int status = 0;
+
+  explicit Child(const std::vector<std::string>& args) {
+    int fds[2];
+    if (::pipe(fds) != 0) return;
+    pid = ::fork();
+    if (pid == 0) {
+      ::dup2(fds[1], 2);
+      const int null = ::open("/dev/null", O_WRONLY);
+      ::dup2(null, 1);
+      std::vector<char*> argv{const_cast<char*>(MSINFER_BINARY)};
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(MSINFER_BINARY, argv.data());
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    err = ::fdopen(fds[0], "r");
+  }
+  int wait() {
+    if (!reaped && pid > 0) ::waitpid(pid, &status, 0);
+    reaped = true;
+    return status;
+  }
+  ~Child() {
+    if (!reaped && pid > 0) {
+      ::kill(pid, SIGTERM);
+      wait();
+    }
+    if (err != nullptr) std::fclose(err);
+  }
+};
+
+TEST(CliSignalTest, SigintOfADeploymentRemovesItsSharedMemory) {
+  Child router({"generate", "--model", tiny_model(), "--prompt-ids", "5,9", "--max-tokens", "3000",
+                "--ignore-eos", "--attention-workers", "1", "--expert-workers", "2"});
+  ASSERT_GT(router.pid, 0);
+  std::set<long> workers;
+  std::string all;
+  char line[4096];
+  bool running = false;
+  while (!running && std::fgets(line, sizeof(line), router.err) != nullptr) {
+    all += line;
+    char role[32];
+    int idx = 0, pid = 0;
+    if (std::sscanf(line, "%31s worker %d: pid %d", role, &idx, &pid) == 3) workers.insert(pid);
+    running = std::strstr(line, "msinfer: step 16") != nullptr;
+  }
+  ASSERT_TRUE(running) << all;
+  ASSERT_EQ(workers.size(), 3u) << all;
+  const std::set<long> before = shm_owners();
+  for (long w : workers)
+    ASSERT_TRUE(before.count(w)) << "worker " << w << " owns no object\n" << all;
+  ASSERT_EQ(::kill(router.pid, SIGINT), 0);
+  const int st = router.wait();
+  EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGINT) << st;
+  const std::set<long> after = shm_owners();
+  for (long w : workers)
+    EXPECT_FALSE(after.count(w)) << "objects of worker " << w << " left behind";
+}
+
+TEST(CliSignalTest, SigintOfBenchM2nRemovesTheRanksSharedMemory) {
+  if (std::system("command -v mpirun >/dev/null") != 0)
+    GTEST_SKIP() << "needs mpirun (openmpi-bin)";
+  ::setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
+  Child bench({"bench", "m2n", "--senders", "1", "--receivers", "1", "--size", "64k", "--iters",
+               "1000000", "--baseline", "none"});
+  ASSERT_GT(bench.pid, 0);
+  // The ranks are the children of mpirun, the child of `bench`: wait (on
+  // /dev/shm's creations, with a deadline) until both own their objects.
+  const int in = ::inotify_init1(IN_CLOEXEC);
+  ASSERT_GE(in, 0);
+  ::inotify_add_watch(in, "/dev/shm", IN_CREATE);
+  std::set<long> ranks;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (ranks.size() < 2 && std::chrono::steady_clock::now() < deadline) {
+    ranks.clear();
+    for (long p : shm_owners()) {
+      const long mpirun = parent_pid(p);
+      if (mpirun > 0 && parent_pid(mpirun) == bench.pid) ranks.insert(p);
+    }
+    if (ranks.size() >= 2) break;
+    pollfd pfd{in, POLLIN, 0};
+    if (::poll(&pfd, 1, 1000) > 0) {
+      char buf[4096];
+      (void)!::read(in, buf, sizeof(buf));
+    }
+  }
+  ::close(in);
+  ASSERT_EQ(ranks.size(), 2u) << "the ranks never created their objects";
+  ASSERT_EQ(::kill(bench.pid, SIGINT), 0);
+  const int st = bench.wait();
+  EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGINT) << st;
+  const std::set<long> after = shm_owners();
+  for (long r : ranks) EXPECT_FALSE(after.count(r)) << "objects of rank " << r << " left behind";
 }
 
 }  // namespace
