@@ -1,6 +1,7 @@
 #include "msinfer/core/json.h"
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -59,6 +60,9 @@ StatusOr<double> JsonFields::number(const std::string& key) const {
 StatusOr<int64_t> JsonFields::integer(const std::string& key) const {
   if (!has(key)) return field_error(key, "is missing");
   const Json& v = j_.at(key);
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    return field_error(key, "is too large, got " + v.dump());
+  }
   if (v.is_number_integer()) return v.get<int64_t>();
   if (v.is_number_float()) {
     double d = v.get<double>();
@@ -122,6 +126,30 @@ StatusOr<int64_t> JsonFields::integer_at_least(const std::string& key, int64_t m
   if (v < min_value) {
     return field_error(key, "must be >= " + std::to_string(min_value) + ", got " +
                                 std::to_string(v));
+  }
+  return v;
+}
+
+StatusOr<double> JsonFields::number_in(const std::string& key, double lo, double hi,
+                                       bool lo_open) const {
+  MSI_ASSIGN_OR_RETURN(double v, number(key));
+  if ((lo_open ? !(v > lo) : !(v >= lo)) || !(v <= hi)) {
+    auto g = [](double x) {
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), "%g", x);
+      return std::string(buf);
+    };
+    return field_error(key, std::string("must be in ") + (lo_open ? "(" : "[") + g(lo) + ", " +
+                                g(hi) + "], got " + g(v));
+  }
+  return v;
+}
+
+StatusOr<int64_t> JsonFields::integer_in(const std::string& key, int64_t lo, int64_t hi) const {
+  MSI_ASSIGN_OR_RETURN(int64_t v, integer(key));
+  if (v < lo || v > hi) {
+    return field_error(key, "must be in " + std::to_string(lo) + ".." + std::to_string(hi) +
+                                ", got " + std::to_string(v));
   }
   return v;
 }

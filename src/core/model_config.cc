@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <tuple>
 
 namespace msinfer {
 namespace {
@@ -95,6 +96,7 @@ Status parse_common_gqa(const JsonFields& f, ModelConfig& m) {
   MSI_ASSIGN_OR_RETURN(m.hidden, f.integer_at_least("hidden_size", 1));
   MSI_ASSIGN_OR_RETURN(m.heads, get_int(f, "num_attention_heads"));
   MSI_ASSIGN_OR_RETURN(int64_t kvh, f.integer_or("num_key_value_heads", m.heads));
+  if (kvh < 0 || kvh > (1LL << 30)) return f.field_error("num_key_value_heads", "is out of range");
   m.kv_heads = static_cast<int>(kvh);
   MSI_ASSIGN_OR_RETURN(m.head_dim, f.integer_or("head_dim", m.hidden / m.heads));
   MSI_ASSIGN_OR_RETURN(m.vocab, f.integer_at_least("vocab_size", 1));
@@ -228,6 +230,30 @@ Status ModelConfig::validate() const {
     if (head_dim < 1) return bad("head_dim must be >= 1");
   }
   if (vocab < 1) return bad("vocab must be >= 1");
+  // Upper bounds far above any published model, so that sizes and FLOP counts
+  // derived from them stay finite and in range (a plan with hidden 1e12 used to
+  // be accepted). docs/PLANNER.md lists them.
+  for (auto [what, v, hi] : {std::tuple{"layers", int64_t{layers}, int64_t{4096}},
+                             {"hidden", hidden, int64_t{1} << 18},
+                             {"expert FFN", expert_ffn, int64_t{1} << 20},
+                             {"experts", int64_t{experts}, int64_t{1} << 16},
+                             {"heads", int64_t{heads}, int64_t{1} << 14},
+                             {"head_dim", head_dim, int64_t{1} << 14},
+                             {"vocab", vocab, int64_t{1} << 24},
+                             {"dense FFN", dense_ffn, int64_t{1} << 20},
+                             {"shared expert FFN", shared_expert_ffn, int64_t{1} << 20},
+                             {"q_lora_rank", q_lora_rank, int64_t{1} << 16},
+                             {"kv_lora_rank", kv_lora_rank, int64_t{1} << 16},
+                             {"qk_nope_head_dim", qk_nope_head_dim, int64_t{1} << 14},
+                             {"qk_rope_head_dim", qk_rope_head_dim, int64_t{1} << 14},
+                             {"v_head_dim", v_head_dim, int64_t{1} << 14}}) {
+    if (v < 0 || v > hi) {
+      return bad(std::string(what) + " must be in 0.." + std::to_string(hi) + ", got " +
+                 std::to_string(v));
+    }
+  }
+  if (!(rope_theta > 0 && rope_theta < 1e12)) return bad("rope_theta must be in (0, 1e12)");
+  if (!(rms_norm_eps > 0 && rms_norm_eps < 1)) return bad("rms_norm_eps must be in (0, 1)");
   return ok_status();
 }
 

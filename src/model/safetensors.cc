@@ -1,6 +1,7 @@
 #include "msinfer/model/safetensors.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -16,6 +17,21 @@ StatusOr<DType> parse_dtype(const std::string& s) {
   if (s == "F16") return DType::kF16;
   if (s == "F32") return DType::kF32;
   return invalid_argument("dtype '" + s + "' is not supported (BF16, F16, F32)");
+}
+
+// Bytes outside printable ASCII as \xNN.
+std::string escape_bytes(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02X", c);
+      out += buf;
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -53,9 +69,29 @@ StatusOr<std::vector<TensorView>> parse_safetensors(const uint8_t* data, size_t 
                             " exceeds the file (" + std::to_string(size) + " bytes); truncated?");
   }
   std::string_view text(reinterpret_cast<const char*>(data + 8), n);
-  auto j = parse_json(text, file + ": header");
-  if (!j.ok()) return j.status();
+  // A tensor name given twice: the JSON parser would keep one of them silently,
+  // so the top-level keys are collected as they are read.
+  std::vector<std::string> keys;
+  std::string duplicate;
+  Json::parser_callback_t on_key = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if (depth == 1 && event == Json::parse_event_t::key && duplicate.empty()) {
+      std::string k = parsed.get<std::string>();
+      if (std::find(keys.begin(), keys.end(), k) != keys.end()) duplicate = k;
+      keys.push_back(std::move(k));
+    }
+    return true;
+  };
+  StatusOr<Json> j = invalid_argument("");
+  try {
+    j = Json::parse(text.begin(), text.end(), on_key);
+  } catch (const Json::exception& e) {
+    // e.what() quotes the offending bytes: escaped, never raw bytes in a message.
+    return invalid_argument(file + ": header: not valid JSON (" + escape_bytes(e.what()) + ")");
+  }
   if (!j->is_object()) return invalid_argument(file + ": header is not a JSON object");
+  if (!duplicate.empty()) {
+    return invalid_argument(file + ": tensor '" + duplicate + "' appears twice in the header");
+  }
   const uint8_t* base = data + 8 + n;
   const size_t data_size = size - 8 - n;
   std::vector<TensorView> out;
@@ -92,7 +128,11 @@ StatusOr<std::vector<TensorView>> parse_safetensors(const uint8_t* data, size_t 
       return invalid_argument(where + ": 'data_offsets' must be [begin, end]");
     }
     uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
-    if (b > e || e > data_size) {
+    if (b > e) {
+      return invalid_argument(where + ": data_offsets [" + std::to_string(b) + ", " +
+                              std::to_string(e) + "]: begin is after end");
+    }
+    if (e > data_size) {
       return invalid_argument(where + ": data_offsets [" + std::to_string(b) + ", " +
                               std::to_string(e) + "] outside the " + std::to_string(data_size) +
                               " data bytes; truncated file?");
@@ -154,6 +194,10 @@ StatusOr<Checkpoint> Checkpoint::open(const std::string& dir) {
   Checkpoint c;
   for (const auto& name : files) {
     const std::string path = (fs::path(dir) / name).string();
+    // A directory named model.safetensors used to fail as "mmap failed (No such device)".
+    if (fs::exists(path, ec) && !fs::is_regular_file(path, ec)) {
+      return invalid_argument(path + ": not a regular file");
+    }
     MSI_ASSIGN_OR_RETURN(MappedFile mf, MappedFile::open(path));
     auto file = std::make_unique<MappedFile>(std::move(mf));
     MSI_ASSIGN_OR_RETURN(std::vector<TensorView> views,

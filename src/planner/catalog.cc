@@ -32,8 +32,11 @@ StatusOr<Efficiency> parse_efficiency(const JsonFields& f, const Efficiency& bas
                         std::pair{"memory_usable", e.memory_usable}}) {
     if (!(v > 0 && v <= 1)) return f.field_error(key, "must be in (0, 1]");
   }
-  if (a_us < 0) return f.field_error("attention_layer_overhead_us", "must be >= 0");
-  if (e_us < 0) return f.field_error("expert_layer_overhead_us", "must be >= 0");
+  if (!(a_us >= 0 && a_us <= 1e6)) {
+    return f.field_error("attention_layer_overhead_us", "must be in [0, 1e6]");
+  }
+  if (!(e_us >= 0 && e_us <= 1e6))
+    return f.field_error("expert_layer_overhead_us", "must be in [0, 1e6]");
   return e;
 }
 
@@ -53,14 +56,17 @@ StatusOr<GpuSpec> parse_gpu_spec(const JsonFields& f, const Efficiency& base) {
       g.aliases.push_back(s.get<std::string>());
     }
   }
-  MSI_ASSIGN_OR_RETURN(double tflops, named.positive("bf16_tflops"));
-  MSI_ASSIGN_OR_RETURN(double mem_gb, named.positive("memory_gb"));
-  MSI_ASSIGN_OR_RETURN(double bw, named.positive("memory_bandwidth_gb_s"));
-  MSI_ASSIGN_OR_RETURN(double nic, named.positive("nic_gbit_s"));
-  MSI_ASSIGN_OR_RETURN(int64_t per_node, named.integer_at_least("gpus_per_node", 1));
-  MSI_ASSIGN_OR_RETURN(double link, named.positive("intra_node_gb_s"));
-  MSI_ASSIGN_OR_RETURN(g.price, named.positive("price"));
-  MSI_ASSIGN_OR_RETURN(g.tdp_w, named.positive("tdp_w"));
+  // Valid ranges (docs/PLANNER.md, "Catalogue fields"): every figure > 0 and far
+  // above any GPU on sale, so that products of them stay finite and integer
+  // counts stay in range (gpus_per_node 1e9 used to plan "tp 536870912").
+  MSI_ASSIGN_OR_RETURN(double tflops, named.number_in("bf16_tflops", 0, kMaxTflops, true));
+  MSI_ASSIGN_OR_RETURN(double mem_gb, named.number_in("memory_gb", 0, kMaxMemoryGb, true));
+  MSI_ASSIGN_OR_RETURN(double bw, named.number_in("memory_bandwidth_gb_s", 0, kMaxGbS, true));
+  MSI_ASSIGN_OR_RETURN(double nic, named.number_in("nic_gbit_s", 0, kMaxGbS * 8, true));
+  MSI_ASSIGN_OR_RETURN(int64_t per_node, named.integer_in("gpus_per_node", 1, kMaxGpusPerNode));
+  MSI_ASSIGN_OR_RETURN(double link, named.number_in("intra_node_gb_s", 0, kMaxGbS, true));
+  MSI_ASSIGN_OR_RETURN(g.price, named.number_in("price", 0, kMaxPrice, true));
+  MSI_ASSIGN_OR_RETURN(g.tdp_w, named.number_in("tdp_w", 0, kMaxTdpW, true));
   MSI_ASSIGN_OR_RETURN(g.source, named.string_or("source", ""));
   g.bf16_flops = tflops * 1e12;
   g.memory_bytes = mem_gb * 1e9;
@@ -81,8 +87,8 @@ StatusOr<UtilCurve> UtilCurve::make(std::vector<std::pair<double, double>> point
   if (points.empty()) return invalid_argument(where + ": needs at least one (bytes, util) point");
   for (size_t i = 0; i < points.size(); ++i) {
     auto [b, u] = points[i];
-    if (!(b > 0) || !std::isfinite(b)) {
-      return invalid_argument(where + "[" + std::to_string(i) + "]: bytes must be > 0");
+    if (!(b > 0) || !(b <= 1e15)) {
+      return invalid_argument(where + "[" + std::to_string(i) + "]: bytes must be in (0, 1e15]");
     }
     if (!(u > 0 && u <= 1)) {
       return invalid_argument(where + "[" + std::to_string(i) + "]: utilisation must be in (0, 1]");

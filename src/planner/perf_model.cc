@@ -37,22 +37,20 @@ Json StageModel::to_json() const {
 StatusOr<StageModel> StageModel::from_json(const JsonFields& f) {
   MSI_RETURN_IF_ERROR(f.expect_object());
   StageModel s;
-  MSI_ASSIGN_OR_RETURN(double k1, f.number("k1_ms_per_token"));
-  MSI_ASSIGN_OR_RETURN(double k2, f.number("k2_ms"));
-  MSI_ASSIGN_OR_RETURN(double k3, f.number("k3_ms_per_token"));
-  MSI_ASSIGN_OR_RETURN(double k4, f.number("k4_ms"));
-  for (auto [key, v] : {std::pair{"k1_ms_per_token", k1}, std::pair{"k2_ms", k2},
-                        std::pair{"k3_ms_per_token", k3}, std::pair{"k4_ms", k4}}) {
-    if (v < 0) return f.field_error(key, "must be >= 0");
-  }
+  MSI_ASSIGN_OR_RETURN(double k1, f.number_in("k1_ms_per_token", 0, kMaxStageMs));
+  MSI_ASSIGN_OR_RETURN(double k2, f.number_in("k2_ms", 0, kMaxStageMs));
+  MSI_ASSIGN_OR_RETURN(double k3, f.number_in("k3_ms_per_token", 0, kMaxStageMs));
+  MSI_ASSIGN_OR_RETURN(double k4, f.number_in("k4_ms", 0, kMaxStageMs));
   s.k1 = k1 * 1e-3;
   s.k2 = k2 * 1e-3;
   s.k3 = k3 * 1e-3;
   s.k4 = k4 * 1e-3;
-  MSI_ASSIGN_OR_RETURN(s.dispatch_bytes_per_token, f.positive("dispatch_bytes_per_token"));
-  MSI_ASSIGN_OR_RETURN(s.expert_bytes_per_token, f.positive("expert_bytes_per_token"));
-  MSI_ASSIGN_OR_RETURN(double a_nic, f.positive("attention_nic_gb_s"));
-  MSI_ASSIGN_OR_RETURN(double e_nic, f.positive("expert_nic_gb_s"));
+  MSI_ASSIGN_OR_RETURN(s.dispatch_bytes_per_token,
+                       f.number_in("dispatch_bytes_per_token", 0, 1e9, true));
+  MSI_ASSIGN_OR_RETURN(s.expert_bytes_per_token,
+                       f.number_in("expert_bytes_per_token", 0, 1e9, true));
+  MSI_ASSIGN_OR_RETURN(double a_nic, f.number_in("attention_nic_gb_s", 0, kMaxGbS, true));
+  MSI_ASSIGN_OR_RETURN(double e_nic, f.number_in("expert_nic_gb_s", 0, kMaxGbS, true));
   s.attention_nic_bandwidth = a_nic * 1e9;
   s.expert_nic_bandwidth = e_nic * 1e9;
   if (!f.has("nic_util_curve")) return f.field_error("nic_util_curve", "is missing");
@@ -69,8 +67,7 @@ StatusOr<Profile> parse_profile(const Json& j, const std::string& source) {
   p.source = source;
   auto opt_ms = [&](const char* key, std::optional<double>& out) -> Status {
     if (!f.has(key)) return ok_status();
-    MSI_ASSIGN_OR_RETURN(double v, f.number(key));
-    if (v < 0) return f.field_error(key, "must be >= 0");
+    MSI_ASSIGN_OR_RETURN(double v, f.number_in(key, 0, kMaxStageMs));
     out = v * 1e-3;
     return ok_status();
   };
@@ -78,10 +75,14 @@ StatusOr<Profile> parse_profile(const Json& j, const std::string& source) {
   MSI_RETURN_IF_ERROR(opt_ms("k2_ms", p.k2));
   MSI_RETURN_IF_ERROR(opt_ms("k3_ms_per_token", p.k3));
   MSI_RETURN_IF_ERROR(opt_ms("k4_ms", p.k4));
-  MSI_ASSIGN_OR_RETURN(int64_t tpa, f.integer_or("tp_attention", 1));
-  MSI_ASSIGN_OR_RETURN(int64_t tpe, f.integer_or("tp_expert", 1));
-  if (tpa < 1) return f.field_error("tp_attention", "must be >= 1");
-  if (tpe < 1) return f.field_error("tp_expert", "must be >= 1");
+  // tp_attention 2147483648 used to print "H800 x1048576 ... -49 tokens/s".
+  int64_t tpa = 1, tpe = 1;
+  if (f.has("tp_attention")) {
+    MSI_ASSIGN_OR_RETURN(tpa, f.integer_in("tp_attention", 1, kMaxGpusPerNode));
+  }
+  if (f.has("tp_expert")) {
+    MSI_ASSIGN_OR_RETURN(tpe, f.integer_in("tp_expert", 1, kMaxGpusPerNode));
+  }
   p.tp_attention = static_cast<int>(tpa);
   p.tp_expert = static_cast<int>(tpe);
   if (f.has("nic_util_curve")) {
@@ -90,7 +91,7 @@ StatusOr<Profile> parse_profile(const Json& j, const std::string& source) {
     p.nic_util = c;
   }
   if (f.has("nic_gb_s")) {
-    MSI_ASSIGN_OR_RETURN(double bw, f.positive("nic_gb_s"));
+    MSI_ASSIGN_OR_RETURN(double bw, f.number_in("nic_gb_s", 0, kMaxGbS, true));
     p.nic_bandwidth = bw * 1e9;
   }
   if (!p.k1 && !p.k2 && !p.k3 && !p.k4 && !p.nic_util && !p.nic_bandwidth) {

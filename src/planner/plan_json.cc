@@ -1,5 +1,7 @@
 // The plan document (SPEC.md section 7) written by `msinfer plan` and read by
 // `msinfer simulate --plan` (and later `msinfer serve --plan`).
+#include <cmath>
+
 #include "msinfer/planner/plan.h"
 
 namespace msinfer::planner {
@@ -118,11 +120,15 @@ StatusOr<Deployment> deployment_from_plan_document(const Json& j, const std::str
   MSI_ASSIGN_OR_RETURN(d.stage, StageModel::from_json(stage));
   MSI_ASSIGN_OR_RETURN(d.shape.attention_gpu, parse_gpu_spec(ga, Efficiency{}));
   MSI_ASSIGN_OR_RETURN(d.shape.expert_gpu, parse_gpu_spec(ge, Efficiency{}));
-  MSI_ASSIGN_OR_RETURN(int64_t tpa, plan.integer_at_least("tp_attention", 1));
-  MSI_ASSIGN_OR_RETURN(int64_t tpe, plan.integer_at_least("tp_expert", 1));
-  MSI_ASSIGN_OR_RETURN(int64_t n_a, plan.integer_at_least("attention_nodes", 1));
-  MSI_ASSIGN_OR_RETURN(int64_t m, plan.integer_at_least("micro_batches", 1));
-  MSI_ASSIGN_OR_RETURN(int64_t B, plan.integer_at_least("global_batch", 1));
+  // Valid ranges (docs/PLANNER.md, "Plan document"). The fields of `plan` that
+  // follow from others must agree with them: an edited field is refused rather
+  // than silently recomputed. `predicted`, `constraints`, `alternatives` and
+  // `baselines` are output only: simulate recomputes them.
+  MSI_ASSIGN_OR_RETURN(int64_t tpa, plan.integer_in("tp_attention", 1, kMaxGpusPerNode));
+  MSI_ASSIGN_OR_RETURN(int64_t tpe, plan.integer_in("tp_expert", 1, kMaxGpusPerNode));
+  MSI_ASSIGN_OR_RETURN(int64_t n_a, plan.integer_in("attention_nodes", 1, kMaxPlanAttentionNodes));
+  MSI_ASSIGN_OR_RETURN(int64_t m, plan.integer_in("micro_batches", 1, kMaxPlanMicroBatches));
+  MSI_ASSIGN_OR_RETURN(int64_t B, plan.integer_in("global_batch", 1, kMaxPlanGlobalBatch));
   if (B % (n_a * m) != 0) {
     return plan.field_error("global_batch", "must be a multiple of attention_nodes * micro_batches (" +
                                                 std::to_string(n_a * m) + ")");
@@ -132,10 +138,47 @@ StatusOr<Deployment> deployment_from_plan_document(const Json& j, const std::str
   d.attention_nodes = static_cast<int>(n_a);
   d.micro_batches = static_cast<int>(m);
   d.batch_per_micro_batch = B / (n_a * m);
+  auto agree = [&](const char* key, int64_t want) -> Status {
+    if (!plan.has(key)) return ok_status();  // derived: optional
+    MSI_ASSIGN_OR_RETURN(int64_t v, plan.integer(key));
+    if (v != want) {
+      return plan.field_error(
+          key,
+          "is " + std::to_string(v) + ", but the plan's other fields give " + std::to_string(want));
+    }
+    return ok_status();
+  };
+  MSI_RETURN_IF_ERROR(agree("batch_per_micro_batch", d.batch_per_micro_batch));
+  MSI_RETURN_IF_ERROR(agree("expert_nodes", d.expert_nodes()));
+  MSI_RETURN_IF_ERROR(agree("attention_gpus", d.attention_gpus()));
+  MSI_RETURN_IF_ERROR(agree("expert_gpus", d.expert_gpus()));
+  MSI_RETURN_IF_ERROR(agree("gpus", d.gpus()));
+  for (auto [key, gpu] : {std::pair{"attention_gpu", &d.shape.attention_gpu},
+                          std::pair{"expert_gpu", &d.shape.expert_gpu}}) {
+    MSI_ASSIGN_OR_RETURN(std::string name, plan.string(key));
+    if (name != gpu->name) {
+      return plan.field_error(key, "is '" + name + "', but hardware." + std::string(key) +
+                                       " describes '" + gpu->name + "'");
+    }
+  }
+  // The stage model's transfer sizes follow from the model and the tp sizes
+  // (build_stage_model); a model edited without them is refused.
+  const double dispatch = 2.0 * static_cast<double>(d.model.hidden) * d.model.top_k / tpa;
+  const double expert = 2.0 * static_cast<double>(d.model.hidden) / tpe;
+  if (std::fabs(d.stage.dispatch_bytes_per_token - dispatch) > 1e-9 * dispatch ||
+      std::fabs(d.stage.expert_bytes_per_token - expert) > 1e-9 * expert) {
+    return stage.field_error("dispatch_bytes_per_token",
+                             "and expert_bytes_per_token do not match model.hidden " +
+                                 std::to_string(d.model.hidden) + ", top_k " +
+                                 std::to_string(d.model.top_k) + " and the tp sizes (want " +
+                                 Json(dispatch).dump() + " and " + Json(expert).dump() + ")");
+  }
   d.seq_len = 2048;
   if (top.has("search")) {
     MSI_ASSIGN_OR_RETURN(JsonFields search, top.object("search"));
-    MSI_ASSIGN_OR_RETURN(d.seq_len, search.number_or("seq_len", 2048));
+    if (search.has("seq_len")) {
+      MSI_ASSIGN_OR_RETURN(d.seq_len, search.number_in("seq_len", 0, 1e7, true));
+    }
   }
   return d;
 }

@@ -345,6 +345,11 @@ Json SimResult::to_json() const {
               {"tokens", tokens}};
 }
 
+double simulation_jobs(const Deployment& d, const SimOptions& options) {
+  return static_cast<double>(options.iterations) * d.micro_batches * d.model.moe_layers *
+         (2.0 * d.attention_nodes * d.model.experts + 2.0 * (d.attention_nodes + d.model.experts));
+}
+
 StatusOr<SimResult> simulate(const Deployment& d, const SimOptions& options) {
   if (options.iterations < 1) return invalid_argument("--iterations must be >= 1");
   if (options.jitter < 0 || options.jitter >= 1) {
@@ -355,10 +360,8 @@ StatusOr<SimResult> simulate(const Deployment& d, const SimOptions& options) {
   if (d.attention_nodes < 1 || d.micro_batches < 1 || d.batch_per_micro_batch < 1) {
     return invalid_argument("deployment needs attention_nodes, micro_batches and batch >= 1");
   }
-  const double jobs = static_cast<double>(options.iterations) * d.micro_batches *
-                      d.model.moe_layers * (2.0 * d.attention_nodes * d.model.experts +
-                                            2.0 * (d.attention_nodes + d.model.experts));
-  if (jobs > 6e7) {
+  const double jobs = simulation_jobs(d, options);
+  if (jobs > kMaxSimulationJobs) {
     return invalid_argument("simulation too large (" + std::to_string(static_cast<int64_t>(jobs)) +
                             " jobs); lower --iterations");
   }
@@ -403,9 +406,29 @@ const char* sweep_parameter_name(SweepParameter p) {
 }
 
 StatusOr<std::vector<SweepRow>> sweep(const Deployment& base, SweepParameter p, int from, int to,
-                                      const SimOptions& options) {
+                                      const SimOptions& options,
+                                      const std::function<void(int)>& progress) {
+  // The whole sweep gets the budget of one simulation (issue 12: a sweep of
+  // micro-batches=1..256 used to run for 20 minutes).
+  double total = 0;
+  for (int v = from; v <= to; ++v) {
+    Deployment d = base;
+    if (p == SweepParameter::kAttentionNodes)
+      d.attention_nodes = v;
+    else
+      d.micro_batches = v;
+    total += simulation_jobs(d, options);
+  }
+  if (total > kMaxSimulationJobs) {
+    return invalid_argument("--sweep too large (" + std::to_string(static_cast<int64_t>(total)) +
+                            " simulated jobs over " + std::to_string(to - from + 1) +
+                            " runs, at most " +
+                            std::to_string(static_cast<int64_t>(kMaxSimulationJobs)) +
+                            "); narrow the range or lower --iterations");
+  }
   std::vector<SweepRow> rows;
   for (int v = from; v <= to; ++v) {
+    if (progress) progress(v);
     SweepRow row;
     row.value = v;
     row.deployment = base;

@@ -96,30 +96,54 @@ Placement Placement::round_robin(int experts, int workers) {
 }
 
 StatusOr<Placement> Placement::from_json(const Json& j, int experts, const std::string& source) {
+  // Valid ranges (docs/RUNTIME.md): expert_workers 1..kMaxExpertWorkers; each
+  // expert a worker index in 0..expert_workers-1 or [[worker, share], ...] with
+  // distinct workers and finite shares > 0 that sum to 1.
   JsonFields f(j, source);
   MSI_RETURN_IF_ERROR(f.expect_object());
   Placement p;
-  MSI_ASSIGN_OR_RETURN(int64_t n, f.integer_at_least("expert_workers", 1));
+  MSI_ASSIGN_OR_RETURN(int64_t n, f.integer_in("expert_workers", 1, kMaxExpertWorkers));
   p.workers = static_cast<int>(n);
   if (!f.has("experts") || !j.at("experts").is_array() ||
-      static_cast<int>(j.at("experts").size()) != experts) {
+      j.at("experts").size() != static_cast<size_t>(experts)) {
     return f.field_error("experts", "must list one entry per expert (" + std::to_string(experts) + ")");
   }
+  // A worker index read as 64 bits and range-checked before narrowing
+  // (4294967296 must not become worker 0).
+  auto worker_index = [&](const Json& w, int64_t* out) {
+    if (!w.is_number_integer()) return false;
+    if (w.is_number_unsigned() && w.get<uint64_t>() > static_cast<uint64_t>(n)) return false;
+    *out = w.get<int64_t>();
+    return *out >= 0 && *out < n;
+  };
   for (int e = 0; e < experts; ++e) {
     const Json& x = j.at("experts")[e];
     std::vector<std::pair<int, double>> reps;
     const std::string where = source + ": experts[" + std::to_string(e) + "]";
-    if (x.is_number_integer()) {
-      reps.emplace_back(x.get<int>(), 1.0);
-    } else if (x.is_array() && !x.empty()) {
+    const std::string range = "a worker index in 0.." + std::to_string(n - 1);
+    int64_t w = 0;
+    if (x.is_number()) {
+      if (!worker_index(x, &w))
+        return invalid_argument(where + ": expected " + range + ", got " + x.dump());
+      reps.emplace_back(static_cast<int>(w), 1.0);
+    } else if (x.is_array() && !x.empty() && x.size() <= static_cast<size_t>(n)) {
       for (const auto& r : x) {
-        if (!r.is_array() || r.size() != 2 || !r[0].is_number_integer() || !r[1].is_number()) {
+        if (!r.is_array() || r.size() != 2 || !r[1].is_number()) {
           return invalid_argument(where + ": expected [worker, share] pairs");
         }
-        reps.emplace_back(r[0].get<int>(), r[1].get<double>());
+        if (!worker_index(r[0], &w)) {
+          return invalid_argument(where + ": expected " + range + ", got " + r[0].dump());
+        }
+        for (const auto& [other, share] : reps) {
+          if (other == w)
+            return invalid_argument(where + ": worker " + std::to_string(w) + " listed twice");
+        }
+        reps.emplace_back(static_cast<int>(w), r[1].get<double>());
       }
     } else {
-      return invalid_argument(where + ": expected a worker index or [[worker, share], ...]");
+      return invalid_argument(where +
+                              ": expected a worker index or [[worker, share], ...] (at most one "
+                              "pair per expert worker)");
     }
     p.replicas.push_back(reps);
   }
@@ -138,7 +162,9 @@ Status Placement::validate(int experts) const {
         return invalid_argument("placement: expert " + std::to_string(e) + " on worker " +
                                 std::to_string(w) + ", outside 0.." + std::to_string(workers - 1));
       }
-      if (!(share > 0)) return invalid_argument("placement: expert " + std::to_string(e) + " has a share <= 0");
+      if (!(share > 0) || !std::isfinite(share)) {
+        return invalid_argument("placement: expert " + std::to_string(e) + " has a share <= 0");
+      }
       sum += share;
       used[w] = true;
     }

@@ -127,8 +127,17 @@ TEST(SafetensorsTest, CorruptFilesNameFileAndTensor) {
        "shape entries must be non-negative"},
       {header_file(R"({"t": {"dtype": "F32", "shape": [1]}})", 4), "'data_offsets' must be"},
       {header_file(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-                       "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", 8),
+                       "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+                   8),
        "overlap"},
+      // Issue 12 item 9: messages that say what is wrong.
+      {header_file(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                       "a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+                   8),
+       "tensor 'a' appears twice in the header"},
+      {header_file(R"({"t": {"dtype": "F32", "shape": [1], "data_offsets": [100, 50]}})", 200),
+       "data_offsets [100, 50]: begin is after end"},
+      {header_file("{\"t\xff\": 1}", 0), "\\xFF"},
   };
   for (const auto& c : cases) {
     auto r = parse_safetensors(reinterpret_cast<const uint8_t*>(c.file.data()), c.file.size(),
@@ -137,6 +146,18 @@ TEST(SafetensorsTest, CorruptFilesNameFileAndTensor) {
     EXPECT_NE(r.status().message().find("x.safetensors"), std::string::npos);
     EXPECT_NE(r.status().message().find(c.expect), std::string::npos) << r.status().message();
   }
+  // A raw byte of the header is never copied into the message.
+  const std::string ff = header_file("{\"t\xff\": 1}", 0);
+  auto bad = parse_safetensors(reinterpret_cast<const uint8_t*>(ff.data()), ff.size(), "x");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message().find('\xff'), std::string::npos) << bad.status().message();
+  // A directory where a safetensors file should be.
+  fs::path d = temp_dir("dir_named_safetensors");
+  fs::create_directories(d / "model.safetensors");
+  auto c = Checkpoint::open(d.string());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("model.safetensors: not a regular file"), std::string::npos)
+      << c.status().message();
   // Header length pointing past the end.
   std::string big(8, '\0');
   big[0] = 100;

@@ -62,10 +62,16 @@ TEST(CatalogTest, MalformedEntriesNameEntryAndField) {
     std::string expect;
   };
   std::vector<Case> cases = {
-      {"/gpus/0/memory_gb", Json(0), "mini.json: gpus[0] (X): field 'memory_gb' must be > 0"},
+      {"/gpus/0/memory_gb", Json(0), "mini.json: gpus[0] (X): field 'memory_gb' must be in (0, "},
       {"/gpus/0/price", Json("cheap"), "gpus[0] (X): field 'price' must be a number"},
-      {"/gpus/0/gpus_per_node", Json(0), "field 'gpus_per_node' must be >= 1"},
-      {"/gpus/0/efficiency", Json{{"compute", 1.5}}, "efficiency: field 'compute' must be in (0, 1]"},
+      {"/gpus/0/gpus_per_node", Json(0), "field 'gpus_per_node' must be in 1..128, got 0"},
+      // Issue 12 item 3: figures far outside any GPU are refused.
+      {"/gpus/0/gpus_per_node", Json(1e9), "field 'gpus_per_node' must be in 1..128"},
+      {"/gpus/0/gpus_per_node", Json(2.5), "field 'gpus_per_node' must be an integer"},
+      {"/gpus/0/bf16_tflops", Json(1e300), "field 'bf16_tflops' must be in (0, "},
+      {"/gpus/0/price", Json(-1), "field 'price' must be in (0, "},
+      {"/gpus/0/efficiency", Json{{"compute", 1.5}},
+       "efficiency: field 'compute' must be in (0, 1]"},
       {"/gpus/0/name", Json(""), "field 'name' must not be empty"},
       {"/defaults/nic_util_curve", Json::parse("[[4096, 0.5], [1024, 0.1]]"),
        "bytes must increase"},

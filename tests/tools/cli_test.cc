@@ -1,12 +1,19 @@
 // Runs the msinfer binary as a user would and checks its output and exit codes.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/inotify.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -253,6 +260,352 @@ TEST(CliEngineTest, MakeModelThenGenerateStreamsAndReports) {
     EXPECT_NE(r.code, 0) << args;
     EXPECT_NE(r.err.find(expect), std::string::npos) << args << " -> " << r.err;
   }
+}
+
+}  // namespace
+}  // namespace msinfer
+
+// ---- Issue 12: every command refuses bad input before it works, reports
+// failures truthfully (exit 2 bad input, 1 at run time), and says errors in JSON
+// under --json.
+namespace msinfer {
+namespace {
+
+// A tiny model written once per test process (a second or two).
+const std::string& tiny_model() {
+  static const std::string dir = [] {
+    std::string d = ::testing::TempDir() + "/cli_test_tiny_" + std::to_string(::getpid());
+    CliRun m = run("make-model --preset tiny-mixtral --out " + d);
+    EXPECT_EQ(m.code, 0) << m.err;
+    return d;
+  }();
+  return dir;
+}
+
+// Runs `args` plain and with --json: both exit with `code`, stderr is one line
+// holding `expect`, and under --json stdout is {"error": {"message", "code"}}.
+// (`worker`, started by the router only, has no --json.)
+void expect_refused(const std::string& args, const std::string& expect, int code = 2) {
+  SCOPED_TRACE(args);
+  CliRun r = run(args);
+  EXPECT_EQ(r.code, code) << r.err;
+  EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  if (args.rfind("worker ", 0) == 0) return;
+  CliRun j = run(args + " --json");
+  EXPECT_EQ(j.code, code) << j.err;
+  auto doc = parse_json(j.out, "stdout");
+  ASSERT_TRUE(doc.ok()) << "no JSON error on stdout: '" << j.out << "'";
+  ASSERT_TRUE(doc->contains("error")) << j.out;
+  EXPECT_NE((*doc)["error"]["message"].get<std::string>().find(expect), std::string::npos) << j.out;
+  EXPECT_EQ((*doc)["error"]["exit_code"], code);
+  EXPECT_TRUE((*doc)["error"]["code"].is_string());
+}
+
+TEST(CliHardeningTest, IntegerFlagsAreNotTruncatedTo32Bits) {
+  expect_refused("plan --model dbrx --gpu H800 --max-gpus 4294967297",
+                 "--max-gpus: 4294967297 is out of range");
+  expect_refused("simulate --model dbrx --gpu H800 --attention-nodes 4294967297",
+                 "--attention-nodes: 4294967297 is out of range");
+  expect_refused("simulate --model dbrx --gpu H800 --micro-batches 4294967298",
+                 "--micro-batches: 4294967298 is out of range");
+  expect_refused("make-model --preset tiny-mixtral --out /tmp/x --shards 4294967298",
+                 "--shards: 4294967298 is out of range");
+  expect_refused(
+      "generate --model /nonexistent --prompt hi --attention-workers 4294967297 "
+      "--expert-workers 1",
+      "--attention-workers: 4294967297 is out of range");
+  expect_refused("plan --model dbrx --gpu H800 --max-gpus 0x10", "--max-gpus: expected an integer");
+  expect_refused("plan --model dbrx --gpu H800 --top 1.5", "--top: expected an integer");
+  expect_refused("plan --model dbrx --gpu H20 --gpu H800", "--gpu given twice");
+  expect_refused("plan --model dbrx --gpu H800 --slo-ms inf", "--slo-ms: expected a number");
+}
+
+// Item 7: every flag is checked before the model loads; the model path here
+// does not exist, so only a flag check that comes first names the flag.
+TEST(CliHardeningTest, FlagsAreCheckedBeforeAnyExpensiveWork) {
+  const std::string g = "generate --model /nonexistent/m --prompt hi ";
+  expect_refused(g + "--top-p 2", "--top-p: 2 is out of range");
+  expect_refused(g + "--top-p 0", "--top-p must be in (0, 1]");
+  expect_refused(g + "--temperature -1", "--temperature: -1 is out of range");
+  expect_refused(g + "--max-tokens -1", "--max-tokens: -1 is out of range");
+  expect_refused("generate --model /nonexistent/m --prompt-ids a,b", "--prompt-ids");
+  expect_refused(g + "--fabric-provider bogus --attention-workers 1 --expert-workers 1",
+                 "unknown provider 'bogus'");
+  expect_refused(g + "--attention-workers 2",
+                 "needs both --attention-workers and --expert-workers");
+  expect_refused(g, "--model /nonexistent/m: no such model directory");
+  const std::string p = "profile --model " + tiny_model() + " ";
+  expect_refused(p + "--seconds -1", "--seconds: -1 is out of range");
+  expect_refused(p + "--out /nonexistent/p.json", "directory /nonexistent does not exist");
+  const std::string b = "bench serve --offline --model /nonexistent/m ";
+  expect_refused(b + "--kv-cache-mb 0", "--kv-cache-mb: 0 is out of range");
+  expect_refused(b + "--idle-seconds -1", "--idle-seconds: -1 is out of range");
+  expect_refused(b + "--idle-seconds 1e9", "--idle-seconds: 1e9 is out of range");
+  // Item 9: the cap is named, not "must be >= 1".
+  expect_refused(b + "--num-prompts 1000000000", "(valid: 1..100000)");
+  expect_refused("simulate --model dbrx --gpu A100 --gantt /nonexistent/g.svg",
+                 "--gantt /nonexistent/g.svg: directory /nonexistent does not exist");
+  expect_refused("plan --model dbrx --gpu A100 --out /", "--out /: is a directory");
+}
+
+// Every subcommand answers bad input with exit 2 and, under --json, a JSON error.
+TEST(CliHardeningTest, EverySubcommandRefusesBadInput) {
+  expect_refused("plan --model dbrx --gpu A100 --bogus 1", "unknown flag --bogus");
+  expect_refused("simulate --plan /nonexistent/plan.json", "/nonexistent/plan.json");
+  expect_refused("make-model --preset huge --out /tmp/x", "--preset 'huge'");
+  expect_refused("make-model --preset tiny-mixtral", "--out is required");
+  expect_refused("generate --model " + tiny_model(), "exactly one of --prompt and --prompt-ids");
+  expect_refused("bench kernels --bogus", "unknown flag --bogus");
+  expect_refused("bench m2n --senders 0", "--senders: 0 is out of range");
+  expect_refused("bench m2n --size 0x10", "--size: cannot read '0x10'");
+  expect_refused("bench m2n --imbalance zipf:nan", "--imbalance zipf:S");
+  expect_refused("bench serve --offline", "--model is required");
+  expect_refused("bench frobnicate", "unknown benchmark 'frobnicate'");
+  expect_refused("profile --seconds 1", "--model is required");
+  expect_refused("worker --role attention", "--model is required");
+  expect_refused("worker --model " + tiny_model() + " --role chef",
+                 "--role must be attention or expert");
+  expect_refused("frobnicate", "unknown command 'frobnicate'");
+  // Item 9: no talk of a "built-in model" for commands that need a directory.
+  CliRun r = run("profile --model nosuchname");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.err.find("built-in"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("no such model directory"), std::string::npos) << r.err;
+}
+
+// Item 1: a file a command cannot write is an error, never "written".
+TEST(CliHardeningTest, FailedWritesAreErrors) {
+  CliRun m = run("bench m2n --senders 1 --receivers 1 --profile-into /nonexistent/x.json");
+  EXPECT_EQ(m.code, 2) << m.err;
+  EXPECT_EQ(m.err.find("written"), std::string::npos) << m.err;
+  EXPECT_NE(m.err.find("--profile-into /nonexistent/x.json"), std::string::npos) << m.err;
+  if (::access("/dev/full", W_OK) == 0) {
+    CliRun p = run("plan --model dbrx --gpu A100 --out /dev/full");
+    EXPECT_EQ(p.code, 1) << p.err;  // the disk was full: a runtime failure
+    EXPECT_NE(p.err.find("/dev/full"), std::string::npos) << p.err;
+    EXPECT_EQ(p.out.find("plan written"), std::string::npos) << p.out;
+  }
+}
+
+void write_file(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+// Items 3, 4, 5: numbers from files are range-checked; no NaN or negative figure.
+TEST(CliHardeningTest, OutOfRangeFiguresFromFilesAreRefused) {
+  const std::string dir = ::testing::TempDir() + "/cli_hardening_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  write_file(dir + "/prof.json", R"({"k1_ms_per_token": 0.01, "tp_attention": 2147483648})");
+  expect_refused("plan --model dbrx --gpu H800 --profile " + dir + "/prof.json",
+                 "--profile: " + dir + "/prof.json: field 'tp_attention' must be in 1..128");
+  write_file(dir + "/prof2.json", R"({"k1_ms_per_token": -3})");
+  expect_refused("plan --model dbrx --gpu H800 --profile " + dir + "/prof2.json",
+                 "field 'k1_ms_per_token' must be in [0, ");
+  // The catalogue, by flag and by environment: the error names which.
+  const std::string cat = R"({"defaults": {"nic_util_curve": [[1024, 0.5]]},
+    "gpus": [{"name": "G1", "bf16_tflops": 100, "memory_gb": 80, "memory_bandwidth_gb_s": 2000,
+              "nic_gbit_s": 200, "gpus_per_node": 1e9, "intra_node_gb_s": 300, "price": 1,
+              "tdp_w": 300}]})";
+  write_file(dir + "/cat.json", cat);
+  expect_refused(
+      "plan --model dbrx --gpu G1 --catalog " + dir + "/cat.json",
+      "--catalog: " + dir + "/cat.json: gpus[0] (G1): field 'gpus_per_node' must be in 1..128");
+  CliRun e = run("plan --model dbrx --gpu G1 2>&1; MSINFER_CATALOG=" + dir +
+                 "/cat.json " MSINFER_BINARY " plan --model dbrx --gpu G1");
+  EXPECT_EQ(e.code, 2);
+  EXPECT_NE(e.err.find("MSINFER_CATALOG (environment): " + dir + "/cat.json"), std::string::npos)
+      << e.err;
+  // Item 4.
+  expect_refused("simulate --model dbrx --gpu A100 --imbalance zipf:1e4", "--imbalance");
+  expect_refused("simulate --model dbrx --gpu A100 --imbalance zipf:nan", "--imbalance");
+  CliRun z = run("simulate --model dbrx --gpu A100 --imbalance zipf:16 --iterations 2 --json");
+  ASSERT_EQ(z.code, 0) << z.err;
+  EXPECT_EQ(z.out.find("nan"), std::string::npos);
+  EXPECT_EQ(z.out.find("inf"), std::string::npos);
+  // Item 5: simulate --plan reads the fields that matter, and refuses edits that disagree.
+  const std::string plan = dir + "/plan.json";
+  ASSERT_EQ(run("plan --model mixtral-8x22b --gpu A100 --out " + plan).code, 0);
+  auto original = read_json_file(plan);
+  ASSERT_TRUE(original.ok());
+  struct Edit {
+    std::string pointer;
+    Json value;
+    std::string expect;
+  };
+  for (const Edit& x : std::vector<Edit>{
+           {"/plan/batch_per_micro_batch", Json(0), "field 'batch_per_micro_batch' is 0"},
+           {"/plan/batch_per_micro_batch", Json(1e15), "field 'batch_per_micro_batch'"},
+           {"/plan/expert_nodes", Json(0), "field 'expert_nodes' is 0"},
+           {"/plan/attention_gpu", Json("NOPE"), "field 'attention_gpu' is 'NOPE'"},
+           {"/model/hidden", Json(1e12), "hidden must be in 0..262144"},
+           {"/model/hidden", Json(4096), "do not match model.hidden 4096"},
+           {"/plan/tp_attention", Json(2147483648LL), "field 'tp_attention' must be in 1..128"},
+           {"/plan/micro_batches", Json(4294967298LL), "field 'micro_batches' must be in 1..64"},
+       }) {
+    Json j = *original;
+    j[Json::json_pointer(x.pointer)] = x.value;
+    write_file(plan, j.dump());
+    expect_refused("simulate --plan " + plan, x.expect);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Item 8: a sweep's total work is bounded before it starts.
+TEST(CliHardeningTest, SweepWorkIsGuarded) {
+  expect_refused("simulate --model mixtral-8x22b --gpu A100 --sweep micro-batches=1..256",
+                 "--sweep too large");
+}
+
+// Item 10: a damaged model is the same bad-input error co-located and disaggregated.
+TEST(CliHardeningTest, LoadErrorsExitTheSameEverywhere) {
+  const std::string dir = ::testing::TempDir() + "/cli_broken_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(tiny_model(), dir);
+  {
+    std::ofstream f(dir + "/model.safetensors", std::ios::binary | std::ios::trunc);
+    f << std::string(8, '\xff');
+  }
+  const std::string want = dir + "/model.safetensors: header length";
+  expect_refused("generate --model " + dir + " --prompt-ids 1,2", want);
+  expect_refused("generate --model " + dir +
+                     " --prompt-ids 1,2 --attention-workers 1 "
+                     "--expert-workers 1",
+                 want);
+  expect_refused(
+      "bench serve --offline --model " + dir + " --attention-workers 1 --expert-workers 1", want);
+  expect_refused("profile --model " + dir, want);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace msinfer
+
+// ---- Issue 12 item 6: a signal leaves no msinfer shared-memory objects behind.
+namespace msinfer {
+namespace {
+
+// Owners (pids) of the msinfer-<pid>-* objects in /dev/shm.
+std::set<long> shm_owners() {
+  std::set<long> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("msinfer-", 0) != 0) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(n.c_str() + 8, &end, 10);
+    if (pid > 0 && *end == '-') out.insert(pid);
+  }
+  return out;
+}
+
+long parent_pid(long pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(in)), {});
+  const size_t r = s.rfind(')');
+  if (r == std::string::npos || r + 4 >= s.size()) return -1;
+  return std::strtol(s.c_str() + r + 4, nullptr, 10);
+}
+
+// A child running msinfer with `args`, stdout to /dev/null, stderr to a pipe.
+// Stopped with SIGTERM (and reaped) unless the test reaped it.
+struct Child {
+  pid_t pid = -1;
+  FILE* err = nullptr;
+  bool reaped = false;
+  int status = 0;
+
+  explicit Child(const std::vector<std::string>& args) {
+    int fds[2];
+    if (::pipe(fds) != 0) return;
+    pid = ::fork();
+    if (pid == 0) {
+      ::dup2(fds[1], 2);
+      const int null = ::open("/dev/null", O_WRONLY);
+      ::dup2(null, 1);
+      std::vector<char*> argv{const_cast<char*>(MSINFER_BINARY)};
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(MSINFER_BINARY, argv.data());
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    err = ::fdopen(fds[0], "r");
+  }
+  int wait() {
+    if (!reaped && pid > 0) ::waitpid(pid, &status, 0);
+    reaped = true;
+    return status;
+  }
+  ~Child() {
+    if (!reaped && pid > 0) {
+      ::kill(pid, SIGTERM);
+      wait();
+    }
+    if (err != nullptr) std::fclose(err);
+  }
+};
+
+TEST(CliSignalTest, SigintOfADeploymentRemovesItsSharedMemory) {
+  Child router({"generate", "--model", tiny_model(), "--prompt-ids", "5,9", "--max-tokens", "3000",
+                "--ignore-eos", "--attention-workers", "1", "--expert-workers", "2"});
+  ASSERT_GT(router.pid, 0);
+  std::set<long> workers;
+  std::string all;
+  char line[4096];
+  bool running = false;
+  while (!running && std::fgets(line, sizeof(line), router.err) != nullptr) {
+    all += line;
+    char role[32];
+    int idx = 0, pid = 0;
+    if (std::sscanf(line, "%31s worker %d: pid %d", role, &idx, &pid) == 3) workers.insert(pid);
+    running = std::strstr(line, "msinfer: step 16") != nullptr;
+  }
+  ASSERT_TRUE(running) << all;
+  ASSERT_EQ(workers.size(), 3u) << all;
+  const std::set<long> before = shm_owners();
+  for (long w : workers)
+    ASSERT_TRUE(before.count(w)) << "worker " << w << " owns no object\n" << all;
+  ASSERT_EQ(::kill(router.pid, SIGINT), 0);
+  const int st = router.wait();
+  EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGINT) << st;
+  const std::set<long> after = shm_owners();
+  for (long w : workers)
+    EXPECT_FALSE(after.count(w)) << "objects of worker " << w << " left behind";
+}
+
+TEST(CliSignalTest, SigintOfBenchM2nRemovesTheRanksSharedMemory) {
+  if (std::system("command -v mpirun >/dev/null") != 0)
+    GTEST_SKIP() << "needs mpirun (openmpi-bin)";
+  ::setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
+  Child bench({"bench", "m2n", "--senders", "1", "--receivers", "1", "--size", "64k", "--iters",
+               "1000000", "--baseline", "none"});
+  ASSERT_GT(bench.pid, 0);
+  // The ranks are the children of mpirun, the child of `bench`: wait (on
+  // /dev/shm's creations, with a deadline) until both own their objects.
+  const int in = ::inotify_init1(IN_CLOEXEC);
+  ASSERT_GE(in, 0);
+  ::inotify_add_watch(in, "/dev/shm", IN_CREATE);
+  std::set<long> ranks;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (ranks.size() < 2 && std::chrono::steady_clock::now() < deadline) {
+    ranks.clear();
+    for (long p : shm_owners()) {
+      const long mpirun = parent_pid(p);
+      if (mpirun > 0 && parent_pid(mpirun) == bench.pid) ranks.insert(p);
+    }
+    if (ranks.size() >= 2) break;
+    pollfd pfd{in, POLLIN, 0};
+    if (::poll(&pfd, 1, 1000) > 0) {
+      char buf[4096];
+      (void)!::read(in, buf, sizeof(buf));
+    }
+  }
+  ::close(in);
+  ASSERT_EQ(ranks.size(), 2u) << "the ranks never created their objects";
+  ASSERT_EQ(::kill(bench.pid, SIGINT), 0);
+  const int st = bench.wait();
+  EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGINT) << st;
+  const std::set<long> after = shm_owners();
+  for (long r : ranks) EXPECT_FALSE(after.count(r)) << "objects of rank " << r << " left behind";
 }
 
 }  // namespace

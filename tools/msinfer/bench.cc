@@ -1,7 +1,12 @@
 // msinfer bench: benchmarks that report figures against this machine's limits.
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -10,6 +15,7 @@
 #include "msinfer/bench/kernels_bench.h"
 #include "msinfer/bench/m2n_bench.h"
 #include "msinfer/comm/bootstrap.h"
+#include "msinfer/comm/fabric_transport.h"
 #include "msinfer/core/flags.h"
 #include "msinfer/core/table.h"
 #include "planner_flags.h"
@@ -90,14 +96,42 @@ int run_bench_kernels(int argc, char** argv) {
   return 0;
 }
 
+volatile sig_atomic_t g_child = 0;
+volatile sig_atomic_t g_signal = 0;
+
+void forward_signal(int sig) {
+  g_signal = sig;
+  if (g_child > 0) ::kill(static_cast<pid_t>(g_child), sig);
+}
+
+// Waits for `child`, passing SIGINT, SIGTERM and SIGHUP on to it meanwhile;
+// returns its wait status.
+int wait_forwarding_signals(pid_t child) {
+  g_child = child;
+  struct sigaction sa {};
+  sa.sa_handler = forward_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  return status;
+}
+
 StatusOr<std::vector<int64_t>> parse_sizes(const std::string& s) {
   std::vector<int64_t> out;
   std::stringstream ss(s);
   std::string item;
   while (std::getline(ss, item, ',')) {
+    // Digits with an optional fraction, then an optional suffix (no hex, inf or nan).
+    const size_t num = item.find_first_not_of("0123456789.");
+    const std::string digits = item.substr(0, num);
     char* end = nullptr;
-    double v = std::strtod(item.c_str(), &end);
-    std::string suffix(end);
+    double v = digits.empty() || digits.find_first_of("0123456789") == std::string::npos
+                   ? -1
+                   : std::strtod(digits.c_str(), &end);
+    if (end != nullptr && *end != '\0') v = -1;
+    std::string suffix = num == std::string::npos ? "" : item.substr(num);
     if (suffix == "k" || suffix == "K" || suffix == "KB") v *= 1024;
     else if (suffix == "m" || suffix == "M" || suffix == "MB") v *= 1024 * 1024;
     else if (!suffix.empty()) return invalid_argument("--size: cannot read '" + item + "'");
@@ -115,10 +149,10 @@ int run_bench_m2n(int argc, char** argv) {
                 "verified; with the MPI baseline the same traffic goes through Open MPI\n"
                 "Isend/Irecv and MPI_Alltoallv in the same processes. Started directly, it\n"
                 "re-launches itself under mpirun (Open MPI) with M + N ranks.");
-  flags.add_int("senders", 4, "attention processes M");
-  flags.add_int("receivers", 4, "expert processes N");
+  flags.add_int("senders", 4, 1, 128, "attention processes M");
+  flags.add_int("receivers", 4, 1, 128, "expert processes N");
   flags.add_string("size", "2k,32k,256k,2m,8m", "bytes per (sender, receiver) message; list, k/m suffixes");
-  flags.add_int("iters", 50, "timed rounds per size");
+  flags.add_int("iters", 50, 1, 1000000, "timed rounds per size");
   flags.add_string("provider", "direct",
                    "direct | socket (msinfer's shared-memory and TCP transports) | shm | tcp\n"
                    "(libfabric providers); MPI uses the matching btl: vader for direct and shm,\n"
@@ -143,10 +177,6 @@ int run_bench_m2n(int argc, char** argv) {
   o.provider = flags.get_string("provider");
   o.baseline_mpi = flags.get_string("baseline") == "mpi";
   o.verify = !flags.get_bool("no-verify");
-  if (o.senders < 1 || o.senders > 128 || o.receivers < 1 || o.receivers > 128) {
-    return report_error("bench m2n", invalid_argument("--senders and --receivers must be in 1..128"));
-  }
-  if (o.iterations < 1) return report_error("bench m2n", invalid_argument("--iters must be >= 1"));
   if (o.provider != "direct" && o.provider != "socket" && o.provider != "shm" && o.provider != "tcp") {
     return report_error("bench m2n", invalid_argument("--provider must be direct, socket, shm or tcp"));
   }
@@ -155,14 +185,36 @@ int run_bench_m2n(int argc, char** argv) {
   }
   const std::string imb = flags.get_string("imbalance");
   if (imb.rfind("zipf:", 0) == 0) {
-    o.zipf = std::atof(imb.c_str() + 5);
-    if (!(o.zipf > 0)) return report_error("bench m2n", invalid_argument("--imbalance zipf:S needs S > 0"));
+    FlagSet one("bench m2n", "");
+    one.add_double("imbalance", 1, 0, 16, "");
+    if (!one.parse({"--imbalance=" + imb.substr(5)}).ok() || !(one.get_double("imbalance") > 0)) {
+      return report_error("bench m2n",
+                          invalid_argument("--imbalance zipf:S needs a number S in (0, 16], "
+                                           "got '" +
+                                           imb + "'"));
+    }
+    o.zipf = one.get_double("imbalance");
   } else if (imb != "none") {
     return report_error("bench m2n", invalid_argument("--imbalance: expected none or zipf:S"));
   }
   auto sizes = parse_sizes(flags.get_string("size"));
   if (!sizes.ok()) return report_error("bench m2n", sizes.status());
   o.sizes = *sizes;
+  const std::string& into_path = flags.get_string("profile-into");
+  if (!into_path.empty()) {
+    // Before any rank starts: the file is read and re-written at the end.
+    s = check_output_path("--profile-into", into_path);
+    std::error_code ec;
+    if (s.ok() && std::filesystem::exists(into_path, ec) &&
+        !std::filesystem::is_regular_file(into_path, ec)) {
+      s = invalid_argument("--profile-into " + into_path + ": not a regular file");
+    }
+    if (s.ok() && std::filesystem::exists(into_path, ec)) {
+      auto j = read_json_file(into_path);
+      s = j.ok() ? ok_status() : j.status().with_context("--profile-into");
+    }
+    if (!s.ok()) return report_error("bench m2n", s);
+  }
 
   if (!comm::launched_by_mpi()) {
     // Re-launch under mpirun: one rank per process, the data over the chosen
@@ -189,9 +241,29 @@ int run_bench_m2n(int argc, char** argv) {
     std::vector<char*> cargs;
     for (auto& a : args) cargs.push_back(a.data());
     cargs.push_back(nullptr);
-    ::execvp("mpirun", cargs.data());
-    return report_error("bench m2n", Status(StatusCode::kUnavailable,
-                                            "cannot run mpirun (install openmpi-bin)"));
+    // mpirun runs as a child, not in place of this process: once it exits, for
+    // whatever reason (SIGINT included: mpirun sends its ranks SIGTERM and, a
+    // second later, SIGKILL), the ranks' shared-memory objects are removed here.
+    std::fflush(stdout);
+    std::fflush(stderr);
+    const pid_t child = ::fork();
+    if (child < 0) {
+      return report_error("bench m2n",
+                          internal_error(std::string("fork: ") + std::strerror(errno)));
+    }
+    if (child == 0) {
+      ::execvp("mpirun", cargs.data());
+      std::fprintf(stderr, "msinfer bench m2n: cannot run mpirun (install openmpi-bin)\n");
+      ::_exit(127);
+    }
+    const int status = wait_forwarding_signals(child);
+    comm::remove_dead_shm_endpoints();
+    if (g_signal != 0) {  // interrupted: die of the same signal, as if it had come here
+      ::signal(g_signal, SIG_DFL);
+      ::raise(g_signal);
+    }
+    if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
   }
   auto rows = bench::run_m2n_bench(o);
   if (!rows.ok()) return report_error("bench m2n", rows.status());
@@ -205,7 +277,9 @@ int run_bench_m2n(int argc, char** argv) {
     }
     auto merged = bench::add_transfer_model(base, *rows);
     if (!merged.ok()) return report_error("bench m2n", merged.status().with_context(into));
-    std::ofstream(into) << merged->dump(2) << "\n";
+    // Checked: a failed write is an error, never "written" (issue 12 item 1).
+    s = write_text_file(into, merged->dump(2) + "\n");
+    if (!s.ok()) return report_error("bench m2n", s.with_context("--profile-into"));
     std::fprintf(stderr, "msinfer bench m2n: transfer model written into %s\n", into.c_str());
   }
   if (flags.get_bool("json")) {

@@ -3,6 +3,7 @@
 // every worker measured.
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -106,14 +107,15 @@ int run_bench_serve(int argc, char** argv) {
                 "decode phase: from the moment every request has its first token.");
   flags.add_string("model", "", "model directory");
   flags.add_bool("offline", "all prompts submitted at once (the only mode so far)");
-  flags.add_int("num-prompts", 8, "requests");
-  flags.add_int("input-len", 32, "prompt tokens per request");
-  flags.add_int("output-len", 32, "generated tokens per request");
-  flags.add_int("seed", 0, "seed of the random prompts");
-  flags.add_int("kv-cache-mb", 256, "KV cache budget in MiB (per attention worker)");
+  flags.add_int("num-prompts", 8, 1, 100000, "requests");
+  flags.add_int("input-len", 32, 1, 1 << 20, "prompt tokens per request");
+  flags.add_int("output-len", 32, 1, 1 << 20, "generated tokens per request");
+  flags.add_int("seed", 0, 0, INT64_MAX, "seed of the random prompts");
+  flags.add_int("kv-cache-mb", 256, 1, 1 << 20, "KV cache budget in MiB (per attention worker)");
   flags.add_bool("json", "print one JSON object");
-  flags.add_double("idle-seconds", 1, "after the workload, leave the deployment idle this long and "
-                                      "report each worker's CPU use meanwhile (0: skip)");
+  flags.add_double("idle-seconds", 1, 0, 3600,
+                   "after the workload, leave the deployment idle this long and report each "
+                   "worker's CPU use meanwhile (0: skip)");
   flags.add_string("profile", "",
                    "profile JSON (msinfer profile, + bench m2n --profile-into): also print the "
                    "planner's predicted T_a, T_e, T_c and decode tokens/s, and their error");
@@ -131,20 +133,25 @@ int run_bench_serve(int argc, char** argv) {
     std::cout << flags.usage();
     return 0;
   }
+  if (!flags.positional().empty()) {
+    return report_error("bench serve", invalid_argument("unexpected argument '" +
+                                                        flags.positional().front() + "'"));
+  }
   const std::string dir = flags.get_string("model");
   if (dir.empty()) return report_error("bench serve", invalid_argument("--model is required"));
+  // Ranges (--num-prompts 1..100000, ...) are checked by the flag parser.
   const int64_t P = flags.get_int("num-prompts"), I = flags.get_int("input-len"),
                 O = flags.get_int("output-len");
-  if (P < 1 || P > 100000 || I < 1 || O < 1) {
-    return report_error("bench serve", invalid_argument("--num-prompts, --input-len and --output-len must be >= 1"));
-  }
+  s = check_deployment_flags(flags);
+  if (s.ok()) s = check_model_dir(flags);
+  if (!s.ok()) return report_error("bench serve", s);
   auto weight_format = apply_engine_flags(flags);
   if (!weight_format.ok()) return report_error("bench serve", weight_format.status());
   auto model = load_model_config(dir);
   if (!model.ok()) return report_error("bench serve", model.status());
   if (!flags.get_string("profile").empty()) {  // a bad profile fails now, not after the run
     auto p = planner::load_profile(flags.get_string("profile"));
-    if (!p.ok()) return report_error("bench serve", p.status());
+    if (!p.ok()) return report_error("bench serve", p.status().with_context("--profile"));
   }
   const bool disaggregated = deployment_requested(flags);
   if (!flags.get_string("profile").empty() && !disaggregated) {

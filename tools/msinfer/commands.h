@@ -33,6 +33,13 @@ StatusOr<kernels::cpu::WeightFormat> apply_engine_flags(const FlagSet& flags);
 
 // Flags of a disaggregated deployment (shared by generate and worker).
 void add_deployment_flags(FlagSet& flags);
+// Checks the deployment flags that need no model (--fabric-provider, conflicts
+// with --plan, both worker counts), before any expensive work.
+Status check_deployment_flags(const FlagSet& flags);
+// Checks --model names a model directory whose config the engine runs and whose
+// safetensors headers are sound (cheap: the files are mapped, not read), so a
+// damaged model is the same bad-input error co-located and disaggregated.
+Status check_model_dir(const FlagSet& flags);
 StatusOr<runtime::WorkerConfig> worker_config_from_flags(const FlagSet& flags,
                                                          const ModelConfig& model);
 // From `--plan FILE` (SPEC section 7 plan document): n_a and m from the plan, one

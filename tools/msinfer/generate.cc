@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <numeric>
@@ -28,8 +29,9 @@ StatusOr<std::vector<int32_t>> parse_ids(const std::string& s, const std::string
   std::string item;
   while (std::getline(ss, item, ',')) {
     char* end = nullptr;
-    long v = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v < 0 || v > (1L << 30)) {
+    const bool digits = !item.empty() && item.find_first_not_of("0123456789") == std::string::npos;
+    long v = digits ? std::strtol(item.c_str(), &end, 10) : -1;
+    if (!digits || v < 0 || v > (1L << 30)) {
       return invalid_argument(flag + ": expected comma-separated token ids, got '" + item + "'");
     }
     ids.push_back(static_cast<int32_t>(v));
@@ -47,14 +49,14 @@ int run_generate(int argc, char** argv) {
   flags.add_string("model", "", "model directory (config.json, *.safetensors, tokenizer.json)");
   flags.add_string("prompt", "", "prompt text (tokenised with the model's tokenizer)");
   flags.add_string("prompt-ids", "", "prompt as comma-separated token ids");
-  flags.add_int("max-tokens", 16, "tokens to generate at most");
-  flags.add_double("temperature", 0, "0 for greedy");
-  flags.add_int("top-k", 0, "sample from the k most likely tokens (0: all)");
-  flags.add_double("top-p", 1, "nucleus sampling mass");
-  flags.add_int("seed", 0, "sampling seed");
+  flags.add_int("max-tokens", 16, 1, 1 << 24, "tokens to generate at most");
+  flags.add_double("temperature", 0, 0, 100, "0 for greedy");
+  flags.add_int("top-k", 0, 0, 1 << 24, "sample from the k most likely tokens (0: all)");
+  flags.add_double("top-p", 1, 0, 1, "nucleus sampling mass (> 0)");
+  flags.add_int("seed", 0, 0, INT64_MAX, "sampling seed");
   flags.add_string("stop-ids", "", "comma-separated token ids that end generation");
   flags.add_bool("ignore-eos", "keep going past the end-of-sequence token");
-  flags.add_int("kv-cache-mb", 256, "KV cache budget in MiB", "MSINFER_KV_CACHE_MB");
+  flags.add_int("kv-cache-mb", 256, 1, 1 << 20, "KV cache budget in MiB", "MSINFER_KV_CACHE_MB");
   flags.add_bool("json", "print one JSON object (token_ids, text, timings) at the end");
   add_engine_flags(flags);
   add_deployment_flags(flags);
@@ -75,15 +77,36 @@ int run_generate(int argc, char** argv) {
     std::cout << flags.usage();
     return 0;
   }
+  if (!flags.positional().empty()) {
+    return report_error(
+        "generate", invalid_argument("unexpected argument '" + flags.positional().front() + "'"));
+  }
   if (flags.get_string("model").empty()) {
     return report_error("generate", invalid_argument("--model is required"));
   }
   if (flags.was_set("prompt") == flags.was_set("prompt-ids")) {
     return report_error("generate", invalid_argument("give exactly one of --prompt and --prompt-ids"));
   }
-  if (flags.get_int("kv-cache-mb") < 1) {
-    return report_error("generate", invalid_argument("--kv-cache-mb must be >= 1"));
+  // Every flag is checked before the model loads (issue 12 item 7).
+  if (!(flags.get_double("top-p") > 0)) {
+    return report_error("generate", invalid_argument("--top-p must be in (0, 1]"));
   }
+  std::vector<int32_t> prompt_ids, stop_ids;
+  if (flags.was_set("prompt-ids")) {
+    auto ids = parse_ids(flags.get_string("prompt-ids"), "--prompt-ids");
+    if (!ids.ok()) return report_error("generate", ids.status());
+    prompt_ids = *ids;
+    if (prompt_ids.empty())
+      return report_error("generate", invalid_argument("--prompt-ids: empty"));
+  }
+  if (!flags.get_string("stop-ids").empty()) {
+    auto ids = parse_ids(flags.get_string("stop-ids"), "--stop-ids");
+    if (!ids.ok()) return report_error("generate", ids.status());
+    stop_ids = *ids;
+  }
+  s = check_deployment_flags(flags);
+  if (s.ok()) s = check_model_dir(flags);
+  if (!s.ok()) return report_error("generate", s);
   auto weight_format = apply_engine_flags(flags);
   if (!weight_format.ok()) return report_error("generate", weight_format.status());
   const std::string dir = flags.get_string("model");
@@ -104,9 +127,7 @@ int run_generate(int argc, char** argv) {
   if (flags.was_set("prompt")) {
     req.prompt = tok->encode(flags.get_string("prompt"));
   } else {
-    auto ids = parse_ids(flags.get_string("prompt-ids"), "--prompt-ids");
-    if (!ids.ok()) return report_error("generate", ids.status());
-    req.prompt = *ids;
+    req.prompt = prompt_ids;
   }
   runtime::SamplingParams& sp = req.sampling;
   sp.max_tokens = static_cast<int>(flags.get_int("max-tokens"));
@@ -115,11 +136,7 @@ int run_generate(int argc, char** argv) {
   sp.top_p = static_cast<float>(flags.get_double("top-p"));
   sp.seed = static_cast<uint64_t>(flags.get_int("seed"));
   sp.ignore_eos = flags.get_bool("ignore-eos");
-  if (!flags.get_string("stop-ids").empty()) {
-    auto ids = parse_ids(flags.get_string("stop-ids"), "--stop-ids");
-    if (!ids.ok()) return report_error("generate", ids.status());
-    sp.stop_token_ids = *ids;
-  }
+  sp.stop_token_ids = stop_ids;
   std::unique_ptr<runtime::Engine> engine;
   std::unique_ptr<runtime::Router> router;
   if (disaggregated) {
@@ -147,12 +164,20 @@ int run_generate(int argc, char** argv) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   int64_t steps = 0;
+  Progress progress("generate");
   while (!idle()) {
     auto events = step();
     if (!events.ok()) {
       return report_error("generate", events.status().with_context("request " + std::to_string(req.id)));
     }
-    if (router && ++steps % 16 == 0) std::fprintf(stderr, "msinfer: step %lld\n", static_cast<long long>(steps));
+    ++steps;
+    if (router && steps % 16 == 0) {
+      std::fprintf(stderr, "msinfer: step %lld\n", static_cast<long long>(steps));
+    } else if (!router && (json || !stream)) {
+      // Text streams to stdout; without it (--json, no tokenizer) progress goes to stderr.
+      progress.update("step " + std::to_string(steps) + ", " + std::to_string(out_ids.size()) +
+                      " tokens generated");
+    }
     for (const auto& ev : *events) {
       token_times.push_back(std::chrono::duration<double>(clock::now() - t0).count());
       out_ids.push_back(ev.token);

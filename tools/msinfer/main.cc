@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "cli_common.h"
 #include "commands.h"
 
 namespace {
@@ -30,6 +31,15 @@ int main(int argc, char** argv) {
     usage(stderr);
     return 2;
   }
+  // Errors are JSON on stdout too as soon as --json is on the command line, even
+  // when the flags that follow it are bad (cli_common.h).
+  for (int i = 2; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0 || std::strcmp(argv[i], "--json=true") == 0) {
+      msinfer::cli::set_json_errors(true);
+    }
+  }
+  // SIGINT / SIGTERM remove this process's shared-memory objects before it dies.
+  msinfer::cli::install_shm_cleanup_on_signals();
   std::string cmd = argv[1];
   if (cmd == "plan") return msinfer::cli::run_plan(argc, argv);
   if (cmd == "simulate") return msinfer::cli::run_simulate(argc, argv);
@@ -46,6 +56,7 @@ int main(int argc, char** argv) {
     usage(stdout);
     return 0;
   }
-  std::fprintf(stderr, "msinfer: unknown command '%s' (msinfer --help lists them)\n", cmd.c_str());
-  return 2;
+  return msinfer::cli::report_error(
+      "", msinfer::invalid_argument("unknown command '" + msinfer::cli::printable(cmd) +
+                                    "' (msinfer --help lists them)"));
 }

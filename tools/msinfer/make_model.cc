@@ -1,10 +1,14 @@
 // msinfer make-model: write a test checkpoint in the real HF layout.
+#include "msinfer/model/make_model.h"
+
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "commands.h"
 #include "msinfer/core/flags.h"
-#include "msinfer/model/make_model.h"
 #include "planner_flags.h"
 
 namespace msinfer::cli {
@@ -17,17 +21,23 @@ int run_make_model(int argc, char** argv) {
                 "presets: tiny-mixtral, tiny-qwen3moe (a few MB), small-mixtral (~1.3 GB).");
   flags.add_string("preset", "", "tiny-mixtral | tiny-qwen3moe | small-mixtral");
   flags.add_string("out", "", "output directory (created if missing)");
-  flags.add_int("seed", 0, "seed of the random weights");
+  flags.add_int("seed", 0, 0, INT64_MAX, "seed of the random weights");
   flags.add_string("dtype", "bf16", "weight dtype: bf16 | f16 | f32");
-  flags.add_int("shards", 1, "number of safetensors files (> 1 adds model.safetensors.index.json)");
+  flags.add_int("shards", 1, 1, 64,
+                "number of safetensors files (> 1 adds model.safetensors.index.json)");
   flags.add_string("tokenizer", "", "small-mixtral: directory of the Llama-2 tokenizer "
                                     "(default .cache/tokenizers/llama2)");
+  flags.add_bool("json", "print one JSON object (preset, directory, files) instead of a line");
   flags.set_epilog("example:\n  msinfer make-model --preset tiny-mixtral --out /tmp/m");
   Status s = flags.parse(argc, argv, 2);
   if (!s.ok()) return report_error("make-model", s);
   if (flags.help_requested()) {
     std::cout << flags.usage();
     return 0;
+  }
+  if (!flags.positional().empty()) {
+    return report_error(
+        "make-model", invalid_argument("unexpected argument '" + flags.positional().front() + "'"));
   }
   model::MakeModelOptions o;
   o.preset = flags.get_string("preset");
@@ -44,6 +54,16 @@ int run_make_model(int argc, char** argv) {
   else return report_error("make-model", invalid_argument("--dtype must be bf16, f16 or f32"));
   s = model::make_model(o);
   if (!s.ok()) return report_error("make-model", s);
+  if (flags.get_bool("json")) {
+    Json files = Json::array();
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(o.out_dir, ec)) {
+      files.push_back(e.path().filename().string());
+    }
+    std::sort(files.begin(), files.end());
+    std::cout << Json{{"preset", o.preset}, {"out", o.out_dir}, {"files", files}}.dump(2) << "\n";
+    return 0;
+  }
   std::printf("wrote %s model to %s\n", o.preset.c_str(), o.out_dir.c_str());
   return 0;
 }

@@ -97,7 +97,7 @@ int run_plan(int argc, char** argv) {
                 "time-between-tokens SLO (SPEC.md section 4), and predicts two co-located\n"
                 "baselines with the same model.");
   add_search_flags(flags);
-  flags.add_int("top", 5, "alternatives shown after the best plan");
+  flags.add_int("top", 5, 0, 1000, "alternatives shown after the best plan");
   flags.add_bool("sensitivity", "re-plan with each price and k1/k3 moved by +-20%");
   flags.add_bool("json", "print one JSON object (SPEC.md section 7) instead of tables");
   flags.add_string("out", "", "write the plan document to this file (for simulate / serve)");
@@ -117,7 +117,10 @@ int run_plan(int argc, char** argv) {
     return report_error("plan", invalid_argument("unexpected argument '" +
                                                  flags.positional().front() + "'"));
   }
-  if (flags.get_int("top") < 0) return report_error("plan", invalid_argument("--top must be >= 0"));
+  if (!flags.get_string("out").empty()) {
+    s = check_output_path("--out", flags.get_string("out"));
+    if (!s.ok()) return report_error("plan", s);
+  }
   auto setup = search_setup_from_flags(flags);
   if (!setup.ok()) return report_error("plan", setup.status());
   const planner::SearchOptions& o = setup->options;
@@ -135,6 +138,10 @@ int run_plan(int argc, char** argv) {
   Json doc = planner::plan_document(o, *result, top);
   if (flags.get_bool("sensitivity")) doc["sensitivity"] = planner::sensitivity_to_json(sens);
   doc["search"]["elapsed_ms"] = ms;
+  for (const char* k : {"plan", "predicted", "alternatives", "baselines", "stage_model"}) {
+    s = check_figures(doc[k], /*non_negative=*/true, "plan: " + std::string(k));
+    if (!s.ok()) return report_error("plan", s);
+  }
   if (!flags.get_string("out").empty()) {
     Status w = write_json_file(flags.get_string("out"), doc);
     if (!w.ok()) return report_error("plan", w.with_context("--out"));

@@ -15,23 +15,13 @@ void add_search_flags(FlagSet& flags) {
   flags.add_string("gpus", "", "comma-separated GPU types for --hetero (default: all catalogued)");
   flags.add_string("catalog", "", "hardware catalogue JSON replacing the built-in one",
                    "MSINFER_CATALOG");
-  flags.add_double("slo-ms", 150, "time-between-tokens SLO in milliseconds");
-  flags.add_double("seq-len", 2048, "average context length of a decoding request (tokens)");
-  flags.add_int("max-micro-batches", 4, "largest number of micro-batches m to try");
-  flags.add_int("max-gpus", 0, "cap on the total GPUs of a deployment (0: no cap)");
+  flags.add_double("slo-ms", 150, 0, 3.6e6, "time-between-tokens SLO in milliseconds (> 0)");
+  flags.add_double("seq-len", 2048, 0, 1e7,
+                   "average context length of a decoding request (tokens, > 0)");
+  flags.add_int("max-micro-batches", 4, 1, 64, "largest number of micro-batches m to try");
+  flags.add_int("max-gpus", 0, 0, 1000000, "cap on the total GPUs of a deployment (0: no cap)");
   flags.add_string("objective", "cost", "rank plans by tokens/s per: cost | gpu | power");
   flags.add_string("profile", "", "profile JSON from `msinfer profile` overriding k1..k4 / NIC");
-}
-
-int report_error(const char* command, const Status& s) {
-  std::fprintf(stderr, "msinfer %s: %s\n", command, s.message().c_str());
-  switch (s.code()) {
-    case StatusCode::kInvalidArgument:
-    case StatusCode::kNotFound:
-      return 2;
-    default:
-      return 1;
-  }
 }
 
 namespace {
@@ -51,7 +41,9 @@ std::vector<std::string> split_list(const std::string& s) {
 StatusOr<SearchSetup> search_setup_from_flags(const FlagSet& flags) {
   SearchSetup setup;
   if (!flags.get_string("catalog").empty()) {
-    MSI_ASSIGN_OR_RETURN(setup.catalog, planner::load_catalog(flags.get_string("catalog")));
+    auto cat = planner::load_catalog(flags.get_string("catalog"));
+    if (!cat.ok()) return cat.status().with_context(flags.origin("catalog"));
+    setup.catalog = std::move(cat).value();
   } else {
     setup.catalog = planner::default_catalog();
   }
@@ -100,16 +92,14 @@ StatusOr<SearchSetup> search_setup_from_flags(const FlagSet& flags) {
   if (!(o.slo > 0)) return invalid_argument("--slo-ms must be > 0");
   o.seq_len = flags.get_double("seq-len");
   if (!(o.seq_len > 0)) return invalid_argument("--seq-len must be > 0");
-  if (flags.get_int("max-micro-batches") < 1 || flags.get_int("max-micro-batches") > 64) {
-    return invalid_argument("--max-micro-batches must be in 1..64");
-  }
-  o.max_micro_batches = static_cast<int>(flags.get_int("max-micro-batches"));
-  if (flags.get_int("max-gpus") < 0) return invalid_argument("--max-gpus must be >= 0");
+  o.max_micro_batches = static_cast<int>(flags.get_int("max-micro-batches"));  // 1..64
   o.max_gpus = static_cast<int>(flags.get_int("max-gpus"));
   MSI_ASSIGN_OR_RETURN(o.objective, planner::parse_objective(flags.get_string("objective")));
   o.nic_util = cat.nic_util;
   if (!flags.get_string("profile").empty()) {
-    MSI_ASSIGN_OR_RETURN(planner::Profile p, planner::load_profile(flags.get_string("profile")));
+    auto prof = planner::load_profile(flags.get_string("profile"));
+    if (!prof.ok()) return prof.status().with_context("--profile");
+    planner::Profile p = std::move(prof).value();
     setup.profile = std::make_unique<planner::Profile>(std::move(p));
     o.profile = setup.profile.get();
   }

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "cli_common.h"
 #include "msinfer/core/flags.h"
 #include "msinfer/planner/plan.h"
 
@@ -19,8 +20,5 @@ struct SearchSetup {
   planner::Catalog catalog;
 };
 StatusOr<SearchSetup> search_setup_from_flags(const FlagSet& flags);
-
-// Prints "msinfer CMD: message" on stderr and returns the exit code for `s`.
-int report_error(const char* command, const Status& s);
 
 }  // namespace msinfer::cli

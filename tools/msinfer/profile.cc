@@ -19,9 +19,9 @@ int run_profile(int argc, char** argv) {
                 "(SPEC.md section 4) and writes the file `msinfer plan --profile` reads.");
   flags.add_string("model", "", "model directory");
   flags.add_string("out", "", "write the profile JSON here");
-  flags.add_int("seq-len", 512, "context length of the decoding requests");
-  flags.add_int("kv-cache-mb", 1024, "KV cache budget for the attention measurements");
-  flags.add_double("seconds", 0.3, "measuring time per point");
+  flags.add_int("seq-len", 512, 1, 1 << 20, "context length of the decoding requests");
+  flags.add_int("kv-cache-mb", 1024, 1, 1 << 20, "KV cache budget for the attention measurements");
+  flags.add_double("seconds", 0.3, 0, 600, "measuring time per point (> 0)");
   flags.add_bool("json", "print the profile JSON instead of tables");
   add_engine_flags(flags);
   Status s = flags.parse(argc, argv, 2);
@@ -30,9 +30,20 @@ int run_profile(int argc, char** argv) {
     std::cout << flags.usage();
     return 0;
   }
-  if (flags.get_string("model").empty()) {
-    return report_error("profile", invalid_argument("--model is required"));
+  if (!flags.positional().empty()) {
+    return report_error(
+        "profile", invalid_argument("unexpected argument '" + flags.positional().front() + "'"));
   }
+  if (!(flags.get_double("seconds") > 0)) {
+    return report_error("profile", invalid_argument("--seconds must be in (0, 600]"));
+  }
+  // Flags, output path and model before the measurements (issue 12 item 7).
+  if (!flags.get_string("out").empty()) {
+    s = check_output_path("--out", flags.get_string("out"));
+    if (!s.ok()) return report_error("profile", s);
+  }
+  s = check_model_dir(flags);
+  if (!s.ok()) return report_error("profile", s);
   auto weight_format = apply_engine_flags(flags);
   if (!weight_format.ok()) return report_error("profile", weight_format.status());
   bench::ProfileOptions o;

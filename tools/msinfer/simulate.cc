@@ -1,5 +1,6 @@
 // msinfer simulate: play a plan forward event by event and report throughput,
 // TBT percentiles, busy fractions and bubbles; draw a Gantt chart; sweep n_a or m.
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 
@@ -11,6 +12,10 @@
 namespace msinfer::cli {
 namespace {
 
+// Largest zipf exponent: beyond it all but the first experts get no tokens at
+// all (1e4 used to print -nan for every figure).
+constexpr double kMaxZipf = 16;
+
 Status parse_imbalance(const std::string& s, double* zipf_s) {
   if (s.empty() || s == "none") {
     *zipf_s = 0;
@@ -19,12 +24,12 @@ Status parse_imbalance(const std::string& s, double* zipf_s) {
   if (s.rfind("zipf:", 0) != 0) {
     return invalid_argument("--imbalance: expected zipf:S (e.g. zipf:1.2), got '" + s + "'");
   }
-  char* end = nullptr;
-  std::string v = s.substr(5);
-  *zipf_s = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0' || *zipf_s < 0) {
-    return invalid_argument("--imbalance: zipf:S needs a number S >= 0, got '" + s + "'");
+  FlagSet one("simulate", "");
+  one.add_double("imbalance", 0, 0, kMaxZipf, "");
+  if (!one.parse({"--imbalance=" + s.substr(5)}).ok()) {
+    return invalid_argument("--imbalance: zipf:S needs a number S in 0 .. 16, got '" + s + "'");
   }
+  *zipf_s = one.get_double("imbalance");
   return ok_status();
 }
 
@@ -44,13 +49,15 @@ StatusOr<planner::Deployment> deployment_from_flags(const FlagSet& flags) {
     MSI_ASSIGN_OR_RETURN(planner::SearchResult r, planner::search_plans(setup.options));
     d = r.plans.front().deployment;
   }
-  if (flags.get_int("attention-nodes") > 0) d.attention_nodes = flags.get_int("attention-nodes");
-  if (flags.get_int("micro-batches") > 0) d.micro_batches = flags.get_int("micro-batches");
+  // Ranges checked by the flag parser; 0 keeps the plan's value.
+  if (flags.get_int("attention-nodes") > 0) {
+    d.attention_nodes = static_cast<int>(flags.get_int("attention-nodes"));
+  }
+  if (flags.get_int("micro-batches") > 0) {
+    d.micro_batches = static_cast<int>(flags.get_int("micro-batches"));
+  }
   if (flags.get_int("batch-per-micro-batch") > 0) {
     d.batch_per_micro_batch = flags.get_int("batch-per-micro-batch");
-  }
-  for (const char* f : {"attention-nodes", "micro-batches", "batch-per-micro-batch"}) {
-    if (flags.get_int(f) < 0) return invalid_argument(std::string("--") + f + " must be >= 1");
   }
   return d;
 }
@@ -93,16 +100,16 @@ int run_simulate(int argc, char** argv) {
                 "(and simulates the best plan they find).");
   flags.add_string("plan", "", "plan document written by `msinfer plan --out`");
   add_search_flags(flags);
-  flags.add_int("attention-nodes", 0, "override the plan's attention nodes n_a");
-  flags.add_int("micro-batches", 0, "override the plan's micro-batches m");
-  flags.add_int("batch-per-micro-batch", 0, "override the plan's b_a");
-  flags.add_int("iterations", 8, "decoding iterations to simulate");
-  flags.add_double("jitter", 0, "percent: scale every duration by a seeded U[1-p, 1+p]");
-  flags.add_string("imbalance", "none", "per-expert load skew: none | zipf:S");
-  flags.add_int("seed", 1, "random seed for --jitter");
+  flags.add_int("attention-nodes", 0, 0, 4096, "override the plan's attention nodes n_a (0: keep)");
+  flags.add_int("micro-batches", 0, 0, 64, "override the plan's micro-batches m (0: keep)");
+  flags.add_int("batch-per-micro-batch", 0, 0, 1000000, "override the plan's b_a (0: keep)");
+  flags.add_int("iterations", 8, 1, 100000, "decoding iterations to simulate");
+  flags.add_double("jitter", 0, 0, 99, "percent: scale every duration by a seeded U[1-p, 1+p]");
+  flags.add_string("imbalance", "none", "per-expert load skew: none | zipf:S (S in 0 .. 16)");
+  flags.add_int("seed", 1, 0, INT64_MAX, "random seed for --jitter");
   flags.add_string("gantt", "", "write an SVG timeline of the first iterations");
-  flags.add_int("gantt-iterations", 1, "iterations drawn by --gantt");
-  flags.add_int("gantt-layers", 6, "layers of each iteration drawn by --gantt (0: all)");
+  flags.add_int("gantt-iterations", 1, 1, 64, "iterations drawn by --gantt");
+  flags.add_int("gantt-layers", 6, 0, 4096, "layers of each iteration drawn by --gantt (0: all)");
   flags.add_string("sweep", "",
                    "attention-nodes=FROM..TO or micro-batches=FROM..TO (b_a held fixed)");
   flags.add_string("plot", "", "with --sweep: write an SVG chart of tokens/s per GPU and TBT");
@@ -127,26 +134,40 @@ int run_simulate(int argc, char** argv) {
   o.iterations = static_cast<int>(flags.get_int("iterations"));
   o.jitter = flags.get_double("jitter") / 100.0;
   o.seed = static_cast<uint64_t>(flags.get_int("seed"));
-  o.gantt_iterations = flags.get_string("gantt").empty() ? 0 : flags.get_int("gantt-iterations");
-  if (flags.get_int("gantt-layers") > 0) o.gantt_layers = flags.get_int("gantt-layers");
-  if (flags.get_int("gantt-iterations") < 1 || flags.get_int("gantt-layers") < 0) {
-    return report_error("simulate", invalid_argument("--gantt-iterations must be >= 1 and "
-                                                     "--gantt-layers >= 0"));
+  o.gantt_iterations =
+      flags.get_string("gantt").empty() ? 0 : static_cast<int>(flags.get_int("gantt-iterations"));
+  if (flags.get_int("gantt-layers") > 0) {
+    o.gantt_layers = static_cast<int>(flags.get_int("gantt-layers"));
   }
   s = parse_imbalance(flags.get_string("imbalance"), &o.zipf_s);
   if (!s.ok()) return report_error("simulate", s);
   if (!flags.get_string("plot").empty() && flags.get_string("sweep").empty()) {
     return report_error("simulate", invalid_argument("--plot needs --sweep"));
   }
+  if (!flags.get_string("sweep").empty() && !flags.get_string("gantt").empty()) {
+    return report_error("simulate",
+                        invalid_argument("--gantt draws one run; it cannot go with --sweep"));
+  }
+  for (const char* f : {"gantt", "plot"}) {
+    if (flags.get_string(f).empty()) continue;
+    s = check_output_path(std::string("--") + f, flags.get_string(f));
+    if (!s.ok()) return report_error("simulate", s);
+  }
+  planner::SweepParameter param = planner::SweepParameter::kAttentionNodes;
+  int from = 0, to = 0;
+  if (!flags.get_string("sweep").empty()) {
+    s = planner::parse_sweep(flags.get_string("sweep"), &param, &from, &to);
+    if (!s.ok()) return report_error("simulate", s);
+  }
   auto d = deployment_from_flags(flags);
   if (!d.ok()) return report_error("simulate", d.status());
 
   if (!flags.get_string("sweep").empty()) {
-    planner::SweepParameter param;
-    int from = 0, to = 0;
-    s = planner::parse_sweep(flags.get_string("sweep"), &param, &from, &to);
-    if (!s.ok()) return report_error("simulate", s);
-    auto rows = planner::sweep(*d, param, from, to, o);
+    Progress progress("simulate");
+    auto rows = planner::sweep(*d, param, from, to, o, [&](int v) {
+      progress.update("--sweep at " + std::to_string(v) + " of " + std::to_string(from) + ".." +
+                      std::to_string(to));
+    });
     if (!rows.ok()) return report_error("simulate", rows.status());
     if (!flags.get_string("plot").empty()) {
       s = planner::write_sweep_svg(param, *rows, flags.get_string("plot"));
@@ -167,8 +188,15 @@ int run_simulate(int argc, char** argv) {
         list.push_back(j);
       }
       out["sweep"] = list;
+      s = check_figures(list, /*non_negative=*/true, "simulate --sweep");
+      if (!s.ok()) return report_error("simulate", s);
       std::cout << out.dump(2) << "\n";
       return 0;
+    }
+    for (const auto& row : *rows) {
+      s = check_figures(row.sim.to_json(), true, "simulate --sweep");
+      if (s.ok()) s = check_figures(row.closed_form.to_json(), true, "simulate --sweep");
+      if (!s.ok()) return report_error("simulate", s);
     }
     std::printf("msinfer simulate --sweep %s: %s, b_a = %lld held fixed\n\n",
                 flags.get_string("sweep").c_str(), planner::shape_summary(*d).c_str(),
@@ -193,6 +221,10 @@ int run_simulate(int argc, char** argv) {
   auto r = planner::simulate(*d, o);
   if (!r.ok()) return report_error("simulate", r.status());
   const planner::Prediction p = planner::predict(*d);
+  s = check_figures(r->to_json(), /*non_negative=*/true, "simulate");
+  if (s.ok()) s = check_figures(p.to_json(), true, "simulate: closed form");
+  if (s.ok()) s = check_figures(Json(r->expert_load_share), true, "simulate: expert load share");
+  if (!s.ok()) return report_error("simulate", s);
   if (!flags.get_string("gantt").empty()) {
     s = planner::write_gantt_svg(*d, *r, flags.get_string("gantt"));
     if (!s.ok()) return report_error("simulate", s.with_context("--gantt"));

@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "commands.h"
 #include "msinfer/core/flags.h"
+#include "msinfer/model/safetensors.h"
 #include "msinfer/planner/plan.h"
 #include "msinfer/runtime/disaggregated.h"
 #include "msinfer/runtime/router.h"
@@ -16,16 +18,59 @@
 namespace msinfer::cli {
 
 void add_deployment_flags(FlagSet& flags) {
-  flags.add_int("attention-workers", 0, "attention worker processes n_a (0: co-located engine)");
-  flags.add_int("expert-workers", 0, "expert worker processes N");
-  flags.add_int("micro-batches", 1, "micro-batches m per attention worker (ping-pong)");
+  flags.add_int("attention-workers", 0, 0, 128,
+                "attention worker processes n_a (0: co-located engine)");
+  flags.add_int("expert-workers", 0, 0, 128, "expert worker processes N");
+  flags.add_int("micro-batches", 1, 1, 16, "micro-batches m per attention worker (ping-pong)");
   flags.add_string("placement", "", "placement JSON: experts over expert workers, with replicas");
   flags.add_string("fabric-provider", "",
                    "M2N transport: direct | socket (msinfer's own: shared memory within a host,\n"
                    "TCP) | shm | tcp | verbs | efa (libfabric providers); default: direct for a\n"
                    "local deployment, socket for one launched by mpirun/srun",
                    "MSINFER_FABRIC_PROVIDER");
-  flags.add_int("timeout-ms", 10000, "M2N timeout: a worker silent this long is reported failed");
+  flags.add_int("timeout-ms", 10000, 100, 3600000,
+                "M2N timeout: a worker silent this long is reported failed");
+}
+
+Status check_deployment_flags(const FlagSet& flags) {
+  const std::string& p = flags.get_string("fabric-provider");
+  if (!p.empty() && p != "direct" && p != "socket" && p != "shm" && p != "tcp" && p != "verbs" &&
+      p != "efa") {
+    return invalid_argument(flags.origin("fabric-provider") + ": unknown provider '" + p +
+                            "' (direct, socket, shm, tcp, verbs, efa)");
+  }
+  if (!flags.get_string("plan").empty()) {
+    for (const char* f : {"attention-workers", "expert-workers", "micro-batches", "placement"}) {
+      if (flags.was_set(f))
+        return invalid_argument(std::string("--") + f + " conflicts with --plan");
+    }
+  } else if ((flags.get_int("attention-workers") > 0) != (flags.get_int("expert-workers") > 0)) {
+    return invalid_argument(
+        "a disaggregated deployment needs both --attention-workers and "
+        "--expert-workers (>= 1)");
+  }
+  if (!flags.get_string("placement").empty() && !deployment_requested(flags)) {
+    return invalid_argument("--placement needs --attention-workers and --expert-workers");
+  }
+  return ok_status();
+}
+
+Status check_model_dir(const FlagSet& flags) {
+  const std::string& dir = flags.get_string("model");
+  if (dir.empty()) return invalid_argument("--model is required (a model directory)");
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return not_found("--model " + dir +
+                     ": no such model directory (config.json, *.safetensors; "
+                     "msinfer make-model writes one)");
+  }
+  MSI_ASSIGN_OR_RETURN(ModelConfig c, load_model_config(dir));
+  MSI_RETURN_IF_ERROR(c.check_executable().with_context(dir + "/config.json"));
+  // Mapping the files and parsing their headers is cheap; it finds a damaged
+  // checkpoint here, the same way for the co-located engine and for workers.
+  auto ckpt = model::Checkpoint::open(dir);
+  if (!ckpt.ok()) return ckpt.status();
+  return ok_status();
 }
 
 namespace {
@@ -171,9 +216,9 @@ runtime::EngineOptions colocated_engine_options(const FlagSet& flags) {
 int run_worker(int argc, char** argv) {
   FlagSet flags("worker", "One worker process of a disaggregated deployment (started by the router).");
   flags.add_string("role", "", "attention | expert");
-  flags.add_int("index", 0, "worker index within its role");
+  flags.add_int("index", 0, 0, 127, "worker index within its role");
   flags.add_string("model", "", "model directory");
-  flags.add_int("kv-cache-mb", 256, "KV cache budget (attention workers)");
+  flags.add_int("kv-cache-mb", 256, 1, 1 << 20, "KV cache budget (attention workers)");
   add_engine_flags(flags);
   add_deployment_flags(flags);
   Status s = flags.parse(argc, argv, 2);
@@ -181,6 +226,12 @@ int run_worker(int argc, char** argv) {
   if (flags.help_requested()) {
     std::cout << flags.usage();
     return 0;
+  }
+  if (flags.get_string("model").empty()) {
+    return report_error("worker", invalid_argument("--model is required (a model directory)"));
+  }
+  if (flags.get_string("role") != "attention" && flags.get_string("role") != "expert") {
+    return report_error("worker", invalid_argument("--role must be attention or expert"));
   }
   auto model = load_model_config(flags.get_string("model"));
   if (!model.ok()) return report_error("worker", model.status());

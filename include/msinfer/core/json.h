@@ -52,6 +52,11 @@ class JsonFields {
   StatusOr<double> positive(const std::string& key) const;
   // A required integer >= min_value.
   StatusOr<int64_t> integer_at_least(const std::string& key, int64_t min_value) const;
+  // A required number in [lo, hi] (finite), or with `lo_open` in (lo, hi].
+  StatusOr<double> number_in(const std::string& key, double lo, double hi,
+                             bool lo_open = false) const;
+  // A required integer in [lo, hi].
+  StatusOr<int64_t> integer_in(const std::string& key, int64_t lo, int64_t hi) const;
 
   // Error naming where.key, for callers' own range checks.
   Status field_error(const std::string& key, const std::string& what) const;

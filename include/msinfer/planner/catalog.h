@@ -3,6 +3,7 @@
 // data/catalog.json, embedded at build time; --catalog FILE replaces it.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,6 +65,14 @@ struct Catalog {
   // Finds a GPU by name or alias, case-insensitively. NOT_FOUND lists the names.
   StatusOr<GpuSpec> find(const std::string& name) const;
 };
+
+// Upper bounds of a GPU entry's fields (all must also be > 0); see docs/PLANNER.md.
+inline constexpr double kMaxTflops = 1e5;    // bf16_tflops
+inline constexpr double kMaxMemoryGb = 1e5;  // memory_gb
+inline constexpr double kMaxGbS = 1e6;  // memory_bandwidth_gb_s, intra_node_gb_s (nic_gbit_s: x8)
+inline constexpr int64_t kMaxGpusPerNode = 128;
+inline constexpr double kMaxPrice = 1e6;
+inline constexpr double kMaxTdpW = 1e5;
 
 // Parses one GPU entry (the fields of data/catalog.json's gpus[i]); efficiency
 // factors the entry does not override come from `base`.

@@ -56,6 +56,10 @@ struct Profile {
   std::string source;
 };
 
+// Valid ranges of a profile's fields (docs/PLANNER.md): k1..k4 in [0, kMaxStageMs]
+// milliseconds, tp_attention / tp_expert in 1..kMaxGpusPerNode, nic_gb_s in
+// (0, kMaxGbS], nic_util_curve as in the catalogue. Anything else is refused.
+inline constexpr double kMaxStageMs = 1e6;
 StatusOr<Profile> parse_profile(const Json& j, const std::string& source);
 StatusOr<Profile> load_profile(const std::string& path);
 

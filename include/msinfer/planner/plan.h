@@ -131,7 +131,15 @@ std::vector<int> tp_candidates(const GpuSpec& gpu);
 Json plan_document(const SearchOptions& options, const SearchResult& result, size_t alternatives);
 // SPEC.md section 7's `plan` object of a deployment.
 Json deployment_plan_json(const Deployment& d);
-// Reads a plan document back into a Deployment (for simulate and serve).
+// Reads a plan document back into a Deployment (for simulate and serve). Every
+// field it uses is range-checked (plan.tp_* 1..kMaxGpusPerNode, attention_nodes
+// 1..kMaxPlanAttentionNodes, micro_batches 1..kMaxPlanMicroBatches, global_batch
+// 1..kMaxPlanGlobalBatch, model, stage model and GPUs as in their own readers),
+// and the derived fields (batch_per_micro_batch, expert_nodes, *_gpus, the GPU
+// names, the stage model's bytes per token) must agree with what they derive from.
+inline constexpr int64_t kMaxPlanAttentionNodes = 100000;
+inline constexpr int64_t kMaxPlanMicroBatches = 64;
+inline constexpr int64_t kMaxPlanGlobalBatch = int64_t{1} << 32;
 StatusOr<Deployment> deployment_from_plan_document(const Json& j, const std::string& source);
 
 }  // namespace msinfer::planner

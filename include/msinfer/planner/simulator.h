@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,10 @@ struct SimResult {
 std::vector<double> zipf_expert_shares(int experts, int top_k, double s);
 
 StatusOr<SimResult> simulate(const Deployment& d, const SimOptions& options);
+// Jobs (compute and transfer) that simulate() would queue: its cost. One
+// simulation, and a whole sweep together, may queue at most kMaxSimulationJobs.
+double simulation_jobs(const Deployment& d, const SimOptions& options);
+inline constexpr double kMaxSimulationJobs = 6e7;
 
 // Timeline of the recorded intervals: one row per attention worker, per link
 // direction (dispatch from each attention worker, combine from each expert
@@ -79,8 +84,11 @@ struct SweepRow {
 Status parse_sweep(const std::string& spec, SweepParameter* p, int* from, int* to);
 const char* sweep_parameter_name(SweepParameter p);  // "attention_nodes" | "micro_batches"
 // Varies one parameter with b_a held fixed, so the global batch grows with it.
+// The total work is checked first (INVALID_ARGUMENT beyond kMaxSimulationJobs);
+// `progress`, when given, is called with each value before it is simulated.
 StatusOr<std::vector<SweepRow>> sweep(const Deployment& base, SweepParameter p, int from, int to,
-                                      const SimOptions& options);
+                                      const SimOptions& options,
+                                      const std::function<void(int)>& progress = {});
 Status write_sweep_svg(SweepParameter p, const std::vector<SweepRow>& rows,
                        const std::string& path);
 

@@ -32,7 +32,9 @@ struct Placement {
 
   static Placement round_robin(int experts, int workers);
   // {"expert_workers": N, "experts": [[[worker, share], ...], ...]} or, per
-  // expert, a plain worker index. Errors name the file and entry.
+  // expert, a plain worker index. Errors name the file and entry. N is in
+  // 1..kMaxExpertWorkers, worker indices in 0..N-1, shares finite and > 0.
+  static constexpr int64_t kMaxExpertWorkers = 4096;
   static StatusOr<Placement> from_json(const Json& j, int experts, const std::string& source);
   std::vector<int> experts_on(int worker) const;  // ascending
   Json to_json() const;

@@ -1,0 +1,280 @@
+#include "cli_common.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+
+namespace msinfer::cli {
+namespace {
+
+bool g_json_errors = false;
+
+}  // namespace
+
+int exit_code_for(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kOk:
+      return 0;
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kNotFound:
+    case StatusCode::kOutOfRange:
+    case StatusCode::kUnimplemented:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+void set_json_errors(bool on) { g_json_errors = on; }
+bool json_errors() { return g_json_errors; }
+
+std::string printable(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  auto hex = [&](unsigned char c) {
+    char buf[8];
+    std::snprintf(buf, sizeof(buf), "\\x%02X", c);
+    out += buf;
+  };
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = s[i];
+    if (c < 0x80) {
+      if (c < 0x20 || c == 0x7f)
+        hex(c);
+      else
+        out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    // A well-formed UTF-8 sequence (no overlong forms, no surrogates) passes.
+    size_t len = 0;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF)
+      len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    }
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) {
+      const unsigned char d = s[i + k];
+      ok = k == 1 ? d >= lo && d <= hi : d >= 0x80 && d <= 0xBF;
+    }
+    if (!ok) {
+      hex(c);
+      ++i;
+      continue;
+    }
+    out.append(text, i, len);
+    i += len;
+  }
+  return out;
+}
+
+int report_error(const char* command, const Status& s) {
+  const std::string message = printable(s.message());
+  const int code = exit_code_for(s);
+  std::fflush(stdout);
+  std::fprintf(stderr, "msinfer%s%s: %s\n", *command ? " " : "", command, message.c_str());
+  if (g_json_errors) {
+    Json j{{"error",
+            {{"message", message}, {"code", status_code_name(s.code())}, {"exit_code", code}}}};
+    std::cout << j.dump(2) << std::endl;
+  }
+  return code;
+}
+
+Status check_output_path(const std::string& flag, const std::string& path) {
+  namespace fs = std::filesystem;
+  if (path.empty()) return invalid_argument(flag + ": empty path");
+  std::error_code ec;
+  const fs::path p(path);
+  if (fs::is_directory(p, ec)) return invalid_argument(flag + " " + path + ": is a directory");
+  fs::path dir = p.parent_path();
+  if (dir.empty()) dir = ".";
+  if (!fs::is_directory(dir, ec)) {
+    return not_found(flag + " " + path + ": directory " + dir.string() + " does not exist");
+  }
+  if (::access(dir.c_str(), W_OK) != 0) {
+    return invalid_argument(flag + " " + path + ": cannot write into " + dir.string() + " (" +
+                            std::strerror(errno) + ")");
+  }
+  if (fs::exists(p, ec) && ::access(p.c_str(), W_OK) != 0) {
+    return invalid_argument(flag + " " + path + ": not writable (" + std::strerror(errno) + ")");
+  }
+  return ok_status();
+}
+
+Status write_text_file(const std::string& path, const std::string& text) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr)
+    return not_found(path + ": cannot open for writing (" + std::strerror(errno) + ")");
+  const size_t n = std::fwrite(text.data(), 1, text.size(), f);
+  const int werr = n == text.size() ? 0 : errno;
+  const bool flushed = std::fflush(f) == 0;
+  const int ferr = flushed ? 0 : errno;
+  const bool closed = std::fclose(f) == 0;
+  if (n != text.size() || !flushed || !closed) {
+    const int e = werr ? werr : ferr ? ferr : errno;
+    return internal_error(path + ": write failed (" + std::strerror(e) + ")");
+  }
+  return ok_status();
+}
+
+namespace {
+
+Status walk_figures(const Json& j, bool non_negative, const std::string& path) {
+  if (j.is_object()) {
+    for (const auto& [k, v] : j.items()) {
+      MSI_RETURN_IF_ERROR(walk_figures(v, non_negative, path.empty() ? k : path + "." + k));
+    }
+  } else if (j.is_array()) {
+    for (size_t i = 0; i < j.size(); ++i) {
+      MSI_RETURN_IF_ERROR(walk_figures(j[i], non_negative, path + "[" + std::to_string(i) + "]"));
+    }
+  } else if (j.is_number_float()) {
+    const double v = j.get<double>();
+    if (!std::isfinite(v)) return internal_error(path + " is not a finite number");
+    if (non_negative && v < 0) return internal_error(path + " is negative (" + j.dump() + ")");
+  } else if (j.is_number_integer() && non_negative && j.get<int64_t>() < 0) {
+    return internal_error(path + " is negative (" + j.dump() + ")");
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Status check_figures(const Json& j, bool non_negative, const std::string& what) {
+  Status s = walk_figures(j, non_negative, "");
+  if (s.ok()) return s;
+  return internal_error(what + ": " + s.message() +
+                        "; the inputs are outside the range this model is valid for");
+}
+
+Progress::Progress(std::string command, double quiet_s, double every_s)
+    : command_(std::move(command)),
+      start_(std::chrono::steady_clock::now()),
+      last_(start_),
+      quiet_s_(quiet_s),
+      every_s_(every_s) {}
+
+void Progress::update(const std::string& line) {
+  const auto now = std::chrono::steady_clock::now();
+  const double since_start = std::chrono::duration<double>(now - start_).count();
+  const double since_last = std::chrono::duration<double>(now - last_).count();
+  if (since_start < quiet_s_ || (printed_ && since_last < every_s_)) return;
+  std::fprintf(stderr, "msinfer %s: %s (%.0f s)\n", command_.c_str(), line.c_str(), since_start);
+  last_ = now;
+  printed_ = true;
+}
+
+namespace {
+
+struct LinuxDirent64 {
+  uint64_t d_ino;
+  int64_t d_off;
+  unsigned short d_reclen;
+  unsigned char d_type;
+  char d_name[1];
+};
+
+// Decimal digits of v into buf (no terminator); returns the count.
+size_t put_decimal(long v, char* buf) {
+  char digits[24];
+  size_t nd = 0;
+  do {
+    digits[nd++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v > 0 && nd < sizeof(digits));
+  for (size_t i = 0; i < nd; ++i) buf[i] = digits[nd - 1 - i];
+  return nd;
+}
+
+// The parent pid of `pid` from /proc/<pid>/stat, or -1.
+long parent_of(long pid) {
+  char path[48] = "/proc/";
+  size_t p = 6 + put_decimal(pid, path + 6);
+  const char* tail = "/stat";
+  for (size_t i = 0; tail[i] != '\0'; ++i) path[p++] = tail[i];
+  path[p] = '\0';
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char buf[512];
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  if (n <= 0) return -1;
+  // "pid (comm) S ppid ...": comm may hold anything, so search from the last ')'.
+  ssize_t i = n - 1;
+  while (i >= 0 && buf[i] != ')') --i;
+  i += 4;  // ") S "
+  if (i >= n) return -1;
+  long ppid = 0;
+  for (; i < n && buf[i] >= '0' && buf[i] <= '9'; ++i) ppid = ppid * 10 + (buf[i] - '0');
+  return ppid;
+}
+
+// Removes the objects "msinfer-<pid>-..." of this process and of its children:
+// worker processes die with it (the router sets PR_SET_PDEATHSIG), often before
+// their own handlers run. Async-signal-safe: raw syscalls, no allocation.
+void remove_own_shm_objects() {
+  const long self = static_cast<long>(::getpid());
+  const int fd = ::open("/dev/shm", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  alignas(8) char buf[4096];
+  for (;;) {
+    const long n = ::syscall(SYS_getdents64, fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    for (long off = 0; off < n;) {
+      const auto* e = reinterpret_cast<const LinuxDirent64*>(buf + off);
+      off += e->d_reclen;
+      if (std::strncmp(e->d_name, "msinfer-", 8) != 0) continue;
+      long pid = 0;
+      const char* c = e->d_name + 8;
+      for (; *c >= '0' && *c <= '9'; ++c) pid = pid * 10 + (*c - '0');
+      if (*c != '-' || pid <= 0) continue;
+      if (pid == self || parent_of(pid) == self) ::unlinkat(fd, e->d_name, 0);
+    }
+  }
+  ::close(fd);
+}
+
+void on_fatal_signal(int sig) {
+  const int saved = errno;
+  remove_own_shm_objects();
+  errno = saved;
+  // SA_RESETHAND restored the default action: die of the same signal once this returns.
+  ::kill(::getpid(), sig);
+}
+
+}  // namespace
+
+void install_shm_cleanup_on_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_fatal_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
+    struct sigaction old {};
+    // A signal the parent set to be ignored stays ignored (nohup, background jobs).
+    if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+    ::sigaction(sig, &sa, nullptr);
+  }
+}
+
+}  // namespace msinfer::cli
