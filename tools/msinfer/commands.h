@@ -21,6 +21,7 @@ int run_bench(int argc, char** argv);
 int run_bench_serve(int argc, char** argv);  // `bench serve`
 int run_profile(int argc, char** argv);
 int run_worker(int argc, char** argv);
+int run_serve(int argc, char** argv);
 
 // Flags of a disaggregated deployment (shared by generate and worker).
 void add_deployment_flags(FlagSet& flags);
