@@ -1,7 +1,7 @@
 // One chat completion through the official openai client (scripts/run):
 // node scripts/openai-chat.js NODE_MODULES_DIR BASE_URL MODEL PROMPT
 const path = require('path');
-const OpenAI = require(path.join(process.argv[2], 'openai')).default;
+const OpenAI = require(path.resolve(process.argv[2], 'openai')).default;
 const [baseURL, model, prompt] = process.argv.slice(3);
 const client = new OpenAI({ baseURL: baseURL + '/v1', apiKey: 'none', maxRetries: 0 });
 (async () => {

@@ -3,7 +3,7 @@
 // Prints one JSON object: for completions and chat completions, non-streaming
 // and streaming (with include_usage), the text, usage and finish reason.
 const path = require('path');
-const OpenAI = require(path.join(process.argv[2], 'openai')).default;
+const OpenAI = require(path.resolve(process.argv[2], 'openai')).default;
 const [baseURL, model, prompt, maxTokensArg] = process.argv.slice(3);
 const max_tokens = Number(maxTokensArg);
 const client = new OpenAI({ baseURL: baseURL + '/v1', apiKey: process.env.MSINFER_API_KEY || 'none', maxRetries: 0 });

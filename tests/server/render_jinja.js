@@ -4,7 +4,7 @@
 // with, per context, {"text": rendered} or {"error": message}.
 const path = require('path');
 const fs = require('fs');
-const { Template } = require(path.join(process.argv[2], '@huggingface', 'jinja'));
+const { Template } = require(path.resolve(process.argv[2], '@huggingface', 'jinja'));
 const input = JSON.parse(fs.readFileSync(process.argv[3], 'utf8'));
 const template = new Template(input.template);
 const out = input.contexts.map((c) => {
