@@ -238,7 +238,9 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
     const int32_t tok = sample_token(lg, c.vocab, sp, r.rng);
     r.tokens.push_back(tok);
     ++r.generated;
-    TokenEvent ev{r.req.id, tok, false, ""};
+    TokenEvent ev;
+    ev.request_id = r.req.id;
+    ev.token = tok;
     if (sp.logprobs >= 0) {
       ev.logprob = token_logprob(lg, c.vocab, tok, sp.logprobs, &ev.top_logprobs);
     }

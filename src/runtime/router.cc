@@ -404,8 +404,11 @@ StatusOr<std::vector<TokenEvent>> Router::step() {
     workers_[a].kv_usage = j.value("kv_usage", 0.0);
     workers_[a].preemptions = j.value("preemptions", int64_t{0});
     for (const auto& e : j["events"]) {
-      TokenEvent ev{e["id"].get<int64_t>(), e["token"].get<int32_t>(), e["finished"].get<bool>(),
-                    e["reason"].get<std::string>()};
+      TokenEvent ev;
+      ev.request_id = e["id"].get<int64_t>();
+      ev.token = e["token"].get<int32_t>();
+      ev.finished = e["finished"].get<bool>();
+      ev.finish_reason = e["reason"].get<std::string>();
       if (e.contains("logprob")) {
         ev.logprob = e["logprob"].get<float>();
         ev.top_logprobs = e["top"].get<std::vector<std::pair<int32_t, float>>>();

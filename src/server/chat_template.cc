@@ -519,6 +519,11 @@ class Parser {
   // Parses statements until {% w %} for a w in `ends` (left unconsumed: p_ at
   // the word, end_word_ set).
   Body parse_body(const std::vector<std::string>& ends) {
+    if (++depth_ > 128) fail("blocks nested too deeply");
+    struct Leave {
+      int& d;
+      ~Leave() { --d; }
+    } leave{depth_};
     Body body;
     for (;;) {
       const Token& tk = peek();
@@ -664,6 +669,12 @@ class Parser {
   }
 
   ExprP expr() {
+    // Nesting is bounded: a hostile template must not exhaust the stack.
+    if (++depth_ > 128) fail("expressions nested too deeply");
+    struct Leave {
+      int& d;
+      ~Leave() { --d; }
+    } leave{depth_};
     ExprP e = or_expr();
     while (is_name("if")) {
       ++p_;
@@ -900,6 +911,7 @@ class Parser {
 
   std::vector<Token> t_;
   size_t p_ = 0;
+  int depth_ = 0;
   std::string end_word_;
 };
 
@@ -944,6 +956,7 @@ class Interpreter {
       case Stmt::kOutput: {
         Value v = eval(*st.expr, s);
         if (v.kind != Value::kNull && v.kind != Value::kUndefined) out += to_string(v);
+        if (out.size() > (64u << 20)) throw Error("the rendered text exceeds 64 MiB");
         return;
       }
       case Stmt::kIf:
@@ -985,6 +998,14 @@ class Interpreter {
         const Stmt* def = &st;
         Scope* defining = &s;
         fn->call = [this, def, defining](const Args& args, const Kwargs& kw) {
+          if (++calls_ > 64) {
+            --calls_;
+            throw Error("macro calls nested too deeply");
+          }
+          struct Leave {
+            int& d;
+            ~Leave() { --d; }
+          } leave{calls_};
           Scope m(defining);
           for (size_t i = 0; i < def->params.size(); ++i) {
             const auto& [pn, dflt] = def->params[i];
@@ -1043,6 +1064,7 @@ class Interpreter {
     }
     const int64_t n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
+      if (++steps_ > 10000000) throw Error("the template runs too long");
       Scope body(&s);
       Value loop = Value::object();
       auto& L = loop.o->items;
@@ -1070,6 +1092,9 @@ class Interpreter {
       exec(st.else_body, e, out);
     }
   }
+
+  int calls_ = 0;
+  int64_t steps_ = 0;
 
   static int64_t norm_index(int64_t i, int64_t n) { return i < 0 ? i + n : i; }
 

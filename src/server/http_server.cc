@@ -341,6 +341,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (target == "/metrics") {
       if (!get) return method_not_allowed("GET");
       Metrics::Gauges g;
+      g.connections = srv_.connections.load();
       if (Scheduler* s = srv_.scheduler.load()) {
         auto snap = s->snapshot();
         g.running = snap.running;

@@ -111,6 +111,7 @@ std::string Metrics::render(const Gauges& g) const {
         static_cast<double>(g.waiting));
   gauge("msinfer:kv_cache_usage_perc", "Fraction of the KV cache's blocks in use (0..1).",
         g.kv_usage);
+  gauge("msinfer:http_connections", "Open HTTP connections.", static_cast<double>(g.connections));
   counter("msinfer:num_preemptions_total", "Requests preempted to free KV blocks (recomputed).",
           static_cast<double>(g.preemptions));
   counter("msinfer:prompt_tokens_total", "Prompt tokens of admitted requests.",

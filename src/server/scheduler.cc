@@ -1,5 +1,7 @@
 #include "msinfer/server/scheduler.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 
 namespace msinfer::server {
@@ -141,6 +143,7 @@ void Scheduler::fail_all(const Status& s) {
 
 void Scheduler::loop() {
   auto last_stats = clock::now() - options_.stats_interval;
+  bool was_idle = true;
   for (;;) {
     std::vector<std::pair<int64_t, std::string>> cancels;
     std::vector<Entry> admitted;
@@ -275,6 +278,11 @@ void Scheduler::loop() {
       if (w.ok()) workers = std::move(w).value();
       last_stats = clock::now();
     }
+    // Back to idle: hand freed heap pages back to the system, so a burst of
+    // connections does not leave the process larger than before it.
+    const bool now_idle = backend_->idle() && active_.empty();
+    if (now_idle && !was_idle) ::malloc_trim(0);
+    was_idle = now_idle;
     std::lock_guard<std::mutex> l(mu_);
     snap_.running = s.running;
     snap_.waiting = backend_->waiting() + static_cast<int64_t>(inbox_.size());

@@ -137,7 +137,7 @@ TEST(ChatTemplate, Constructs) {
   EXPECT_EQ(*render("{% set ns = namespace(n=0) %}{% for i in range(4) %}{% set ns.n = ns.n + i %}{% endfor %}{{ ns.n }}"),
             "6");
   EXPECT_EQ(*render("{{ 'a,b,c'.split(',')[-1] }}{{ [1,2,3][::-1] | join('-') }}"), "c3-2-1");
-  EXPECT_EQ(*render("{{ x is defined }}{{ y is none }}{{ 'b' in 'abc' }}", {{"y", nullptr}}), "truetruetrue");
+  EXPECT_EQ(*render("{{ x is defined }}{{ y is none }}{{ 'b' in 'abc' }}", {{"y", nullptr}}), "falsetruetrue");
   EXPECT_EQ(*render("{{ 'x' if a else 'y' }}{{ a | default('d') }}", {{"a", false}}), "yfalse");
   // JavaScript's loose equality, as the reference: "" == false, "1" == 1.
   EXPECT_EQ(*render("{{ '' == false }}{{ '1' == 1 }}{{ 'a' != false }}"), "truetruetrue");

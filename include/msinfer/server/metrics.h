@@ -45,6 +45,7 @@ class Metrics {
   // The gauges the scheduler knows at scrape time.
   struct Gauges {
     int64_t running = 0, waiting = 0, preemptions = 0;
+    int64_t connections = 0;  // open HTTP connections
     double kv_usage = 0;
     std::vector<Json> workers;  // WorkerStats of a disaggregated deployment
   };
