@@ -435,6 +435,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
         runner.forward(layer, local[i], in.data(), total, out.data());
         stats.gemm_flops += ffn_flops_per_row * static_cast<double>(total);
         stats.tokens += total;
+        stats.expert_tokens[local[i]] += total;
         at = 0;
         for (int a = 0; a < A; ++a) {
           std::memcpy(combine.buffer(k, a) + (cursor[a] - hdr) * row_bytes, out.data() + at * h,

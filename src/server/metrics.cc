@@ -152,7 +152,8 @@ std::string Metrics::render(const Gauges& g) const {
         << "\n";
     }
     header(o, "msinfer:expert_routed_tokens_total", "counter",
-           "Tokens routed to each expert (summed over the expert workers holding it).");
+           "Token rows routed to each expert, summed over layers and over the expert workers "
+           "holding a replica of it.");
     std::map<int, double> per_expert;
     for (const auto& w : g.workers) {
       if (!w.contains("expert_tokens") || !w["expert_tokens"].is_object()) continue;

@@ -51,6 +51,6 @@ async function streamed(it, pick) {
   }
   process.stdout.write(JSON.stringify(out));
 })().catch((e) => {
+  // Exit 0 so the test sees the reason.
   process.stdout.write(JSON.stringify({ fatal: String(e && e.stack || e) }));
-  process.exit(1);
 });

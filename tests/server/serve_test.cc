@@ -309,8 +309,15 @@ TEST_F(ServeTest, OpenAiClientDisaggregatedGreedyEqualsGenerate) {
   EXPECT_EQ(workers.size(), 3u) << err;
   const Json r = run_openai(s, "Hello, experts", 12);
   check_openai(r, generate_json("Hello, experts", 12, deployment), 12);
+  if (HasFailure()) ADD_FAILURE() << "server stderr:\n" << s.stderr_text();
   auto metrics = parse_metrics(curl(s.url() + "/metrics").body);
   EXPECT_GE(metric(metrics, "msinfer:worker_busy_fraction{"), 0);
+  // Every token of every layer went to top_k experts: per-expert rows add up.
+  double routed = 0;
+  for (const auto& [k, v] : metrics) {
+    if (k.rfind("msinfer:expert_routed_tokens_total{", 0) == 0) routed += v;
+  }
+  EXPECT_GT(routed, 0);
   // A worker dies mid-stream: the stream ends with an error event naming it,
   // then [DONE]; /health turns 503; the server does not hang.
   ASSERT_EQ(workers.size(), 3u);
