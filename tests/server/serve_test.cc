@@ -607,5 +607,56 @@ TEST_F(ServeTest, ThousandConcurrentStreamingClients) {
   EXPECT_EQ(curl(s.url() + "/health").status, 200);
 }
 
+// SIGTERM drains: /health and new requests answer 503 while a running stream
+// finishes normally, then the server exits 0.
+TEST_F(ServeTest, SigtermDrainsRunningRequests) {
+  Server s("--drain-timeout 120");
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  const std::string body = R"({"prompt": "Hello", "max_tokens": 1500, "ignore_eos": true, "stream": true})";
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(s.port()));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+  pollfd p{fd, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 30000), 1);
+  ::kill(s.pid(), SIGTERM);
+  // Draining: /health turns 503 (wait for it), new work is refused.
+  bool saw_503 = false;
+  const auto until = clock_type::now() + std::chrono::seconds(30);
+  while (!saw_503 && clock_type::now() < until) saw_503 = curl(s.url() + "/health").status == 503;
+  EXPECT_TRUE(saw_503);
+  EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})").status, 503);
+  // The running stream still ends normally.
+  std::string stream;
+  const auto deadline = clock_type::now() + std::chrono::seconds(120);
+  while (clock_type::now() < deadline && stream.find("[DONE]") == std::string::npos) {
+    pollfd q{fd, POLLIN, 0};
+    if (::poll(&q, 1, 100) <= 0) continue;
+    char buf[65536];
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    stream.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  EXPECT_NE(stream.find("\"finish_reason\":\"length\""), std::string::npos);
+  EXPECT_NE(stream.find("data: [DONE]"), std::string::npos);
+  EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(60)), 0);
+}
+
+TEST_F(ServeTest, BadFlagsExitTwo) {
+  const std::string m = "--model " + model_dir().string();
+  for (const std::string& args : std::vector<std::string>{"", "--model /nonexistent", m + " --port 70000",
+                                 m + " --max-num-seqs 0",
+                                 m + " --no-such-flag"}) {
+    const int st = std::system((kBin + " serve " + args + " >/dev/null 2>&1").c_str());
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2) << args;
+  }
+}
+
 }  // namespace
 }  // namespace msinfer
