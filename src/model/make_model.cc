@@ -217,6 +217,29 @@ StatusOr<Json> preset_config(const std::string& preset, int64_t vocab) {
 
 Status make_model(const MakeModelOptions& o) {
   // Tokenizer first: the vocabulary size comes from it.
+  // Chat templates, as the models they imitate ship them: Llama-2-chat's
+  // (meta-llama/Llama-2-7b-chat-hf) for the Llama-style tokenizers, ChatML
+  // (Qwen) for the byte-level one, so `serve` answers chat completions.
+  static const char* kLlama2ChatTemplate =
+      "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+      "{% set system_message = messages[0]['content'] %}{% else %}"
+      "{% set loop_messages = messages %}{% set system_message = false %}{% endif %}"
+      "{% for message in loop_messages %}"
+      "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+      "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+      "{% endif %}{% if loop.index0 == 0 and system_message != false %}"
+      "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+      "{% else %}{% set content = message['content'] %}{% endif %}"
+      "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
+      "{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}"
+      "{% endif %}{% endfor %}";
+  static const char* kChatMlTemplate =
+      "{%- for message in messages %}\n"
+      "    {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+      "{%- endfor %}\n"
+      "{%- if add_generation_prompt %}\n"
+      "    {{- '<|im_start|>assistant\\n' }}\n"
+      "{%- endif %}\n";
   Json tok_json, tok_config;
   if (o.preset == "small-mixtral") {
     std::string dir = o.tokenizer_dir.empty() ? ".cache/tokenizers/llama2" : o.tokenizer_dir;
@@ -228,14 +251,16 @@ Status make_model(const MakeModelOptions& o) {
     tok_json = *t;
     auto c = read_json_file(dir + "/tokenizer_config.json");
     tok_config = c.ok() ? *c : Json{{"add_bos_token", true}};
+    if (!tok_config.contains("chat_template")) tok_config["chat_template"] = kLlama2ChatTemplate;
   } else if (o.preset == "tiny-mixtral") {
     tok_json = train_tokenizer(kCorpus, 200, /*byte_level=*/false);
     tok_config = {{"add_bos_token", true}, {"bos_token", "<s>"}, {"eos_token", "</s>"},
-                  {"tokenizer_class", "LlamaTokenizer"}, {"legacy", true}};
+                  {"tokenizer_class", "LlamaTokenizer"}, {"legacy", true},
+                  {"chat_template", kLlama2ChatTemplate}};
   } else if (o.preset == "tiny-qwen3moe") {
     tok_json = train_tokenizer(kCorpus, 200, /*byte_level=*/true);
     tok_config = {{"add_bos_token", false}, {"eos_token", "<|endoftext|>"},
-                  {"tokenizer_class", "Qwen2Tokenizer"}};
+                  {"tokenizer_class", "Qwen2Tokenizer"}, {"chat_template", kChatMlTemplate}};
   }
   int64_t vocab = 0;
   if (!tok_json.is_null()) {

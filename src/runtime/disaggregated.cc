@@ -462,6 +462,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
         runner.forward(layer, local[i], in.data(), total, out.data());
         stats.gemm_flops += ffn_flops_per_row * static_cast<double>(total);
         stats.tokens += total;
+        stats.expert_tokens[local[i]] += total;
         at = 0;
         for (int a = 0; a < A; ++a) {
           std::memcpy(combine.buffer(k, a) + (cursor[a] - hdr) * row_bytes, out.data() + at * h,
@@ -539,9 +540,17 @@ Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& b
       sp.seed = cmd->value("seed", uint64_t{0});
       sp.ignore_eos = cmd->value("ignore_eos", false);
       sp.stop_token_ids = cmd->value("stop_token_ids", std::vector<int32_t>{});
+      sp.frequency_penalty = cmd->value("frequency_penalty", 0.0f);
+      sp.presence_penalty = cmd->value("presence_penalty", 0.0f);
+      sp.logprobs = cmd->value("logprobs", -1);
       Status s = engine->add(r);
       write_line(out_fd, s.ok() ? Json{{"added", r.id}}.dump()
                                 : Json{{"refused", r.id}, {"error", s.message()}}.dump());
+      continue;
+    }
+    if (op == "cancel") {
+      const bool found = engine->cancel(cmd->value("id", int64_t{0}));
+      write_line(out_fd, Json{{"cancelled", found}, {"kv_usage", engine->kv_usage()}}.dump());
       continue;
     }
     if (op == "stats") {
@@ -560,10 +569,19 @@ Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& b
       }
       Json ev = Json::array();
       for (const auto& e : *events) {
-        ev.push_back({{"id", e.request_id}, {"token", e.token}, {"finished", e.finished},
-                      {"reason", e.finish_reason}});
+        Json je{{"id", e.request_id}, {"token", e.token}, {"finished", e.finished},
+                {"reason", e.finish_reason}};
+        if (!e.top_logprobs.empty() || e.logprob != 0.f) {
+          je["logprob"] = e.logprob;
+          je["top"] = e.top_logprobs;
+        }
+        ev.push_back(std::move(je));
       }
-      write_line(out_fd, Json{{"events", ev}, {"running", engine->running() + engine->waiting()}}.dump());
+      write_line(out_fd, Json{{"events", ev},
+                              {"running", engine->running() + engine->waiting()},
+                              {"kv_usage", engine->kv_usage()},
+                              {"preemptions", engine->preemptions()}}
+                             .dump());
       continue;
     }
     return invalid_argument("attention worker: unknown command '" + op + "'");

@@ -36,10 +36,9 @@ Status Engine::add(GenerationRequest r) {
   MSI_RETURN_IF_ERROR(r.sampling.validate().with_context("request " + std::to_string(r.id)));
   // The id names the request's KV block table: a second request under the
   // same id would share (and, finishing first, free) the other's blocks.
-  const auto same_id = [&](const GenerationRequest& o) { return o.id == r.id; };
+  const auto same_id = [&](const Running& o) { return o.req.id == r.id; };
   if (std::any_of(waiting_.begin(), waiting_.end(), same_id) ||
-      std::any_of(running_.begin(), running_.end(),
-                  [&](const Running& o) { return same_id(o.req); })) {
+      std::any_of(running_.begin(), running_.end(), same_id)) {
     return invalid_argument("request " + std::to_string(r.id) + ": the id is already in use");
   }
   const int64_t need = static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens;
@@ -54,22 +53,107 @@ Status Engine::add(GenerationRequest r) {
                               std::to_string(kv_.capacity_tokens()) +
                               " tokens); raise --kv-cache-mb or lower --max-tokens");
   }
-  waiting_.push_back(std::move(r));
+  Running run;
+  run.tokens = r.prompt;
+  run.rng.seed(r.sampling.seed);
+  run.req = std::move(r);
+  waiting_.push_back(std::move(run));
   return ok_status();
 }
 
+bool Engine::cancel(int64_t id) {
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    if (it->req.id == id) {
+      waiting_.erase(it);
+      return true;
+    }
+  }
+  for (auto it = running_.begin(); it != running_.end(); ++it) {
+    if (it->req.id == id) {
+      kv_.release(id);
+      running_.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
+// First come, first served: a request is admitted when the blocks of every
+// token it must compute are free, keeping one free block per running request
+// in reserve for their next decode step (else each admission would be
+// preempted again at once by the decodes of those already running).
 void Engine::admit() {
   while (!waiting_.empty()) {
-    GenerationRequest& r = waiting_.front();
-    const int64_t need = static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens;
-    if (!kv_.reserve(r.id, need).ok()) break;  // first come, first served
-    Running run;
-    run.tokens = r.prompt;
-    run.rng.seed(r.sampling.seed);
-    run.req = std::move(r);
-    running_.push_back(std::move(run));
+    Running& r = waiting_.front();
+    const int64_t need = kv_.blocks_for(static_cast<int64_t>(r.tokens.size()));
+    const int64_t reserve = static_cast<int64_t>(running_.size());
+    if (!running_.empty() && need + reserve > kv_.free_blocks()) break;
+    if (!kv_.reserve(r.req.id, static_cast<int64_t>(r.tokens.size())).ok()) break;
+    running_.push_back(std::move(r));
     waiting_.pop_front();
   }
+}
+
+std::vector<std::pair<size_t, int64_t>> Engine::plan_step() {
+  std::vector<std::pair<size_t, int64_t>> plan;
+  int64_t budget = options_.max_step_tokens;
+  // The most recently admitted request still running, other than `keep`.
+  auto victim = [&](size_t keep) -> std::ptrdiff_t {
+    for (size_t v = running_.size(); v-- > 0;) {
+      if (v != keep && !running_[v].preempted) return static_cast<std::ptrdiff_t>(v);
+    }
+    return -1;
+  };
+  auto preempt = [&](size_t v) {
+    Running& r = running_[v];
+    r.preempted = true;
+    kv_.release(r.req.id);
+    r.computed = 0;
+    ++preemptions_;
+    for (auto it = plan.begin(); it != plan.end(); ++it) {
+      if (it->first == v) {
+        budget += it->second;
+        plan.erase(it);
+        break;
+      }
+    }
+  };
+  // Decode tokens first (one each), then prompt chunks within the token budget.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+      Running& r = running_[i];
+      if (r.preempted) continue;
+      const int64_t left = static_cast<int64_t>(r.tokens.size()) - r.computed;
+      const bool decoding = left == 1;
+      if ((pass == 0) != decoding || left <= 0) continue;
+      const int64_t n = std::min(left, budget);
+      bool fits = true;
+      while (!kv_.reserve(r.req.id, r.computed + n).ok()) {
+        const std::ptrdiff_t v = victim(i);
+        if (v < 0 || static_cast<size_t>(v) < i) {
+          // Everything admitted after it is preempted already: it goes itself.
+          preempt(i);
+          fits = false;
+          break;
+        }
+        preempt(static_cast<size_t>(v));
+      }
+      if (!fits) continue;
+      plan.emplace_back(i, n);
+      budget -= n;
+    }
+  }
+  // Victims return to the front of the queue, earliest admitted first.
+  for (size_t v = running_.size(); v-- > 0;) {
+    if (!running_[v].preempted) continue;
+    running_[v].preempted = false;
+    waiting_.push_front(std::move(running_[v]));
+    running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(v));
+    for (auto& [i, n] : plan) {
+      if (i > v) --i;
+    }
+  }
+  return plan;
 }
 
 StatusOr<std::vector<TokenEvent>> Engine::step() {
@@ -79,34 +163,25 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
   const ModelConfig& c = config();
   const int64_t h = c.hidden;
   const int M = options_.micro_batches;
-  // Decode tokens first (one each), then prompt chunks within the token budget.
   // Requests go whole to micro-batches, each to the one with the fewest tokens.
   for (auto& mb : mbs_) {
     mb.batch.clear();
     mb.owners.clear();
     mb.fed.clear();
   }
-  int64_t budget = options_.max_step_tokens;
-  for (int pass = 0; pass < 2; ++pass) {
-    for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
-      Running& r = running_[i];
-      const int64_t left = static_cast<int64_t>(r.tokens.size()) - r.computed;
-      const bool decoding = left == 1;
-      if ((pass == 0) != decoding || left <= 0) continue;
-      const int64_t n = std::min(left, budget);
-      MicroBatch& mb = *std::min_element(mbs_.begin(), mbs_.end(), [](const auto& a, const auto& b) {
-        return a.batch.size() < b.batch.size();
-      });
-      const int32_t* table = kv_.block_table(r.req.id);
-      for (int64_t j = 0; j < n; ++j) {
-        mb.batch.ids.push_back(r.tokens[r.computed + j]);
-        mb.batch.positions.push_back(static_cast<int32_t>(r.computed + j));
-        mb.batch.block_tables.push_back(table);
-      }
-      mb.owners.push_back(static_cast<int64_t>(i));
-      mb.fed.push_back(n);
-      budget -= n;
+  for (const auto& [i, n] : plan_step()) {
+    Running& r = running_[i];
+    MicroBatch& mb = *std::min_element(mbs_.begin(), mbs_.end(), [](const auto& a, const auto& b) {
+      return a.batch.size() < b.batch.size();
+    });
+    const int32_t* table = kv_.block_table(r.req.id);
+    for (int64_t j = 0; j < n; ++j) {
+      mb.batch.ids.push_back(r.tokens[r.computed + j]);
+      mb.batch.positions.push_back(static_cast<int32_t>(r.computed + j));
+      mb.batch.block_tables.push_back(table);
     }
+    mb.owners.push_back(static_cast<int64_t>(i));
+    mb.fed.push_back(n);
   }
   // Ping-pong: micro-batch k's attention runs while the experts work on k - 1.
   MSI_RETURN_IF_ERROR(experts_->begin_step());
@@ -159,11 +234,23 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
   for (size_t j = 0; j < rows.size(); ++j) {
     Running& r = running_[owners[j]];
     const float* lg = logits_.data() + j * c.vocab;
+    const SamplingParams& sp = r.req.sampling;
+    if (sp.frequency_penalty != 0.f || sp.presence_penalty != 0.f) {
+      penalised_.assign(lg, lg + c.vocab);
+      apply_penalties(penalised_.data(), c.vocab, sp, r.tokens.data() + r.req.prompt.size(),
+                      r.generated);
+      lg = penalised_.data();
+    }
     if (observer_) observer_(r.req.id, lg, c.vocab);
-    const int32_t tok = sample_token(lg, c.vocab, r.req.sampling, r.rng);
+    const int32_t tok = sample_token(lg, c.vocab, sp, r.rng);
     r.tokens.push_back(tok);
     ++r.generated;
-    TokenEvent ev{r.req.id, tok, false, ""};
+    TokenEvent ev;
+    ev.request_id = r.req.id;
+    ev.token = tok;
+    if (sp.logprobs >= 0) {
+      ev.logprob = token_logprob(lg, c.vocab, tok, sp.logprobs, &ev.top_logprobs);
+    }
     const auto& stops = r.req.sampling.stop_token_ids;
     if (!r.req.sampling.ignore_eos &&
         std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), tok) != c.eos_token_ids.end()) {

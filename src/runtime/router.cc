@@ -365,7 +365,9 @@ Status Router::add(const GenerationRequest& r) {
   Json j{{"op", "add"}, {"id", r.id}, {"prompt", r.prompt},
          {"max_tokens", r.sampling.max_tokens}, {"temperature", r.sampling.temperature},
          {"top_k", r.sampling.top_k}, {"top_p", r.sampling.top_p}, {"seed", r.sampling.seed},
-         {"ignore_eos", r.sampling.ignore_eos}, {"stop_token_ids", r.sampling.stop_token_ids}};
+         {"ignore_eos", r.sampling.ignore_eos}, {"stop_token_ids", r.sampling.stop_token_ids},
+         {"frequency_penalty", r.sampling.frequency_penalty},
+         {"presence_penalty", r.sampling.presence_penalty}, {"logprobs", r.sampling.logprobs}};
   MSI_RETURN_IF_ERROR(send_command(workers_[best], j.dump()));
   MSI_ASSIGN_OR_RETURN(std::string line, read_answer(workers_[best], std::chrono::milliseconds(-1),
                                                      StatusCode::kDeadlineExceeded, ""));
@@ -373,9 +375,40 @@ Status Router::add(const GenerationRequest& r) {
   if (ans.contains("refused")) {
     return Status(StatusCode::kResourceExhausted, ans.value("error", std::string("refused")));
   }
-  workers_[best].load += static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens;
+  const int64_t load = static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens;
+  workers_[best].load += load;
   in_flight_[r.id] = best;
+  load_of_[r.id] = load;
   return ok_status();
+}
+
+Status Router::cancel(int64_t id) {
+  auto it = in_flight_.find(id);
+  if (it == in_flight_.end()) return ok_status();
+  Worker& w = workers_[it->second];
+  MSI_RETURN_IF_ERROR(send_command(w, Json{{"op", "cancel"}, {"id", id}}.dump()));
+  MSI_ASSIGN_OR_RETURN(std::string line, read_answer(w, std::chrono::milliseconds(c_.timeout_ms),
+                                                     StatusCode::kDeadlineExceeded,
+                                                     "did not answer a cancel"));
+  MSI_ASSIGN_OR_RETURN(Json ans, parse_json(line, name_of(w)));
+  if (!ans.contains("cancelled")) return internal_error(name_of(w) + ": expected cancelled, got " + line);
+  w.kv_usage = ans.value("kv_usage", w.kv_usage);
+  w.load -= load_of_[id];
+  load_of_.erase(id);
+  in_flight_.erase(it);
+  return ok_status();
+}
+
+double Router::kv_usage() const {
+  double s = 0;
+  for (int a = 0; a < c_.attention_workers; ++a) s += workers_[a].kv_usage;
+  return c_.attention_workers > 0 ? s / c_.attention_workers : 0;
+}
+
+int64_t Router::preemptions() const {
+  int64_t s = 0;
+  for (int a = 0; a < c_.attention_workers; ++a) s += workers_[a].preemptions;
+  return s;
 }
 
 StatusOr<std::vector<TokenEvent>> Router::step() {
@@ -393,11 +426,25 @@ StatusOr<std::vector<TokenEvent>> Router::step() {
       shutdown();
       return Status(StatusCode::kUnavailable, j["error"].get<std::string>());
     }
+    workers_[a].kv_usage = j.value("kv_usage", 0.0);
+    workers_[a].preemptions = j.value("preemptions", int64_t{0});
     for (const auto& e : j["events"]) {
-      TokenEvent ev{e["id"].get<int64_t>(), e["token"].get<int32_t>(), e["finished"].get<bool>(),
-                    e["reason"].get<std::string>()};
+      TokenEvent ev;
+      ev.request_id = e["id"].get<int64_t>();
+      ev.token = e["token"].get<int32_t>();
+      ev.finished = e["finished"].get<bool>();
+      ev.finish_reason = e["reason"].get<std::string>();
+      if (e.contains("logprob")) {
+        ev.logprob = e["logprob"].get<float>();
+        ev.top_logprobs = e["top"].get<std::vector<std::pair<int32_t, float>>>();
+      }
       if (ev.finished) {
         in_flight_.erase(ev.request_id);
+        auto l = load_of_.find(ev.request_id);
+        if (l != load_of_.end()) {
+          workers_[a].load -= l->second;
+          load_of_.erase(l);
+        }
       }
       events.push_back(ev);
     }

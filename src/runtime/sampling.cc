@@ -13,7 +13,47 @@ Status SamplingParams::validate() const {
   if (top_k < 0) return invalid_argument("top_k must be >= 0");
   if (!(top_p > 0 && top_p <= 1)) return invalid_argument("top_p must be in (0, 1]");
   if (max_tokens < 1) return invalid_argument("max_tokens must be >= 1");
+  for (float v : {frequency_penalty, presence_penalty}) {
+    if (!(v >= -2 && v <= 2)) return invalid_argument("penalties must be in [-2, 2]");
+  }
+  if (logprobs < -1 || logprobs > 20) return invalid_argument("logprobs must be in 0..20");
   return ok_status();
+}
+
+void apply_penalties(float* logits, int64_t vocab, const SamplingParams& p,
+                     const int32_t* generated, int64_t n) {
+  if (p.frequency_penalty == 0.f && p.presence_penalty == 0.f) return;
+  std::vector<int32_t> ids(generated, generated + n);
+  std::sort(ids.begin(), ids.end());
+  for (size_t i = 0; i < ids.size();) {
+    size_t j = i;
+    while (j < ids.size() && ids[j] == ids[i]) ++j;
+    if (ids[i] >= 0 && ids[i] < vocab) {
+      logits[ids[i]] -= static_cast<float>(j - i) * p.frequency_penalty + p.presence_penalty;
+    }
+    i = j;
+  }
+}
+
+float token_logprob(const float* logits, int64_t vocab, int32_t token, int top,
+                    std::vector<std::pair<int32_t, float>>* top_out) {
+  const float mx = *std::max_element(logits, logits + vocab);
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
+  const double lse = mx + std::log(sum);
+  if (top_out != nullptr) {
+    top_out->clear();
+    const int64_t k = std::min<int64_t>(std::max(top, 0), vocab);
+    std::vector<int32_t> idx(vocab);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (int64_t i = 0; i < k; ++i) {
+      top_out->emplace_back(idx[i], static_cast<float>(logits[idx[i]] - lse));
+    }
+  }
+  return static_cast<float>(logits[token] - lse);
 }
 
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p,

@@ -58,6 +58,11 @@ Json WorkerStats::to_json() const {
          {"gemm_flops", gemm_flops},
          {"gemm_gflops_per_s", busy_s > 0 ? gemm_flops / busy_s / 1e9 : 0.0},
          {"tokens", tokens}};
+  if (!expert_tokens.empty()) {
+    Json e = Json::object();
+    for (const auto& [expert, n] : expert_tokens) e[std::to_string(expert)] = n;
+    j["expert_tokens"] = e;
+  }
   for (const auto& [name, t] : {std::pair{"t_a", &t_a}, {"t_e", &t_e}, {"t_c", &t_c}}) {
     if (t->count() == 0) continue;
     j[std::string(name) + "_mean_s"] = t->mean();
@@ -69,6 +74,7 @@ Json WorkerStats::to_json() const {
 void WorkerStats::reset() {
   busy_s = wait_s = gemm_flops = 0;
   tokens = 0;
+  expert_tokens.clear();
   cpu_at_reset = process_cpu_seconds();
   reset_at = std::chrono::steady_clock::now();
   t_a.reset();

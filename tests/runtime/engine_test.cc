@@ -121,6 +121,46 @@ TEST(EngineTest, KvCacheLimitRefusesOrQueues) {
   EXPECT_EQ(out[3].size(), 10u);
 }
 
+// KV blocks are taken on demand: three requests that together need more blocks
+// than the cache has all run, the most recently admitted is preempted and
+// recomputed, and greedy output is what each produces alone.
+TEST(EngineTest, PreemptionKeepsGreedyOutput) {
+  auto w = load(testing::test_model_dir("tiny-mixtral"));
+  std::vector<GenerationRequest> reqs = {req(1, {1, 10, 20, 30, 40, 50, 60, 70}, 20),
+                                         req(2, {1, 11, 21, 31, 41, 51, 61, 71}, 20),
+                                         req(3, {1, 12, 22, 32, 42, 52, 62, 72}, 20)};
+  std::map<int64_t, std::vector<int32_t>> alone;
+  for (const auto& r : reqs) {
+    auto e = make_engine(w, /*kv_bytes=*/256 * 64, /*block=*/4);
+    ASSERT_TRUE(e->add(r).ok());
+    alone[r.id] = run_all(*e)[r.id];
+    ASSERT_EQ(alone[r.id].size(), 20u);
+  }
+  // 64 tokens of cache (16 blocks); each request needs 28 (7 blocks).
+  auto e = make_engine(w, /*kv_bytes=*/256 * 64, /*block=*/4);
+  for (const auto& r : reqs) ASSERT_TRUE(e->add(r).ok());
+  auto together = run_all(*e);
+  EXPECT_GT(e->preemptions(), 0);
+  EXPECT_EQ(e->kv_usage(), 0.0);
+  for (const auto& r : reqs) EXPECT_EQ(together[r.id], alone[r.id]) << "request " << r.id;
+}
+
+TEST(EngineTest, CancelFreesBlocks) {
+  auto w = load(testing::test_model_dir("tiny-mixtral"));
+  auto e = make_engine(w);
+  ASSERT_TRUE(e->add(req(1, {1, 2, 3}, 50)).ok());
+  ASSERT_TRUE(e->add(req(2, {1, 2, 3}, 50)).ok());
+  ASSERT_TRUE(e->step().ok());
+  EXPECT_GT(e->kv_usage(), 0.0);
+  EXPECT_TRUE(e->cancel(1));
+  EXPECT_FALSE(e->cancel(1));
+  EXPECT_EQ(e->running(), 1);
+  auto out = run_all(*e);
+  EXPECT_TRUE(out[1].empty());
+  EXPECT_EQ(out[2].size(), 49u);
+  EXPECT_EQ(e->kv_usage(), 0.0);
+}
+
 TEST(EngineTest, BadRequestsAreRefused) {
   auto w = load(testing::test_model_dir("tiny-mixtral"));
   auto e = make_engine(w);

@@ -2,6 +2,7 @@
 // (co-located engine, or router + workers) and reports what the router and
 // every worker measured.
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -106,7 +107,17 @@ int run_bench_serve(int argc, char** argv) {
                 "(per micro-batch slot and layer with --json). Worker figures cover the\n"
                 "decode phase: from the moment every request has its first token.");
   flags.add_string("model", "", "model directory");
-  flags.add_bool("offline", "all prompts submitted at once (the only mode so far)");
+  flags.add_bool("offline", "all prompts submitted at once to a deployment this command starts");
+  flags.add_string("base-url", "", "online mode: the server to load, e.g. http://127.0.0.1:8000 "
+                                   "(streaming requests; no --model needed)");
+  flags.add_string("endpoint", "/v1/completions", "online: /v1/completions or /v1/chat/completions");
+  flags.add_double("request-rate", INFINITY, "online: requests per second (default: all at once)");
+  flags.add_double("burstiness", 1.0, "online: gamma shape of the arrival gaps (1 = Poisson)");
+  flags.add_int("max-concurrency", 0, 0, 1000000, "online: requests in flight at most (0: no limit)");
+  flags.add_string("dataset", "random", "online: random, or a JSON-lines file of {\"prompt\", \"output_len\"}");
+  flags.add_string("goodput", "", "online: SLOs a good request meets, e.g. 'ttft:500 tpot:50 e2el:5000' (ms)");
+  flags.add_string("served-model-name", "", "online: the model name to send (default: none)");
+  flags.add_string("api-key", "", "online: bearer key", "MSINFER_API_KEY");
   flags.add_int("num-prompts", 8, 1, 100000, "requests");
   flags.add_int("input-len", 32, 1, 1 << 20, "prompt tokens per request");
   flags.add_int("output-len", 32, 1, 1 << 20, "generated tokens per request");
@@ -126,7 +137,9 @@ int run_bench_serve(int argc, char** argv) {
       "examples:\n"
       "  msinfer bench serve --offline --model /tmp/m --num-prompts 16 --input-len 64 --output-len 32\n"
       "  msinfer bench serve --offline --model /tmp/m --attention-workers 1 --expert-workers 1 "
-      "--micro-batches 2 --json");
+      "--micro-batches 2 --json\n"
+      "  msinfer bench serve --base-url http://127.0.0.1:8000 --num-prompts 200 --request-rate 20 "
+      "--max-concurrency 64 --input-len 32 --output-len 64 --goodput 'ttft:500 tpot:50'");
   Status s = flags.parse(argc, argv, 3);
   if (!s.ok()) return report_error("bench serve", s);
   if (flags.help_requested()) {
@@ -137,8 +150,14 @@ int run_bench_serve(int argc, char** argv) {
     return report_error("bench serve", invalid_argument("unexpected argument '" +
                                                         flags.positional().front() + "'"));
   }
+  if (!flags.get_string("base-url").empty()) {
+    if (flags.get_bool("offline")) {
+      return report_error("bench serve", invalid_argument("give one of --offline and --base-url"));
+    }
+    return run_bench_serve_online(flags);
+  }
   const std::string dir = flags.get_string("model");
-  if (dir.empty()) return report_error("bench serve", invalid_argument("--model is required"));
+  if (dir.empty()) return report_error("bench serve", invalid_argument("--model is required (or --base-url)"));
   // Ranges (--num-prompts 1..100000, ...) are checked by the flag parser.
   const int64_t P = flags.get_int("num-prompts"), I = flags.get_int("input-len"),
                 O = flags.get_int("output-len");

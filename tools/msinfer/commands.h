@@ -20,8 +20,10 @@ int run_make_model(int argc, char** argv);
 int run_generate(int argc, char** argv);
 int run_bench(int argc, char** argv);
 int run_bench_serve(int argc, char** argv);  // `bench serve`
+int run_bench_serve_online(const FlagSet& flags);  // `bench serve --base-url`
 int run_profile(int argc, char** argv);
 int run_worker(int argc, char** argv);
+int run_serve(int argc, char** argv);
 
 // --isa and --weights, for every command that runs the engine.
 void add_engine_flags(FlagSet& flags);

@@ -17,6 +17,7 @@ void usage(FILE* out) {
                "  simulate   play a plan forward event by event; Gantt chart; sweeps\n"
                "  make-model write a test model (HF layout, seeded random weights)\n"
                "  generate   generate text with the engine, streaming\n"
+               "  serve      OpenAI-compatible HTTP server (completions, chat, streaming)\n"
                "  bench      benchmarks: kernels (against this machine's rooflines)\n"
                "  profile    measure T_a and T_e of a model here, fit k1..k4 for plan --profile\n"
                "  worker     one attention or expert worker (started by generate's router)\n"
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
   if (cmd == "bench") return msinfer::cli::run_bench(argc, argv);
   if (cmd == "profile") return msinfer::cli::run_profile(argc, argv);
   if (cmd == "worker") return msinfer::cli::run_worker(argc, argv);
+  if (cmd == "serve") return msinfer::cli::run_serve(argc, argv);
   if (cmd == "version" || cmd == "--version") {
     std::printf("msinfer %s\n", MSINFER_VERSION);
     return 0;

@@ -61,9 +61,10 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
                          int out_fd);
 
 // An attention worker: builds its engine with remote experts, then reads JSON
-// commands from `in` ({"op": "add", ...}, {"op": "step"}, {"op": "stats",
-// "reset": bool}, {"op": "exit"}) and writes one JSON line per command to `out`
-// ({"events": [...]}, {"stats": WorkerStats}, or {"error": ...}).
+// commands from `in` ({"op": "add", ...}, {"op": "step"}, {"op": "cancel", "id"},
+// {"op": "stats", "reset": bool}, {"op": "exit"}) and writes one JSON line per
+// command to `out` ({"events": [...], "running", "kv_usage", "preemptions"},
+// {"cancelled": bool}, {"stats": WorkerStats}, or {"error": ...}).
 Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot, int in_fd,
                             int out_fd);
 

@@ -3,10 +3,16 @@
 // every running request plus prompt chunks of requests still in prefill, up to
 // a token budget, through one forward pass.
 //
-// Admission reserves KV blocks for the prompt plus max_tokens, so a running
-// request never runs out of cache; a request that could never fit is refused
-// with RESOURCE_EXHAUSTED at add(), one that fits later waits in the queue.
-// Not thread-safe: one thread calls add() and step().
+// KV blocks are taken on demand: a request is admitted (first come, first
+// served) when the blocks of the tokens it must compute are free, and takes
+// one more block whenever its tokens cross a block boundary. When the pool runs
+// out, the most recently admitted request is preempted, as vLLM does: its
+// blocks are freed and it goes back to the front of the queue, to recompute
+// its prompt + tokens so far when blocks are free again (its sampler state
+// kept, so its output is the one it would have produced). A request that could
+// never fit alone (prompt + max_tokens beyond the whole cache) is refused with
+// RESOURCE_EXHAUSTED at add().
+// Not thread-safe: one thread calls add(), cancel() and step().
 #pragma once
 
 #include <cstdint>
@@ -47,6 +53,10 @@ struct TokenEvent {
   int32_t token = -1;
   bool finished = false;
   std::string finish_reason;  // "eos", "stop", "length" when finished
+  // With SamplingParams::logprobs >= 0: log-probability of `token` and of the
+  // most likely tokens (after penalties, before temperature).
+  float logprob = 0.f;
+  std::vector<std::pair<int32_t, float>> top_logprobs;
 };
 
 class Engine {
@@ -63,9 +73,18 @@ class Engine {
   // Runs one step; returns the tokens produced (possibly none, during prefill).
   // Fails only when the expert backend does (a remote worker died or timed out).
   StatusOr<std::vector<TokenEvent>> step();
+  // Removes request `id` (waiting or running) and frees its KV blocks; it
+  // produces no more events. False if no such request is here.
+  bool cancel(int64_t id);
   bool idle() const { return waiting_.empty() && running_.empty(); }
   int64_t running() const { return static_cast<int64_t>(running_.size()); }
   int64_t waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  // Requests preempted (blocks freed, requeued to recompute) since creation.
+  int64_t preemptions() const { return preemptions_; }
+  // Fraction of the KV cache's blocks in use.
+  double kv_usage() const {
+    return 1.0 - static_cast<double>(kv_.free_blocks()) / static_cast<double>(kv_.total_blocks());
+  }
 
   // Called with the logits a token was sampled from (tests compare them).
   using LogitsObserver = std::function<void(int64_t request_id, const float* logits, int64_t vocab)>;
@@ -81,18 +100,25 @@ class Engine {
     int64_t computed = 0;         // tokens whose K/V are in the cache
     int64_t generated = 0;
     std::mt19937_64 rng;
+    bool preempted = false;       // chosen as a victim during this step's planning
   };
   Engine(std::shared_ptr<const model::ModelWeights> w, KvCache kv, const EngineOptions& o,
          std::unique_ptr<ExpertBackend> experts);
   void admit();
+  // Takes blocks for this step's tokens of every running request, preempting
+  // the most recently admitted ones when the pool runs out; returns
+  // (running_ index, tokens to feed) per request that runs this step.
+  std::vector<std::pair<size_t, int64_t>> plan_step();
 
   std::shared_ptr<const model::ModelWeights> weights_;
   KvCache kv_;
   EngineOptions options_;
   AttentionRunner attention_;
   std::unique_ptr<ExpertBackend> experts_;
-  std::deque<GenerationRequest> waiting_;
-  std::vector<Running> running_;
+  std::deque<Running> waiting_;  // new requests, and preempted ones at the front
+  std::vector<Running> running_;  // in admission order
+  int64_t preemptions_ = 0;
+  std::vector<float> penalised_;
   LogitsObserver observer_;
   // Per micro-batch: tokens, residual stream, routing, expert results.
   struct MicroBatch {

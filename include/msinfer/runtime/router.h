@@ -36,7 +36,15 @@ class Router {
 
   Status add(const GenerationRequest& r);
   StatusOr<std::vector<TokenEvent>> step();
+  // Removes request `id` from its attention worker (freeing its KV blocks);
+  // it produces no more events.
+  Status cancel(int64_t id);
   bool idle() const { return in_flight_.empty(); }
+  int64_t in_flight() const { return static_cast<int64_t>(in_flight_.size()); }
+  // As of the last step: the attention workers' mean KV cache usage (0..1),
+  // and their preemptions so far.
+  double kv_usage() const;
+  int64_t preemptions() const;
   // One line per worker: role, index, pid (or rank, host, address), RSS.
   std::string describe() const;
   // Every worker's WorkerStats since the last reset ({"role", "index", ...}),
@@ -53,6 +61,8 @@ class Router {
     std::string buf;        // answer bytes read but not yet a whole line
     int64_t load = 0;
     double rss_mb = 0;
+    double kv_usage = 0;
+    int64_t preemptions = 0;
   };
   Router() = default;
   Status wait_ready();
@@ -69,6 +79,7 @@ class Router {
   std::unique_ptr<comm::BootstrapServer> server_;
   std::vector<Worker> workers_;  // attention workers first
   std::map<int64_t, int> in_flight_;  // request id -> attention worker
+  std::map<int64_t, int64_t> load_of_;  // request id -> its share of the worker's load
 };
 
 // Ranks 1.. of a launcher's job: takes the role of `launcher`'s rank (ranks

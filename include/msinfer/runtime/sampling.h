@@ -17,11 +17,27 @@ struct SamplingParams {
   int max_tokens = 16;
   bool ignore_eos = false;
   std::vector<int32_t> stop_token_ids;
+  // OpenAI semantics: each generated token's logit is lowered by
+  // count * frequency_penalty + (count > 0) * presence_penalty; in [-2, 2].
+  float frequency_penalty = 0.f, presence_penalty = 0.f;
+  // Log-probabilities to report with each token: -1 none, 0 the sampled
+  // token's only, n the n most likely too (n <= 20).
+  int logprobs = -1;
 
   Status validate() const;
 };
 
 // Picks a token from logits[vocab]; `rng` is the request's own generator.
+// Applies the frequency and presence penalties for `generated` (the request's
+// tokens so far, prompt excluded) to logits[vocab] in place.
+void apply_penalties(float* logits, int64_t vocab, const SamplingParams& p,
+                     const int32_t* generated, int64_t n);
+
+// log softmax(logits)[token], and the `top` most likely (id, log-probability)
+// pairs, most likely first (ties to the lower id).
+float token_logprob(const float* logits, int64_t vocab, int32_t token, int top,
+                    std::vector<std::pair<int32_t, float>>* top_out);
+
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p,
                      std::mt19937_64& rng);
 

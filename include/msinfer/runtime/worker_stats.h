@@ -17,6 +17,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,8 @@ struct WorkerStats {
   WorkerStats(int slots, int layers);
   double busy_s = 0, wait_s = 0, gemm_flops = 0;
   int64_t tokens = 0;  // rows computed (attention: tokens; expert: token-expert pairs)
+  // Expert workers: rows each hosted expert computed, summed over layers.
+  std::map<int, int64_t> expert_tokens;
   UnitTimes t_a, t_e, t_c;
   double cpu_at_reset = 0;
   std::chrono::steady_clock::time_point reset_at = std::chrono::steady_clock::now();

@@ -1,0 +1,88 @@
+// The OpenAI API's request and response shapes (completions, chat
+// completions): parsing and validating a request body into the engine's
+// request, and the JSON objects the server answers with. Pure functions over
+// strings and JSON, no I/O: the HTTP server calls them, the fuzzer and the
+// unit tests too. Errors carry the HTTP status and the OpenAI error body
+// ({"error": {"message", "type", "param", "code"}}).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "msinfer/core/json.h"
+#include "msinfer/model/tokenizer.h"
+#include "msinfer/runtime/sampling.h"
+#include "msinfer/server/chat_template.h"
+
+namespace msinfer::server {
+
+struct ApiError {
+  int http_status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // the offending field, "" for none
+  Json body() const;  // {"error": {"message", "type", "param", "code"}}
+};
+
+ApiError bad_request(std::string message, std::string param = "");
+
+// What parsing needs to know about the model being served. Not owned.
+struct ApiContext {
+  std::string served_model_name;
+  const model::Tokenizer* tokenizer = nullptr;     // null: only token-id prompts
+  const ChatTemplate* chat_template = nullptr;     // null: chat completions refused
+  std::string bos_token, eos_token;                // for the chat template
+  int64_t vocab = 0;
+  int64_t max_model_len = 0;  // prompt + max_tokens must not exceed it
+};
+
+// One parsed request: the prompt's token ids and everything that shapes the
+// answer.
+struct ApiRequest {
+  bool chat = false;
+  std::vector<int32_t> prompt;
+  runtime::SamplingParams sampling;  // max_tokens resolved (default: the model length left)
+  std::vector<std::string> stop;     // stop strings, never emitted
+  bool stream = false;
+  bool include_usage = false;        // stream_options.include_usage
+  bool logprobs = false;             // report logprobs (sampling.logprobs = how many top)
+};
+
+// Parses a POST body of /v1/completions (chat = false) or
+// /v1/chat/completions (chat = true). Unknown fields are ignored; fields that
+// would change the output and are not supported (n > 1, echo, best_of,
+// logit_bias, tools, suffix, a non-text response_format) are refused.
+std::optional<ApiError> parse_request(const std::string& body, bool chat, const ApiContext& ctx,
+                                      ApiRequest* out);
+
+// Maps the engine's finish reasons ("eos", "stop", "length") to OpenAI's.
+std::string openai_finish_reason(const std::string& engine_reason);
+
+// Incremental text of one request: turns token ids into text deltas, holding
+// back text that may be the start of a stop string, and ends the request
+// when one appears (the stop string and what follows are never emitted).
+class TextStream {
+ public:
+  TextStream(const model::Tokenizer* t, std::vector<std::string> stop);
+  // Text made final by this token; sets stopped() when a stop string ended it.
+  std::string push(int32_t token);
+  // The rest once generation ended without a stop string.
+  std::string finish();
+  bool stopped() const { return stopped_; }
+  // The token's own text (for logprobs), without holding anything back.
+  std::string token_text(int32_t token) const;
+
+ private:
+  const model::Tokenizer* t_;
+  std::optional<model::StreamingDecoder> decoder_;
+  std::vector<std::string> stop_;
+  std::string held_;
+  bool stopped_ = false;
+};
+
+// Usage object: {"prompt_tokens", "completion_tokens", "total_tokens"}.
+Json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+
+}  // namespace msinfer::server

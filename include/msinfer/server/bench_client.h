@@ -1,0 +1,60 @@
+// The online load generator of `msinfer bench serve --base-url`: streaming
+// requests to an OpenAI-compatible server at Poisson (gamma, with burstiness)
+// arrival times, at most max_concurrency at once, each timed from its send to
+// its first token, between tokens and to its end. One Asio event loop drives
+// every connection, so a thousand concurrent streams need one thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "msinfer/core/json.h"
+#include "msinfer/core/status.h"
+
+namespace msinfer::server {
+
+struct BenchPrompt {
+  Json prompt;           // completions: a string or token ids; chat: the user message (a string)
+  int64_t prompt_len = 0;  // tokens, as the dataset says (the server's usage is what is reported)
+  int64_t output_len = 16;
+};
+
+struct OnlineBenchOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string endpoint = "/v1/completions";  // or /v1/chat/completions
+  std::string model;                         // "" : not sent
+  std::string api_key;
+  std::vector<BenchPrompt> prompts;          // one request each
+  double request_rate = 0;                   // requests/s; <= 0 or inf: all at once
+  double burstiness = 1.0;                   // gamma shape; 1 = Poisson
+  int64_t max_concurrency = 0;               // 0: no limit
+  uint64_t seed = 0;
+  std::chrono::seconds timeout{600};         // the whole run
+};
+
+struct RequestResult {
+  bool ok = false;
+  int http_status = 0;
+  std::string error;
+  double send_s = 0;   // since the run's start
+  double ttft_s = 0, e2e_s = 0;
+  std::vector<double> itl_s;  // gaps between chunks that carried text
+  int64_t prompt_tokens = 0, output_tokens = 0;  // from the server's usage
+};
+
+struct OnlineBenchReport {
+  std::vector<RequestResult> results;
+  double duration_s = 0;
+  int64_t max_in_flight = 0;
+};
+
+// INVALID_ARGUMENT for bad options; the run itself always reports per request.
+StatusOr<OnlineBenchReport> run_online_bench(const OnlineBenchOptions& o);
+
+// Splits "http://HOST:PORT[/...]" into host and port (http only).
+Status parse_base_url(const std::string& url, std::string* host, int* port);
+
+}  // namespace msinfer::server

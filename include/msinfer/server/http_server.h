@@ -1,0 +1,71 @@
+// The OpenAI-compatible HTTP front end: POST /v1/completions,
+// POST /v1/chat/completions (JSON or server-sent events), GET /v1/models,
+// GET /health, GET /metrics.
+//
+// Built on Boost.Asio + Boost.Beast (Debian libboost-dev): one event-loop
+// thread serves every connection asynchronously, so a thousand streaming
+// clients cost a thousand sockets and small buffers, not a thousand threads.
+// The Scheduler's engine thread hands tokens over by posting to that loop.
+// Bounded memory: request bodies and headers have limits (413 / 431), a
+// request must arrive within request_timeout (slow senders are cut off), and a
+// reader slower than the tokens it is sent loses its connection (and its
+// request) once max_pending_bytes are queued for it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "msinfer/core/status.h"
+#include "msinfer/server/api.h"
+#include "msinfer/server/metrics.h"
+#include "msinfer/server/scheduler.h"
+
+namespace msinfer::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;  // 0: any free port (port() tells which)
+  std::string api_key;  // non-empty: /v1/* need "Authorization: Bearer KEY"
+  int64_t max_body_bytes = 4 << 20;
+  int64_t max_header_bytes = 16 << 10;
+  int64_t max_pending_bytes = 1 << 20;  // queued for one slow reader before it is cut off
+  int64_t max_connections = 4096;
+  std::chrono::milliseconds request_timeout{30000};
+};
+
+class HttpServer {
+ public:
+  // Binds and listens (UNAVAILABLE naming the address when it cannot); serves
+  // from run(). Until set_scheduler(), /health answers 503 (loading) and
+  // generation requests 503.
+  static StatusOr<std::unique_ptr<HttpServer>> start(const ServerOptions& o, ApiContext ctx,
+                                                     Metrics* metrics);
+  ~HttpServer();
+
+  int port() const;
+  // Runs the event loop on this thread until stop().
+  void run();
+  // Thread-safe. The scheduler (not owned; outlives the server's run()).
+  void set_scheduler(Scheduler* s);
+  // Thread-safe. From now on /health and new generation requests answer 503.
+  void set_draining();
+  // Thread-safe. Stops accepting and closes every connection; run() returns.
+  void stop();
+  // Before run(): calls f (on the event loop's thread) whenever SIGTERM or
+  // SIGINT arrives; the handler is installed by this call.
+  void on_signal(std::function<void(int)> f);
+  // Connections open now (for tests and metrics).
+  int64_t connections() const;
+
+  struct Impl;  // opaque: the event loop, the acceptor, the connections
+
+ private:
+  explicit HttpServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace msinfer::server

@@ -1,0 +1,64 @@
+// The server's Prometheus metrics, named as vLLM's so existing dashboards
+// and scrapers work (prefix msinfer: instead of vllm:). Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "msinfer/core/json.h"
+
+namespace msinfer::server {
+
+// Cumulative histogram with fixed upper bounds (seconds).
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);
+  void observe(double v);
+  // The Prometheus text lines of `name` (bucket, sum, count), with `labels`
+  // ("model_name=\"x\"") on every line.
+  std::string render(const std::string& name, const std::string& labels) const;
+  int64_t count() const { return count_; }
+  double sum() const { return sum_; }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<int64_t> counts_;  // per bucket, not cumulative
+  int64_t count_ = 0;
+  double sum_ = 0;
+};
+
+class Metrics {
+ public:
+  explicit Metrics(std::string model_name);
+
+  void add_prompt_tokens(int64_t n);
+  void add_generation_tokens(int64_t n);
+  void request_finished(const std::string& finished_reason, double e2e_s);  // a success
+  void request_aborted();
+  void observe_ttft(double s);
+  void observe_itl(double s);
+  void http_response(int status);
+
+  // The gauges the scheduler knows at scrape time.
+  struct Gauges {
+    int64_t running = 0, waiting = 0, preemptions = 0;
+    int64_t connections = 0;  // open HTTP connections
+    double kv_usage = 0;
+    std::vector<Json> workers;  // WorkerStats of a disaggregated deployment
+  };
+  // The whole exposition (text format 0.0.4).
+  std::string render(const Gauges& g) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::string labels_;
+  int64_t prompt_tokens_ = 0, generation_tokens_ = 0, aborted_ = 0;  // GUARDED_BY(mu_)
+  std::map<std::string, int64_t> success_;                            // GUARDED_BY(mu_)
+  std::map<int, int64_t> http_;                                       // GUARDED_BY(mu_)
+  Histogram ttft_, itl_, e2e_;                                        // GUARDED_BY(mu_)
+};
+
+}  // namespace msinfer::server

@@ -1,0 +1,121 @@
+// The server's engine loop: one thread owns the generation backend (the
+// co-located Engine, or the Router of a disaggregated deployment) and runs
+// its continuous batching for requests submitted from any thread. A request
+// submitted while others decode joins at the next step. Bounded: at most
+// max_num_seqs requests are in the backend, at most max_queue wait for a
+// place; submit() refuses beyond that (the HTTP layer answers 429).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "msinfer/core/json.h"
+#include "msinfer/runtime/engine.h"
+#include "msinfer/runtime/router.h"
+#include "msinfer/server/metrics.h"
+
+namespace msinfer::server {
+
+// What the scheduler drives. Called from the engine thread only.
+class GenerationBackend {
+ public:
+  virtual ~GenerationBackend() = default;
+  virtual Status add(const runtime::GenerationRequest& r) = 0;
+  virtual StatusOr<std::vector<runtime::TokenEvent>> step() = 0;
+  virtual Status cancel(int64_t id) = 0;
+  virtual bool idle() const = 0;
+  virtual int64_t running() const = 0;  // admitted into the batch
+  virtual int64_t waiting() const = 0;  // queued inside the backend (e.g. for KV blocks)
+  virtual double kv_usage() const = 0;
+  virtual int64_t preemptions() const = 0;
+  // Every worker's WorkerStats (disaggregated); empty when co-located.
+  virtual StatusOr<std::vector<Json>> worker_stats() { return std::vector<Json>{}; }
+};
+
+std::unique_ptr<GenerationBackend> engine_backend(std::unique_ptr<runtime::Engine> e);
+std::unique_ptr<GenerationBackend> router_backend(std::unique_ptr<runtime::Router> r);
+
+// Receives one request's tokens. Called on the engine thread: implementations
+// hand the work to their own thread and return at once.
+class RequestSink {
+ public:
+  virtual ~RequestSink() = default;
+  // The request's tokens of one step; the last one has finished set.
+  virtual void on_tokens(std::vector<runtime::TokenEvent> events) = 0;
+  // The request failed (a worker died, the server is stopping); nothing follows.
+  virtual void on_error(const Status& s) = 0;
+};
+
+struct SchedulerOptions {
+  int64_t max_num_seqs = 256;
+  int64_t max_queue = 1024;
+  // How often the engine thread refreshes the workers' stats for /metrics.
+  std::chrono::milliseconds stats_interval{1000};
+};
+
+class Scheduler {
+ public:
+  Scheduler(std::unique_ptr<GenerationBackend> backend, const SchedulerOptions& o,
+            Metrics* metrics);
+  ~Scheduler();  // stop(), then destroys the backend (stops its workers)
+
+  // Thread-safe. Queues the request (its id from next_id()).
+  // RESOURCE_EXHAUSTED when max_queue requests already wait; UNAVAILABLE when
+  // the backend has failed or the scheduler is draining.
+  Status submit(runtime::GenerationRequest r, std::shared_ptr<RequestSink> sink);
+  // Thread-safe, asynchronous: the request leaves the batch before the next
+  // step and frees its KV blocks; its sink hears nothing more. `reason`
+  // non-empty: the request ended normally (e.g. "stop" for a stop string) and
+  // counts as a success with that reason; empty: it was aborted.
+  void cancel(int64_t id, const std::string& reason = "");
+  int64_t next_id();
+
+  struct Snapshot {
+    int64_t running = 0, waiting = 0, preemptions = 0;
+    double kv_usage = 0;
+    bool healthy = true;
+    std::string failure;
+    std::vector<Json> workers;
+  };
+  Snapshot snapshot() const;
+  // Refuses new requests from now on (submit gives UNAVAILABLE).
+  void start_draining();
+  // Waits until no request is in flight, or `deadline`; true when none is.
+  bool wait_idle(std::chrono::steady_clock::time_point deadline);
+  // Fails what is still in flight ("server shutting down"), stops the thread.
+  void stop();
+
+ private:
+  struct Entry {
+    runtime::GenerationRequest req;
+    std::shared_ptr<RequestSink> sink;
+    std::chrono::steady_clock::time_point arrival, last_token;
+    int64_t generated = 0;
+  };
+  void loop();
+  void fail_all(const Status& s);
+
+  std::unique_ptr<GenerationBackend> backend_;
+  SchedulerOptions options_;
+  Metrics* metrics_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<Entry> inbox_;                           // GUARDED_BY(mu_): submitted, not in the backend
+  std::vector<std::pair<int64_t, std::string>> cancels_;  // GUARDED_BY(mu_)
+  bool stop_ = false, draining_ = false;              // GUARDED_BY(mu_)
+  Snapshot snap_;                                     // GUARDED_BY(mu_)
+  int64_t in_flight_ = 0;                             // GUARDED_BY(mu_): inbox + active
+  int64_t next_id_ = 1;                               // GUARDED_BY(mu_)
+  std::map<int64_t, Entry> active_;                   // engine thread only
+  std::thread thread_;
+};
+
+}  // namespace msinfer::server

@@ -1,0 +1,55 @@
+// The two generation backends the server drives: the co-located Engine and
+// the Router of a disaggregated deployment (kept apart from the scheduler,
+// which only knows the GenerationBackend interface).
+#include "msinfer/server/scheduler.h"
+
+namespace msinfer::server {
+namespace {
+
+class EngineBackend final : public GenerationBackend {
+ public:
+  explicit EngineBackend(std::unique_ptr<runtime::Engine> e) : e_(std::move(e)) {}
+  Status add(const runtime::GenerationRequest& r) override { return e_->add(r); }
+  StatusOr<std::vector<runtime::TokenEvent>> step() override { return e_->step(); }
+  Status cancel(int64_t id) override {
+    e_->cancel(id);
+    return ok_status();
+  }
+  bool idle() const override { return e_->idle(); }
+  int64_t running() const override { return e_->running(); }
+  int64_t waiting() const override { return e_->waiting(); }
+  double kv_usage() const override { return e_->kv_usage(); }
+  int64_t preemptions() const override { return e_->preemptions(); }
+
+ private:
+  std::unique_ptr<runtime::Engine> e_;
+};
+
+class RouterBackend final : public GenerationBackend {
+ public:
+  explicit RouterBackend(std::unique_ptr<runtime::Router> r) : r_(std::move(r)) {}
+  Status add(const runtime::GenerationRequest& r) override { return r_->add(r); }
+  StatusOr<std::vector<runtime::TokenEvent>> step() override { return r_->step(); }
+  Status cancel(int64_t id) override { return r_->cancel(id); }
+  bool idle() const override { return r_->idle(); }
+  int64_t running() const override { return r_->in_flight(); }
+  int64_t waiting() const override { return 0; }
+  double kv_usage() const override { return r_->kv_usage(); }
+  int64_t preemptions() const override { return r_->preemptions(); }
+  StatusOr<std::vector<Json>> worker_stats() override { return r_->stats(/*reset=*/false); }
+
+ private:
+  std::unique_ptr<runtime::Router> r_;
+};
+
+}  // namespace
+
+std::unique_ptr<GenerationBackend> engine_backend(std::unique_ptr<runtime::Engine> e) {
+  return std::make_unique<EngineBackend>(std::move(e));
+}
+std::unique_ptr<GenerationBackend> router_backend(std::unique_ptr<runtime::Router> r) {
+  return std::make_unique<RouterBackend>(std::move(r));
+}
+
+
+}  // namespace msinfer::server

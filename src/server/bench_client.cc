@@ -1,0 +1,252 @@
+#include "msinfer/server/bench_client.h"
+
+#include <cmath>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <random>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+namespace msinfer::server {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using bench_clock = std::chrono::steady_clock;
+
+Status parse_base_url(const std::string& url, std::string* host, int* port) {
+  const std::string scheme = "http://";
+  if (url.rfind(scheme, 0) != 0) return invalid_argument("--base-url must start with http:// (got '" + url + "')");
+  std::string rest = url.substr(scheme.size());
+  rest = rest.substr(0, rest.find('/'));
+  const size_t colon = rest.rfind(':');
+  *host = colon == std::string::npos ? rest : rest.substr(0, colon);
+  *port = 80;
+  if (colon != std::string::npos) {
+    char* end = nullptr;
+    const long p = std::strtol(rest.c_str() + colon + 1, &end, 10);
+    if (*end != '\0' || p < 1 || p > 65535) return invalid_argument("--base-url: bad port in '" + url + "'");
+    *port = static_cast<int>(p);
+  }
+  if (host->empty()) return invalid_argument("--base-url: no host in '" + url + "'");
+  return ok_status();
+}
+
+namespace {
+
+struct Run;
+
+// One streaming request on its own connection.
+class Call : public std::enable_shared_from_this<Call> {
+ public:
+  Call(Run& run, size_t index);
+  void start();
+
+ private:
+  void fail(const std::string& what);
+  void finish();
+  size_t on_chunk(beast::string_view data);
+  void on_event(const std::string& data);
+
+  Run& run_;
+  size_t index_;
+  tcp::socket sock_;
+  beast::flat_buffer buf_;
+  // The parser keeps a reference to its chunk callback: it lives here.
+  std::function<size_t(uint64_t, beast::string_view, beast::error_code&)> chunk_cb_;
+  http::response_parser<http::string_body> parser_;
+  std::string request_, sse_;
+  bench_clock::time_point sent_, last_;
+  bool first_ = true, done_ = false, finished_ = false;
+};
+
+struct Run {
+  explicit Run(const OnlineBenchOptions& opts) : o(opts) {}
+  const OnlineBenchOptions& o;
+  net::io_context ioc{1};
+  tcp::endpoint endpoint;
+  bench_clock::time_point t0;
+  std::vector<RequestResult> results;
+  std::deque<size_t> ready;  // arrived, waiting for a concurrency slot
+  int64_t in_flight = 0, max_in_flight = 0, done = 0;
+  std::vector<std::unique_ptr<net::steady_timer>> timers;
+
+  void launch(size_t i) {
+    if (o.max_concurrency > 0 && in_flight >= o.max_concurrency) {
+      ready.push_back(i);
+      return;
+    }
+    ++in_flight;
+    max_in_flight = std::max(max_in_flight, in_flight);
+    std::make_shared<Call>(*this, i)->start();
+  }
+  void completed() {
+    --in_flight;
+    ++done;
+    if (!ready.empty()) {
+      const size_t i = ready.front();
+      ready.pop_front();
+      launch(i);
+    }
+    if (done == static_cast<int64_t>(results.size())) ioc.stop();
+  }
+};
+
+Call::Call(Run& run, size_t index) : run_(run), index_(index), sock_(run.ioc) {
+  parser_.body_limit(boost::none);
+  const BenchPrompt& p = run.o.prompts[index];
+  const bool chat = run.o.endpoint.find("chat") != std::string::npos;
+  Json body{{"max_tokens", p.output_len}, {"ignore_eos", true}, {"stream", true},
+            {"stream_options", {{"include_usage", true}}}, {"temperature", 0}};
+  if (!run.o.model.empty()) body["model"] = run.o.model;
+  if (chat) {
+    body["messages"] = Json::array({{{"role", "user"}, {"content", p.prompt}}});
+  } else {
+    body["prompt"] = p.prompt;
+  }
+  const std::string b = body.dump();
+  request_ = "POST " + run.o.endpoint + " HTTP/1.1\r\nHost: " + run.o.host + "\r\n" +
+             "Content-Type: application/json\r\nConnection: close\r\n" +
+             (run.o.api_key.empty() ? "" : "Authorization: Bearer " + run.o.api_key + "\r\n") +
+             "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b;
+  chunk_cb_ = [this](uint64_t, beast::string_view data, beast::error_code&) { return on_chunk(data); };
+  parser_.on_chunk_body(chunk_cb_);
+}
+
+void Call::start() {
+  sent_ = last_ = bench_clock::now();
+  run_.results[index_].send_s = std::chrono::duration<double>(sent_ - run_.t0).count();
+  auto self = shared_from_this();
+  sock_.async_connect(run_.endpoint, [self](beast::error_code ec) {
+    if (ec) return self->fail("connect: " + ec.message());
+    beast::error_code ignored;
+    self->sock_.set_option(tcp::no_delay(true), ignored);
+    net::async_write(self->sock_, net::buffer(self->request_), [self](beast::error_code ec, size_t) {
+      if (ec) return self->fail("write: " + ec.message());
+      http::async_read(self->sock_, self->buf_, self->parser_, [self](beast::error_code ec, size_t) {
+        RequestResult& r = self->run_.results[self->index_];
+        r.http_status = static_cast<int>(self->parser_.get().result_int());
+        if (ec && !(ec == http::error::end_of_stream && self->done_)) {
+          return self->fail("read: " + ec.message());
+        }
+        if (r.http_status != 200) {
+          return self->fail("HTTP " + std::to_string(r.http_status) + ": " + self->parser_.get().body().substr(0, 200));
+        }
+        if (!self->done_) return self->fail("the stream ended without [DONE]");
+        self->finish();
+      });
+    });
+  });
+}
+
+size_t Call::on_chunk(beast::string_view data) {
+  sse_.append(data.data(), data.size());
+  size_t at;
+  while ((at = sse_.find("\n\n")) != std::string::npos) {
+    const std::string ev = sse_.substr(0, at);
+    sse_.erase(0, at + 2);
+    if (ev.rfind("data: ", 0) == 0) on_event(ev.substr(6));
+  }
+  return data.size();
+}
+
+void Call::on_event(const std::string& data) {
+  RequestResult& r = run_.results[index_];
+  if (data == "[DONE]") {
+    done_ = true;
+    return;
+  }
+  Json j = Json::parse(data, nullptr, false);
+  if (!j.is_object()) return;
+  if (j.contains("error")) {
+    r.error = j["error"].value("message", std::string("error event"));
+    return;
+  }
+  if (j.contains("usage") && j["usage"].is_object()) {
+    r.prompt_tokens = j["usage"].value("prompt_tokens", int64_t{0});
+    r.output_tokens = j["usage"].value("completion_tokens", int64_t{0});
+  }
+  bool text = false;
+  if (j.contains("choices") && j["choices"].is_array() && !j["choices"].empty()) {
+    const Json& c = j["choices"][0];
+    if (c.contains("text") && c["text"].is_string() && !c["text"].get<std::string>().empty()) text = true;
+    if (c.contains("delta") && c["delta"].contains("content") && c["delta"]["content"].is_string() &&
+        !c["delta"]["content"].get<std::string>().empty()) {
+      text = true;
+    }
+  }
+  if (!text) return;
+  const auto now = bench_clock::now();
+  if (first_) {
+    r.ttft_s = std::chrono::duration<double>(now - sent_).count();
+    first_ = false;
+  } else {
+    r.itl_s.push_back(std::chrono::duration<double>(now - last_).count());
+  }
+  last_ = now;
+}
+
+void Call::fail(const std::string& what) {
+  if (finished_) return;
+  finished_ = true;
+  RequestResult& r = run_.results[index_];
+  r.ok = false;
+  if (r.error.empty()) r.error = what;
+  beast::error_code ignored;
+  sock_.close(ignored);
+  run_.completed();
+}
+
+void Call::finish() {
+  if (finished_) return;
+  finished_ = true;
+  RequestResult& r = run_.results[index_];
+  r.e2e_s = std::chrono::duration<double>(bench_clock::now() - sent_).count();
+  r.ok = r.error.empty();
+  beast::error_code ignored;
+  sock_.close(ignored);
+  run_.completed();
+}
+
+}  // namespace
+
+StatusOr<OnlineBenchReport> run_online_bench(const OnlineBenchOptions& o) {
+  if (o.prompts.empty()) return invalid_argument("no prompts");
+  if (!(o.burstiness > 0)) return invalid_argument("--burstiness must be > 0");
+  Run run{o};
+  beast::error_code ec;
+  const auto addr = net::ip::make_address(o.host, ec);
+  if (ec) return invalid_argument("--base-url: '" + o.host + "' is not an IP address");
+  run.endpoint = tcp::endpoint(addr, static_cast<unsigned short>(o.port));
+  run.results.resize(o.prompts.size());
+  // Arrival times: gamma gaps with shape `burstiness` and mean 1/rate (vLLM's).
+  std::mt19937_64 rng(o.seed);
+  const bool at_once = !(o.request_rate > 0) || std::isinf(o.request_rate);
+  std::gamma_distribution<double> gap(o.burstiness, at_once ? 1.0 : 1.0 / (o.request_rate * o.burstiness));
+  run.t0 = bench_clock::now();
+  double t = 0;
+  for (size_t i = 0; i < o.prompts.size(); ++i) {
+    if (i > 0 && !at_once) t += gap(rng);
+    auto timer = std::make_unique<net::steady_timer>(run.ioc, run.t0 + std::chrono::duration_cast<bench_clock::duration>(
+                                                                          std::chrono::duration<double>(t)));
+    timer->async_wait([&run, i](beast::error_code e) {
+      if (!e) run.launch(i);
+    });
+    run.timers.push_back(std::move(timer));
+  }
+  run.ioc.run_for(o.timeout);
+  OnlineBenchReport rep;
+  rep.duration_s = std::chrono::duration<double>(bench_clock::now() - run.t0).count();
+  rep.max_in_flight = run.max_in_flight;
+  rep.results = std::move(run.results);
+  for (auto& r : rep.results) {
+    if (!r.ok && r.error.empty()) r.error = "did not finish within the timeout";
+  }
+  return rep;
+}
+
+}  // namespace msinfer::server

@@ -1,0 +1,664 @@
+#include "msinfer/server/http_server.h"
+
+#include <csignal>
+#include <ctime>
+#include <list>
+#include <optional>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+namespace msinfer::server {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+
+namespace {
+
+const char* reason_phrase(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 413: return "Payload Too Large";
+    case 415: return "Unsupported Media Type";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    default: return "Unknown";
+  }
+}
+
+std::string dump(const Json& j) {
+  // Random models may emit half a character: never let that break the JSON.
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+std::string chunk(const std::string& payload) {
+  char len[32];
+  std::snprintf(len, sizeof(len), "%zx\r\n", payload.size());
+  return len + payload + "\r\n";
+}
+
+std::string sse(const Json& j) { return "data: " + dump(j) + "\n\n"; }
+
+ApiError error_of(int status, std::string type, std::string message) {
+  ApiError e;
+  e.http_status = status;
+  e.type = std::move(type);
+  e.message = std::move(message);
+  return e;
+}
+
+Json byte_array(const std::string& s) {
+  Json a = Json::array();
+  for (unsigned char c : s) a.push_back(static_cast<int>(c));
+  return a;
+}
+
+}  // namespace
+
+class Session;
+
+struct HttpServer::Impl {
+  net::io_context ioc{1};
+  tcp::acceptor acceptor{ioc};
+  ServerOptions options;
+  ApiContext ctx;
+  Metrics* metrics = nullptr;
+  std::atomic<Scheduler*> scheduler{nullptr};
+  std::atomic<bool> draining{false};
+  std::atomic<int64_t> connections{0};
+  std::optional<net::signal_set> signals;
+  std::list<std::weak_ptr<Session>> sessions;  // event-loop thread only
+  std::time_t created = std::time(nullptr);
+
+  void accept();
+};
+
+// One client connection. Lives on the event loop's thread; kept alive by the
+// handlers of its pending operations.
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(HttpServer::Impl& srv, tcp::socket sock)
+      : srv_(srv), sock_(std::move(sock)), timer_(srv.ioc) {}
+
+  void start() {
+    ++srv_.connections;
+    do_read();
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    if (gen_ && !gen_->done) {
+      gen_->done = true;
+      if (Scheduler* s = srv_.scheduler.load()) s->cancel(gen_->id);
+    }
+    beast::error_code ec;
+    sock_.shutdown(tcp::socket::shutdown_both, ec);
+    sock_.close(ec);
+    timer_.cancel();
+    --srv_.connections;
+  }
+
+ private:
+  // One generation request in flight on this connection.
+  struct Generation {
+    int64_t id = 0;
+    ApiRequest req;
+    std::optional<TextStream> text;
+    std::string object_id;
+    std::time_t created = 0;
+    int64_t completion_tokens = 0;
+    std::string content;  // non-streaming: the whole text
+    Json logprobs;        // non-streaming: accumulated
+    int64_t text_offset = 0;
+    bool done = false;
+  };
+
+  // Hands tokens from the engine thread to this connection's loop.
+  class Sink final : public RequestSink {
+   public:
+    Sink(std::weak_ptr<Session> s, net::io_context& ioc, int64_t id)
+        : s_(std::move(s)), ioc_(ioc), id_(id) {}
+    void on_tokens(std::vector<runtime::TokenEvent> events) override {
+      net::post(ioc_, [s = s_, id = id_, ev = std::move(events)]() mutable {
+        if (auto p = s.lock()) p->on_tokens(id, std::move(ev));
+      });
+    }
+    void on_error(const Status& st) override {
+      net::post(ioc_, [s = s_, id = id_, st]() {
+        if (auto p = s.lock()) p->on_error(id, st);
+      });
+    }
+
+   private:
+    std::weak_ptr<Session> s_;
+    net::io_context& ioc_;
+    int64_t id_;
+  };
+
+  // ---- reading requests ----
+
+  void do_read() {
+    if (closed_ || reading_) return;
+    reading_ = true;
+    parser_.emplace();
+    parser_->body_limit(static_cast<uint64_t>(srv_.options.max_body_bytes));
+    parser_->header_limit(static_cast<uint32_t>(srv_.options.max_header_bytes));
+    timer_.expires_after(srv_.options.request_timeout);
+    timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      // A request that does not arrive in time (slowloris, idle keep-alive).
+      if (!ec && self->reading_) self->close();
+    });
+    http::async_read_header(sock_, buf_, *parser_,
+                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                              self->on_header(ec);
+                            });
+  }
+
+  bool read_failed(beast::error_code ec) {
+    if (!ec) return false;
+    reading_ = false;
+    timer_.cancel();
+    if (closed_) return true;
+    if (ec == http::error::body_limit) {
+      respond_error(error_of(413, "invalid_request_error",
+                             "the request body exceeds " +
+                                 std::to_string(srv_.options.max_body_bytes) + " bytes"),
+                    true);
+    } else if (ec == http::error::header_limit) {
+      respond_error(error_of(431, "invalid_request_error", "the request headers are too large"),
+                    true);
+    } else if (ec == http::error::end_of_stream || ec == net::error::eof ||
+               ec == net::error::connection_reset || ec == net::error::operation_aborted ||
+               ec == net::error::bad_descriptor || buf_.size() == 0) {
+      close();
+    } else {
+      respond_error(error_of(400, "invalid_request_error", "malformed HTTP request: " + ec.message()),
+                    true);
+    }
+    return true;
+  }
+
+  void on_header(beast::error_code ec) {
+    if (read_failed(ec)) return;
+    auto& h = parser_->get();
+    // Answer what the headers already decide before reading a body.
+    if (auto len = parser_->content_length();
+        len && *len > static_cast<uint64_t>(srv_.options.max_body_bytes)) {
+      reading_ = false;
+      timer_.cancel();
+      respond_error(error_of(413, "invalid_request_error",
+                             "the request body exceeds " +
+                                 std::to_string(srv_.options.max_body_bytes) + " bytes"),
+                    true);
+      return;
+    }
+    if (beast::iequals(h[http::field::expect], "100-continue")) {
+      beast::error_code wec;
+      net::write(sock_, net::buffer(std::string_view("HTTP/1.1 100 Continue\r\n\r\n")), wec);
+    }
+    http::async_read(sock_, buf_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       self->on_read(ec);
+                     });
+  }
+
+  void on_read(beast::error_code ec) {
+    if (read_failed(ec)) return;
+    reading_ = false;
+    timer_.cancel();
+    handle(parser_->release());
+  }
+
+  // Watches for the client going away while its request runs: the only read
+  // outstanding then. Bytes that arrive (a pipelined request) stay in buf_.
+  void watch() {
+    if (closed_ || watching_ || reading_) return;
+    watching_ = true;
+    sock_.async_read_some(buf_.prepare(4096),
+                          [self = shared_from_this()](beast::error_code ec, size_t n) {
+                            self->on_watch(ec, n);
+                          });
+  }
+
+  void on_watch(beast::error_code ec, size_t n) {
+    watching_ = false;
+    if (closed_) return;
+    if (ec) {
+      close();  // the client is gone: its request is cancelled
+      return;
+    }
+    buf_.commit(n);
+    if (buf_.size() > static_cast<size_t>(srv_.options.max_header_bytes + srv_.options.max_body_bytes)) {
+      close();
+      return;
+    }
+    if (gen_ && !gen_->done) {
+      watch();
+    } else if (response_done_ && !writing_) {
+      do_read();
+    }
+  }
+
+  // ---- writing ----
+
+  void queue_write(std::string data) {
+    if (closed_) return;
+    out_queue_ += data;
+    if (static_cast<int64_t>(out_queue_.size()) > srv_.options.max_pending_bytes) {
+      close();  // a reader slower than its tokens: cut off, request cancelled
+      return;
+    }
+    if (!writing_) flush();
+  }
+
+  void flush() {
+    writing_ = true;
+    out_writing_.swap(out_queue_);
+    out_queue_.clear();
+    net::async_write(sock_, net::buffer(out_writing_),
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       self->on_write(ec);
+                     });
+  }
+
+  void on_write(beast::error_code ec) {
+    writing_ = false;
+    out_writing_.clear();
+    if (out_writing_.capacity() > (64 << 10)) out_writing_.shrink_to_fit();
+    if (closed_) return;
+    if (ec) {
+      close();
+      return;
+    }
+    if (!out_queue_.empty()) {
+      flush();
+      return;
+    }
+    if (!response_done_) return;
+    if (!keep_alive_) {
+      close();
+    } else if (!watching_) {
+      do_read();
+    }
+  }
+
+  void respond(int status, const std::string& content_type, const std::string& body,
+               const std::string& extra_headers = "", bool close_after = false) {
+    if (close_after) keep_alive_ = false;
+    std::string r = "HTTP/1.1 " + std::to_string(status) + " " + reason_phrase(status) + "\r\n";
+    r += "Content-Type: " + content_type + "\r\n";
+    r += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+    r += extra_headers;
+    r += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+    r += body;
+    srv_.metrics->http_response(status);
+    response_done_ = true;
+    queue_write(std::move(r));
+  }
+
+  void respond_json(int status, const Json& j, const std::string& extra_headers = "") {
+    respond(status, "application/json", dump(j), extra_headers);
+  }
+
+  void respond_error(const ApiError& e, bool close_after = false,
+                     const std::string& extra_headers = "") {
+    respond(e.http_status, "application/json", dump(e.body()), extra_headers, close_after);
+  }
+
+  // ---- routing ----
+
+  void handle(http::request<http::string_body> req) {
+    keep_alive_ = req.keep_alive();
+    std::string target(req.target());
+    if (auto q = target.find('?'); q != std::string::npos) target.resize(q);
+    const bool get = req.method() == http::verb::get;
+    const bool post = req.method() == http::verb::post;
+    auto method_not_allowed = [&](const char* allow) {
+      respond_error(error_of(405, "invalid_request_error",
+                             std::string(req.method_string()) + " is not allowed on " + target),
+                    false, std::string("Allow: ") + allow + "\r\n");
+    };
+    if (target == "/health") {
+      if (!get) return method_not_allowed("GET");
+      Scheduler* s = srv_.scheduler.load();
+      if (s == nullptr) return respond_json(503, {{"status", "loading"}});
+      if (srv_.draining) return respond_json(503, {{"status", "draining"}});
+      auto snap = s->snapshot();
+      if (!snap.healthy) return respond_json(503, {{"status", "failed"}, {"error", snap.failure}});
+      return respond_json(200, {{"status", "ok"}});
+    }
+    if (target == "/metrics") {
+      if (!get) return method_not_allowed("GET");
+      Metrics::Gauges g;
+      g.connections = srv_.connections.load();
+      if (Scheduler* s = srv_.scheduler.load()) {
+        auto snap = s->snapshot();
+        g.running = snap.running;
+        g.waiting = snap.waiting;
+        g.kv_usage = snap.kv_usage;
+        g.preemptions = snap.preemptions;
+        g.workers = std::move(snap.workers);
+      }
+      return respond(200, "text/plain; version=0.0.4; charset=utf-8", srv_.metrics->render(g));
+    }
+    const bool models = target == "/v1/models";
+    const bool completions = target == "/v1/completions";
+    const bool chat = target == "/v1/chat/completions";
+    if (!models && !completions && !chat) {
+      return respond_error(error_of(404, "NotFoundError",
+                                    "no route " + std::string(req.method_string()) + " " + target));
+    }
+    if (!srv_.options.api_key.empty() &&
+        req[http::field::authorization] != "Bearer " + srv_.options.api_key) {
+      ApiError e = error_of(401, "authentication_error",
+                            "missing or wrong API key (Authorization: Bearer KEY)");
+      return respond_error(e, false, "WWW-Authenticate: Bearer\r\n");
+    }
+    if (models) {
+      if (!get) return method_not_allowed("GET");
+      Json m{{"id", srv_.ctx.served_model_name},
+             {"object", "model"},
+             {"created", static_cast<int64_t>(srv_.created)},
+             {"owned_by", "msinfer"},
+             {"root", srv_.ctx.served_model_name},
+             {"max_model_len", srv_.ctx.max_model_len}};
+      return respond_json(200, {{"object", "list"}, {"data", Json::array({m})}});
+    }
+    if (!post) return method_not_allowed("POST");
+    const std::string ct(req[http::field::content_type]);
+    const std::string media = ct.substr(0, ct.find(';'));
+    if (!beast::iequals(beast::string_view(media.data(), media.find_last_not_of(' ') + 1),
+                        "application/json")) {
+      return respond_error(error_of(415, "invalid_request_error",
+                                    "Content-Type must be application/json, got '" + ct + "'"));
+    }
+    Scheduler* sched = srv_.scheduler.load();
+    if (sched == nullptr || srv_.draining) {
+      return respond_error(error_of(503, "service_unavailable",
+                                    sched == nullptr ? "the model is loading"
+                                                     : "the server is shutting down"));
+    }
+    auto gen = std::make_shared<Generation>();
+    if (auto err = parse_request(req.body(), chat, srv_.ctx, &gen->req)) {
+      return respond_error(*err);
+    }
+    gen->id = sched->next_id();
+    gen->text.emplace(srv_.ctx.tokenizer, gen->req.stop);
+    gen->created = std::time(nullptr);
+    gen->object_id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(gen->created) + "-" +
+                     std::to_string(gen->id);
+    runtime::GenerationRequest r;
+    r.id = gen->id;
+    r.prompt = gen->req.prompt;
+    r.sampling = gen->req.sampling;
+    Status s = sched->submit(std::move(r), std::make_shared<Sink>(weak_from_this(), srv_.ioc, gen->id));
+    if (!s.ok()) {
+      if (s.code() == StatusCode::kResourceExhausted) {
+        return respond_error(error_of(429, "rate_limit_error", s.message()), false,
+                             "Retry-After: 1\r\n");
+      }
+      return respond_error(error_of(503, "service_unavailable", s.message()));
+    }
+    gen_ = gen;
+    response_done_ = false;
+    if (gen->req.stream) {
+      srv_.metrics->http_response(200);
+      std::string h =
+          "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+          "Transfer-Encoding: chunked\r\n";
+      h += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+      if (chat) {
+        Json delta{{"role", "assistant"}, {"content", ""}};
+        h += chunk(sse(stream_chunk(*gen, delta, Json(nullptr), Json(nullptr))));
+      }
+      queue_write(std::move(h));
+    }
+    watch();
+  }
+
+  // ---- answers ----
+
+  Json base(const Generation& g, bool chunked) const {
+    const char* object = g.req.chat ? (chunked ? "chat.completion.chunk" : "chat.completion")
+                                    : "text_completion";
+    return Json{{"id", g.object_id},
+                {"object", object},
+                {"created", static_cast<int64_t>(g.created)},
+                {"model", srv_.ctx.served_model_name}};
+  }
+
+  Json stream_chunk(const Generation& g, const Json& delta_or_text, const Json& logprobs,
+                    const Json& finish_reason) const {
+    Json j = base(g, true);
+    Json choice{{"index", 0}};
+    if (g.req.chat) {
+      choice["delta"] = delta_or_text;
+    } else {
+      choice["text"] = delta_or_text;
+    }
+    choice["logprobs"] = logprobs;
+    choice["finish_reason"] = finish_reason;
+    j["choices"] = Json::array({choice});
+    if (g.req.include_usage) j["usage"] = nullptr;
+    return j;
+  }
+
+  // Logprobs of the tokens in `events` in the API's shape; appended to `acc`.
+  void add_logprobs(Generation& g, const runtime::TokenEvent& ev, Json* acc) {
+    const std::string tok = g.text->token_text(ev.token);
+    if (g.req.chat) {
+      Json top = Json::array();
+      for (const auto& [id, lp] : ev.top_logprobs) {
+        const std::string t = g.text->token_text(id);
+        top.push_back({{"token", t}, {"logprob", lp}, {"bytes", byte_array(t)}});
+      }
+      if (acc->is_null()) *acc = Json{{"content", Json::array()}};
+      (*acc)["content"].push_back(
+          {{"token", tok}, {"logprob", ev.logprob}, {"bytes", byte_array(tok)}, {"top_logprobs", top}});
+    } else {
+      if (acc->is_null()) {
+        *acc = Json{{"tokens", Json::array()},
+                    {"token_logprobs", Json::array()},
+                    {"top_logprobs", Json::array()},
+                    {"text_offset", Json::array()}};
+      }
+      Json top = Json::object();
+      for (const auto& [id, lp] : ev.top_logprobs) top[g.text->token_text(id)] = lp;
+      (*acc)["tokens"].push_back(tok);
+      (*acc)["token_logprobs"].push_back(ev.logprob);
+      (*acc)["top_logprobs"].push_back(top);
+      (*acc)["text_offset"].push_back(g.text_offset);
+      g.text_offset += static_cast<int64_t>(tok.size());
+    }
+  }
+
+  void on_tokens(int64_t id, std::vector<runtime::TokenEvent> events) {
+    if (closed_ || !gen_ || gen_->id != id || gen_->done) return;
+    Generation& g = *gen_;
+    std::string delta;
+    Json logprobs;
+    std::string finish;
+    for (const auto& ev : events) {
+      ++g.completion_tokens;
+      delta += g.text->push(ev.token);
+      if (g.req.logprobs) add_logprobs(g, ev, g.req.stream ? &logprobs : &g.logprobs);
+      if (g.text->stopped()) {
+        finish = "stop";
+        // The engine has not seen the stop string: take the request out.
+        if (Scheduler* s = srv_.scheduler.load()) s->cancel(g.id, "stop");
+        break;
+      }
+      if (ev.finished) {
+        delta += g.text->finish();
+        finish = openai_finish_reason(ev.finish_reason);
+        break;
+      }
+    }
+    if (!g.req.stream) {
+      g.content += delta;
+      if (!finish.empty()) finish_plain(g, finish);
+      return;
+    }
+    std::string out;
+    if (!delta.empty() || !logprobs.is_null()) {
+      Json d = g.req.chat ? Json{{"content", delta}} : Json(delta);
+      out += sse(stream_chunk(g, d, logprobs, Json(nullptr)));
+    }
+    if (!finish.empty()) {
+      out += sse(stream_chunk(g, g.req.chat ? Json::object() : Json(""), Json(nullptr), finish));
+      if (g.req.include_usage) {
+        Json u = base(g, true);
+        u["choices"] = Json::array();
+        u["usage"] = usage_json(static_cast<int64_t>(g.req.prompt.size()), g.completion_tokens);
+        out += sse(u);
+      }
+      out += "data: [DONE]\n\n";
+      g.done = true;
+      response_done_ = true;
+      queue_write(chunk(out) + "0\r\n\r\n");
+      gen_.reset();
+      return;
+    }
+    if (!out.empty()) queue_write(chunk(out));
+  }
+
+  void finish_plain(Generation& g, const std::string& finish) {
+    Json j = base(g, false);
+    Json choice{{"index", 0}};
+    if (g.req.chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", g.content}};
+    } else {
+      choice["text"] = g.content;
+    }
+    choice["logprobs"] = g.logprobs;
+    choice["finish_reason"] = finish;
+    j["choices"] = Json::array({choice});
+    j["usage"] = usage_json(static_cast<int64_t>(g.req.prompt.size()), g.completion_tokens);
+    g.done = true;
+    gen_.reset();
+    respond_json(200, j);
+  }
+
+  void on_error(int64_t id, const Status& st) {
+    if (closed_ || !gen_ || gen_->id != id || gen_->done) return;
+    Generation& g = *gen_;
+    g.done = true;
+    ApiError e = error_of(st.code() == StatusCode::kInvalidArgument ? 400 : 503,
+                          st.code() == StatusCode::kInvalidArgument ? "invalid_request_error"
+                                                                   : "service_unavailable",
+                          st.message());
+    if (st.code() == StatusCode::kResourceExhausted) e = error_of(400, "invalid_request_error", st.message());
+    gen_.reset();
+    if (g.req.stream) {
+      // The status line is out already: an error event, then the end.
+      response_done_ = true;
+      queue_write(chunk(sse(e.body()) + "data: [DONE]\n\n") + "0\r\n\r\n");
+      return;
+    }
+    respond_error(e);
+  }
+
+  HttpServer::Impl& srv_;
+  tcp::socket sock_;
+  net::steady_timer timer_;
+  beast::flat_buffer buf_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::string out_queue_, out_writing_;
+  std::shared_ptr<Generation> gen_;
+  bool reading_ = false, watching_ = false, writing_ = false;
+  bool response_done_ = true, keep_alive_ = true, closed_ = false;
+};
+
+void HttpServer::Impl::accept() {
+  acceptor.async_accept([this](beast::error_code ec, tcp::socket sock) {
+    if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
+    if (!ec) {
+      if (connections.load() >= options.max_connections) {
+        beast::error_code ignored;
+        sock.close(ignored);  // over the limit: refuse at once
+      } else {
+        beast::error_code ignored;
+        sock.set_option(tcp::no_delay(true), ignored);
+        auto s = std::make_shared<Session>(*this, std::move(sock));
+        sessions.remove_if([](const std::weak_ptr<Session>& w) { return w.expired(); });
+        sessions.push_back(s);
+        s->start();
+      }
+    }
+    accept();
+  });
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HttpServer::~HttpServer() = default;
+
+StatusOr<std::unique_ptr<HttpServer>> HttpServer::start(const ServerOptions& o, ApiContext ctx,
+                                                        Metrics* metrics) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = o;
+  impl->ctx = std::move(ctx);
+  impl->metrics = metrics;
+  beast::error_code ec;
+  const auto addr = net::ip::make_address(o.host, ec);
+  if (ec) return invalid_argument("--host '" + o.host + "' is not an IP address");
+  const tcp::endpoint ep(addr, static_cast<unsigned short>(o.port));
+  const std::string where = o.host + ":" + std::to_string(o.port);
+  impl->acceptor.open(ep.protocol(), ec);
+  if (!ec) impl->acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) impl->acceptor.bind(ep, ec);
+  if (!ec) impl->acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) return Status(StatusCode::kUnavailable, "cannot listen on " + where + ": " + ec.message());
+  impl->accept();
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+int HttpServer::port() const { return impl_->acceptor.local_endpoint().port(); }
+
+void HttpServer::run() { impl_->ioc.run(); }
+
+void HttpServer::set_scheduler(Scheduler* s) { impl_->scheduler = s; }
+
+void HttpServer::set_draining() { impl_->draining = true; }
+
+void HttpServer::stop() {
+  net::post(impl_->ioc, [impl = impl_.get()] {
+    beast::error_code ec;
+    impl->acceptor.close(ec);
+    if (impl->signals) impl->signals->cancel(ec);
+    for (auto& w : impl->sessions) {
+      if (auto s = w.lock()) s->close();
+    }
+    impl->sessions.clear();
+    impl->ioc.stop();
+  });
+}
+
+void HttpServer::on_signal(std::function<void(int)> f) {
+  Impl* impl = impl_.get();
+  impl->signals.emplace(impl->ioc, SIGINT, SIGTERM);
+  struct Waiter {
+    Impl* impl;
+    std::function<void(int)> f;
+    void operator()(beast::error_code ec, int sig) {
+      if (ec) return;
+      f(sig);
+      impl->signals->async_wait(Waiter{impl, f});
+    }
+  };
+  impl->signals->async_wait(Waiter{impl, std::move(f)});
+}
+
+int64_t HttpServer::connections() const { return impl_->connections.load(); }
+
+}  // namespace msinfer::server

@@ -1,0 +1,172 @@
+#include "msinfer/server/metrics.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+namespace msinfer::server {
+
+namespace {
+
+std::string num(double v) {
+  char b[64];
+  std::snprintf(b, sizeof(b), "%.9g", v);
+  return b;
+}
+
+void header(std::ostringstream& o, const std::string& name, const char* type, const char* help) {
+  o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double v) {
+  const size_t b = std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin();
+  ++counts_[b];
+  ++count_;
+  sum_ += v;
+}
+
+std::string Histogram::render(const std::string& name, const std::string& labels) const {
+  std::ostringstream o;
+  int64_t cum = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cum += counts_[i];
+    o << name << "_bucket{" << labels << ",le=\"" << num(bounds_[i]) << "\"} " << cum << "\n";
+  }
+  o << name << "_bucket{" << labels << ",le=\"+Inf\"} " << count_ << "\n";
+  o << name << "_sum{" << labels << "} " << num(sum_) << "\n";
+  o << name << "_count{" << labels << "} " << count_ << "\n";
+  return o.str();
+}
+
+Metrics::Metrics(std::string model_name)
+    // vLLM's buckets.
+    : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+             7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}),
+      itl_({0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+            10.0, 20.0, 40.0, 80.0}),
+      e2e_({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}) {
+  std::string escaped;
+  for (char c : model_name) {
+    if (c == '"' || c == '\\') escaped += '\\';
+    if (c == '\n') {
+      escaped += "\\n";
+      continue;
+    }
+    escaped += c;
+  }
+  labels_ = "model_name=\"" + escaped + "\"";
+}
+
+void Metrics::add_prompt_tokens(int64_t n) {
+  std::lock_guard<std::mutex> l(mu_);
+  prompt_tokens_ += n;
+}
+void Metrics::add_generation_tokens(int64_t n) {
+  std::lock_guard<std::mutex> l(mu_);
+  generation_tokens_ += n;
+}
+void Metrics::request_finished(const std::string& reason, double e2e_s) {
+  std::lock_guard<std::mutex> l(mu_);
+  ++success_[reason];
+  e2e_.observe(e2e_s);
+}
+void Metrics::request_aborted() {
+  std::lock_guard<std::mutex> l(mu_);
+  ++aborted_;
+}
+void Metrics::observe_ttft(double s) {
+  std::lock_guard<std::mutex> l(mu_);
+  ttft_.observe(s);
+}
+void Metrics::observe_itl(double s) {
+  std::lock_guard<std::mutex> l(mu_);
+  itl_.observe(s);
+}
+void Metrics::http_response(int status) {
+  std::lock_guard<std::mutex> l(mu_);
+  ++http_[status];
+}
+
+std::string Metrics::render(const Gauges& g) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::ostringstream o;
+  const std::string& l = labels_;
+  auto gauge = [&](const std::string& name, const char* help, double v) {
+    header(o, name, "gauge", help);
+    o << name << "{" << l << "} " << num(v) << "\n";
+  };
+  auto counter = [&](const std::string& name, const char* help, double v) {
+    header(o, name, "counter", help);
+    o << name << "{" << l << "} " << num(v) << "\n";
+  };
+  gauge("msinfer:num_requests_running", "Requests in the batch (prefill or decode).",
+        static_cast<double>(g.running));
+  gauge("msinfer:num_requests_waiting", "Requests waiting to join the batch.",
+        static_cast<double>(g.waiting));
+  gauge("msinfer:kv_cache_usage_perc", "Fraction of the KV cache's blocks in use (0..1).",
+        g.kv_usage);
+  gauge("msinfer:http_connections", "Open HTTP connections.", static_cast<double>(g.connections));
+  counter("msinfer:num_preemptions_total", "Requests preempted to free KV blocks (recomputed).",
+          static_cast<double>(g.preemptions));
+  counter("msinfer:prompt_tokens_total", "Prompt tokens of admitted requests.",
+          static_cast<double>(prompt_tokens_));
+  counter("msinfer:generation_tokens_total", "Tokens generated.",
+          static_cast<double>(generation_tokens_));
+  header(o, "msinfer:request_success_total", "counter", "Requests finished, by finish reason.");
+  for (const char* reason : {"stop", "length"}) {
+    auto it = success_.find(reason);
+    o << "msinfer:request_success_total{" << l << ",finished_reason=\"" << reason << "\"} "
+      << (it == success_.end() ? 0 : it->second) << "\n";
+  }
+  counter("msinfer:request_aborted_total",
+          "Requests cancelled (client gone, slow reader) or failed.", static_cast<double>(aborted_));
+  header(o, "msinfer:time_to_first_token_seconds", "histogram", "Time to the first token.");
+  o << ttft_.render("msinfer:time_to_first_token_seconds", l);
+  header(o, "msinfer:inter_token_latency_seconds", "histogram", "Time between tokens.");
+  o << itl_.render("msinfer:inter_token_latency_seconds", l);
+  header(o, "msinfer:e2e_request_latency_seconds", "histogram", "Arrival to last token.");
+  o << e2e_.render("msinfer:e2e_request_latency_seconds", l);
+  header(o, "msinfer:http_responses_total", "counter", "HTTP responses by status code.");
+  for (const auto& [code, n] : http_) {
+    o << "msinfer:http_responses_total{" << l << ",code=\"" << code << "\"} " << n << "\n";
+  }
+  if (!g.workers.empty()) {
+    // The disaggregated runtime's own, per worker (since the server started).
+    header(o, "msinfer:worker_busy_fraction", "gauge", "Fraction of time a worker computes.");
+    for (const auto& w : g.workers) {
+      o << "msinfer:worker_busy_fraction{" << l << ",role=\"" << w.value("role", "")
+        << "\",index=\"" << w.value("index", 0) << "\"} " << num(w.value("busy_fraction", 0.0))
+        << "\n";
+    }
+    header(o, "msinfer:worker_network_wait_fraction", "gauge",
+           "Fraction of time a worker waits on the network.");
+    for (const auto& w : g.workers) {
+      o << "msinfer:worker_network_wait_fraction{" << l << ",role=\"" << w.value("role", "")
+        << "\",index=\"" << w.value("index", 0) << "\"} " << num(w.value("wait_fraction", 0.0))
+        << "\n";
+    }
+    header(o, "msinfer:expert_routed_tokens_total", "counter",
+           "Token rows routed to each expert, summed over layers and over the expert workers "
+           "holding a replica of it.");
+    std::map<int, double> per_expert;
+    for (const auto& w : g.workers) {
+      if (!w.contains("expert_tokens") || !w["expert_tokens"].is_object()) continue;
+      for (const auto& [e, n] : w["expert_tokens"].items()) {
+        per_expert[std::stoi(e)] += n.get<double>();
+      }
+    }
+    for (const auto& [e, n] : per_expert) {
+      o << "msinfer:expert_routed_tokens_total{" << l << ",expert=\"" << e << "\"} " << num(n)
+        << "\n";
+    }
+  }
+  return o.str();
+}
+
+}  // namespace msinfer::server

@@ -1,0 +1,254 @@
+#include "msinfer/server/scheduler.h"
+
+#include <malloc.h>
+
+#include <algorithm>
+
+namespace msinfer::server {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+double seconds(clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+Scheduler::Scheduler(std::unique_ptr<GenerationBackend> backend, const SchedulerOptions& o,
+                     Metrics* metrics)
+    : backend_(std::move(backend)), options_(o), metrics_(metrics) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() {
+  stop();
+  backend_.reset();
+}
+
+int64_t Scheduler::next_id() {
+  std::lock_guard<std::mutex> l(mu_);
+  return next_id_++;
+}
+
+Status Scheduler::submit(runtime::GenerationRequest r, std::shared_ptr<RequestSink> sink) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (!snap_.healthy) return Status(StatusCode::kUnavailable, snap_.failure);
+  if (draining_ || stop_) return Status(StatusCode::kUnavailable, "the server is shutting down");
+  const int64_t free_seats =
+      std::max<int64_t>(0, options_.max_num_seqs - static_cast<int64_t>(in_flight_ - inbox_.size()));
+  if (static_cast<int64_t>(inbox_.size()) >= options_.max_queue + free_seats) {
+    return resource_exhausted("the server is at capacity: " + std::to_string(inbox_.size()) +
+                              " requests are waiting (--max-queue " +
+                              std::to_string(options_.max_queue) + "); retry later");
+  }
+  Entry e;
+  e.req = std::move(r);
+  e.sink = std::move(sink);
+  e.arrival = clock::now();
+  inbox_.push_back(std::move(e));
+  ++in_flight_;
+  cv_.notify_one();
+  return ok_status();
+}
+
+void Scheduler::cancel(int64_t id, const std::string& reason) {
+  std::lock_guard<std::mutex> l(mu_);
+  cancels_.emplace_back(id, reason);
+  cv_.notify_one();
+}
+
+Scheduler::Snapshot Scheduler::snapshot() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return snap_;
+}
+
+void Scheduler::start_draining() {
+  std::lock_guard<std::mutex> l(mu_);
+  draining_ = true;
+}
+
+bool Scheduler::wait_idle(clock::time_point deadline) {
+  std::unique_lock<std::mutex> l(mu_);
+  return idle_cv_.wait_until(l, deadline, [&] { return in_flight_ == 0; });
+}
+
+void Scheduler::stop() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stop_ && !thread_.joinable()) return;
+    stop_ = true;
+    cv_.notify_one();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void Scheduler::fail_all(const Status& s) {
+  std::deque<Entry> inbox;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    inbox.swap(inbox_);
+  }
+  for (auto& e : inbox) e.sink->on_error(s);
+  for (auto& [id, e] : active_) e.sink->on_error(s);
+  const int64_t n = static_cast<int64_t>(inbox.size() + active_.size());
+  for (int64_t i = 0; i < n; ++i) metrics_->request_aborted();
+  active_.clear();
+  std::lock_guard<std::mutex> l(mu_);
+  in_flight_ -= n;
+  idle_cv_.notify_all();
+}
+
+void Scheduler::loop() {
+  auto last_stats = clock::now() - options_.stats_interval;
+  bool was_idle = true;
+  for (;;) {
+    std::vector<std::pair<int64_t, std::string>> cancels;
+    std::vector<Entry> admitted;
+    bool stop = false;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      // Sleep while nothing runs; a disaggregated deployment's workers also
+      // rest (the router steps them only with requests in flight).
+      cv_.wait_for(l, options_.stats_interval, [&] {
+        return stop_ || !cancels_.empty() || (!inbox_.empty() && snap_.healthy) ||
+               (!backend_->idle() && snap_.healthy);
+      });
+      stop = stop_;
+      cancels.swap(cancels_);
+      // Admit from the inbox while the batch has seats.
+      const int64_t active = static_cast<int64_t>(active_.size());
+      while (snap_.healthy && !inbox_.empty() &&
+             active + static_cast<int64_t>(admitted.size()) < options_.max_num_seqs) {
+        admitted.push_back(std::move(inbox_.front()));
+        inbox_.pop_front();
+      }
+    }
+    if (stop) {
+      for (auto& e : admitted) active_.emplace(e.req.id, std::move(e));
+      fail_all(Status(StatusCode::kUnavailable, "the server is shutting down"));
+      return;
+    }
+    int64_t ended = 0;
+    for (const auto& [id, reason] : cancels) {
+      auto it = active_.find(id);
+      if (it == active_.end()) {
+        // Still in the admitted list or the inbox: drop it there.
+        auto a = std::find_if(admitted.begin(), admitted.end(),
+                              [&](const Entry& e) { return e.req.id == id; });
+        if (a != admitted.end()) {
+          admitted.erase(a);
+          metrics_->request_aborted();
+          ++ended;
+        } else {
+          std::lock_guard<std::mutex> l(mu_);
+          auto q = std::find_if(inbox_.begin(), inbox_.end(),
+                                [&](const Entry& e) { return e.req.id == id; });
+          if (q != inbox_.end()) {
+            inbox_.erase(q);
+            metrics_->request_aborted();
+            ++ended;
+          }
+        }
+        continue;
+      }
+      Status s = backend_->cancel(id);
+      if (reason.empty()) {
+        metrics_->request_aborted();
+      } else {
+        metrics_->request_finished(reason, seconds(clock::now() - it->second.arrival));
+      }
+      active_.erase(it);
+      ++ended;
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> l(mu_);
+        snap_.healthy = false;
+        snap_.failure = s.message();
+      }
+    }
+    for (auto& e : admitted) {
+      Status s = backend_->add(e.req);
+      if (!s.ok()) {
+        e.sink->on_error(s);
+        metrics_->request_aborted();
+        ++ended;
+        continue;
+      }
+      metrics_->add_prompt_tokens(static_cast<int64_t>(e.req.prompt.size()));
+      const int64_t id = e.req.id;
+      active_.emplace(id, std::move(e));
+    }
+    bool healthy;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      healthy = snap_.healthy;
+    }
+    if (healthy && !backend_->idle()) {
+      auto events = backend_->step();
+      if (!events.ok()) {
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          snap_.healthy = false;
+          snap_.failure = events.status().message();
+        }
+        fail_all(events.status());
+      } else {
+        const auto now = clock::now();
+        std::map<int64_t, std::vector<runtime::TokenEvent>> by_request;
+        for (auto& ev : *events) by_request[ev.request_id].push_back(std::move(ev));
+        int64_t tokens = 0;
+        for (auto& [id, evs] : by_request) {
+          auto it = active_.find(id);
+          if (it == active_.end()) continue;  // cancelled meanwhile
+          Entry& e = it->second;
+          for (size_t i = 0; i < evs.size(); ++i) {
+            if (e.generated == 0) {
+              metrics_->observe_ttft(seconds(now - e.arrival));
+            } else {
+              metrics_->observe_itl(seconds(now - e.last_token));
+            }
+            ++e.generated;
+            e.last_token = now;
+          }
+          tokens += static_cast<int64_t>(evs.size());
+          const bool finished = evs.back().finished;
+          const std::string reason = evs.back().finish_reason;
+          e.sink->on_tokens(std::move(evs));
+          if (finished) {
+            metrics_->request_finished(reason == "length" ? "length" : "stop",
+                                       seconds(now - e.arrival));
+            active_.erase(it);
+            ++ended;
+          }
+        }
+        metrics_->add_generation_tokens(tokens);
+      }
+    }
+    // Publish the gauges (and now and then the workers' stats).
+    Snapshot s;
+    s.running = backend_->running();
+    s.kv_usage = backend_->kv_usage();
+    s.preemptions = backend_->preemptions();
+    const bool refresh = clock::now() - last_stats >= options_.stats_interval;
+    std::vector<Json> workers;
+    if (refresh && healthy) {
+      auto w = backend_->worker_stats();
+      if (w.ok()) workers = std::move(w).value();
+      last_stats = clock::now();
+    }
+    // Back to idle: hand freed heap pages back to the system, so a burst of
+    // connections does not leave the process larger than before it.
+    const bool now_idle = backend_->idle() && active_.empty();
+    if (now_idle && !was_idle) ::malloc_trim(0);
+    was_idle = now_idle;
+    std::lock_guard<std::mutex> l(mu_);
+    snap_.running = s.running;
+    snap_.waiting = backend_->waiting() + static_cast<int64_t>(inbox_.size());
+    snap_.kv_usage = s.kv_usage;
+    snap_.preemptions = s.preemptions;
+    if (refresh && !workers.empty()) snap_.workers = std::move(workers);
+    in_flight_ -= ended;
+    if (in_flight_ == 0) idle_cv_.notify_all();
+  }
+}
+
+}  // namespace msinfer::server

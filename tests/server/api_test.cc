@@ -1,0 +1,105 @@
+// Request parsing and validation, stop strings across token boundaries, and
+// the Prometheus exposition.
+#include "msinfer/server/api.h"
+
+#include <gtest/gtest.h>
+
+#include "msinfer/server/metrics.h"
+
+namespace msinfer::server {
+namespace {
+
+ApiContext ctx() {
+  ApiContext c;
+  c.served_model_name = "m";
+  c.vocab = 100;
+  c.max_model_len = 64;
+  return c;
+}
+
+TEST(ParseRequest, DefaultsAndLimits) {
+  ApiRequest r;
+  ASSERT_FALSE(parse_request(R"({"prompt": [1, 2, 3]})", false, ctx(), &r));
+  EXPECT_EQ(r.prompt, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(r.sampling.max_tokens, 61);  // the model length left
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 1.f);
+  ASSERT_FALSE(parse_request(R"({"model": "m", "prompt": [[5]], "max_tokens": 4, "temperature": 0,
+      "top_k": 3, "seed": 9, "stop": ["x", ""], "stream": true, "stream_options": {"include_usage": true},
+      "logprobs": 2, "frequency_penalty": 0.5})", false, ctx(), &r));
+  EXPECT_EQ(r.sampling.max_tokens, 4);
+  EXPECT_EQ(r.sampling.top_k, 3);
+  EXPECT_EQ(r.sampling.seed, 9u);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"x"});
+  EXPECT_TRUE(r.stream && r.include_usage && r.logprobs);
+  EXPECT_EQ(r.sampling.logprobs, 2);
+  EXPECT_FLOAT_EQ(r.sampling.frequency_penalty, 0.5f);
+}
+
+TEST(ParseRequest, Refusals) {
+  ApiRequest r;
+  struct Case {
+    const char* body;
+    int status;
+  } cases[] = {
+      {"", 400}, {"{", 400}, {"3", 400}, {R"({"prompt": "text"})", 400} /* no tokenizer */,
+      {R"({"prompt": [100]})", 400}, {R"({"prompt": [1], "max_tokens": 64})", 400},
+      {R"({"prompt": [1], "max_tokens": 1.5})", 400}, {R"({"prompt": [1], "top_k": -2})", 400},
+      {R"({"prompt": [1], "presence_penalty": 3})", 400}, {R"({"prompt": [1], "stop": 5})", 400},
+      {R"({"prompt": [1], "stream_options": {}})", 400}, {R"({"prompt": [1], "echo": true})", 400},
+      {R"({"prompt": [1], "model": "other"})", 404}, {R"({"prompt": [[1], [2]]})", 400},
+      {R"({"prompt": [1], "logprobs": 21})", 400}, {R"({"prompt": [1], "seed": 1e300})", 400},
+  };
+  for (const auto& c : cases) {
+    auto e = parse_request(c.body, false, ctx(), &r);
+    ASSERT_TRUE(e.has_value()) << c.body;
+    EXPECT_EQ(e->http_status, c.status) << c.body;
+    EXPECT_EQ(e->body()["error"]["code"], c.status);
+  }
+  auto chat = parse_request(R"({"messages": [{"role": "user", "content": "x"}]})", true, ctx(), &r);
+  ASSERT_TRUE(chat.has_value());  // no chat template in this context
+  EXPECT_EQ(chat->param, "messages");
+}
+
+TEST(TextStreamTest, StopStringAcrossTokensIsNeverEmitted) {
+  // A tokenizer is needed for text; build the smallest one in memory.
+  Json tj = {{"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"c", 2}, {"d", 3}}}, {"merges", Json::array()}}},
+             {"added_tokens", Json::array()}};
+  auto t = model::Tokenizer::from_json(tj, nullptr, "test");
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  TextStream s(&*t, {"bc"});
+  std::string out = s.push(0);  // a
+  out += s.push(1);             // b: held back, may start "bc"
+  EXPECT_EQ(out, "a");
+  out += s.push(2);  // c completes the stop string
+  EXPECT_TRUE(s.stopped());
+  EXPECT_EQ(out, "a");
+  TextStream s2(&*t, {"bd"});
+  std::string o2 = s2.push(1);
+  o2 += s2.push(2);
+  o2 += s2.push(3);
+  o2 += s2.finish();
+  EXPECT_FALSE(s2.stopped());
+  EXPECT_EQ(o2, "bcd");
+}
+
+TEST(MetricsTest, PrometheusText) {
+  Metrics m("m");
+  m.add_prompt_tokens(5);
+  m.add_generation_tokens(7);
+  m.observe_ttft(0.03);
+  m.request_finished("length", 1.2);
+  Metrics::Gauges g;
+  g.running = 2;
+  g.kv_usage = 0.5;
+  const std::string t = m.render(g);
+  EXPECT_NE(t.find("msinfer:num_requests_running{model_name=\"m\"} 2\n"), std::string::npos);
+  EXPECT_NE(t.find("msinfer:kv_cache_usage_perc{model_name=\"m\"} 0.5\n"), std::string::npos);
+  EXPECT_NE(t.find("msinfer:prompt_tokens_total{model_name=\"m\"} 5\n"), std::string::npos);
+  EXPECT_NE(t.find("msinfer:request_success_total{model_name=\"m\",finished_reason=\"length\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("msinfer:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"0.04\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("msinfer:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"0.02\"} 0\n"), std::string::npos);
+  EXPECT_NE(t.find("# TYPE msinfer:e2e_request_latency_seconds histogram\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace msinfer::server

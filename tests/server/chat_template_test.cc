@@ -1,0 +1,163 @@
+// The chat-template renderer against the reference renderer
+// @huggingface/jinja (npm, run with node), byte for byte, on the templates of
+// the real tokenizer packages (Qwen3, DeepSeek-V3) and those make-model
+// writes (Llama-2-chat for the Llama-2 tokenizer, ChatML), over a corpus of
+// conversations; plus the Jinja constructs one by one.
+#include "msinfer/server/chat_template.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../common/subprocess.h"
+#include "msinfer/model/make_model.h"
+
+namespace msinfer::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path source_dir() { return fs::path(MSINFER_SOURCE_DIR); }
+fs::path node_modules() { return source_dir() / ".cache" / "npm" / "node_modules"; }
+
+Json msg(const std::string& role, const Json& content) { return {{"role", role}, {"content", content}}; }
+
+// System prompts, several turns, empty content, unicode, whitespace, reasoning.
+std::vector<Json> conversations() {
+  return {
+      Json::array({msg("user", "Hello")}),
+      Json::array({msg("system", "You are a helpful assistant."), msg("user", "Hi there")}),
+      Json::array({msg("user", "What is 2+2?"), msg("assistant", "4"), msg("user", "And 3+3?")}),
+      Json::array({msg("system", "Be brief."), msg("user", "One"), msg("assistant", "Two"),
+                   msg("user", "Three"), msg("assistant", "Four"), msg("user", "Five")}),
+      Json::array({msg("user", "")}),
+      Json::array({msg("system", ""), msg("user", "x")}),
+      Json::array({msg("user", "Grüße, 世界 🌍 — «ok»")}),
+      Json::array({msg("user", "  padded with spaces \n\n"), msg("assistant", "\n  reply  \n"),
+                   msg("user", "tabs\there")}),
+      Json::array({msg("user", "Think first"),
+                   msg("assistant", "<think>\nsome reasoning\n</think>\n\nThe answer."),
+                   msg("user", "Again")}),
+      Json::array({msg("system", "first system"), msg("system", "second system"), msg("user", "q")}),
+      Json::array({msg("user", "quotes ' \" and braces {{ }} {% %}")}),
+      Json::array({msg("assistant", "starts with the assistant")}),
+  };
+}
+
+struct Case {
+  std::string name, source, bos, eos;
+};
+
+std::vector<Case> cases(const fs::path& tmp) {
+  std::vector<Case> out;
+  for (const char* pkg : {"qwen3", "deepseek_v3"}) {
+    const fs::path dir = source_dir() / ".cache" / "tokenizers" / pkg;
+    auto c = read_chat_template_config(dir.string());
+    if (c.ok()) out.push_back({pkg, c->source, c->bos_token, c->eos_token});
+  }
+  // make-model's templates: Llama-2-chat (with the real Llama-2 tokenizer's
+  // special tokens, as small-mixtral writes them) and ChatML.
+  for (const char* preset : {"tiny-mixtral", "tiny-qwen3moe"}) {
+    model::MakeModelOptions o;
+    o.preset = preset;
+    o.out_dir = (tmp / preset).string();
+    EXPECT_TRUE(model::make_model(o).ok());
+    auto c = read_chat_template_config(o.out_dir);
+    EXPECT_TRUE(c.ok()) << preset << ": " << c.status().message();
+    if (c.ok()) out.push_back({preset, c->source, c->bos_token, c->eos_token});
+  }
+  return out;
+}
+
+class ChatTemplateReference : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(node_modules() / "@huggingface" / "jinja")) {
+      GTEST_SKIP() << "run scripts/fetch-js-clients first";
+    }
+    tmp_ = fs::temp_directory_path() / ("msinfer-jinja-" + std::to_string(::getpid()));
+    fs::create_directories(tmp_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(tmp_, ec);
+  }
+  fs::path tmp_;
+};
+
+TEST_F(ChatTemplateReference, EqualsHuggingFaceJinjaByteForByte) {
+  const auto all = cases(tmp_);
+  ASSERT_GE(all.size(), 2u);
+  int compared = 0;
+  for (const auto& c : all) {
+    auto t = ChatTemplate::parse(c.source);
+    ASSERT_TRUE(t.ok()) << c.name << ": " << t.status().message();
+    Json contexts = Json::array();
+    for (const auto& conv : conversations()) {
+      for (bool gen : {true, false}) {
+        contexts.push_back({{"messages", conv},
+                            {"bos_token", c.bos},
+                            {"eos_token", c.eos},
+                            {"add_generation_prompt", gen}});
+      }
+    }
+    const fs::path in = tmp_ / (c.name + ".json");
+    std::ofstream(in) << Json{{"template", c.source}, {"contexts", contexts}}.dump();
+    const std::string out = testing::run_capture(
+        "node " + (source_dir() / "tests" / "server" / "render_jinja.js").string() + " " +
+        node_modules().string() + " " + in.string());
+    ASSERT_FALSE(out.empty()) << c.name << ": node failed";
+    const Json ref = Json::parse(out);
+    ASSERT_EQ(ref.size(), contexts.size());
+    for (size_t i = 0; i < contexts.size(); ++i) {
+      auto mine = t->render(contexts[i]);
+      SCOPED_TRACE(c.name + " context " + contexts[i].dump());
+      if (ref[i].contains("error")) {
+        EXPECT_FALSE(mine.ok()) << "the reference raised: " << ref[i]["error"];
+      } else {
+        ASSERT_TRUE(mine.ok()) << mine.status().message();
+        EXPECT_EQ(*mine, ref[i]["text"].get<std::string>());
+        ++compared;
+      }
+    }
+  }
+  EXPECT_GE(compared, 40);
+}
+
+StatusOr<std::string> render(const std::string& src, const Json& ctx = Json::object()) {
+  MSI_ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::parse(src));
+  return t.render(ctx);
+}
+
+TEST(ChatTemplate, Constructs) {
+  EXPECT_EQ(*render("{% for x in [1, 2, 3] %}{{ loop.index }}{{ x }}{% if not loop.last %},{% endif %}{% endfor %}"),
+            "11,22,33");
+  EXPECT_EQ(*render("{% set ns = namespace(n=0) %}{% for i in range(4) %}{% set ns.n = ns.n + i %}{% endfor %}{{ ns.n }}"),
+            "6");
+  EXPECT_EQ(*render("{{ 'a,b,c'.split(',')[-1] }}{{ [1,2,3][::-1] | join('-') }}"), "c3-2-1");
+  EXPECT_EQ(*render("{{ x is defined }}{{ y is none }}{{ 'b' in 'abc' }}", {{"y", nullptr}}), "falsetruetrue");
+  EXPECT_EQ(*render("{{ 'x' if a else 'y' }}{{ a | default('d') }}", {{"a", false}}), "yfalse");
+  // JavaScript's loose equality, as the reference: "" == false, "1" == 1.
+  EXPECT_EQ(*render("{{ '' == false }}{{ '1' == 1 }}{{ 'a' != false }}"), "truetruetrue");
+  EXPECT_EQ(*render("{{ {'k': [1, 'v']} | tojson }}"), "{\"k\": [1, \"v\"]}");
+  EXPECT_EQ(*render("{% macro m(a, b='B') %}[{{ a }}{{ b }}]{% endmacro %}{{ m('A') }}{{ m('C', b='D') }}"),
+            "[AB][CD]");
+  EXPECT_EQ(*render("  {%- if true -%}  x  {%- endif %}\n"), "x");
+  EXPECT_EQ(*render("{% for m in ms if m.r == 'u' %}{{ m.c }}{% endfor %}",
+                    {{"ms", Json::array({{{"r", "u"}, {"c", "1"}}, {{"r", "a"}, {"c", "2"}}})}}),
+            "1");
+}
+
+TEST(ChatTemplate, ErrorsAreStatusesNotCrashes) {
+  EXPECT_FALSE(ChatTemplate::parse("{% if %}").ok());
+  EXPECT_FALSE(ChatTemplate::parse("{% for x in y %}").ok());
+  EXPECT_FALSE(ChatTemplate::parse("{{ 'unterminated }}").ok());
+  EXPECT_FALSE(render("{{ raise_exception('no') }}").ok());
+  EXPECT_FALSE(render("{{ x.y.z }}").ok());
+  EXPECT_FALSE(render("{{ 1 + none }}").ok());
+}
+
+}  // namespace
+}  // namespace msinfer::server

@@ -1,0 +1,191 @@
+// The engine thread against a fake backend (one token per running request and
+// step): requests from many threads share the batch and all finish with the
+// right tokens; the queue bound answers RESOURCE_EXHAUSTED; cancel takes a
+// request out; a failing backend fails every request and turns unhealthy;
+// draining refuses new work and waits for the running ones. Waits are on the
+// sinks' events with timeouts, never sleeps.
+#include "msinfer/server/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+namespace msinfer::server {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Each step: one token (the request's count so far) per running request.
+// With fail_when_running > 0, the first step that finds that many running
+// requests fails, as a dead worker does.
+class FakeBackend final : public GenerationBackend {
+ public:
+  explicit FakeBackend(size_t fail_when_running = 0) : fail_when_(fail_when_running) {}
+  Status add(const runtime::GenerationRequest& r) override {
+    if (running_.count(r.id)) return invalid_argument("duplicate id");
+    running_[r.id] = {r.sampling.max_tokens, 0};
+    return ok_status();
+  }
+  StatusOr<std::vector<runtime::TokenEvent>> step() override {
+    if (fail_when_ > 0 && running_.size() >= fail_when_) {
+      return Status(StatusCode::kUnavailable, "expert worker 1 was killed by signal 9");
+    }
+    std::vector<runtime::TokenEvent> out;
+    for (auto it = running_.begin(); it != running_.end();) {
+      runtime::TokenEvent ev;
+      ev.request_id = it->first;
+      ev.token = static_cast<int32_t>(it->second.second++);
+      ev.finished = it->second.second == it->second.first;
+      if (ev.finished) ev.finish_reason = "length";
+      out.push_back(ev);
+      it = ev.finished ? running_.erase(it) : std::next(it);
+    }
+    max_batch_ = std::max<int64_t>(max_batch_, static_cast<int64_t>(out.size()));
+    return out;
+  }
+  Status cancel(int64_t id) override {
+    running_.erase(id);
+    return ok_status();
+  }
+  bool idle() const override { return running_.empty(); }
+  int64_t running() const override { return static_cast<int64_t>(running_.size()); }
+  int64_t waiting() const override { return 0; }
+  double kv_usage() const override { return running_.empty() ? 0.0 : 0.5; }
+  int64_t preemptions() const override { return 0; }
+
+  std::atomic<int64_t> max_batch_{0};
+
+ private:
+  std::map<int64_t, std::pair<int64_t, int64_t>> running_;  // id -> (max, produced)
+  size_t fail_when_;
+};
+
+// Collects one request's tokens; wait() blocks until it ended or `limit`.
+class Collect final : public RequestSink {
+ public:
+  void on_tokens(std::vector<runtime::TokenEvent> events) override {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& e : events) {
+      tokens_.push_back(e.token);
+      if (e.finished) done_ = true;
+    }
+    cv_.notify_all();
+  }
+  void on_error(const Status& s) override {
+    std::lock_guard<std::mutex> l(mu_);
+    error_ = s.message();
+    done_ = true;
+    cv_.notify_all();
+  }
+  bool wait(std::chrono::milliseconds limit) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, limit, [&] { return done_; });
+  }
+  bool wait_tokens(size_t n, std::chrono::milliseconds limit) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, limit, [&] { return tokens_.size() >= n || done_; });
+  }
+  std::vector<int32_t> tokens() {
+    std::lock_guard<std::mutex> l(mu_);
+    return tokens_;
+  }
+  std::string error() {
+    std::lock_guard<std::mutex> l(mu_);
+    return error_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int32_t> tokens_;
+  std::string error_;
+  bool done_ = false;
+};
+
+runtime::GenerationRequest request(int64_t id, int max_tokens) {
+  runtime::GenerationRequest r;
+  r.id = id;
+  r.prompt = {1, 2, 3};
+  r.sampling.max_tokens = max_tokens;
+  return r;
+}
+
+TEST(SchedulerTest, ManyClientsShareTheBatch) {
+  Metrics metrics("m");
+  auto backend = std::make_unique<FakeBackend>();
+  FakeBackend* fake = backend.get();
+  SchedulerOptions o;
+  o.max_num_seqs = 16;
+  Scheduler sched(std::move(backend), o, &metrics);
+  std::vector<std::shared_ptr<Collect>> sinks(64);
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 4; ++t) {
+    clients.emplace_back([&, t] {
+      for (int i = t; i < 64; i += 4) {
+        sinks[i] = std::make_shared<Collect>();
+        ASSERT_TRUE(sched.submit(request(sched.next_id(), 5 + i % 7), sinks[i]).ok());
+      }
+    });
+  }
+  for (auto& c : clients) c.join();
+  for (int i = 0; i < 64; ++i) {
+    ASSERT_TRUE(sinks[i]->wait(30s)) << i;
+    const auto toks = sinks[i]->tokens();
+    ASSERT_EQ(toks.size(), static_cast<size_t>(5 + i % 7)) << i;
+    for (size_t k = 0; k < toks.size(); ++k) EXPECT_EQ(toks[k], static_cast<int32_t>(k));
+  }
+  EXPECT_GT(fake->max_batch_.load(), 1);   // shared steps
+  EXPECT_LE(fake->max_batch_.load(), 16);  // never more than max_num_seqs
+  EXPECT_TRUE(sched.wait_idle(std::chrono::steady_clock::now() + 10s));
+  const std::string text = metrics.render({});
+  EXPECT_NE(text.find("msinfer:request_success_total{model_name=\"m\",finished_reason=\"length\"} 64"),
+            std::string::npos);
+}
+
+TEST(SchedulerTest, QueueBoundCancelAndDrain) {
+  Metrics metrics("m");
+  SchedulerOptions o;
+  o.max_num_seqs = 1;
+  o.max_queue = 1;
+  Scheduler sched(std::make_unique<FakeBackend>(), o, &metrics);
+  auto a = std::make_shared<Collect>(), b = std::make_shared<Collect>(), c = std::make_shared<Collect>();
+  const int64_t ida = sched.next_id();
+  ASSERT_TRUE(sched.submit(request(ida, 1000000), a).ok());
+  ASSERT_TRUE(a->wait_tokens(1, 10s));  // a runs
+  const int64_t idb = sched.next_id();
+  ASSERT_TRUE(sched.submit(request(idb, 3), b).ok());  // b waits
+  EXPECT_EQ(sched.submit(request(sched.next_id(), 3), c).code(), StatusCode::kResourceExhausted);
+  sched.cancel(ida);  // a leaves; b runs and finishes
+  ASSERT_TRUE(b->wait(10s));
+  EXPECT_EQ(b->tokens().size(), 3u);
+  EXPECT_TRUE(sched.wait_idle(std::chrono::steady_clock::now() + 10s));
+  sched.start_draining();
+  EXPECT_EQ(sched.submit(request(sched.next_id(), 3), c).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(sched.snapshot().running, 0);
+}
+
+TEST(SchedulerTest, BackendFailureFailsEveryRequest) {
+  Metrics metrics("m");
+  Scheduler sched(std::make_unique<FakeBackend>(/*fail_when_running=*/5), SchedulerOptions{}, &metrics);
+  std::vector<std::shared_ptr<Collect>> sinks;
+  for (int i = 0; i < 5; ++i) {
+    sinks.push_back(std::make_shared<Collect>());
+    ASSERT_TRUE(sched.submit(request(sched.next_id(), 1000000), sinks.back()).ok());
+  }
+  for (auto& s : sinks) {
+    ASSERT_TRUE(s->wait(10s));
+    EXPECT_NE(s->error().find("expert worker 1"), std::string::npos);
+  }
+  EXPECT_TRUE(sched.wait_idle(std::chrono::steady_clock::now() + 10s));
+  EXPECT_FALSE(sched.snapshot().healthy);
+  auto late = std::make_shared<Collect>();
+  EXPECT_EQ(sched.submit(request(sched.next_id(), 3), late).code(), StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace msinfer::server

@@ -1,0 +1,662 @@
+// `msinfer serve` end to end over real sockets on 127.0.0.1: the official
+// openai npm client (completions and chat, streaming or not; greedy output
+// equals `msinfer generate`), curl for the error statuses, a corpus of
+// malformed requests, abrupt disconnects (the batch and the KV cache empty
+// again), 429 when the queue is full, the API key, the Prometheus text, and
+// SIGTERM (every worker process and shared-memory object gone). Every server
+// a test starts is stopped by its destructor, also when the test fails.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "../common/shm_objects.h"
+#include "../common/subprocess.h"
+#include "msinfer/core/json.h"
+
+namespace msinfer {
+namespace {
+
+namespace fs = std::filesystem;
+using clock_type = std::chrono::steady_clock;
+
+const std::string kBin = MSINFER_BINARY;
+fs::path source_dir() { return fs::path(MSINFER_SOURCE_DIR); }
+fs::path node_modules() { return source_dir() / ".cache" / "npm" / "node_modules"; }
+
+fs::path model_dir() {
+  static const fs::path dir = [] {
+    fs::path d = fs::temp_directory_path() / ("msinfer-serve-model-" + std::to_string(::getpid()));
+    std::system((kBin + " make-model --preset tiny-mixtral --out " + d.string() + " >/dev/null 2>&1").c_str());
+    return d;
+  }();
+  return dir;
+}
+
+// A `msinfer serve` child process. The destructor stops it (SIGTERM, then
+// SIGKILL after a grace period) whatever happened in the test.
+class Server {
+ public:
+  explicit Server(const std::string& args) {
+    err_path_ = fs::temp_directory_path() / ("msinfer-serve-" + std::to_string(::getpid()) + "-" +
+                                             std::to_string(counter_++) + ".err");
+    int out[2];
+    if (::pipe(out) != 0) return;
+    const std::string cmd = kBin + " serve --model " + model_dir().string() + " --port 0 " + args +
+                            " 2>" + err_path_.string();
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::setpgid(0, 0);
+      ::dup2(out[1], 1);
+      ::close(out[0]);
+      ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), nullptr);
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    out_ = out[0];
+    // The ready line carries the port.
+    std::string line;
+    const auto deadline = clock_type::now() + std::chrono::seconds(120);
+    while (clock_type::now() < deadline) {
+      pollfd p{out_, POLLIN, 0};
+      if (::poll(&p, 1, 200) <= 0) continue;
+      char c;
+      if (::read(out_, &c, 1) != 1) break;
+      if (c != '\n') {
+        line += c;
+        continue;
+      }
+      std::smatch m;
+      if (std::regex_search(line, m, std::regex("ready at http://127.0.0.1:([0-9]+)"))) {
+        port_ = std::stoi(m[1]);
+        break;
+      }
+      line.clear();
+    }
+  }
+  ~Server() {
+    stop(SIGTERM, std::chrono::seconds(30));
+    if (out_ >= 0) ::close(out_);
+    std::error_code ec;
+    fs::remove(err_path_, ec);
+  }
+  // Sends `sig` and waits for the exit; SIGKILL (the whole group) after `grace`.
+  int stop(int sig, std::chrono::seconds grace) {
+    if (pid_ <= 0) return exit_status_;
+    ::kill(pid_, sig);
+    const auto deadline = clock_type::now() + grace;
+    int st = 0;
+    while (::waitpid(pid_, &st, WNOHANG) == 0) {
+      if (clock_type::now() > deadline) {
+        ::kill(-pid_, SIGKILL);
+        ::waitpid(pid_, &st, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    pid_ = -1;
+    exit_status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return exit_status_;
+  }
+  int port() const { return port_; }
+  pid_t pid() const { return pid_; }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::string stderr_text() const {
+    std::ifstream f(err_path_);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  }
+
+ private:
+  static inline int counter_ = 0;
+  pid_t pid_ = -1;
+  int out_ = -1, port_ = 0, exit_status_ = -1;
+  fs::path err_path_;
+};
+
+struct HttpResult {
+  int status = 0;
+  std::string headers, body;
+};
+
+// curl with its exit status and the response's status, headers and body.
+HttpResult curl(const std::string& args) {
+  const std::string h = (fs::temp_directory_path() / ("msinfer-curl-h-" + std::to_string(::getpid()))).string();
+  const std::string out = testing::run_capture("curl -s -D " + h + " -o - -w '\\n%{http_code}' " + args);
+  HttpResult r;
+  const size_t nl = out.rfind('\n');
+  if (nl == std::string::npos) return r;
+  r.status = std::atoi(out.c_str() + nl + 1);
+  r.body = out.substr(0, nl);
+  std::ifstream f(h);
+  r.headers.assign(std::istreambuf_iterator<char>(f), {});
+  std::remove(h.c_str());
+  return r;
+}
+
+HttpResult post(const Server& s, const std::string& path, const std::string& body,
+                const std::string& extra = "-H 'Content-Type: application/json'") {
+  const std::string f = (fs::temp_directory_path() / ("msinfer-body-" + std::to_string(::getpid()))).string();
+  std::ofstream(f) << body;
+  HttpResult r = curl(extra + " --data-binary @" + f + " " + s.url() + path);
+  std::remove(f.c_str());
+  return r;
+}
+
+// Raw bytes over a socket: what came back before the server closed or `wait` passed.
+std::string raw_exchange(int port, const std::string& bytes, std::chrono::milliseconds wait,
+                         bool* closed = nullptr) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return "";
+  }
+  ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  std::string got;
+  const auto deadline = clock_type::now() + wait;
+  bool eof = false;
+  while (clock_type::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) {
+      eof = true;
+      break;
+    }
+    got.append(buf, static_cast<size_t>(n));
+  }
+  if (closed) *closed = eof;
+  ::close(fd);
+  return got;
+}
+
+// The Prometheus text format: "name{labels} value" per sample.
+std::map<std::string, double> parse_metrics(const std::string& text) {
+  std::map<std::string, double> m;
+  std::istringstream in(text);
+  std::string line;
+  const std::regex sample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? ([-+0-9.eEinfaINF]+)$)");
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::smatch s;
+    EXPECT_TRUE(std::regex_match(line, s, sample)) << "not a sample line: " << line;
+    if (s.size() == 4) m[s[1].str() + s[2].str()] = std::stod(s[3]);
+  }
+  return m;
+}
+
+double metric(const std::map<std::string, double>& m, const std::string& prefix) {
+  for (const auto& [k, v] : m) {
+    if (k.rfind(prefix, 0) == 0) return v;
+  }
+  return -1;
+}
+
+// Waits (polling /metrics) until the batch and the KV cache are empty.
+bool wait_drained(const Server& s, std::chrono::seconds limit) {
+  const auto deadline = clock_type::now() + limit;
+  while (clock_type::now() < deadline) {
+    auto m = parse_metrics(curl(s.url() + "/metrics").body);
+    if (metric(m, "msinfer:num_requests_running{") == 0 && metric(m, "msinfer:num_requests_waiting{") == 0 &&
+        metric(m, "msinfer:kv_cache_usage_perc{") == 0) {
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+Json generate_json(const std::string& prompt, int max_tokens, const std::string& deployment = "") {
+  const std::string out = testing::run_capture(kBin + " generate --model " + model_dir().string() +
+                                               " --prompt '" + prompt + "' --max-tokens " +
+                                               std::to_string(max_tokens) + " --ignore-eos --json " +
+                                               deployment + " 2>/dev/null");
+  return out.empty() ? Json() : Json::parse(out);
+}
+
+Json run_openai(const Server& s, const std::string& prompt, int max_tokens) {
+  const std::string out = testing::run_capture(
+      "node " + (source_dir() / "tests" / "server" / "openai_client.js").string() + " " +
+      node_modules().string() + " " + s.url() + " " + model_dir().filename().string() + " '" + prompt +
+      "' " + std::to_string(max_tokens));
+  return out.empty() ? Json() : Json::parse(out);
+}
+
+void check_openai(const Json& r, const Json& gen, int max_tokens) {
+  ASSERT_FALSE(r.is_null()) << "the openai client failed";
+  ASSERT_FALSE(r.contains("fatal")) << r["fatal"];
+  ASSERT_FALSE(gen.is_null()) << "msinfer generate failed";
+  // Greedy over HTTP equals generate for the same prompt.
+  EXPECT_EQ(r["completion"]["text"], gen["text"]);
+  EXPECT_EQ(r["completion"]["finish_reason"], "length");
+  EXPECT_EQ(r["completion"]["usage"]["completion_tokens"], max_tokens);
+  EXPECT_EQ(r["completion"]["usage"]["prompt_tokens"], gen["prompt_ids"].size());
+  EXPECT_EQ(r["completion"]["usage"]["total_tokens"], max_tokens + gen["prompt_ids"].size());
+  // Streaming gives the same text, the usage at the end.
+  EXPECT_EQ(r["stream_completion"]["text"], gen["text"]);
+  EXPECT_EQ(r["stream_completion"]["finish_reason"], "length");
+  EXPECT_EQ(r["stream_completion"]["usage"]["completion_tokens"], max_tokens);
+  EXPECT_GE(r["stream_completion"]["chunks"].get<int>(), 3);
+  // Chat, through the model's chat template.
+  EXPECT_EQ(r["chat"]["role"], "assistant");
+  EXPECT_EQ(r["chat"]["finish_reason"], "length");
+  EXPECT_EQ(r["chat"]["usage"]["completion_tokens"], max_tokens);
+  EXPECT_GT(r["chat"]["usage"]["prompt_tokens"].get<int>(), r["completion"]["usage"]["prompt_tokens"].get<int>());
+  EXPECT_EQ(r["stream_chat"]["text"], r["chat"]["text"]);
+  EXPECT_EQ(r["stream_chat"]["usage"], r["chat"]["usage"]);
+  // Logprobs: one token with its top 2.
+  ASSERT_TRUE(r["logprobs"].is_object());
+  EXPECT_EQ(r["logprobs"]["tokens"].size(), 1u);
+  EXPECT_LE(r["logprobs"]["token_logprobs"][0].get<double>(), 0.0);
+  EXPECT_EQ(r["logprobs"]["top_logprobs"][0].size(), 2u);
+  EXPECT_EQ(r["models"], Json::array({model_dir().filename().string()}));
+  EXPECT_EQ(r["bad_request"]["status"], 400);
+}
+
+class ServeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(model_dir() / "config.json")) << "make-model failed";
+  }
+};
+
+TEST_F(ServeTest, OpenAiClientCoLocatedGreedyEqualsGenerate) {
+  if (!fs::exists(node_modules() / "openai")) GTEST_SKIP() << "run scripts/fetch-js-clients first";
+  Server s("");
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  const Json r = run_openai(s, "Hello, experts", 12);
+  check_openai(r, generate_json("Hello, experts", 12), 12);
+  // The counters saw it: every request a success with reason length.
+  auto m = parse_metrics(curl(s.url() + "/metrics").body);
+  EXPECT_GE(metric(m, "msinfer:request_success_total{model_name=\"" + model_dir().filename().string() +
+                          "\",finished_reason=\"length\"}"),
+            5);
+  EXPECT_GE(metric(m, "msinfer:generation_tokens_total{"), 4 * 12 + 1);
+  EXPECT_GE(metric(m, "msinfer:time_to_first_token_seconds_count{"), 5);
+  EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
+}
+
+TEST_F(ServeTest, OpenAiClientDisaggregatedGreedyEqualsGenerate) {
+  if (!fs::exists(node_modules() / "openai")) GTEST_SKIP() << "run scripts/fetch-js-clients first";
+  const std::string deployment = "--attention-workers 1 --expert-workers 2 --micro-batches 2";
+  Server s(deployment);
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  std::vector<pid_t> workers;
+  const std::string err = s.stderr_text();
+  const std::regex worker_pid("worker [0-9]+: pid ([0-9]+)");
+  for (auto it = std::sregex_iterator(err.begin(), err.end(), worker_pid);
+       it != std::sregex_iterator(); ++it) {
+    workers.push_back(std::stoi((*it)[1]));
+  }
+  EXPECT_EQ(workers.size(), 3u) << err;
+  const Json r = run_openai(s, "Hello, experts", 12);
+  check_openai(r, generate_json("Hello, experts", 12, deployment), 12);
+  if (HasFailure()) ADD_FAILURE() << "server stderr:\n" << s.stderr_text();
+  auto metrics = parse_metrics(curl(s.url() + "/metrics").body);
+  EXPECT_GE(metric(metrics, "msinfer:worker_busy_fraction{"), 0);
+  // Every token of every layer went to top_k experts: per-expert rows add up.
+  double routed = 0;
+  for (const auto& [k, v] : metrics) {
+    if (k.rfind("msinfer:expert_routed_tokens_total{", 0) == 0) routed += v;
+  }
+  EXPECT_GT(routed, 0);
+  // A worker dies mid-stream: the stream ends with an error event naming it,
+  // then [DONE]; /health turns 503; the server does not hang.
+  ASSERT_EQ(workers.size(), 3u);
+  const std::string body = R"({"prompt": "Hello", "max_tokens": 3000, "ignore_eos": true, "stream": true})";
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(s.port()));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+  pollfd p{fd, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 30000), 1);
+  ::kill(workers[2], SIGKILL);  // expert worker 1
+  std::string stream;
+  const auto deadline = clock_type::now() + std::chrono::seconds(60);
+  while (clock_type::now() < deadline && stream.find("[DONE]") == std::string::npos) {
+    pollfd q{fd, POLLIN, 0};
+    if (::poll(&q, 1, 100) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    stream.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  EXPECT_NE(stream.find("\"error\""), std::string::npos) << stream.substr(stream.size() > 600 ? stream.size() - 600 : 0);
+  EXPECT_NE(stream.find("expert worker 1"), std::string::npos);
+  EXPECT_NE(stream.find("data: [DONE]"), std::string::npos);
+  EXPECT_EQ(curl(s.url() + "/health").status, 503);
+  EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})").status, 503);
+  // SIGTERM: exit 0, no worker left, no shared-memory object left.
+  const pid_t server_pid = s.pid();
+  EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
+  for (pid_t w : workers) {
+    EXPECT_NE(::kill(w, 0), 0) << "worker " << w << " outlived the server";
+    EXPECT_TRUE(testing::shm_objects_of(w).empty());
+  }
+  EXPECT_TRUE(testing::shm_objects_of(server_pid).empty());
+}
+
+TEST_F(ServeTest, ErrorStatusesWithOpenAiBodies) {
+  Server s("--max-body-kb 64");
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  const std::string model = model_dir().filename().string();
+  struct Case {
+    std::string path, body;
+    int status;
+    std::string param;
+  };
+  const std::vector<Case> cases = {
+      {"/v1/completions", "{not json", 400, ""},
+      {"/v1/completions", "[1, 2]", 400, ""},
+      {"/v1/completions", R"({"prompt": "hi", "temperature": -1})", 400, "temperature"},
+      {"/v1/completions", R"({"prompt": "hi", "temperature": "hot"})", 400, "temperature"},
+      {"/v1/completions", R"({"prompt": "hi", "top_p": 0})", 400, "top_p"},
+      {"/v1/completions", R"({"prompt": "hi", "top_p": 1.5})", 400, "top_p"},
+      {"/v1/completions", R"({"prompt": "hi", "max_tokens": 0})", 400, "max_tokens"},
+      {"/v1/completions", R"({"prompt": "hi", "max_tokens": 100000000})", 400, "max_tokens"},
+      {"/v1/completions", R"({"prompt": [1, 2, 99999999]})", 400, "prompt"},
+      {"/v1/completions", R"({"prompt": [-1]})", 400, "prompt"},
+      {"/v1/completions", R"({"prompt": "hi", "n": 2})", 400, "n"},
+      {"/v1/completions", R"({"prompt": "hi", "logit_bias": {"1": 5}})", 400, "logit_bias"},
+      {"/v1/completions", R"({"prompt": "hi", "stream": "yes"})", 400, "stream"},
+      {"/v1/completions", R"({"max_tokens": 4})", 400, "prompt"},
+      {"/v1/chat/completions", R"({"messages": []})", 400, "messages"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "wizard", "content": "x"}]})", 400, "messages[0].role"},
+      {"/v1/completions", R"({"model": "no-such-model", "prompt": "hi"})", 404, "model"},
+      {"/v1/nothing", R"({})", 404, ""},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.path + " " + c.body);
+    HttpResult r = post(s, c.path, c.body);
+    EXPECT_EQ(r.status, c.status) << r.body;
+    Json j = Json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
+    EXPECT_TRUE(j["error"]["message"].is_string());
+    EXPECT_TRUE(j["error"]["type"].is_string());
+    EXPECT_EQ(j["error"]["code"], c.status);
+    if (!c.param.empty()) {
+      EXPECT_EQ(j["error"]["param"], c.param);
+    }
+  }
+  EXPECT_EQ(curl(s.url() + "/v1/completions").status, 405);  // GET
+  EXPECT_NE(curl(s.url() + "/v1/completions").headers.find("Allow: POST"), std::string::npos);
+  EXPECT_EQ(post(s, "/health", "{}").status, 405);
+  EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi"})", "-H 'Content-Type: text/plain'").status, 415);
+  EXPECT_EQ(post(s, "/v1/completions", "{\"prompt\": \"" + std::string(100 << 10, 'a') + "\"}").status, 413);
+  // Nothing above disturbed the server.
+  EXPECT_EQ(curl(s.url() + "/health").status, 200);
+  HttpResult ok = post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 3, "temperature": 0})");
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  // Stop strings are never emitted; a same-seed sample repeats.
+  const std::string text = Json::parse(ok.body)["choices"][0]["text"];
+  size_t at = 1;  // an ASCII character after the first: a whole UTF-8 character
+  while (at < text.size() && static_cast<unsigned char>(text[at]) >= 0x80) ++at;
+  if (at < text.size()) {
+    const std::string stop = text.substr(at, 1);
+    HttpResult st = post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 3, "temperature": 0, "stop": )" +
+                                                   Json(stop).dump() + "}");
+    Json j = Json::parse(st.body);
+    EXPECT_EQ(j["choices"][0]["text"], text.substr(0, text.find(stop)));
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  }
+  const std::string seeded = R"({"prompt": "hi", "max_tokens": 8, "temperature": 1.0, "seed": 42, "ignore_eos": true})";
+  EXPECT_EQ(Json::parse(post(s, "/v1/completions", seeded).body)["choices"][0]["text"],
+            Json::parse(post(s, "/v1/completions", seeded).body)["choices"][0]["text"]);
+}
+
+TEST_F(ServeTest, MalformedRequestCorpusOverRealSockets) {
+  Server s("--request-timeout 1");
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  const std::string ok_headers = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
+  const std::vector<std::string> corpus = {
+      "GARBAGE\r\n\r\n",
+      "GET / HTTP/9.9\r\n\r\n",
+      "\x01\x02\x03\xff\xfe binary\r\n\r\n",
+      ok_headers + "Content-Length: 100\r\n\r\n{\"prompt\":",                    // truncated body
+      ok_headers + "Content-Length: abc\r\n\r\n{}",                             // bad length
+      ok_headers + "Transfer-Encoding: chunked\r\n\r\nzz\r\nxx\r\n",            // bad chunk
+      ok_headers + "X-Huge: " + std::string(64 << 10, 'h') + "\r\n\r\n",        // huge header
+      "GET /health HTTP/1.1\r\nHost: x\r\n",                                    // slowloris: never ends
+      ok_headers + "Content-Length: 2\r\n\r\n[]",
+      "GET /health HTTP/1.0\r\n\r\n",
+  };
+  for (const auto& bytes : corpus) {
+    SCOPED_TRACE(bytes.substr(0, 60));
+    bool closed = false;
+    const std::string got = raw_exchange(s.port(), bytes, std::chrono::seconds(5), &closed);
+    // Every request gets an HTTP answer or a closed connection.
+    EXPECT_TRUE(got.rfind("HTTP/1.1 ", 0) == 0 || (got.empty() && closed)) << got;
+    EXPECT_EQ(curl(s.url() + "/health").status, 200);
+  }
+}
+
+TEST_F(ServeTest, DisconnectsCancelAndFreeKvBlocks) {
+  Server s("");
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  // Streaming and plain requests with a long generation, cut off abruptly.
+  for (int i = 0; i < 6; ++i) {
+    const bool stream = i % 2 == 0;
+    const std::string body = std::string(R"({"prompt": "Hello", "max_tokens": 1000, "ignore_eos": true, "stream": )") +
+                             (stream ? "true" : "false") + "}";
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(s.port()));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+    if (stream) {
+      // Wait for the first event, so the request is surely running.
+      pollfd p{fd, POLLIN, 0};
+      EXPECT_EQ(::poll(&p, 1, 30000), 1);
+    } else {
+      const auto deadline = clock_type::now() + std::chrono::seconds(30);
+      while (clock_type::now() < deadline) {
+        auto m = parse_metrics(curl(s.url() + "/metrics").body);
+        if (metric(m, "msinfer:kv_cache_usage_perc{") > 0) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    linger l{1, 0};  // RST: abrupt
+    ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+    ::close(fd);
+  }
+  EXPECT_TRUE(wait_drained(s, std::chrono::seconds(30)));
+  auto m = parse_metrics(curl(s.url() + "/metrics").body);
+  EXPECT_GE(metric(m, "msinfer:request_aborted_total{"), 6);
+  EXPECT_EQ(curl(s.url() + "/health").status, 200);
+}
+
+TEST_F(ServeTest, FullQueueGets429AndApiKeyIsEnforced) {
+  Server s("--max-num-seqs 1 --max-queue 0 --api-key sekrit");
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  const std::string auth = "-H 'Content-Type: application/json' -H 'Authorization: Bearer sekrit'";
+  EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})").status, 401);
+  EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})",
+                 "-H 'Content-Type: application/json' -H 'Authorization: Bearer wrong'").status, 401);
+  EXPECT_EQ(curl(s.url() + "/health").status, 200);   // open
+  EXPECT_EQ(curl(s.url() + "/metrics").status, 200);  // open
+  EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})", auth).status, 200);
+  // One long request takes the only seat; the next gets 429 with Retry-After.
+  const std::string body = R"({"prompt": "Hello", "max_tokens": 2000, "ignore_eos": true, "stream": true})";
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(s.port()));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          "Authorization: Bearer sekrit\r\nContent-Length: " + std::to_string(body.size()) +
+                          "\r\n\r\n" + body;
+  ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+  pollfd p{fd, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 30000), 1);
+  HttpResult busy = post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})", auth);
+  EXPECT_EQ(busy.status, 429) << busy.body;
+  EXPECT_NE(busy.headers.find("Retry-After: "), std::string::npos);
+  ::close(fd);
+  EXPECT_TRUE(wait_drained(s, std::chrono::seconds(30)));
+  EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})", auth).status, 200);
+}
+
+// Resident memory and threads of a process (/proc/PID/status).
+std::pair<double, int> rss_mb_and_threads(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  double rss = 0;
+  int threads = 0;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) rss = std::atof(line.c_str() + 6) / 1024.0;
+    if (line.rfind("Threads:", 0) == 0) threads = std::atoi(line.c_str() + 8);
+  }
+  return {rss, threads};
+}
+
+TEST_F(ServeTest, OnlineBenchAgainstTheServer) {
+  Server s("");
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  const std::string out = testing::run_capture(
+      kBin + " bench serve --base-url " + s.url() + " --num-prompts 12 --request-rate 40 --burstiness 0.5 "
+      "--max-concurrency 4 --input-len 6 --output-len 5 --goodput 'ttft:60000 tpot:60000' --json 2>/dev/null");
+  ASSERT_FALSE(out.empty());
+  const Json j = Json::parse(out);
+  EXPECT_EQ(j["completed"], 12);
+  EXPECT_EQ(j["failed"], 0);
+  EXPECT_EQ(j["total_output_tokens"], 12 * 5);
+  EXPECT_EQ(j["total_input_tokens"], 12 * 6);  // token-id prompts: no BOS added
+  EXPECT_LE(j["max_in_flight"].get<int>(), 4);
+  EXPECT_GT(j["goodput"].get<double>(), 0);
+  for (const char* k : {"ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"}) {
+    EXPECT_GT(j[k]["p50"].get<double>(), 0) << k;
+    EXPECT_GE(j[k]["p99"].get<double>(), j[k]["p50"].get<double>()) << k;
+  }
+  // The chat endpoint too.
+  const std::string chat = testing::run_capture(
+      kBin + " bench serve --base-url " + s.url() + " --endpoint /v1/chat/completions --num-prompts 3 "
+      "--input-len 4 --output-len 3 --json 2>/dev/null");
+  ASSERT_FALSE(chat.empty());
+  EXPECT_EQ(Json::parse(chat)["completed"], 3);
+}
+
+// 1,000 concurrent streaming clients on loopback: none is lost (each completes
+// or gets 429), the server's threads stay bounded, and its memory returns to
+// the idle level afterwards.
+TEST_F(ServeTest, ThousandConcurrentStreamingClients) {
+  Server s("--max-num-seqs 256 --max-queue 600");
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  const std::string load = kBin + " bench serve --base-url " + s.url() +
+                           " --num-prompts 1000 --max-concurrency 1000 --input-len 8 --output-len 8 --json 2>/dev/null";
+  // A first burst warms up what stays (KV pages first touched, allocator
+  // arenas); the level after it is the idle level the second must return to.
+  ASSERT_FALSE(testing::run_capture(load).empty());
+  ASSERT_TRUE(wait_drained(s, std::chrono::seconds(60)));
+  const auto [idle_rss, idle_threads] = rss_mb_and_threads(s.pid());
+  std::atomic<bool> running{true};
+  double peak_rss = 0;
+  int peak_threads = 0;
+  std::thread sampler([&] {
+    while (running) {
+      auto [r, t] = rss_mb_and_threads(s.pid());
+      peak_rss = std::max(peak_rss, r);
+      peak_threads = std::max(peak_threads, t);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  const std::string out = testing::run_capture(load);
+  running = false;
+  sampler.join();
+  ASSERT_FALSE(out.empty());
+  const Json j = Json::parse(out);
+  EXPECT_EQ(j["max_in_flight"], 1000);
+  // 256 in the batch + 600 queued are taken; the rest may be refused, never lost.
+  EXPECT_EQ(j["completed"].get<int>() + j["rejected_429"].get<int>(), 1000) << j.dump();
+  EXPECT_EQ(j["failed"], j["rejected_429"]) << j.dump();
+  EXPECT_GE(j["completed"].get<int>(), 856);
+  EXPECT_LE(peak_threads, idle_threads);  // no thread per connection
+  EXPECT_TRUE(wait_drained(s, std::chrono::seconds(60)));
+  const auto after = rss_mb_and_threads(s.pid());
+  std::fprintf(stderr, "server RSS: idle %.1f MiB, peak %.1f MiB, after %.1f MiB; threads idle %d, peak %d\n",
+               idle_rss, peak_rss, after.first, idle_threads, peak_threads);
+  EXPECT_LE(after.first, idle_rss + 8.0);
+  EXPECT_EQ(curl(s.url() + "/health").status, 200);
+}
+
+// SIGTERM drains: /health and new requests answer 503 while a running stream
+// finishes normally, then the server exits 0.
+TEST_F(ServeTest, SigtermDrainsRunningRequests) {
+  Server s("--drain-timeout 120");
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  const std::string body = R"({"prompt": "Hello", "max_tokens": 1500, "ignore_eos": true, "stream": true})";
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(s.port()));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+  pollfd p{fd, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 30000), 1);
+  ::kill(s.pid(), SIGTERM);
+  // Draining: /health turns 503 (wait for it), new work is refused.
+  bool saw_503 = false;
+  const auto until = clock_type::now() + std::chrono::seconds(30);
+  while (!saw_503 && clock_type::now() < until) saw_503 = curl(s.url() + "/health").status == 503;
+  EXPECT_TRUE(saw_503);
+  EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})").status, 503);
+  // The running stream still ends normally.
+  std::string stream;
+  const auto deadline = clock_type::now() + std::chrono::seconds(120);
+  while (clock_type::now() < deadline && stream.find("[DONE]") == std::string::npos) {
+    pollfd q{fd, POLLIN, 0};
+    if (::poll(&q, 1, 100) <= 0) continue;
+    char buf[65536];
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    stream.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  EXPECT_NE(stream.find("\"finish_reason\":\"length\""), std::string::npos);
+  EXPECT_NE(stream.find("data: [DONE]"), std::string::npos);
+  EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(60)), 0);
+}
+
+TEST_F(ServeTest, BadFlagsExitTwo) {
+  const std::string m = "--model " + model_dir().string();
+  for (const std::string& args : std::vector<std::string>{"", "--model /nonexistent", m + " --port 70000",
+                                 m + " --max-num-seqs 0",
+                                 m + " --no-such-flag"}) {
+    const int st = std::system((kBin + " serve " + args + " >/dev/null 2>&1").c_str());
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2) << args;
+  }
+}
+
+}  // namespace
+}  // namespace msinfer

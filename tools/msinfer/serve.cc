@@ -1,0 +1,215 @@
+// msinfer serve: the OpenAI-compatible HTTP server over the co-located engine
+// or a disaggregated deployment (the same deployment flags as generate).
+#include <sys/resource.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "commands.h"
+#include "msinfer/core/flags.h"
+#include "msinfer/model/tokenizer.h"
+#include "msinfer/runtime/engine.h"
+#include "msinfer/runtime/kv_cache.h"
+#include "msinfer/server/http_server.h"
+#include "msinfer/server/scheduler.h"
+#include "planner_flags.h"
+
+namespace msinfer::cli {
+namespace {
+
+// A thousand connections need more descriptors than the usual soft limit.
+void raise_fd_limit() {
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &r);
+  }
+}
+
+}  // namespace
+
+int run_serve(int argc, char** argv) {
+  FlagSet flags("serve",
+                "Serves the model over HTTP with the OpenAI API (POST /v1/completions,\n"
+                "/v1/chat/completions, streaming with server-sent events; GET /v1/models,\n"
+                "/health, /metrics), on the co-located engine or a disaggregated deployment.\n"
+                "Prints one line with the URL when it accepts requests. SIGTERM or SIGINT\n"
+                "drains: new requests get 503, running ones finish (up to --drain-timeout),\n"
+                "then every worker is stopped.");
+  flags.add_string("model", "", "model directory (config.json, *.safetensors, tokenizer files)");
+  flags.add_string("host", "127.0.0.1", "address to listen on");
+  flags.add_int("port", 8000, "port to listen on (0: any free port, printed when ready)");
+  flags.add_string("api-key", "", "require 'Authorization: Bearer KEY' on /v1/*", "MSINFER_API_KEY");
+  flags.add_string("served-model-name", "", "the model name clients send (default: the directory's name)");
+  flags.add_int("max-num-seqs", 256, "requests in the batch at most");
+  flags.add_int("max-queue", 1024, "requests waiting for a place in the batch at most; beyond: 429");
+  flags.add_int("max-model-len", 0, "prompt + max_tokens at most (0: the model's context, capped by the KV cache)");
+  flags.add_double("drain-timeout", 30, "seconds running requests get to finish after SIGTERM");
+  flags.add_double("request-timeout", 30, "seconds a client has to send a whole request");
+  flags.add_int("max-body-kb", 4096, "request body size limit (413 beyond)");
+  flags.add_int("kv-cache-mb", 256, "KV cache budget in MiB (per attention worker)", "MSINFER_KV_CACHE_MB");
+  add_engine_flags(flags);
+  add_deployment_flags(flags);
+  flags.add_string("plan", "", "plan document from `msinfer plan --out` (sets n_a and m)");
+  flags.set_epilog(
+      "examples:\n"
+      "  msinfer make-model --preset tiny-mixtral --out /tmp/m\n"
+      "  msinfer serve --model /tmp/m --port 8000\n"
+      "  msinfer serve --model /tmp/m --attention-workers 2 --expert-workers 2 --micro-batches 2\n"
+      "  curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+      "    -d '{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'\n\n"
+      "docs/SERVING.md describes the API, errors and metrics.");
+  Status s = flags.parse(argc, argv, 2);
+  if (!s.ok()) return report_error("serve", s);
+  if (flags.help_requested()) {
+    std::cout << flags.usage();
+    return 0;
+  }
+  const std::string dir = flags.get_string("model");
+  if (dir.empty()) return report_error("serve", invalid_argument("--model is required"));
+  if (flags.get_int("kv-cache-mb") < 1) return report_error("serve", invalid_argument("--kv-cache-mb must be >= 1"));
+  if (flags.get_int("max-num-seqs") < 1) return report_error("serve", invalid_argument("--max-num-seqs must be >= 1"));
+  if (flags.get_int("max-queue") < 0) return report_error("serve", invalid_argument("--max-queue must be >= 0"));
+  if (flags.get_int("port") < 0 || flags.get_int("port") > 65535) {
+    return report_error("serve", invalid_argument("--port must be in 0..65535"));
+  }
+  if (!(flags.get_double("drain-timeout") >= 0) || !(flags.get_double("request-timeout") > 0)) {
+    return report_error("serve", invalid_argument("--drain-timeout must be >= 0 and --request-timeout > 0"));
+  }
+  auto weight_format = apply_engine_flags(flags);
+  if (!weight_format.ok()) return report_error("serve", weight_format.status());
+  auto config = load_model_config(dir);
+  if (!config.ok()) return report_error("serve", config.status());
+
+  // What the API layer needs: tokenizer, chat template, limits.
+  auto tok = model::Tokenizer::load(dir);
+  if (!tok.ok()) std::fprintf(stderr, "msinfer serve: no tokenizer (%s): prompts must be token ids\n", tok.status().message().c_str());
+  std::optional<server::ChatTemplate> chat_template;
+  server::ChatTemplateConfig tc;
+  if (auto c = server::read_chat_template_config(dir); c.ok()) {
+    tc = *c;
+    auto t = server::ChatTemplate::parse(tc.source);
+    if (!t.ok()) return report_error("serve", t.status().with_context(dir + "/tokenizer_config.json"));
+    chat_template = std::move(t).value();
+  } else {
+    std::fprintf(stderr, "msinfer serve: %s: /v1/chat/completions is refused\n", c.status().message().c_str());
+  }
+  std::string name = flags.get_string("served-model-name");
+  if (name.empty()) {
+    std::string d = dir;
+    while (d.size() > 1 && d.back() == '/') d.pop_back();
+    name = d.substr(d.find_last_of('/') + 1);
+  }
+  server::ApiContext ctx;
+  ctx.served_model_name = name;
+  ctx.tokenizer = tok.ok() ? &*tok : nullptr;
+  ctx.chat_template = chat_template ? &*chat_template : nullptr;
+  ctx.bos_token = tc.bos_token;
+  ctx.eos_token = tc.eos_token;
+  ctx.vocab = config->vocab;
+  // A request must fit the context and, alone, the KV cache.
+  const int64_t kv_tokens = (flags.get_int("kv-cache-mb") << 20) / runtime::KvCache::bytes_per_token(*config) / 16 * 16;
+  ctx.max_model_len = std::min<int64_t>(config->max_position_embeddings, kv_tokens);
+  if (flags.get_int("max-model-len") > 0) ctx.max_model_len = std::min<int64_t>(ctx.max_model_len, flags.get_int("max-model-len"));
+
+  server::ServerOptions so;
+  so.host = flags.get_string("host");
+  so.port = static_cast<int>(flags.get_int("port"));
+  so.api_key = flags.get_string("api-key");
+  so.max_body_bytes = flags.get_int("max-body-kb") << 10;
+  so.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.get_double("request-timeout") * 1000));
+  server::Metrics metrics(name);
+  raise_fd_limit();
+  ::signal(SIGPIPE, SIG_IGN);
+
+  // Under mpirun every rank runs this command: only rank 0 may listen, and it
+  // learns that by building the deployment first.
+  std::unique_ptr<server::HttpServer> http;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool signalled = false;
+  auto listen = [&]() -> Status {
+    MSI_ASSIGN_OR_RETURN(http, server::HttpServer::start(so, ctx, &metrics));
+    http->on_signal([&](int) {
+      std::lock_guard<std::mutex> l(mu);
+      signalled = true;
+      cv.notify_all();
+    });
+    return ok_status();
+  };
+  std::thread io;
+  auto start_loop = [&] { io = std::thread([&] { http->run(); }); };
+  auto stop_loop = [&] {
+    if (!http) return;
+    http->stop();
+    if (io.joinable()) io.join();
+  };
+  const bool disaggregated = deployment_requested(flags);
+  if (!comm::launched_by_mpi()) {
+    s = listen();
+    if (!s.ok()) return report_error("serve", s);
+    start_loop();  // /health answers 503 while the model loads
+  }
+  std::unique_ptr<server::GenerationBackend> backend;
+  if (disaggregated) {
+    auto d = start_deployment(flags);
+    if (!d.ok()) {
+      stop_loop();
+      return report_error("serve", d.status());
+    }
+    if (d->worker_rank > 0) return worker_rank_exit_code(*d);
+    backend = server::router_backend(std::move(d->router));
+  } else {
+    model::LoadOptions lo;
+    lo.weights = *weight_format;
+    auto w = model::ModelWeights::load(dir, lo);
+    if (!w.ok()) {
+      stop_loop();
+      return report_error("serve", w.status());
+    }
+    runtime::EngineOptions eo = colocated_engine_options(flags);
+    auto e = runtime::Engine::create(std::move(w).value(), eo);
+    if (!e.ok()) {
+      stop_loop();
+      return report_error("serve", e.status());
+    }
+    backend = server::engine_backend(std::move(e).value());
+  }
+  if (!http) {
+    s = listen();
+    if (!s.ok()) return report_error("serve", s);
+    start_loop();
+  }
+  server::SchedulerOptions sched_options;
+  sched_options.max_num_seqs = flags.get_int("max-num-seqs");
+  sched_options.max_queue = flags.get_int("max-queue");
+  auto scheduler = std::make_unique<server::Scheduler>(std::move(backend), sched_options, &metrics);
+  http->set_scheduler(scheduler.get());
+  std::printf("msinfer serve: ready at http://%s:%d (model '%s', max_model_len %lld)\n",
+              so.host.c_str(), http->port(), name.c_str(), static_cast<long long>(ctx.max_model_len));
+  std::fflush(stdout);
+
+  {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return signalled; });
+  }
+  std::fprintf(stderr, "msinfer serve: draining (up to %.0f s)\n", flags.get_double("drain-timeout"));
+  http->set_draining();
+  scheduler->start_draining();
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(flags.get_double("drain-timeout") * 1000));
+  const bool drained = scheduler->wait_idle(deadline);
+  scheduler->stop();  // fails what is left
+  stop_loop();
+  scheduler.reset();  // stops the workers of a deployment
+  http.reset();
+  std::fprintf(stderr, "msinfer serve: stopped%s\n", drained ? "" : " (drain timeout: requests were cut off)");
+  return 0;
+}
+
+}  // namespace msinfer::cli
