@@ -111,8 +111,8 @@ int run_bench_serve(int argc, char** argv) {
   flags.add_string("base-url", "", "online mode: the server to load, e.g. http://127.0.0.1:8000 "
                                    "(streaming requests; no --model needed)");
   flags.add_string("endpoint", "/v1/completions", "online: /v1/completions or /v1/chat/completions");
-  flags.add_double("request-rate", INFINITY, "online: requests per second (default: all at once)");
-  flags.add_double("burstiness", 1.0, "online: gamma shape of the arrival gaps (1 = Poisson)");
+  flags.add_double("request-rate", 0, 0, 1e6, "online: requests per second (0: all at once)");
+  flags.add_double("burstiness", 1.0, 0.01, 100, "online: gamma shape of the arrival gaps (1 = Poisson)");
   flags.add_int("max-concurrency", 0, 0, 1000000, "online: requests in flight at most (0: no limit)");
   flags.add_string("dataset", "random", "online: random, or a JSON-lines file of {\"prompt\", \"output_len\"}");
   flags.add_string("goodput", "", "online: SLOs a good request meets, e.g. 'ttft:500 tpot:50 e2el:5000' (ms)");
