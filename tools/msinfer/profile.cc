@@ -51,7 +51,8 @@ int run_profile(int argc, char** argv) {
   void (*progress)(const std::string&) = [](const std::string& line) {
     std::fprintf(stderr, "  %s\n", line.c_str());
   };
-  auto r = bench::profile_model(o, json ? nullptr : progress);
+  // Progress goes to stderr, so it shows under --json too.
+  auto r = bench::profile_model(o, progress);
   if (!r.ok()) return report_error("profile", r.status());
   Json j = r->to_json(o);
   if (!flags.get_string("out").empty()) {
