@@ -274,6 +274,9 @@ const std::string& tiny_model() {
     std::string d = ::testing::TempDir() + "/cli_test_tiny_" + std::to_string(::getpid());
     CliRun m = run("make-model --preset tiny-mixtral --out " + d);
     EXPECT_EQ(m.code, 0) << m.err;
+    // Removed at exit (the path outlives the static it was copied from).
+    static const std::string* path = new std::string(d);
+    std::atexit([] { std::filesystem::remove_all(*path); });
     return d;
   }();
   return dir;
