@@ -64,7 +64,10 @@ class Engine {
     mb_done_.assign(n_a_, 0);
     iter_of_.assign(n_a_, 0);
     for (int i = 0; i < n_a_; ++i) start_iteration(i, 0, 0.0);
+    const double total = simulation_jobs(d_, o_);
+    uint64_t done = 0;
     while (!events_.empty()) {
+      if (o_.progress && (++done & 0xffff) == 0) o_.progress(std::min(1.0, done / total));
       Event ev = events_.top();
       events_.pop();
       now_ = ev.time;

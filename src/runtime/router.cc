@@ -333,12 +333,19 @@ void Router::shutdown() {
 Status Router::check_children() {
   for (auto& w : workers_) {
     std::string how;
+    StatusCode code = StatusCode::kUnavailable;
     if (w.pid > 0) {
       int st = 0;
       if (::waitpid(w.pid, &st, WNOHANG) != w.pid) continue;
       how = "(pid " + std::to_string(w.pid) + ") " +
             (WIFSIGNALED(st) ? "was killed by signal " + std::to_string(WTERMSIG(st))
                              : "exited with status " + std::to_string(WEXITSTATUS(st)));
+      // Exit 2 is the CLI's bad input (the model it was given): the same error
+      // class as the co-located engine reports for it.
+      if (WIFEXITED(st) && WEXITSTATUS(st) == 2) {
+        code = StatusCode::kInvalidArgument;
+        how += " (bad input: see its message above)";
+      }
       w.pid = -1;
     } else if (w.out >= 0 && !w.where.empty()) {
       // A launcher's rank on any host: its socket ends when the process does.
@@ -351,7 +358,7 @@ Status Router::check_children() {
     }
     const std::string who = name_of(w) + " " + how;
     shutdown();
-    return Status(StatusCode::kUnavailable, who);
+    return Status(code, who);
   }
   return ok_status();
 }

@@ -277,6 +277,9 @@ const std::string& tiny_model() {
     std::string d = ::testing::TempDir() + "/cli_test_tiny_" + std::to_string(::getpid());
     CliRun m = run("make-model --preset tiny-mixtral --out " + d);
     EXPECT_EQ(m.code, 0) << m.err;
+    // Removed at exit (the path outlives the static it was copied from).
+    static const std::string* path = new std::string(d);
+    std::atexit([] { std::filesystem::remove_all(*path); });
     return d;
   }();
   return dir;
@@ -473,6 +476,36 @@ TEST(CliHardeningTest, LoadErrorsExitTheSameEverywhere) {
   expect_refused(
       "bench serve --offline --model " + dir + " --attention-workers 1 --expert-workers 1", want);
   expect_refused("profile --model " + dir, want);
+  // A tensor of the wrong shape is found only by the worker that loads it:
+  // its exit 2 is still bad input, not a runtime failure.
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(tiny_model(), dir);
+  const std::string st = dir + "/model.safetensors";
+  std::string bytes;
+  {
+    std::ifstream in(st, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  auto header = parse_json(bytes.substr(8, n), "header");
+  ASSERT_TRUE(header.ok());
+  const std::string name = "model.layers.0.block_sparse_moe.experts.3.w1.weight";
+  ASSERT_TRUE(header->contains(name));
+  Json& shape = (*header)[name]["shape"];
+  shape = Json::array({shape[1], shape[0]});
+  std::string text = header->dump();
+  ASSERT_LE(text.size(), n);
+  text.resize(n, ' ');
+  bytes.replace(8, n, text);
+  std::ofstream(st, std::ios::binary | std::ios::trunc) << bytes;
+  const std::string shape_err = "has shape [64, 128], expected [128, 64]";
+  expect_refused("generate --model " + dir + " --prompt-ids 1,2", shape_err);
+  CliRun r = run("generate --model " + dir +
+                 " --prompt-ids 1,2 --attention-workers 1 "
+                 "--expert-workers 2");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find(shape_err), std::string::npos) << r.err;
   std::filesystem::remove_all(dir);
 }
 

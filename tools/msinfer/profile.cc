@@ -56,11 +56,11 @@ int run_profile(int argc, char** argv) {
   void (*progress)(const std::string&) = [](const std::string& line) {
     std::fprintf(stderr, "  %s\n", line.c_str());
   };
-  if (!json) {
-    std::fprintf(stderr, "msinfer profile: CPU kernels %s, %s weights\n",
-                 kernels::cpu::isa_description().c_str(), kernels::cpu::weight_format_name(o.weights));
-  }
-  auto r = bench::profile_model(o, json ? nullptr : progress);
+  // Progress goes to stderr, so it shows under --json too.
+  std::fprintf(stderr, "msinfer profile: CPU kernels %s, %s weights
+",
+               kernels::cpu::isa_description().c_str(), kernels::cpu::weight_format_name(o.weights));
+  auto r = bench::profile_model(o, progress);
   if (!r.ok()) return report_error("profile", r.status());
   Json j = r->to_json(o);
   if (!flags.get_string("out").empty()) {

@@ -218,6 +218,10 @@ int run_simulate(int argc, char** argv) {
     return 0;
   }
 
+  Progress progress("simulate");
+  o.progress = [&](double done) {
+    progress.update(std::to_string(static_cast<int>(done * 100)) + "% of the jobs simulated");
+  };
   auto r = planner::simulate(*d, o);
   if (!r.ok()) return report_error("simulate", r.status());
   const planner::Prediction p = planner::predict(*d);

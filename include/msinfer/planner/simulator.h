@@ -28,6 +28,9 @@ struct SimOptions {
   uint64_t seed = 1;
   int gantt_iterations = 1;  // iterations whose job intervals are recorded
   int gantt_layers = 1 << 30;  // ... and, within them, layers (0-based) below this
+  // Called now and then (every 2^16 jobs) with the fraction of the jobs done,
+  // for progress lines; may be empty.
+  std::function<void(double)> progress;
 };
 
 // A row of the timeline.
