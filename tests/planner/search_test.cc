@@ -38,9 +38,12 @@ TEST(SearchTest, BalanceAndLargestBatchOnATinyCatalogue) {
   for (const Plan& p : r->plans) {
     const Deployment& d = p.deployment;
     if (d.shape.tp_attention == 1 && d.shape.tp_expert == 1) {
-      // Balance by hand: k1 E / (k3 K) = 1.85088e-7 * 4 / (4.9152e-8 * 2) = 7.53; the search
-      // tries its neighbours 6..9 (and the balance refined with k2, k4 at the found batch).
-      EXPECT_NEAR(p.balance_attention_nodes, 1.85088e-7 * 4 / (4.9152e-8 * 2), 1e-9);
+      // Balance k1 E / (k3 K) with the k's refitted around this plan's own batch.
+      const StageModel& st = d.stage;
+      EXPECT_NEAR(p.balance_attention_nodes, st.k1 * 4 / (st.k3 * 2), 1e-9);
+      // The refit range is centred on the batch found (b/2 .. 2b), or the search's
+      // first range when the refit left the batch where it was.
+      EXPECT_LE(st.fit.attention_lo, static_cast<double>(d.batch_per_micro_batch));
       ++tp1_plans;
     }
     // The batch is the largest that meets SLO and memory for the shape.
@@ -211,6 +214,27 @@ TEST(SensitivityTest, ReportsEveryPerturbation) {
   rows = sensitivity(o, r->plans.front());
   ASSERT_TRUE(rows.ok());
   EXPECT_EQ(rows->size(), 2u * 2 + 4);
+}
+
+}  // namespace
+}  // namespace msinfer::planner
+
+namespace msinfer::planner {
+namespace {
+
+TEST(WorkloadTest, MeanDecodeContextIsInputPlusHalfTheOutput) {
+  // A request decoding token j (1..O) reads I + j tokens; the mean over j and over
+  // requests at uniformly random points of their decode is I + O/2 (to within 1/2).
+  auto w = workload_preset("paper-trace");
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  EXPECT_DOUBLE_EQ(w->input_len, 571);
+  EXPECT_DOUBLE_EQ(w->output_len, 159);
+  EXPECT_DOUBLE_EQ(w->mean_decode_context(), 571 + 159 / 2.0);  // 650.5
+  Workload custom{"custom", 1000, 0};
+  EXPECT_DOUBLE_EQ(custom.mean_decode_context(), 1000);
+  auto bad = workload_preset("sharegpt");
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("paper-trace"), std::string::npos);
 }
 
 }  // namespace

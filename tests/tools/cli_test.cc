@@ -58,6 +58,9 @@ TEST(CliTest, PlanJsonHasSpecObjectAndFinishesFast) {
   EXPECT_EQ(j["alternatives"].size(), 5u);
   EXPECT_EQ(j["baselines"].size(), 2u);
   EXPECT_TRUE(j["constraints"]["slo"]["holds"].get<bool>());
+  // The default workload is the paper's trace: context 571 + 159/2.
+  EXPECT_EQ(j["search"]["workload"]["name"], "paper-trace");
+  EXPECT_DOUBLE_EQ(j["search"]["seq_len"].get<double>(), 650.5);
   // Not a timing assertion on the search (the "under a second" is
   // reported in docs/BENCHMARKS.md); only a guard against a runaway search.
   EXPECT_LT(s, 30.0);
@@ -135,6 +138,8 @@ TEST(CliTest, BadInputGetsOneLineErrorAndNonZeroExit) {
            {"plan --model dbrx --gpu A100 --objective speed", "--objective"},
            {"plan --model dbrx --gpu A100 --catalog /nonexistent.json", "/nonexistent.json"},
            {"plan --model dbrx --gpu A100 --slo-ms 0.001", "no deployment of dbrx"},
+           {"plan --model dbrx --gpu A100 --seq-len 700 --input-len 500", "--seq-len"},
+           {"plan --model dbrx --gpu A100 --workload chat", "paper-trace"},
            {"simulate --plan /nonexistent/plan.json", "/nonexistent/plan.json"},
            {"simulate --model dbrx --gpu A100 --imbalance pareto:1", "--imbalance"},
            {"simulate --model dbrx --gpu A100 --sweep layers=1..3", "--sweep"},

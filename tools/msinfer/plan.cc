@@ -40,10 +40,15 @@ void print_human(const planner::SearchOptions& o, const planner::SearchResult& r
                  const std::vector<planner::SensitivityRow>* sens, double elapsed_ms) {
   const Plan& best = r.plans.front();
   const auto& d = best.deployment;
-  std::printf("msinfer plan: %s (%d layers, %d experts, top-%d), SLO %.0f ms, context %.0f, "
-              "objective %s\n",
+  std::printf("msinfer plan: %s (%d layers, %d experts, top-%d), SLO %.0f ms, objective %s\n",
               o.model.name.c_str(), o.model.layers, o.model.experts, o.model.top_k, o.slo * 1e3,
-              o.seq_len, planner::objective_name(o.objective));
+              planner::objective_name(o.objective));
+  if (o.workload.name == "seq-len" || o.workload.name.empty()) {
+    std::printf("workload: mean decode context %.1f tokens (--seq-len)\n", o.seq_len);
+  } else {
+    std::printf("workload: %s, input %.0f + output %.0f tokens, mean decode context %.1f\n",
+                o.workload.name.c_str(), o.workload.input_len, o.workload.output_len, o.seq_len);
+  }
   std::printf("stage model: %s; searched %zu GPU pair(s), %zu feasible plans, %lld batch "
               "evaluations in %.1f ms\n\n",
               d.stage.source.c_str(), o.gpu_pairs.size(), r.plans.size(),

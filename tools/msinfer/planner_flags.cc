@@ -16,7 +16,14 @@ void add_search_flags(FlagSet& flags) {
   flags.add_string("catalog", "", "hardware catalogue JSON replacing the built-in one",
                    "MSINFER_CATALOG");
   flags.add_double("slo-ms", 150, "time-between-tokens SLO in milliseconds");
-  flags.add_double("seq-len", 2048, "average context length of a decoding request (tokens)");
+  flags.add_string("workload", "paper-trace",
+                   "named workload preset giving --input-len/--output-len (paper-trace: 571/159, "
+                   "the MegaScale-Infer trace's medians)");
+  flags.add_double("input-len", 0, "prompt length in tokens (default: from --workload)");
+  flags.add_double("output-len", 0, "generated tokens per request (default: from --workload)");
+  flags.add_double("seq-len", 0,
+                   "direct mean decode context in tokens, instead of input + output/2 from "
+                   "--workload/--input-len/--output-len");
   flags.add_int("max-micro-batches", 4, "largest number of micro-batches m to try");
   flags.add_int("max-gpus", 0, "cap on the total GPUs of a deployment (0: no cap)");
   flags.add_string("objective", "cost", "rank plans by tokens/s per: cost | gpu | power");
@@ -98,8 +105,26 @@ StatusOr<SearchSetup> search_setup_from_flags(const FlagSet& flags) {
   }
   o.slo = flags.get_double("slo-ms") * 1e-3;
   if (!(o.slo > 0)) return invalid_argument("--slo-ms must be > 0");
-  o.seq_len = flags.get_double("seq-len");
-  if (!(o.seq_len > 0)) return invalid_argument("--seq-len must be > 0");
+  if (flags.was_set("seq-len")) {
+    for (const char* f : {"workload", "input-len", "output-len"}) {
+      if (flags.was_set(f)) {
+        return invalid_argument(std::string("--seq-len gives the context directly; it conflicts "
+                                            "with --") + f);
+      }
+    }
+    o.seq_len = flags.get_double("seq-len");
+    if (!(o.seq_len > 0)) return invalid_argument("--seq-len must be > 0");
+    o.workload = planner::Workload{"seq-len", o.seq_len, 0};
+  } else {
+    MSI_ASSIGN_OR_RETURN(o.workload, planner::workload_preset(flags.get_string("workload")));
+    if (flags.was_set("input-len") || flags.was_set("output-len")) o.workload.name = "custom";
+    if (flags.was_set("input-len")) o.workload.input_len = flags.get_double("input-len");
+    if (flags.was_set("output-len")) o.workload.output_len = flags.get_double("output-len");
+    if (!(o.workload.input_len >= 0)) return invalid_argument("--input-len must be >= 0");
+    if (!(o.workload.output_len >= 0)) return invalid_argument("--output-len must be >= 0");
+    o.seq_len = o.workload.mean_decode_context();
+    if (!(o.seq_len > 0)) return invalid_argument("--input-len + --output-len/2 must be > 0");
+  }
   if (flags.get_int("max-micro-batches") < 1 || flags.get_int("max-micro-batches") > 64) {
     return invalid_argument("--max-micro-batches must be in 1..64");
   }
