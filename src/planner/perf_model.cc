@@ -63,6 +63,17 @@ LinearFit fit_linear(const RooflineCurve& c, double lo, double hi) {
   return f;
 }
 
+const char* expert_reduction_name(ExpertReduction r) {
+  return r == ExpertReduction::kPartialSums ? "n2m-partial-sums" : "allreduce-overlapped";
+}
+
+StatusOr<ExpertReduction> parse_expert_reduction(const std::string& s) {
+  if (s == "allreduce-overlapped") return ExpertReduction::kAllReduce;
+  if (s == "n2m-partial-sums") return ExpertReduction::kPartialSums;
+  return invalid_argument("expert_tp_reduction: expected allreduce-overlapped or n2m-partial-sums, "
+                          "got '" + s + "'");
+}
+
 double nic_transfer_time(double bytes, double connections, double bandwidth,
                          const UtilCurve& util) {
   if (bytes <= 0) return 0;
@@ -224,11 +235,20 @@ StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& sh
   const double bw_e = ge.memory_bandwidth * ge.efficiency.memory_bandwidth;
   const double fl_e = ge.bf16_flops * ge.efficiency.compute;
   const double ar_e = allreduce_time(ge, tpe, 2 * h, nic_util);
+  const bool partial_sums = tpe > 1 && shape.expert_reduction == ExpertReduction::kPartialSums;
   RooflineCurve& ce = s.expert_curve;
   ce.compute_per_token = model.expert_flops_per_token() / tpe / fl_e;
   ce.weight = w_bytes_e / bw_e;
-  ce.serial_per_token = ar_e;
+  // The row-parallel output is reduced either by a collective among the shards,
+  // pipelined with the GEMMs (the all-gather of the input slices moves (tp-1)/tp
+  // of a row, the all-reduce 2(tp-1)/tp: 1.5x the all-reduce), or not at all.
+  ce.overlapped_per_token = partial_sums ? 0.0 : 1.5 * ar_e;
   ce.overhead = ge.efficiency.expert_layer_overhead_s;
+  if (partial_sums) {
+    // The attention side reads the tp_e partial rows of each of its K experts
+    // and adds them into the residual.
+    ca.serial_per_token += 2.0 * h * model.top_k * tpe / tpa / bw_a;
+  }
 
   s.fit = fit;
   const LinearFit fa = fit_linear(ca, fit.attention_lo, fit.attention_hi);
@@ -238,8 +258,9 @@ StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& sh
   s.k3 = fe.slope;
   s.k4 = fe.intercept;
 
-  s.dispatch_bytes_per_token = 2.0 * h * model.top_k / tpa;
-  s.expert_bytes_per_token = 2.0 * h / tpe;
+  // bf16 rows; with partial sums every expert shard gets (and returns) a whole row.
+  s.dispatch_bytes_per_token = 2.0 * h * model.top_k / tpa * (partial_sums ? tpe : 1);
+  s.expert_bytes_per_token = partial_sums ? 2.0 * h : 2.0 * h / tpe;
   s.attention_nic_bandwidth = ga.nic_bandwidth;
   s.expert_nic_bandwidth = ge.nic_bandwidth;
   s.nic_util = nic_util;
@@ -251,7 +272,7 @@ StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& sh
     const double se = static_cast<double>(profile->tp_expert) / tpe;
     if (profile->k1) s.k1 = *profile->k1 * sa + ar_a;
     if (profile->k2) s.k2 = *profile->k2 * sa;
-    if (profile->k3) s.k3 = *profile->k3 * se + ar_e;
+    if (profile->k3) s.k3 = *profile->k3 * se + (partial_sums ? 0.0 : 1.5 * ar_e);
     if (profile->k4) s.k4 = *profile->k4 * se;
     if (profile->nic_util) {
       // `msinfer bench m2n` keys its curve by the bytes one sender sends over all

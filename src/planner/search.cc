@@ -205,9 +205,11 @@ StatusOr<SearchResult> search_plans(const SearchOptions& options) {
         if (attention_node_bytes(model, 1, 1, options.seq_len) > attention_node_capacity(ga, tpa)) {
           continue;
         }
+      for (ExpertReduction red : {ExpertReduction::kAllReduce, ExpertReduction::kPartialSums}) {
+        if (tpe == 1 && red == ExpertReduction::kPartialSums) continue;  // nothing to reduce
         Deployment d;
         d.model = model;
-        d.shape = DeploymentShape{ga, ge, tpa, tpe};
+        d.shape = DeploymentShape{ga, ge, tpa, tpe, red};
         d.seq_len = options.seq_len;
         d.stage = search_stage_model(options, model, d.shape);
         // n_a by balance (T_a = T_e with the constants ignored), and its neighbours.
@@ -255,6 +257,7 @@ StatusOr<SearchResult> search_plans(const SearchOptions& options) {
             try_n(f + 1);
           }
         }
+      }
       }
     }
   }

@@ -106,6 +106,38 @@ TEST(NicTest, UtilisationAtThePerConnectionMessageSize) {
   EXPECT_GT(s.t_comm_expert_side(375, 6), s.t_comm_expert_side(375, 3));
 }
 
+TEST(StageModelTest, ExpertReductionOverlappedOrPartialSums) {
+  const ModelConfig m = tiny_model();
+  DeploymentShape ar_shape{ideal_gpu(), ideal_gpu(), 2, 2, ExpertReduction::kAllReduce};
+  DeploymentShape ps_shape{ideal_gpu(), ideal_gpu(), 2, 2, ExpertReduction::kPartialSums};
+  StageModel ar = build_stage_model(m, ar_shape, 100, half_util(), nullptr, kAboveRidge);
+  StageModel ps = build_stage_model(m, ps_shape, 100, half_util(), nullptr, kAboveRidge);
+  // Overlapped collective: all-gather (1/2 of a 128 B row) + all-reduce (2 * 1/2 of it) at
+  // 1e10 B/s = 1.92e-8 s per token, hidden under the GEMM (2.4576e-8 s per token) by the max.
+  EXPECT_NEAR(ar.expert_curve.overlapped_per_token, 1.5 * 128.0 / 1e10, 1e-20);
+  EXPECT_EQ(ar.expert_curve.serial_per_token, 0.0);
+  EXPECT_NEAR(ar.expert_curve.at(100), 100 * 49152.0 / 2 / 1e12, 1e-18);
+  EXPECT_NEAR(ar.k3, 49152.0 / 2 / 1e12, 1e-15);
+  EXPECT_DOUBLE_EQ(ar.expert_bytes_per_token, 64.0);     // a 1/tp_e slice of the row
+  EXPECT_DOUBLE_EQ(ar.dispatch_bytes_per_token, 128.0);  // 2 h K / tp_a
+  // Partial sums: no collective on the expert side; whole rows both ways (tp_e x bytes);
+  // the attention side reads tp_e K partial rows per token: 2 * 64 * 2 * 2 / 2 B at 1e11.
+  EXPECT_EQ(ps.expert_curve.overlapped_per_token, 0.0);
+  EXPECT_DOUBLE_EQ(ps.expert_bytes_per_token, 128.0);
+  EXPECT_DOUBLE_EQ(ps.dispatch_bytes_per_token, 256.0);
+  EXPECT_NEAR(ps.attention_curve.serial_per_token - ar.attention_curve.serial_per_token,
+              256.0 / 1e11, 1e-20);
+  // With a slow link the collective dominates the GEMM and partial sums win on T_e.
+  GpuSpec slow = ideal_gpu();
+  slow.intra_node_bandwidth = 1e8;
+  StageModel ar_slow = build_stage_model(m, {slow, slow, 2, 2, ExpertReduction::kAllReduce}, 100,
+                                         half_util(), nullptr, kAboveRidge);
+  EXPECT_NEAR(ar_slow.expert_curve.at(100), 100 * 1.5 * 128.0 / 1e8, 1e-15);
+  EXPECT_EQ(std::string(expert_reduction_name(ExpertReduction::kPartialSums)), "n2m-partial-sums");
+  EXPECT_TRUE(parse_expert_reduction("allreduce-overlapped").ok());
+  EXPECT_FALSE(parse_expert_reduction("ring").ok());
+}
+
 TEST(StageModelTest, TensorParallelSplitsWorkAndAddsAllReduce) {
   const ModelConfig m = tiny_model();
   StageModel s1 =

@@ -105,11 +105,23 @@ struct Profile {
 StatusOr<Profile> parse_profile(const Json& j, const std::string& source);
 StatusOr<Profile> load_profile(const std::string& path);
 
+// How the tp_e shards of an expert combine their row-parallel partial outputs.
+//  kAllReduce: the shards receive a 1/tp_e slice of each row, all-gather it and
+//    all-reduce the output among themselves, pipelined with the GEMMs in chunks
+//    (the collective overlaps the arithmetic instead of following it);
+//  kPartialSums: no collective among expert GPUs: every shard receives the whole
+//    row over M2N and sends its partial output back over N2M (tp_e times the bytes
+//    both ways); the attention side adds the tp_e partials into the residual.
+enum class ExpertReduction { kAllReduce, kPartialSums };
+const char* expert_reduction_name(ExpertReduction r);  // "allreduce-overlapped", "n2m-partial-sums"
+StatusOr<ExpertReduction> parse_expert_reduction(const std::string& s);
+
 struct DeploymentShape {
   GpuSpec attention_gpu;
   GpuSpec expert_gpu;
   int tp_attention = 1;
   int tp_expert = 1;
+  ExpertReduction expert_reduction = ExpertReduction::kAllReduce;  // matters when tp_expert > 1
 };
 
 // k1..k4 and the transfer model for `shape`, from the roofline or from `profile`.

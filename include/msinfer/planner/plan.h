@@ -137,7 +137,15 @@ StageModel search_stage_model(const SearchOptions& options, const ModelConfig& m
 // batch searched again, until it moves by less than 1% (at most 4 rounds).
 StatusOr<Plan> best_batch(const SearchOptions& options, Deployment d, int64_t* evaluations = nullptr);
 
-// The co-located baselines for one GPU type under the same SLO and model.
+// All-reduce of `bytes` per GPU over tp GPUs, hierarchically: reduce-scatter and
+// all-gather over NVLink/PCIe inside a node, the 1/g shard all-reduced across
+// nodes over every GPU's NIC in parallel (ring; NIC utilisation per message).
+double hierarchical_allreduce_time(const GpuSpec& gpu, int tp, double bytes,
+                                   const UtilCurve& nic_util);
+
+// The co-located baselines for one GPU type under the same SLO and model: ideal
+// bounds (roofline GEMMs, whole-batch collectives, no stragglers) under the same
+// efficiency factors, not models of particular serving systems.
 std::vector<Baseline> colocated_baselines(const SearchOptions& options, const GpuSpec& gpu);
 
 // Tensor-parallel sizes tried for a GPU: powers of two up to its GPUs per node.
