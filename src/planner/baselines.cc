@@ -164,8 +164,8 @@ std::vector<Baseline> colocated_baselines(const SearchOptions& options, const Gp
         const double a2a = all_to_all_time(gpu, tp, ep, b * K * 2.0 * h / tp, options.nic_util);
         const double ar_a = hierarchical_allreduce_time(gpu, tp, 2 * h * b, options.nic_util);
         const double ar_e = hierarchical_allreduce_time(gpu, tp, 2 * h * b * K, options.nic_util);
-        return L * (ca.at(b) + allreduces_a * ar_a + 2 * a2a + experts_per_rank * ce.at(b_e) +
-                    ar_e);
+        return L *
+               (ca.at(b) + allreduces_a * ar_a + 2 * a2a + experts_per_rank * ce.at(b_e) + ar_e);
       };
       auto ok = [&](int64_t b) {
         double mem = 2.0 * model.attention_side_params() +

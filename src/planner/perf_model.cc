@@ -70,8 +70,10 @@ const char* expert_reduction_name(ExpertReduction r) {
 StatusOr<ExpertReduction> parse_expert_reduction(const std::string& s) {
   if (s == "allreduce-overlapped") return ExpertReduction::kAllReduce;
   if (s == "n2m-partial-sums") return ExpertReduction::kPartialSums;
-  return invalid_argument("expert_tp_reduction: expected allreduce-overlapped or n2m-partial-sums, "
-                          "got '" + s + "'");
+  return invalid_argument(
+      "expert_tp_reduction: expected allreduce-overlapped or n2m-partial-sums, "
+      "got '" +
+      s + "'");
 }
 
 double nic_transfer_time(double bytes, double connections, double bandwidth,
@@ -87,10 +89,10 @@ double StageModel::t_comm_attention_side(double b_a) const {
 }
 
 double StageModel::t_comm_expert_side(double b_e, int n_a) const {
-  return nic_transfer_time(b_e * expert_bytes_per_token,
-                           tp_attention > 0 ? static_cast<double>(std::max(n_a, 1)) * tp_attention
-                                            : 1.0,
-                           expert_nic_bandwidth, nic_util);
+  return nic_transfer_time(
+      b_e * expert_bytes_per_token,
+      tp_attention > 0 ? static_cast<double>(std::max(n_a, 1)) * tp_attention : 1.0,
+      expert_nic_bandwidth, nic_util);
 }
 
 Json StageModel::to_json() const {
@@ -108,8 +110,9 @@ Json StageModel::to_json() const {
               {"tp_attention", tp_attention},
               {"roofline_attention", attention_curve.to_json()},
               {"roofline_expert", expert_curve.to_json()},
-              {"fit_range", {{"attention_tokens", {fit.attention_lo, fit.attention_hi}},
-                             {"expert_tokens", {fit.expert_lo, fit.expert_hi}}}}};
+              {"fit_range",
+               {{"attention_tokens", {fit.attention_lo, fit.attention_hi}},
+                {"expert_tokens", {fit.expert_lo, fit.expert_hi}}}}};
 }
 
 StatusOr<StageModel> StageModel::from_json(const JsonFields& f) {
@@ -139,7 +142,8 @@ StatusOr<StageModel> StageModel::from_json(const JsonFields& f) {
   MSI_ASSIGN_OR_RETURN(s.source, f.string_or("source", "plan file"));
   // Absent in plans written before the per-connection NIC model: one connection.
   MSI_ASSIGN_OR_RETURN(s.attention_connections, f.number_or("attention_connections", 1));
-  if (!(s.attention_connections >= 1)) return f.field_error("attention_connections", "must be >= 1");
+  if (!(s.attention_connections >= 1))
+    return f.field_error("attention_connections", "must be >= 1");
   MSI_ASSIGN_OR_RETURN(int64_t tpa_c, f.integer_or("tp_attention", 1));
   if (tpa_c < 0) return f.field_error("tp_attention", "must be >= 0");
   s.tp_attention = static_cast<int>(tpa_c);
@@ -199,8 +203,8 @@ double allreduce_time(const GpuSpec& gpu, int tp, double bytes, const UtilCurve&
   return bytes_time(moved, gpu.nic_bandwidth, nic_util);
 }
 
-StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& shape,
-                             double seq_len, const UtilCurve& nic_util, const Profile* profile,
+StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& shape, double seq_len,
+                             const UtilCurve& nic_util, const Profile* profile,
                              const FitRange& fit) {
   const GpuSpec& ga = shape.attention_gpu;
   const GpuSpec& ge = shape.expert_gpu;

@@ -56,8 +56,8 @@ TEST(StageModelTest, RooflineCurvesByHand) {
 }
 
 TEST(StageModelTest, FitBelowTheRidgeIsAllWeights) {
-  StageModel s = build_stage_model(tiny_model(), {ideal_gpu(), ideal_gpu(), 1, 1}, 100,
-                                   half_util(), nullptr, FitRange{1, 4, 1, 8});
+  StageModel s = build_stage_model(tiny_model(), {ideal_gpu(), ideal_gpu(), 1, 1}, 100, half_util(),
+                                   nullptr, FitRange{1, 4, 1, 8});
   // Experts: b_e <= 8 < 10 tokens: T_e = weights alone, 4.9152e-7 s, flat.
   EXPECT_NEAR(s.k3, 0.0, 1e-15);
   EXPECT_NEAR(s.k4, 49152.0 / 1e11, 1e-15);
@@ -69,8 +69,8 @@ TEST(StageModelTest, FitBelowTheRidgeIsAllWeights) {
 TEST(StageModelTest, FitAcrossTheRidgeStaysBelowTheSum) {
   // A GEMM at its ridge (10 tokens): roofline 4.9152e-7 s; the old sum k3 b + k4 said twice
   // that. A line fitted over [5, 20] passes within 25% of the curve everywhere on it.
-  StageModel s = build_stage_model(tiny_model(), {ideal_gpu(), ideal_gpu(), 1, 1}, 100,
-                                   half_util(), nullptr, FitRange{64, 4096, 5, 20});
+  StageModel s = build_stage_model(tiny_model(), {ideal_gpu(), ideal_gpu(), 1, 1}, 100, half_util(),
+                                   nullptr, FitRange{64, 4096, 5, 20});
   const double roof = 49152.0 / 1e11;
   EXPECT_LT(s.t_expert(10), 1.25 * roof);
   EXPECT_GT(s.t_expert(10), roof);  // a line under a convex curve's chord: above at the knee
@@ -140,10 +140,10 @@ TEST(StageModelTest, ExpertReductionOverlappedOrPartialSums) {
 
 TEST(StageModelTest, TensorParallelSplitsWorkAndAddsAllReduce) {
   const ModelConfig m = tiny_model();
-  StageModel s1 =
-      build_stage_model(m, {ideal_gpu(), ideal_gpu(), 1, 1}, 100, half_util(), nullptr, kAboveRidge);
-  StageModel s2 =
-      build_stage_model(m, {ideal_gpu(), ideal_gpu(), 2, 2}, 100, half_util(), nullptr, kAboveRidge);
+  StageModel s1 = build_stage_model(m, {ideal_gpu(), ideal_gpu(), 1, 1}, 100, half_util(), nullptr,
+                                    kAboveRidge);
+  StageModel s2 = build_stage_model(m, {ideal_gpu(), ideal_gpu(), 2, 2}, 100, half_util(), nullptr,
+                                    kAboveRidge);
   // Ring all-reduce of a 128-byte hidden row over 2 GPUs: 2 * 1/2 * 128 B at 1e10 B/s.
   const double ar = 128.0 / 1e10;
   EXPECT_NEAR(s2.attention_curve.compute_per_token, s1.attention_curve.compute_per_token / 2,

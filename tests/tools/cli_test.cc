@@ -80,8 +80,8 @@ TEST(CliTest, HeteroPlanPicksFromTheGivenGpus) {
 TEST(CliTest, ExplainShowsTheDecidingTermsAgainstTheRunnerUpPair) {
   CliRun r = run("plan --model mixtral-8x22b --hetero --gpus L40S,H20 --explain --top 1");
   ASSERT_EQ(r.code, 0) << r.err;
-  for (const char* s : {"runner-up GPU pair", "expert: weight streaming ms",
-                        "expert TP reduction", "TBT ms / SLO ms", "ideal co-located bounds"}) {
+  for (const char* s : {"runner-up GPU pair", "expert: weight streaming ms", "expert TP reduction",
+                        "TBT ms / SLO ms", "ideal co-located bounds"}) {
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
   }
 }

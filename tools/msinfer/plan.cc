@@ -21,9 +21,9 @@ std::vector<std::string> plan_cells(const Plan& p, int rank) {
               std::to_string(d.shape.tp_attention),
           d.shape.expert_gpu.name + " x" + std::to_string(d.expert_nodes()) + " tp" +
               std::to_string(d.shape.tp_expert) +
-              (d.shape.tp_expert == 1 ? ""
+              (d.shape.tp_expert == 1                                               ? ""
                : d.shape.expert_reduction == planner::ExpertReduction::kPartialSums ? " psum"
-                                                                                      : " ar"),
+                                                                                    : " ar"),
           std::to_string(d.micro_batches),
           std::to_string(d.global_batch()),
           fmt(q.tokens_per_expert, 0),
@@ -59,8 +59,8 @@ std::vector<std::vector<std::string>> explain_rows(const planner::SearchOptions&
   });
   row("expert TP reduction", [](const Plan& p) {
     const auto& d = p.deployment;
-    return std::string(d.shape.tp_expert == 1 ? "none"
-                                              : planner::expert_reduction_name(d.shape.expert_reduction));
+    return std::string(
+        d.shape.tp_expert == 1 ? "none" : planner::expert_reduction_name(d.shape.expert_reduction));
   });
   row("m, b_a, b_e", [](const Plan& p) {
     return std::to_string(p.deployment.micro_batches) + ", " +
@@ -71,21 +71,18 @@ std::vector<std::vector<std::string>> explain_rows(const planner::SearchOptions&
   row("attn: per-token GEMM compute ms", [&](const Plan& p) {
     return ms(b_a(p) * p.deployment.stage.attention_curve.compute_per_token);
   });
-  row("attn: weight streaming ms", [&](const Plan& p) {
-    return ms(p.deployment.stage.attention_curve.weight);
-  });
+  row("attn: weight streaming ms",
+      [&](const Plan& p) { return ms(p.deployment.stage.attention_curve.weight); });
   row("attn: KV reads + collectives ms", [&](const Plan& p) {
     return ms(b_a(p) * p.deployment.stage.attention_curve.serial_per_token);
   });
   row("expert: per-token GEMM compute ms", [&](const Plan& p) {
     return ms(p.predicted.tokens_per_expert * p.deployment.stage.expert_curve.compute_per_token);
   });
-  row("expert: weight streaming ms", [&](const Plan& p) {
-    return ms(p.deployment.stage.expert_curve.weight);
-  });
+  row("expert: weight streaming ms",
+      [&](const Plan& p) { return ms(p.deployment.stage.expert_curve.weight); });
   row("expert: TP collective ms (overlapped)", [&](const Plan& p) {
-    return ms(p.predicted.tokens_per_expert *
-              p.deployment.stage.expert_curve.overlapped_per_token);
+    return ms(p.predicted.tokens_per_expert * p.deployment.stage.expert_curve.overlapped_per_token);
   });
   row("T_a / T_e / T_c ms (fitted k's)", [&](const Plan& p) {
     return fmt(p.predicted.t_attention * 1e3, 3) + " / " + fmt(p.predicted.t_expert * 1e3, 3) +
@@ -117,8 +114,9 @@ void print_explain(const planner::SearchOptions& o, const planner::SearchResult&
       break;
     }
   }
-  std::printf("\nWhy this plan (per layer and micro-batch, at each plan's batch; GEMM time is "
-              "max(compute, weights, overlapped collective) + serial + overhead):\n");
+  std::printf(
+      "\nWhy this plan (per layer and micro-batch, at each plan's batch; GEMM time is "
+      "max(compute, weights, overlapped collective) + serial + overhead):\n");
   std::vector<const Plan*> plans{&best};
   std::vector<std::string> header{"term", "chosen"};
   if (runner != nullptr) {

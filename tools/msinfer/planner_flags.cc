@@ -109,7 +109,8 @@ StatusOr<SearchSetup> search_setup_from_flags(const FlagSet& flags) {
     for (const char* f : {"workload", "input-len", "output-len"}) {
       if (flags.was_set(f)) {
         return invalid_argument(std::string("--seq-len gives the context directly; it conflicts "
-                                            "with --") + f);
+                                            "with --") +
+                                f);
       }
     }
     o.seq_len = flags.get_double("seq-len");

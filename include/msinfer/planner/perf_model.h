@@ -125,9 +125,9 @@ struct DeploymentShape {
 };
 
 // k1..k4 and the transfer model for `shape`, from the roofline or from `profile`.
-StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& shape,
-                             double seq_len, const UtilCurve& nic_util,
-                             const Profile* profile = nullptr, const FitRange& fit = FitRange{});
+StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& shape, double seq_len,
+                             const UtilCurve& nic_util, const Profile* profile = nullptr,
+                             const FitRange& fit = FitRange{});
 
 // Time for one NIC of `bandwidth` bytes/s to move `bytes` split evenly over
 // `connections` concurrent (sender, receiver) messages. Every message goes

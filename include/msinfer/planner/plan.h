@@ -78,9 +78,9 @@ struct Plan {
 // the output, and over the requests of a continuously batched micro-batch (each
 // at a uniformly random point of its decode), the context is input + output/2.
 struct Workload {
-  std::string name;        // preset name, "custom" or "seq-len"
-  double input_len = 0;    // tokens
-  double output_len = 0;   // tokens
+  std::string name;       // preset name, "custom" or "seq-len"
+  double input_len = 0;   // tokens
+  double output_len = 0;  // tokens
   double mean_decode_context() const { return input_len + output_len / 2; }
 };
 // Named presets: "paper-trace" (MegaScale-Infer's production trace: median input
