@@ -13,12 +13,86 @@ double bytes_time(double bytes, double bandwidth, const UtilCurve& util) {
 
 }  // namespace
 
-double StageModel::t_comm_attention_side(double b_a) const {
-  return bytes_time(b_a * dispatch_bytes_per_token, attention_nic_bandwidth, nic_util);
+double RooflineCurve::at(double b) const {
+  return std::max({b * compute_per_token, weight, b * overlapped_per_token}) +
+         b * serial_per_token + overhead;
 }
 
-double StageModel::t_comm_expert_side(double b_e) const {
-  return bytes_time(b_e * expert_bytes_per_token, expert_nic_bandwidth, nic_util);
+Json RooflineCurve::to_json() const {
+  return Json{{"compute_ms_per_token", compute_per_token * 1e3},
+              {"weight_ms", weight * 1e3},
+              {"overlapped_ms_per_token", overlapped_per_token * 1e3},
+              {"serial_ms_per_token", serial_per_token * 1e3},
+              {"overhead_ms", overhead * 1e3}};
+}
+
+LinearFit fit_linear(const RooflineCurve& c, double lo, double hi) {
+  lo = std::max(lo, 1e-9);
+  hi = std::max(hi, lo);
+  constexpr int kPoints = 33;
+  // Weighted normal equations of y = k b + k0, weights 1/y^2.
+  double sw = 0, swb = 0, swbb = 0, swy = 0, swby = 0;
+  for (int i = 0; i < kPoints; ++i) {
+    const double b = lo * std::pow(hi / lo, static_cast<double>(i) / (kPoints - 1));
+    const double y = c.at(b);
+    if (!(y > 0)) continue;
+    const double w = 1.0 / (y * y);
+    sw += w;
+    swb += w * b;
+    swbb += w * b * b;
+    swy += w * y;
+    swby += w * b * y;
+  }
+  LinearFit f;
+  if (sw == 0) return f;
+  const double det = sw * swbb - swb * swb;
+  if (det > 1e-12 * sw * swbb) {
+    f.slope = (sw * swby - swb * swy) / det;
+    f.intercept = (swbb * swy - swb * swby) / det;
+  } else {  // one batch size: all in the constant
+    f.slope = 0;
+    f.intercept = swy / sw;
+  }
+  if (f.intercept < 0) {  // through the origin
+    f.intercept = 0;
+    f.slope = swby / swbb;
+  } else if (f.slope < 0) {
+    f.slope = 0;
+    f.intercept = swy / sw;
+  }
+  return f;
+}
+
+const char* expert_reduction_name(ExpertReduction r) {
+  return r == ExpertReduction::kPartialSums ? "n2m-partial-sums" : "allreduce-overlapped";
+}
+
+StatusOr<ExpertReduction> parse_expert_reduction(const std::string& s) {
+  if (s == "allreduce-overlapped") return ExpertReduction::kAllReduce;
+  if (s == "n2m-partial-sums") return ExpertReduction::kPartialSums;
+  return invalid_argument(
+      "expert_tp_reduction: expected allreduce-overlapped or n2m-partial-sums, "
+      "got '" +
+      s + "'");
+}
+
+double nic_transfer_time(double bytes, double connections, double bandwidth,
+                         const UtilCurve& util) {
+  if (bytes <= 0) return 0;
+  connections = std::max(connections, 1.0);
+  return bytes / (bandwidth * util.at(bytes / connections));
+}
+
+double StageModel::t_comm_attention_side(double b_a) const {
+  return nic_transfer_time(b_a * dispatch_bytes_per_token, attention_connections,
+                           attention_nic_bandwidth, nic_util);
+}
+
+double StageModel::t_comm_expert_side(double b_e, int n_a) const {
+  return nic_transfer_time(
+      b_e * expert_bytes_per_token,
+      tp_attention > 0 ? static_cast<double>(std::max(n_a, 1)) * tp_attention : 1.0,
+      expert_nic_bandwidth, nic_util);
 }
 
 Json StageModel::to_json() const {
@@ -31,7 +105,14 @@ Json StageModel::to_json() const {
               {"attention_nic_gb_s", attention_nic_bandwidth / 1e9},
               {"expert_nic_gb_s", expert_nic_bandwidth / 1e9},
               {"nic_util_curve", nic_util.to_json()},
-              {"source", source}};
+              {"source", source},
+              {"attention_connections", attention_connections},
+              {"tp_attention", tp_attention},
+              {"roofline_attention", attention_curve.to_json()},
+              {"roofline_expert", expert_curve.to_json()},
+              {"fit_range",
+               {{"attention_tokens", {fit.attention_lo, fit.attention_hi}},
+                {"expert_tokens", {fit.expert_lo, fit.expert_hi}}}}};
 }
 
 StatusOr<StageModel> StageModel::from_json(const JsonFields& f) {
@@ -57,6 +138,13 @@ StatusOr<StageModel> StageModel::from_json(const JsonFields& f) {
   MSI_ASSIGN_OR_RETURN(s.nic_util, UtilCurve::from_json(f.json().at("nic_util_curve"),
                                                         f.where() + ".nic_util_curve"));
   MSI_ASSIGN_OR_RETURN(s.source, f.string_or("source", "plan file"));
+  // Absent in plans written before the per-connection NIC model: one connection.
+  MSI_ASSIGN_OR_RETURN(s.attention_connections, f.number_or("attention_connections", 1));
+  if (!(s.attention_connections >= 1))
+    return f.field_error("attention_connections", "must be >= 1");
+  MSI_ASSIGN_OR_RETURN(int64_t tpa_c, f.integer_or("tp_attention", 1));
+  if (tpa_c < 0) return f.field_error("tp_attention", "must be >= 0");
+  s.tp_attention = static_cast<int>(tpa_c);
   return s;
 }
 
@@ -116,8 +204,9 @@ double allreduce_time(const GpuSpec& gpu, int tp, double bytes, const UtilCurve&
   return bytes_time(moved, gpu.nic_bandwidth, nic_util);
 }
 
-StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& shape,
-                             double seq_len, const UtilCurve& nic_util, const Profile* profile) {
+StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& shape, double seq_len,
+                             const UtilCurve& nic_util, const Profile* profile,
+                             const FitRange& fit) {
   const GpuSpec& ga = shape.attention_gpu;
   const GpuSpec& ge = shape.expert_gpu;
   const int tpa = shape.tp_attention, tpe = shape.tp_expert;
@@ -129,40 +218,74 @@ StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& sh
   // Attention side, per MoE layer and micro-batch (dense layers and LM head spread over them).
   const double w_bytes_a = 2.0 * model.attention_side_params() / Lm / tpa;
   const double kv_bytes_a = model.kv_bytes_per_token_per_layer() * seq_len * (L / Lm) / tpa;
-  const double flops_a = (model.attention_side_flops_per_token_per_moe_layer() +
-                          model.attention_score_flops(seq_len) * (L / Lm)) /
-                         tpa;
+  const double flops_dense_a = model.attention_side_flops_per_token_per_moe_layer() / tpa;
+  const double flops_score_a = model.attention_score_flops(seq_len) * (L / Lm) / tpa;
   const double bw_a = ga.memory_bandwidth * ga.efficiency.memory_bandwidth;
   const double fl_a = ga.bf16_flops * ga.efficiency.compute;
   // One all-reduce of the token's hidden state after O-proj per layer, one more
   // after the shared-expert FFN when the model has one.
   const double allreduces_a = (L / Lm) * (1.0 + (model.shared_expert_ffn > 0 ? 1.0 : 0.0));
-  s.k2 = w_bytes_a / bw_a + ga.efficiency.attention_layer_overhead_s;
-  s.k1 = kv_bytes_a / bw_a + flops_a / fl_a + allreduces_a * allreduce_time(ga, tpa, 2 * h, nic_util);
+  const double ar_a = allreduces_a * allreduce_time(ga, tpa, 2 * h, nic_util);
+  RooflineCurve& ca = s.attention_curve;
+  ca.compute_per_token = flops_dense_a / fl_a;
+  ca.weight = w_bytes_a / bw_a;
+  // Decode attention is one kernel per layer that streams the KV cache and computes
+  // the scores as it goes: the larger of the two, per token; the all-reduce after
+  // O-proj (and the shared expert) feeds the next op, so it runs in series.
+  ca.serial_per_token = std::max(kv_bytes_a / bw_a, flops_score_a / fl_a) + ar_a;
+  ca.overhead = ga.efficiency.attention_layer_overhead_s;
 
   // Expert side, one expert, per layer and micro-batch.
   const double w_bytes_e = 2.0 * 3.0 * h * model.expert_ffn / tpe;
   const double bw_e = ge.memory_bandwidth * ge.efficiency.memory_bandwidth;
   const double fl_e = ge.bf16_flops * ge.efficiency.compute;
-  s.k4 = w_bytes_e / bw_e + ge.efficiency.expert_layer_overhead_s;
-  s.k3 = model.expert_flops_per_token() / tpe / fl_e + allreduce_time(ge, tpe, 2 * h, nic_util);
+  const double ar_e = allreduce_time(ge, tpe, 2 * h, nic_util);
+  const bool partial_sums = tpe > 1 && shape.expert_reduction == ExpertReduction::kPartialSums;
+  RooflineCurve& ce = s.expert_curve;
+  ce.compute_per_token = model.expert_flops_per_token() / tpe / fl_e;
+  ce.weight = w_bytes_e / bw_e;
+  // The row-parallel output is reduced either by a collective among the shards,
+  // pipelined with the GEMMs (the all-gather of the input slices moves (tp-1)/tp
+  // of a row, the all-reduce 2(tp-1)/tp: 1.5x the all-reduce), or not at all.
+  ce.overlapped_per_token = partial_sums ? 0.0 : 1.5 * ar_e;
+  ce.overhead = ge.efficiency.expert_layer_overhead_s;
+  if (partial_sums) {
+    // The attention side reads the tp_e partial rows of each of its K experts
+    // and adds them into the residual.
+    ca.serial_per_token += 2.0 * h * model.top_k * tpe / tpa / bw_a;
+  }
 
-  s.dispatch_bytes_per_token = 2.0 * h * model.top_k / tpa;
-  s.expert_bytes_per_token = 2.0 * h / tpe;
+  s.fit = fit;
+  const LinearFit fa = fit_linear(ca, fit.attention_lo, fit.attention_hi);
+  const LinearFit fe = fit_linear(ce, fit.expert_lo, fit.expert_hi);
+  s.k1 = fa.slope;
+  s.k2 = fa.intercept;
+  s.k3 = fe.slope;
+  s.k4 = fe.intercept;
+
+  // bf16 rows; with partial sums every expert shard gets (and returns) a whole row.
+  s.dispatch_bytes_per_token = 2.0 * h * model.top_k / tpa * (partial_sums ? tpe : 1);
+  s.expert_bytes_per_token = partial_sums ? 2.0 * h : 2.0 * h / tpe;
   s.attention_nic_bandwidth = ga.nic_bandwidth;
   s.expert_nic_bandwidth = ge.nic_bandwidth;
   s.nic_util = nic_util;
+  s.attention_connections = static_cast<double>(model.experts) * tpe;
+  s.tp_attention = tpa;
 
   if (profile != nullptr) {
     const double sa = static_cast<double>(profile->tp_attention) / tpa;
     const double se = static_cast<double>(profile->tp_expert) / tpe;
-    const double ar_a = allreduces_a * allreduce_time(ga, tpa, 2 * h, nic_util);
-    const double ar_e = allreduce_time(ge, tpe, 2 * h, nic_util);
     if (profile->k1) s.k1 = *profile->k1 * sa + ar_a;
     if (profile->k2) s.k2 = *profile->k2 * sa;
-    if (profile->k3) s.k3 = *profile->k3 * se + ar_e;
+    if (profile->k3) s.k3 = *profile->k3 * se + (partial_sums ? 0.0 : 1.5 * ar_e);
     if (profile->k4) s.k4 = *profile->k4 * se;
-    if (profile->nic_util) s.nic_util = *profile->nic_util;
+    if (profile->nic_util) {
+      // `msinfer bench m2n` keys its curve by the bytes one sender sends over all
+      // its receivers at the bench's fan-out: read it at the total, as measured.
+      s.nic_util = *profile->nic_util;
+      s.attention_connections = 1;
+      s.tp_attention = 0;  // expert side: one connection too (see t_comm_expert_side)
+    }
     if (profile->nic_bandwidth) {
       s.attention_nic_bandwidth = s.expert_nic_bandwidth = *profile->nic_bandwidth;
     }

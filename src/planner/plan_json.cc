@@ -13,6 +13,8 @@ Json deployment_plan_json(const Deployment& d) {
               {"global_batch", d.global_batch()},
               {"attention_gpu", d.shape.attention_gpu.name},
               {"expert_gpu", d.shape.expert_gpu.name},
+              {"expert_tp_reduction",
+               d.shape.tp_expert > 1 ? expert_reduction_name(d.shape.expert_reduction) : "none"},
               {"expert_nodes", d.expert_nodes()},
               {"batch_per_micro_batch", d.batch_per_micro_batch},
               {"attention_gpus", d.attention_gpus()},
@@ -83,6 +85,10 @@ Json plan_document(const SearchOptions& options, const SearchResult& result,
   doc["search"] = {{"objective", objective_name(obj)},
                    {"slo_ms", options.slo * 1e3},
                    {"seq_len", options.seq_len},
+                   {"workload",
+                    {{"name", options.workload.name},
+                     {"input_len", options.workload.input_len},
+                     {"output_len", options.workload.output_len}}},
                    {"max_micro_batches", options.max_micro_batches},
                    {"max_gpus", options.max_gpus},
                    {"gpu_pairs", options.gpu_pairs.size()},
@@ -132,6 +138,12 @@ StatusOr<Deployment> deployment_from_plan_document(const Json& j, const std::str
   if (B % (n_a * m) != 0) {
     return plan.field_error("global_batch", "must be a multiple of attention_nodes * micro_batches (" +
                                                 std::to_string(n_a * m) + ")");
+  }
+  MSI_ASSIGN_OR_RETURN(std::string red, plan.string_or("expert_tp_reduction", "none"));
+  if (red != "none") {
+    auto r = parse_expert_reduction(red);
+    if (!r.ok()) return plan.field_error("expert_tp_reduction", r.status().message());
+    d.shape.expert_reduction = *r;
   }
   d.shape.tp_attention = static_cast<int>(tpa);
   d.shape.tp_expert = static_cast<int>(tpe);

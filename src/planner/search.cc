@@ -23,6 +23,11 @@ const char* objective_name(Objective o) {
   return "?";
 }
 
+StatusOr<Workload> workload_preset(const std::string& name) {
+  if (name == "paper-trace") return Workload{"paper-trace", 571, 159};
+  return not_found("--workload: unknown preset '" + name + "' (known: paper-trace)");
+}
+
 double Deployment::tokens_per_expert() const {
   return static_cast<double>(batch_per_micro_batch) * attention_nodes * model.top_k /
          model.experts;
@@ -42,7 +47,7 @@ StageTimes Deployment::stage_times() const {
   const double b_e = tokens_per_expert();
   t.t_a = stage.t_attention(b_a);
   t.t_e = stage.t_expert(b_e);
-  t.t_c = stage.t_comm(b_a, b_e);
+  t.t_c = stage.t_comm(b_a, b_e, attention_nodes);
   return t;
 }
 
@@ -81,8 +86,9 @@ Prediction predict(const Deployment& d) {
 }
 
 StageModel search_stage_model(const SearchOptions& options, const ModelConfig& model,
-                              const DeploymentShape& shape) {
-  StageModel s = build_stage_model(model, shape, options.seq_len, options.nic_util, options.profile);
+                              const DeploymentShape& shape, const FitRange& fit) {
+  StageModel s =
+      build_stage_model(model, shape, options.seq_len, options.nic_util, options.profile, fit);
   s.k1 *= options.k1_scale;
   s.k3 *= options.k3_scale;
   return s;
@@ -103,7 +109,38 @@ bool feasible(const Deployment& d, double slo) {
 
 }  // namespace
 
+namespace {
+
+StatusOr<Plan> best_batch_fixed_stage(const SearchOptions& options, Deployment d,
+                                      int64_t* evaluations);
+
+}  // namespace
+
 StatusOr<Plan> best_batch(const SearchOptions& options, Deployment d, int64_t* evaluations) {
+  MSI_ASSIGN_OR_RETURN(Plan plan, best_batch_fixed_stage(options, d, evaluations));
+  const bool fitted = options.profile == nullptr || !options.profile->k1 || !options.profile->k2 ||
+                      !options.profile->k3 || !options.profile->k4;
+  if (!fitted) return plan;
+  for (int round = 0; round < 4; ++round) {
+    const Deployment& cur = plan.deployment;
+    const double b_a = static_cast<double>(cur.batch_per_micro_batch);
+    const double b_e = cur.tokens_per_expert();
+    FitRange fit{b_a / 2, b_a * 2, b_e / 2, b_e * 2};
+    d.stage = search_stage_model(options, d.model, d.shape, fit);
+    auto next = best_batch_fixed_stage(options, d, evaluations);
+    if (!next.ok()) break;  // keep the last feasible fit
+    const double moved =
+        std::abs(static_cast<double>(next->deployment.batch_per_micro_batch) - b_a);
+    plan = std::move(next).value();
+    if (moved <= 0.01 * b_a) break;
+  }
+  return plan;
+}
+
+namespace {
+
+StatusOr<Plan> best_batch_fixed_stage(const SearchOptions& options, Deployment d,
+                                      int64_t* evaluations) {
   int64_t evals = 0;
   auto ok_at = [&](int64_t b) {
     ++evals;
@@ -146,9 +183,11 @@ StatusOr<Plan> best_batch(const SearchOptions& options, Deployment d, int64_t* e
   }
   plan.binding = binding.empty() ? "batch_limit" : binding;
   plan.balance_attention_nodes =
-      d.stage.k1 * d.model.experts / (d.stage.k3 * d.model.top_k);
+      d.stage.k3 > 0 ? d.stage.k1 * d.model.experts / (d.stage.k3 * d.model.top_k) : 0.0;
   return plan;
 }
+
+}  // namespace
 
 StatusOr<SearchResult> search_plans(const SearchOptions& options) {
   MSI_RETURN_IF_ERROR(options.model.validate());
@@ -167,51 +206,57 @@ StatusOr<SearchResult> search_plans(const SearchOptions& options) {
         if (attention_node_bytes(model, 1, 1, options.seq_len) > attention_node_capacity(ga, tpa)) {
           continue;
         }
-        Deployment d;
-        d.model = model;
-        d.shape = DeploymentShape{ga, ge, tpa, tpe};
-        d.seq_len = options.seq_len;
-        d.stage = search_stage_model(options, model, d.shape);
-        // n_a by balance (T_a = T_e with the constants ignored), and its neighbours.
-        const double n_bal = d.stage.k1 * E / (d.stage.k3 * model.top_k);
-        int n_cap = 1 << 20;
-        if (options.max_gpus > 0) n_cap = (options.max_gpus - E * tpe) / tpa;
-        if (n_cap < 1) continue;
-        std::set<int> n_values;
-        const int lo = static_cast<int>(std::floor(n_bal));
-        for (int n = lo - 1; n <= lo + 2; ++n) {
-          if (n >= 1) n_values.insert(std::min(n, n_cap));
-        }
-        for (int m = 1; m <= options.max_micro_batches; ++m) {
-          std::set<int> tried;
-          int best_for_m = -1;  // index into result.plans (which grows)
-          auto try_n = [&](int n_a) {
-            if (n_a < 1 || n_a > n_cap || !tried.insert(n_a).second) return;
-            Deployment cand = d;
-            cand.attention_nodes = n_a;
-            cand.micro_batches = m;
-            auto plan = best_batch(options, cand, &result.evaluated);
-            if (!plan.ok()) return;
-            if (options.max_gpus > 0 && n_a == n_cap && n_cap < lo) plan->binding += ",max_gpus";
-            result.plans.push_back(std::move(plan).value());
-            const int idx = static_cast<int>(result.plans.size()) - 1;
-            if (best_for_m < 0 || result.plans[idx].predicted.objective(options.objective) >
-                                      result.plans[best_for_m].predicted.objective(options.objective)) {
-              best_for_m = idx;
+        for (ExpertReduction red : {ExpertReduction::kAllReduce, ExpertReduction::kPartialSums}) {
+          if (tpe == 1 && red == ExpertReduction::kPartialSums) continue;  // nothing to reduce
+          Deployment d;
+          d.model = model;
+          d.shape = DeploymentShape{ga, ge, tpa, tpe, red};
+          d.seq_len = options.seq_len;
+          d.stage = search_stage_model(options, model, d.shape);
+          // n_a by balance (T_a = T_e with the constants ignored), and its neighbours.
+          const double n_bal =
+              d.stage.k3 > 0 ? std::min(d.stage.k1 * E / (d.stage.k3 * model.top_k), 1e6) : 1e6;
+          int n_cap = 1 << 20;
+          if (options.max_gpus > 0) n_cap = (options.max_gpus - E * tpe) / tpa;
+          if (n_cap < 1) continue;
+          std::set<int> n_values;
+          const int lo = static_cast<int>(std::floor(n_bal));
+          for (int n = lo - 1; n <= lo + 2; ++n) {
+            if (n >= 1) n_values.insert(std::min(n, n_cap));
+          }
+          for (int m = 1; m <= options.max_micro_batches; ++m) {
+            std::set<int> tried;
+            int best_for_m = -1;  // index into result.plans (which grows)
+            auto try_n = [&](int n_a) {
+              if (n_a < 1 || n_a > n_cap || !tried.insert(n_a).second) return;
+              Deployment cand = d;
+              cand.attention_nodes = n_a;
+              cand.micro_batches = m;
+              auto plan = best_batch(options, cand, &result.evaluated);
+              if (!plan.ok()) return;
+              if (options.max_gpus > 0 && n_a == n_cap && n_cap < lo) plan->binding += ",max_gpus";
+              result.plans.push_back(std::move(plan).value());
+              const int idx = static_cast<int>(result.plans.size()) - 1;
+              if (best_for_m < 0 ||
+                  result.plans[idx].predicted.objective(options.objective) >
+                      result.plans[best_for_m].predicted.objective(options.objective)) {
+                best_for_m = idx;
+              }
+            };
+            for (int n_a : n_values) try_n(n_a);
+            if (best_for_m < 0) continue;
+            // Balance again with the constants, at the batch just found:
+            // k1 b_a + k2 = k3 b_a n_a K / E + k4.
+            const Deployment& found = result.plans[best_for_m].deployment;
+            const StageModel& st = found.stage;  // refitted at the batch found
+            const double b_a = static_cast<double>(found.batch_per_micro_batch);
+            const double n_ref =
+                st.k3 > 0 ? (st.k1 * b_a + st.k2 - st.k4) * E / (st.k3 * b_a * model.top_k) : 0.0;
+            if (n_ref >= 1 && n_ref < (1 << 20)) {
+              const int f = static_cast<int>(std::floor(n_ref));
+              try_n(f);
+              try_n(f + 1);
             }
-          };
-          for (int n_a : n_values) try_n(n_a);
-          if (best_for_m < 0) continue;
-          // Balance again with the constants, at the batch just found:
-          // k1 b_a + k2 = k3 b_a n_a K / E + k4.
-          const double b_a =
-              static_cast<double>(result.plans[best_for_m].deployment.batch_per_micro_batch);
-          const double n_ref = (d.stage.k1 * b_a + d.stage.k2 - d.stage.k4) * E /
-                               (d.stage.k3 * b_a * model.top_k);
-          if (n_ref >= 1 && n_ref < (1 << 20)) {
-            const int f = static_cast<int>(std::floor(n_ref));
-            try_n(f);
-            try_n(f + 1);
           }
         }
       }

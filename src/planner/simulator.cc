@@ -52,7 +52,7 @@ class Engine {
     for (int e = 0; e < E_; ++e) {
       double b_e = n_a_ * b_a * d.model.top_k * shares_[e];
       t_e_.push_back(d.stage.t_expert(b_e));
-      t_c_e_.push_back(d.stage.t_comm_expert_side(b_e));
+      t_c_e_.push_back(d.stage.t_comm_expert_side(b_e, d.attention_nodes));
     }
     // Resources: attention compute, attention send NIC, attention receive NIC,
     // then expert compute, expert send NIC, expert receive NIC.

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "test_fixtures.h"
 
 namespace msinfer::planner {
@@ -11,18 +14,36 @@ using testing::half_util;
 using testing::ideal_gpu;
 using testing::tiny_model;
 
-TEST(StageModelTest, RooflineCoefficientsByHand) {
+// Fit ranges entirely above the ridge of both sides of the tiny model (attention:
+// 12.1 tokens, experts: 10 tokens), where the roofline is a straight line.
+constexpr FitRange kAboveRidge{64, 4096, 64, 4096};
+
+TEST(StageModelTest, RooflineCurvesByHand) {
   const ModelConfig m = tiny_model();
   DeploymentShape shape{ideal_gpu(), ideal_gpu(), 1, 1};
-  StageModel s = build_stage_model(m, shape, /*seq_len=*/100, half_util());
-  // k2: attention-side weights per MoE layer, 2 bytes * 38208 params / 2 layers, at 1e11 B/s.
-  EXPECT_NEAR(s.k2, 38208.0 / 1e11, 1e-18);
-  // k1: KV 128 B * 100 tokens at 1e11 B/s + (31488 dense + 25600 score) FLOPs at 1e12.
-  EXPECT_NEAR(s.k1, 128.0 * 100 / 1e11 + (31488.0 + 25600.0) / 1e12, 1e-18);
-  // k4: one expert's weights per layer, 2 * 3 * 64 * 128 bytes.
-  EXPECT_NEAR(s.k4, 49152.0 / 1e11, 1e-18);
-  // k3: 6 * 64 * 128 FLOPs per token.
-  EXPECT_NEAR(s.k3, 49152.0 / 1e12, 1e-18);
+  StageModel s = build_stage_model(m, shape, /*seq_len=*/100, half_util(), nullptr, kAboveRidge);
+  const RooflineCurve& a = s.attention_curve;
+  // Dense attention-side GEMMs: 31488 FLOPs per token at 1e12; weights 2 * 38208 / 2 layers
+  // bytes at 1e11 B/s.
+  EXPECT_NEAR(a.compute_per_token, 31488.0 / 1e12, 1e-20);
+  EXPECT_NEAR(a.weight, 38208.0 / 1e11, 1e-20);
+  // Decode attention reads 128 B * 100 of KV (1.28e-7 s) while computing 25600 score
+  // FLOPs (2.56e-8 s): one kernel, the larger of the two.
+  EXPECT_NEAR(a.serial_per_token, 128.0 * 100 / 1e11, 1e-20);
+  const RooflineCurve& e = s.expert_curve;
+  EXPECT_NEAR(e.compute_per_token, 49152.0 / 1e12, 1e-20);  // 6 h h' FLOPs
+  EXPECT_NEAR(e.weight, 49152.0 / 1e11, 1e-20);             // 2 * 3 h h' bytes
+  EXPECT_EQ(e.serial_per_token, 0.0);
+  // Per GEMM max(arithmetic, weights), not the sum: below the ridge the weights,
+  // above it the arithmetic.
+  EXPECT_NEAR(e.at(5), 49152.0 / 1e11, 1e-20);
+  EXPECT_NEAR(e.at(10), 49152.0 / 1e11, 1e-20);
+  EXPECT_NEAR(e.at(40), 40 * 49152.0 / 1e12, 1e-20);
+  // Above the ridge the fitted line is the curve itself: k2 = k4 = 0 overheads.
+  EXPECT_NEAR(s.k1, 31488.0 / 1e12 + 1.28e-7, 1e-15);
+  EXPECT_NEAR(s.k2, 0.0, 1e-12);
+  EXPECT_NEAR(s.k3, 49152.0 / 1e12, 1e-15);
+  EXPECT_NEAR(s.k4, 0.0, 1e-12);
   EXPECT_DOUBLE_EQ(s.dispatch_bytes_per_token, 2.0 * 64 * 2);  // bf16 row to K = 2 experts
   EXPECT_DOUBLE_EQ(s.expert_bytes_per_token, 2.0 * 64);
   // T_c: bytes / (1e9 B/s * 0.5).
@@ -34,16 +55,104 @@ TEST(StageModelTest, RooflineCoefficientsByHand) {
   EXPECT_DOUBLE_EQ(s.t_expert(3), 3 * s.k3 + s.k4);
 }
 
+TEST(StageModelTest, FitBelowTheRidgeIsAllWeights) {
+  StageModel s = build_stage_model(tiny_model(), {ideal_gpu(), ideal_gpu(), 1, 1}, 100, half_util(),
+                                   nullptr, FitRange{1, 4, 1, 8});
+  // Experts: b_e <= 8 < 10 tokens: T_e = weights alone, 4.9152e-7 s, flat.
+  EXPECT_NEAR(s.k3, 0.0, 1e-15);
+  EXPECT_NEAR(s.k4, 49152.0 / 1e11, 1e-15);
+  // Attention: flat weights 3.8208e-7 plus the KV reads 1.28e-7 per token.
+  EXPECT_NEAR(s.k1, 1.28e-7, 1e-15);
+  EXPECT_NEAR(s.k2, 38208.0 / 1e11, 1e-15);
+}
+
+TEST(StageModelTest, FitAcrossTheRidgeStaysBelowTheSum) {
+  // A GEMM at its ridge (10 tokens): roofline 4.9152e-7 s; the old sum k3 b + k4 said twice
+  // that. A line fitted over [5, 20] passes within 25% of the curve everywhere on it.
+  StageModel s = build_stage_model(tiny_model(), {ideal_gpu(), ideal_gpu(), 1, 1}, 100, half_util(),
+                                   nullptr, FitRange{64, 4096, 5, 20});
+  const double roof = 49152.0 / 1e11;
+  EXPECT_LT(s.t_expert(10), 1.25 * roof);
+  EXPECT_GT(s.t_expert(10), roof);  // a line under a convex curve's chord: above at the knee
+  for (double b : {5.0, 7.0, 10.0, 14.0, 20.0}) {
+    EXPECT_NEAR(s.t_expert(b) / s.expert_curve.at(b), 1.0, 0.25) << b;
+  }
+  const LinearFit f = fit_linear(RooflineCurve{1e-3, 0, 0, 0, 2e-3}, 1, 100);
+  EXPECT_NEAR(f.slope, 1e-3, 1e-12);  // a straight line is fitted exactly
+  EXPECT_NEAR(f.intercept, 2e-3, 1e-12);
+}
+
+TEST(NicTest, UtilisationAtThePerConnectionMessageSize) {
+  // 10% of line rate at 1000 B, 90% at 1e6 B (log-linear between), 1e9 B/s NIC.
+  auto curve = UtilCurve::make({{1000, 0.1}, {1e6, 0.9}}, "test");
+  ASSERT_TRUE(curve.ok());
+  // 4000 B over 4 connections: 1000 B messages, each at 10% of the line rate.
+  EXPECT_NEAR(nic_transfer_time(4000, 4, 1e9, *curve), 4000 / 1e8, 1e-15);
+  // One connection: one 4000 B message at util(4000) = 0.1 + 0.8 * log2(4) / log2(1000).
+  const double u4000 = 0.1 + 0.8 * 2 / std::log2(1000.0);
+  EXPECT_NEAR(nic_transfer_time(4000, 1, 1e9, *curve), 4000 / (1e9 * u4000), 1e-15);
+  EXPECT_NEAR(nic_transfer_time(4e6, 4, 1e9, *curve), 4e6 / 0.9e9, 1e-15);  // 1e6 B messages
+
+  // In the stage model: an attention GPU sends to E * tp_e = 4 * 2 expert GPUs; an expert
+  // GPU hears from n_a * tp_a attention GPUs.
+  StageModel s = build_stage_model(tiny_model(), {ideal_gpu(), ideal_gpu(), 2, 2}, 100, *curve);
+  EXPECT_DOUBLE_EQ(s.attention_connections, 8);
+  // b_a = 125 tokens, 2 * 64 * 2 / 2 = 128 B each: 16000 B, 2000 B per connection.
+  const double u2000 = 0.1 + 0.8 * 1 / std::log2(1000.0);
+  EXPECT_NEAR(s.t_comm_attention_side(125), 16000 / (1e9 * u2000), 1e-15);
+  // b_e = 375 tokens, 64 B each (tp_e 2): 24000 B from 3 nodes * tp_a 2 = 6 senders, 4000 B.
+  EXPECT_NEAR(s.t_comm_expert_side(375, 3), 24000 / (1e9 * u4000), 1e-15);
+  // Adding attention nodes shrinks each message: slower per byte.
+  EXPECT_GT(s.t_comm_expert_side(375, 6), s.t_comm_expert_side(375, 3));
+}
+
+TEST(StageModelTest, ExpertReductionOverlappedOrPartialSums) {
+  const ModelConfig m = tiny_model();
+  DeploymentShape ar_shape{ideal_gpu(), ideal_gpu(), 2, 2, ExpertReduction::kAllReduce};
+  DeploymentShape ps_shape{ideal_gpu(), ideal_gpu(), 2, 2, ExpertReduction::kPartialSums};
+  StageModel ar = build_stage_model(m, ar_shape, 100, half_util(), nullptr, kAboveRidge);
+  StageModel ps = build_stage_model(m, ps_shape, 100, half_util(), nullptr, kAboveRidge);
+  // Overlapped collective: all-gather (1/2 of a 128 B row) + all-reduce (2 * 1/2 of it) at
+  // 1e10 B/s = 1.92e-8 s per token, hidden under the GEMM (2.4576e-8 s per token) by the max.
+  EXPECT_NEAR(ar.expert_curve.overlapped_per_token, 1.5 * 128.0 / 1e10, 1e-20);
+  EXPECT_EQ(ar.expert_curve.serial_per_token, 0.0);
+  EXPECT_NEAR(ar.expert_curve.at(100), 100 * 49152.0 / 2 / 1e12, 1e-18);
+  EXPECT_NEAR(ar.k3, 49152.0 / 2 / 1e12, 1e-15);
+  EXPECT_DOUBLE_EQ(ar.expert_bytes_per_token, 64.0);     // a 1/tp_e slice of the row
+  EXPECT_DOUBLE_EQ(ar.dispatch_bytes_per_token, 128.0);  // 2 h K / tp_a
+  // Partial sums: no collective on the expert side; whole rows both ways (tp_e x bytes);
+  // the attention side reads tp_e K partial rows per token: 2 * 64 * 2 * 2 / 2 B at 1e11.
+  EXPECT_EQ(ps.expert_curve.overlapped_per_token, 0.0);
+  EXPECT_DOUBLE_EQ(ps.expert_bytes_per_token, 128.0);
+  EXPECT_DOUBLE_EQ(ps.dispatch_bytes_per_token, 256.0);
+  EXPECT_NEAR(ps.attention_curve.serial_per_token - ar.attention_curve.serial_per_token,
+              256.0 / 1e11, 1e-20);
+  // With a slow link the collective dominates the GEMM and partial sums win on T_e.
+  GpuSpec slow = ideal_gpu();
+  slow.intra_node_bandwidth = 1e8;
+  StageModel ar_slow = build_stage_model(m, {slow, slow, 2, 2, ExpertReduction::kAllReduce}, 100,
+                                         half_util(), nullptr, kAboveRidge);
+  EXPECT_NEAR(ar_slow.expert_curve.at(100), 100 * 1.5 * 128.0 / 1e8, 1e-15);
+  EXPECT_EQ(std::string(expert_reduction_name(ExpertReduction::kPartialSums)), "n2m-partial-sums");
+  EXPECT_TRUE(parse_expert_reduction("allreduce-overlapped").ok());
+  EXPECT_FALSE(parse_expert_reduction("ring").ok());
+}
+
 TEST(StageModelTest, TensorParallelSplitsWorkAndAddsAllReduce) {
   const ModelConfig m = tiny_model();
-  StageModel s1 = build_stage_model(m, {ideal_gpu(), ideal_gpu(), 1, 1}, 100, half_util());
-  StageModel s2 = build_stage_model(m, {ideal_gpu(), ideal_gpu(), 2, 2}, 100, half_util());
+  StageModel s1 = build_stage_model(m, {ideal_gpu(), ideal_gpu(), 1, 1}, 100, half_util(), nullptr,
+                                    kAboveRidge);
+  StageModel s2 = build_stage_model(m, {ideal_gpu(), ideal_gpu(), 2, 2}, 100, half_util(), nullptr,
+                                    kAboveRidge);
   // Ring all-reduce of a 128-byte hidden row over 2 GPUs: 2 * 1/2 * 128 B at 1e10 B/s.
   const double ar = 128.0 / 1e10;
-  EXPECT_NEAR(s2.k1, s1.k1 / 2 + ar, 1e-18);
-  EXPECT_NEAR(s2.k2, s1.k2 / 2, 1e-18);
-  EXPECT_NEAR(s2.k3, s1.k3 / 2 + ar, 1e-18);
-  EXPECT_NEAR(s2.k4, s1.k4 / 2, 1e-18);
+  EXPECT_NEAR(s2.attention_curve.compute_per_token, s1.attention_curve.compute_per_token / 2,
+              1e-20);
+  EXPECT_NEAR(s2.attention_curve.weight, s1.attention_curve.weight / 2, 1e-20);
+  EXPECT_NEAR(s2.attention_curve.serial_per_token, s1.attention_curve.serial_per_token / 2 + ar,
+              1e-20);
+  EXPECT_NEAR(s2.expert_curve.compute_per_token, s1.expert_curve.compute_per_token / 2, 1e-20);
+  EXPECT_NEAR(s2.expert_curve.weight, s1.expert_curve.weight / 2, 1e-20);
   EXPECT_DOUBLE_EQ(s2.dispatch_bytes_per_token, s1.dispatch_bytes_per_token / 2);
   EXPECT_DOUBLE_EQ(allreduce_time(ideal_gpu(), 1, 1e6, half_util()), 0.0);
   // Beyond a node (4 GPUs) the all-reduce crosses the NIC (1e9 B/s at 0.5).
@@ -55,7 +164,9 @@ TEST(StageModelTest, EfficiencyAndOverheadsComeFromTheCatalogue) {
   g.efficiency.memory_bandwidth = 0.5;
   g.efficiency.attention_layer_overhead_s = 1e-5;
   g.efficiency.expert_layer_overhead_s = 2e-5;
-  StageModel s = build_stage_model(tiny_model(), {g, g, 1, 1}, 100, half_util());
+  StageModel s = build_stage_model(tiny_model(), {g, g, 1, 1}, 100, half_util(), nullptr,
+                                   FitRange{1, 2, 1, 2});  // below both ridges
+  EXPECT_NEAR(s.attention_curve.weight, 2 * 38208.0 / 1e11, 1e-15);
   EXPECT_NEAR(s.k2, 2 * 38208.0 / 1e11 + 1e-5, 1e-15);
   EXPECT_NEAR(s.k4, 2 * 49152.0 / 1e11 + 2e-5, 1e-15);
 }

@@ -65,6 +65,9 @@ TEST(CliTest, PlanJsonHasSpecObjectAndFinishesFast) {
   EXPECT_EQ(j["alternatives"].size(), 5u);
   EXPECT_EQ(j["baselines"].size(), 2u);
   EXPECT_TRUE(j["constraints"]["slo"]["holds"].get<bool>());
+  // The default workload is the paper's trace: context 571 + 159/2.
+  EXPECT_EQ(j["search"]["workload"]["name"], "paper-trace");
+  EXPECT_DOUBLE_EQ(j["search"]["seq_len"].get<double>(), 650.5);
   // Not a timing assertion on the search (the "under a second" is
   // reported in docs/BENCHMARKS.md); only a guard against a runaway search.
   EXPECT_LT(s, 30.0);
@@ -78,6 +81,15 @@ TEST(CliTest, HeteroPlanPicksFromTheGivenGpus) {
   for (const char* k : {"attention_gpu", "expert_gpu"}) {
     std::string g = j["plan"][k];
     EXPECT_TRUE(g == "L20" || g == "L40S" || g == "H20" || g == "A800" || g == "H800") << g;
+  }
+}
+
+TEST(CliTest, ExplainShowsTheDecidingTermsAgainstTheRunnerUpPair) {
+  CliRun r = run("plan --model mixtral-8x22b --hetero --gpus L40S,H20 --explain --top 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* s : {"runner-up GPU pair", "expert: weight streaming ms", "expert TP reduction",
+                        "TBT ms / SLO ms", "ideal co-located bounds"}) {
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
   }
 }
 
@@ -142,6 +154,8 @@ TEST(CliTest, BadInputGetsOneLineErrorAndNonZeroExit) {
            {"plan --model dbrx --gpu A100 --objective speed", "--objective"},
            {"plan --model dbrx --gpu A100 --catalog /nonexistent.json", "/nonexistent.json"},
            {"plan --model dbrx --gpu A100 --slo-ms 0.001", "no deployment of dbrx"},
+           {"plan --model dbrx --gpu A100 --seq-len 700 --input-len 500", "--seq-len"},
+           {"plan --model dbrx --gpu A100 --workload chat", "paper-trace"},
            {"simulate --plan /nonexistent/plan.json", "/nonexistent/plan.json"},
            {"simulate --model dbrx --gpu A100 --imbalance pareto:1", "--imbalance"},
            {"simulate --model dbrx --gpu A100 --sweep layers=1..3", "--sweep"},

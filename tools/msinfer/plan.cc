@@ -20,7 +20,10 @@ std::vector<std::string> plan_cells(const Plan& p, int rank) {
           d.shape.attention_gpu.name + " x" + std::to_string(d.attention_nodes) + " tp" +
               std::to_string(d.shape.tp_attention),
           d.shape.expert_gpu.name + " x" + std::to_string(d.expert_nodes()) + " tp" +
-              std::to_string(d.shape.tp_expert),
+              std::to_string(d.shape.tp_expert) +
+              (d.shape.tp_expert == 1                                               ? ""
+               : d.shape.expert_reduction == planner::ExpertReduction::kPartialSums ? " psum"
+                                                                                    : " ar"),
           std::to_string(d.micro_batches),
           std::to_string(d.global_batch()),
           fmt(q.tokens_per_expert, 0),
@@ -36,14 +39,110 @@ std::vector<std::string> plan_cells(const Plan& p, int rank) {
           p.binding};
 }
 
+// The terms that decide between two plans, per layer and micro-batch at each plan's
+// own batch: what the roofline charges for arithmetic, weight streaming, KV reads
+// and collectives, the transfer, memory and the SLO.
+std::vector<std::vector<std::string>> explain_rows(const planner::SearchOptions& o,
+                                                   const std::vector<const Plan*>& plans) {
+  std::vector<std::vector<std::string>> rows;
+  auto row = [&](const std::string& name, auto f) {
+    std::vector<std::string> r{name};
+    for (const Plan* p : plans) r.push_back(f(*p));
+    rows.push_back(r);
+  };
+  auto ms = [](double s) { return fmt(s * 1e3, 4); };
+  row("GPUs (attention + experts)", [](const Plan& p) {
+    const auto& d = p.deployment;
+    return d.shape.attention_gpu.name + " tp" + std::to_string(d.shape.tp_attention) + " x" +
+           std::to_string(d.attention_nodes) + " + " + d.shape.expert_gpu.name + " tp" +
+           std::to_string(d.shape.tp_expert) + " x" + std::to_string(d.expert_nodes());
+  });
+  row("expert TP reduction", [](const Plan& p) {
+    const auto& d = p.deployment;
+    return std::string(
+        d.shape.tp_expert == 1 ? "none" : planner::expert_reduction_name(d.shape.expert_reduction));
+  });
+  row("m, b_a, b_e", [](const Plan& p) {
+    return std::to_string(p.deployment.micro_batches) + ", " +
+           std::to_string(p.deployment.batch_per_micro_batch) + ", " +
+           fmt(p.predicted.tokens_per_expert, 0);
+  });
+  auto b_a = [](const Plan& p) { return static_cast<double>(p.deployment.batch_per_micro_batch); };
+  row("attn: per-token GEMM compute ms", [&](const Plan& p) {
+    return ms(b_a(p) * p.deployment.stage.attention_curve.compute_per_token);
+  });
+  row("attn: weight streaming ms",
+      [&](const Plan& p) { return ms(p.deployment.stage.attention_curve.weight); });
+  row("attn: KV reads + collectives ms", [&](const Plan& p) {
+    return ms(b_a(p) * p.deployment.stage.attention_curve.serial_per_token);
+  });
+  row("expert: per-token GEMM compute ms", [&](const Plan& p) {
+    return ms(p.predicted.tokens_per_expert * p.deployment.stage.expert_curve.compute_per_token);
+  });
+  row("expert: weight streaming ms",
+      [&](const Plan& p) { return ms(p.deployment.stage.expert_curve.weight); });
+  row("expert: TP collective ms (overlapped)", [&](const Plan& p) {
+    return ms(p.predicted.tokens_per_expert * p.deployment.stage.expert_curve.overlapped_per_token);
+  });
+  row("T_a / T_e / T_c ms (fitted k's)", [&](const Plan& p) {
+    return fmt(p.predicted.t_attention * 1e3, 3) + " / " + fmt(p.predicted.t_expert * 1e3, 3) +
+           " / " + fmt(p.predicted.t_comm * 1e3, 3);
+  });
+  row("KV + weights / capacity GB", [](const Plan& p) {
+    return fmt(p.predicted.attention_memory_bytes / 1e9, 1) + " / " +
+           fmt(p.predicted.attention_memory_capacity / 1e9, 1);
+  });
+  row("TBT ms / SLO ms", [&](const Plan& p) {
+    return fmt(p.predicted.iteration * 1e3, 1) + " / " + fmt(o.slo * 1e3, 0);
+  });
+  row("binds", [](const Plan& p) { return p.binding; });
+  row("cost units, watts", [](const Plan& p) {
+    return fmt(p.deployment.cost(), 1) + ", " + fmt(p.deployment.power_w(), 0);
+  });
+  row(std::string("tok/s per ") + planner::objective_name(o.objective),
+      [&](const Plan& p) { return fmt(p.predicted.objective(o.objective), 3); });
+  return rows;
+}
+
+void print_explain(const planner::SearchOptions& o, const planner::SearchResult& r) {
+  const Plan& best = r.plans.front();
+  const Plan* runner = nullptr;
+  for (const Plan& p : r.plans) {
+    if (p.deployment.shape.attention_gpu.name != best.deployment.shape.attention_gpu.name ||
+        p.deployment.shape.expert_gpu.name != best.deployment.shape.expert_gpu.name) {
+      runner = &p;
+      break;
+    }
+  }
+  std::printf(
+      "\nWhy this plan (per layer and micro-batch, at each plan's batch; GEMM time is "
+      "max(compute, weights, overlapped collective) + serial + overhead):\n");
+  std::vector<const Plan*> plans{&best};
+  std::vector<std::string> header{"term", "chosen"};
+  if (runner != nullptr) {
+    plans.push_back(runner);
+    header.push_back("runner-up GPU pair");
+  } else {
+    std::printf("(only one GPU pair was searched: no runner-up pair)\n");
+  }
+  Table t(header);
+  for (auto& row : explain_rows(o, plans)) t.add_row(row);
+  std::cout << t.to_string();
+}
+
 void print_human(const planner::SearchOptions& o, const planner::SearchResult& r, size_t top,
                  const std::vector<planner::SensitivityRow>* sens, double elapsed_ms) {
   const Plan& best = r.plans.front();
   const auto& d = best.deployment;
-  std::printf("msinfer plan: %s (%d layers, %d experts, top-%d), SLO %.0f ms, context %.0f, "
-              "objective %s\n",
+  std::printf("msinfer plan: %s (%d layers, %d experts, top-%d), SLO %.0f ms, objective %s\n",
               o.model.name.c_str(), o.model.layers, o.model.experts, o.model.top_k, o.slo * 1e3,
-              o.seq_len, planner::objective_name(o.objective));
+              planner::objective_name(o.objective));
+  if (o.workload.name == "seq-len" || o.workload.name.empty()) {
+    std::printf("workload: mean decode context %.1f tokens (--seq-len)\n", o.seq_len);
+  } else {
+    std::printf("workload: %s, input %.0f + output %.0f tokens, mean decode context %.1f\n",
+                o.workload.name.c_str(), o.workload.input_len, o.workload.output_len, o.seq_len);
+  }
   std::printf("stage model: %s; searched %zu GPU pair(s), %zu feasible plans, %lld batch "
               "evaluations in %.1f ms\n\n",
               d.stage.source.c_str(), o.gpu_pairs.size(), r.plans.size(),
@@ -63,6 +162,9 @@ void print_human(const planner::SearchOptions& o, const planner::SearchResult& r
            "tok/s", "tok/s/GPU", "tok/s/cost", "tok/s/W", "GEMM util", "binds"});
   for (size_t i = 0; i < r.plans.size() && i <= top; ++i) t.add_row(plan_cells(r.plans[i], i + 1));
   std::cout << t.to_string() << "\n";
+  std::cout << "Baselines: ideal co-located bounds under the same efficiency factors (roofline "
+               "GEMMs, whole-batch hierarchical all-reduce, no stragglers), not models of "
+               "particular serving systems.\n";
   Table b({"baseline", "configuration", "GPUs", "batch", "TBT ms", "tok/s/GPU", "tok/s/cost",
            "tok/s/W", "plan gain"});
   for (const auto& x : r.baselines) {
@@ -99,6 +201,9 @@ int run_plan(int argc, char** argv) {
   add_search_flags(flags);
   flags.add_int("top", 5, 0, 1000, "alternatives shown after the best plan");
   flags.add_bool("sensitivity", "re-plan with each price and k1/k3 moved by +-20%");
+  flags.add_bool("explain",
+                 "show the terms (compute, weight streaming, collectives, T_c, KV memory, SLO) "
+                 "that decide between the chosen plan and the best plan of another GPU pair");
   flags.add_bool("json", "print one JSON object (SPEC.md section 7) instead of tables");
   flags.add_string("out", "", "write the plan document to this file (for simulate / serve)");
   flags.set_epilog(
@@ -150,6 +255,7 @@ int run_plan(int argc, char** argv) {
     std::cout << doc.dump(2) << "\n";
   } else {
     print_human(o, *result, top, flags.get_bool("sensitivity") ? &sens : nullptr, ms);
+    if (flags.get_bool("explain")) print_explain(o, *result);
     if (!flags.get_string("out").empty()) {
       std::printf("\nplan written to %s\n", flags.get_string("out").c_str());
     }

@@ -16,8 +16,15 @@ void add_search_flags(FlagSet& flags) {
   flags.add_string("catalog", "", "hardware catalogue JSON replacing the built-in one",
                    "MSINFER_CATALOG");
   flags.add_double("slo-ms", 150, 0, 3.6e6, "time-between-tokens SLO in milliseconds (> 0)");
-  flags.add_double("seq-len", 2048, 0, 1e7,
-                   "average context length of a decoding request (tokens, > 0)");
+  flags.add_string("workload", "paper-trace",
+                   "named workload preset giving --input-len/--output-len (paper-trace: 571/159, "
+                   "the MegaScale-Infer trace's medians)");
+  flags.add_double("input-len", 0, 0, 1e7, "prompt length in tokens (default: from --workload)");
+  flags.add_double("output-len", 0, 0, 1e7,
+                   "generated tokens per request (default: from --workload)");
+  flags.add_double("seq-len", 0, 0, 1e7,
+                   "direct mean decode context in tokens, instead of input + output/2 from "
+                   "--workload/--input-len/--output-len");
   flags.add_int("max-micro-batches", 4, 1, 64, "largest number of micro-batches m to try");
   flags.add_int("max-gpus", 0, 0, 1000000, "cap on the total GPUs of a deployment (0: no cap)");
   flags.add_string("objective", "cost", "rank plans by tokens/s per: cost | gpu | power");
@@ -90,9 +97,32 @@ StatusOr<SearchSetup> search_setup_from_flags(const FlagSet& flags) {
   }
   o.slo = flags.get_double("slo-ms") * 1e-3;
   if (!(o.slo > 0)) return invalid_argument("--slo-ms must be > 0");
-  o.seq_len = flags.get_double("seq-len");
-  if (!(o.seq_len > 0)) return invalid_argument("--seq-len must be > 0");
-  o.max_micro_batches = static_cast<int>(flags.get_int("max-micro-batches"));  // 1..64
+  if (flags.was_set("seq-len")) {
+    for (const char* f : {"workload", "input-len", "output-len"}) {
+      if (flags.was_set(f)) {
+        return invalid_argument(std::string("--seq-len gives the context directly; it conflicts "
+                                            "with --") +
+                                f);
+      }
+    }
+    o.seq_len = flags.get_double("seq-len");
+    if (!(o.seq_len > 0)) return invalid_argument("--seq-len must be > 0");
+    o.workload = planner::Workload{"seq-len", o.seq_len, 0};
+  } else {
+    MSI_ASSIGN_OR_RETURN(o.workload, planner::workload_preset(flags.get_string("workload")));
+    if (flags.was_set("input-len") || flags.was_set("output-len")) o.workload.name = "custom";
+    if (flags.was_set("input-len")) o.workload.input_len = flags.get_double("input-len");
+    if (flags.was_set("output-len")) o.workload.output_len = flags.get_double("output-len");
+    if (!(o.workload.input_len >= 0)) return invalid_argument("--input-len must be >= 0");
+    if (!(o.workload.output_len >= 0)) return invalid_argument("--output-len must be >= 0");
+    o.seq_len = o.workload.mean_decode_context();
+    if (!(o.seq_len > 0)) return invalid_argument("--input-len + --output-len/2 must be > 0");
+  }
+  if (flags.get_int("max-micro-batches") < 1 || flags.get_int("max-micro-batches") > 64) {
+    return invalid_argument("--max-micro-batches must be in 1..64");
+  }
+  o.max_micro_batches = static_cast<int>(flags.get_int("max-micro-batches"));
+  if (flags.get_int("max-gpus") < 0) return invalid_argument("--max-gpus must be >= 0");
   o.max_gpus = static_cast<int>(flags.get_int("max-gpus"));
   MSI_ASSIGN_OR_RETURN(o.objective, planner::parse_objective(flags.get_string("objective")));
   o.nic_util = cat.nic_util;

@@ -36,7 +36,8 @@ Status parse_imbalance(const std::string& s, double* zipf_s) {
 StatusOr<planner::Deployment> deployment_from_flags(const FlagSet& flags) {
   planner::Deployment d;
   if (!flags.get_string("plan").empty()) {
-    for (const char* f : {"model", "gpu", "expert-gpu", "gpus", "profile"}) {
+    for (const char* f : {"model", "gpu", "expert-gpu", "gpus", "profile", "workload", "input-len",
+                          "output-len", "seq-len"}) {
       if (flags.was_set(f)) {
         return invalid_argument(std::string("--") + f + " conflicts with --plan (the plan fixes it)");
       }

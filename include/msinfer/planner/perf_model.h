@@ -5,8 +5,10 @@
 //   T_e(b_e) = k3*b_e + k4     expert worker,    one layer, one micro-batch
 //   T_c      = max(sender side, receiver side) one-way M2N transfer time
 //
-// k1..k4 come from a measured profile (msinfer profile) or, without one, from
-// a roofline of the catalogued GPUs with the catalogue's efficiency factors.
+// k1..k4 come from a measured profile (msinfer profile) or, without one, are
+// fitted to a roofline of the catalogued GPUs (RooflineCurve: per GEMM the
+// larger of arithmetic and weight streaming, plus what really runs in series)
+// over the batch range the search explores.
 // All times are seconds, sizes bytes, rates bytes/s.
 #pragma once
 
@@ -20,6 +22,41 @@
 
 namespace msinfer::planner {
 
+// One worker's time per layer and micro-batch as the hardware behaves, for a
+// batch of b tokens:
+//   T(b) = max(b*compute, weight, b*overlapped) + b*serial + overhead
+// compute: GEMM FLOPs per token / achievable FLOP/s; weight: weight bytes /
+// achievable HBM bandwidth (a decode GEMM's FLOPs per weight byte is b for every
+// GEMM, so the max of the sums equals the sum of the per-GEMM maxima);
+// overlapped: a collective pipelined with the GEMMs; serial: kernels that run
+// after one another per token (KV reads, un-fused collectives); overhead: the
+// fixed launch/sync cost per layer.
+struct RooflineCurve {
+  double compute_per_token = 0;
+  double weight = 0;
+  double overlapped_per_token = 0;
+  double serial_per_token = 0;
+  double overhead = 0;
+  double at(double b) const;
+  Json to_json() const;
+};
+
+// The straight line k*b + k0 closest to `c` in relative error at 33 batch sizes
+// spaced geometrically over [lo, hi] (weighted least squares, weights 1/T^2), with
+// k, k0 >= 0. Exact where the curve is linear over the range.
+struct LinearFit {
+  double slope = 0, intercept = 0;
+};
+LinearFit fit_linear(const RooflineCurve& c, double lo, double hi);
+
+// Batch ranges k1/k2 (b_a, tokens per attention micro-batch) and k3/k4 (b_e, tokens
+// per expert) are fitted over. The default spans what the search's doubling
+// explores; the search then refits around the batch it settles on.
+struct FitRange {
+  double attention_lo = 1, attention_hi = 4096;
+  double expert_lo = 1, expert_hi = 4096;
+};
+
 struct StageModel {
   double k1 = 0, k2 = 0, k3 = 0, k4 = 0;
   double dispatch_bytes_per_token = 0;  // bytes one attention GPU sends per token (K*h*2/tp_a)
@@ -28,15 +65,24 @@ struct StageModel {
   double expert_nic_bandwidth = 0;      // bytes/s of one expert GPU's NIC
   UtilCurve nic_util;
   std::string source;  // "roofline" or "profile <file>"
+  // The roofline curves k1..k4 were fitted to and the range (informational; a
+  // plan file read back does not carry them).
+  RooflineCurve attention_curve, expert_curve;
+  FitRange fit;
+
+  // Concurrent connections: one attention GPU sends to every expert GPU
+  // (E * tp_e); one expert GPU hears from every attention GPU (n_a * tp_a).
+  double attention_connections = 1;
+  int tp_attention = 1;
 
   double t_attention(double b_a) const { return k1 * b_a + k2; }
   double t_expert(double b_e) const { return k3 * b_e + k4; }
   // One-way time for one attention worker to send (or receive) a micro-batch of b_a tokens.
   double t_comm_attention_side(double b_a) const;
-  // One-way time for one expert worker to receive (or send) b_e tokens.
-  double t_comm_expert_side(double b_e) const;
-  double t_comm(double b_a, double b_e) const {
-    double a = t_comm_attention_side(b_a), e = t_comm_expert_side(b_e);
+  // One-way time for one expert worker to receive (or send) b_e tokens from n_a attention nodes.
+  double t_comm_expert_side(double b_e, int n_a = 1) const;
+  double t_comm(double b_a, double b_e, int n_a = 1) const {
+    double a = t_comm_attention_side(b_a), e = t_comm_expert_side(b_e, n_a);
     return a > e ? a : e;
   }
 
@@ -63,17 +109,38 @@ inline constexpr double kMaxStageMs = 1e6;
 StatusOr<Profile> parse_profile(const Json& j, const std::string& source);
 StatusOr<Profile> load_profile(const std::string& path);
 
+// How the tp_e shards of an expert combine their row-parallel partial outputs.
+//  kAllReduce: the shards receive a 1/tp_e slice of each row, all-gather it and
+//    all-reduce the output among themselves, pipelined with the GEMMs in chunks
+//    (the collective overlaps the arithmetic instead of following it);
+//  kPartialSums: no collective among expert GPUs: every shard receives the whole
+//    row over M2N and sends its partial output back over N2M (tp_e times the bytes
+//    both ways); the attention side adds the tp_e partials into the residual.
+enum class ExpertReduction { kAllReduce, kPartialSums };
+const char* expert_reduction_name(ExpertReduction r);  // "allreduce-overlapped", "n2m-partial-sums"
+StatusOr<ExpertReduction> parse_expert_reduction(const std::string& s);
+
 struct DeploymentShape {
   GpuSpec attention_gpu;
   GpuSpec expert_gpu;
   int tp_attention = 1;
   int tp_expert = 1;
+  ExpertReduction expert_reduction = ExpertReduction::kAllReduce;  // matters when tp_expert > 1
 };
 
 // k1..k4 and the transfer model for `shape`, from the roofline or from `profile`.
-StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& shape,
-                             double seq_len, const UtilCurve& nic_util,
-                             const Profile* profile = nullptr);
+StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& shape, double seq_len,
+                             const UtilCurve& nic_util, const Profile* profile = nullptr,
+                             const FitRange& fit = FitRange{});
+
+// Time for one NIC of `bandwidth` bytes/s to move `bytes` split evenly over
+// `connections` concurrent (sender, receiver) messages. Every message goes
+// through the same NIC pipeline and pays its own per-message cost, so the
+// NIC runs at the utilisation of the message it actually carries:
+//   bytes / (BW * util(bytes / connections))
+// (the x axis of the catalogue's curve is one message, as in an RDMA write
+// bandwidth test; adding peers shrinks each message and lowers utilisation).
+double nic_transfer_time(double bytes, double connections, double bandwidth, const UtilCurve& util);
 
 // All-reduce time of `bytes` per GPU over a group of `tp` GPUs (ring: 2(tp-1)/tp
 // of the data crosses each link). Intra-node link when tp fits a node, else the NIC.

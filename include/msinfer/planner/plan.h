@@ -73,11 +73,26 @@ struct Plan {
   Json to_json() const;  // {plan, predicted, constraints}
 };
 
+// The decode workload: prompt (input) and generated (output) lengths in tokens.
+// A request decoding its j-th token reads a context of input + j; averaged over
+// the output, and over the requests of a continuously batched micro-batch (each
+// at a uniformly random point of its decode), the context is input + output/2.
+struct Workload {
+  std::string name;       // preset name, "custom" or "seq-len"
+  double input_len = 0;   // tokens
+  double output_len = 0;  // tokens
+  double mean_decode_context() const { return input_len + output_len / 2; }
+};
+// Named presets: "paper-trace" (MegaScale-Infer's production trace: median input
+// 571, median output 159 tokens). NOT_FOUND names the presets.
+StatusOr<Workload> workload_preset(const std::string& name);
+
 struct SearchOptions {
   ModelConfig model;
   std::vector<std::pair<GpuSpec, GpuSpec>> gpu_pairs;  // (attention GPU, expert GPU)
   double slo = 0.150;       // seconds
-  double seq_len = 2048;    // average context of a decoding request
+  double seq_len = 2048;    // mean decode context (Workload::mean_decode_context or --seq-len)
+  Workload workload;        // what seq_len came from (reported only)
   int max_micro_batches = 4;
   int max_gpus = 0;         // 0 = uncapped
   Objective objective = Objective::kCost;
@@ -114,13 +129,23 @@ StatusOr<SearchResult> search_plans(const SearchOptions& options);
 // under the options' context length, NIC curve and profile, with k1 and k3
 // scaled as the options say.
 StageModel search_stage_model(const SearchOptions& options, const ModelConfig& model,
-                              const DeploymentShape& shape);
+                              const DeploymentShape& shape, const FitRange& fit = FitRange{});
 
 // The largest b_a for a fixed deployment shape (n_a, m, GPUs, tp); NOT_FOUND if even
-// b_a = 1 breaks the SLO or memory.
+// b_a = 1 breaks the SLO or memory. Without a profile, k1..k4 are then refitted
+// over [b/2, 2b] around the batch found (b_a for k1, k2; b_e for k3, k4) and the
+// batch searched again, until it moves by less than 1% (at most 4 rounds).
 StatusOr<Plan> best_batch(const SearchOptions& options, Deployment d, int64_t* evaluations = nullptr);
 
-// The co-located baselines for one GPU type under the same SLO and model.
+// All-reduce of `bytes` per GPU over tp GPUs, hierarchically: reduce-scatter and
+// all-gather over NVLink/PCIe inside a node, the 1/g shard all-reduced across
+// nodes over every GPU's NIC in parallel (ring; NIC utilisation per message).
+double hierarchical_allreduce_time(const GpuSpec& gpu, int tp, double bytes,
+                                   const UtilCurve& nic_util);
+
+// The co-located baselines for one GPU type under the same SLO and model: ideal
+// bounds (roofline GEMMs, whole-batch collectives, no stragglers) under the same
+// efficiency factors, not models of particular serving systems.
 std::vector<Baseline> colocated_baselines(const SearchOptions& options, const GpuSpec& gpu);
 
 // Tensor-parallel sizes tried for a GPU: powers of two up to its GPUs per node.
