@@ -57,8 +57,7 @@ int run_profile(int argc, char** argv) {
     std::fprintf(stderr, "  %s\n", line.c_str());
   };
   // Progress goes to stderr, so it shows under --json too.
-  std::fprintf(stderr, "msinfer profile: CPU kernels %s, %s weights
-",
+  std::fprintf(stderr, "msinfer profile: CPU kernels %s, %s weights\n",
                kernels::cpu::isa_description().c_str(), kernels::cpu::weight_format_name(o.weights));
   auto r = bench::profile_model(o, progress);
   if (!r.ok()) return report_error("profile", r.status());
