@@ -57,9 +57,17 @@ Json KernelBenchResult::to_json() const {
   return Json{{"machine", machine.to_json()}, {"results", rows_j}};
 }
 
-StatusOr<KernelBenchResult> bench_kernels(const KernelBenchOptions& o) {
+StatusOr<KernelBenchResult> bench_kernels(const KernelBenchOptions& o,
+                                          void (*progress)(const std::string&)) {
   KernelBenchResult res;
   res.machine = measure_machine(o.quick);
+  auto report = [&](const KernelBenchRow& r) {
+    if (progress == nullptr) return;
+    progress(r.kernel + " " + r.weights + " tokens " + std::to_string(r.tokens) +
+             (r.context ? " context " + std::to_string(r.context) : std::string()) + ": " +
+             std::to_string(r.seconds * 1e3) + " ms");
+  };
+  if (progress) progress("machine limits measured (" + res.machine.isa + ")");
   const double min_s = o.quick ? o.min_seconds / 4 : o.min_seconds;
 
   // Expert FFN at the model's shapes.
@@ -91,6 +99,7 @@ StatusOr<KernelBenchResult> bench_kernels(const KernelBenchOptions& o) {
       // Packed weights (int8: one byte each plus a scale per row) + activations.
       r.bytes = static_cast<double>(p13[0].bytes() + p2[0].bytes()) + 4.0 * m * (2 * h + 3 * f);
       finish(r, res.machine);
+      report(r);
       res.rows.push_back(r);
     }
   }
@@ -143,6 +152,7 @@ StatusOr<KernelBenchResult> bench_kernels(const KernelBenchOptions& o) {
     row.bytes = 2.0 /*K,V*/ * 2.0 /*bf16*/ * R * ctx * kvh * hd;
     row.flops = 4.0 * R * H * hd * ctx;
     finish(row, res.machine);
+    report(row);
     res.rows.push_back(row);
   }
   return res;

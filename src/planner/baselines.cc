@@ -119,7 +119,11 @@ std::vector<Baseline> colocated_baselines(const SearchOptions& options, const Gp
   Baseline best_tp;
   for (int tp = 1; tp <= 64; tp *= 2) {
     if (options.max_gpus > 0 && tp > options.max_gpus) break;
-    const auto [ca, ce] = curves(tp);
+    // Named references, not a structured binding: lambdas below capture them,
+    // which clang < 16 (the fuzz build) refuses for bindings.
+    const auto tp_curves = curves(tp);
+    const auto& ca = tp_curves.first;
+    const auto& ce = tp_curves.second;
     const double cap = tp * gpu.memory_bytes * gpu.efficiency.memory_usable;
     // Per layer: attention with its all-reduces of the whole batch, then the E experts
     // one after another (b K / E tokens each), then one all-reduce of the batch's MoE
@@ -153,7 +157,11 @@ std::vector<Baseline> colocated_baselines(const SearchOptions& options, const Gp
   // Expert parallel with all-to-all: ep ranks (ep divides E), each a tp group.
   Baseline best_ep;
   for (int tp : tp_candidates(gpu)) {
-    const auto [ca, ce] = curves(tp);
+    // Named references, not a structured binding: lambdas below capture them,
+    // which clang < 16 (the fuzz build) refuses for bindings.
+    const auto tp_curves = curves(tp);
+    const auto& ca = tp_curves.first;
+    const auto& ce = tp_curves.second;
     for (int ep = 2; ep <= E; ++ep) {
       if (E % ep != 0) continue;
       if (options.max_gpus > 0 && ep * tp > options.max_gpus) break;

@@ -70,7 +70,10 @@ int run_bench_kernels(int argc, char** argv) {
       o.tokens.push_back(v);
     }
   }
-  auto r = bench::bench_kernels(o);
+  // Progress on stderr (the run takes about a minute), under --json too.
+  auto r = bench::bench_kernels(o, [](const std::string& line) {
+    std::fprintf(stderr, "  %s\n", line.c_str());
+  });
   if (!r.ok()) return report_error("bench kernels", r.status());
   if (flags.get_bool("json")) {
     std::cout << r->to_json().dump(2) << "\n";

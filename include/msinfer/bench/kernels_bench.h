@@ -48,6 +48,9 @@ struct KernelBenchResult {
   Json to_json() const;
 };
 
-StatusOr<KernelBenchResult> bench_kernels(const KernelBenchOptions& o);
+// `progress` receives one line per measured row and after the machine probes
+// (may be null): the whole run takes about a minute.
+StatusOr<KernelBenchResult> bench_kernels(const KernelBenchOptions& o,
+                                          void (*progress)(const std::string&) = nullptr);
 
 }  // namespace msinfer::bench
