@@ -159,6 +159,10 @@ std::string new_job_secret() {
   return s;
 }
 
+bool is_job_secret(const std::string& presented, const std::string& secret) {
+  return !secret.empty() && internal::same_secret(presented, secret);
+}
+
 StatusOr<std::unique_ptr<BootstrapServer>> BootstrapServer::start(int world,
                                                                   const std::string& host, int port,
                                                                   const std::string& secret) {

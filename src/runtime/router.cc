@@ -240,8 +240,7 @@ StatusOr<std::unique_ptr<Router>> Router::start_launched(const WorkerConfig& c,
     auto hello = read_line(*fd, &buf, &line, 30000) ? parse_json(line, "worker hello")
                                                      : StatusOr<Json>(invalid_argument("no hello"));
     const std::string secret = hello.ok() ? hello->value("secret", std::string()) : "";
-    if (!hello.ok() || secret.size() != r->server_->secret().size() ||
-        !std::equal(secret.begin(), secret.end(), r->server_->secret().begin())) {
+    if (!hello.ok() || !comm::is_job_secret(secret, r->server_->secret())) {
       ::close(*fd);  // not one of the job's ranks: ignored
       --joined;
       continue;

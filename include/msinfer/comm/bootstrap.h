@@ -32,6 +32,9 @@ class Bootstrap {
 
 // 32 hex digits from the kernel's random source (getrandom): a job's secret.
 std::string new_job_secret();
+// Whether `presented` is `secret`, compared in time that does not depend on
+// where they differ.
+bool is_job_secret(const std::string& presented, const std::string& secret);
 
 // Serves allgather rounds for `world` ranks on 127.0.0.1 (or `host`: the
 // interface the deployment uses, never all of them), port 0 = any free port.
