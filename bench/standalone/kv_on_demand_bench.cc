@@ -15,7 +15,9 @@ using namespace msinfer;
 
 int main(int argc, char** argv) {
   if (argc < 7) {
-    std::fprintf(stderr, "usage: %s MODEL_DIR KV_MB REQUESTS PROMPT_LEN MAX_TOKENS STOP_ID[,STOP_ID]\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s MODEL_DIR KV_MB REQUESTS PROMPT_LEN MAX_TOKENS STOP_ID[,STOP_ID]\n",
+                 argv[0]);
     return 2;
   }
   auto w = model::ModelWeights::load(argv[1]);
@@ -62,9 +64,11 @@ int main(int argc, char** argv) {
     running_sum += engine.running();
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("{\"requests\": %d, \"tokens\": %lld, \"seconds\": %.3f, \"tokens_per_s\": %.1f, \"steps\": %lld, "
-              "\"max_running\": %lld, \"mean_running\": %.1f}\n",
-              n, static_cast<long long>(tokens), s, tokens / s, static_cast<long long>(steps),
-              static_cast<long long>(max_running), static_cast<double>(running_sum) / steps);
+  std::printf(
+      "{\"requests\": %d, \"tokens\": %lld, \"seconds\": %.3f, \"tokens_per_s\": %.1f, \"steps\": "
+      "%lld, "
+      "\"max_running\": %lld, \"mean_running\": %.1f}\n",
+      n, static_cast<long long>(tokens), s, tokens / s, static_cast<long long>(steps),
+      static_cast<long long>(max_running), static_cast<double>(running_sum) / steps);
   return 0;
 }

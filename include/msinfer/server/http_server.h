@@ -28,7 +28,7 @@ namespace msinfer::server {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8000;  // 0: any free port (port() tells which)
+  int port = 8000;      // 0: any free port (port() tells which)
   std::string api_key;  // non-empty: /v1/* need "Authorization: Bearer KEY"
   int64_t max_body_bytes = 4 << 20;
   int64_t max_header_bytes = 16 << 10;
