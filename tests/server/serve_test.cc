@@ -659,6 +659,20 @@ TEST_F(ServeTest, SigtermDrainsRunningRequests) {
   ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
   pollfd p{fd, POLLIN, 0};
   ASSERT_EQ(::poll(&p, 1, 30000), 1);
+  // The stream is read as it comes (a client that stops reading would be cut
+  // off as a slow reader), on its own thread.
+  std::string stream;
+  std::thread reader([&] {
+    const auto deadline = clock_type::now() + std::chrono::seconds(120);
+    while (clock_type::now() < deadline && stream.find("[DONE]") == std::string::npos) {
+      pollfd q{fd, POLLIN, 0};
+      if (::poll(&q, 1, 100) <= 0) continue;
+      char buf[65536];
+      const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      stream.append(buf, static_cast<size_t>(n));
+    }
+  });
   ::kill(s.pid(), SIGTERM);
   // Draining: /health turns 503 (wait for it), new work is refused.
   bool saw_503 = false;
@@ -667,16 +681,7 @@ TEST_F(ServeTest, SigtermDrainsRunningRequests) {
   EXPECT_TRUE(saw_503);
   EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})").status, 503);
   // The running stream still ends normally.
-  std::string stream;
-  const auto deadline = clock_type::now() + std::chrono::seconds(120);
-  while (clock_type::now() < deadline && stream.find("[DONE]") == std::string::npos) {
-    pollfd q{fd, POLLIN, 0};
-    if (::poll(&q, 1, 100) <= 0) continue;
-    char buf[65536];
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) break;
-    stream.append(buf, static_cast<size_t>(n));
-  }
+  reader.join();
   ::close(fd);
   EXPECT_NE(stream.find("\"finish_reason\":\"length\""), std::string::npos);
   EXPECT_NE(stream.find("data: [DONE]"), std::string::npos);
