@@ -88,6 +88,8 @@ struct HttpServer::Impl {
   std::atomic<Scheduler*> scheduler{nullptr};
   std::atomic<bool> draining{false};
   std::atomic<int64_t> connections{0};
+  bool stopping = false;  // event-loop thread only
+  std::optional<net::steady_timer> stop_timer;
   std::optional<net::signal_set> signals;
   std::list<std::weak_ptr<Session>> sessions;  // event-loop thread only
   std::time_t created = std::time(nullptr);
@@ -118,7 +120,20 @@ class Session : public std::enable_shared_from_this<Session> {
     sock_.shutdown(tcp::socket::shutdown_both, ec);
     sock_.close(ec);
     timer_.cancel();
-    --srv_.connections;
+    // The last connection of a stopping server ends the event loop.
+    if (--srv_.connections == 0 && srv_.stopping) srv_.ioc.stop();
+  }
+
+  // Stopping: close now, or once what is queued for the client is written
+  // (the end of a drained stream, an error event).
+  void close_when_flushed() {
+    if (closed_) return;
+    if (writing_ || !out_queue_.empty()) {
+      keep_alive_ = false;
+      response_done_ = true;
+      return;  // on_write closes
+    }
+    close();
   }
 
  private:
@@ -292,6 +307,10 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (!out_queue_.empty()) {
       flush();
+      return;
+    }
+    if (srv_.stopping) {
+      close();
       return;
     }
     if (!response_done_) return;
@@ -650,11 +669,18 @@ void HttpServer::stop() {
     beast::error_code ec;
     impl->acceptor.close(ec);
     if (impl->signals) impl->signals->cancel(ec);
+    impl->stopping = true;
     for (auto& w : impl->sessions) {
-      if (auto s = w.lock()) s->close();
+      if (auto s = w.lock()) s->close_when_flushed();
     }
     impl->sessions.clear();
-    impl->ioc.stop();
+    if (impl->connections.load() == 0) {
+      impl->ioc.stop();
+      return;
+    }
+    // A client that does not read its last bytes gets 5 s.
+    impl->stop_timer.emplace(impl->ioc, std::chrono::seconds(5));
+    impl->stop_timer->async_wait([impl](beast::error_code) { impl->ioc.stop(); });
   });
 }
 

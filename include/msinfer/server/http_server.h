@@ -53,7 +53,8 @@ class HttpServer {
   void set_scheduler(Scheduler* s);
   // Thread-safe. From now on /health and new generation requests answer 503.
   void set_draining();
-  // Thread-safe. Stops accepting and closes every connection; run() returns.
+  // Thread-safe. Stops accepting and closes every connection once what is
+  // queued for it is written (at most 5 s); run() returns.
   void stop();
   // Before run(): calls f (on the event loop's thread) whenever SIGTERM or
   // SIGINT arrives; the handler is installed by this call.
