@@ -21,7 +21,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto err = parse_request(in, data[0] % 4 == 2, ctx, &r);
     if (!err) {
       // Accepted: the limits hold.
-      if (r.prompt.empty() || static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens > 4096) __builtin_trap();
+      if (r.prompt.empty() || static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens > 4096)
+        __builtin_trap();
       for (int32_t t : r.prompt) {
         if (t < 0 || t >= 1000) __builtin_trap();
       }

@@ -397,7 +397,9 @@ Status Router::cancel(int64_t id) {
                                                      StatusCode::kDeadlineExceeded,
                                                      "did not answer a cancel"));
   MSI_ASSIGN_OR_RETURN(Json ans, parse_json(line, name_of(w)));
-  if (!ans.contains("cancelled")) return internal_error(name_of(w) + ": expected cancelled, got " + line);
+  if (!ans.contains("cancelled")) {
+    return internal_error(name_of(w) + ": expected cancelled, got " + line);
+  }
   w.kv_usage = ans.value("kv_usage", w.kv_usage);
   w.load -= load_of_[id];
   load_of_.erase(id);

@@ -28,13 +28,20 @@ using Fail = std::optional<ApiError>;
 
 const char* type_name(const Json& v) {
   switch (v.type()) {
-    case Json::value_t::null: return "null";
-    case Json::value_t::boolean: return "a boolean";
-    case Json::value_t::string: return "a string";
-    case Json::value_t::array: return "an array";
-    case Json::value_t::object: return "an object";
-    case Json::value_t::number_float: return "a number";
-    default: return "an integer";
+    case Json::value_t::null:
+      return "null";
+    case Json::value_t::boolean:
+      return "a boolean";
+    case Json::value_t::string:
+      return "a string";
+    case Json::value_t::array:
+      return "an array";
+    case Json::value_t::object:
+      return "an object";
+    case Json::value_t::number_float:
+      return "a number";
+    default:
+      return "an integer";
   }
 }
 
@@ -84,9 +91,10 @@ Fail get_bool(const Json& j, const std::string& key, bool* out) {
 Fail token_ids(const Json& a, const std::string& key, int64_t vocab, std::vector<int32_t>* out) {
   for (const auto& v : a) {
     if (!v.is_number_integer()) return bad_request("'" + key + "' token ids must be integers", key);
-    const int64_t id = v.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(
-                                                    v.get<uint64_t>(), uint64_t{INT64_MAX}))
-                                              : v.get<int64_t>();
+    const int64_t id =
+        v.is_number_unsigned()
+            ? static_cast<int64_t>(std::min<uint64_t>(v.get<uint64_t>(), uint64_t{INT64_MAX}))
+            : v.get<int64_t>();
     if (id < 0 || id >= vocab) {
       return bad_request("token id " + std::to_string(id) + " is outside the vocabulary (0.." +
                              std::to_string(vocab - 1) + ")",
@@ -153,9 +161,10 @@ Fail chat_prompt(const Json& j, const ApiContext& ctx, std::vector<int32_t>* out
   if (!it->is_array()) return wrong_type("messages", "an array", *it);
   if (it->empty()) return bad_request("'messages' is empty", "messages");
   if (ctx.chat_template == nullptr || ctx.tokenizer == nullptr) {
-    return bad_request("this model has no chat template (tokenizer_config.json chat_template); "
-                       "use /v1/completions",
-                       "messages");
+    return bad_request(
+        "this model has no chat template (tokenizer_config.json chat_template); "
+        "use /v1/completions",
+        "messages");
   }
   Json messages = Json::array();
   for (size_t i = 0; i < it->size(); ++i) {
@@ -209,8 +218,8 @@ std::optional<ApiError> parse_request(const std::string& body, bool chat, const 
       e.http_status = 404;
       e.type = "NotFoundError";
       e.param = "model";
-      e.message = "the model '" + it->get<std::string>() + "' does not exist (this server serves '" +
-                  ctx.served_model_name + "')";
+      e.message = "the model '" + it->get<std::string>() +
+                  "' does not exist (this server serves '" + ctx.served_model_name + "')";
       return e;
     }
   }
@@ -260,8 +269,8 @@ std::optional<ApiError> parse_request(const std::string& body, bool chat, const 
   if (chat) {
     if (auto f = get_int(j, "max_completion_tokens", &max_tokens)) return f;
   }
-  const char* max_key = chat && j.contains("max_completion_tokens") ? "max_completion_tokens"
-                                                                      : "max_tokens";
+  const char* max_key =
+      chat && j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   if (max_tokens == -1 && !j.contains(max_key)) {
     max_tokens = ctx.max_model_len - plen;
   } else if (max_tokens < 1) {
@@ -281,7 +290,8 @@ std::optional<ApiError> parse_request(const std::string& body, bool chat, const 
   if (!(top_p > 0 && top_p <= 1)) return bad_request("'top_p' must be in (0, 1]", "top_p");
   int64_t top_k = -1;
   if (auto f = get_int(j, "top_k", &top_k)) return f;
-  if (top_k < -1 || top_k > (1ll << 30)) return bad_request("'top_k' must be -1, 0 or positive", "top_k");
+  if (top_k < -1 || top_k > (1ll << 30))
+    return bad_request("'top_k' must be -1, 0 or positive", "top_k");
   if (auto f = get_number(j, "frequency_penalty", &fp)) return f;
   if (auto f = get_number(j, "presence_penalty", &pp)) return f;
   for (auto [v, k] : {std::pair{fp, "frequency_penalty"}, {pp, "presence_penalty"}}) {
@@ -322,7 +332,8 @@ std::optional<ApiError> parse_request(const std::string& body, bool chat, const 
       r.stop.push_back(it->get<std::string>());
     } else if (it->is_array()) {
       for (const auto& s : *it) {
-        if (!s.is_string()) return bad_request("'stop' must be a string or an array of strings", "stop");
+        if (!s.is_string())
+          return bad_request("'stop' must be a string or an array of strings", "stop");
         r.stop.push_back(s.get<std::string>());
       }
     } else {

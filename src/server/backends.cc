@@ -51,5 +51,4 @@ std::unique_ptr<GenerationBackend> router_backend(std::unique_ptr<runtime::Route
   return std::make_unique<RouterBackend>(std::move(r));
 }
 
-
 }  // namespace msinfer::server

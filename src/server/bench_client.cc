@@ -1,14 +1,13 @@
 #include "msinfer/server/bench_client.h"
 
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 #include <cmath>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <random>
-
-#include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 
 namespace msinfer::server {
 
@@ -20,7 +19,8 @@ using bench_clock = std::chrono::steady_clock;
 
 Status parse_base_url(const std::string& url, std::string* host, int* port) {
   const std::string scheme = "http://";
-  if (url.rfind(scheme, 0) != 0) return invalid_argument("--base-url must start with http:// (got '" + url + "')");
+  if (url.rfind(scheme, 0) != 0)
+    return invalid_argument("--base-url must start with http:// (got '" + url + "')");
   std::string rest = url.substr(scheme.size());
   rest = rest.substr(0, rest.find('/'));
   const size_t colon = rest.rfind(':');
@@ -29,7 +29,8 @@ Status parse_base_url(const std::string& url, std::string* host, int* port) {
   if (colon != std::string::npos) {
     char* end = nullptr;
     const long p = std::strtol(rest.c_str() + colon + 1, &end, 10);
-    if (*end != '\0' || p < 1 || p > 65535) return invalid_argument("--base-url: bad port in '" + url + "'");
+    if (*end != '\0' || p < 1 || p > 65535)
+      return invalid_argument("--base-url: bad port in '" + url + "'");
     *port = static_cast<int>(p);
   }
   if (host->empty()) return invalid_argument("--base-url: no host in '" + url + "'");
@@ -100,8 +101,11 @@ Call::Call(Run& run, size_t index) : run_(run), index_(index), sock_(run.ioc) {
   parser_.body_limit(boost::none);
   const BenchPrompt& p = run.o.prompts[index];
   const bool chat = run.o.endpoint.find("chat") != std::string::npos;
-  Json body{{"max_tokens", p.output_len}, {"ignore_eos", true}, {"stream", true},
-            {"stream_options", {{"include_usage", true}}}, {"temperature", 0}};
+  Json body{{"max_tokens", p.output_len},
+            {"ignore_eos", true},
+            {"stream", true},
+            {"stream_options", {{"include_usage", true}}},
+            {"temperature", 0}};
   if (!run.o.model.empty()) body["model"] = run.o.model;
   if (chat) {
     body["messages"] = Json::array({{{"role", "user"}, {"content", p.prompt}}});
@@ -113,7 +117,9 @@ Call::Call(Run& run, size_t index) : run_(run), index_(index), sock_(run.ioc) {
              "Content-Type: application/json\r\nConnection: close\r\n" +
              (run.o.api_key.empty() ? "" : "Authorization: Bearer " + run.o.api_key + "\r\n") +
              "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b;
-  chunk_cb_ = [this](uint64_t, beast::string_view data, beast::error_code&) { return on_chunk(data); };
+  chunk_cb_ = [this](uint64_t, beast::string_view data, beast::error_code&) {
+    return on_chunk(data);
+  };
   parser_.on_chunk_body(chunk_cb_);
 }
 
@@ -125,21 +131,24 @@ void Call::start() {
     if (ec) return self->fail("connect: " + ec.message());
     beast::error_code ignored;
     self->sock_.set_option(tcp::no_delay(true), ignored);
-    net::async_write(self->sock_, net::buffer(self->request_), [self](beast::error_code ec, size_t) {
-      if (ec) return self->fail("write: " + ec.message());
-      http::async_read(self->sock_, self->buf_, self->parser_, [self](beast::error_code ec, size_t) {
-        RequestResult& r = self->run_.results[self->index_];
-        r.http_status = static_cast<int>(self->parser_.get().result_int());
-        if (ec && !(ec == http::error::end_of_stream && self->done_)) {
-          return self->fail("read: " + ec.message());
-        }
-        if (r.http_status != 200) {
-          return self->fail("HTTP " + std::to_string(r.http_status) + ": " + self->parser_.get().body().substr(0, 200));
-        }
-        if (!self->done_) return self->fail("the stream ended without [DONE]");
-        self->finish();
-      });
-    });
+    net::async_write(
+        self->sock_, net::buffer(self->request_), [self](beast::error_code ec, size_t) {
+          if (ec) return self->fail("write: " + ec.message());
+          http::async_read(self->sock_, self->buf_, self->parser_,
+                           [self](beast::error_code ec, size_t) {
+                             RequestResult& r = self->run_.results[self->index_];
+                             r.http_status = static_cast<int>(self->parser_.get().result_int());
+                             if (ec && !(ec == http::error::end_of_stream && self->done_)) {
+                               return self->fail("read: " + ec.message());
+                             }
+                             if (r.http_status != 200) {
+                               return self->fail("HTTP " + std::to_string(r.http_status) + ": " +
+                                                 self->parser_.get().body().substr(0, 200));
+                             }
+                             if (!self->done_) return self->fail("the stream ended without [DONE]");
+                             self->finish();
+                           });
+        });
   });
 }
 
@@ -173,9 +182,10 @@ void Call::on_event(const std::string& data) {
   bool text = false;
   if (j.contains("choices") && j["choices"].is_array() && !j["choices"].empty()) {
     const Json& c = j["choices"][0];
-    if (c.contains("text") && c["text"].is_string() && !c["text"].get<std::string>().empty()) text = true;
-    if (c.contains("delta") && c["delta"].contains("content") && c["delta"]["content"].is_string() &&
-        !c["delta"]["content"].get<std::string>().empty()) {
+    if (c.contains("text") && c["text"].is_string() && !c["text"].get<std::string>().empty())
+      text = true;
+    if (c.contains("delta") && c["delta"].contains("content") &&
+        c["delta"]["content"].is_string() && !c["delta"]["content"].get<std::string>().empty()) {
       text = true;
     }
   }
@@ -226,13 +236,15 @@ StatusOr<OnlineBenchReport> run_online_bench(const OnlineBenchOptions& o) {
   // Arrival times: gamma gaps with shape `burstiness` and mean 1/rate (vLLM's).
   std::mt19937_64 rng(o.seed);
   const bool at_once = !(o.request_rate > 0) || std::isinf(o.request_rate);
-  std::gamma_distribution<double> gap(o.burstiness, at_once ? 1.0 : 1.0 / (o.request_rate * o.burstiness));
+  std::gamma_distribution<double> gap(o.burstiness,
+                                      at_once ? 1.0 : 1.0 / (o.request_rate * o.burstiness));
   run.t0 = bench_clock::now();
   double t = 0;
   for (size_t i = 0; i < o.prompts.size(); ++i) {
     if (i > 0 && !at_once) t += gap(rng);
-    auto timer = std::make_unique<net::steady_timer>(run.ioc, run.t0 + std::chrono::duration_cast<bench_clock::duration>(
-                                                                          std::chrono::duration<double>(t)));
+    auto timer = std::make_unique<net::steady_timer>(
+        run.ioc, run.t0 + std::chrono::duration_cast<bench_clock::duration>(
+                              std::chrono::duration<double>(t)));
     timer->async_wait([&run, i](beast::error_code e) {
       if (!e) run.launch(i);
     });

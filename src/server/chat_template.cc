@@ -10,10 +10,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <optional>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <variant>
@@ -42,11 +42,35 @@ struct Value {
   std::shared_ptr<Object> o;  // shared: namespace() attributes are set in place
   std::shared_ptr<Callable> fn;
 
-  static Value null() { Value v; v.kind = kNull; return v; }
-  static Value boolean(bool x) { Value v; v.kind = kBool; v.b = x; return v; }
-  static Value integer(int64_t x) { Value v; v.kind = kInt; v.i = x; return v; }
-  static Value number(double x) { Value v; v.kind = kFloat; v.f = x; return v; }
-  static Value str(std::string x) { Value v; v.kind = kString; v.s = std::move(x); return v; }
+  static Value null() {
+    Value v;
+    v.kind = kNull;
+    return v;
+  }
+  static Value boolean(bool x) {
+    Value v;
+    v.kind = kBool;
+    v.b = x;
+    return v;
+  }
+  static Value integer(int64_t x) {
+    Value v;
+    v.kind = kInt;
+    v.i = x;
+    return v;
+  }
+  static Value number(double x) {
+    Value v;
+    v.kind = kFloat;
+    v.f = x;
+    return v;
+  }
+  static Value str(std::string x) {
+    Value v;
+    v.kind = kString;
+    v.s = std::move(x);
+    return v;
+  }
   static Value array(Array x = {}) {
     Value v;
     v.kind = kArray;
@@ -63,14 +87,23 @@ struct Value {
   double num() const { return kind == kInt ? static_cast<double>(i) : f; }
   bool truthy() const {
     switch (kind) {
-      case kUndefined: case kNull: return false;
-      case kBool: return b;
-      case kInt: return i != 0;
-      case kFloat: return f != 0;
-      case kString: return !s.empty();
-      case kArray: return !a->empty();
-      case kObject: return !o->items.empty();
-      case kFunction: return true;
+      case kUndefined:
+      case kNull:
+        return false;
+      case kBool:
+        return b;
+      case kInt:
+        return i != 0;
+      case kFloat:
+        return f != 0;
+      case kString:
+        return !s.empty();
+      case kArray:
+        return !a->empty();
+      case kObject:
+        return !o->items.empty();
+      case kFunction:
+        return true;
     }
     return false;
   }
@@ -95,12 +128,17 @@ struct Callable {
 
 Value from_json(const Json& j) {
   switch (j.type()) {
-    case Json::value_t::null: return Value::null();
-    case Json::value_t::boolean: return Value::boolean(j.get<bool>());
+    case Json::value_t::null:
+      return Value::null();
+    case Json::value_t::boolean:
+      return Value::boolean(j.get<bool>());
     case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned: return Value::integer(j.get<int64_t>());
-    case Json::value_t::number_float: return Value::number(j.get<double>());
-    case Json::value_t::string: return Value::str(j.get<std::string>());
+    case Json::value_t::number_unsigned:
+      return Value::integer(j.get<int64_t>());
+    case Json::value_t::number_float:
+      return Value::number(j.get<double>());
+    case Json::value_t::string:
+      return Value::str(j.get<std::string>());
     case Json::value_t::array: {
       Array a;
       for (const auto& e : j) a.push_back(from_json(e));
@@ -111,7 +149,8 @@ Value from_json(const Json& j) {
       for (const auto& [k, e] : j.items()) v.o->items.emplace_back(k, from_json(e));
       return v;
     }
-    default: return Value();
+    default:
+      return Value();
   }
 }
 
@@ -128,17 +167,26 @@ std::string js_number(double d) {
 
 std::string to_string(const Value& v);
 
-std::string json_string(const std::string& s) { return Json(s).dump(-1, ' ', false, Json::error_handler_t::replace); }
+std::string json_string(const std::string& s) {
+  return Json(s).dump(-1, ' ', false, Json::error_handler_t::replace);
+}
 
 // tojson as the reference writes it: ", " and ": " separators, or indented.
 std::string to_json(const Value& v, int indent, int depth) {
   switch (v.kind) {
-    case Value::kUndefined: case Value::kNull: return "null";
-    case Value::kBool: return v.b ? "true" : "false";
-    case Value::kInt: return std::to_string(v.i);
-    case Value::kFloat: return js_number(v.f);
-    case Value::kString: return json_string(v.s);
-    case Value::kArray: case Value::kObject: {
+    case Value::kUndefined:
+    case Value::kNull:
+      return "null";
+    case Value::kBool:
+      return v.b ? "true" : "false";
+    case Value::kInt:
+      return std::to_string(v.i);
+    case Value::kFloat:
+      return js_number(v.f);
+    case Value::kString:
+      return json_string(v.s);
+    case Value::kArray:
+    case Value::kObject: {
       const std::string ind(indent > 0 ? indent : 0, ' ');
       std::string base = "\n";
       for (int d = 0; d < depth; ++d) base += ind;
@@ -148,7 +196,8 @@ std::string to_json(const Value& v, int indent, int depth) {
         for (const auto& e : *v.a) core.push_back(to_json(e, indent, depth + 1));
       } else {
         for (const auto& [k, e] : v.o->items) {
-          core.push_back((indent > 0 ? child : "") + "\"" + k + "\": " + to_json(e, indent, depth + 1));
+          core.push_back((indent > 0 ? child : "") + "\"" + k +
+                         "\": " + to_json(e, indent, depth + 1));
         }
       }
       std::string out;
@@ -163,29 +212,39 @@ std::string to_json(const Value& v, int indent, int depth) {
         return out + "]";
       }
       out = "{";
-      for (size_t i = 0; i < core.size(); ++i) out += (i ? (indent > 0 ? "," : ", ") : "") + core[i];
+      for (size_t i = 0; i < core.size(); ++i)
+        out += (i ? (indent > 0 ? "," : ", ") : "") + core[i];
       return out + (indent > 0 ? base : "") + "}";
     }
-    case Value::kFunction: throw Error("cannot convert a function to JSON");
+    case Value::kFunction:
+      throw Error("cannot convert a function to JSON");
   }
   return "";
 }
 
 std::string to_string(const Value& v) {
   switch (v.kind) {
-    case Value::kUndefined: return "undefined";
-    case Value::kNull: return "null";
-    case Value::kBool: return v.b ? "true" : "false";
-    case Value::kInt: return std::to_string(v.i);
-    case Value::kFloat: return std::fmod(v.f, 1.0) == 0 ? js_number(v.f) + ".0" : js_number(v.f);
-    case Value::kString: return v.s;
+    case Value::kUndefined:
+      return "undefined";
+    case Value::kNull:
+      return "null";
+    case Value::kBool:
+      return v.b ? "true" : "false";
+    case Value::kInt:
+      return std::to_string(v.i);
+    case Value::kFloat:
+      return std::fmod(v.f, 1.0) == 0 ? js_number(v.f) + ".0" : js_number(v.f);
+    case Value::kString:
+      return v.s;
     case Value::kArray: {
       std::string s;
       for (size_t i = 0; i < v.a->size(); ++i) s += (i ? "," : "") + to_string((*v.a)[i]);
       return s;
     }
-    case Value::kObject: return "[object Map]";
-    case Value::kFunction: return "[function]";
+    case Value::kObject:
+      return "[object Map]";
+    case Value::kFunction:
+      return "[function]";
   }
   return "";
 }
@@ -220,15 +279,18 @@ bool equal(const Value& x, const Value& y) {
   if (xn || yn) return xn && yn;
   if (x.kind != y.kind) return false;
   switch (x.kind) {
-    case Value::kArray: return x.a == y.a;
-    case Value::kObject: return x.o == y.o;
-    default: return false;
+    case Value::kArray:
+      return x.a == y.a;
+    case Value::kObject:
+      return x.o == y.o;
+    default:
+      return false;
   }
 }
 
 // JavaScript's String.prototype.trim whitespace, in UTF-8.
 size_t ws_len(const std::string& s, size_t i) {
-  static const char* kMulti[] = {"\xC2\xA0", "\xE1\x9A\x80", "\xE2\x80\xA8", "\xE2\x80\xA9",
+  static const char* kMulti[] = {"\xC2\xA0",     "\xE1\x9A\x80", "\xE2\x80\xA8", "\xE2\x80\xA9",
                                  "\xE2\x80\xAF", "\xE2\x81\x9F", "\xE3\x80\x80", "\xEF\xBB\xBF"};
   const unsigned char c = s[i];
   if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f') return 1;
@@ -238,7 +300,8 @@ size_t ws_len(const std::string& s, size_t i) {
   }
   // U+2000..U+200A: E2 80 80..8A
   if (i + 2 < s.size() && c == 0xE2 && static_cast<unsigned char>(s[i + 1]) == 0x80 &&
-      static_cast<unsigned char>(s[i + 2]) >= 0x80 && static_cast<unsigned char>(s[i + 2]) <= 0x8A) {
+      static_cast<unsigned char>(s[i + 2]) >= 0x80 &&
+      static_cast<unsigned char>(s[i + 2]) <= 0x8A) {
     return 3;
   }
   return 0;
@@ -270,7 +333,18 @@ std::string trim_end(const std::string& s) {
 
 // ---------------------------------------------------------------- lexer
 
-enum class Tok { kText, kOpenStmt, kCloseStmt, kOpenExpr, kCloseExpr, kName, kString, kNumber, kOp, kEnd };
+enum class Tok {
+  kText,
+  kOpenStmt,
+  kCloseStmt,
+  kOpenExpr,
+  kCloseExpr,
+  kName,
+  kString,
+  kNumber,
+  kOp,
+  kEnd
+};
 struct Token {
   Tok type;
   std::string text;
@@ -286,7 +360,8 @@ std::string preprocess(std::string t) {
     if (i == 0 || t[i - 1] == '\n') {
       size_t j = i;
       while (j < t.size() && (t[j] == ' ' || t[j] == '\t')) ++j;
-      if (j + 1 < t.size() && t[j] == '{' && (t[j + 1] == '#' || t[j + 1] == '%' || t[j + 1] == '-')) {
+      if (j + 1 < t.size() && t[j] == '{' &&
+          (t[j + 1] == '#' || t[j + 1] == '%' || t[j + 1] == '-')) {
         i = j;
       }
     }
@@ -307,7 +382,9 @@ std::string preprocess(std::string t) {
     }
   }
   t.swap(o);
-  auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; };
+  auto is_space = [](char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+  };
   // "-%}\s*" -> "%}" and "\s*{%-" -> "{%", likewise for }} and #}.
   for (const auto& [close, open] : {std::pair{"%}", "{%"}, {"}}", "{{"}, {"#}", "{#"}}) {
     const std::string dash_close = std::string("-") + close, open_dash = std::string(open) + "-";
@@ -355,7 +432,9 @@ std::vector<Token> lex(const std::string& src_in) {
   while (p < src.size()) {
     if (!in_tag) {
       const size_t start = p;
-      while (p < src.size() && !(src[p] == '{' && (at(p + 1) == '%' || at(p + 1) == '{' || at(p + 1) == '#'))) ++p;
+      while (p < src.size() &&
+             !(src[p] == '{' && (at(p + 1) == '%' || at(p + 1) == '{' || at(p + 1) == '#')))
+        ++p;
       if (p > start) {
         toks.push_back({Tok::kText, src.substr(start, p - start), line});
         line += static_cast<int>(std::count(src.begin() + start, src.begin() + p, '\n'));
@@ -363,7 +442,8 @@ std::vector<Token> lex(const std::string& src_in) {
       if (p >= src.size()) break;
       if (at(p + 1) == '#') {
         const size_t end = src.find("#}", p + 2);
-        if (end == std::string::npos) throw Error("line " + std::to_string(line) + ": unclosed comment");
+        if (end == std::string::npos)
+          throw Error("line " + std::to_string(line) + ": unclosed comment");
         line += static_cast<int>(std::count(src.begin() + p, src.begin() + end, '\n'));
         p = end + 2;
         continue;
@@ -380,7 +460,8 @@ std::vector<Token> lex(const std::string& src_in) {
       continue;
     }
     int brace_depth = 0;
-    for (auto it = toks.rbegin(); it != toks.rend() && it->type != Tok::kOpenExpr && it->type != Tok::kOpenStmt; ++it) {
+    for (auto it = toks.rbegin();
+         it != toks.rend() && it->type != Tok::kOpenExpr && it->type != Tok::kOpenStmt; ++it) {
       if (it->type == Tok::kOp && it->text == "{") --brace_depth;
       if (it->type == Tok::kOp && it->text == "}") ++brace_depth;
     }
@@ -402,11 +483,12 @@ std::vector<Token> lex(const std::string& src_in) {
       while (p < src.size() && src[p] != c) {
         if (src[p] == '\\') {
           const char e = at(p + 1);
-          static const std::map<char, char> kEsc = {{'n', '\n'}, {'t', '\t'}, {'r', '\r'}, {'b', '\b'},
-                                                    {'f', '\f'}, {'v', '\v'}, {'\'', '\''}, {'"', '"'},
-                                                    {'\\', '\\'}};
+          static const std::map<char, char> kEsc = {{'n', '\n'},  {'t', '\t'}, {'r', '\r'},
+                                                    {'b', '\b'},  {'f', '\f'}, {'v', '\v'},
+                                                    {'\'', '\''}, {'"', '"'},  {'\\', '\\'}};
           auto it = kEsc.find(e);
-          if (it == kEsc.end()) throw Error("line " + std::to_string(line) + ": unexpected escape \\" + e);
+          if (it == kEsc.end())
+            throw Error("line " + std::to_string(line) + ": unexpected escape \\" + e);
           s += it->second;
           p += 2;
           continue;
@@ -432,13 +514,15 @@ std::vector<Token> lex(const std::string& src_in) {
     }
     if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
       size_t q = p;
-      while (q < src.size() && (std::isalnum(static_cast<unsigned char>(src[q])) || src[q] == '_')) ++q;
+      while (q < src.size() && (std::isalnum(static_cast<unsigned char>(src[q])) || src[q] == '_'))
+        ++q;
       toks.push_back({Tok::kName, src.substr(p, q - p), line});
       p = q;
       continue;
     }
-    static const char* kOps[] = {"==", "!=", "<=", ">=", "//", "**", "+", "-", "*", "/", "%", "<", ">",
-                                 "=", "~", "|", ".", ",", ":", "(", ")", "[", "]", "{", "}"};
+    static const char* kOps[] = {"==", "!=", "<=", ">=", "//", "**", "+", "-", "*",
+                                 "/",  "%",  "<",  ">",  "=",  "~",  "|", ".", ",",
+                                 ":",  "(",  ")",  "[",  "]",  "{",  "}"};
     bool found = false;
     for (const char* op : kOps) {
       const size_t n = std::strlen(op);
@@ -449,9 +533,12 @@ std::vector<Token> lex(const std::string& src_in) {
         break;
       }
     }
-    if (!found) throw Error("line " + std::to_string(line) + ": unexpected character '" + std::string(1, c) + "'");
+    if (!found)
+      throw Error("line " + std::to_string(line) + ": unexpected character '" + std::string(1, c) +
+                  "'");
   }
-  if (in_tag) throw Error("line " + std::to_string(line) + ": unclosed tag at the end of the template");
+  if (in_tag)
+    throw Error("line " + std::to_string(line) + ": unclosed tag at the end of the template");
   toks.push_back({Tok::kEnd, "", line});
   return toks;
 }
@@ -461,13 +548,27 @@ std::vector<Token> lex(const std::string& src_in) {
 struct Expr;
 using ExprP = std::shared_ptr<Expr>;
 struct Expr {
-  enum Kind { kLiteral, kName, kList, kDict, kAttr, kItem, kSlice, kCall, kFilter, kTest, kUnary, kBinary, kTernary };
+  enum Kind {
+    kLiteral,
+    kName,
+    kList,
+    kDict,
+    kAttr,
+    kItem,
+    kSlice,
+    kCall,
+    kFilter,
+    kTest,
+    kUnary,
+    kBinary,
+    kTernary
+  };
   Kind kind;
   Value literal;
-  std::string name;          // name, attribute, filter, test, operator
-  std::vector<ExprP> args;   // operands / elements / call args (positional)
+  std::string name;         // name, attribute, filter, test, operator
+  std::vector<ExprP> args;  // operands / elements / call args (positional)
   std::vector<std::pair<std::string, ExprP>> kwargs;
-  bool negate = false;       // is not
+  bool negate = false;  // is not
 };
 
 struct Stmt;
@@ -476,11 +577,11 @@ struct Stmt {
   enum Kind { kText, kOutput, kIf, kFor, kSet, kMacro, kBreak, kContinue };
   Kind kind;
   std::string text;
-  ExprP expr;                              // output / if test / for iterable / set value
+  ExprP expr;                                    // output / if test / for iterable / set value
   std::vector<std::pair<ExprP, Body>> branches;  // if: (test, body); else with null test
-  std::vector<std::string> targets;        // for / set names
-  ExprP target;                            // set: name or attribute
-  ExprP filter;                            // for ... if
+  std::vector<std::string> targets;              // for / set names
+  ExprP target;                                  // set: name or attribute
+  ExprP filter;                                  // for ... if
   Body body, else_body;
   std::vector<std::pair<std::string, ExprP>> params;  // macro
 };
@@ -501,8 +602,12 @@ class Parser {
   [[noreturn]] void fail(const std::string& m) const {
     throw Error("line " + std::to_string(peek().line) + ": " + m);
   }
-  bool is_op(const std::string& o, int k = 0) const { return peek(k).type == Tok::kOp && peek(k).text == o; }
-  bool is_name(const std::string& n, int k = 0) const { return peek(k).type == Tok::kName && peek(k).text == n; }
+  bool is_op(const std::string& o, int k = 0) const {
+    return peek(k).type == Tok::kOp && peek(k).text == o;
+  }
+  bool is_name(const std::string& n, int k = 0) const {
+    return peek(k).type == Tok::kName && peek(k).text == n;
+  }
   void expect_op(const std::string& o) {
     if (!is_op(o)) fail("expected '" + o + "', got '" + peek().text + "'");
     ++p_;
@@ -859,7 +964,8 @@ class Parser {
     if (tk.type == Tok::kNumber) {
       auto e = make(Expr::kLiteral);
       const std::string n = next().text;
-      e->literal = n.find('.') == std::string::npos ? Value::integer(std::stoll(n)) : Value::number(std::stod(n));
+      e->literal = n.find('.') == std::string::npos ? Value::integer(std::stoll(n))
+                                                    : Value::number(std::stod(n));
       return e;
     }
     if (tk.type == Tok::kName) {
@@ -952,7 +1058,9 @@ class Interpreter {
 
   void exec(const Stmt& st, Scope& s, std::string& out) {
     switch (st.kind) {
-      case Stmt::kText: out += st.text; return;
+      case Stmt::kText:
+        out += st.text;
+        return;
       case Stmt::kOutput: {
         Value v = eval(*st.expr, s);
         if (v.kind != Value::kNull && v.kind != Value::kUndefined) out += to_string(v);
@@ -967,7 +1075,8 @@ class Interpreter {
           }
         }
         return;
-      case Stmt::kFor: return exec_for(st, s, out);
+      case Stmt::kFor:
+        return exec_for(st, s, out);
       case Stmt::kSet: {
         Value v;
         if (st.expr) {
@@ -976,7 +1085,8 @@ class Interpreter {
           v = Value::str(run(st.body, s));
         }
         if (!st.targets.empty()) {
-          if (v.kind != Value::kArray || v.a->size() != st.targets.size()) throw Error("cannot unpack in set");
+          if (v.kind != Value::kArray || v.a->size() != st.targets.size())
+            throw Error("cannot unpack in set");
           for (size_t i = 0; i < st.targets.size(); ++i) s.set(st.targets[i], (*v.a)[i]);
         } else if (st.target->kind == Expr::kName) {
           s.set(st.target->name, v);
@@ -1028,8 +1138,10 @@ class Interpreter {
         s.set(st.text, v);
         return;
       }
-      case Stmt::kBreak: throw BreakSignal();
-      case Stmt::kContinue: throw ContinueSignal();
+      case Stmt::kBreak:
+        throw BreakSignal();
+      case Stmt::kContinue:
+        throw ContinueSignal();
     }
   }
 
@@ -1050,7 +1162,8 @@ class Interpreter {
         sc.set(st.targets[0], v);
         return;
       }
-      if (v.kind != Value::kArray || v.a->size() != st.targets.size()) throw Error("cannot unpack a loop item");
+      if (v.kind != Value::kArray || v.a->size() != st.targets.size())
+        throw Error("cannot unpack a loop item");
       for (size_t i = 0; i < st.targets.size(); ++i) sc.set(st.targets[i], (*v.a)[i]);
     };
     if (st.filter) {
@@ -1149,7 +1262,9 @@ class Interpreter {
     if (m == "upper" || m == "lower") {
       fn->call = [s, m](const Args&, const Kwargs&) {
         std::string r = s;
-        for (char& c : r) c = m == "upper" ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c));
+        for (char& c : r)
+          c = m == "upper" ? std::toupper(static_cast<unsigned char>(c))
+                           : std::tolower(static_cast<unsigned char>(c));
         return Value::str(r);
       };
     } else if (m == "strip" || m == "lstrip" || m == "rstrip") {
@@ -1164,7 +1279,8 @@ class Interpreter {
         if (a.empty()) throw Error(m + "() needs an argument");
         auto test = [&](const std::string& p) {
           if (p.size() > s.size()) return false;
-          return m == "startswith" ? s.compare(0, p.size(), p) == 0 : s.compare(s.size() - p.size(), p.size(), p) == 0;
+          return m == "startswith" ? s.compare(0, p.size(), p) == 0
+                                   : s.compare(s.size() - p.size(), p.size(), p) == 0;
         };
         if (a[0].kind == Value::kString) return Value::boolean(test(a[0].s));
         if (a[0].kind == Value::kArray) {
@@ -1184,13 +1300,15 @@ class Interpreter {
           while (in >> w) out.push_back(Value::str(w));
           return Value::array(std::move(out));
         }
-        if (a[0].kind != Value::kString || a[0].s.empty()) throw Error("split() needs a non-empty string");
+        if (a[0].kind != Value::kString || a[0].s.empty())
+          throw Error("split() needs a non-empty string");
         const std::string& sep = a[0].s;
         int64_t max = a.size() > 1 && a[1].kind == Value::kInt ? a[1].i : -1;
         size_t from = 0;
         for (;;) {
           const size_t at = s.find(sep, from);
-          if (at == std::string::npos || (max >= 0 && static_cast<int64_t>(out.size()) >= max)) break;
+          if (at == std::string::npos || (max >= 0 && static_cast<int64_t>(out.size()) >= max))
+            break;
           out.push_back(Value::str(s.substr(from, at - from)));
           from = at + sep.size();
         }
@@ -1227,7 +1345,8 @@ class Interpreter {
             if (i == 0) r[i] = std::toupper(static_cast<unsigned char>(r[i]));
             continue;
           }
-          r[i] = start ? std::toupper(static_cast<unsigned char>(r[i])) : std::tolower(static_cast<unsigned char>(r[i]));
+          r[i] = start ? std::toupper(static_cast<unsigned char>(r[i]))
+                       : std::tolower(static_cast<unsigned char>(r[i]));
           start = std::isspace(static_cast<unsigned char>(r[i])) != 0;
         }
         return Value::str(r);
@@ -1294,7 +1413,8 @@ class Interpreter {
     }
     if (f == "default" || f == "d") {
       const bool boolean = (a.size() > 1 && a[1].truthy());
-      if (x.kind == Value::kUndefined || (boolean && !x.truthy())) return a.empty() ? Value::str("") : a[0];
+      if (x.kind == Value::kUndefined || (boolean && !x.truthy()))
+        return a.empty() ? Value::str("") : a[0];
       return x;
     }
     if (f == "first" || f == "last") {
@@ -1352,7 +1472,8 @@ class Interpreter {
       need(Value::kArray, "a list");
       Array out;
       for (const auto& v : *x.a) {
-        if (std::none_of(out.begin(), out.end(), [&](const Value& o) { return equal(o, v); })) out.push_back(v);
+        if (std::none_of(out.begin(), out.end(), [&](const Value& o) { return equal(o, v); }))
+          out.push_back(v);
       }
       return Value::array(std::move(out));
     }
@@ -1381,7 +1502,8 @@ class Interpreter {
           ti = 1;
         }
         bool keep = subject.truthy();
-        if (a.size() > ti) keep = test(to_string(a[ti]), subject, Args(a.begin() + ti + 1, a.end()));
+        if (a.size() > ti)
+          keep = test(to_string(a[ti]), subject, Args(a.begin() + ti + 1, a.end()));
         if (f == "rejectattr" || f == "reject") keep = !keep;
         if (keep) out.push_back(v);
       }
@@ -1477,7 +1599,8 @@ class Interpreter {
     if (l.kind == Value::kUndefined || r.kind == Value::kUndefined) {
       throw Error("cannot apply " + op + " to an undefined value");
     }
-    if (l.kind == Value::kNull || r.kind == Value::kNull) throw Error("cannot apply " + op + " to none");
+    if (l.kind == Value::kNull || r.kind == Value::kNull)
+      throw Error("cannot apply " + op + " to none");
     if (op == "~") return Value::str(to_string(l) + to_string(r));
     if (l.is_number() && r.is_number()) {
       const bool fl = l.kind == Value::kFloat || r.kind == Value::kFloat;
@@ -1490,7 +1613,8 @@ class Interpreter {
       }
       if (op == "//") {
         if (b == 0) throw Error("division by zero");
-        return fl ? Value::number(std::floor(a / b)) : Value::integer(static_cast<int64_t>(std::floor(a / b)));
+        return fl ? Value::number(std::floor(a / b))
+                  : Value::integer(static_cast<int64_t>(std::floor(a / b)));
       }
       if (op == "%") {
         if (!fl) {
@@ -1565,7 +1689,8 @@ class Interpreter {
 
   Value eval(const Expr& e, Scope& s) {
     switch (e.kind) {
-      case Expr::kLiteral: return e.literal;
+      case Expr::kLiteral:
+        return e.literal;
       case Expr::kName: {
         if (e.name == "true" || e.name == "True") return Value::boolean(true);
         if (e.name == "false" || e.name == "False") return Value::boolean(false);
@@ -1585,7 +1710,8 @@ class Interpreter {
         }
         return d;
       }
-      case Expr::kAttr: return member(eval(*e.args[0], s), e.name);
+      case Expr::kAttr:
+        return member(eval(*e.args[0], s), e.name);
       case Expr::kItem: {
         Value x = eval(*e.args[0], s);
         Value k = eval(*e.args[1], s);
@@ -1603,7 +1729,8 @@ class Interpreter {
         if (x.kind == Value::kUndefined) throw Error("cannot index undefined");
         return Value();
       }
-      case Expr::kSlice: return slice(eval(*e.args[0], s), e, s);
+      case Expr::kSlice:
+        return slice(eval(*e.args[0], s), e, s);
       case Expr::kCall: {
         Args a;
         Kwargs kw;

@@ -1,13 +1,12 @@
 #include "msinfer/server/http_server.h"
 
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 #include <csignal>
 #include <ctime>
 #include <list>
 #include <optional>
-
-#include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 
 namespace msinfer::server {
 
@@ -20,19 +19,32 @@ namespace {
 
 const char* reason_phrase(int status) {
   switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 413: return "Payload Too Large";
-    case 415: return "Unsupported Media Type";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 503: return "Service Unavailable";
-    default: return "Unknown";
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 413:
+      return "Payload Too Large";
+    case 415:
+      return "Unsupported Media Type";
+    case 429:
+      return "Too Many Requests";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "Unknown";
   }
 }
 
@@ -76,6 +88,8 @@ struct HttpServer::Impl {
   std::atomic<Scheduler*> scheduler{nullptr};
   std::atomic<bool> draining{false};
   std::atomic<int64_t> connections{0};
+  bool stopping = false;  // event-loop thread only
+  std::optional<net::steady_timer> stop_timer;
   std::optional<net::signal_set> signals;
   std::list<std::weak_ptr<Session>> sessions;  // event-loop thread only
   std::time_t created = std::time(nullptr);
@@ -106,7 +120,20 @@ class Session : public std::enable_shared_from_this<Session> {
     sock_.shutdown(tcp::socket::shutdown_both, ec);
     sock_.close(ec);
     timer_.cancel();
-    --srv_.connections;
+    // The last connection of a stopping server ends the event loop.
+    if (--srv_.connections == 0 && srv_.stopping) srv_.ioc.stop();
+  }
+
+  // Stopping: close now, or once what is queued for the client is written
+  // (the end of a drained stream, an error event).
+  void close_when_flushed() {
+    if (closed_) return;
+    if (writing_ || !out_queue_.empty()) {
+      keep_alive_ = false;
+      response_done_ = true;
+      return;  // on_write closes
+    }
+    close();
   }
 
  private:
@@ -159,10 +186,9 @@ class Session : public std::enable_shared_from_this<Session> {
       // A request that does not arrive in time (slowloris, idle keep-alive).
       if (!ec && self->reading_) self->close();
     });
-    http::async_read_header(sock_, buf_, *parser_,
-                            [self = shared_from_this()](beast::error_code ec, size_t) {
-                              self->on_header(ec);
-                            });
+    http::async_read_header(
+        sock_, buf_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
   }
 
   bool read_failed(beast::error_code ec) {
@@ -183,8 +209,8 @@ class Session : public std::enable_shared_from_this<Session> {
                ec == net::error::bad_descriptor || buf_.size() == 0) {
       close();
     } else {
-      respond_error(error_of(400, "invalid_request_error", "malformed HTTP request: " + ec.message()),
-                    true);
+      respond_error(
+          error_of(400, "invalid_request_error", "malformed HTTP request: " + ec.message()), true);
     }
     return true;
   }
@@ -207,10 +233,9 @@ class Session : public std::enable_shared_from_this<Session> {
       beast::error_code wec;
       net::write(sock_, net::buffer(std::string_view("HTTP/1.1 100 Continue\r\n\r\n")), wec);
     }
-    http::async_read(sock_, buf_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       self->on_read(ec);
-                     });
+    http::async_read(
+        sock_, buf_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
 
   void on_read(beast::error_code ec) {
@@ -225,10 +250,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void watch() {
     if (closed_ || watching_ || reading_) return;
     watching_ = true;
-    sock_.async_read_some(buf_.prepare(4096),
-                          [self = shared_from_this()](beast::error_code ec, size_t n) {
-                            self->on_watch(ec, n);
-                          });
+    sock_.async_read_some(
+        buf_.prepare(4096),
+        [self = shared_from_this()](beast::error_code ec, size_t n) { self->on_watch(ec, n); });
   }
 
   void on_watch(beast::error_code ec, size_t n) {
@@ -239,7 +263,8 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     buf_.commit(n);
-    if (buf_.size() > static_cast<size_t>(srv_.options.max_header_bytes + srv_.options.max_body_bytes)) {
+    if (buf_.size() >
+        static_cast<size_t>(srv_.options.max_header_bytes + srv_.options.max_body_bytes)) {
       close();
       return;
     }
@@ -266,10 +291,9 @@ class Session : public std::enable_shared_from_this<Session> {
     writing_ = true;
     out_writing_.swap(out_queue_);
     out_queue_.clear();
-    net::async_write(sock_, net::buffer(out_writing_),
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       self->on_write(ec);
-                     });
+    net::async_write(
+        sock_, net::buffer(out_writing_),
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); });
   }
 
   void on_write(beast::error_code ec) {
@@ -283,6 +307,10 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (!out_queue_.empty()) {
       flush();
+      return;
+    }
+    if (srv_.stopping) {
+      close();
       return;
     }
     if (!response_done_) return;
@@ -385,9 +413,9 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     Scheduler* sched = srv_.scheduler.load();
     if (sched == nullptr || srv_.draining) {
-      return respond_error(error_of(503, "service_unavailable",
-                                    sched == nullptr ? "the model is loading"
-                                                     : "the server is shutting down"));
+      return respond_error(
+          error_of(503, "service_unavailable",
+                   sched == nullptr ? "the model is loading" : "the server is shutting down"));
     }
     auto gen = std::make_shared<Generation>();
     if (auto err = parse_request(req.body(), chat, srv_.ctx, &gen->req)) {
@@ -402,7 +430,8 @@ class Session : public std::enable_shared_from_this<Session> {
     r.id = gen->id;
     r.prompt = gen->req.prompt;
     r.sampling = gen->req.sampling;
-    Status s = sched->submit(std::move(r), std::make_shared<Sink>(weak_from_this(), srv_.ioc, gen->id));
+    Status s =
+        sched->submit(std::move(r), std::make_shared<Sink>(weak_from_this(), srv_.ioc, gen->id));
     if (!s.ok()) {
       if (s.code() == StatusCode::kResourceExhausted) {
         return respond_error(error_of(429, "rate_limit_error", s.message()), false,
@@ -430,8 +459,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // ---- answers ----
 
   Json base(const Generation& g, bool chunked) const {
-    const char* object = g.req.chat ? (chunked ? "chat.completion.chunk" : "chat.completion")
-                                    : "text_completion";
+    const char* object =
+        g.req.chat ? (chunked ? "chat.completion.chunk" : "chat.completion") : "text_completion";
     return Json{{"id", g.object_id},
                 {"object", object},
                 {"created", static_cast<int64_t>(g.created)},
@@ -464,8 +493,10 @@ class Session : public std::enable_shared_from_this<Session> {
         top.push_back({{"token", t}, {"logprob", lp}, {"bytes", byte_array(t)}});
       }
       if (acc->is_null()) *acc = Json{{"content", Json::array()}};
-      (*acc)["content"].push_back(
-          {{"token", tok}, {"logprob", ev.logprob}, {"bytes", byte_array(tok)}, {"top_logprobs", top}});
+      (*acc)["content"].push_back({{"token", tok},
+                                   {"logprob", ev.logprob},
+                                   {"bytes", byte_array(tok)},
+                                   {"top_logprobs", top}});
     } else {
       if (acc->is_null()) {
         *acc = Json{{"tokens", Json::array()},
@@ -554,11 +585,12 @@ class Session : public std::enable_shared_from_this<Session> {
     if (closed_ || !gen_ || gen_->id != id || gen_->done) return;
     Generation& g = *gen_;
     g.done = true;
-    ApiError e = error_of(st.code() == StatusCode::kInvalidArgument ? 400 : 503,
-                          st.code() == StatusCode::kInvalidArgument ? "invalid_request_error"
-                                                                   : "service_unavailable",
-                          st.message());
-    if (st.code() == StatusCode::kResourceExhausted) e = error_of(400, "invalid_request_error", st.message());
+    ApiError e = error_of(
+        st.code() == StatusCode::kInvalidArgument ? 400 : 503,
+        st.code() == StatusCode::kInvalidArgument ? "invalid_request_error" : "service_unavailable",
+        st.message());
+    if (st.code() == StatusCode::kResourceExhausted)
+      e = error_of(400, "invalid_request_error", st.message());
     gen_.reset();
     if (g.req.stream) {
       // The status line is out already: an error event, then the end.
@@ -618,7 +650,8 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::start(const ServerOptions& o, 
   if (!ec) impl->acceptor.set_option(net::socket_base::reuse_address(true), ec);
   if (!ec) impl->acceptor.bind(ep, ec);
   if (!ec) impl->acceptor.listen(net::socket_base::max_listen_connections, ec);
-  if (ec) return Status(StatusCode::kUnavailable, "cannot listen on " + where + ": " + ec.message());
+  if (ec)
+    return Status(StatusCode::kUnavailable, "cannot listen on " + where + ": " + ec.message());
   impl->accept();
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
 }
@@ -636,11 +669,18 @@ void HttpServer::stop() {
     beast::error_code ec;
     impl->acceptor.close(ec);
     if (impl->signals) impl->signals->cancel(ec);
+    impl->stopping = true;
     for (auto& w : impl->sessions) {
-      if (auto s = w.lock()) s->close();
+      if (auto s = w.lock()) s->close_when_flushed();
     }
     impl->sessions.clear();
-    impl->ioc.stop();
+    if (impl->connections.load() == 0) {
+      impl->ioc.stop();
+      return;
+    }
+    // A client that does not read its last bytes gets 5 s.
+    impl->stop_timer.emplace(impl->ioc, std::chrono::seconds(5));
+    impl->stop_timer->async_wait([impl](beast::error_code) { impl->ioc.stop(); });
   });
 }
 

@@ -45,12 +45,12 @@ std::string Histogram::render(const std::string& name, const std::string& labels
 
 Metrics::Metrics(std::string model_name)
     // vLLM's buckets.
-    : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-             7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}),
-      itl_({0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-            10.0, 20.0, 40.0, 80.0}),
-      e2e_({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}) {
+    : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+             1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}),
+      itl_({0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+            20.0, 40.0, 80.0}),
+      e2e_({0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+            30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}) {
   std::string escaped;
   for (char c : model_name) {
     if (c == '"' || c == '\\') escaped += '\\';
@@ -125,7 +125,8 @@ std::string Metrics::render(const Gauges& g) const {
       << (it == success_.end() ? 0 : it->second) << "\n";
   }
   counter("msinfer:request_aborted_total",
-          "Requests cancelled (client gone, slow reader) or failed.", static_cast<double>(aborted_));
+          "Requests cancelled (client gone, slow reader) or failed.",
+          static_cast<double>(aborted_));
   header(o, "msinfer:time_to_first_token_seconds", "histogram", "Time to the first token.");
   o << ttft_.render("msinfer:time_to_first_token_seconds", l);
   header(o, "msinfer:inter_token_latency_seconds", "histogram", "Time between tokens.");

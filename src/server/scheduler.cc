@@ -34,8 +34,8 @@ Status Scheduler::submit(runtime::GenerationRequest r, std::shared_ptr<RequestSi
   std::lock_guard<std::mutex> l(mu_);
   if (!snap_.healthy) return Status(StatusCode::kUnavailable, snap_.failure);
   if (draining_ || stop_) return Status(StatusCode::kUnavailable, "the server is shutting down");
-  const int64_t free_seats =
-      std::max<int64_t>(0, options_.max_num_seqs - static_cast<int64_t>(in_flight_ - inbox_.size()));
+  const int64_t free_seats = std::max<int64_t>(
+      0, options_.max_num_seqs - static_cast<int64_t>(in_flight_ - inbox_.size()));
   if (static_cast<int64_t>(inbox_.size()) >= options_.max_queue + free_seats) {
     return resource_exhausted("the server is at capacity: " + std::to_string(inbox_.size()) +
                               " requests are waiting (--max-queue " +

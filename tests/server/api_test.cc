@@ -25,7 +25,8 @@ TEST(ParseRequest, DefaultsAndLimits) {
   EXPECT_FLOAT_EQ(r.sampling.temperature, 1.f);
   ASSERT_FALSE(parse_request(R"({"model": "m", "prompt": [[5]], "max_tokens": 4, "temperature": 0,
       "top_k": 3, "seed": 9, "stop": ["x", ""], "stream": true, "stream_options": {"include_usage": true},
-      "logprobs": 2, "frequency_penalty": 0.5})", false, ctx(), &r));
+      "logprobs": 2, "frequency_penalty": 0.5})",
+                             false, ctx(), &r));
   EXPECT_EQ(r.sampling.max_tokens, 4);
   EXPECT_EQ(r.sampling.top_k, 3);
   EXPECT_EQ(r.sampling.seed, 9u);
@@ -41,13 +42,22 @@ TEST(ParseRequest, Refusals) {
     const char* body;
     int status;
   } cases[] = {
-      {"", 400}, {"{", 400}, {"3", 400}, {R"({"prompt": "text"})", 400} /* no tokenizer */,
-      {R"({"prompt": [100]})", 400}, {R"({"prompt": [1], "max_tokens": 64})", 400},
-      {R"({"prompt": [1], "max_tokens": 1.5})", 400}, {R"({"prompt": [1], "top_k": -2})", 400},
-      {R"({"prompt": [1], "presence_penalty": 3})", 400}, {R"({"prompt": [1], "stop": 5})", 400},
-      {R"({"prompt": [1], "stream_options": {}})", 400}, {R"({"prompt": [1], "echo": true})", 400},
-      {R"({"prompt": [1], "model": "other"})", 404}, {R"({"prompt": [[1], [2]]})", 400},
-      {R"({"prompt": [1], "logprobs": 21})", 400}, {R"({"prompt": [1], "seed": 1e300})", 400},
+      {"", 400},
+      {"{", 400},
+      {"3", 400},
+      {R"({"prompt": "text"})", 400} /* no tokenizer */,
+      {R"({"prompt": [100]})", 400},
+      {R"({"prompt": [1], "max_tokens": 64})", 400},
+      {R"({"prompt": [1], "max_tokens": 1.5})", 400},
+      {R"({"prompt": [1], "top_k": -2})", 400},
+      {R"({"prompt": [1], "presence_penalty": 3})", 400},
+      {R"({"prompt": [1], "stop": 5})", 400},
+      {R"({"prompt": [1], "stream_options": {}})", 400},
+      {R"({"prompt": [1], "echo": true})", 400},
+      {R"({"prompt": [1], "model": "other"})", 404},
+      {R"({"prompt": [[1], [2]]})", 400},
+      {R"({"prompt": [1], "logprobs": 21})", 400},
+      {R"({"prompt": [1], "seed": 1e300})", 400},
   };
   for (const auto& c : cases) {
     auto e = parse_request(c.body, false, ctx(), &r);
@@ -62,7 +72,10 @@ TEST(ParseRequest, Refusals) {
 
 TEST(TextStreamTest, StopStringAcrossTokensIsNeverEmitted) {
   // A tokenizer is needed for text; build the smallest one in memory.
-  Json tj = {{"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"c", 2}, {"d", 3}}}, {"merges", Json::array()}}},
+  Json tj = {{"model",
+              {{"type", "BPE"},
+               {"vocab", {{"a", 0}, {"b", 1}, {"c", 2}, {"d", 3}}},
+               {"merges", Json::array()}}},
              {"added_tokens", Json::array()}};
   auto t = model::Tokenizer::from_json(tj, nullptr, "test");
   ASSERT_TRUE(t.ok()) << t.status().message();
@@ -95,9 +108,13 @@ TEST(MetricsTest, PrometheusText) {
   EXPECT_NE(t.find("msinfer:num_requests_running{model_name=\"m\"} 2\n"), std::string::npos);
   EXPECT_NE(t.find("msinfer:kv_cache_usage_perc{model_name=\"m\"} 0.5\n"), std::string::npos);
   EXPECT_NE(t.find("msinfer:prompt_tokens_total{model_name=\"m\"} 5\n"), std::string::npos);
-  EXPECT_NE(t.find("msinfer:request_success_total{model_name=\"m\",finished_reason=\"length\"} 1\n"), std::string::npos);
-  EXPECT_NE(t.find("msinfer:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"0.04\"} 1\n"), std::string::npos);
-  EXPECT_NE(t.find("msinfer:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"0.02\"} 0\n"), std::string::npos);
+  EXPECT_NE(
+      t.find("msinfer:request_success_total{model_name=\"m\",finished_reason=\"length\"} 1\n"),
+      std::string::npos);
+  EXPECT_NE(t.find("msinfer:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"0.04\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("msinfer:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"0.02\"} 0\n"),
+            std::string::npos);
   EXPECT_NE(t.find("# TYPE msinfer:e2e_request_latency_seconds histogram\n"), std::string::npos);
 }
 

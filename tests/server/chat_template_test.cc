@@ -22,7 +22,9 @@ namespace fs = std::filesystem;
 fs::path source_dir() { return fs::path(MSINFER_SOURCE_DIR); }
 fs::path node_modules() { return source_dir() / ".cache" / "npm" / "node_modules"; }
 
-Json msg(const std::string& role, const Json& content) { return {{"role", role}, {"content", content}}; }
+Json msg(const std::string& role, const Json& content) {
+  return {{"role", role}, {"content", content}};
+}
 
 // System prompts, several turns, empty content, unicode, whitespace, reasoning.
 std::vector<Json> conversations() {
@@ -40,7 +42,8 @@ std::vector<Json> conversations() {
       Json::array({msg("user", "Think first"),
                    msg("assistant", "<think>\nsome reasoning\n</think>\n\nThe answer."),
                    msg("user", "Again")}),
-      Json::array({msg("system", "first system"), msg("system", "second system"), msg("user", "q")}),
+      Json::array(
+          {msg("system", "first system"), msg("system", "second system"), msg("user", "q")}),
       Json::array({msg("user", "quotes ' \" and braces {{ }} {% %}")}),
       Json::array({msg("assistant", "starts with the assistant")}),
   };
@@ -132,18 +135,23 @@ StatusOr<std::string> render(const std::string& src, const Json& ctx = Json::obj
 }
 
 TEST(ChatTemplate, Constructs) {
-  EXPECT_EQ(*render("{% for x in [1, 2, 3] %}{{ loop.index }}{{ x }}{% if not loop.last %},{% endif %}{% endfor %}"),
+  EXPECT_EQ(*render("{% for x in [1, 2, 3] %}{{ loop.index }}{{ x }}{% if not loop.last %},{% "
+                    "endif %}{% endfor %}"),
             "11,22,33");
-  EXPECT_EQ(*render("{% set ns = namespace(n=0) %}{% for i in range(4) %}{% set ns.n = ns.n + i %}{% endfor %}{{ ns.n }}"),
+  EXPECT_EQ(*render("{% set ns = namespace(n=0) %}{% for i in range(4) %}{% set ns.n = ns.n + i "
+                    "%}{% endfor %}{{ ns.n }}"),
             "6");
   EXPECT_EQ(*render("{{ 'a,b,c'.split(',')[-1] }}{{ [1,2,3][::-1] | join('-') }}"), "c3-2-1");
-  EXPECT_EQ(*render("{{ x is defined }}{{ y is none }}{{ 'b' in 'abc' }}", {{"y", nullptr}}), "falsetruetrue");
+  EXPECT_EQ(*render("{{ x is defined }}{{ y is none }}{{ 'b' in 'abc' }}", {{"y", nullptr}}),
+            "falsetruetrue");
   EXPECT_EQ(*render("{{ 'x' if a else 'y' }}{{ a | default('d') }}", {{"a", false}}), "yfalse");
   // JavaScript's loose equality, as the reference: "" == false, "1" == 1.
   EXPECT_EQ(*render("{{ '' == false }}{{ '1' == 1 }}{{ 'a' != false }}"), "truetruetrue");
   EXPECT_EQ(*render("{{ {'k': [1, 'v']} | tojson }}"), "{\"k\": [1, \"v\"]}");
-  EXPECT_EQ(*render("{% macro m(a, b='B') %}[{{ a }}{{ b }}]{% endmacro %}{{ m('A') }}{{ m('C', b='D') }}"),
-            "[AB][CD]");
+  EXPECT_EQ(
+      *render(
+          "{% macro m(a, b='B') %}[{{ a }}{{ b }}]{% endmacro %}{{ m('A') }}{{ m('C', b='D') }}"),
+      "[AB][CD]");
   EXPECT_EQ(*render("  {%- if true -%}  x  {%- endif %}\n"), "x");
   EXPECT_EQ(*render("{% for m in ms if m.r == 'u' %}{{ m.c }}{% endfor %}",
                     {{"ms", Json::array({{{"r", "u"}, {"c", "1"}}, {{"r", "a"}, {"c", "2"}}})}}),

@@ -82,8 +82,10 @@ std::string exchange(int port, const std::string& req, size_t stop_after = SIZE_
 }
 
 std::string post(const std::string& body) {
-  return "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
-         "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  return "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+         "application/json\r\nConnection: close\r\n"
+         "Content-Length: " +
+         std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
 TEST(HttpServerTest, ConcurrentClientsStreamingAndDisconnecting) {
@@ -99,7 +101,8 @@ TEST(HttpServerTest, ConcurrentClientsStreamingAndDisconnecting) {
   HttpServer& http = **server;
   std::thread loop([&] { http.run(); });
   // Loading: no scheduler yet.
-  EXPECT_NE(exchange(http.port(), "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").find(" 503 "),
+  EXPECT_NE(exchange(http.port(), "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .find(" 503 "),
             std::string::npos);
   SchedulerOptions o;
   o.max_num_seqs = 8;
@@ -113,18 +116,25 @@ TEST(HttpServerTest, ConcurrentClientsStreamingAndDisconnecting) {
       for (int i = 0; i < 6; ++i) {
         const int kind = (t + i) % 3;
         if (kind == 0) {
-          const std::string r = exchange(http.port(), post(R"({"prompt": [1, 2], "max_tokens": 20})"));
-          if (r.find(" 200 ") != std::string::npos && r.find("\"completion_tokens\":20") != std::string::npos) ++plain_ok;
+          const std::string r =
+              exchange(http.port(), post(R"({"prompt": [1, 2], "max_tokens": 20})"));
+          if (r.find(" 200 ") != std::string::npos &&
+              r.find("\"completion_tokens\":20") != std::string::npos)
+            ++plain_ok;
         } else if (kind == 1) {
           const std::string r = exchange(
-              http.port(), post(R"({"prompt": [1], "max_tokens": 30, "stream": true, "stream_options": {"include_usage": true}})"));
+              http.port(),
+              post(
+                  R"({"prompt": [1], "max_tokens": 30, "stream": true, "stream_options": {"include_usage": true}})"));
           if (r.find("\"finish_reason\":\"length\"") != std::string::npos &&
-              r.find("\"completion_tokens\":30") != std::string::npos && r.find("data: [DONE]") != std::string::npos) {
+              r.find("\"completion_tokens\":30") != std::string::npos &&
+              r.find("data: [DONE]") != std::string::npos) {
             ++stream_ok;
           }
         } else {
           // Leaves after the first bytes of a long stream: cancelled.
-          exchange(http.port(), post(R"({"prompt": [1], "max_tokens": 1000000, "stream": true})"), 1);
+          exchange(http.port(), post(R"({"prompt": [1], "max_tokens": 1000000, "stream": true})"),
+                   1);
         }
       }
     });
@@ -134,11 +144,13 @@ TEST(HttpServerTest, ConcurrentClientsStreamingAndDisconnecting) {
   EXPECT_EQ(stream_ok.load(), 16);
   // The abandoned streams were cancelled: the batch empties.
   EXPECT_TRUE(sched->wait_idle(std::chrono::steady_clock::now() + 30s));
-  const std::string m = exchange(http.port(), "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string m =
+      exchange(http.port(), "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   EXPECT_NE(m.find("msinfer:request_aborted_total{model_name=\"m\"} 16"), std::string::npos) << m;
   http.set_draining();
   sched->start_draining();
-  EXPECT_NE(exchange(http.port(), post(R"({"prompt": [1], "max_tokens": 2})")).find(" 503 "), std::string::npos);
+  EXPECT_NE(exchange(http.port(), post(R"({"prompt": [1], "max_tokens": 2})")).find(" 503 "),
+            std::string::npos);
   sched->stop();
   http.stop();
   loop.join();

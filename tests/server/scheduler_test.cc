@@ -143,8 +143,9 @@ TEST(SchedulerTest, ManyClientsShareTheBatch) {
   EXPECT_LE(fake->max_batch_.load(), 16);  // never more than max_num_seqs
   EXPECT_TRUE(sched.wait_idle(std::chrono::steady_clock::now() + 10s));
   const std::string text = metrics.render({});
-  EXPECT_NE(text.find("msinfer:request_success_total{model_name=\"m\",finished_reason=\"length\"} 64"),
-            std::string::npos);
+  EXPECT_NE(
+      text.find("msinfer:request_success_total{model_name=\"m\",finished_reason=\"length\"} 64"),
+      std::string::npos);
 }
 
 TEST(SchedulerTest, QueueBoundCancelAndDrain) {
@@ -153,7 +154,8 @@ TEST(SchedulerTest, QueueBoundCancelAndDrain) {
   o.max_num_seqs = 1;
   o.max_queue = 1;
   Scheduler sched(std::make_unique<FakeBackend>(), o, &metrics);
-  auto a = std::make_shared<Collect>(), b = std::make_shared<Collect>(), c = std::make_shared<Collect>();
+  auto a = std::make_shared<Collect>(), b = std::make_shared<Collect>(),
+       c = std::make_shared<Collect>();
   const int64_t ida = sched.next_id();
   ASSERT_TRUE(sched.submit(request(ida, 1000000), a).ok());
   ASSERT_TRUE(a->wait_tokens(1, 10s));  // a runs
@@ -171,7 +173,8 @@ TEST(SchedulerTest, QueueBoundCancelAndDrain) {
 
 TEST(SchedulerTest, BackendFailureFailsEveryRequest) {
   Metrics metrics("m");
-  Scheduler sched(std::make_unique<FakeBackend>(/*fail_when_running=*/5), SchedulerOptions{}, &metrics);
+  Scheduler sched(std::make_unique<FakeBackend>(/*fail_when_running=*/5), SchedulerOptions{},
+                  &metrics);
   std::vector<std::shared_ptr<Collect>> sinks;
   for (int i = 0; i < 5; ++i) {
     sinks.push_back(std::make_shared<Collect>());

@@ -41,7 +41,9 @@ fs::path node_modules() { return source_dir() / ".cache" / "npm" / "node_modules
 fs::path model_dir() {
   static const fs::path dir = [] {
     fs::path d = fs::temp_directory_path() / ("msinfer-serve-model-" + std::to_string(::getpid()));
-    std::system((kBin + " make-model --preset tiny-mixtral --out " + d.string() + " >/dev/null 2>&1").c_str());
+    std::system(
+        (kBin + " make-model --preset tiny-mixtral --out " + d.string() + " >/dev/null 2>&1")
+            .c_str());
     return d;
   }();
   return dir;
@@ -134,8 +136,10 @@ struct HttpResult {
 
 // curl with its exit status and the response's status, headers and body.
 HttpResult curl(const std::string& args) {
-  const std::string h = (fs::temp_directory_path() / ("msinfer-curl-h-" + std::to_string(::getpid()))).string();
-  const std::string out = testing::run_capture("curl -s -D " + h + " -o - -w '\\n%{http_code}' " + args);
+  const std::string h =
+      (fs::temp_directory_path() / ("msinfer-curl-h-" + std::to_string(::getpid()))).string();
+  const std::string out =
+      testing::run_capture("curl -s -D " + h + " -o - -w '\\n%{http_code}' " + args);
   HttpResult r;
   const size_t nl = out.rfind('\n');
   if (nl == std::string::npos) return r;
@@ -149,7 +153,8 @@ HttpResult curl(const std::string& args) {
 
 HttpResult post(const Server& s, const std::string& path, const std::string& body,
                 const std::string& extra = "-H 'Content-Type: application/json'") {
-  const std::string f = (fs::temp_directory_path() / ("msinfer-body-" + std::to_string(::getpid()))).string();
+  const std::string f =
+      (fs::temp_directory_path() / ("msinfer-body-" + std::to_string(::getpid()))).string();
   std::ofstream(f) << body;
   HttpResult r = curl(extra + " --data-binary @" + f + " " + s.url() + path);
   std::remove(f.c_str());
@@ -215,7 +220,8 @@ bool wait_drained(const Server& s, std::chrono::seconds limit) {
   const auto deadline = clock_type::now() + limit;
   while (clock_type::now() < deadline) {
     auto m = parse_metrics(curl(s.url() + "/metrics").body);
-    if (metric(m, "msinfer:num_requests_running{") == 0 && metric(m, "msinfer:num_requests_waiting{") == 0 &&
+    if (metric(m, "msinfer:num_requests_running{") == 0 &&
+        metric(m, "msinfer:num_requests_waiting{") == 0 &&
         metric(m, "msinfer:kv_cache_usage_perc{") == 0) {
       return true;
     }
@@ -225,18 +231,18 @@ bool wait_drained(const Server& s, std::chrono::seconds limit) {
 }
 
 Json generate_json(const std::string& prompt, int max_tokens, const std::string& deployment = "") {
-  const std::string out = testing::run_capture(kBin + " generate --model " + model_dir().string() +
-                                               " --prompt '" + prompt + "' --max-tokens " +
-                                               std::to_string(max_tokens) + " --ignore-eos --json " +
-                                               deployment + " 2>/dev/null");
+  const std::string out =
+      testing::run_capture(kBin + " generate --model " + model_dir().string() + " --prompt '" +
+                           prompt + "' --max-tokens " + std::to_string(max_tokens) +
+                           " --ignore-eos --json " + deployment + " 2>/dev/null");
   return out.empty() ? Json() : Json::parse(out);
 }
 
 Json run_openai(const Server& s, const std::string& prompt, int max_tokens) {
   const std::string out = testing::run_capture(
       "node " + (source_dir() / "tests" / "server" / "openai_client.js").string() + " " +
-      node_modules().string() + " " + s.url() + " " + model_dir().filename().string() + " '" + prompt +
-      "' " + std::to_string(max_tokens));
+      node_modules().string() + " " + s.url() + " " + model_dir().filename().string() + " '" +
+      prompt + "' " + std::to_string(max_tokens));
   return out.empty() ? Json() : Json::parse(out);
 }
 
@@ -259,7 +265,8 @@ void check_openai(const Json& r, const Json& gen, int max_tokens) {
   EXPECT_EQ(r["chat"]["role"], "assistant");
   EXPECT_EQ(r["chat"]["finish_reason"], "length");
   EXPECT_EQ(r["chat"]["usage"]["completion_tokens"], max_tokens);
-  EXPECT_GT(r["chat"]["usage"]["prompt_tokens"].get<int>(), r["completion"]["usage"]["prompt_tokens"].get<int>());
+  EXPECT_GT(r["chat"]["usage"]["prompt_tokens"].get<int>(),
+            r["completion"]["usage"]["prompt_tokens"].get<int>());
   EXPECT_EQ(r["stream_chat"]["text"], r["chat"]["text"]);
   EXPECT_EQ(r["stream_chat"]["usage"], r["chat"]["usage"]);
   // Logprobs: one token with its top 2.
@@ -286,8 +293,8 @@ TEST_F(ServeTest, OpenAiClientCoLocatedGreedyEqualsGenerate) {
   check_openai(r, generate_json("Hello, experts", 12), 12);
   // The counters saw it: every request a success with reason length.
   auto m = parse_metrics(curl(s.url() + "/metrics").body);
-  EXPECT_GE(metric(m, "msinfer:request_success_total{model_name=\"" + model_dir().filename().string() +
-                          "\",finished_reason=\"length\"}"),
+  EXPECT_GE(metric(m, "msinfer:request_success_total{model_name=\"" +
+                          model_dir().filename().string() + "\",finished_reason=\"length\"}"),
             5);
   EXPECT_GE(metric(m, "msinfer:generation_tokens_total{"), 4 * 12 + 1);
   EXPECT_GE(metric(m, "msinfer:time_to_first_token_seconds_count{"), 5);
@@ -321,15 +328,18 @@ TEST_F(ServeTest, OpenAiClientDisaggregatedGreedyEqualsGenerate) {
   // A worker dies mid-stream: the stream ends with an error event naming it,
   // then [DONE]; /health turns 503; the server does not hang.
   ASSERT_EQ(workers.size(), 3u);
-  const std::string body = R"({"prompt": "Hello", "max_tokens": 3000, "ignore_eos": true, "stream": true})";
+  const std::string body =
+      R"({"prompt": "Hello", "max_tokens": 3000, "ignore_eos": true, "stream": true})";
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(s.port()));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string req =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
   ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
   pollfd p{fd, POLLIN, 0};
   ASSERT_EQ(::poll(&p, 1, 30000), 1);
@@ -345,7 +355,8 @@ TEST_F(ServeTest, OpenAiClientDisaggregatedGreedyEqualsGenerate) {
     stream.append(buf, static_cast<size_t>(n));
   }
   ::close(fd);
-  EXPECT_NE(stream.find("\"error\""), std::string::npos) << stream.substr(stream.size() > 600 ? stream.size() - 600 : 0);
+  EXPECT_NE(stream.find("\"error\""), std::string::npos)
+      << stream.substr(stream.size() > 600 ? stream.size() - 600 : 0);
   EXPECT_NE(stream.find("expert worker 1"), std::string::npos);
   EXPECT_NE(stream.find("data: [DONE]"), std::string::npos);
   EXPECT_EQ(curl(s.url() + "/health").status, 503);
@@ -385,7 +396,8 @@ TEST_F(ServeTest, ErrorStatusesWithOpenAiBodies) {
       {"/v1/completions", R"({"prompt": "hi", "stream": "yes"})", 400, "stream"},
       {"/v1/completions", R"({"max_tokens": 4})", 400, "prompt"},
       {"/v1/chat/completions", R"({"messages": []})", 400, "messages"},
-      {"/v1/chat/completions", R"({"messages": [{"role": "wizard", "content": "x"}]})", 400, "messages[0].role"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "wizard", "content": "x"}]})", 400,
+       "messages[0].role"},
       {"/v1/completions", R"({"model": "no-such-model", "prompt": "hi"})", 404, "model"},
       {"/v1/nothing", R"({})", 404, ""},
   };
@@ -405,11 +417,16 @@ TEST_F(ServeTest, ErrorStatusesWithOpenAiBodies) {
   EXPECT_EQ(curl(s.url() + "/v1/completions").status, 405);  // GET
   EXPECT_NE(curl(s.url() + "/v1/completions").headers.find("Allow: POST"), std::string::npos);
   EXPECT_EQ(post(s, "/health", "{}").status, 405);
-  EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi"})", "-H 'Content-Type: text/plain'").status, 415);
-  EXPECT_EQ(post(s, "/v1/completions", "{\"prompt\": \"" + std::string(100 << 10, 'a') + "\"}").status, 413);
+  EXPECT_EQ(
+      post(s, "/v1/completions", R"({"prompt": "hi"})", "-H 'Content-Type: text/plain'").status,
+      415);
+  EXPECT_EQ(
+      post(s, "/v1/completions", "{\"prompt\": \"" + std::string(100 << 10, 'a') + "\"}").status,
+      413);
   // Nothing above disturbed the server.
   EXPECT_EQ(curl(s.url() + "/health").status, 200);
-  HttpResult ok = post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 3, "temperature": 0})");
+  HttpResult ok =
+      post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 3, "temperature": 0})");
   EXPECT_EQ(ok.status, 200) << ok.body;
   // Stop strings are never emitted; a same-seed sample repeats.
   const std::string text = Json::parse(ok.body)["choices"][0]["text"];
@@ -417,13 +434,15 @@ TEST_F(ServeTest, ErrorStatusesWithOpenAiBodies) {
   while (at < text.size() && static_cast<unsigned char>(text[at]) >= 0x80) ++at;
   if (at < text.size()) {
     const std::string stop = text.substr(at, 1);
-    HttpResult st = post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 3, "temperature": 0, "stop": )" +
-                                                   Json(stop).dump() + "}");
+    HttpResult st = post(s, "/v1/completions",
+                         R"({"prompt": "hi", "max_tokens": 3, "temperature": 0, "stop": )" +
+                             Json(stop).dump() + "}");
     Json j = Json::parse(st.body);
     EXPECT_EQ(j["choices"][0]["text"], text.substr(0, text.find(stop)));
     EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
   }
-  const std::string seeded = R"({"prompt": "hi", "max_tokens": 8, "temperature": 1.0, "seed": 42, "ignore_eos": true})";
+  const std::string seeded =
+      R"({"prompt": "hi", "max_tokens": 8, "temperature": 1.0, "seed": 42, "ignore_eos": true})";
   EXPECT_EQ(Json::parse(post(s, "/v1/completions", seeded).body)["choices"][0]["text"],
             Json::parse(post(s, "/v1/completions", seeded).body)["choices"][0]["text"]);
 }
@@ -431,16 +450,17 @@ TEST_F(ServeTest, ErrorStatusesWithOpenAiBodies) {
 TEST_F(ServeTest, MalformedRequestCorpusOverRealSockets) {
   Server s("--request-timeout 1");
   ASSERT_GT(s.port(), 0) << s.stderr_text();
-  const std::string ok_headers = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
+  const std::string ok_headers =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
   const std::vector<std::string> corpus = {
       "GARBAGE\r\n\r\n",
       "GET / HTTP/9.9\r\n\r\n",
       "\x01\x02\x03\xff\xfe binary\r\n\r\n",
-      ok_headers + "Content-Length: 100\r\n\r\n{\"prompt\":",                    // truncated body
-      ok_headers + "Content-Length: abc\r\n\r\n{}",                             // bad length
-      ok_headers + "Transfer-Encoding: chunked\r\n\r\nzz\r\nxx\r\n",            // bad chunk
-      ok_headers + "X-Huge: " + std::string(64 << 10, 'h') + "\r\n\r\n",        // huge header
-      "GET /health HTTP/1.1\r\nHost: x\r\n",                                    // slowloris: never ends
+      ok_headers + "Content-Length: 100\r\n\r\n{\"prompt\":",             // truncated body
+      ok_headers + "Content-Length: abc\r\n\r\n{}",                       // bad length
+      ok_headers + "Transfer-Encoding: chunked\r\n\r\nzz\r\nxx\r\n",      // bad chunk
+      ok_headers + "X-Huge: " + std::string(64 << 10, 'h') + "\r\n\r\n",  // huge header
+      "GET /health HTTP/1.1\r\nHost: x\r\n",                              // slowloris: never ends
       ok_headers + "Content-Length: 2\r\n\r\n[]",
       "GET /health HTTP/1.0\r\n\r\n",
   };
@@ -460,16 +480,19 @@ TEST_F(ServeTest, DisconnectsCancelAndFreeKvBlocks) {
   // Streaming and plain requests with a long generation, cut off abruptly.
   for (int i = 0; i < 6; ++i) {
     const bool stream = i % 2 == 0;
-    const std::string body = std::string(R"({"prompt": "Hello", "max_tokens": 1000, "ignore_eos": true, "stream": )") +
-                             (stream ? "true" : "false") + "}";
+    const std::string body =
+        std::string(R"({"prompt": "Hello", "max_tokens": 1000, "ignore_eos": true, "stream": )") +
+        (stream ? "true" : "false") + "}";
     int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_port = htons(static_cast<uint16_t>(s.port()));
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                            "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    const std::string req =
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
     ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
     if (stream) {
       // Wait for the first event, so the request is surely running.
@@ -499,21 +522,25 @@ TEST_F(ServeTest, FullQueueGets429AndApiKeyIsEnforced) {
   const std::string auth = "-H 'Content-Type: application/json' -H 'Authorization: Bearer sekrit'";
   EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})").status, 401);
   EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})",
-                 "-H 'Content-Type: application/json' -H 'Authorization: Bearer wrong'").status, 401);
+                 "-H 'Content-Type: application/json' -H 'Authorization: Bearer wrong'")
+                .status,
+            401);
   EXPECT_EQ(curl(s.url() + "/health").status, 200);   // open
   EXPECT_EQ(curl(s.url() + "/metrics").status, 200);  // open
   EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})", auth).status, 200);
   // One long request takes the only seat; the next gets 429 with Retry-After.
-  const std::string body = R"({"prompt": "Hello", "max_tokens": 2000, "ignore_eos": true, "stream": true})";
+  const std::string body =
+      R"({"prompt": "Hello", "max_tokens": 2000, "ignore_eos": true, "stream": true})";
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(s.port()));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                          "Authorization: Bearer sekrit\r\nContent-Length: " + std::to_string(body.size()) +
-                          "\r\n\r\n" + body;
+  const std::string req =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Authorization: Bearer sekrit\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
   ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
   pollfd p{fd, POLLIN, 0};
   ASSERT_EQ(::poll(&p, 1, 30000), 1);
@@ -541,9 +568,11 @@ std::pair<double, int> rss_mb_and_threads(pid_t pid) {
 TEST_F(ServeTest, OnlineBenchAgainstTheServer) {
   Server s("");
   ASSERT_GT(s.port(), 0) << s.stderr_text();
-  const std::string out = testing::run_capture(
-      kBin + " bench serve --base-url " + s.url() + " --num-prompts 12 --request-rate 40 --burstiness 0.5 "
-      "--max-concurrency 4 --input-len 6 --output-len 5 --goodput 'ttft:60000 tpot:60000' --json 2>/dev/null");
+  const std::string out =
+      testing::run_capture(kBin + " bench serve --base-url " + s.url() +
+                           " --num-prompts 12 --request-rate 40 --burstiness 0.5 "
+                           "--max-concurrency 4 --input-len 6 --output-len 5 --goodput 'ttft:60000 "
+                           "tpot:60000' --json 2>/dev/null");
   ASSERT_FALSE(out.empty());
   const Json j = Json::parse(out);
   EXPECT_EQ(j["completed"], 12);
@@ -557,9 +586,9 @@ TEST_F(ServeTest, OnlineBenchAgainstTheServer) {
     EXPECT_GE(j[k]["p99"].get<double>(), j[k]["p50"].get<double>()) << k;
   }
   // The chat endpoint too.
-  const std::string chat = testing::run_capture(
-      kBin + " bench serve --base-url " + s.url() + " --endpoint /v1/chat/completions --num-prompts 3 "
-      "--input-len 4 --output-len 3 --json 2>/dev/null");
+  const std::string chat = testing::run_capture(kBin + " bench serve --base-url " + s.url() +
+                                                " --endpoint /v1/chat/completions --num-prompts 3 "
+                                                "--input-len 4 --output-len 3 --json 2>/dev/null");
   ASSERT_FALSE(chat.empty());
   EXPECT_EQ(Json::parse(chat)["completed"], 3);
 }
@@ -570,8 +599,9 @@ TEST_F(ServeTest, OnlineBenchAgainstTheServer) {
 TEST_F(ServeTest, ThousandConcurrentStreamingClients) {
   Server s("--max-num-seqs 256 --max-queue 600");
   ASSERT_GT(s.port(), 0) << s.stderr_text();
-  const std::string load = kBin + " bench serve --base-url " + s.url() +
-                           " --num-prompts 1000 --max-concurrency 1000 --input-len 8 --output-len 8 --json 2>/dev/null";
+  const std::string load =
+      kBin + " bench serve --base-url " + s.url() +
+      " --num-prompts 1000 --max-concurrency 1000 --input-len 8 --output-len 8 --json 2>/dev/null";
   // A first burst warms up what stays (KV pages first touched, allocator
   // arenas); the level after it is the idle level the second must return to.
   ASSERT_FALSE(testing::run_capture(load).empty());
@@ -601,8 +631,10 @@ TEST_F(ServeTest, ThousandConcurrentStreamingClients) {
   EXPECT_LE(peak_threads, idle_threads);  // no thread per connection
   EXPECT_TRUE(wait_drained(s, std::chrono::seconds(60)));
   const auto after = rss_mb_and_threads(s.pid());
-  std::fprintf(stderr, "server RSS: idle %.1f MiB, peak %.1f MiB, after %.1f MiB; threads idle %d, peak %d\n",
-               idle_rss, peak_rss, after.first, idle_threads, peak_threads);
+  std::fprintf(
+      stderr,
+      "server RSS: idle %.1f MiB, peak %.1f MiB, after %.1f MiB; threads idle %d, peak %d\n",
+      idle_rss, peak_rss, after.first, idle_threads, peak_threads);
   EXPECT_LE(after.first, idle_rss + 8.0);
   EXPECT_EQ(curl(s.url() + "/health").status, 200);
 }
@@ -612,18 +644,35 @@ TEST_F(ServeTest, ThousandConcurrentStreamingClients) {
 TEST_F(ServeTest, SigtermDrainsRunningRequests) {
   Server s("--drain-timeout 120");
   ASSERT_GT(s.port(), 0) << s.stderr_text();
-  const std::string body = R"({"prompt": "Hello", "max_tokens": 1500, "ignore_eos": true, "stream": true})";
+  const std::string body =
+      R"({"prompt": "Hello", "max_tokens": 4000, "ignore_eos": true, "stream": true})";
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(s.port()));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string req =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
   ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
   pollfd p{fd, POLLIN, 0};
   ASSERT_EQ(::poll(&p, 1, 30000), 1);
+  // The stream is read as it comes (a client that stops reading would be cut
+  // off as a slow reader), on its own thread.
+  std::string stream;
+  std::thread reader([&] {
+    const auto deadline = clock_type::now() + std::chrono::seconds(120);
+    while (clock_type::now() < deadline && stream.find("[DONE]") == std::string::npos) {
+      pollfd q{fd, POLLIN, 0};
+      if (::poll(&q, 1, 100) <= 0) continue;
+      char buf[65536];
+      const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      stream.append(buf, static_cast<size_t>(n));
+    }
+  });
   ::kill(s.pid(), SIGTERM);
   // Draining: /health turns 503 (wait for it), new work is refused.
   bool saw_503 = false;
@@ -632,16 +681,7 @@ TEST_F(ServeTest, SigtermDrainsRunningRequests) {
   EXPECT_TRUE(saw_503);
   EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})").status, 503);
   // The running stream still ends normally.
-  std::string stream;
-  const auto deadline = clock_type::now() + std::chrono::seconds(120);
-  while (clock_type::now() < deadline && stream.find("[DONE]") == std::string::npos) {
-    pollfd q{fd, POLLIN, 0};
-    if (::poll(&q, 1, 100) <= 0) continue;
-    char buf[65536];
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) break;
-    stream.append(buf, static_cast<size_t>(n));
-  }
+  reader.join();
   ::close(fd);
   EXPECT_NE(stream.find("\"finish_reason\":\"length\""), std::string::npos);
   EXPECT_NE(stream.find("data: [DONE]"), std::string::npos);
@@ -650,9 +690,9 @@ TEST_F(ServeTest, SigtermDrainsRunningRequests) {
 
 TEST_F(ServeTest, BadFlagsExitTwo) {
   const std::string m = "--model " + model_dir().string();
-  for (const std::string& args : std::vector<std::string>{"", "--model /nonexistent", m + " --port 70000",
-                                 m + " --max-num-seqs 0",
-                                 m + " --no-such-flag"}) {
+  for (const std::string& args :
+       std::vector<std::string>{"", "--model /nonexistent", m + " --port 70000",
+                                m + " --max-num-seqs 0", m + " --no-such-flag"}) {
     const int st = std::system((kBin + " serve " + args + " >/dev/null 2>&1").c_str());
     EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2) << args;
   }

@@ -21,7 +21,8 @@ namespace {
 
 StatusOr<std::vector<server::BenchPrompt>> load_dataset(const FlagSet& flags, bool chat) {
   const std::string ds = flags.get_string("dataset");
-  const int64_t n = flags.get_int("num-prompts"), in = flags.get_int("input-len"), out = flags.get_int("output-len");
+  const int64_t n = flags.get_int("num-prompts"), in = flags.get_int("input-len"),
+                out = flags.get_int("output-len");
   std::vector<server::BenchPrompt> prompts;
   if (ds == "random") {
     std::mt19937_64 rng(static_cast<uint64_t>(flags.get_int("seed")));
@@ -57,8 +58,10 @@ StatusOr<std::vector<server::BenchPrompt>> load_dataset(const FlagSet& flags, bo
     ++ln;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     MSI_ASSIGN_OR_RETURN(Json j, parse_json(line, ds + ":" + std::to_string(ln)));
-    if (!j.is_object() || !j.contains("prompt") || !(j["prompt"].is_string() || j["prompt"].is_array())) {
-      return invalid_argument(ds + ":" + std::to_string(ln) + ": expected {\"prompt\": text or ids}");
+    if (!j.is_object() || !j.contains("prompt") ||
+        !(j["prompt"].is_string() || j["prompt"].is_array())) {
+      return invalid_argument(ds + ":" + std::to_string(ln) +
+                              ": expected {\"prompt\": text or ids}");
     }
     if (chat && !j["prompt"].is_string()) {
       return invalid_argument(ds + ":" + std::to_string(ln) + ": chat prompts must be text");
@@ -66,7 +69,8 @@ StatusOr<std::vector<server::BenchPrompt>> load_dataset(const FlagSet& flags, bo
     server::BenchPrompt p;
     p.prompt = j["prompt"];
     p.output_len = j.value("output_len", out);
-    if (p.output_len < 1) return invalid_argument(ds + ":" + std::to_string(ln) + ": output_len must be >= 1");
+    if (p.output_len < 1)
+      return invalid_argument(ds + ":" + std::to_string(ln) + ": output_len must be >= 1");
     prompts.push_back(std::move(p));
   }
   if (prompts.empty()) return invalid_argument("--dataset " + ds + ": no prompts");
@@ -108,8 +112,11 @@ void raise_fd_limit() {
 Json summary(const std::vector<double>& s_values) {
   std::vector<double> ms;
   for (double v : s_values) ms.push_back(v * 1e3);
-  if (ms.empty()) return Json{{"mean", nullptr}, {"p50", nullptr}, {"p90", nullptr}, {"p99", nullptr}};
-  return Json{{"mean", mean(ms)}, {"p50", percentile(ms, 0.5)}, {"p90", percentile(ms, 0.9)},
+  if (ms.empty())
+    return Json{{"mean", nullptr}, {"p50", nullptr}, {"p90", nullptr}, {"p99", nullptr}};
+  return Json{{"mean", mean(ms)},
+              {"p50", percentile(ms, 0.5)},
+              {"p90", percentile(ms, 0.9)},
               {"p99", percentile(ms, 0.99)}};
 }
 
@@ -121,10 +128,15 @@ int run_bench_serve_online(const FlagSet& flags) {
   if (!s.ok()) return report_error("bench serve", s);
   o.endpoint = flags.get_string("endpoint");
   if (o.endpoint != "/v1/completions" && o.endpoint != "/v1/chat/completions") {
-    return report_error("bench serve", invalid_argument("--endpoint must be /v1/completions or /v1/chat/completions"));
+    return report_error(
+        "bench serve",
+        invalid_argument("--endpoint must be /v1/completions or /v1/chat/completions"));
   }
-  if (flags.get_int("num-prompts") < 1 || flags.get_int("input-len") < 1 || flags.get_int("output-len") < 1) {
-    return report_error("bench serve", invalid_argument("--num-prompts, --input-len and --output-len must be >= 1"));
+  if (flags.get_int("num-prompts") < 1 || flags.get_int("input-len") < 1 ||
+      flags.get_int("output-len") < 1) {
+    return report_error(
+        "bench serve",
+        invalid_argument("--num-prompts, --input-len and --output-len must be >= 1"));
   }
   if (flags.get_int("max-concurrency") < 0) {
     return report_error("bench serve", invalid_argument("--max-concurrency must be >= 0"));
@@ -159,7 +171,8 @@ int run_bench_serve_online(const FlagSet& flags) {
     out_tokens += r.output_tokens;
     ttft.push_back(r.ttft_s);
     e2e.push_back(r.e2e_s);
-    const double t = r.output_tokens > 1 ? (r.e2e_s - r.ttft_s) / static_cast<double>(r.output_tokens - 1) : 0;
+    const double t =
+        r.output_tokens > 1 ? (r.e2e_s - r.ttft_s) / static_cast<double>(r.output_tokens - 1) : 0;
     if (r.output_tokens > 1) tpot.push_back(t);
     itl.insert(itl.end(), r.itl_s.begin(), r.itl_s.end());
     bool meets = true;
@@ -173,7 +186,8 @@ int run_bench_serve_online(const FlagSet& flags) {
   Json j{{"base_url", flags.get_string("base-url")},
          {"endpoint", o.endpoint},
          {"num_prompts", static_cast<int64_t>(o.prompts.size())},
-         {"request_rate", std::isinf(o.request_rate) || o.request_rate <= 0 ? Json("inf") : Json(o.request_rate)},
+         {"request_rate",
+          std::isinf(o.request_rate) || o.request_rate <= 0 ? Json("inf") : Json(o.request_rate)},
          {"burstiness", o.burstiness},
          {"max_concurrency", o.max_concurrency},
          {"completed", ok},
@@ -198,7 +212,8 @@ int run_bench_serve_online(const FlagSet& flags) {
   }
   std::printf("============ Serving Benchmark Result ============\n");
   std::printf("%-40s %lld\n", "Successful requests:", static_cast<long long>(ok));
-  std::printf("%-40s %lld (429: %lld)\n", "Failed requests:", static_cast<long long>(failed), static_cast<long long>(rejected));
+  std::printf("%-40s %lld (429: %lld)\n", "Failed requests:", static_cast<long long>(failed),
+              static_cast<long long>(rejected));
   std::printf("%-40s %.2f\n", "Benchmark duration (s):", d);
   std::printf("%-40s %lld\n", "Total input tokens:", static_cast<long long>(in_tokens));
   std::printf("%-40s %lld\n", "Total generated tokens:", static_cast<long long>(out_tokens));
@@ -206,16 +221,21 @@ int run_bench_serve_online(const FlagSet& flags) {
   if (!goodput->empty()) std::printf("%-40s %.2f\n", "Request goodput (req/s):", good / d);
   std::printf("%-40s %.2f\n", "Output token throughput (tok/s):", out_tokens / d);
   std::printf("%-40s %.2f\n", "Total token throughput (tok/s):", (in_tokens + out_tokens) / d);
-  std::printf("%-40s %lld\n", "Max concurrent requests:", static_cast<long long>(rep->max_in_flight));
-  for (const auto& [name, key] : {std::pair{"Time to First Token", "ttft_ms"}, {"Time per Output Token (excl. 1st token)", "tpot_ms"},
-                                  {"Inter-token Latency", "itl_ms"}, {"End-to-end Latency", "e2el_ms"}}) {
+  std::printf("%-40s %lld\n",
+              "Max concurrent requests:", static_cast<long long>(rep->max_in_flight));
+  for (const auto& [name, key] : {std::pair{"Time to First Token", "ttft_ms"},
+                                  {"Time per Output Token (excl. 1st token)", "tpot_ms"},
+                                  {"Inter-token Latency", "itl_ms"},
+                                  {"End-to-end Latency", "e2el_ms"}}) {
     std::printf("%s\n", (std::string("---------------") + name + "---------------").c_str());
     for (const char* q : {"mean", "p50", "p90", "p99"}) {
       const Json& v = j[key][q];
-      std::printf("%-40s %s\n", (std::string(q) + " (ms):").c_str(), v.is_null() ? "-" : std::to_string(v.get<double>()).c_str());
+      std::printf("%-40s %s\n", (std::string(q) + " (ms):").c_str(),
+                  v.is_null() ? "-" : std::to_string(v.get<double>()).c_str());
     }
   }
-  for (const auto& [e, n] : errors) std::printf("error x%lld: %s\n", static_cast<long long>(n), e.c_str());
+  for (const auto& [e, n] : errors)
+    std::printf("error x%lld: %s\n", static_cast<long long>(n), e.c_str());
   std::printf("==================================================\n");
   return failed == static_cast<int64_t>(o.prompts.size()) ? 1 : 0;
 }

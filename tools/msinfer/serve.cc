@@ -44,15 +44,20 @@ int run_serve(int argc, char** argv) {
   flags.add_string("model", "", "model directory (config.json, *.safetensors, tokenizer files)");
   flags.add_string("host", "127.0.0.1", "address to listen on");
   flags.add_int("port", 8000, "port to listen on (0: any free port, printed when ready)");
-  flags.add_string("api-key", "", "require 'Authorization: Bearer KEY' on /v1/*", "MSINFER_API_KEY");
-  flags.add_string("served-model-name", "", "the model name clients send (default: the directory's name)");
+  flags.add_string("api-key", "", "require 'Authorization: Bearer KEY' on /v1/*",
+                   "MSINFER_API_KEY");
+  flags.add_string("served-model-name", "",
+                   "the model name clients send (default: the directory's name)");
   flags.add_int("max-num-seqs", 256, "requests in the batch at most");
-  flags.add_int("max-queue", 1024, "requests waiting for a place in the batch at most; beyond: 429");
-  flags.add_int("max-model-len", 0, "prompt + max_tokens at most (0: the model's context, capped by the KV cache)");
+  flags.add_int("max-queue", 1024,
+                "requests waiting for a place in the batch at most; beyond: 429");
+  flags.add_int("max-model-len", 0,
+                "prompt + max_tokens at most (0: the model's context, capped by the KV cache)");
   flags.add_double("drain-timeout", 30, "seconds running requests get to finish after SIGTERM");
   flags.add_double("request-timeout", 30, "seconds a client has to send a whole request");
   flags.add_int("max-body-kb", 4096, "request body size limit (413 beyond)");
-  flags.add_int("kv-cache-mb", 256, "KV cache budget in MiB (per attention worker)", "MSINFER_KV_CACHE_MB");
+  flags.add_int("kv-cache-mb", 256, "KV cache budget in MiB (per attention worker)",
+                "MSINFER_KV_CACHE_MB");
   add_engine_flags(flags);
   add_deployment_flags(flags);
   flags.add_string("plan", "", "plan document from `msinfer plan --out` (sets n_a and m)");
@@ -72,14 +77,18 @@ int run_serve(int argc, char** argv) {
   }
   const std::string dir = flags.get_string("model");
   if (dir.empty()) return report_error("serve", invalid_argument("--model is required"));
-  if (flags.get_int("kv-cache-mb") < 1) return report_error("serve", invalid_argument("--kv-cache-mb must be >= 1"));
-  if (flags.get_int("max-num-seqs") < 1) return report_error("serve", invalid_argument("--max-num-seqs must be >= 1"));
-  if (flags.get_int("max-queue") < 0) return report_error("serve", invalid_argument("--max-queue must be >= 0"));
+  if (flags.get_int("kv-cache-mb") < 1)
+    return report_error("serve", invalid_argument("--kv-cache-mb must be >= 1"));
+  if (flags.get_int("max-num-seqs") < 1)
+    return report_error("serve", invalid_argument("--max-num-seqs must be >= 1"));
+  if (flags.get_int("max-queue") < 0)
+    return report_error("serve", invalid_argument("--max-queue must be >= 0"));
   if (flags.get_int("port") < 0 || flags.get_int("port") > 65535) {
     return report_error("serve", invalid_argument("--port must be in 0..65535"));
   }
   if (!(flags.get_double("drain-timeout") >= 0) || !(flags.get_double("request-timeout") > 0)) {
-    return report_error("serve", invalid_argument("--drain-timeout must be >= 0 and --request-timeout > 0"));
+    return report_error("serve",
+                        invalid_argument("--drain-timeout must be >= 0 and --request-timeout > 0"));
   }
   auto weight_format = apply_engine_flags(flags);
   if (!weight_format.ok()) return report_error("serve", weight_format.status());
@@ -88,16 +97,20 @@ int run_serve(int argc, char** argv) {
 
   // What the API layer needs: tokenizer, chat template, limits.
   auto tok = model::Tokenizer::load(dir);
-  if (!tok.ok()) std::fprintf(stderr, "msinfer serve: no tokenizer (%s): prompts must be token ids\n", tok.status().message().c_str());
+  if (!tok.ok())
+    std::fprintf(stderr, "msinfer serve: no tokenizer (%s): prompts must be token ids\n",
+                 tok.status().message().c_str());
   std::optional<server::ChatTemplate> chat_template;
   server::ChatTemplateConfig tc;
   if (auto c = server::read_chat_template_config(dir); c.ok()) {
     tc = *c;
     auto t = server::ChatTemplate::parse(tc.source);
-    if (!t.ok()) return report_error("serve", t.status().with_context(dir + "/tokenizer_config.json"));
+    if (!t.ok())
+      return report_error("serve", t.status().with_context(dir + "/tokenizer_config.json"));
     chat_template = std::move(t).value();
   } else {
-    std::fprintf(stderr, "msinfer serve: %s: /v1/chat/completions is refused\n", c.status().message().c_str());
+    std::fprintf(stderr, "msinfer serve: %s: /v1/chat/completions is refused\n",
+                 c.status().message().c_str());
   }
   std::string name = flags.get_string("served-model-name");
   if (name.empty()) {
@@ -113,16 +126,19 @@ int run_serve(int argc, char** argv) {
   ctx.eos_token = tc.eos_token;
   ctx.vocab = config->vocab;
   // A request must fit the context and, alone, the KV cache.
-  const int64_t kv_tokens = (flags.get_int("kv-cache-mb") << 20) / runtime::KvCache::bytes_per_token(*config) / 16 * 16;
+  const int64_t kv_tokens =
+      (flags.get_int("kv-cache-mb") << 20) / runtime::KvCache::bytes_per_token(*config) / 16 * 16;
   ctx.max_model_len = std::min<int64_t>(config->max_position_embeddings, kv_tokens);
-  if (flags.get_int("max-model-len") > 0) ctx.max_model_len = std::min<int64_t>(ctx.max_model_len, flags.get_int("max-model-len"));
+  if (flags.get_int("max-model-len") > 0)
+    ctx.max_model_len = std::min<int64_t>(ctx.max_model_len, flags.get_int("max-model-len"));
 
   server::ServerOptions so;
   so.host = flags.get_string("host");
   so.port = static_cast<int>(flags.get_int("port"));
   so.api_key = flags.get_string("api-key");
   so.max_body_bytes = flags.get_int("max-body-kb") << 10;
-  so.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.get_double("request-timeout") * 1000));
+  so.request_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(flags.get_double("request-timeout") * 1000));
   server::Metrics metrics(name);
   raise_fd_limit();
   ::signal(SIGPIPE, SIG_IGN);
@@ -191,24 +207,28 @@ int run_serve(int argc, char** argv) {
   auto scheduler = std::make_unique<server::Scheduler>(std::move(backend), sched_options, &metrics);
   http->set_scheduler(scheduler.get());
   std::printf("msinfer serve: ready at http://%s:%d (model '%s', max_model_len %lld)\n",
-              so.host.c_str(), http->port(), name.c_str(), static_cast<long long>(ctx.max_model_len));
+              so.host.c_str(), http->port(), name.c_str(),
+              static_cast<long long>(ctx.max_model_len));
   std::fflush(stdout);
 
   {
     std::unique_lock<std::mutex> l(mu);
     cv.wait(l, [&] { return signalled; });
   }
-  std::fprintf(stderr, "msinfer serve: draining (up to %.0f s)\n", flags.get_double("drain-timeout"));
+  std::fprintf(stderr, "msinfer serve: draining (up to %.0f s)\n",
+               flags.get_double("drain-timeout"));
   http->set_draining();
   scheduler->start_draining();
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(static_cast<int64_t>(flags.get_double("drain-timeout") * 1000));
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(flags.get_double("drain-timeout") * 1000));
   const bool drained = scheduler->wait_idle(deadline);
   scheduler->stop();  // fails what is left
   stop_loop();
   scheduler.reset();  // stops the workers of a deployment
   http.reset();
-  std::fprintf(stderr, "msinfer serve: stopped%s\n", drained ? "" : " (drain timeout: requests were cut off)");
+  std::fprintf(stderr, "msinfer serve: stopped%s\n",
+               drained ? "" : " (drain timeout: requests were cut off)");
   return 0;
 }
 

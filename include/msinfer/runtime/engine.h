@@ -100,7 +100,7 @@ class Engine {
     int64_t computed = 0;         // tokens whose K/V are in the cache
     int64_t generated = 0;
     std::mt19937_64 rng;
-    bool preempted = false;       // chosen as a victim during this step's planning
+    bool preempted = false;  // chosen as a victim during this step's planning
   };
   Engine(std::shared_ptr<const model::ModelWeights> w, KvCache kv, const EngineOptions& o,
          std::unique_ptr<ExpertBackend> experts);
@@ -115,7 +115,7 @@ class Engine {
   EngineOptions options_;
   AttentionRunner attention_;
   std::unique_ptr<ExpertBackend> experts_;
-  std::deque<Running> waiting_;  // new requests, and preempted ones at the front
+  std::deque<Running> waiting_;   // new requests, and preempted ones at the front
   std::vector<Running> running_;  // in admission order
   int64_t preemptions_ = 0;
   std::vector<float> penalised_;

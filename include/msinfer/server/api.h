@@ -31,9 +31,9 @@ ApiError bad_request(std::string message, std::string param = "");
 // What parsing needs to know about the model being served. Not owned.
 struct ApiContext {
   std::string served_model_name;
-  const model::Tokenizer* tokenizer = nullptr;     // null: only token-id prompts
-  const ChatTemplate* chat_template = nullptr;     // null: chat completions refused
-  std::string bos_token, eos_token;                // for the chat template
+  const model::Tokenizer* tokenizer = nullptr;  // null: only token-id prompts
+  const ChatTemplate* chat_template = nullptr;  // null: chat completions refused
+  std::string bos_token, eos_token;             // for the chat template
   int64_t vocab = 0;
   int64_t max_model_len = 0;  // prompt + max_tokens must not exceed it
 };
@@ -46,8 +46,8 @@ struct ApiRequest {
   runtime::SamplingParams sampling;  // max_tokens resolved (default: the model length left)
   std::vector<std::string> stop;     // stop strings, never emitted
   bool stream = false;
-  bool include_usage = false;        // stream_options.include_usage
-  bool logprobs = false;             // report logprobs (sampling.logprobs = how many top)
+  bool include_usage = false;  // stream_options.include_usage
+  bool logprobs = false;       // report logprobs (sampling.logprobs = how many top)
 };
 
 // Parses a POST body of /v1/completions (chat = false) or

@@ -16,7 +16,7 @@
 namespace msinfer::server {
 
 struct BenchPrompt {
-  Json prompt;           // completions: a string or token ids; chat: the user message (a string)
+  Json prompt;             // completions: a string or token ids; chat: the user message (a string)
   int64_t prompt_len = 0;  // tokens, as the dataset says (the server's usage is what is reported)
   int64_t output_len = 16;
 };
@@ -27,21 +27,21 @@ struct OnlineBenchOptions {
   std::string endpoint = "/v1/completions";  // or /v1/chat/completions
   std::string model;                         // "" : not sent
   std::string api_key;
-  std::vector<BenchPrompt> prompts;          // one request each
-  double request_rate = 0;                   // requests/s; <= 0 or inf: all at once
-  double burstiness = 1.0;                   // gamma shape; 1 = Poisson
-  int64_t max_concurrency = 0;               // 0: no limit
+  std::vector<BenchPrompt> prompts;  // one request each
+  double request_rate = 0;           // requests/s; <= 0 or inf: all at once
+  double burstiness = 1.0;           // gamma shape; 1 = Poisson
+  int64_t max_concurrency = 0;       // 0: no limit
   uint64_t seed = 0;
-  std::chrono::seconds timeout{600};         // the whole run
+  std::chrono::seconds timeout{600};  // the whole run
 };
 
 struct RequestResult {
   bool ok = false;
   int http_status = 0;
   std::string error;
-  double send_s = 0;   // since the run's start
+  double send_s = 0;  // since the run's start
   double ttft_s = 0, e2e_s = 0;
-  std::vector<double> itl_s;  // gaps between chunks that carried text
+  std::vector<double> itl_s;                     // gaps between chunks that carried text
   int64_t prompt_tokens = 0, output_tokens = 0;  // from the server's usage
 };
 

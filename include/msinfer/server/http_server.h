@@ -28,7 +28,7 @@ namespace msinfer::server {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8000;  // 0: any free port (port() tells which)
+  int port = 8000;      // 0: any free port (port() tells which)
   std::string api_key;  // non-empty: /v1/* need "Authorization: Bearer KEY"
   int64_t max_body_bytes = 4 << 20;
   int64_t max_header_bytes = 16 << 10;
@@ -53,7 +53,8 @@ class HttpServer {
   void set_scheduler(Scheduler* s);
   // Thread-safe. From now on /health and new generation requests answer 503.
   void set_draining();
-  // Thread-safe. Stops accepting and closes every connection; run() returns.
+  // Thread-safe. Stops accepting and closes every connection once what is
+  // queued for it is written (at most 5 s); run() returns.
   void stop();
   // Before run(): calls f (on the event loop's thread) whenever SIGTERM or
   // SIGINT arrives; the handler is installed by this call.

@@ -56,9 +56,9 @@ class Metrics {
   mutable std::mutex mu_;
   std::string labels_;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0, aborted_ = 0;  // GUARDED_BY(mu_)
-  std::map<std::string, int64_t> success_;                            // GUARDED_BY(mu_)
-  std::map<int, int64_t> http_;                                       // GUARDED_BY(mu_)
-  Histogram ttft_, itl_, e2e_;                                        // GUARDED_BY(mu_)
+  std::map<std::string, int64_t> success_;                           // GUARDED_BY(mu_)
+  std::map<int, int64_t> http_;                                      // GUARDED_BY(mu_)
+  Histogram ttft_, itl_, e2e_;                                       // GUARDED_BY(mu_)
 };
 
 }  // namespace msinfer::server

@@ -108,13 +108,13 @@ class Scheduler {
   Metrics* metrics_;
   mutable std::mutex mu_;
   std::condition_variable cv_, idle_cv_;
-  std::deque<Entry> inbox_;                           // GUARDED_BY(mu_): submitted, not in the backend
+  std::deque<Entry> inbox_;  // GUARDED_BY(mu_): submitted, not in the backend
   std::vector<std::pair<int64_t, std::string>> cancels_;  // GUARDED_BY(mu_)
-  bool stop_ = false, draining_ = false;              // GUARDED_BY(mu_)
-  Snapshot snap_;                                     // GUARDED_BY(mu_)
-  int64_t in_flight_ = 0;                             // GUARDED_BY(mu_): inbox + active
-  int64_t next_id_ = 1;                               // GUARDED_BY(mu_)
-  std::map<int64_t, Entry> active_;                   // engine thread only
+  bool stop_ = false, draining_ = false;                  // GUARDED_BY(mu_)
+  Snapshot snap_;                                         // GUARDED_BY(mu_)
+  int64_t in_flight_ = 0;                                 // GUARDED_BY(mu_): inbox + active
+  int64_t next_id_ = 1;                                   // GUARDED_BY(mu_)
+  std::map<int64_t, Entry> active_;                       // engine thread only
   std::thread thread_;
 };
 
