@@ -1,6 +1,7 @@
 #include "msinfer/bench/m2n_bench.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -251,6 +252,9 @@ StatusOr<std::vector<M2NBenchRow>> run_m2n_bench(const M2NBenchOptions& o) {
         row.p50_us = percentile(all, 0.5);
         row.p99_us = percentile(all, 0.99);
         row.gbps = row.p50_us > 0 ? ex->bytes_per_sender() / (row.p50_us * 1e-6) / 1e9 : 0;
+        // Progress on stderr (rank 0; mpirun forwards it): a run takes minutes.
+        std::fprintf(stderr, "  %s %lld bytes: p50 %.1f us, p99 %.1f us\n", row.name.c_str(),
+                     static_cast<long long>(size), row.p50_us, row.p99_us);
         rows.push_back(row);
       }
     }

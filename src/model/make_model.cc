@@ -318,6 +318,13 @@ Status make_model(const MakeModelOptions& o) {
   std::mt19937_64 rng(o.seed);
   std::normal_distribution<float> normal(0.f, 1.f);
   const size_t per_shard = (specs.size() + o.shards - 1) / o.shards;
+  int64_t total_elems = 0, done_elems = 0;
+  int reported_tenth = 0;
+  for (const Spec& sp : specs) {
+    int64_t n = 1;
+    for (int64_t d : sp.shape) n *= d;
+    total_elems += n;
+  }
   Json weight_map = Json::object();
   for (int s = 0; s < o.shards; ++s) {
     char name[64];
@@ -344,6 +351,12 @@ Status make_model(const MakeModelOptions& o) {
       }
       buffers.push_back(std::move(buf));
       tensors.push_back({sp.name, o.dtype, sp.shape, buffers.back().data()});
+      done_elems += n;
+      if (o.progress != nullptr && total_elems > (int64_t{64} << 20) &&
+          done_elems * 10 / total_elems > reported_tenth) {
+        reported_tenth = static_cast<int>(done_elems * 10 / total_elems);
+        o.progress(std::to_string(reported_tenth * 10) + "% of the weights generated");
+      }
       weight_map[sp.name] = name;
     }
     MSI_RETURN_IF_ERROR(write_safetensors((fs::path(o.out_dir) / name).string(), tensors,

@@ -45,6 +45,7 @@ int run_make_model(int argc, char** argv) {
   o.seed = static_cast<uint64_t>(flags.get_int("seed"));
   o.shards = static_cast<int>(flags.get_int("shards"));
   o.tokenizer_dir = flags.get_string("tokenizer");
+  o.progress = [](const std::string& line) { std::fprintf(stderr, "  %s\n", line.c_str()); };
   if (o.preset.empty()) return report_error("make-model", invalid_argument("--preset is required"));
   if (o.out_dir.empty()) return report_error("make-model", invalid_argument("--out is required"));
   const std::string& dt = flags.get_string("dtype");

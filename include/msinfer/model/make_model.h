@@ -29,6 +29,9 @@ struct MakeModelOptions {
   DType dtype = DType::kBF16;
   int shards = 1;                 // > 1: model-0000i-of-0000n.safetensors + index
   std::string tokenizer_dir;      // small-mixtral's tokenizer (default .cache/tokenizers/llama2)
+  // Called with a line after each 10% of the weights of a model over 64 M
+  // parameters (may be null): the small preset takes tens of seconds.
+  void (*progress)(const std::string&) = nullptr;
 };
 
 std::vector<std::string> model_presets();
