@@ -660,16 +660,23 @@ StatusOr<Tokenizer> Tokenizer::from_json(const Json& j, const Json* config,
       (*config)["add_bos_token"].is_boolean()) {
     add_bos = (*config)["add_bos_token"].get<bool>();
   }
-  if (top.has("post_processor") && j["post_processor"].is_object() &&
-      j["post_processor"].value("type", "") == "TemplateProcessing" && add_bos) {
-    const Json& single = j["post_processor"]["single"];
-    bool seen_seq = false;
-    if (single.is_array()) {
-      for (const auto& item : single) {
+  if (top.has("post_processor") && j["post_processor"].is_object() && add_bos) {
+    JsonFields post(j["post_processor"], source + ": post_processor");
+    MSI_ASSIGN_OR_RETURN(std::string post_type, post.string_or("type", ""));
+    const Json& pj = j["post_processor"];
+    if (post_type == "TemplateProcessing" && post.has("single") && pj["single"].is_array()) {
+      bool seen_seq = false;
+      const Json& single = pj["single"];
+      for (size_t i = 0; i < single.size(); ++i) {
+        const Json& item = single[i];
+        if (!item.is_object()) continue;
         if (item.contains("Sequence")) {
           seen_seq = true;
         } else if (item.contains("SpecialToken")) {
-          std::string id = item["SpecialToken"].value("id", "");
+          JsonFields special(item["SpecialToken"],
+                             post.where() + ".single[" + std::to_string(i) + "].SpecialToken");
+          MSI_RETURN_IF_ERROR(special.expect_object());
+          MSI_ASSIGN_OR_RETURN(std::string id, special.string("id"));
           auto it = m.vocab.find(id);
           if (it == m.vocab.end()) {
             return invalid_argument(source + ": post_processor names unknown token '" + id + "'");

@@ -62,6 +62,33 @@ TEST(TokenizerTest, MalformedFilesAreErrors) {
   EXPECT_FALSE(Tokenizer::load("/nonexistent/tokenizer.json").ok());
 }
 
+// The post_processor is optional and loosely shaped in real files; what the
+// fuzzer found (a TemplateProcessing without "single", mistyped fields) must be
+// a clean error or be ignored, never an abort.
+TEST(TokenizerTest, PostProcessorShapes) {
+  Json j = byte_level_tokenizer();
+  j["post_processor"] = {{"type", "TemplateProcessing"}};
+  EXPECT_TRUE(Tokenizer::from_json(j, nullptr, "t.json").ok());
+  j["post_processor"] = {{"type", 5}};
+  EXPECT_FALSE(Tokenizer::from_json(j, nullptr, "t.json").ok());
+  j["post_processor"] = {{"type", "TemplateProcessing"}, {"single", {{{"SpecialToken", 3}}}}};
+  auto bad = Tokenizer::from_json(j, nullptr, "t.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("single[0].SpecialToken"), std::string::npos)
+      << bad.status().message();
+  j["post_processor"]["single"] = {{{"SpecialToken", {{"id", 7}}}}};
+  EXPECT_FALSE(Tokenizer::from_json(j, nullptr, "t.json").ok());
+  j["post_processor"]["single"] = {{{"SpecialToken", {{"id", "<nope>"}}}}};
+  EXPECT_FALSE(Tokenizer::from_json(j, nullptr, "t.json").ok());
+  // A well-formed template adds its tokens around the text.
+  j["post_processor"]["single"] = {{{"SpecialToken", {{"id", "<|end|>"}}}},
+                                   {{"Sequence", {{"id", "A"}}}},
+                                   {{"SpecialToken", {{"id", "<|end|>"}}}}};
+  auto t = Tokenizer::from_json(j, nullptr, "t.json");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(t->encode("hello"), (std::vector<int32_t>{100, 11, 100}));
+}
+
 TEST(Utf8Test, CompletePrefix) {
   EXPECT_EQ(utf8_complete_prefix("abc"), 3u);
   EXPECT_EQ(utf8_complete_prefix("a\xe4\xbd"), 1u);      // 你 cut after 2 of 3 bytes
