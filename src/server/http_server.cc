@@ -516,7 +516,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void on_tokens(int64_t id, std::vector<runtime::TokenEvent> events) {
     if (closed_ || !gen_ || gen_->id != id || gen_->done) return;
-    Generation& g = *gen_;
+    // gen_ is reset when the response ends; `keep` holds the generation until
+    // this handler is done with it.
+    const std::shared_ptr<Generation> keep = gen_;
+    Generation& g = *keep;
     std::string delta;
     Json logprobs;
     std::string finish;
@@ -583,7 +586,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void on_error(int64_t id, const Status& st) {
     if (closed_ || !gen_ || gen_->id != id || gen_->done) return;
-    Generation& g = *gen_;
+    // gen_ is reset when the response ends; `keep` holds the generation until
+    // this handler is done with it.
+    const std::shared_ptr<Generation> keep = gen_;
+    Generation& g = *keep;
     g.done = true;
     ApiError e = error_of(
         st.code() == StatusCode::kInvalidArgument ? 400 : 503,
