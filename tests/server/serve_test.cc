@@ -369,6 +369,7 @@ TEST_F(ServeTest, OpenAiClientDisaggregatedGreedyEqualsGenerate) {
     EXPECT_TRUE(testing::shm_objects_of(w).empty());
   }
   EXPECT_TRUE(testing::shm_objects_of(server_pid).empty());
+  if (HasFailure()) ADD_FAILURE() << "server stderr:\n" << s.stderr_text();
 }
 
 TEST_F(ServeTest, ErrorStatusesWithOpenAiBodies) {
@@ -530,7 +531,7 @@ TEST_F(ServeTest, FullQueueGets429AndApiKeyIsEnforced) {
   EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})", auth).status, 200);
   // One long request takes the only seat; the next gets 429 with Retry-After.
   const std::string body =
-      R"({"prompt": "Hello", "max_tokens": 2000, "ignore_eos": true, "stream": true})";
+      R"({"prompt": "Hello", "max_tokens": 4000, "ignore_eos": true, "stream": true})";
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -635,7 +636,12 @@ TEST_F(ServeTest, ThousandConcurrentStreamingClients) {
       stderr,
       "server RSS: idle %.1f MiB, peak %.1f MiB, after %.1f MiB; threads idle %d, peak %d\n",
       idle_rss, peak_rss, after.first, idle_threads, peak_threads);
+#ifndef __SANITIZE_ADDRESS__
+  // Memory goes back after the clients leave. Not under AddressSanitizer: its
+  // quarantine keeps freed memory resident by design (its leak check at exit
+  // covers what this would).
   EXPECT_LE(after.first, idle_rss + 8.0);
+#endif
   EXPECT_EQ(curl(s.url() + "/health").status, 200);
 }
 
