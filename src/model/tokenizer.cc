@@ -14,6 +14,14 @@
 namespace msinfer::model {
 namespace {
 
+// 0..15 for a hexadecimal digit, -1 otherwise.
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
 // ---- UTF-8 helpers ----
 
 size_t utf8_len(unsigned char c) {
@@ -781,10 +789,10 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
         break;
       case Decoder::kByteFallback:
         for (auto& t : toks) {
-          unsigned v = 0;
-          if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
-              std::sscanf(t.c_str() + 3, "%2X", &v) == 1) {
-            t = std::string(1, static_cast<char>(v));
+          const int hi = t.size() == 6 ? hex_digit(t[3]) : -1;
+          const int lo = t.size() == 6 ? hex_digit(t[4]) : -1;
+          if (hi >= 0 && lo >= 0 && t.compare(0, 3, "<0x") == 0 && t[5] == '>') {
+            t = std::string(1, static_cast<char>(hi * 16 + lo));
           }
         }
         break;
@@ -868,9 +876,20 @@ std::string StreamingDecoder::push(int32_t id) {
   ids_.push_back(id);
   const std::string all = t_.decode(ids_, skip_);
   const size_t complete = utf8_complete_prefix(all);
-  if (complete <= emitted_) return "";
-  std::string out = all.substr(emitted_, complete - emitted_);
-  emitted_ = complete;
+  std::string out;
+  if (complete > emitted_) {
+    out = all.substr(emitted_, complete - emitted_);
+    emitted_ = complete;
+  }
+  if (complete == all.size()) {
+    // Everything so far is out and ends on a whole character: restart the
+    // window at the tokens since the last such point. They stay as context
+    // for decoders that treat the start of the text specially (Metaspace,
+    // Strip), which then cut the same way in `all` and in `emitted_`.
+    ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(context_));
+    context_ = ids_.size();
+    emitted_ = t_.decode(ids_, skip_).size();
+  }
   return out;
 }
 

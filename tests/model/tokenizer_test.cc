@@ -146,6 +146,22 @@ TEST_P(RealTokenizerTest, StreamingDecodeNeverSplitsACharacter) {
   streamed += d.finish();
   EXPECT_EQ(streamed, t->decode(ids, true));
   EXPECT_NE(streamed.find("你好世界 😀🎉"), std::string::npos) << streamed;
+  // The decoder decodes a window, not the whole text: over the corpus (code,
+  // CJK, emoji, whitespace runs, special tokens), with and without special
+  // tokens, the pieces still add up to the whole decode.
+  auto texts = read_json_file(
+      (fs::path(MSINFER_SOURCE_DIR) / "tests/model/data/tokenizer_corpus.json").string());
+  ASSERT_TRUE(texts.ok());
+  for (bool skip : {true, false}) {
+    for (size_t i = 0; i < texts->size(); ++i) {
+      const std::vector<int32_t> all = t->encode((*texts)[i].get<std::string>());
+      StreamingDecoder s(*t, skip);
+      std::string out;
+      for (int32_t id : all) out += s.push(id);
+      out += s.finish();
+      EXPECT_EQ(out, t->decode(all, skip)) << GetParam() << " text #" << i << " skip " << skip;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fetched, RealTokenizerTest,

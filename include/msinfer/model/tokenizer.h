@@ -64,7 +64,11 @@ class StreamingDecoder {
  private:
   const Tokenizer& t_;
   bool skip_;
+  // A window of the ids, not all of them (each push decodes only the
+  // window: linear in the length of the text, not quadratic): ids_[0,
+  // context_) were out before the last whole-character point.
   std::vector<int32_t> ids_;
+  size_t context_ = 0;
   size_t emitted_ = 0;  // bytes of decode(ids_) already returned
 };
 
