@@ -1,6 +1,7 @@
 #include "msinfer/server/scheduler.h"
 
 #include <malloc.h>
+#include <pthread.h>
 
 #include <algorithm>
 
@@ -99,6 +100,7 @@ void Scheduler::fail_all(const Status& s) {
 }
 
 void Scheduler::loop() {
+  ::pthread_setname_np(::pthread_self(), "msinfer-engine");
   auto last_stats = clock::now() - options_.stats_interval;
   bool was_idle = true;
   for (;;) {
