@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "msinfer/kernels/cpu/threads.h"
+
 namespace msinfer::runtime {
 
 Engine::Engine(std::shared_ptr<const model::ModelWeights> w, KvCache kv, const EngineOptions& o,
@@ -157,6 +159,7 @@ std::vector<std::pair<size_t, int64_t>> Engine::plan_step() {
 }
 
 StatusOr<std::vector<TokenEvent>> Engine::step() {
+  kernels::cpu::enter_compute_thread();  // the step may run on any thread (serve's engine thread)
   admit();
   std::vector<TokenEvent> events;
   if (running_.empty() && !options_.step_when_idle) return events;

@@ -1,9 +1,11 @@
 // Flags of every command that runs the CPU engine: the kernel level and the
 // weight format (docs/ENGINE.md, "CPU kernel levels").
 #include <cstdlib>
+#include <string>
 
 #include "commands.h"
 #include "msinfer/kernels/cpu/isa.h"
+#include "msinfer/kernels/cpu/threads.h"
 
 namespace msinfer::cli {
 
@@ -16,6 +18,10 @@ void add_engine_flags(FlagSet& flags) {
                    "GEMM weight format: bf16, or int8 (quantised at load, symmetric per output\n"
                    "channel; router and embedding stay bf16)",
                    "MSINFER_WEIGHTS");
+  flags.add_int("threads", 0, 0, 4096,
+                "compute threads of the engine's kernels (0: OMP_NUM_THREADS, else one per\n"
+                "core; serve, co-located: one per core but one, which the HTTP loop gets);\n"
+                "inherited by the workers this command starts");
 }
 
 Status apply_isa_flag(const std::string& level) {
@@ -34,6 +40,11 @@ Status apply_isa_flag(const std::string& level) {
 
 StatusOr<kernels::cpu::WeightFormat> apply_engine_flags(const FlagSet& flags) {
   MSI_RETURN_IF_ERROR(apply_isa_flag(flags.get_string("isa")));
+  if (const int64_t threads = flags.get_int("threads"); threads > 0) {
+    kernels::cpu::set_compute_threads(static_cast<int>(threads));
+    // Worker processes read it when their OpenMP starts.
+    ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+  }
   auto format = kernels::cpu::parse_weight_format(flags.get_string("weights"));
   if (!format.ok()) return format.status().with_context("--weights");
   return *format;
