@@ -182,6 +182,9 @@ class Session : public std::enable_shared_from_this<Session> {
     // The usual stream chunk (text, no logprobs, no finish) around its text;
     // made once (text_chunk).
     std::string chunk_prefix, chunk_suffix;
+    // Streamed text waiting for --stream-interval tokens.
+    std::string held_text;
+    int64_t held_tokens = 0;
   };
 
   // Hands tokens from the engine thread to this connection's loop.
@@ -600,8 +603,16 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!logprobs.is_null()) {
       Json d = g.req.chat ? Json{{"content", delta}} : Json(delta);
       out += sse(stream_chunk(g, d, logprobs, Json(nullptr)));
-    } else if (!delta.empty()) {
-      out += text_chunk(g, delta);
+    } else {
+      // One chunk per stream_interval tokens (and at the end): fewer writes.
+      g.held_text += delta;
+      g.held_tokens += static_cast<int64_t>(events.size());
+      if (!g.held_text.empty() &&
+          (g.held_tokens >= srv_.options.stream_interval || !finish.empty())) {
+        out += text_chunk(g, g.held_text);
+        g.held_text.clear();
+        g.held_tokens = 0;
+      }
     }
     if (!finish.empty()) {
       out += sse(stream_chunk(g, g.req.chat ? Json::object() : Json(""), Json(nullptr), finish));

@@ -372,6 +372,42 @@ TEST_F(ServeTest, OpenAiClientDisaggregatedGreedyEqualsGenerate) {
   if (HasFailure()) ADD_FAILURE() << "server stderr:\n" << s.stderr_text();
 }
 
+// --stream-interval N: the stream's text arrives in chunks of N tokens (the
+// last may be shorter), and adds up to the same greedy text as one JSON answer.
+TEST_F(ServeTest, StreamIntervalGroupsTokens) {
+  Server s("--stream-interval 4");
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  const std::string req = R"("prompt": "Hello, experts", "max_tokens": 18, "ignore_eos": true,
+                            "temperature": 0)";
+  const HttpResult plain = post(s, "/v1/completions", "{" + req + "}");
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  const std::string want = Json::parse(plain.body)["choices"][0]["text"].get<std::string>();
+  const HttpResult streamed = post(s, "/v1/completions", "{" + req + R"(, "stream": true})");
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  std::istringstream lines(streamed.body);
+  std::string line, got;
+  int text_chunks = 0;
+  bool done = false;
+  while (std::getline(lines, line)) {
+    if (line.rfind("data: ", 0) != 0) continue;
+    if (line == "data: [DONE]") {
+      done = true;
+      continue;
+    }
+    const Json j = Json::parse(line.substr(6));
+    const std::string t = j["choices"][0]["text"].get<std::string>();
+    if (!t.empty()) ++text_chunks;
+    got += t;
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(got, want);
+  // 18 tokens: at most ceil(18 / 4) = 5 chunks with text (one per step, so
+  // fewer only if some tokens made no text yet), at least 2.
+  EXPECT_LE(text_chunks, 5);
+  EXPECT_GE(text_chunks, 2);
+  EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
+}
+
 TEST_F(ServeTest, ErrorStatusesWithOpenAiBodies) {
   Server s("--max-body-kb 64");
   ASSERT_GT(s.port(), 0) << s.stderr_text();

@@ -58,6 +58,9 @@ int run_serve(int argc, char** argv) {
   flags.add_double("drain-timeout", 30, "seconds running requests get to finish after SIGTERM");
   flags.add_double("request-timeout", 30, "seconds a client has to send a whole request");
   flags.add_int("max-body-kb", 4096, "request body size limit (413 beyond)");
+  flags.add_int("stream-interval", 1, 1, 4096,
+                "a stream's text goes out every N tokens (and at its end): fewer socket\n"
+                "writes per token when steps are short; 1: every token");
   flags.add_int("kv-cache-mb", 256, "KV cache budget in MiB (per attention worker)",
                 "MSINFER_KV_CACHE_MB");
   add_engine_flags(flags);
@@ -148,6 +151,7 @@ int run_serve(int argc, char** argv) {
   so.port = static_cast<int>(flags.get_int("port"));
   so.api_key = flags.get_string("api-key");
   so.max_body_bytes = flags.get_int("max-body-kb") << 10;
+  so.stream_interval = flags.get_int("stream-interval");
   so.request_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(flags.get_double("request-timeout") * 1000));
   server::Metrics metrics(name);

@@ -34,6 +34,8 @@ struct ServerOptions {
   int64_t max_header_bytes = 16 << 10;
   int64_t max_pending_bytes = 1 << 20;  // queued for one slow reader before it is cut off
   int64_t max_connections = 4096;
+  // A stream's text goes out every this many tokens (1: every token).
+  int64_t stream_interval = 1;
   std::chrono::milliseconds request_timeout{30000};
 };
 
