@@ -6,16 +6,14 @@
 // under ThreadSanitizer.
 #include "msinfer/server/http_server.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <map>
 #include <thread>
+
+#include "../common/loopback_http.h"
 
 namespace msinfer::server {
 namespace {
@@ -57,26 +55,9 @@ class OneTokenPerStep final : public GenerationBackend {
 
 // Sends a request; reads until the server closes or `stop_after` bytes came.
 std::string exchange(int port, const std::string& req, size_t stop_after = SIZE_MAX) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return "";
-  }
-  ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-  std::string got;
-  const auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (std::chrono::steady_clock::now() < deadline && got.size() < stop_after) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 100) <= 0) continue;
-    char buf[8192];
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) break;
-    got.append(buf, static_cast<size_t>(n));
-  }
+  const int fd = testing::send_request(port, req);
+  if (fd < 0) return "";
+  std::string got = testing::read_from(fd, 30s, "", stop_after);
   ::close(fd);
   return got;
 }

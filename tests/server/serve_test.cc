@@ -24,6 +24,7 @@
 #include <sstream>
 #include <thread>
 
+#include "../common/loopback_http.h"
 #include "../common/shm_objects.h"
 #include "../common/subprocess.h"
 #include "msinfer/core/json.h"
@@ -164,31 +165,9 @@ HttpResult post(const Server& s, const std::string& path, const std::string& bod
 // Raw bytes over a socket: what came back before the server closed or `wait` passed.
 std::string raw_exchange(int port, const std::string& bytes, std::chrono::milliseconds wait,
                          bool* closed = nullptr) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return "";
-  }
-  ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-  std::string got;
-  const auto deadline = clock_type::now() + wait;
-  bool eof = false;
-  while (clock_type::now() < deadline) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 50) <= 0) continue;
-    char buf[4096];
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) {
-      eof = true;
-      break;
-    }
-    got.append(buf, static_cast<size_t>(n));
-  }
-  if (closed) *closed = eof;
+  const int fd = testing::send_request(port, bytes);
+  if (fd < 0) return "";
+  std::string got = testing::read_from(fd, wait, "", SIZE_MAX, closed);
   ::close(fd);
   return got;
 }
@@ -330,30 +309,11 @@ TEST_F(ServeTest, OpenAiClientDisaggregatedGreedyEqualsGenerate) {
   ASSERT_EQ(workers.size(), 3u);
   const std::string body =
       R"({"prompt": "Hello", "max_tokens": 3000, "ignore_eos": true, "stream": true})";
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(s.port()));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  const std::string req =
-      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-      "Content-Length: " +
-      std::to_string(body.size()) + "\r\n\r\n" + body;
-  ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-  pollfd p{fd, POLLIN, 0};
-  ASSERT_EQ(::poll(&p, 1, 30000), 1);
+  const int fd = testing::send_request(s.port(), testing::post_request("/v1/completions", body));
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(testing::readable_within(fd, std::chrono::seconds(30)));
   ::kill(workers[2], SIGKILL);  // expert worker 1
-  std::string stream;
-  const auto deadline = clock_type::now() + std::chrono::seconds(60);
-  while (clock_type::now() < deadline && stream.find("[DONE]") == std::string::npos) {
-    pollfd q{fd, POLLIN, 0};
-    if (::poll(&q, 1, 100) <= 0) continue;
-    char buf[4096];
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) break;
-    stream.append(buf, static_cast<size_t>(n));
-  }
+  const std::string stream = testing::read_from(fd, std::chrono::seconds(60), "[DONE]");
   ::close(fd);
   EXPECT_NE(stream.find("\"error\""), std::string::npos)
       << stream.substr(stream.size() > 600 ? stream.size() - 600 : 0);
@@ -520,21 +480,11 @@ TEST_F(ServeTest, DisconnectsCancelAndFreeKvBlocks) {
     const std::string body =
         std::string(R"({"prompt": "Hello", "max_tokens": 1000, "ignore_eos": true, "stream": )") +
         (stream ? "true" : "false") + "}";
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(s.port()));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    const std::string req =
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        "Content-Length: " +
-        std::to_string(body.size()) + "\r\n\r\n" + body;
-    ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+    const int fd = testing::send_request(s.port(), testing::post_request("/v1/completions", body));
+    ASSERT_GE(fd, 0);
     if (stream) {
       // Wait for the first event, so the request is surely running.
-      pollfd p{fd, POLLIN, 0};
-      EXPECT_EQ(::poll(&p, 1, 30000), 1);
+      EXPECT_TRUE(testing::readable_within(fd, std::chrono::seconds(30)));
     } else {
       const auto deadline = clock_type::now() + std::chrono::seconds(30);
       while (clock_type::now() < deadline) {
@@ -568,19 +518,11 @@ TEST_F(ServeTest, FullQueueGets429AndApiKeyIsEnforced) {
   // One long request takes the only seat; the next gets 429 with Retry-After.
   const std::string body =
       R"({"prompt": "Hello", "max_tokens": 4000, "ignore_eos": true, "stream": true})";
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(s.port()));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  const std::string req =
-      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-      "Authorization: Bearer sekrit\r\nContent-Length: " +
-      std::to_string(body.size()) + "\r\n\r\n" + body;
-  ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-  pollfd p{fd, POLLIN, 0};
-  ASSERT_EQ(::poll(&p, 1, 30000), 1);
+  const int fd = testing::send_request(
+      s.port(),
+      testing::post_request("/v1/completions", body, "Authorization: Bearer sekrit\r\n"));
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(testing::readable_within(fd, std::chrono::seconds(30)));
   HttpResult busy = post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})", auth);
   EXPECT_EQ(busy.status, 429) << busy.body;
   EXPECT_NE(busy.headers.find("Retry-After: "), std::string::npos);
@@ -688,33 +630,14 @@ TEST_F(ServeTest, SigtermDrainsRunningRequests) {
   ASSERT_GT(s.port(), 0) << s.stderr_text();
   const std::string body =
       R"({"prompt": "Hello", "max_tokens": 4000, "ignore_eos": true, "stream": true})";
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(s.port()));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  const std::string req =
-      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-      "Content-Length: " +
-      std::to_string(body.size()) + "\r\n\r\n" + body;
-  ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
-  pollfd p{fd, POLLIN, 0};
-  ASSERT_EQ(::poll(&p, 1, 30000), 1);
+  const int fd = testing::send_request(s.port(), testing::post_request("/v1/completions", body));
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(testing::readable_within(fd, std::chrono::seconds(30)));
   // The stream is read as it comes (a client that stops reading would be cut
   // off as a slow reader), on its own thread.
   std::string stream;
-  std::thread reader([&] {
-    const auto deadline = clock_type::now() + std::chrono::seconds(120);
-    while (clock_type::now() < deadline && stream.find("[DONE]") == std::string::npos) {
-      pollfd q{fd, POLLIN, 0};
-      if (::poll(&q, 1, 100) <= 0) continue;
-      char buf[65536];
-      const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-      if (n <= 0) break;
-      stream.append(buf, static_cast<size_t>(n));
-    }
-  });
+  std::thread reader(
+      [&] { stream = testing::read_from(fd, std::chrono::seconds(120), "[DONE]"); });
   ::kill(s.pid(), SIGTERM);
   // Draining: /health turns 503 (wait for it), new work is refused.
   bool saw_503 = false;
