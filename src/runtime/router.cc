@@ -228,37 +228,75 @@ StatusOr<std::unique_ptr<Router>> Router::start_launched(const WorkerConfig& c,
     r->workers_[i].role = role.name();
     r->workers_[i].index = role.index;
   }
+  // Control connections are accepted and their hellos read all at once,
+  // without blocking: a silent stray connection delays no worker's join and
+  // is dropped after 30 s (or 64 KiB without a line).
+  using clock = std::chrono::steady_clock;
+  struct Pending {
+    int fd;
+    std::string buf;
+    clock::time_point deadline;
+  };
+  std::vector<Pending> pending;
   Status s = ok_status();
-  for (int joined = 0; joined < A + N && s.ok(); ++joined) {
-    auto fd = comm::tcp_accept(listen_fd, std::chrono::seconds(120));
-    if (!fd.ok()) {
-      s = fd.status().with_context("router: only " + std::to_string(joined) + " of " +
-                                   std::to_string(A + N) + " workers connected");
+  int joined = 0;
+  auto next_join_by = clock::now() + std::chrono::seconds(120);
+  while (joined < A + N && s.ok()) {
+    if (clock::now() > next_join_by) {
+      s = Status(StatusCode::kDeadlineExceeded,
+                 "router: only " + std::to_string(joined) + " of " + std::to_string(A + N) +
+                     " workers connected (none in the last 120 s)");
       break;
     }
-    std::string line, buf;
-    auto hello = read_line(*fd, &buf, &line, 30000) ? parse_json(line, "worker hello")
-                                                     : StatusOr<Json>(invalid_argument("no hello"));
-    const std::string secret = hello.ok() ? hello->value("secret", std::string()) : "";
-    if (!hello.ok() || !comm::is_job_secret(secret, r->server_->secret())) {
-      ::close(*fd);  // not one of the job's ranks: ignored
-      --joined;
-      continue;
-    }
-    const int rank = hello->value("rank", -1);
-    if (rank < 1 || rank > A + N || r->workers_[rank - 1].in >= 0) {
-      ::close(*fd);
-      s = invalid_argument("router: a worker connected with a bad hello (rank " +
-                           std::to_string(rank) + ")");
+    auto fd = comm::tcp_accept(listen_fd, std::chrono::milliseconds(50));
+    if (fd.ok()) {
+      pending.push_back({*fd, "", clock::now() + std::chrono::seconds(30)});
+    } else if (fd.status().code() != StatusCode::kDeadlineExceeded) {
+      s = fd.status().with_context("router: accepting workers");
       break;
     }
-    Worker& w = r->workers_[rank - 1];
-    w.in = w.out = *fd;
-    w.buf = buf;
-    w.where = "rank " + std::to_string(rank) + " on " + hello->value("host", std::string("?")) +
-              " (" + hello->value("address", std::string("?")) +
-              ", pid " + std::to_string(hello->value("pid", 0)) + ")";
+    for (size_t i = 0; i < pending.size() && s.ok();) {
+      std::string line;
+      bool eof = false;
+      if (!read_line(pending[i].fd, &pending[i].buf, &line, 0, &eof)) {
+        if (eof || clock::now() > pending[i].deadline || pending[i].buf.size() > (64u << 10)) {
+          ::close(pending[i].fd);  // not one of the job's ranks (or gone): ignored
+          pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+        } else {
+          ++i;
+        }
+        continue;
+      }
+      const int cfd = pending[i].fd;
+      std::string buf = std::move(pending[i].buf);
+      pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+      auto hello = parse_json(line, "worker hello");
+      const std::string secret = hello.ok() && hello->is_object() && (*hello)["secret"].is_string()
+                                     ? (*hello)["secret"].get<std::string>()
+                                     : "";
+      if (!hello.ok() || !comm::is_job_secret(secret, r->server_->secret())) {
+        ::close(cfd);  // not one of the job's ranks: ignored
+        continue;
+      }
+      const int64_t rank =
+          (*hello)["rank"].is_number_integer() ? (*hello)["rank"].get<int64_t>() : -1;
+      if (rank < 1 || rank > A + N || r->workers_[rank - 1].in >= 0) {
+        ::close(cfd);
+        s = invalid_argument("router: a worker connected with a bad hello (rank " +
+                             std::to_string(rank) + ")");
+        break;
+      }
+      Worker& w = r->workers_[rank - 1];
+      w.in = w.out = cfd;
+      w.buf = buf;
+      w.where = "rank " + std::to_string(rank) + " on " + hello->value("host", std::string("?")) +
+                " (" + hello->value("address", std::string("?")) +
+                ", pid " + std::to_string(hello->value("pid", 0)) + ")";
+      ++joined;
+      next_join_by = clock::now() + std::chrono::seconds(120);
+    }
   }
+  for (const Pending& p : pending) ::close(p.fd);
   ::close(listen_fd);
   MSI_RETURN_IF_ERROR(s);
   MSI_RETURN_IF_ERROR(r->wait_ready());

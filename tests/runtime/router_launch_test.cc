@@ -1,0 +1,96 @@
+// The router under a launcher (Router::start_launched), with the launcher and
+// the worker ranks played by the test: what reaches its control port before
+// the workers have joined.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <future>
+#include <mutex>
+#include <sstream>
+
+#include "msinfer/comm/bootstrap.h"
+#include "msinfer/comm/tcp.h"
+#include "msinfer/core/json.h"
+#include "msinfer/runtime/router.h"
+
+namespace msinfer::runtime {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Rank 0 of a launcher of `size` ranks; hands the router's blob to the test.
+class FakeLauncher : public comm::Bootstrap {
+ public:
+  explicit FakeLauncher(int size) : size_(size) {}
+  int rank() const override { return 0; }
+  int size() const override { return size_; }
+  StatusOr<std::vector<std::string>> allgather(const std::string& blob) override {
+    std::lock_guard<std::mutex> l(mu_);
+    blob_ = blob;
+    cv_.notify_all();
+    return std::vector<std::string>(static_cast<size_t>(size_), blob);
+  }
+  // "bootstrap-address control-address secret", once the router published it.
+  std::string wait_blob() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait_for(l, 30s, [&] { return !blob_.empty(); });
+    return blob_;
+  }
+
+ private:
+  int size_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string blob_;
+};
+
+void send_line(int fd, const std::string& s) {
+  const std::string line = s + "\n";
+  ASSERT_EQ(::write(fd, line.data(), line.size()), static_cast<ssize_t>(line.size()));
+}
+
+// A silent connection, one with a wrong secret and one that sends junk reach
+// the control port first; the two real ranks join after them and the router
+// starts at once: nobody waits for the silent one's 30 s.
+TEST(RouterLaunchTest, StrayControlConnectionsDelayNoWorker) {
+  ::setenv("MSINFER_ADDRESS", "127.0.0.1", 1);
+  WorkerConfig c;
+  c.attention_workers = 1;
+  c.expert_workers = 1;
+  FakeLauncher launcher(3);
+  auto started = std::async(std::launch::async, [&] { return Router::start_launched(c, launcher); });
+  std::istringstream blob(launcher.wait_blob());
+  std::string bootstrap, control, secret;
+  blob >> bootstrap >> control >> secret;
+  ASSERT_FALSE(control.empty());
+  auto silent = comm::tcp_connect(control, 10s);
+  auto wrong = comm::tcp_connect(control, 10s);
+  auto junk = comm::tcp_connect(control, 10s);
+  ASSERT_TRUE(silent.ok() && wrong.ok() && junk.ok());
+  send_line(*wrong, Json{{"rank", 1}, {"secret", std::string(32, '0')}}.dump());
+  send_line(*junk, "{\"rank\": [1, 2], \"secret\": 7");
+  std::vector<int> ranks;
+  for (int rank : {2, 1}) {
+    auto fd = comm::tcp_connect(control, 10s);
+    ASSERT_TRUE(fd.ok());
+    send_line(*fd, Json{{"rank", rank}, {"pid", 1}, {"host", "h"}, {"secret", secret}}.dump());
+    send_line(*fd, Json{{"ready", true}, {"rss_mb", 1.0}}.dump());
+    ranks.push_back(*fd);
+  }
+  // The old router read hellos one by one, 30 s each: it would still wait here.
+  ASSERT_EQ(started.wait_for(20s), std::future_status::ready);
+  auto router = started.get();
+  ASSERT_TRUE(router.ok()) << router.status().to_string();
+  // The ranks leave as the router shuts down (it tells them to exit).
+  for (int fd : ranks) ::shutdown(fd, SHUT_RDWR);
+  router->reset();
+  for (int fd : ranks) ::close(fd);
+  for (int fd : {*silent, *wrong, *junk}) ::close(fd);
+}
+
+}  // namespace
+}  // namespace msinfer::runtime
