@@ -175,6 +175,43 @@ TEST_F(LevelsTest, AttentionMatchesGenericForEveryHeadDimAndGroup) {
   }
 }
 
+// Decode over contexts longer than the value pass's chunk of positions (128),
+// with a block size that does not divide it, so chunks start and end inside
+// blocks; head groups that need several slices of head dims per chunk.
+TEST_F(LevelsTest, AttentionOverLongContextsMatchesGeneric) {
+  for (IsaLevel level : higher_levels()) {
+    for (int64_t hd : {64, 128}) {
+      for (int64_t group : {1, 4, 8}) {
+        const int64_t kvh = 2, heads = kvh * group, bs = 12, ctx = 301;
+        const int64_t blocks = (ctx + bs - 1) / bs + 3;
+        std::vector<bf16> kpool(blocks * bs * kvh * hd), vpool(kpool.size());
+        PagedKvLayer kv{kpool.data(), vpool.data(), bs, kvh, hd};
+        std::vector<int32_t> table(blocks);
+        for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>((b * 7 + 3) % blocks);
+        std::vector<int32_t> pos;
+        std::vector<const int32_t*> tables;
+        for (int p = 0; p < ctx; ++p) {
+          pos.push_back(p);
+          tables.push_back(table.data());
+        }
+        auto k = randn(ctx * kvh * hd, 11 + hd), v = randn(ctx * kvh * hd, 12 + hd);
+        // Decode the last three positions (three queries over ~300 positions each).
+        auto q = randn(3 * heads * hd, 13 + hd);
+        std::vector<int32_t> dpos = {ctx - 3, ctx - 2, ctx - 1};
+        std::vector<const int32_t*> dtables = {table.data(), table.data(), table.data()};
+        auto [g, l] = both(level, [&] {
+          write_kv(kv, k.data(), v.data(), ctx, pos.data(), tables.data());
+          std::vector<float> out(q.size());
+          paged_attention(q.data(), 3, heads, kv, dpos.data(), dtables.data(),
+                          1.0f / std::sqrt(static_cast<float>(hd)), out.data());
+          return out;
+        });
+        EXPECT_LT(rel_err(l, g), kTol) << isa_name(level) << " hd=" << hd << " group=" << group;
+      }
+    }
+  }
+}
+
 TEST_F(LevelsTest, ElementwiseKernelsMatchGeneric) {
   for (IsaLevel level : higher_levels()) {
     for (int64_t dim : {1, 7, 16, 33, 130}) {
