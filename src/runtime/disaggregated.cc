@@ -254,7 +254,8 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
   std::vector<int64_t> served(M, 0);  // (slot, layer) units served per slot
   std::vector<float> in, out;
   std::string pending;
-  WorkerStats stats(M, mc.layers);
+  WorkerStats stats(M, mc.layers, mc.experts);
+  int64_t units = 0;  // (slot, layer) units served; every step has M * layers of them
   const double ffn_flops_per_row = 2.0 * 3.0 * static_cast<double>(h) * static_cast<double>(mc.expert_ffn);
   // Commands from the router: {"op": "stats", "reset": bool}, {"op": "exit"},
   // or the router gone (end of file). Looked at when idle and every 1024
@@ -295,6 +296,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
       const uint32_t seq = static_cast<uint32_t>(served[k]);
       MSI_RETURN_IF_ERROR(dispatch.verify(k, seq));
       const int layer = static_cast<int>(served[k] % mc.layers);
+      if (units++ % (static_cast<int64_t>(M) * mc.layers) == 0) stats.routed.begin_step();
       int64_t last_sent_ns = 0;
       for (int a = 0; a < A; ++a) {
         int64_t t = 0;
@@ -336,6 +338,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
         stats.gemm_flops += ffn_flops_per_row * static_cast<double>(total);
         stats.tokens += total;
         stats.expert_tokens[local[i]] += total;
+        stats.routed.add(layer, local[i], total);
         at = 0;
         for (int a = 0; a < A; ++a) {
           std::memcpy(combine.buffer(k, a) + (cursor[a] - hdr) * row_bytes, out.data() + at * h,
