@@ -190,6 +190,37 @@ Json RoutingStats::to_json() const {
   return j;
 }
 
+std::vector<std::vector<int64_t>> split_rows(const Placement& p,
+                                             const std::vector<int64_t>& expert_rows) {
+  const int E = static_cast<int>(p.replicas.size());
+  std::vector<std::vector<int64_t>> take(E);
+  std::vector<int64_t> load(p.workers, 0);
+  std::vector<int> replicated;
+  for (int e = 0; e < E; ++e) {
+    take[e].assign(p.replicas[e].size(), 0);
+    if (p.replicas[e].size() == 1) {
+      take[e][0] = expert_rows[e];
+      load[p.replicas[e][0].first] += expert_rows[e];
+    } else {
+      replicated.push_back(e);
+    }
+  }
+  std::stable_sort(replicated.begin(), replicated.end(),
+                   [&](int a, int b) { return expert_rows[a] > expert_rows[b]; });
+  for (int e : replicated) {
+    const auto& reps = p.replicas[e];
+    for (int64_t row = 0; row < expert_rows[e]; ++row) {
+      size_t best = 0;
+      for (size_t j = 1; j < reps.size(); ++j) {
+        if (load[reps[j].first] < load[reps[best].first]) best = j;
+      }
+      ++take[e][best];
+      ++load[reps[best].first];
+    }
+  }
+  return take;
+}
+
 StatusOr<Placement> balance_placement(const std::vector<double>& load, int workers,
                                       int slots_per_worker) {
   const int E = static_cast<int>(load.size());

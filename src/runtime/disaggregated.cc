@@ -12,6 +12,7 @@
 
 #include "msinfer/comm/fabric_transport.h"
 #include "msinfer/core/process.h"
+#include "msinfer/runtime/balance.h"
 
 namespace msinfer::runtime {
 namespace {
@@ -97,6 +98,7 @@ class RemoteExperts : public ExpertBackend {
         layer_flops_(attention_layer_flops(mc)), stats_(stats),
         dispatch_(shape(c, mc, 0), index), combine_(shape(c, mc, 1), index) {
     for (int w = 0; w < c.expert_workers; ++w) local_.push_back(c.placement.experts_on(w));
+    expert_rows_.assign(c.placement.replicas.size(), 0);
   }
   Status attach(comm::Bootstrap& boot) {
     MSI_RETURN_IF_ERROR(dispatch_.attach(ep_));
@@ -116,8 +118,10 @@ class RemoteExperts : public ExpertBackend {
     const int64_t sent_ns = wall_ns();
     const int W = c_.expert_workers;
     const int64_t row_bytes = hidden_ * 4;
-    // Split each expert's rows over its replicas by share (first rows to the
-    // first replica), then lay out each destination's message.
+    // Split each replicated expert's rows over its replicas by predicted
+    // worker load (split_rows), then lay out each destination's message.
+    for (int e = 0; e < static_cast<int>(expert_rows_.size()); ++e) expert_rows_[e] = r.expert_rows(e);
+    const std::vector<std::vector<int64_t>> take = split_rows(c_.placement, expert_rows_);
     auto& plan = plans_[k];
     plan.assign(W, {});
     std::vector<int64_t> rows(W, 0);
@@ -129,17 +133,14 @@ class RemoteExperts : public ExpertBackend {
       int64_t at = hdr;
       for (size_t i = 0; i < local_[w].size(); ++i) {
         const int e = local_[w][i];
-        const int64_t n = r.expert_rows(e), off = r.expert_offset[e];
-        // This replica's [begin, end) of the expert's rows.
-        double before = 0, mine = 0;
-        for (auto [ww, share] : c_.placement.replicas[e]) {
-          if (ww == w) {
-            mine = share;
-            break;
-          }
-          before += share;
+        const int64_t off = r.expert_offset[e];
+        // This replica's [b, end) of the expert's rows.
+        int64_t b = 0, end = 0;
+        for (size_t j = 0; j < c_.placement.replicas[e].size(); ++j) {
+          end = b + take[e][j];
+          if (c_.placement.replicas[e][j].first == w) break;
+          b = end;
         }
-        const int64_t b = std::llround(before * n), end = std::llround((before + mine) * n);
         counts[i] = static_cast<int32_t>(end - b);
         if (at + (end - b) > dispatch_.shape().max_rows) {
           return resource_exhausted("micro-batch too large for one M2N message (" +
@@ -210,6 +211,7 @@ class RemoteExperts : public ExpertBackend {
   comm::M2NSender dispatch_;
   comm::M2NReceiver combine_;
   std::vector<std::vector<int>> local_;
+  std::vector<int64_t> expert_rows_;  // this micro-batch's rows per expert
   std::map<int, std::vector<std::vector<Piece>>> plans_;
   std::map<int, int64_t> steps_done_;
 };

@@ -192,3 +192,44 @@ TEST(RoutingStatsTest, MalformedDocumentsNameTheField) {
 
 }  // namespace
 }  // namespace msinfer::runtime
+
+namespace msinfer::runtime {
+namespace {
+
+Placement placement_of(const std::string& text, int experts) {
+  auto p = Placement::from_json(Json::parse(text), experts, "p");
+  EXPECT_TRUE(p.ok()) << p.status().to_string();
+  return p.ok() ? *p : Placement();
+}
+
+TEST(SplitRowsTest, ReplicatedRowsGoToTheLeastLoadedWorker) {
+  // Expert 0 alone on worker 0 (5 rows), expert 1 on both: its 3 rows all go
+  // to worker 1, which has nothing else.
+  const Placement p = placement_of(R"({"expert_workers": 2, "experts": [0, [[0, 0.5], [1, 0.5]]]})", 2);
+  EXPECT_EQ(split_rows(p, {5, 3}), (std::vector<std::vector<int64_t>>{{5}, {0, 3}}));
+  // 9 rows: worker 1 takes rows until it has 5, then they alternate: 5 + 2 and 7.
+  EXPECT_EQ(split_rows(p, {5, 9}), (std::vector<std::vector<int64_t>>{{5}, {2, 7}}));
+  // One row and nothing else anywhere: the first replica (no share rounding).
+  EXPECT_EQ(split_rows(p, {0, 1}), (std::vector<std::vector<int64_t>>{{0}, {1, 0}}));
+  // Shares do not bias the split: 0.9 / 0.1 still evens the load.
+  const Placement q = placement_of(R"({"expert_workers": 2, "experts": [[[1, 0.9], [0, 0.1]], 1]})", 2);
+  EXPECT_EQ(split_rows(q, {4, 2}), (std::vector<std::vector<int64_t>>{{1, 3}, {2}}));
+}
+
+TEST(SplitRowsTest, LargestReplicatedExpertFirst) {
+  // Experts 0 (2 rows) and 1 (6 rows) both on workers 0 and 1, expert 2 (4
+  // rows) on worker 2 alone. Expert 1 first: 3 / 3; then expert 0: 1 / 1.
+  const Placement p = placement_of(
+      R"({"expert_workers": 3, "experts": [[[0, 0.5], [1, 0.5]], [[0, 0.5], [1, 0.5]], 2]})", 3);
+  const auto take = split_rows(p, {2, 6, 4});
+  EXPECT_EQ(take, (std::vector<std::vector<int64_t>>{{1, 1}, {3, 3}, {4}}));
+  // Every row is placed exactly once.
+  for (int e = 0; e < 3; ++e) {
+    int64_t n = 0;
+    for (int64_t x : take[e]) n += x;
+    EXPECT_EQ(n, (std::vector<int64_t>{2, 6, 4})[e]);
+  }
+}
+
+}  // namespace
+}  // namespace msinfer::runtime

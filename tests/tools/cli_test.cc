@@ -753,6 +753,13 @@ TEST(CliBalanceTest, BalanceWritesAPlacementTheDeploymentRuns) {
   EXPECT_EQ(dj["token_ids"], parse(g.out)["token_ids"]);
   EXPECT_EQ(dj["routing"]["placement"], *placement);
   EXPECT_EQ(dj["routing"]["expert_tokens"], parse(g.out)["routing"]["expert_tokens"]);
+  // Measured: the replicated experts' rows go to the less-loaded worker, so the
+  // expert workers are more even than under round robin.
+  CliRun rr = run("generate " + prompt + " --attention-workers 1 --expert-workers 2 --json");
+  ASSERT_EQ(rr.code, 0) << rr.err;
+  const double measured = dj["routing"]["worker_balance"].get<double>();
+  EXPECT_LT(measured, parse(rr.out)["routing"]["worker_balance"].get<double>());
+  EXPECT_LT(measured, 1.1) << dj["routing"].dump();
   // The human table.
   CliRun h = run("balance --stats " + tmp + "/stats.json --expert-workers 2");
   ASSERT_EQ(h.code, 0) << h.err;

@@ -55,6 +55,16 @@ std::optional<double> layer_balancedness(const std::vector<double>& x, int layer
 std::vector<double> predicted_worker_loads(const std::vector<int64_t>& expert_tokens, int layers,
                                            const Placement& p);
 
+// How one attention worker splits one micro-batch's rows of each expert over
+// its replicas (RemoteExperts::start): experts with one replica are fixed
+// load on their worker; then each replicated expert, most rows first (ties:
+// the lower index), hands its rows one at a time to the replica whose worker
+// has the least predicted load (rows of this micro-batch so far; ties: the
+// earlier replica). Returns rows per replica, [E][replicas of e], in the
+// placement's replica order; rows of replica j follow those of j - 1.
+std::vector<std::vector<int64_t>> split_rows(const Placement& p,
+                                             const std::vector<int64_t>& expert_rows);
+
 // Greedy min-max placement of E experts (E = expert_load.size(), load: rows
 // over the window, summed over layers) on `workers` workers holding at most
 // `slots_per_worker` experts each:
