@@ -12,7 +12,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto st = msinfer::runtime::RoutingStats::from_json(*j, "stats.json");
   if (!st.ok()) return 0;
   (void)st->to_json().dump();
-  auto p = msinfer::runtime::balance_placement(st->expert_totals(), workers, slots);
+  const double fixed = (data[0] >> 4) * 8.0;  // --expert-fixed-rows, as a load
+  auto p = msinfer::runtime::balance_placement(st->expert_totals(), workers, slots, fixed);
   if (p.ok()) {
     if (!p->validate(st->experts).ok())
       __builtin_trap();  // the placement must be one the runtime takes

@@ -85,13 +85,14 @@ std::optional<double> balancedness(const std::vector<double>& x, int layers, int
 }
 
 std::vector<double> predicted_worker_loads(const std::vector<int64_t>& expert_tokens, int layers,
-                                           const Placement& p) {
+                                           const Placement& p, double fixed_per_replica) {
   const int experts = static_cast<int>(p.replicas.size());
   std::vector<double> w(static_cast<size_t>(layers) * p.workers, 0.0);
   for (int l = 0; l < layers; ++l) {
     for (int e = 0; e < experts; ++e) {
       for (auto [worker, share] : p.replicas[e]) {
         w[static_cast<size_t>(l) * p.workers + worker] +=
+            fixed_per_replica +
             share * static_cast<double>(expert_tokens[static_cast<size_t>(l) * experts + e]);
       }
     }
@@ -222,7 +223,7 @@ std::vector<std::vector<int64_t>> split_rows(const Placement& p,
 }
 
 StatusOr<Placement> balance_placement(const std::vector<double>& load, int workers,
-                                      int slots_per_worker) {
+                                      int slots_per_worker, double fixed_cost) {
   const int E = static_cast<int>(load.size());
   if (E < 1) return invalid_argument("balance: no experts");
   for (int e = 0; e < E; ++e) {
@@ -236,14 +237,65 @@ StatusOr<Placement> balance_placement(const std::vector<double>& load, int worke
                             std::to_string(Placement::kMaxExpertWorkers));
   }
   if (slots_per_worker < 1) return invalid_argument("balance: slots per worker must be >= 1");
+  if (!(fixed_cost >= 0) || !std::isfinite(fixed_cost)) {
+    return invalid_argument("balance: the fixed cost per replica must be finite and >= 0");
+  }
   const int64_t slots = static_cast<int64_t>(workers) * slots_per_worker;
   if (slots < E) {
     return invalid_argument("balance: " + std::to_string(workers) + " expert workers x " +
                             std::to_string(slots_per_worker) + " slots = " + std::to_string(slots) +
                             " slots for " + std::to_string(E) + " experts: every expert needs one");
   }
-  // 1. Replica counts: spare slots to the highest load per replica.
+  // 2. LPT: replicas largest first to the least-loaded eligible worker. Each
+  // replica costs fixed_cost + its expert's load / its replicas.
+  struct Lpt {
+    double max_load = 0;
+    std::vector<int> held;
+    std::vector<std::vector<int>> on;  // workers holding a replica of e
+  };
+  auto lpt = [&](const std::vector<int>& replicas) {
+    struct Item {
+      double load;
+      int expert;
+    };
+    std::vector<Item> items;
+    for (int e = 0; e < E; ++e) {
+      for (int r = 0; r < replicas[e]; ++r) items.push_back({fixed_cost + load[e] / replicas[e], e});
+    }
+    std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+      return a.load > b.load || (a.load == b.load && a.expert < b.expert);
+    });
+    Lpt out;
+    std::vector<double> worker_load(workers, 0.0);
+    out.held.assign(workers, 0);
+    out.on.assign(E, {});
+    for (const Item& it : items) {
+      int best = -1;
+      const auto& on = out.on[it.expert];
+      for (int w = 0; w < workers; ++w) {
+        if (out.held[w] >= slots_per_worker) continue;
+        if (std::find(on.begin(), on.end(), w) != on.end()) continue;
+        if (best < 0 || worker_load[w] < worker_load[best] ||
+            (worker_load[w] == worker_load[best] && out.held[w] < out.held[best])) {
+          best = w;
+        }
+      }
+      // None: only workers holding this expert have room; the replica is
+      // dropped (an expert's first replica always finds a slot: slots >= E).
+      if (best < 0) continue;
+      out.on[it.expert].push_back(best);
+      out.held[best] += 1;
+      worker_load[best] += it.load;
+    }
+    out.max_load = *std::max_element(worker_load.begin(), worker_load.end());
+    return out;
+  };
+  // 1. Replica counts: spare slots to the highest load per replica. With a
+  // fixed cost per replica, a slot is given only while the predicted max load
+  // falls (or some worker would hold nothing).
   std::vector<int> replicas(E, 1);
+  int64_t placed = E;
+  Lpt current = lpt(replicas);
   for (int64_t spare = slots - E; spare > 0; --spare) {
     int best = -1;
     for (int e = 0; e < E; ++e) {
@@ -252,41 +304,19 @@ StatusOr<Placement> balance_placement(const std::vector<double>& load, int worke
     }
     if (best < 0) break;  // every expert on every worker already
     ++replicas[best];
-  }
-  // 2. LPT: replicas largest first to the least-loaded eligible worker.
-  struct Item {
-    double load;
-    int expert;
-  };
-  std::vector<Item> items;
-  for (int e = 0; e < E; ++e) {
-    for (int r = 0; r < replicas[e]; ++r) items.push_back({load[e] / replicas[e], e});
-  }
-  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-    return a.load > b.load || (a.load == b.load && a.expert < b.expert);
-  });
-  std::vector<double> worker_load(workers, 0.0);
-  std::vector<int> held(workers, 0);
-  std::vector<std::vector<int>> on(E);  // workers holding a replica of e
-  for (const Item& it : items) {
-    int best = -1;
-    for (int w = 0; w < workers; ++w) {
-      if (held[w] >= slots_per_worker) continue;
-      if (std::find(on[it.expert].begin(), on[it.expert].end(), w) != on[it.expert].end()) continue;
-      if (best < 0 || worker_load[w] < worker_load[best] ||
-          (worker_load[w] == worker_load[best] && held[w] < held[best])) {
-        best = w;
+    if (fixed_cost > 0) {
+      Lpt next = lpt(replicas);
+      if (next.max_load >= current.max_load && placed >= workers) {
+        --replicas[best];
+        break;
       }
+      current = std::move(next);
     }
-    if (best < 0) {
-      // Only workers holding this expert have room: drop the replica (the
-      // first replica of an expert always finds a slot, as slots >= E).
-      continue;
-    }
-    on[it.expert].push_back(best);
-    held[best] += 1;
-    worker_load[best] += it.load;
+    ++placed;
   }
+  if (fixed_cost == 0) current = lpt(replicas);
+  const std::vector<int>& held = current.held;
+  std::vector<std::vector<int>>& on = current.on;
   Placement p;
   p.workers = workers;
   p.replicas.resize(E);

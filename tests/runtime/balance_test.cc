@@ -98,6 +98,25 @@ TEST(BalancePlacementTest, SpareSlotReplicatesTheHottestExpert) {
   EXPECT_DOUBLE_EQ(*balancedness(loads, 1, 2), 1.0);
 }
 
+TEST(BalancePlacementTest, FixedCostPerReplicaUsesASpareSlotOnlyWhenItPays) {
+  // Loads {8, 2, 2} on 2 workers x 2 slots, each replica costing `fixed` more.
+  // fixed 3: without a replica 11 | 5 + 5, max 11; replicating expert 0 gives
+  // 7 + 5 | 7 + 5, max 12: no replica.
+  auto p = balance_placement({8, 2, 2}, 2, 2, 3.0);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(workers_of(*p, 0), std::vector<int>{0});
+  EXPECT_EQ(p->experts_on(1), (std::vector<int>{1, 2}));
+  // fixed 1: 9 | 3 + 3 (max 9) against 5 + 3 | 5 + 3 (max 8): replicate.
+  p = balance_placement({8, 2, 2}, 2, 2, 1.0);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(workers_of(*p, 0), (std::vector<int>{0, 1}));
+  // The prediction counts the fixed cost of every replica a worker holds.
+  const auto loads = predicted_worker_loads({8, 2, 2}, 1, *p, 1.0);
+  EXPECT_DOUBLE_EQ(loads[0], 8);
+  EXPECT_DOUBLE_EQ(loads[1], 8);
+  EXPECT_FALSE(balance_placement({8, 2, 2}, 2, 2, -1.0).ok());
+}
+
 TEST(BalancePlacementTest, AtMostOneReplicaPerWorker) {
   // 4 spare slots but only 2 workers: each expert reaches 2 replicas and the
   // other slots stay empty.

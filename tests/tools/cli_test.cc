@@ -760,6 +760,11 @@ TEST(CliBalanceTest, BalanceWritesAPlacementTheDeploymentRuns) {
   const double measured = dj["routing"]["worker_balance"].get<double>();
   EXPECT_LT(measured, parse(rr.out)["routing"]["worker_balance"].get<double>());
   EXPECT_LT(measured, 1.1) << dj["routing"].dump();
+  // A fixed cost per replica far above any expert's rows: no replica pays.
+  CliRun f = run("balance --stats " + tmp + "/stats.json --expert-workers 2 --slots-per-worker 5 "
+                 "--expert-fixed-rows 1000 --json");
+  ASSERT_EQ(f.code, 0) << f.err;
+  for (const auto& e : parse(f.out)["after"]["placement"]["experts"]) EXPECT_EQ(e.size(), 1u);
   // The human table.
   CliRun h = run("balance --stats " + tmp + "/stats.json --expert-workers 2");
   ASSERT_EQ(h.code, 0) << h.err;
@@ -776,6 +781,8 @@ TEST(CliBalanceTest, BalanceWritesAPlacementTheDeploymentRuns) {
                  "6 slots for 8 experts");
   expect_refused("balance --stats " + tmp + "/stats.json --expert-workers 2 --slots-per-worker 0",
                  "--slots-per-worker must be >= 1");
+  expect_refused("balance --stats " + tmp + "/stats.json --expert-workers 2 --expert-fixed-rows -1",
+                 "--expert-fixed-rows");
   std::filesystem::remove_all(tmp);
 }
 

@@ -13,11 +13,12 @@
 namespace msinfer::cli {
 namespace {
 
-// Predicted balancedness of `p` on the measured rows: over a step (sum over
-// layers of the busiest worker / of the mean) and on rows summed over layers.
-Json predict(const runtime::RoutingStats& st, const runtime::Placement& p) {
-  const std::vector<double> per_layer =
-      runtime::predicted_worker_loads(st.expert_tokens, st.layers, p);
+// Predicted balancedness of `p` on the measured rows (+ `fixed_rows` per
+// replica and step): over a step (sum over layers of the busiest worker / of
+// the mean) and on loads summed over layers.
+Json predict(const runtime::RoutingStats& st, const runtime::Placement& p, double fixed_rows) {
+  const std::vector<double> per_layer = runtime::predicted_worker_loads(
+      st.expert_tokens, st.layers, p, fixed_rows * static_cast<double>(st.steps));
   std::vector<double> total(p.workers, 0.0);
   for (int l = 0; l < st.layers; ++l) {
     for (int w = 0; w < p.workers; ++w)
@@ -54,6 +55,12 @@ int run_balance(int argc, char** argv) {
   flags.add_int("slots-per-worker", 0, 0, 4096,
                 "experts one worker may hold (memory limit; default ceil(E / N), the round\n"
                 "robin's most: no replicas unless E is not a multiple of N)");
+  flags.add_double("expert-fixed-rows", 0, 0, 1e6,
+                   "what running one expert replica for one layer of one step costs whatever\n"
+                   "its rows, in rows: k4 / k3 of `msinfer profile` (weight streaming; ~7 for\n"
+                   "small-mixtral on a 2-vCPU VM). Loads become rows + this per replica, and\n"
+                   "a spare slot is used only while it lowers the predicted max (default 0:\n"
+                   "rows only, every spare slot used)");
   flags.add_string("out", "",
                    "write the placement JSON here (generate / bench serve / serve --placement)");
   flags.add_bool("json", "print one JSON object");
@@ -94,7 +101,13 @@ int run_balance(int argc, char** argv) {
     return report_error("balance", invalid_argument("--slots-per-worker must be >= 1"));
   }
   if (!flags.was_set("slots-per-worker")) K = (st->experts + N - 1) / N;
-  auto placement = runtime::balance_placement(st->expert_totals(), N, K);
+  const double fixed_rows = flags.get_double("expert-fixed-rows");
+  if (fixed_rows > 0 && st->steps < 1) {
+    return report_error("balance", invalid_argument("--expert-fixed-rows needs the stats' steps (" +
+                                                    flags.get_string("stats") + " has none)"));
+  }
+  auto placement = runtime::balance_placement(
+      st->expert_totals(), N, K, fixed_rows * static_cast<double>(st->steps) * st->layers);
   if (!placement.ok()) {
     return report_error(
         "balance", placement.status().with_context("--expert-workers " + std::to_string(N) +
@@ -106,9 +119,10 @@ int run_balance(int argc, char** argv) {
            {"expert_workers", N},
            {"slots_per_worker", K},
            {"steps", st->steps},
-           {"after", predict(*st, *placement)}};
+           {"expert_fixed_rows", fixed_rows},
+           {"after", predict(*st, *placement, fixed_rows)}};
   if (N <= st->experts) {
-    out["before"] = predict(*st, runtime::Placement::round_robin(st->experts, N));
+    out["before"] = predict(*st, runtime::Placement::round_robin(st->experts, N), fixed_rows);
   } else {
     out["before"] = nullptr;  // round robin needs one expert per worker at least
   }
@@ -124,8 +138,10 @@ int run_balance(int argc, char** argv) {
   auto ratio = [](const Json& j, const char* key) {
     return j.is_null() || j[key].is_null() ? std::string("-") : fmt(j[key].get<double>(), 3);
   };
-  std::printf("%d experts, %d layers, %lld steps of routing; %d expert workers x %d slots\n\n",
+  std::printf("%d experts, %d layers, %lld steps of routing; %d expert workers x %d slots",
               st->experts, st->layers, static_cast<long long>(st->steps), N, K);
+  if (fixed_rows > 0) std::printf("; load = rows + %g per expert replica and step", fixed_rows);
+  std::printf("\n\n");
   Table t({"placement", "max/mean per step", "max/mean all layers"});
   t.add_row({"round robin (before)", ratio(out["before"], "worker_balance"),
              ratio(out["before"], "worker_balance_all_layers")});

@@ -51,9 +51,10 @@ std::optional<double> balancedness(const std::vector<double>& x, int layers, int
 std::optional<double> layer_balancedness(const std::vector<double>& x, int layer, int n);
 
 // Rows each worker would compute per layer under `p`: expert e's rows split
-// over its replicas by share. [layers * p.workers]
+// over its replicas by share, plus `fixed_per_replica` for every replica the
+// worker holds (the cost of running an expert at all, in rows). [layers * p.workers]
 std::vector<double> predicted_worker_loads(const std::vector<int64_t>& expert_tokens, int layers,
-                                           const Placement& p);
+                                           const Placement& p, double fixed_per_replica = 0);
 
 // How one attention worker splits one micro-batch's rows of each expert over
 // its replicas (RemoteExperts::start): experts with one replica are fixed
@@ -76,12 +77,17 @@ std::vector<std::vector<int64_t>> split_rows(const Placement& p,
 //     expert yet (ties: fewer experts held, then the lower index): greedy
 //     longest-processing-time under the slot limit. A replica no worker can
 //     take is dropped (its expert's share goes to its other replicas).
+// `fixed_cost` (>= 0, the units of the loads) is what running one replica
+// costs whatever its rows (streaming the expert's weights: k4 of the stage
+// model, as rows k4 / k3, times steps and layers); each replica's load is
+// fixed_cost + load / replicas, and with fixed_cost > 0 a spare slot is used
+// only while it lowers the predicted max (or a worker would be left empty).
 // Shares of a replicated expert are equal. One placement for every layer (the
 // runtime places an expert's weights of all layers together).
 // INVALID_ARGUMENT: no experts, a negative or non-finite load, workers outside
 // 1..Placement::kMaxExpertWorkers, slots < 1, workers * slots < E, or a
 // worker left without an expert.
 StatusOr<Placement> balance_placement(const std::vector<double>& expert_load, int workers,
-                                      int slots_per_worker);
+                                      int slots_per_worker, double fixed_cost = 0);
 
 }  // namespace msinfer::runtime
