@@ -43,12 +43,13 @@ int run_balance(int argc, char** argv) {
       "     per worker);\n"
       "  2. replicas, heaviest first, go to the least-loaded worker that has a free slot and\n"
       "     does not hold that expert yet (greedy longest-processing-time).\n"
-      "A replicated expert's rows are split equally over its replicas. One placement for all\n"
-      "layers, from each expert's rows summed over layers: the runtime keeps an expert's\n"
-      "weights of every layer on the workers that hold it (a placement is per expert), so a\n"
-      "per-layer placement would need per-layer weight loading. Prints the predicted max/mean\n"
-      "load of the expert workers before (round robin) and after, per step (sum over layers\n"
-      "of the busiest worker's rows / of the mean: what sets the pace) and over all layers.");
+      "A replicated expert's shares are equal (the runtime splits its rows by predicted\n"
+      "worker load; docs/RUNTIME.md). One placement for all layers, from each expert's rows\n"
+      "summed over layers: the runtime keeps an expert's weights of every layer on the\n"
+      "workers that hold it (a placement is per expert), so a per-layer placement would need\n"
+      "per-layer weight loading. Prints the predicted max/mean load of the expert workers\n"
+      "before (round robin) and after, per step (sum over layers of the busiest worker's\n"
+      "rows / of the mean: what sets the pace) and over all layers.");
   flags.add_string("stats", "",
                    "routing statistics JSON (generate --json / bench serve --json output)");
   flags.add_int("expert-workers", 1, 1, 4096, "expert workers N (required)");
