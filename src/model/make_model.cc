@@ -1,12 +1,16 @@
 #include "msinfer/model/make_model.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
-#include <cstring>
 
 #include "msinfer/core/bf16.h"
 #include "msinfer/model/tokenizer.h"
@@ -162,6 +166,134 @@ Json train_tokenizer(const std::string& text, int merges, bool byte_level) {
   return tok;
 }
 
+// --router-skew zipf:S. A Mixtral / Qwen-MoE router has no bias, so the skew
+// gets a channel of its own: hidden dimension 0 of every token's embedding is
+// the constant c = 2 sqrt(h); nothing writes dimension 0 afterwards (row 0 of
+// o_proj and of every expert's down projection is 0) and only the routers read
+// it (column 0 of q/k/v, of the experts' gate/up projections and of the LM
+// head is 0). After post_attention_layernorm (weight 1 at dimension 0) it is
+// about x0 = sqrt(h) * 2 / sqrt(5), so column 0 of router row e, b_e / x0,
+// adds b_e to expert e's logit. The rest of the logit is about N(0, 1/5) when
+// the other dimensions are unit-variance; the biases b are fitted to that by
+// Monte Carlo (seeded) so that each expert's share of the top-K picks is its
+// Zipf share K * r^-S / sum r^-S over ranks r = 1..E (a share above 0.97 of
+// the tokens is capped: a token picks an expert at most once).
+class RouterSkew {
+ public:
+  static constexpr double kChannel = 2.0;  // c / sqrt(h)
+  RouterSkew(double s, int64_t experts, int64_t top_k, int64_t hidden, uint64_t seed)
+      : hidden_(hidden) {
+    // Ranking: a seeded permutation (Fisher-Yates, so it does not depend on
+    // the standard library's shuffle).
+    std::mt19937_64 rng(seed ^ 0x5eed5ce7ULL);
+    by_rank_.resize(experts);
+    for (int64_t e = 0; e < experts; ++e) by_rank_[e] = static_cast<int>(e);
+    for (int64_t i = experts - 1; i > 0; --i) std::swap(by_rank_[i], by_rank_[rng() % (i + 1)]);
+    // Target picks per token of each rank, capped at 0.97 with the excess
+    // spread over the others in proportion.
+    std::vector<double> t(experts);
+    double z = 0;
+    for (int64_t r = 0; r < experts; ++r) z += std::pow(r + 1.0, -s);
+    for (int64_t r = 0; r < experts; ++r) t[r] = top_k * std::pow(r + 1.0, -s) / z;
+    for (int it = 0; it < 64; ++it) {
+      double excess = 0, free_mass = 0;
+      for (double& v : t) {
+        if (v > 0.97) {
+          excess += v - 0.97;
+          v = 0.97;
+        } else if (v < 0.97) {
+          free_mass += v;
+        }
+      }
+      if (excess <= 0 || free_mass <= 0) break;
+      for (double& v : t) {
+        if (v < 0.97) v += excess * v / free_mass;
+      }
+    }
+    target_ = t;
+    // Fit the biases: logits b_r + sigma * N(0, 1), top-K picks per rank.
+    const double sigma = 1.0 / std::sqrt(kChannel * kChannel + 1.0);
+    std::vector<double> b(experts, 0.0);
+    std::normal_distribution<double> normal(0.0, sigma);
+    const int samples = 20000;
+    std::vector<double> logit(experts);
+    std::vector<int> idx(experts);
+    for (int iter = 0; iter < 80; ++iter) {
+      std::mt19937_64 mc(seed + 17);  // the same samples every iteration
+      std::vector<double> picks(experts, 0.0);
+      for (int n = 0; n < samples; ++n) {
+        for (int64_t r = 0; r < experts; ++r) logit[r] = b[r] + normal(mc);
+        for (int64_t r = 0; r < experts; ++r) idx[r] = static_cast<int>(r);
+        std::partial_sort(idx.begin(), idx.begin() + top_k, idx.end(),
+                          [&](int a, int c) { return logit[a] > logit[c]; });
+        for (int64_t k = 0; k < top_k; ++k) picks[idx[k]] += 1.0 / samples;
+      }
+      for (int64_t r = 0; r < experts; ++r) {
+        b[r] += 0.5 * sigma * (std::log(t[r]) - std::log(std::max(picks[r], 1e-4)));
+      }
+    }
+    double mean = 0;
+    for (double v : b) mean += v / static_cast<double>(experts);
+    bias_.assign(experts, 0.0);
+    for (int64_t r = 0; r < experts; ++r) bias_[by_rank_[r]] = b[r] - mean;
+  }
+
+  // Rewrites the generated values of tensor `name` (shape [rows, cols]).
+  void apply(const std::string& name, int64_t rows, int64_t cols, std::vector<float>& v) const {
+    auto ends = [&](const char* suffix) {
+      const std::string x(suffix);
+      return name.size() >= x.size() && name.compare(name.size() - x.size(), x.size(), x) == 0;
+    };
+    const float c = static_cast<float>(kChannel * std::sqrt(static_cast<double>(hidden_)));
+    auto column0 = [&](float value) {
+      for (int64_t r = 0; r < rows; ++r) v[r * cols] = value;
+    };
+    if (name == "model.embed_tokens.weight") {
+      column0(c);
+    } else if (ends("q_proj.weight") || ends("k_proj.weight") || ends("v_proj.weight") ||
+               ends(".w1.weight") || ends(".w3.weight") || ends("gate_proj.weight") ||
+               ends("up_proj.weight") || name == "lm_head.weight") {
+      column0(0.f);
+    } else if (ends("o_proj.weight") || ends(".w2.weight") || ends("down_proj.weight")) {
+      std::fill(v.begin(), v.begin() + cols, 0.f);  // row 0
+    } else if (ends("post_attention_layernorm.weight")) {
+      v[0] = 1.f;
+    } else if (ends("mlp.gate.weight") || ends("block_sparse_moe.gate.weight")) {
+      const double x0 =
+          std::sqrt(static_cast<double>(hidden_)) * kChannel / std::sqrt(kChannel * kChannel + 1.0);
+      for (int64_t e = 0; e < rows; ++e) v[e * cols] = static_cast<float>(bias_[e] / x0);
+    }
+  }
+
+  Json describe(double s) const {
+    return Json{{"distribution", "zipf"},
+                {"s", s},
+                {"experts_by_popularity", by_rank_},
+                {"target_picks_per_token", target_}};
+  }
+
+ private:
+  int64_t hidden_;
+  std::vector<int> by_rank_;  // expert of rank r (0: the most popular)
+  std::vector<double> target_, bias_;
+};
+
+StatusOr<double> parse_router_skew(const std::string& value) {
+  const std::string prefix = "zipf:";
+  const std::string what = "--router-skew '" + value + "': expected zipf:S with S in (0, " +
+                           std::to_string(static_cast<int>(kMaxRouterSkew)) + "], e.g. zipf:1.2";
+  if (value.rfind(prefix, 0) != 0 || value.size() == prefix.size()) return invalid_argument(what);
+  const std::string num = value.substr(prefix.size());
+  char* end = nullptr;
+  errno = 0;
+  const double s = std::strtod(num.c_str(), &end);
+  if (errno != 0 || end != num.c_str() + num.size() || !std::isfinite(s) || !(s > 0) ||
+      s > kMaxRouterSkew || !std::isdigit(static_cast<unsigned char>(num[0]))) {
+    return invalid_argument(what);
+  }
+  return s;
+}
+
 std::vector<std::string> model_presets() { return {"tiny-mixtral", "tiny-qwen3moe", "small-mixtral"}; }
 
 StatusOr<Json> preset_config(const std::string& preset, int64_t vocab) {
@@ -314,6 +446,15 @@ Status make_model(const MakeModelOptions& o) {
   specs.push_back({"model.norm.weight", {h}, -1});
   specs.push_back({"lm_head.weight", {vocab, h}, 1 / std::sqrt(double(h))});
 
+  std::unique_ptr<RouterSkew> skew;
+  if (o.router_skew_zipf != 0) {
+    if (!(o.router_skew_zipf > 0) || o.router_skew_zipf > kMaxRouterSkew) {
+      return invalid_argument("--router-skew: S must be in (0, 8]");
+    }
+    skew = std::make_unique<RouterSkew>(o.router_skew_zipf, E,
+                                        config["num_experts_per_tok"].get<int64_t>(), h, o.seed);
+    config["msinfer_router_skew"] = skew->describe(o.router_skew_zipf);
+  }
   // Generate shard by shard (so memory stays at one shard's worth).
   std::mt19937_64 rng(o.seed);
   std::normal_distribution<float> normal(0.f, 1.f);
@@ -337,8 +478,13 @@ Status make_model(const MakeModelOptions& o) {
       int64_t n = 1;
       for (int64_t d : sp.shape) n *= d;
       std::vector<uint8_t> buf(static_cast<size_t>(n) * dtype_size(o.dtype));
+      std::vector<float> vals(static_cast<size_t>(n));
       for (int64_t k = 0; k < n; ++k) {
-        const float v = sp.std < 0 ? 1.0f + 0.1f * normal(rng) : static_cast<float>(sp.std) * normal(rng);
+        vals[k] = sp.std < 0 ? 1.0f + 0.1f * normal(rng) : static_cast<float>(sp.std) * normal(rng);
+      }
+      if (skew) skew->apply(sp.name, sp.shape[0], sp.shape.size() > 1 ? sp.shape[1] : 1, vals);
+      for (int64_t k = 0; k < n; ++k) {
+        const float v = vals[k];
         if (o.dtype == DType::kBF16) {
           bf16 b = float_to_bf16(v);
           std::memcpy(buf.data() + 2 * k, &b, 2);

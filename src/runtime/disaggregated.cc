@@ -12,6 +12,7 @@
 
 #include "msinfer/comm/fabric_transport.h"
 #include "msinfer/core/process.h"
+#include "msinfer/runtime/balance.h"
 
 namespace msinfer::runtime {
 namespace {
@@ -97,6 +98,7 @@ class RemoteExperts : public ExpertBackend {
         layer_flops_(attention_layer_flops(mc)), stats_(stats),
         dispatch_(shape(c, mc, 0), index), combine_(shape(c, mc, 1), index) {
     for (int w = 0; w < c.expert_workers; ++w) local_.push_back(c.placement.experts_on(w));
+    expert_rows_.assign(c.placement.replicas.size(), 0);
   }
   Status attach(comm::Bootstrap& boot) {
     MSI_RETURN_IF_ERROR(dispatch_.attach(ep_));
@@ -116,8 +118,10 @@ class RemoteExperts : public ExpertBackend {
     const int64_t sent_ns = wall_ns();
     const int W = c_.expert_workers;
     const int64_t row_bytes = hidden_ * 4;
-    // Split each expert's rows over its replicas by share (first rows to the
-    // first replica), then lay out each destination's message.
+    // Split each replicated expert's rows over its replicas by predicted
+    // worker load (split_rows), then lay out each destination's message.
+    for (int e = 0; e < static_cast<int>(expert_rows_.size()); ++e) expert_rows_[e] = r.expert_rows(e);
+    const std::vector<std::vector<int64_t>> take = split_rows(c_.placement, expert_rows_);
     auto& plan = plans_[k];
     plan.assign(W, {});
     std::vector<int64_t> rows(W, 0);
@@ -129,17 +133,14 @@ class RemoteExperts : public ExpertBackend {
       int64_t at = hdr;
       for (size_t i = 0; i < local_[w].size(); ++i) {
         const int e = local_[w][i];
-        const int64_t n = r.expert_rows(e), off = r.expert_offset[e];
-        // This replica's [begin, end) of the expert's rows.
-        double before = 0, mine = 0;
-        for (auto [ww, share] : c_.placement.replicas[e]) {
-          if (ww == w) {
-            mine = share;
-            break;
-          }
-          before += share;
+        const int64_t off = r.expert_offset[e];
+        // This replica's [b, end) of the expert's rows.
+        int64_t b = 0, end = 0;
+        for (size_t j = 0; j < c_.placement.replicas[e].size(); ++j) {
+          end = b + take[e][j];
+          if (c_.placement.replicas[e][j].first == w) break;
+          b = end;
         }
-        const int64_t b = std::llround(before * n), end = std::llround((before + mine) * n);
         counts[i] = static_cast<int32_t>(end - b);
         if (at + (end - b) > dispatch_.shape().max_rows) {
           return resource_exhausted("micro-batch too large for one M2N message (" +
@@ -210,6 +211,7 @@ class RemoteExperts : public ExpertBackend {
   comm::M2NSender dispatch_;
   comm::M2NReceiver combine_;
   std::vector<std::vector<int>> local_;
+  std::vector<int64_t> expert_rows_;  // this micro-batch's rows per expert
   std::map<int, std::vector<std::vector<Piece>>> plans_;
   std::map<int, int64_t> steps_done_;
 };
@@ -254,7 +256,8 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
   std::vector<int64_t> served(M, 0);  // (slot, layer) units served per slot
   std::vector<float> in, out;
   std::string pending;
-  WorkerStats stats(M, mc.layers);
+  WorkerStats stats(M, mc.layers, mc.experts);
+  int64_t units = 0;  // (slot, layer) units served; every step has M * layers of them
   const double ffn_flops_per_row = 2.0 * 3.0 * static_cast<double>(h) * static_cast<double>(mc.expert_ffn);
   // Commands from the router: {"op": "stats", "reset": bool}, {"op": "exit"},
   // or the router gone (end of file). Looked at when idle and every 1024
@@ -295,6 +298,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
       const uint32_t seq = static_cast<uint32_t>(served[k]);
       MSI_RETURN_IF_ERROR(dispatch.verify(k, seq));
       const int layer = static_cast<int>(served[k] % mc.layers);
+      if (units++ % (static_cast<int64_t>(M) * mc.layers) == 0) stats.routed.begin_step();
       int64_t last_sent_ns = 0;
       for (int a = 0; a < A; ++a) {
         int64_t t = 0;
@@ -336,6 +340,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
         stats.gemm_flops += ffn_flops_per_row * static_cast<double>(total);
         stats.tokens += total;
         stats.expert_tokens[local[i]] += total;
+        stats.routed.add(layer, local[i], total);
         at = 0;
         for (int a = 0; a < A; ++a) {
           std::memcpy(combine.buffer(k, a) + (cursor[a] - hdr) * row_bytes, out.data() + at * h,

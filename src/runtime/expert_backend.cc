@@ -11,6 +11,7 @@ Status LocalExperts::start(int micro_batch, int layer, const kernels::cpu::Route
   for (int64_t e = 0; e < routed.experts; ++e) {
     const int64_t off = routed.expert_offset[e], n = routed.expert_rows(e);
     if (n > 0) {
+      routed_.add(layer, static_cast<int>(e), n);
       runner_.forward(layer, static_cast<int>(e), routed.send.data() + off * hidden_, n,
                       out.data() + off * hidden_);
     }

@@ -37,8 +37,58 @@ void UnitTimes::reset() {
   std::fill(n_.begin(), n_.end(), 0);
 }
 
-WorkerStats::WorkerStats(int slots, int layers)
-    : t_a(slots, layers), t_e(slots, layers), t_c(slots, layers), cpu_at_reset(process_cpu_seconds()) {}
+RoutingWindow::RoutingWindow(int layers, int experts)
+    : layers_(layers),
+      experts_(experts),
+      buckets_(kBuckets, std::vector<int64_t>(static_cast<size_t>(layers) * experts, 0)),
+      bucket_steps_(kBuckets, 0) {}
+
+void RoutingWindow::begin_step() {
+  if (buckets_.empty()) return;
+  if (bucket_steps_[current_] == kWindowSteps / kBuckets) {
+    current_ = (current_ + 1) % kBuckets;  // drop the oldest bucket
+    std::fill(buckets_[current_].begin(), buckets_[current_].end(), 0);
+    bucket_steps_[current_] = 0;
+  }
+  ++bucket_steps_[current_];
+}
+
+int64_t RoutingWindow::steps() const {
+  int64_t n = 0;
+  for (int64_t s : bucket_steps_) n += s;
+  return n;
+}
+
+std::vector<int64_t> RoutingWindow::counts() const {
+  std::vector<int64_t> c(static_cast<size_t>(layers_) * experts_, 0);
+  for (const auto& b : buckets_) {
+    for (size_t i = 0; i < c.size(); ++i) c[i] += b[i];
+  }
+  return c;
+}
+
+Json RoutingWindow::to_json() const {
+  const std::vector<int64_t> c = counts();
+  Json layers = Json::array();
+  for (int l = 0; l < layers_; ++l) {
+    layers.push_back(std::vector<int64_t>(c.begin() + static_cast<ptrdiff_t>(l) * experts_,
+                                          c.begin() + static_cast<ptrdiff_t>(l + 1) * experts_));
+  }
+  return Json{{"window_steps", kWindowSteps}, {"steps", steps()}, {"layer_expert_tokens", layers}};
+}
+
+void RoutingWindow::reset() {
+  for (auto& b : buckets_) std::fill(b.begin(), b.end(), 0);
+  std::fill(bucket_steps_.begin(), bucket_steps_.end(), 0);
+  current_ = 0;
+}
+
+WorkerStats::WorkerStats(int slots, int layers, int experts)
+    : routed(experts > 0 ? RoutingWindow(layers, experts) : RoutingWindow()),
+      t_a(slots, layers),
+      t_e(slots, layers),
+      t_c(slots, layers),
+      cpu_at_reset(process_cpu_seconds()) {}
 
 double WorkerStats::window_s() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - reset_at).count();
@@ -63,6 +113,7 @@ Json WorkerStats::to_json() const {
     for (const auto& [expert, n] : expert_tokens) e[std::to_string(expert)] = n;
     j["expert_tokens"] = e;
   }
+  if (routed.experts() > 0) j["routed"] = routed.to_json();
   for (const auto& [name, t] : {std::pair{"t_a", &t_a}, {"t_e", &t_e}, {"t_c", &t_c}}) {
     if (t->count() == 0) continue;
     j[std::string(name) + "_mean_s"] = t->mean();
@@ -75,6 +126,7 @@ void WorkerStats::reset() {
   busy_s = wait_s = gemm_flops = 0;
   tokens = 0;
   expert_tokens.clear();
+  routed.reset();
   cpu_at_reset = process_cpu_seconds();
   reset_at = std::chrono::steady_clock::now();
   t_a.reset();

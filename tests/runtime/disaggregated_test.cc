@@ -218,6 +218,19 @@ TEST(BenchServeTest, WorkerCountersAccountForEveryToken) {
     EXPECT_GE(w["t_c_mean_s"].get<double>(), 0);
   }
   EXPECT_EQ(expert_rows, 6 * 6 * top_k * layers);
+  // The routing statistics say the same per (layer, expert) and per worker.
+  const auto& routing = (*j)["routing"];
+  ASSERT_EQ(routing["expert_workers"], 2) << routing.dump();
+  ASSERT_EQ(routing["expert_tokens"].size(), static_cast<size_t>(layers));
+  for (int64_t l = 0; l < layers; ++l) {
+    int64_t by_expert = 0, by_worker = 0;
+    for (const auto& n : routing["expert_tokens"][l]) by_expert += n.get<int64_t>();
+    for (const auto& n : routing["worker_tokens"][l]) by_worker += n.get<int64_t>();
+    EXPECT_EQ(by_expert, 6 * 6 * top_k) << l;
+    EXPECT_EQ(by_worker, 6 * 6 * top_k) << l;
+  }
+  EXPECT_GE(routing["expert_balance"].get<double>(), 1.0);
+  EXPECT_GE(routing["worker_balance"].get<double>(), 1.0);
   for (const auto& w : workers) {
     const double busy = w["busy_fraction"].get<double>(), wait = w["wait_fraction"].get<double>();
     EXPECT_GT(busy, 0) << w.dump();

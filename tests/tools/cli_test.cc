@@ -657,3 +657,134 @@ TEST(CliSignalTest, SigintOfBenchM2nRemovesTheRanksSharedMemory) {
 
 }  // namespace
 }  // namespace msinfer
+
+// ---- Issue 13: routing statistics, a skewed router, and msinfer balance.
+namespace msinfer {
+namespace {
+
+// A tiny-mixtral written once per test process, with a Zipf(1.2) router skew.
+const std::string& skewed_model() {
+  static const std::string dir = [] {
+    std::string d = ::testing::TempDir() + "/cli_test_skewed_" + std::to_string(::getpid());
+    CliRun m = run("make-model --preset tiny-mixtral --router-skew zipf:1.2 --out " + d);
+    EXPECT_EQ(m.code, 0) << m.err;
+    static const std::string* path = new std::string(d);
+    std::atexit([] { std::filesystem::remove_all(*path); });
+    return d;
+  }();
+  return dir;
+}
+
+TEST(CliBalanceTest, RouterSkewShowsInTheRoutingStatistics) {
+  const std::string args = " --prompt-ids 5,9,22 --max-tokens 96 --ignore-eos --json";
+  Json plain = parse(run("generate --model " + tiny_model() + args).out);
+  Json skewed = parse(run("generate --model " + skewed_model() + args).out);
+  ASSERT_TRUE(plain.contains("routing") && skewed.contains("routing")) << skewed.dump();
+  auto config = read_json_file(skewed_model() + "/config.json");
+  ASSERT_TRUE(config.ok());
+  const Json& skew = (*config)["msinfer_router_skew"];
+  ASSERT_EQ(skew["s"], 1.2);
+  for (const Json* j : {&plain, &skewed}) {
+    const Json& r = (*j)["routing"];
+    ASSERT_EQ(r["layers"], 2);
+    ASSERT_EQ(r["experts"], 8);
+    for (const auto& layer : r["expert_tokens"]) {
+      // 3 prompt tokens + 95 decode tokens fed, top-2 experts each.
+      int64_t rows = 0;
+      for (const auto& n : layer) rows += n.get<int64_t>();
+      EXPECT_EQ(rows, (3 + 95) * 2);
+    }
+  }
+  const double plain_ratio = plain["routing"]["expert_balance"].get<double>();
+  const double skewed_ratio = skewed["routing"]["expert_balance"].get<double>();
+  EXPECT_GT(skewed_ratio, 2.5);  // Zipf(1.2) over 8: the hottest expert takes 43% of the picks
+  EXPECT_GT(skewed_ratio, plain_ratio + 1.0) << plain_ratio;
+  // The expert make-model ranked first is the busiest one in every layer.
+  const int hottest = skew["experts_by_popularity"][0].get<int>();
+  for (const auto& layer : skewed["routing"]["expert_tokens"]) {
+    const auto counts = layer.get<std::vector<int64_t>>();
+    EXPECT_EQ(std::max_element(counts.begin(), counts.end()) - counts.begin(), hottest);
+  }
+  // The human output says it too.
+  CliRun human = run("generate --model " + skewed_model() + " --prompt-ids 5,9 --max-tokens 4");
+  EXPECT_NE(human.out.find("experts max/mean"), std::string::npos) << human.out;
+}
+
+TEST(CliBalanceTest, BadRouterSkewIsRefused) {
+  const std::string out = " --out " + ::testing::TempDir() + "/cli_test_never_written";
+  for (const char* v :
+       {"zipf:0", "zipf:-1", "zipf:abc", "uniform", "zipf:9", "zipf:nan", "zipf:", "zipf:1.2x"}) {
+    expect_refused(std::string("make-model --preset tiny-mixtral --router-skew ") + v + out,
+                   "--router-skew");
+  }
+  EXPECT_FALSE(std::filesystem::exists(::testing::TempDir() + "/cli_test_never_written"));
+}
+
+TEST(CliBalanceTest, BalanceWritesAPlacementTheDeploymentRuns) {
+  const std::string tmp = ::testing::TempDir() + "/cli_test_balance_" + std::to_string(::getpid());
+  std::filesystem::create_directories(tmp);
+  const std::string prompt =
+      "--model " + skewed_model() + " --prompt-ids 5,9,22 --max-tokens 48 --ignore-eos";
+  CliRun g = run("generate " + prompt + " --json");
+  ASSERT_EQ(g.code, 0) << g.err;
+  std::ofstream(tmp + "/stats.json") << g.out;
+  CliRun b = run("balance --stats " + tmp +
+                 "/stats.json --expert-workers 2 --slots-per-worker 5 "
+                 "--out " +
+                 tmp + "/placement.json --json");
+  ASSERT_EQ(b.code, 0) << b.err;
+  Json j = parse(b.out);
+  // Predicted on the measured rows: balanced beats round robin.
+  EXPECT_LT(j["after"]["worker_balance_all_layers"].get<double>(),
+            j["before"]["worker_balance_all_layers"].get<double>());
+  EXPECT_LT(j["after"]["worker_balance_all_layers"].get<double>(), 1.1);
+  auto placement = read_json_file(tmp + "/placement.json");
+  ASSERT_TRUE(placement.ok()) << placement.status().to_string();
+  EXPECT_EQ((*placement)["expert_workers"], 2);
+  // 10 slots for 8 experts: the two hottest get a replica on each worker.
+  int replicated = 0;
+  for (const auto& e : (*placement)["experts"]) replicated += e.size() == 2 ? 1 : 0;
+  EXPECT_EQ(replicated, 2);
+  // The deployment takes it, routes through it and produces the same tokens.
+  CliRun d = run("generate " + prompt + " --attention-workers 1 --expert-workers 2 --placement " +
+                 tmp + "/placement.json --json");
+  ASSERT_EQ(d.code, 0) << d.err;
+  Json dj = parse(d.out);
+  EXPECT_EQ(dj["token_ids"], parse(g.out)["token_ids"]);
+  EXPECT_EQ(dj["routing"]["placement"], *placement);
+  EXPECT_EQ(dj["routing"]["expert_tokens"], parse(g.out)["routing"]["expert_tokens"]);
+  // Measured: the replicated experts' rows go to the less-loaded worker, so the
+  // expert workers are more even than under round robin.
+  CliRun rr = run("generate " + prompt + " --attention-workers 1 --expert-workers 2 --json");
+  ASSERT_EQ(rr.code, 0) << rr.err;
+  const double measured = dj["routing"]["worker_balance"].get<double>();
+  EXPECT_LT(measured, parse(rr.out)["routing"]["worker_balance"].get<double>());
+  EXPECT_LT(measured, 1.1) << dj["routing"].dump();
+  // A fixed cost per replica far above any expert's rows: no replica pays.
+  CliRun f = run("balance --stats " + tmp + "/stats.json --expert-workers 2 --slots-per-worker 5 "
+                 "--expert-fixed-rows 1000 --json");
+  ASSERT_EQ(f.code, 0) << f.err;
+  for (const auto& e : parse(f.out)["after"]["placement"]["experts"]) EXPECT_EQ(e.size(), 1u);
+  // The human table.
+  CliRun h = run("balance --stats " + tmp + "/stats.json --expert-workers 2");
+  ASSERT_EQ(h.code, 0) << h.err;
+  EXPECT_NE(h.out.find("round robin (before)"), std::string::npos) << h.out;
+  EXPECT_NE(h.out.find("expert worker 1: experts"), std::string::npos) << h.out;
+  // Bad input: exit 2, one line naming the flag or file.
+  expect_refused("balance --expert-workers 2", "--stats is required");
+  expect_refused("balance --stats " + tmp + "/stats.json", "--expert-workers is required");
+  expect_refused("balance --stats " + tmp + "/nonexistent.json --expert-workers 2",
+                 "nonexistent.json");
+  expect_refused("balance --stats " + skewed_model() + "/config.json --expert-workers 2",
+                 "field 'layers'");
+  expect_refused("balance --stats " + tmp + "/stats.json --expert-workers 3 --slots-per-worker 2",
+                 "6 slots for 8 experts");
+  expect_refused("balance --stats " + tmp + "/stats.json --expert-workers 2 --slots-per-worker 0",
+                 "--slots-per-worker must be >= 1");
+  expect_refused("balance --stats " + tmp + "/stats.json --expert-workers 2 --expert-fixed-rows -1",
+                 "--expert-fixed-rows");
+  std::filesystem::remove_all(tmp);
+}
+
+}  // namespace
+}  // namespace msinfer

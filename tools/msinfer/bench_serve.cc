@@ -2,8 +2,8 @@
 // (co-located engine, or router + workers) and reports what the router and
 // every worker measured.
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
@@ -14,11 +14,12 @@
 #include <tuple>
 
 #include "commands.h"
-#include "msinfer/kernels/cpu/isa.h"
 #include "msinfer/core/flags.h"
 #include "msinfer/core/stats.h"
 #include "msinfer/core/table.h"
+#include "msinfer/kernels/cpu/isa.h"
 #include "msinfer/planner/perf_model.h"
+#include "msinfer/runtime/balance.h"
 #include "msinfer/runtime/engine.h"
 #include "msinfer/runtime/router.h"
 #include "planner_flags.h"
@@ -248,11 +249,19 @@ int run_bench_serve(int argc, char** argv) {
     }
   }
   const double end = std::chrono::duration<double>(clock::now() - t0).count();
+  // Routing: decode phase for a deployment (its stats were reset then), the
+  // whole run for the co-located engine.
+  StatusOr<runtime::RoutingStats> routing = runtime::RoutingStats();
   if (router) {
     auto st = router->stats(/*reset=*/true);
     if (!st.ok()) return report_error("bench serve", st.status());
     workers = *st;
+    routing = runtime::RoutingStats::from_workers(workers, config->placement, model->layers,
+                                                  model->experts);
+  } else {
+    routing = runtime::RoutingStats::from_window(*engine->routing());
   }
+  if (!routing.ok()) return report_error("bench serve", routing.status());
   // Nobody has work: the deployment should sleep.
   const double idle_s = flags.get_double("idle-seconds");
   if (router && idle_s > 0) {
@@ -286,7 +295,8 @@ int run_bench_serve(int argc, char** argv) {
            {"ttft_ms_p99", percentile(ttft, 0.99) * 1e3},
            {"tbt_ms_p50", percentile(tbt, 0.5) * 1e3},
            {"tbt_ms_p99", percentile(tbt, 0.99) * 1e3},
-           {"workers", workers}};
+           {"workers", workers},
+           {"routing", routing->to_json()}};
   if (!flags.get_string("profile").empty()) {
     auto p = predict(*model, *config, P, flags.get_string("profile"));
     if (!p.ok()) return report_error("bench serve", p.status());
@@ -308,6 +318,18 @@ int run_bench_serve(int argc, char** argv) {
               static_cast<long long>(steps), out["ttft_ms_p50"].get<double>(),
               out["ttft_ms_p99"].get<double>(), out["tbt_ms_p50"].get<double>(),
               out["tbt_ms_p99"].get<double>(), decode_tps, generated / end);
+  {
+    const Json& r = out["routing"];
+    auto ratio = [](const Json& v) {
+      return v.is_null() ? std::string("-") : fmt(v.get<double>(), 2);
+    };
+    std::printf("routing over %lld steps: experts max/mean %s",
+                static_cast<long long>(routing->steps), ratio(r["expert_balance"]).c_str());
+    if (r.contains("worker_balance")) {
+      std::printf(", expert workers max/mean %s", ratio(r["worker_balance"]).c_str());
+    }
+    std::printf("\n");
+  }
   if (!workers.empty()) {
     std::printf("\nworkers, decode phase (%.2f s):\n", end - decode_from);
     Table t({"worker", "busy", "network wait", "GEMM GFLOP/s", "T_a ms", "T_e ms", "T_c ms",

@@ -24,6 +24,7 @@ int run_bench_serve_online(const FlagSet& flags);  // `bench serve --base-url`
 int run_profile(int argc, char** argv);
 int run_worker(int argc, char** argv);
 int run_serve(int argc, char** argv);
+int run_balance(int argc, char** argv);
 
 // --isa and --weights, for every command that runs the engine.
 void add_engine_flags(FlagSet& flags);

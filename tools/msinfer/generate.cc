@@ -16,6 +16,7 @@
 #include "msinfer/core/table.h"
 #include "msinfer/kernels/cpu/isa.h"
 #include "msinfer/model/tokenizer.h"
+#include "msinfer/runtime/balance.h"
 #include "msinfer/runtime/engine.h"
 #include "msinfer/runtime/router.h"
 #include "planner_flags.h"
@@ -139,11 +140,13 @@ int run_generate(int argc, char** argv) {
   sp.stop_token_ids = stop_ids;
   std::unique_ptr<runtime::Engine> engine;
   std::unique_ptr<runtime::Router> router;
+  runtime::Placement placement;
   if (disaggregated) {
     auto d = start_deployment(flags);
     if (!d.ok()) return report_error("generate", d.status());
     if (d->worker_rank > 0) return worker_rank_exit_code(*d);
     router = std::move(d->router);
+    placement = d->config.placement;
     s = router->add(req);
   } else {
     auto e = runtime::Engine::create(w, colocated_engine_options(flags));
@@ -202,6 +205,18 @@ int run_generate(int argc, char** argv) {
   const double tps = decode_s > 0 ? (token_times.size() - 1) / decode_s : 0;
   std::string text = tok.ok() ? tok->decode(out_ids, true) : "";
   const ProcessMemory mem = read_process_memory();
+  // Rows routed per (layer, expert) and per expert worker, with max / mean.
+  StatusOr<runtime::RoutingStats> routing = runtime::RoutingStats();
+  if (router) {
+    auto ws = router->stats(/*reset=*/false);
+    auto mc = load_model_config(dir);
+    if (!ws.ok()) return report_error("generate", ws.status());
+    if (!mc.ok()) return report_error("generate", mc.status());
+    routing = runtime::RoutingStats::from_workers(*ws, placement, mc->layers, mc->experts);
+  } else {
+    routing = runtime::RoutingStats::from_window(*engine->routing());
+  }
+  if (!routing.ok()) return report_error("generate", routing.status());
   if (json) {
     Json j{{"prompt_ids", req.prompt},
            {"token_ids", out_ids},
@@ -216,7 +231,8 @@ int run_generate(int argc, char** argv) {
            {"weights_packed_mb", w ? w->packed_bytes() / 1048576.0 : 0.0},
            {"kv_cache_mb", static_cast<double>(flags.get_int("kv-cache-mb"))},
            {"isa", kernels::cpu::isa_name(kernels::cpu::active_isa())},
-           {"weights", kernels::cpu::weight_format_name(*weight_format)}};
+           {"weights", kernels::cpu::weight_format_name(*weight_format)},
+           {"routing", routing->to_json()}};
     // Invalid UTF-8 (a random model may emit half a character) must not break the JSON.
     std::cout << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
   } else {
@@ -229,6 +245,16 @@ int run_generate(int argc, char** argv) {
                 w ? w->packed_bytes() / 1048576.0 : 0.0,
                 static_cast<long long>(flags.get_int("kv-cache-mb")),
                 kernels::cpu::isa_description().c_str());
+    const Json r = routing->to_json();
+    auto ratio = [](const Json& v) {
+      return v.is_null() ? std::string("-") : fmt(v.get<double>(), 2);
+    };
+    std::printf("routing over %lld steps: experts max/mean %s",
+                static_cast<long long>(routing->steps), ratio(r["expert_balance"]).c_str());
+    if (r.contains("worker_balance")) {
+      std::printf(", expert workers max/mean %s", ratio(r["worker_balance"]).c_str());
+    }
+    std::printf(" (--json for the counts)\n");
   }
   return 0;
 }

@@ -20,6 +20,8 @@ void usage(FILE* out) {
                "  serve      OpenAI-compatible HTTP server (completions, chat, streaming)\n"
                "  bench      benchmarks: kernels (against this machine's rooflines)\n"
                "  profile    measure T_a and T_e of a model here, fit k1..k4 for plan --profile\n"
+               "  balance    place experts (replicas of the hot ones) on expert workers from\n"
+               "             routing statistics\n"
                "  worker     one attention or expert worker (started by generate's router)\n"
                "  version    print the version\n\n"
                "docs: README.md, docs/ARCHITECTURE.md, docs/PLANNER.md\n");
@@ -50,6 +52,7 @@ int main(int argc, char** argv) {
   if (cmd == "profile") return msinfer::cli::run_profile(argc, argv);
   if (cmd == "worker") return msinfer::cli::run_worker(argc, argv);
   if (cmd == "serve") return msinfer::cli::run_serve(argc, argv);
+  if (cmd == "balance") return msinfer::cli::run_balance(argc, argv);
   if (cmd == "version" || cmd == "--version") {
     std::printf("msinfer %s\n", MSINFER_VERSION);
     return 0;

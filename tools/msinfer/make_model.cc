@@ -27,8 +27,13 @@ int run_make_model(int argc, char** argv) {
                 "number of safetensors files (> 1 adds model.safetensors.index.json)");
   flags.add_string("tokenizer", "", "small-mixtral: directory of the Llama-2 tokenizer "
                                     "(default .cache/tokenizers/llama2)");
+  flags.add_string("router-skew", "",
+                   "zipf:S: the routers prefer some experts, popularity ~ Zipf(S) over a seeded\n"
+                   "ranking, the same in every layer (S in (0, 8]; docs/ENGINE.md)");
   flags.add_bool("json", "print one JSON object (preset, directory, files) instead of a line");
-  flags.set_epilog("example:\n  msinfer make-model --preset tiny-mixtral --out /tmp/m");
+  flags.set_epilog(
+      "examples:\n  msinfer make-model --preset tiny-mixtral --out /tmp/m\n"
+      "  msinfer make-model --preset small-mixtral --router-skew zipf:1.2 --out /tmp/skewed");
   Status s = flags.parse(argc, argv, 2);
   if (!s.ok()) return report_error("make-model", s);
   if (flags.help_requested()) {
@@ -48,6 +53,11 @@ int run_make_model(int argc, char** argv) {
   o.progress = [](const std::string& line) { std::fprintf(stderr, "  %s\n", line.c_str()); };
   if (o.preset.empty()) return report_error("make-model", invalid_argument("--preset is required"));
   if (o.out_dir.empty()) return report_error("make-model", invalid_argument("--out is required"));
+  if (flags.was_set("router-skew")) {
+    auto skew = model::parse_router_skew(flags.get_string("router-skew"));
+    if (!skew.ok()) return report_error("make-model", skew.status());
+    o.router_skew_zipf = *skew;
+  }
   const std::string& dt = flags.get_string("dtype");
   if (dt == "bf16") o.dtype = model::DType::kBF16;
   else if (dt == "f16") o.dtype = model::DType::kF16;

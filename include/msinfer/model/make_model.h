@@ -32,7 +32,16 @@ struct MakeModelOptions {
   // Called with a line after each 10% of the weights of a model over 64 M
   // parameters (may be null): the small preset takes tens of seconds.
   void (*progress)(const std::string&) = nullptr;
+  // > 0: a router skew. Expert popularity (share of routed rows) follows
+  // Zipf(router_skew_zipf) over a seeded ranking of the experts, the same in
+  // every layer (see RouterSkew in make_model.cc for how the weights do it).
+  double router_skew_zipf = 0;
 };
+
+// The largest Zipf exponent make-model accepts for --router-skew.
+constexpr double kMaxRouterSkew = 8.0;
+// Parses "zipf:S" (S finite, in (0, kMaxRouterSkew]); errors name --router-skew.
+StatusOr<double> parse_router_skew(const std::string& value);
 
 std::vector<std::string> model_presets();
 // The HF config.json a preset writes (vocab filled in from its tokenizer).

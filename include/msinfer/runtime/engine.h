@@ -91,6 +91,9 @@ class Engine {
   void set_logits_observer(LogitsObserver f) { observer_ = std::move(f); }
 
   const ModelConfig& config() const { return weights_->config(); }
+  // Co-located: rows routed to each (layer, expert), sliding window
+  // (worker_stats.h); null when the experts are remote (their workers count).
+  const RoutingWindow* routing() const { return experts_->routing(); }
   const KvCache& kv_cache() const { return kv_; }
 
  private:

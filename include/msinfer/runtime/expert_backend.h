@@ -12,6 +12,7 @@
 #include "msinfer/core/status.h"
 #include "msinfer/kernels/cpu/moe.h"
 #include "msinfer/runtime/model_runner.h"
+#include "msinfer/runtime/worker_stats.h"
 
 namespace msinfer::runtime {
 
@@ -25,18 +26,28 @@ class ExpertBackend {
   // Writes the expert outputs in send-row order: results[routed.rows(), hidden].
   virtual Status finish(int micro_batch, int layer, const kernels::cpu::RoutedBatch& routed,
                         float* results) = 0;
+  // Rows routed to each (layer, expert) that this backend computed, over a
+  // sliding window; null where the experts run elsewhere (their workers count).
+  virtual const RoutingWindow* routing() const { return nullptr; }
 };
 
 class LocalExperts : public ExpertBackend {
  public:
-  explicit LocalExperts(const model::ModelWeights& w) : runner_(w), hidden_(w.config().hidden) {}
+  explicit LocalExperts(const model::ModelWeights& w)
+      : runner_(w), hidden_(w.config().hidden), routed_(w.config().layers, w.config().experts) {}
+  Status begin_step() override {
+    routed_.begin_step();
+    return ok_status();
+  }
   Status start(int micro_batch, int layer, const kernels::cpu::RoutedBatch& routed) override;
   Status finish(int micro_batch, int layer, const kernels::cpu::RoutedBatch& routed,
                 float* results) override;
+  const RoutingWindow* routing() const override { return &routed_; }
 
  private:
   ExpertRunner runner_;
   int64_t hidden_;
+  RoutingWindow routed_;
   std::vector<std::vector<float>> out_;  // per micro-batch
 };
 

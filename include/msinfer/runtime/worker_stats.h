@@ -44,13 +44,45 @@ class UnitTimes {
   std::vector<int64_t> n_;
 };
 
+// Rows routed to each (layer, expert) over a sliding window of the last
+// kWindowSteps steps, kept as kBuckets buckets of kWindowSteps / kBuckets
+// steps: the oldest bucket is dropped whole, so the window covers the last
+// 993..1024 steps once that many ran. begin_step() is called before the
+// first rows of every step. Not thread-safe.
+class RoutingWindow {
+ public:
+  static constexpr int kWindowSteps = 1024, kBuckets = 32;
+  RoutingWindow() = default;
+  RoutingWindow(int layers, int experts);
+  void begin_step();
+  void add(int layer, int expert, int64_t rows) {
+    buckets_[current_][static_cast<size_t>(layer) * experts_ + expert] += rows;
+  }
+  int layers() const { return layers_; }
+  int experts() const { return experts_; }
+  int64_t steps() const;                // steps begun within the window
+  std::vector<int64_t> counts() const;  // [layer * experts + expert], summed over the window
+  // {"window_steps", "steps", "layer_expert_tokens": [[rows per expert] per layer]}
+  Json to_json() const;
+  void reset();
+
+ private:
+  int layers_ = 0, experts_ = 0;
+  std::vector<std::vector<int64_t>> buckets_;  // [kBuckets][layers * experts]
+  std::vector<int64_t> bucket_steps_;          // [kBuckets]
+  int current_ = 0;
+};
+
 struct WorkerStats {
   WorkerStats() = default;
-  WorkerStats(int slots, int layers);
+  // `experts` > 0 (expert workers): also keep the routing window.
+  WorkerStats(int slots, int layers, int experts = 0);
   double busy_s = 0, wait_s = 0, gemm_flops = 0;
   int64_t tokens = 0;  // rows computed (attention: tokens; expert: token-expert pairs)
   // Expert workers: rows each hosted expert computed, summed over layers.
   std::map<int, int64_t> expert_tokens;
+  // Expert workers: rows each hosted (layer, expert) computed, sliding window.
+  RoutingWindow routed;
   UnitTimes t_a, t_e, t_c;
   double cpu_at_reset = 0;
   std::chrono::steady_clock::time_point reset_at = std::chrono::steady_clock::now();
