@@ -3,6 +3,8 @@
 // which only knows the GenerationBackend interface).
 #include "msinfer/server/scheduler.h"
 
+#include "msinfer/runtime/balance.h"
+
 namespace msinfer::server {
 namespace {
 
@@ -20,6 +22,11 @@ class EngineBackend final : public GenerationBackend {
   int64_t waiting() const override { return e_->waiting(); }
   double kv_usage() const override { return e_->kv_usage(); }
   int64_t preemptions() const override { return e_->preemptions(); }
+  StatusOr<Json> routing(const std::vector<Json>&) override {
+    const runtime::RoutingWindow* w = e_->routing();
+    if (w == nullptr) return Json();
+    return runtime::RoutingStats::from_window(*w).to_json();
+  }
 
  private:
   std::unique_ptr<runtime::Engine> e_;
@@ -27,7 +34,9 @@ class EngineBackend final : public GenerationBackend {
 
 class RouterBackend final : public GenerationBackend {
  public:
-  explicit RouterBackend(std::unique_ptr<runtime::Router> r) : r_(std::move(r)) {}
+  RouterBackend(std::unique_ptr<runtime::Router> r, runtime::Placement placement, int layers,
+                int experts)
+      : r_(std::move(r)), placement_(std::move(placement)), layers_(layers), experts_(experts) {}
   Status add(const runtime::GenerationRequest& r) override { return r_->add(r); }
   StatusOr<std::vector<runtime::TokenEvent>> step() override { return r_->step(); }
   Status cancel(int64_t id) override { return r_->cancel(id); }
@@ -37,9 +46,16 @@ class RouterBackend final : public GenerationBackend {
   double kv_usage() const override { return r_->kv_usage(); }
   int64_t preemptions() const override { return r_->preemptions(); }
   StatusOr<std::vector<Json>> worker_stats() override { return r_->stats(/*reset=*/false); }
+  StatusOr<Json> routing(const std::vector<Json>& workers) override {
+    MSI_ASSIGN_OR_RETURN(auto stats,
+                         runtime::RoutingStats::from_workers(workers, placement_, layers_, experts_));
+    return stats.to_json();
+  }
 
  private:
   std::unique_ptr<runtime::Router> r_;
+  runtime::Placement placement_;
+  int layers_, experts_;
 };
 
 }  // namespace
@@ -47,8 +63,10 @@ class RouterBackend final : public GenerationBackend {
 std::unique_ptr<GenerationBackend> engine_backend(std::unique_ptr<runtime::Engine> e) {
   return std::make_unique<EngineBackend>(std::move(e));
 }
-std::unique_ptr<GenerationBackend> router_backend(std::unique_ptr<runtime::Router> r) {
-  return std::make_unique<RouterBackend>(std::move(r));
+std::unique_ptr<GenerationBackend> router_backend(std::unique_ptr<runtime::Router> r,
+                                                  runtime::Placement placement, int layers,
+                                                  int experts) {
+  return std::make_unique<RouterBackend>(std::move(r), std::move(placement), layers, experts);
 }
 
 }  // namespace msinfer::server

@@ -413,6 +413,7 @@ class Session : public std::enable_shared_from_this<Session> {
         g.kv_usage = snap.kv_usage;
         g.preemptions = snap.preemptions;
         g.workers = std::move(snap.workers);
+        g.routing = std::move(snap.routing);
       }
       return respond(200, "text/plain; version=0.0.4; charset=utf-8", srv_.metrics->render(g));
     }

@@ -167,6 +167,32 @@ std::string Metrics::render(const Gauges& g) const {
         << "\n";
     }
   }
+  if (g.routing.is_object() && g.routing.contains("expert_tokens") &&
+      g.routing["expert_tokens"].is_array()) {
+    // The routing window (docs/RUNTIME.md, "Routing statistics and balancing"):
+    // rows per expert over its last ~1024 steps, and how evenly they spread.
+    header(o, "msinfer:expert_window_tokens", "gauge",
+           "Token rows routed to each expert over the routing window, summed over layers.");
+    std::map<size_t, double> per_expert;
+    for (const auto& layer : g.routing["expert_tokens"]) {
+      if (!layer.is_array()) continue;
+      for (size_t e = 0; e < layer.size(); ++e) {
+        if (layer[e].is_number()) per_expert[e] += layer[e].get<double>();
+      }
+    }
+    for (const auto& [e, n] : per_expert) {
+      o << "msinfer:expert_window_tokens{" << l << ",expert=\"" << e << "\"} " << num(n) << "\n";
+    }
+    const auto ratio = [&](const char* key, const char* name, const char* help) {
+      if (!g.routing.contains(key) || !g.routing[key].is_number()) return;
+      header(o, name, "gauge", help);
+      o << name << "{" << l << "} " << num(g.routing[key].get<double>()) << "\n";
+    };
+    ratio("expert_balance", "msinfer:expert_balance",
+          "Max over mean of the experts' rows per layer over the window (1: even).");
+    ratio("worker_balance", "msinfer:expert_worker_balance",
+          "Max over mean of the expert workers' rows per layer over the window (1: even).");
+  }
   return o.str();
 }
 

@@ -232,9 +232,12 @@ void Scheduler::loop() {
     s.preemptions = backend_->preemptions();
     const bool refresh = clock::now() - last_stats >= options_.stats_interval;
     std::vector<Json> workers;
+    Json routing;
     if (refresh && healthy) {
       auto w = backend_->worker_stats();
       if (w.ok()) workers = std::move(w).value();
+      auto r = backend_->routing(workers);
+      if (r.ok()) routing = std::move(r).value();
       last_stats = clock::now();
     }
     // Back to idle: hand freed heap pages back to the system, so a burst of
@@ -248,6 +251,7 @@ void Scheduler::loop() {
     snap_.kv_usage = s.kv_usage;
     snap_.preemptions = s.preemptions;
     if (refresh && !workers.empty()) snap_.workers = std::move(workers);
+    if (refresh && !routing.is_null()) snap_.routing = std::move(routing);
     in_flight_ -= ended;
     if (in_flight_ == 0) idle_cv_.notify_all();
   }

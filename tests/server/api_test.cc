@@ -116,6 +116,23 @@ TEST(MetricsTest, PrometheusText) {
   EXPECT_NE(t.find("msinfer:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"0.02\"} 0\n"),
             std::string::npos);
   EXPECT_NE(t.find("# TYPE msinfer:e2e_request_latency_seconds histogram\n"), std::string::npos);
+  EXPECT_EQ(t.find("msinfer:expert_balance"), std::string::npos);  // no routing window: none
+  // The routing window: rows per expert summed over layers, and the ratios.
+  g.routing = Json{{"layers", 2},
+                   {"experts", 3},
+                   {"expert_tokens", {{4, 0, 2}, {1, 5, 0}}},
+                   {"expert_balance", 1.5},
+                   {"worker_balance", 1.25}};
+  const std::string r = m.render(g);
+  EXPECT_NE(r.find("msinfer:expert_window_tokens{model_name=\"m\",expert=\"0\"} 5\n"),
+            std::string::npos)
+      << r;
+  EXPECT_NE(r.find("msinfer:expert_window_tokens{model_name=\"m\",expert=\"1\"} 5\n"),
+            std::string::npos);
+  EXPECT_NE(r.find("msinfer:expert_window_tokens{model_name=\"m\",expert=\"2\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(r.find("msinfer:expert_balance{model_name=\"m\"} 1.5\n"), std::string::npos);
+  EXPECT_NE(r.find("msinfer:expert_worker_balance{model_name=\"m\"} 1.25\n"), std::string::npos);
 }
 
 }  // namespace

@@ -194,6 +194,16 @@ double metric(const std::map<std::string, double>& m, const std::string& prefix)
   return -1;
 }
 
+// Waits (polling /metrics, up to 15 s) until a sample whose name starts with `prefix` appears.
+bool wait_for_metric(const Server& s, const std::string& prefix) {
+  const auto deadline = clock_type::now() + std::chrono::seconds(15);
+  while (clock_type::now() < deadline) {
+    if (metric(parse_metrics(curl(s.url() + "/metrics").body), prefix) >= 0) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
 // Waits (polling /metrics) until the batch and the KV cache are empty.
 bool wait_drained(const Server& s, std::chrono::seconds limit) {
   const auto deadline = clock_type::now() + limit;
@@ -277,6 +287,11 @@ TEST_F(ServeTest, OpenAiClientCoLocatedGreedyEqualsGenerate) {
             5);
   EXPECT_GE(metric(m, "msinfer:generation_tokens_total{"), 4 * 12 + 1);
   EXPECT_GE(metric(m, "msinfer:time_to_first_token_seconds_count{"), 5);
+  // The routing window reaches /metrics (refreshed about once a second).
+  EXPECT_TRUE(wait_for_metric(s, "msinfer:expert_balance{"));
+  m = parse_metrics(curl(s.url() + "/metrics").body);
+  EXPECT_GE(metric(m, "msinfer:expert_balance{"), 1.0);
+  EXPECT_GT(metric(m, "msinfer:expert_window_tokens{"), -1);
   EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
 }
 
@@ -304,6 +319,11 @@ TEST_F(ServeTest, OpenAiClientDisaggregatedGreedyEqualsGenerate) {
     if (k.rfind("msinfer:expert_routed_tokens_total{", 0) == 0) routed += v;
   }
   EXPECT_GT(routed, 0);
+  // The routing window, with the expert workers' side too.
+  EXPECT_TRUE(wait_for_metric(s, "msinfer:expert_worker_balance{"));
+  metrics = parse_metrics(curl(s.url() + "/metrics").body);
+  EXPECT_GE(metric(metrics, "msinfer:expert_worker_balance{"), 1.0);
+  EXPECT_GE(metric(metrics, "msinfer:expert_balance{"), 1.0);
   // A worker dies mid-stream: the stream ends with an error event naming it,
   // then [DONE]; /health turns 503; the server does not hang.
   ASSERT_EQ(workers.size(), 3u);

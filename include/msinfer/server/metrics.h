@@ -48,6 +48,7 @@ class Metrics {
     int64_t connections = 0;  // open HTTP connections
     double kv_usage = 0;
     std::vector<Json> workers;  // WorkerStats of a disaggregated deployment
+    Json routing;               // runtime::RoutingStats::to_json of the recent window, or null
   };
   // The whole exposition (text format 0.0.4).
   std::string render(const Gauges& g) const;

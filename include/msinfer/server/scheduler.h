@@ -38,10 +38,20 @@ class GenerationBackend {
   virtual int64_t preemptions() const = 0;
   // Every worker's WorkerStats (disaggregated); empty when co-located.
   virtual StatusOr<std::vector<Json>> worker_stats() { return std::vector<Json>{}; }
+  // The routing statistics document (runtime::RoutingStats::to_json) of the
+  // recent window, from `workers` (what worker_stats() just gave) or the
+  // engine's own window; null when the backend keeps none.
+  virtual StatusOr<Json> routing(const std::vector<Json>& workers) {
+    (void)workers;
+    return Json();
+  }
 };
 
 std::unique_ptr<GenerationBackend> engine_backend(std::unique_ptr<runtime::Engine> e);
-std::unique_ptr<GenerationBackend> router_backend(std::unique_ptr<runtime::Router> r);
+// `placement`, `layers` and `experts` read the expert workers' routing windows.
+std::unique_ptr<GenerationBackend> router_backend(std::unique_ptr<runtime::Router> r,
+                                                  runtime::Placement placement, int layers,
+                                                  int experts);
 
 // Receives one request's tokens. Called on the engine thread: implementations
 // hand the work to their own thread and return at once.
@@ -84,6 +94,7 @@ class Scheduler {
     bool healthy = true;
     std::string failure;
     std::vector<Json> workers;
+    Json routing;  // GenerationBackend::routing(), refreshed with the workers' stats
   };
   Snapshot snapshot() const;
   // Refuses new requests from now on (submit gives UNAVAILABLE).
