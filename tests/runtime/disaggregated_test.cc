@@ -108,6 +108,22 @@ TEST(DisaggregatedPlanTest, PlanDocumentSetsTheDeployment) {
   EXPECT_EQ((*j)["plan"]["tp_attention"], 1);
   const std::string prompt = "--model " + dir + " --prompt-ids 5,9,22 --max-tokens 8 --ignore-eos";
   EXPECT_EQ(tokens_of(prompt + " --plan " + plan), tokens_of(prompt));
+  // A placement (e.g. from `msinfer balance`) goes with the plan when it
+  // places the experts on the plan's expert nodes, and is refused otherwise.
+  const int nodes = (*j)["plan"]["expert_nodes"].get<int>();
+  Json shifted{{"expert_workers", nodes}, {"experts", Json::array()}};
+  for (int e = 0; e < 8; ++e) shifted["experts"].push_back((e + 3) % nodes);
+  const std::string placement = write_file("plan_placement.json", shifted.dump());
+  EXPECT_EQ(tokens_of(prompt + " --plan " + plan + " --placement " + placement),
+            tokens_of(prompt));
+  const std::string two = write_file(
+      "two_workers.json", R"({"expert_workers": 2, "experts": [0, 1, 0, 1, 0, 1, 0, 1]})");
+  const std::string refused = msinfer::testing::run_capture(
+      "sh -c '" + kBinary + " generate " + prompt + " --plan " + plan + " --placement " + two +
+      " 2>&1; echo exit=$?'");
+  EXPECT_NE(refused.find("expert nodes is " + std::to_string(nodes)), std::string::npos)
+      << refused;
+  EXPECT_NE(refused.find("exit=2"), std::string::npos) << refused;
   const std::string big = ::testing::TempDir() + "/" + std::to_string(::getpid()) + "_bigplan.json";
   msinfer::testing::run_capture(kBinary + " plan --model mixtral-8x22b --gpu A100 --out " + big);
   const std::string err = msinfer::testing::run_capture(

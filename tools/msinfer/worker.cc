@@ -40,7 +40,7 @@ Status check_deployment_flags(const FlagSet& flags) {
                             "' (direct, socket, shm, tcp, verbs, efa)");
   }
   if (!flags.get_string("plan").empty()) {
-    for (const char* f : {"attention-workers", "expert-workers", "micro-batches", "placement"}) {
+    for (const char* f : {"attention-workers", "expert-workers", "micro-batches"}) {
       if (flags.was_set(f))
         return invalid_argument(std::string("--") + f + " conflicts with --plan");
     }
@@ -50,7 +50,7 @@ Status check_deployment_flags(const FlagSet& flags) {
         "--expert-workers (>= 1)");
   }
   if (!flags.get_string("placement").empty() && !deployment_requested(flags)) {
-    return invalid_argument("--placement needs --attention-workers and --expert-workers");
+    return invalid_argument("--placement needs --attention-workers and --expert-workers, or --plan");
   }
   return ok_status();
 }
@@ -90,6 +90,28 @@ StatusOr<runtime::WorkerConfig> process_config_from_flags(const FlagSet& flags) 
 
 }  // namespace
 
+// --placement (checked against the model and the number of expert workers
+// `workers`, which `what` names in errors), else round robin.
+StatusOr<runtime::Placement> placement_from_flags(const FlagSet& flags, const ModelConfig& model,
+                                                  int workers, const std::string& what) {
+  const std::string& path = flags.get_string("placement");
+  if (path.empty()) {
+    if (workers > model.experts) {
+      return invalid_argument(what + " " + std::to_string(workers) + " exceeds the " +
+                              std::to_string(model.experts) +
+                              " experts; give a --placement with replicas");
+    }
+    return runtime::Placement::round_robin(model.experts, workers);
+  }
+  MSI_ASSIGN_OR_RETURN(Json j, read_json_file(path));
+  MSI_ASSIGN_OR_RETURN(runtime::Placement p, runtime::Placement::from_json(j, model.experts, path));
+  if (p.workers != workers) {
+    return invalid_argument(path + ": places experts on " + std::to_string(p.workers) +
+                            " expert workers, " + what + " is " + std::to_string(workers));
+  }
+  return p;
+}
+
 StatusOr<runtime::WorkerConfig> worker_config_from_flags(const FlagSet& flags,
                                                          const ModelConfig& model) {
   MSI_ASSIGN_OR_RETURN(runtime::WorkerConfig c, process_config_from_flags(flags));
@@ -103,29 +125,15 @@ StatusOr<runtime::WorkerConfig> worker_config_from_flags(const FlagSet& flags,
     return invalid_argument("--expert-workers must be in 1..128");
   }
   if (c.micro_batches < 1 || c.micro_batches > 16) return invalid_argument("--micro-batches must be in 1..16");
-  if (flags.get_string("placement").empty()) {
-    if (c.expert_workers > model.experts) {
-      return invalid_argument("--expert-workers " + std::to_string(c.expert_workers) + " exceeds the " +
-                              std::to_string(model.experts) + " experts; give a --placement with replicas");
-    }
-    c.placement = runtime::Placement::round_robin(model.experts, c.expert_workers);
-  } else {
-    MSI_ASSIGN_OR_RETURN(Json j, read_json_file(flags.get_string("placement")));
-    MSI_ASSIGN_OR_RETURN(c.placement, runtime::Placement::from_json(j, model.experts,
-                                                                    flags.get_string("placement")));
-    if (c.placement.workers != c.expert_workers) {
-      return invalid_argument(flags.get_string("placement") + ": places experts on " +
-                              std::to_string(c.placement.workers) + " expert workers, --expert-workers is " +
-                              std::to_string(c.expert_workers));
-    }
-  }
+  MSI_ASSIGN_OR_RETURN(c.placement, placement_from_flags(flags, model, c.expert_workers,
+                                                         "--expert-workers"));
   return c;
 }
 
 StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
                                                         const ModelConfig& model) {
   const std::string& path = flags.get_string("plan");
-  for (const char* f : {"attention-workers", "expert-workers", "micro-batches", "placement"}) {
+  for (const char* f : {"attention-workers", "expert-workers", "micro-batches"}) {
     if (flags.was_set(f)) return invalid_argument(std::string("--") + f + " conflicts with --plan");
   }
   MSI_ASSIGN_OR_RETURN(Json j, read_json_file(path));
@@ -148,7 +156,9 @@ StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
   if (c.attention_workers > 128 || c.micro_batches > 16) {
     return invalid_argument(path + ": attention_nodes must be <= 128 and micro_batches <= 16 here");
   }
-  c.placement = runtime::Placement::round_robin(model.experts, c.expert_workers);
+  // A placement (e.g. from `msinfer balance`) must fit the plan's expert nodes.
+  MSI_ASSIGN_OR_RETURN(c.placement, placement_from_flags(flags, model, c.expert_workers,
+                                                         path + "'s expert nodes"));
   return c;
 }
 
