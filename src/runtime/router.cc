@@ -289,9 +289,13 @@ StatusOr<std::unique_ptr<Router>> Router::start_launched(const WorkerConfig& c,
       Worker& w = r->workers_[rank - 1];
       w.in = w.out = cfd;
       w.buf = buf;
-      w.where = "rank " + std::to_string(rank) + " on " + hello->value("host", std::string("?")) +
-                " (" + hello->value("address", std::string("?")) +
-                ", pid " + std::to_string(hello->value("pid", 0)) + ")";
+      const auto text = [&](const char* key) {
+        return (*hello)[key].is_string() ? (*hello)[key].get<std::string>() : std::string("?");
+      };
+      const int64_t pid =
+          (*hello)["pid"].is_number_integer() ? (*hello)["pid"].get<int64_t>() : int64_t{0};
+      w.where = "rank " + std::to_string(rank) + " on " + text("host") + " (" + text("address") +
+                ", pid " + std::to_string(pid) + ")";
       ++joined;
       next_join_by = clock::now() + std::chrono::seconds(120);
     }

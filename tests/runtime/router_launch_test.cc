@@ -77,7 +77,10 @@ TEST(RouterLaunchTest, StrayControlConnectionsDelayNoWorker) {
   for (int rank : {2, 1}) {
     auto fd = comm::tcp_connect(control, 10s);
     ASSERT_TRUE(fd.ok());
-    send_line(*fd, Json{{"rank", rank}, {"pid", 1}, {"host", "h"}, {"secret", secret}}.dump());
+    // Rank 2 describes itself with mistyped fields: named "?", not a crash.
+    const Json hello = rank == 2 ? Json{{"rank", rank}, {"pid", "x"}, {"host", 5}, {"secret", secret}}
+                                 : Json{{"rank", rank}, {"pid", 1}, {"host", "h"}, {"secret", secret}};
+    send_line(*fd, hello.dump());
     send_line(*fd, Json{{"ready", true}, {"rss_mb", 1.0}}.dump());
     ranks.push_back(*fd);
   }
@@ -85,6 +88,9 @@ TEST(RouterLaunchTest, StrayControlConnectionsDelayNoWorker) {
   ASSERT_EQ(started.wait_for(20s), std::future_status::ready);
   auto router = started.get();
   ASSERT_TRUE(router.ok()) << router.status().to_string();
+  const std::string described = (*router)->describe();
+  EXPECT_NE(described.find("rank 1 on h"), std::string::npos) << described;
+  EXPECT_NE(described.find("rank 2 on ?"), std::string::npos) << described;
   // The ranks leave as the router shuts down (it tells them to exit).
   for (int fd : ranks) ::shutdown(fd, SHUT_RDWR);
   router->reset();
