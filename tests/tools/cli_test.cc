@@ -764,7 +764,8 @@ TEST(CliBalanceTest, BalanceWritesAPlacementTheDeploymentRuns) {
   CliRun f = run("balance --stats " + tmp + "/stats.json --expert-workers 2 --slots-per-worker 5 "
                  "--expert-fixed-rows 1000 --json");
   ASSERT_EQ(f.code, 0) << f.err;
-  for (const auto& e : parse(f.out)["after"]["placement"]["experts"]) EXPECT_EQ(e.size(), 1u);
+  const Json fixed = parse(f.out);  // named: a temporary's member would dangle in the loop
+  for (const auto& e : fixed["after"]["placement"]["experts"]) EXPECT_EQ(e.size(), 1u);
   // The human table.
   CliRun h = run("balance --stats " + tmp + "/stats.json --expert-workers 2");
   ASSERT_EQ(h.code, 0) << h.err;
