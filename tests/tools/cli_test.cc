@@ -299,6 +299,20 @@ const std::string& tiny_model() {
   return dir;
 }
 
+// --threads sets the kernels' thread count: generation runs and gives the same
+// greedy tokens on 1 and 2 threads; a count out of range is refused.
+TEST(CliEngineTest, ThreadsFlag) {
+  const std::string g = "generate --model " + tiny_model() +
+                        " --prompt-ids 5,9,22 --max-tokens 12 --ignore-eos --json";
+  CliRun one = run(g + " --threads 1");
+  CliRun two = run(g + " --threads 2");
+  ASSERT_EQ(one.code, 0) << one.err;
+  ASSERT_EQ(two.code, 0) << two.err;
+  const Json a = parse(one.out), b = parse(two.out);
+  EXPECT_EQ(a["token_ids"].size(), 12u);
+  EXPECT_EQ(a["token_ids"], b["token_ids"]);
+}
+
 // Runs `args` plain and with --json: both exit with `code`, stderr is one line
 // holding `expect`, and under --json stdout is {"error": {"message", "code"}}.
 // (`worker`, started by the router only, has no --json.)
@@ -373,6 +387,7 @@ TEST(CliHardeningTest, EverySubcommandRefusesBadInput) {
   expect_refused("make-model --preset huge --out /tmp/x", "--preset 'huge'");
   expect_refused("make-model --preset tiny-mixtral", "--out is required");
   expect_refused("generate --model " + tiny_model(), "exactly one of --prompt and --prompt-ids");
+  expect_refused("generate --model " + tiny_model() + " --prompt-ids 5 --threads -1", "--threads");
   expect_refused("bench kernels --bogus", "unknown flag --bogus");
   expect_refused("bench m2n --senders 0", "--senders: 0 is out of range");
   expect_refused("bench m2n --size 0x10", "--size: cannot read '0x10'");
