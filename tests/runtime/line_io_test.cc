@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <thread>
 
@@ -43,10 +44,18 @@ TEST(LineIoTest, SignalsDoNotBreakAWrite) {
   std::atomic<int> result{-1};
   std::thread writer([&] { result = write_line(fds[1], "the line") ? 1 : 0; });
   // Interrupt the writer many times while it is blocked (or about to be).
+  // Each wait for the handler is bounded: under ThreadSanitizer a signal that
+  // lands just before the blocking write is held until the write returns, and
+  // only the drain below lets it return.
   const int before = signals_seen.load();
   for (int i = 0; i < 200 && result.load() == -1; ++i) {
     ::pthread_kill(writer.native_handle(), SIGUSR1);
-    while (signals_seen.load() == before + i && result.load() == -1) std::this_thread::yield();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (signals_seen.load() == before + i && result.load() == -1 &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::yield();
+    }
+    if (signals_seen.load() == before + i) break;  // held: drain now
   }
   // Drain: the filler, then the line.
   std::string got;
