@@ -33,6 +33,16 @@ Json predict(const runtime::RoutingStats& st, const runtime::Placement& p, doubl
 
 }  // namespace
 
+std::string routing_summary(const Json& routing) {
+  auto ratio = [&](const char* key) {
+    return routing[key].is_number() ? fmt(routing[key].get<double>(), 2) : std::string("-");
+  };
+  std::string s = "routing over " + std::to_string(routing["steps"].get<int64_t>()) +
+                  " steps: experts max/mean " + ratio("expert_balance");
+  if (routing.contains("worker_balance")) s += ", expert workers max/mean " + ratio("worker_balance");
+  return s;
+}
+
 int run_balance(int argc, char** argv) {
   FlagSet flags(
       "balance",

@@ -318,18 +318,7 @@ int run_bench_serve(int argc, char** argv) {
               static_cast<long long>(steps), out["ttft_ms_p50"].get<double>(),
               out["ttft_ms_p99"].get<double>(), out["tbt_ms_p50"].get<double>(),
               out["tbt_ms_p99"].get<double>(), decode_tps, generated / end);
-  {
-    const Json& r = out["routing"];
-    auto ratio = [](const Json& v) {
-      return v.is_null() ? std::string("-") : fmt(v.get<double>(), 2);
-    };
-    std::printf("routing over %lld steps: experts max/mean %s",
-                static_cast<long long>(routing->steps), ratio(r["expert_balance"]).c_str());
-    if (r.contains("worker_balance")) {
-      std::printf(", expert workers max/mean %s", ratio(r["worker_balance"]).c_str());
-    }
-    std::printf("\n");
-  }
+  std::printf("%s\n", routing_summary(out["routing"]).c_str());
   if (!workers.empty()) {
     std::printf("\nworkers, decode phase (%.2f s):\n", end - decode_from);
     Table t({"worker", "busy", "network wait", "GEMM GFLOP/s", "T_a ms", "T_e ms", "T_c ms",

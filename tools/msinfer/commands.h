@@ -75,4 +75,9 @@ int worker_rank_exit_code(const Deployment& d);
 // The co-located engine's options from --kv-cache-mb and --micro-batches.
 runtime::EngineOptions colocated_engine_options(const FlagSet& flags);
 
+// "routing over N steps: experts max/mean X[, expert workers max/mean Y]"
+// (no newline): the human summary of a RoutingStats document, as generate and
+// bench serve print it.
+std::string routing_summary(const Json& routing);
+
 }  // namespace msinfer::cli

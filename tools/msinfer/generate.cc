@@ -245,16 +245,7 @@ int run_generate(int argc, char** argv) {
                 w ? w->packed_bytes() / 1048576.0 : 0.0,
                 static_cast<long long>(flags.get_int("kv-cache-mb")),
                 kernels::cpu::isa_description().c_str());
-    const Json r = routing->to_json();
-    auto ratio = [](const Json& v) {
-      return v.is_null() ? std::string("-") : fmt(v.get<double>(), 2);
-    };
-    std::printf("routing over %lld steps: experts max/mean %s",
-                static_cast<long long>(routing->steps), ratio(r["expert_balance"]).c_str());
-    if (r.contains("worker_balance")) {
-      std::printf(", expert workers max/mean %s", ratio(r["worker_balance"]).c_str());
-    }
-    std::printf(" (--json for the counts)\n");
+    std::printf("%s (--json for the counts)\n", routing_summary(routing->to_json()).c_str());
   }
   return 0;
 }
