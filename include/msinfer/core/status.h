@@ -58,6 +58,7 @@ inline Status out_of_range(std::string m) { return Status(StatusCode::kOutOfRang
 inline Status resource_exhausted(std::string m) {
   return Status(StatusCode::kResourceExhausted, std::move(m));
 }
+inline Status unavailable(std::string m) { return Status(StatusCode::kUnavailable, std::move(m)); }
 inline Status internal_error(std::string m) { return Status(StatusCode::kInternal, std::move(m)); }
 inline Status unimplemented(std::string m) {
   return Status(StatusCode::kUnimplemented, std::move(m));
