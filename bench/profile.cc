@@ -116,7 +116,7 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
     int layer = 0;
     const double s = one_round(
         [&] {
-          attn.attention_and_gate(layer, batch, kv, x.data(), &routed);
+          MSI_CHECK(attn.attention_and_gate(layer, batch, kv, x.data(), &routed).ok());
           results.assign(routed.rows() * c.hidden, 0.f);
           attn.combine(routed, results.data(), x.data());
           std::fill(x.begin(), x.end(), 0.01f);  // keep activations bounded

@@ -102,6 +102,16 @@ class Loader {
 
 }  // namespace
 
+StatusOr<std::vector<bf16>> read_bf16(const Checkpoint& ckpt, const std::string& name,
+                                      const std::vector<int64_t>& shape) {
+  Loader ld(ckpt, "checkpoint");
+  MSI_ASSIGN_OR_RETURN(const TensorView* t, ld.get(name, shape));
+  std::vector<bf16> out;
+  append_bf16(*t, out);
+  ckpt.release(*t);
+  return out;
+}
+
 ExpertTensorNames expert_tensor_names(const ModelConfig& c, int layer, int expert) {
   const std::string p = layer_prefix(layer);
   const std::string e = std::to_string(expert);
@@ -122,6 +132,7 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
                                                            const LoadOptions& options) {
   auto w = std::unique_ptr<ModelWeights>(new ModelWeights());
   MSI_ASSIGN_OR_RETURN(w->config_, load_model_config(dir));
+  w->dir_ = dir;
   const ModelConfig& c = w->config_;
   MSI_RETURN_IF_ERROR(c.check_executable());
   MSI_ASSIGN_OR_RETURN(w->checkpoint_, Checkpoint::open(dir));

@@ -1,5 +1,7 @@
 #include "msinfer/runtime/disaggregated.h"
 
+#include "msinfer/runtime/device_backend.h"
+
 #include "internal/line_io.h"
 
 #include <unistd.h>
@@ -228,9 +230,12 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
   lo.all_experts = false;
   lo.experts = c.placement.experts_on(index);
   lo.weights = c.weights;
-  MSI_ASSIGN_OR_RETURN(auto w, model::ModelWeights::load(c.model_dir, lo));
+  const std::vector<int> local_experts = lo.experts;
+  MSI_ASSIGN_OR_RETURN(auto w, model::ModelWeights::load(c.model_dir,
+                                                         host_load_options(lo, c.expert_device)));
   const ModelConfig& mc = w->config();
-  ExpertRunner runner(*w);
+  MSI_ASSIGN_OR_RETURN(std::unique_ptr<ExpertCompute> runner,
+                       make_expert_compute(c.expert_device, *w, local_experts));
   MSI_ASSIGN_OR_RETURN(auto transport, make_transport(c));
   comm::M2NEndpoint ep(std::move(transport), std::chrono::milliseconds(c.timeout_ms));
   ep.set_yield_when_idle(
@@ -241,7 +246,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
   MSI_RETURN_IF_ERROR(combine.attach(ep));
   MSI_RETURN_IF_ERROR(wire(boot, ep, combine, region, 0, c.attention_workers));
   std::fprintf(stderr, "msinfer: expert worker %d ready (pid %d): experts", index, ::getpid());
-  for (int e : lo.experts) std::fprintf(stderr, " %d", e);
+  for (int e : local_experts) std::fprintf(stderr, " %d", e);
   std::fprintf(stderr, "; RSS %.0f MiB (expert weights %.1f MiB)\n",
                read_process_memory().rss_bytes / 1048576.0, w->packed_bytes() / 1048576.0);
   write_line(out_fd, Json{{"ready", index},
@@ -251,7 +256,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
 
   const int A = c.attention_workers, M = c.micro_batches;
   const int64_t h = mc.hidden, row_bytes = h * 4;
-  const std::vector<int>& local = lo.experts;
+  const std::vector<int>& local = local_experts;
   const int64_t hdr = header_rows(static_cast<int64_t>(local.size()), row_bytes);
   std::vector<int64_t> served(M, 0);  // (slot, layer) units served per slot
   std::vector<float> in, out;
@@ -336,7 +341,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
                       static_cast<size_t>(n[a] * row_bytes));
           at += n[a];
         }
-        runner.forward(layer, local[i], in.data(), total, out.data());
+        MSI_RETURN_IF_ERROR(runner->forward_group(layer, {local[i]}, {0, total}, in.data(), out.data()));
         stats.gemm_flops += ffn_flops_per_row * static_cast<double>(total);
         stats.tokens += total;
         stats.expert_tokens[local[i]] += total;
@@ -381,7 +386,8 @@ Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& b
   model::LoadOptions lo;
   lo.all_experts = false;  // attention workers map no expert weights
   lo.weights = c.weights;
-  MSI_ASSIGN_OR_RETURN(auto w, model::ModelWeights::load(c.model_dir, lo));
+  MSI_ASSIGN_OR_RETURN(auto w, model::ModelWeights::load(c.model_dir,
+                                                         host_load_options(lo, c.attention_device)));
   std::shared_ptr<const model::ModelWeights> weights = std::move(w);
   MSI_ASSIGN_OR_RETURN(auto transport, make_transport(c));
   comm::M2NEndpoint ep(std::move(transport), std::chrono::milliseconds(c.timeout_ms));
@@ -395,6 +401,7 @@ Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& b
   eo.micro_batches = c.micro_batches;
   eo.max_step_tokens = c.max_step_tokens;
   eo.step_when_idle = true;
+  eo.device = c.attention_device;
   MSI_ASSIGN_OR_RETURN(auto engine, Engine::create(weights, eo, std::move(remote)));
   write_line(out_fd, Json{{"ready", index},
                           {"rss_mb", read_process_memory().rss_bytes / 1048576.0},

@@ -3,12 +3,13 @@
 #include <algorithm>
 
 #include "msinfer/kernels/cpu/threads.h"
+#include "msinfer/runtime/device_backend.h"
 
 namespace msinfer::runtime {
 
 Engine::Engine(std::shared_ptr<const model::ModelWeights> w, KvCache kv, const EngineOptions& o,
-               std::unique_ptr<ExpertBackend> experts)
-    : weights_(std::move(w)), kv_(std::move(kv)), options_(o), attention_(*weights_),
+               std::unique_ptr<AttentionCompute> attention, std::unique_ptr<ExpertBackend> experts)
+    : weights_(std::move(w)), kv_(std::move(kv)), options_(o), attention_(std::move(attention)),
       experts_(std::move(experts)), mbs_(o.micro_batches) {}
 
 StatusOr<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::ModelWeights> w,
@@ -18,11 +19,17 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mo
   if (options.micro_batches < 1 || options.micro_batches > 16) {
     return invalid_argument("micro_batches must be in 1..16");
   }
-  MSI_ASSIGN_OR_RETURN(KvCache kv,
-                       KvCache::create(w->config(), options.kv_cache_bytes, options.block_size));
-  if (experts == nullptr) experts = std::make_unique<LocalExperts>(*w);
-  return std::unique_ptr<Engine>(
-      new Engine(std::move(w), std::move(kv), options, std::move(experts)));
+  MSI_RETURN_IF_ERROR(check_device(options.device));
+  const bool cpu = is_cpu_device(options.device);
+  MSI_ASSIGN_OR_RETURN(KvCache kv, KvCache::create(w->config(), options.kv_cache_bytes,
+                                                   options.block_size, /*host_pools=*/cpu));
+  MSI_ASSIGN_OR_RETURN(auto attention, make_attention_compute(options.device, *w, kv));
+  if (experts == nullptr) {
+    MSI_ASSIGN_OR_RETURN(auto compute, make_expert_compute(options.device, *w, {}));
+    experts = std::make_unique<LocalExperts>(std::move(compute), w->config());
+  }
+  return std::unique_ptr<Engine>(new Engine(std::move(w), std::move(kv), options,
+                                            std::move(attention), std::move(experts)));
 }
 
 Status Engine::add(GenerationRequest r) {
@@ -190,7 +197,7 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
   MSI_RETURN_IF_ERROR(experts_->begin_step());
   for (auto& mb : mbs_) {
     mb.x.resize(mb.batch.size() * h);
-    attention_.embed(mb.batch, mb.x.data());
+    MSI_RETURN_IF_ERROR(attention_->embed(mb.batch, mb.x.data()));
   }
   for (int l = 0; l < c.layers; ++l) {
     for (int k = 0; k < M; ++k) {
@@ -198,9 +205,9 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
       if (l > 0) {
         mb.results.resize(mb.routed.rows() * h);
         MSI_RETURN_IF_ERROR(experts_->finish(k, l - 1, mb.routed, mb.results.data()));
-        attention_.combine(mb.routed, mb.results.data(), mb.x.data());
+        attention_->combine(mb.routed, mb.results.data(), mb.x.data());
       }
-      attention_.attention_and_gate(l, mb.batch, kv_, mb.x.data(), &mb.routed);
+      MSI_RETURN_IF_ERROR(attention_->attention_and_gate(l, mb.batch, kv_, mb.x.data(), &mb.routed));
       MSI_RETURN_IF_ERROR(experts_->start(k, l, mb.routed));
     }
   }
@@ -208,7 +215,7 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
     MicroBatch& mb = mbs_[k];
     mb.results.resize(mb.routed.rows() * h);
     MSI_RETURN_IF_ERROR(experts_->finish(k, c.layers - 1, mb.routed, mb.results.data()));
-    attention_.combine(mb.routed, mb.results.data(), mb.x.data());
+    attention_->combine(mb.routed, mb.results.data(), mb.x.data());
   }
   // Logits for requests whose every token is now in the cache.
   std::vector<std::pair<int, int64_t>> rows;  // (micro-batch, row)
@@ -232,7 +239,7 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
   std::vector<const float*> head_rows;
   for (const auto& [k, row] : rows) head_rows.push_back(mbs_[k].x.data() + row * h);
   logits_.resize(rows.size() * c.vocab);
-  if (!head_rows.empty()) attention_.logits(head_rows, logits_.data());
+  if (!head_rows.empty()) MSI_RETURN_IF_ERROR(attention_->logits(head_rows, logits_.data()));
   std::vector<size_t> done;
   for (size_t j = 0; j < rows.size(); ++j) {
     Running& r = running_[owners[j]];

@@ -6,7 +6,8 @@ int64_t KvCache::bytes_per_token(const ModelConfig& c) {
   return 2 /*K,V*/ * 2 /*bf16*/ * c.kv_heads * c.head_dim * c.layers;
 }
 
-StatusOr<KvCache> KvCache::create(const ModelConfig& c, int64_t budget_bytes, int64_t block_size) {
+StatusOr<KvCache> KvCache::create(const ModelConfig& c, int64_t budget_bytes, int64_t block_size,
+                                  bool host_pools) {
   if (block_size < 1) return invalid_argument("KV block size must be >= 1");
   KvCache kv;
   kv.block_size_ = block_size;
@@ -22,8 +23,10 @@ StatusOr<KvCache> KvCache::create(const ModelConfig& c, int64_t budget_bytes, in
                               " bytes needed)");
   }
   const size_t n = static_cast<size_t>(c.layers * kv.num_blocks_ * block_size * kv.slot_elems_);
-  kv.k_.resize(n);
-  kv.v_.resize(n);
+  if (host_pools) {
+    kv.k_.resize(n);
+    kv.v_.resize(n);
+  }
   for (int64_t b = kv.num_blocks_ - 1; b >= 0; --b) kv.free_.push_back(static_cast<int32_t>(b));
   return kv;
 }
@@ -58,6 +61,7 @@ const int32_t* KvCache::block_table(int64_t id) const {
 }
 
 kernels::cpu::PagedKvLayer KvCache::layer(int l) {
+  if (k_.empty()) return kernels::cpu::PagedKvLayer{nullptr, nullptr, block_size_, kv_heads_, head_dim_};
   const size_t off = static_cast<size_t>(l) * num_blocks_ * block_size_ * slot_elems_;
   return kernels::cpu::PagedKvLayer{k_.data() + off, v_.data() + off, block_size_, kv_heads_,
                                     head_dim_};

@@ -10,14 +10,15 @@ namespace msinfer::runtime {
 
 namespace k = kernels::cpu;
 
-void AttentionRunner::embed(const TokenBatch& b, float* x) const {
+Status AttentionRunner::embed(const TokenBatch& b, float* x) {
   const int64_t h = w_.config().hidden;
   for (int64_t t = 0; t < b.size(); ++t) w_.embed(b.ids[t], x + t * h);
+  return ok_status();
 }
 
-void AttentionRunner::attention_and_gate(int l, const TokenBatch& b, KvCache& kv, float* x,
-                                         k::RoutedBatch* routed, const int32_t* expert_dest,
-                                         int64_t destinations) {
+Status AttentionRunner::attention_and_gate(int l, const TokenBatch& b, KvCache& kv, float* x,
+                                           k::RoutedBatch* routed, const int32_t* expert_dest,
+                                           int64_t destinations) {
   const ModelConfig& c = w_.config();
   const model::LayerWeights& L = w_.layers()[l];
   const int64_t T = b.size(), h = c.hidden, hd = c.head_dim, H = c.heads, KV = c.kv_heads;
@@ -57,6 +58,7 @@ void AttentionRunner::attention_and_gate(int l, const TokenBatch& b, KvCache& kv
   L.router.forward(h_.data(), T, router_.data());
   k::fused_gate(router_.data(), T, c.experts, c.top_k, c.norm_topk_prob, expert_dest,
                 destinations, h_.data(), h, routed);
+  return ok_status();
 }
 
 void AttentionRunner::combine(const k::RoutedBatch& routed, const float* results,
@@ -64,7 +66,7 @@ void AttentionRunner::combine(const k::RoutedBatch& routed, const float* results
   k::moe_combine(routed, results, x);
 }
 
-void AttentionRunner::logits(const std::vector<const float*>& rows, float* out) {
+Status AttentionRunner::logits(const std::vector<const float*>& rows, float* out) {
   const ModelConfig& c = w_.config();
   const int64_t h = c.hidden, n = static_cast<int64_t>(rows.size());
   sel_.resize(n * h);
@@ -73,12 +75,24 @@ void AttentionRunner::logits(const std::vector<const float*>& rows, float* out) 
                 sel_.data() + i * h);
   }
   w_.lm_head().forward(sel_.data(), n, out);
+  return ok_status();
 }
 
 void ExpertRunner::forward(int l, int e, const float* rows, int64_t n, float* out) const {
   const model::ExpertWeights& ew = w_.layers()[l].experts[e];
   MSI_CHECK(!ew.w13.empty()) << "expert " << e << " of layer " << l << " is not loaded here";
   k::expert_ffn(ew.w13, ew.w2, rows, n, out);
+}
+
+Status ExpertRunner::forward_group(int l, const std::vector<int>& experts,
+                                   const std::vector<int64_t>& offset, const float* rows,
+                                   float* out) {
+  const int64_t h = w_.config().hidden;
+  for (size_t i = 0; i < experts.size(); ++i) {
+    const int64_t n = offset[i + 1] - offset[i];
+    if (n > 0) forward(l, experts[i], rows + offset[i] * h, n, out + offset[i] * h);
+  }
+  return ok_status();
 }
 
 }  // namespace msinfer::runtime

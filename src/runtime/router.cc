@@ -67,7 +67,9 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
                                      "--kv-cache-mb", std::to_string(c.kv_cache_bytes >> 20),
                                      "--fabric-provider", c.provider,
                                      "--timeout-ms", std::to_string(c.timeout_ms),
-                                     "--weights", kernels::cpu::weight_format_name(c.weights)};
+                                     "--weights", kernels::cpu::weight_format_name(c.weights),
+                                     "--attention-device", c.attention_device,
+                                     "--expert-device", c.expert_device};
     if (!placement_file.empty()) {
       args.push_back("--placement");
       args.push_back(placement_file);

@@ -329,3 +329,36 @@ TEST(LoaderTest, PartialLoadsHoldOnlyTheirShare) {
 
 }  // namespace
 }  // namespace msinfer::runtime
+
+namespace msinfer::runtime {
+namespace {
+
+// A device that does not exist is bad input; "cuda" is refused with a reason
+// in a build without the CUDA backend or on a machine without a GPU, and runs
+// where there is one.
+TEST(EngineTest, DeviceIsCheckedBeforeAnyWork) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  auto w = std::shared_ptr<const model::ModelWeights>(model::ModelWeights::load(dir).value());
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "tpu:0"}) {
+    EngineOptions o;
+    o.device = bad;
+    auto e = Engine::create(w, o);
+    ASSERT_FALSE(e.ok()) << bad;
+    EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  EngineOptions o;
+  o.device = "cuda";
+  auto e = Engine::create(w, o);
+#ifdef MSINFER_WITH_CUDA
+  if (!e.ok()) {
+    EXPECT_EQ(e.status().code(), StatusCode::kUnavailable) << e.status().to_string();
+  }
+#else
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(e.status().message().find("without the CUDA backend"), std::string::npos);
+#endif
+}
+
+}  // namespace
+}  // namespace msinfer::runtime

@@ -13,6 +13,10 @@
 
 #include "commands.h"
 #include "msinfer/bench/kernels_bench.h"
+#include "msinfer/runtime/device_backend.h"
+#ifdef MSINFER_WITH_CUDA
+#include "msinfer/bench/cuda_kernels_bench.h"
+#endif
 #include "msinfer/bench/m2n_bench.h"
 #include "msinfer/comm/bootstrap.h"
 #include "msinfer/comm/fabric_transport.h"
@@ -35,11 +39,29 @@ int run_bench_kernels(int argc, char** argv) {
   flags.add_string("isa", "", "CPU kernel level: generic|avx2|avx512|avx512bf16|amx (default: best)");
   flags.add_string("weights", "bf16,int8", "expert weight formats to measure: bf16, int8 or both");
   flags.add_string("tokens", "", "tokens per expert, comma-separated (default 1,2,4,...,1024)");
+  flags.add_string("device", "cpu",
+                   "cpu, or cuda[:N]: the GPU's bf16 GEMM rate and copy bandwidth, then the CUDA\n"
+                   "backend's kernels at Mixtral-8x7B shapes against them");
   Status s = flags.parse(argc, argv, 3);
   if (!s.ok()) return report_error("bench kernels", s);
   if (flags.help_requested()) {
     std::cout << flags.usage();
     return 0;
+  }
+  if (const std::string& device = flags.get_string("device"); !runtime::is_cpu_device(device)) {
+    s = runtime::check_device(device);
+    if (!s.ok()) return report_error("bench kernels", s.with_context("--device"));
+#ifdef MSINFER_WITH_CUDA
+    bench::CudaKernelBenchOptions co;
+    co.device = device;
+    co.quick = flags.get_bool("quick");
+    auto r = bench::bench_cuda_kernels(co, [](const std::string& line) {
+      std::fprintf(stderr, "  %s\n", line.c_str());
+    });
+    if (!r.ok()) return report_error("bench kernels", r.status());
+    if (flags.get_bool("json")) std::cout << r->dump(2) << "\n";
+    return 0;
+#endif
   }
   bench::KernelBenchOptions o;
   o.quick = flags.get_bool("quick");

@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "commands.h"
+#include "msinfer/runtime/device_backend.h"
 #include "msinfer/core/flags.h"
 #include "msinfer/core/stats.h"
 #include "msinfer/core/table.h"
@@ -194,7 +195,7 @@ int run_bench_serve(int argc, char** argv) {
   } else {
     model::LoadOptions lo;
     lo.weights = *weight_format;
-    auto w = model::ModelWeights::load(dir, lo);
+    auto w = model::ModelWeights::load(dir, runtime::host_load_options(lo, flags.get_string("device")));
     if (!w.ok()) return report_error("bench serve", w.status());
     const runtime::EngineOptions eo = colocated_engine_options(flags);
     auto e = runtime::Engine::create(std::move(w).value(), eo);

@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "msinfer/kernels/cpu/isa.h"
 #include "msinfer/kernels/cpu/threads.h"
+#include "msinfer/runtime/device_backend.h"
 
 namespace msinfer::cli {
 
@@ -22,6 +23,14 @@ void add_engine_flags(FlagSet& flags) {
                 "compute threads of the engine's kernels (0: OMP_NUM_THREADS, else one per\n"
                 "core; serve, co-located: one per core but one, which the HTTP loop gets);\n"
                 "inherited by the workers this command starts");
+  flags.add_string("device", "cpu",
+                   "where the engine computes: cpu, or cuda[:N] (a GPU, in builds with the CUDA\n"
+                   "backend); in a disaggregated deployment the default of both worker kinds",
+                   "MSINFER_DEVICE");
+  flags.add_string("attention-device", "",
+                   "disaggregated: the attention workers' device (default: --device)");
+  flags.add_string("expert-device", "",
+                   "disaggregated: the expert workers' device (default: --device)");
 }
 
 Status apply_isa_flag(const std::string& level) {
@@ -44,6 +53,9 @@ StatusOr<kernels::cpu::WeightFormat> apply_engine_flags(const FlagSet& flags) {
     kernels::cpu::set_compute_threads(static_cast<int>(threads));
     // Worker processes read it when their OpenMP starts.
     ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+  }
+  for (const char* f : {"device", "attention-device", "expert-device"}) {
+    MSI_RETURN_IF_ERROR(runtime::check_device(flags.get_string(f)).with_context(std::string("--") + f));
   }
   auto format = kernels::cpu::parse_weight_format(flags.get_string("weights"));
   if (!format.ok()) return format.status().with_context("--weights");

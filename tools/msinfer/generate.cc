@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "msinfer/runtime/device_backend.h"
 #include "msinfer/core/flags.h"
 #include "msinfer/core/process.h"
 #include "msinfer/core/stats.h"
@@ -116,7 +117,7 @@ int run_generate(int argc, char** argv) {
   if (!disaggregated) {
     model::LoadOptions lo;
     lo.weights = *weight_format;
-    auto weights = model::ModelWeights::load(dir, lo);
+    auto weights = model::ModelWeights::load(dir, runtime::host_load_options(lo, flags.get_string("device")));
     if (!weights.ok()) return report_error("generate", weights.status());
     w = std::move(weights).value();
   }

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "msinfer/runtime/device_backend.h"
 #include "msinfer/core/flags.h"
 #include "msinfer/kernels/cpu/threads.h"
 #include "msinfer/model/tokenizer.h"
@@ -200,7 +201,7 @@ int run_serve(int argc, char** argv) {
   } else {
     model::LoadOptions lo;
     lo.weights = *weight_format;
-    auto w = model::ModelWeights::load(dir, lo);
+    auto w = model::ModelWeights::load(dir, runtime::host_load_options(lo, flags.get_string("device")));
     if (!w.ok()) {
       stop_loop();
       return report_error("serve", w.status());

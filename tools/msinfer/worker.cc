@@ -85,6 +85,11 @@ StatusOr<runtime::WorkerConfig> process_config_from_flags(const FlagSet& flags) 
   c.timeout_ms = static_cast<int>(flags.get_int("timeout-ms"));
   if (c.timeout_ms < 100) return invalid_argument("--timeout-ms must be >= 100");
   MSI_ASSIGN_OR_RETURN(c.weights, apply_engine_flags(flags));
+  const std::string& device = flags.get_string("device");
+  c.attention_device = flags.get_string("attention-device").empty()
+                           ? device : flags.get_string("attention-device");
+  c.expert_device =
+      flags.get_string("expert-device").empty() ? device : flags.get_string("expert-device");
   return c;
 }
 
@@ -220,6 +225,7 @@ runtime::EngineOptions colocated_engine_options(const FlagSet& flags) {
   runtime::EngineOptions eo;
   eo.kv_cache_bytes = flags.get_int("kv-cache-mb") << 20;
   eo.micro_batches = static_cast<int>(flags.get_int("micro-batches"));
+  eo.device = flags.get_string("device");
   return eo;
 }
 

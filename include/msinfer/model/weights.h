@@ -57,6 +57,9 @@ class ModelWeights {
                                                        const LoadOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
+  // The checkpoint directory the weights came from (device backends load
+  // their own copies from it).
+  const std::string& dir() const { return dir_; }
   const std::vector<LayerWeights>& layers() const { return layers_; }
   const std::vector<float>& final_norm() const { return final_norm_; }
   const kernels::cpu::PackedLinear& lm_head() const { return lm_head_; }
@@ -68,6 +71,7 @@ class ModelWeights {
 
  private:
   ModelConfig config_;
+  std::string dir_;
   Checkpoint checkpoint_;
   std::vector<LayerWeights> layers_;
   std::vector<float> final_norm_;
@@ -80,6 +84,11 @@ class ModelWeights {
 struct ExpertTensorNames {
   std::string w1, w2, w3;
 };
+// The tensor `name` of `ckpt` as bf16 values (converted from f16/f32), with
+// exactly `shape`; INVALID_ARGUMENT naming file and tensor otherwise.
+StatusOr<std::vector<bf16>> read_bf16(const Checkpoint& ckpt, const std::string& name,
+                                      const std::vector<int64_t>& shape);
+
 ExpertTensorNames expert_tensor_names(const ModelConfig& c, int layer, int expert);
 std::string router_tensor_name(const ModelConfig& c, int layer);
 

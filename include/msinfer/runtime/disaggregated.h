@@ -52,6 +52,7 @@ struct WorkerConfig {
   std::string address;  // local address for the fabric (multi-host); "" = provider's choice
   int timeout_ms = 10000;
   kernels::cpu::WeightFormat weights = kernels::cpu::WeightFormat::kBf16;  // GEMM weights
+  std::string attention_device = "cpu", expert_device = "cpu";  // runtime/device_backend.h
 };
 
 // Joins the deployment (bootstrap ranks: attention workers first, then expert

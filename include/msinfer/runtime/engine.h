@@ -39,6 +39,9 @@ struct EngineOptions {
   // Run a step (all layers, empty micro-batches) even with nothing to do: an
   // attention worker must still answer the expert workers in lockstep.
   bool step_when_idle = false;
+  // Where the attention side (and co-located experts) run: "cpu" or
+  // "cuda[:N]" (runtime/device_backend.h).
+  std::string device = "cpu";
 };
 
 struct GenerationRequest {
@@ -106,7 +109,7 @@ class Engine {
     bool preempted = false;  // chosen as a victim during this step's planning
   };
   Engine(std::shared_ptr<const model::ModelWeights> w, KvCache kv, const EngineOptions& o,
-         std::unique_ptr<ExpertBackend> experts);
+         std::unique_ptr<AttentionCompute> attention, std::unique_ptr<ExpertBackend> experts);
   void admit();
   // Takes blocks for this step's tokens of every running request, preempting
   // the most recently admitted ones when the pool runs out; returns
@@ -116,7 +119,7 @@ class Engine {
   std::shared_ptr<const model::ModelWeights> weights_;
   KvCache kv_;
   EngineOptions options_;
-  AttentionRunner attention_;
+  std::unique_ptr<AttentionCompute> attention_;
   std::unique_ptr<ExpertBackend> experts_;
   std::deque<Running> waiting_;   // new requests, and preempted ones at the front
   std::vector<Running> running_;  // in admission order

@@ -7,6 +7,7 @@
 //    finish() waits for the expert workers' answers.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "msinfer/core/status.h"
@@ -34,7 +35,9 @@ class ExpertBackend {
 class LocalExperts : public ExpertBackend {
  public:
   explicit LocalExperts(const model::ModelWeights& w)
-      : runner_(w), hidden_(w.config().hidden), routed_(w.config().layers, w.config().experts) {}
+      : LocalExperts(std::make_unique<ExpertRunner>(w), w.config()) {}
+  LocalExperts(std::unique_ptr<ExpertCompute> compute, const ModelConfig& c)
+      : compute_(std::move(compute)), hidden_(c.hidden), routed_(c.layers, c.experts) {}
   Status begin_step() override {
     routed_.begin_step();
     return ok_status();
@@ -45,8 +48,10 @@ class LocalExperts : public ExpertBackend {
   const RoutingWindow* routing() const override { return &routed_; }
 
  private:
-  ExpertRunner runner_;
+  std::unique_ptr<ExpertCompute> compute_;
   int64_t hidden_;
+  std::vector<int> all_;            // 0..E-1
+  std::vector<int64_t> offsets_;
   RoutingWindow routed_;
   std::vector<std::vector<float>> out_;  // per micro-batch
 };

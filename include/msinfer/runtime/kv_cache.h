@@ -20,8 +20,10 @@ namespace msinfer::runtime {
 class KvCache {
  public:
   // RESOURCE_EXHAUSTED if the budget holds less than one block.
+  // Without host_pools the blocks and tables are managed here but the K/V
+  // values live elsewhere (a GPU's memory); layer() then has null pools.
   static StatusOr<KvCache> create(const ModelConfig& config, int64_t budget_bytes,
-                                  int64_t block_size = 16);
+                                  int64_t block_size = 16, bool host_pools = true);
 
   // Bytes of K and V for one token across all layers.
   static int64_t bytes_per_token(const ModelConfig& config);

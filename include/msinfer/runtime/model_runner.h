@@ -4,6 +4,12 @@
 // LM head); ExpertRunner runs one expert's FFN on the rows sent to it. The
 // co-located engine calls both in one process; the disaggregated workers call
 // one each. Neither is thread-safe (they own scratch buffers).
+//
+// AttentionCompute and ExpertCompute are what the engine and the workers call;
+// AttentionRunner / ExpertRunner are the CPU implementations, and the CUDA
+// backend's (runtime/cuda_runner.h) run the same steps on a GPU. The hidden
+// states stay in host memory at this interface (the M2N send buffer is host
+// memory too): a device implementation copies them in and out per layer.
 #pragma once
 
 #include <cstdint>
@@ -29,35 +35,66 @@ struct TokenBatch {
   }
 };
 
-class AttentionRunner {
+class AttentionCompute {
+ public:
+  virtual ~AttentionCompute() = default;
+  // x[T, h] = embedding rows of the batch.
+  virtual Status embed(const TokenBatch& b, float* x) = 0;
+  // See AttentionRunner::attention_and_gate.
+  virtual Status attention_and_gate(int l, const TokenBatch& b, KvCache& kv, float* x,
+                                    kernels::cpu::RoutedBatch* routed,
+                                    const int32_t* expert_dest = nullptr,
+                                    int64_t destinations = 0) = 0;
+  virtual void combine(const kernels::cpu::RoutedBatch& routed, const float* results,
+                       float* x) const = 0;
+  virtual Status logits(const std::vector<const float*>& rows, float* out) = 0;
+  // Whether the KV cache's pools must be in host memory (false: the
+  // implementation keeps its own on its device and uses only the block tables).
+  virtual bool host_kv() const { return true; }
+};
+
+class ExpertCompute {
+ public:
+  virtual ~ExpertCompute() = default;
+  // For each i: out rows [offset[i], offset[i+1]) = FFN of expert experts[i] of
+  // layer l on the same rows of `rows` ([offset.back(), h], in and out).
+  virtual Status forward_group(int l, const std::vector<int>& experts,
+                               const std::vector<int64_t>& offset, const float* rows,
+                               float* out) = 0;
+};
+
+class AttentionRunner : public AttentionCompute {
  public:
   explicit AttentionRunner(const model::ModelWeights& w) : w_(w) {}
 
   // x[T, h] = embedding rows of the batch.
-  void embed(const TokenBatch& b, float* x) const;
+  Status embed(const TokenBatch& b, float* x) override;
   // Layer l up to the experts: x += O(attention(RoPE(QKV(norm(x))))) over the
   // KV cache (the batch's K/V are written first); then the post-attention norm
   // of x goes through the router and the fused gate into `routed` (experts
   // grouped by expert_dest[e], or one destination per expert when nullptr).
-  void attention_and_gate(int l, const TokenBatch& b, KvCache& kv, float* x,
-                          kernels::cpu::RoutedBatch* routed, const int32_t* expert_dest = nullptr,
-                          int64_t destinations = 0);
+  Status attention_and_gate(int l, const TokenBatch& b, KvCache& kv, float* x,
+                            kernels::cpu::RoutedBatch* routed, const int32_t* expert_dest = nullptr,
+                            int64_t destinations = 0) override;
   // x += the gate-weighted expert results (rows in send-buffer order).
-  void combine(const kernels::cpu::RoutedBatch& routed, const float* results, float* x) const;
+  void combine(const kernels::cpu::RoutedBatch& routed, const float* results,
+               float* x) const override;
   // Final norm and LM head for the given hidden-state rows (from any
   // micro-batch), in one GEMM: out[rows.size(), vocab].
-  void logits(const std::vector<const float*>& rows, float* out);
+  Status logits(const std::vector<const float*>& rows, float* out) override;
 
  private:
   const model::ModelWeights& w_;
   std::vector<float> h_, qkv_, q_, k_, v_, attn_, o_, router_, sel_;
 };
 
-class ExpertRunner {
+class ExpertRunner : public ExpertCompute {
  public:
   explicit ExpertRunner(const model::ModelWeights& w) : w_(w) {}
   // out[n, h] = FFN of expert e in layer l on rows[n, h].
   void forward(int l, int e, const float* rows, int64_t n, float* out) const;
+  Status forward_group(int l, const std::vector<int>& experts, const std::vector<int64_t>& offset,
+                       const float* rows, float* out) override;
 
  private:
   const model::ModelWeights& w_;

@@ -46,7 +46,6 @@ void fused_gate(const float* logits, int64_t tokens, int64_t experts, int64_t to
                 int64_t hidden, RoutedBatch* out) {
   if (expert_dest == nullptr) destinations = experts;
   init(out, tokens, experts, top_k, destinations, hidden);
-  std::vector<int32_t> count(experts, 0);
   std::vector<float> p(experts);
   // Top-K by partial selection on the softmax (monotone in the logits, so
   // only the K chosen probabilities need the full softmax denominator).
@@ -67,7 +66,6 @@ void fused_gate(const float* logits, int64_t tokens, int64_t experts, int64_t to
       }
       ids[k] = best;
       w[k] = static_cast<float>(p[best] / sum);
-      ++count[best];
     }
     if (normalize) {
       float s = 0;
@@ -75,6 +73,24 @@ void fused_gate(const float* logits, int64_t tokens, int64_t experts, int64_t to
       for (int64_t k = 0; k < top_k; ++k) w[k] /= s;
     }
   }
+  route_rows(tokens, experts, top_k, expert_dest, destinations, x, hidden, out);
+}
+
+void route_rows(int64_t tokens, int64_t experts, int64_t top_k, const int32_t* expert_dest,
+                int64_t destinations, const float* x, int64_t hidden, RoutedBatch* out) {
+  if (expert_dest == nullptr) destinations = experts;
+  out->tokens = tokens;
+  out->top_k = top_k;
+  out->experts = experts;
+  out->destinations = destinations;
+  out->hidden = hidden;
+  out->expert_offset.assign(experts + 1, 0);
+  out->dest_offset.assign(destinations + 1, 0);
+  out->row_token.assign(tokens * top_k, 0);
+  out->slot_row.assign(tokens * top_k, 0);
+  out->send.resize(static_cast<size_t>(tokens * top_k * hidden));
+  std::vector<int32_t> count(experts, 0);
+  for (int64_t i = 0; i < tokens * top_k; ++i) ++count[out->topk_expert[i]];
   // Offsets: destinations in order, experts by id inside each.
   const std::vector<int32_t> order = expert_order(experts, expert_dest, destinations);
   int32_t row = 0;

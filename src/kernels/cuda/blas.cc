@@ -122,7 +122,13 @@ Status Blas::expert_ffn(const std::vector<ExpertMatrices>& experts,
   Impl& im = *impl_;
   const int64_t rows = offset.back();
   if (rows == 0 || experts.empty()) return ok_status();
-  const int64_t h = experts.front().w13.k, f = experts.front().w2.k;
+  int64_t h = 0, f = 0;
+  for (size_t i = 0; i + 1 < offset.size(); ++i) {
+    if (offset[i + 1] > offset[i]) {
+      h = experts[i].w13.k, f = experts[i].w2.k;
+      break;
+    }
+  }
   MSI_RETURN_IF_ERROR(im.xb.reserve(static_cast<size_t>(rows * h) * 2));
   MSI_RETURN_IF_ERROR(im.gu.reserve(static_cast<size_t>(rows * 2 * f) * 2));
   MSI_RETURN_IF_ERROR(im.act.reserve(static_cast<size_t>(rows * f) * 2));

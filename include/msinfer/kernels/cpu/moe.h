@@ -39,6 +39,11 @@ void fused_gate(const float* logits, int64_t tokens, int64_t experts, int64_t to
                 bool normalize, const int32_t* expert_dest, int64_t destinations, const float* x,
                 int64_t hidden, RoutedBatch* out);
 
+// The second half of fused_gate, for a gate computed elsewhere (on a GPU):
+// given out->topk_expert and out->topk_weight ([T*K], filled by the caller),
+// fills the counts, offsets, row maps and the send rows from x [T, hidden].
+void route_rows(int64_t tokens, int64_t experts, int64_t top_k, const int32_t* expert_dest,
+                int64_t destinations, const float* x, int64_t hidden, RoutedBatch* out);
 // The same result computed step by step (softmax, sort, count, prefix sum, scatter).
 void gate_reference(const float* logits, int64_t tokens, int64_t experts, int64_t top_k,
                     bool normalize, const int32_t* expert_dest, int64_t destinations,

@@ -1,0 +1,60 @@
+#include "msinfer/runtime/device_backend.h"
+
+#ifdef MSINFER_WITH_CUDA
+#include "msinfer/kernels/cuda/cuda.h"
+#include "msinfer/runtime/cuda_runner.h"
+#endif
+
+namespace msinfer::runtime {
+
+bool is_cpu_device(const std::string& device) { return device.empty() || device == "cpu"; }
+
+Status check_device(const std::string& device) {
+  if (is_cpu_device(device)) return ok_status();
+  if (device != "cuda" && device.rfind("cuda:", 0) != 0) {
+    return invalid_argument("device '" + device + "': expected cpu, cuda or cuda:N");
+  }
+#ifdef MSINFER_WITH_CUDA
+  return kernels::cuda::parse_device(device).status();
+#else
+  return unimplemented("device '" + device +
+                       "': this msinfer was built without the CUDA backend (configure with "
+                       "-DMSINFER_CUDA=on where a CUDA toolkit is installed)");
+#endif
+}
+
+model::LoadOptions host_load_options(model::LoadOptions lo, const std::string& device) {
+  if (!is_cpu_device(device)) {
+    lo.attention = false;
+    lo.all_experts = false;
+    lo.experts.clear();
+  }
+  return lo;
+}
+
+StatusOr<std::unique_ptr<AttentionCompute>> make_attention_compute(
+    const std::string& device, const model::ModelWeights& w, const KvCache& kv) {
+  MSI_RETURN_IF_ERROR(check_device(device));
+  if (is_cpu_device(device)) return std::unique_ptr<AttentionCompute>(new AttentionRunner(w));
+#ifdef MSINFER_WITH_CUDA
+  MSI_ASSIGN_OR_RETURN(auto r, CudaAttentionRunner::create(device, w, kv));
+  return std::unique_ptr<AttentionCompute>(std::move(r));
+#else
+  return unimplemented("unreachable");
+#endif
+}
+
+StatusOr<std::unique_ptr<ExpertCompute>> make_expert_compute(const std::string& device,
+                                                             const model::ModelWeights& w,
+                                                             const std::vector<int>& experts) {
+  MSI_RETURN_IF_ERROR(check_device(device));
+  if (is_cpu_device(device)) return std::unique_ptr<ExpertCompute>(new ExpertRunner(w));
+#ifdef MSINFER_WITH_CUDA
+  MSI_ASSIGN_OR_RETURN(auto r, CudaExpertRunner::create(device, w, experts));
+  return std::unique_ptr<ExpertCompute>(std::move(r));
+#else
+  return unimplemented("unreachable");
+#endif
+}
+
+}  // namespace msinfer::runtime
