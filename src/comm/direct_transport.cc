@@ -141,10 +141,15 @@ void copy_to_peer(uint8_t* dst, const uint8_t* src, size_t n) {
 }
 
 // The producer's side: stores `imm` and publishes it (after the data the
-// caller wrote); false when the link is full.
-bool try_post(Link* l, uint32_t imm) {
+// caller wrote); false when the link is full. `head_seen` is the producer's
+// last reading of the consumer's head: the head's cache line (written by the
+// receiver) is read again only when the ring looks full, not on every post.
+bool try_post(Link* l, uint64_t* head_seen, uint32_t imm) {
   const uint64_t t = l->tail.load(std::memory_order_relaxed);  // ours alone
-  if (t - l->head.load(std::memory_order_acquire) >= kRingCells) return false;
+  if (t - *head_seen >= kRingCells) {
+    *head_seen = l->head.load(std::memory_order_acquire);
+    if (t - *head_seen >= kRingCells) return false;
+  }
   l->cells[t & (kRingCells - 1)] = imm;
   l->tail.store(t + 1, std::memory_order_release);
   return true;
@@ -251,7 +256,7 @@ class DirectTransport : public Transport {
     }
     Link* link = &m->links[k];
     link->pid = ::getpid();
-    peers_.push_back({pid, address.substr(b + 1), m, link, {}});
+    peers_.push_back({pid, address.substr(b + 1), m, link, 0, {}});
     return static_cast<int>(peers_.size()) - 1;
   }
 
@@ -282,7 +287,7 @@ class DirectTransport : public Transport {
     // more than M2N's flow control lets be outstanding, so a full one means
     // the receiver stopped taking them.
     const auto deadline = std::chrono::steady_clock::now() + write_timeout_;
-    while (!try_post(p.link, imm)) {
+    while (!try_post(p.link, &p.head_seen, imm)) {
       if (!shm_owner_alive(p.mailbox_name)) {
         return Status(StatusCode::kUnavailable,
                       "direct: peer " + std::to_string(peer) + " (pid " + std::to_string(p.pid) + ") is gone");
@@ -338,6 +343,7 @@ class DirectTransport : public Transport {
     std::string mailbox_name;
     Mailbox* mailbox;
     Link* link;                           // ours in that mailbox
+    uint64_t head_seen = 0;               // the link's head when we last looked
     std::map<uint64_t, Mapping> regions;  // mapped on first write
   };
   std::shared_ptr<ShmOwner> owner_;  // our objects' name and liveness lock; regions share it
