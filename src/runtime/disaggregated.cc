@@ -402,6 +402,8 @@ Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& b
   eo.max_step_tokens = c.max_step_tokens;
   eo.step_when_idle = true;
   eo.device = c.attention_device;
+  eo.attention_cost_per_token = c.attention_cost_per_token;
+  eo.attention_cost_per_position = c.attention_cost_per_position;
   MSI_ASSIGN_OR_RETURN(auto engine, Engine::create(weights, eo, std::move(remote)));
   write_line(out_fd, Json{{"ready", index},
                           {"rss_mb", read_process_memory().rss_bytes / 1048576.0},
@@ -439,7 +441,9 @@ Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& b
       continue;
     }
     if (op == "stats") {
-      write_line(out_fd, Json{{"stats", stats.to_json()}}.dump());
+      Json st = stats.to_json();
+      st["micro_batch_balance"] = engine->micro_batch_balance();
+      write_line(out_fd, Json{{"stats", st}}.dump());
       if (cmd->value("reset", false)) stats.reset();
       continue;
     }

@@ -10,7 +10,29 @@ namespace msinfer::runtime {
 Engine::Engine(std::shared_ptr<const model::ModelWeights> w, KvCache kv, const EngineOptions& o,
                std::unique_ptr<AttentionCompute> attention, std::unique_ptr<ExpertBackend> experts)
     : weights_(std::move(w)), kv_(std::move(kv)), options_(o), attention_(std::move(attention)),
-      experts_(std::move(experts)), mbs_(o.micro_batches) {}
+      experts_(std::move(experts)), mbs_(o.micro_batches) {
+  // The attention cost model's defaults from the model's shape, in FLOPs per
+  // layer: a token's projections (QKV, O, router), and per position of its
+  // context the score and value FLOPs plus the position's K/V bytes at 8 FLOPs
+  // per byte (a CPU's FMA rate over its read bandwidth: 229 GFLOP/s / 26.8
+  // GB/s on the Zen 5 of docs/BENCHMARKS.md; an H200's is ~200, so a GPU
+  // deployment should set the measured ratio).
+  const ModelConfig& c = weights_->config();
+  const double h = c.hidden, qn = c.heads * c.head_dim, kn = c.kv_heads * c.head_dim;
+  if (o.attention_cost_per_token > 0 || o.attention_cost_per_position > 0) {
+    cost_token_ = o.attention_cost_per_token;
+    cost_position_ = o.attention_cost_per_position;
+  } else {
+    cost_token_ = 2 * h * (qn + 2 * kn) + 2 * qn * h + 2 * h * c.experts;
+    cost_position_ = 4 * qn + 8 * (2 * kn * 2);
+  }
+}
+
+double Engine::attention_cost(int64_t p0, int64_t n) const {
+  const double nn = static_cast<double>(n);
+  // Token j (0-based) of the n attends to p0 + j + 1 positions.
+  return nn * cost_token_ + (nn * static_cast<double>(p0) + nn * (nn + 1) / 2) * cost_position_;
+}
 
 StatusOr<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::ModelWeights> w,
                                                  const EngineOptions& options,
@@ -173,17 +195,31 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
   const ModelConfig& c = config();
   const int64_t h = c.hidden;
   const int M = options_.micro_batches;
-  // Requests go whole to micro-batches, each to the one with the fewest tokens.
   for (auto& mb : mbs_) {
     mb.batch.clear();
     mb.owners.clear();
     mb.fed.clear();
   }
-  for (const auto& [i, n] : plan_step()) {
+  // Micro-batches by predicted attention time (SPEC.md section 5), not by
+  // token count: a decode token at context 2000 costs far more than one at 20.
+  // Longest first, each to the micro-batch with the least predicted time so
+  // far (greedy longest-processing-time), so the m micro-batches finish
+  // their attention together and the experts see no bubble between them.
+  auto plan = plan_step();
+  std::vector<double> cost(plan.size());
+  for (size_t j = 0; j < plan.size(); ++j) {
+    cost[j] = attention_cost(running_[plan[j].first].computed, plan[j].second);
+  }
+  std::vector<size_t> order(plan.size());
+  for (size_t j = 0; j < order.size(); ++j) order[j] = j;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+  std::vector<double> mb_cost(M, 0.0);
+  for (size_t j : order) {
+    const auto [i, n] = plan[j];
     Running& r = running_[i];
-    MicroBatch& mb = *std::min_element(mbs_.begin(), mbs_.end(), [](const auto& a, const auto& b) {
-      return a.batch.size() < b.batch.size();
-    });
+    const size_t k = static_cast<size_t>(std::min_element(mb_cost.begin(), mb_cost.end()) - mb_cost.begin());
+    mb_cost[k] += cost[j];
+    MicroBatch& mb = mbs_[k];
     const int32_t* table = kv_.block_table(r.req.id);
     for (int64_t j = 0; j < n; ++j) {
       mb.batch.ids.push_back(r.tokens[r.computed + j]);
@@ -192,6 +228,13 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
     }
     mb.owners.push_back(static_cast<int64_t>(i));
     mb.fed.push_back(n);
+  }
+  if (M > 1 && !plan.empty()) {
+    const double mx = *std::max_element(mb_cost.begin(), mb_cost.end());
+    double sum = 0;
+    for (double v : mb_cost) sum += v;
+    balance_sum_ += mx / (sum / M);
+    ++balance_steps_;
   }
   // Ping-pong: micro-batch k's attention runs while the experts work on k - 1.
   MSI_RETURN_IF_ERROR(experts_->begin_step());

@@ -70,6 +70,13 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
                                      "--weights", kernels::cpu::weight_format_name(c.weights),
                                      "--attention-device", c.attention_device,
                                      "--expert-device", c.expert_device};
+    if (c.attention_cost_per_token > 0 || c.attention_cost_per_position > 0) {
+      char cost[64];
+      std::snprintf(cost, sizeof cost, "%.17g,%.17g", c.attention_cost_per_token,
+                    c.attention_cost_per_position);
+      args.push_back("--attention-cost");
+      args.push_back(cost);
+    }
     if (!placement_file.empty()) {
       args.push_back("--placement");
       args.push_back(placement_file);

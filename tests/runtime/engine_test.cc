@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "msinfer/core/json.h"
 #include "msinfer/model/make_model.h"
@@ -358,6 +359,64 @@ TEST(EngineTest, DeviceIsCheckedBeforeAnyWork) {
   EXPECT_EQ(e.status().code(), StatusCode::kUnimplemented);
   EXPECT_NE(e.status().message().find("without the CUDA backend"), std::string::npos);
 #endif
+}
+
+}  // namespace
+}  // namespace msinfer::runtime
+
+namespace msinfer::runtime {
+namespace {
+
+// Micro-batches are composed by predicted attention time (tokens + context),
+// not by token count. With unit costs, one request of 200 prompt tokens and
+// four of 4, two micro-batches, two steps:
+//  - prefill: the long prompt (200 + 200*201/2 = 20300) alone, the four short
+//    ones (4 + 10 = 14 each) together: max/mean = 20300 / (20356 / 2);
+//  - decode: the long request (1 + 201 = 202) alone, the four short ones
+//    (1 + 5 = 6 each) together: 202 / (226 / 2). Split by count (each
+//    request to the micro-batch with fewer tokens), the long one would share
+//    with two short ones: 214 / 113.
+// Greedy output is the same as with one micro-batch.
+TEST(EngineTest, MicroBatchesAreComposedByPredictedAttentionTime) {
+  auto w = std::shared_ptr<const model::ModelWeights>(
+      model::ModelWeights::load(testing::test_model_dir("tiny-mixtral")).value());
+  auto run = [&](int m, double* balance) {
+    EngineOptions o;
+    o.kv_cache_bytes = 8 << 20;
+    o.micro_batches = m;
+    o.attention_cost_per_token = 1;
+    o.attention_cost_per_position = 1;
+    auto e = Engine::create(w, o).value();
+    std::vector<int32_t> longp(200);
+    for (int i = 0; i < 200; ++i) longp[i] = (i * 7 + 3) % 250;
+    GenerationRequest a{1, longp, {}};
+    a.sampling.max_tokens = 2;
+    a.sampling.ignore_eos = true;
+    EXPECT_TRUE(e->add(a).ok());
+    for (int64_t id = 2; id <= 5; ++id) {
+      GenerationRequest r{id, {5, 6, static_cast<int32_t>(id), 9}, {}};
+      r.sampling.max_tokens = 2;
+      r.sampling.ignore_eos = true;
+      EXPECT_TRUE(e->add(r).ok());
+    }
+    std::map<int64_t, std::vector<int32_t>> out;
+    int steps = 0;
+    while (!e->idle()) {
+      for (const auto& ev : e->step().value()) out[ev.request_id].push_back(ev.token);
+      ++steps;
+    }
+    EXPECT_EQ(steps, 2);
+    *balance = e->micro_batch_balance();
+    return out;
+  };
+  double b1 = 0, b2 = 0;
+  const auto one = run(1, &b1);
+  const auto two = run(2, &b2);
+  EXPECT_EQ(one, two);
+  EXPECT_EQ(b1, 0.0);  // one micro-batch: nothing to balance
+  const double expected = (20300.0 / (20356.0 / 2) + 202.0 / (226.0 / 2)) / 2;
+  EXPECT_NEAR(b2, expected, 1e-9);
+  EXPECT_LT(b2, (20300.0 / (20356.0 / 2) + 214.0 / 113.0) / 2);  // better than by count
 }
 
 }  // namespace

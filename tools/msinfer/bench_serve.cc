@@ -99,6 +99,13 @@ double max_over(const std::vector<Json>& workers, const std::string& role, const
 
 }  // namespace
 
+int64_t random_length(std::mt19937_64& rng, int64_t base, double ratio) {
+  if (ratio <= 0) return base;
+  const auto lo = static_cast<int64_t>(std::floor(static_cast<double>(base) * (1 - ratio)));
+  const auto hi = static_cast<int64_t>(std::ceil(static_cast<double>(base) * (1 + ratio)));
+  return std::max<int64_t>(1, std::uniform_int_distribution<int64_t>(lo, hi)(rng));
+}
+
 int run_bench_serve(int argc, char** argv) {
   FlagSet flags("bench serve",
                 "Offline serving benchmark: submits --num-prompts random prompts of --input-len\n"
@@ -123,6 +130,9 @@ int run_bench_serve(int argc, char** argv) {
   flags.add_int("num-prompts", 8, 1, 100000, "requests");
   flags.add_int("input-len", 32, 1, 1 << 20, "prompt tokens per request");
   flags.add_int("output-len", 32, 1, 1 << 20, "generated tokens per request");
+  flags.add_double("random-range-ratio", 0, 0, 0.999,
+                   "random prompts: input and output lengths uniform in [L (1 - R), L (1 + R)]\n"
+                   "around --input-len / --output-len (vLLM's; 0: all equal)");
   flags.add_int("seed", 0, 0, INT64_MAX, "seed of the random prompts");
   flags.add_int("kv-cache-mb", 256, 1, 1 << 20, "KV cache budget in MiB (per attention worker)");
   flags.add_bool("json", "print one JSON object");
@@ -213,11 +223,16 @@ int run_bench_serve(int argc, char** argv) {
   std::uniform_int_distribution<int32_t> token(0, model->vocab - 1);
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
+  const double ratio = flags.get_double("random-range-ratio");
+  int64_t total_in = 0, total_out = 0;
   for (int64_t i = 0; i < P; ++i) {
     runtime::GenerationRequest req;
     req.id = i + 1;
-    for (int64_t t = 0; t < I; ++t) req.prompt.push_back(token(rng));
-    req.sampling.max_tokens = static_cast<int>(O);
+    const int64_t in = random_length(rng, I, ratio), out = random_length(rng, O, ratio);
+    for (int64_t t = 0; t < in; ++t) req.prompt.push_back(token(rng));
+    req.sampling.max_tokens = static_cast<int>(out);
+    total_in += in;
+    total_out += out;
     req.sampling.ignore_eos = true;
     s = router ? router->add(req) : engine->add(req);
     if (!s.ok()) return report_error("bench serve", s.with_context("request " + std::to_string(i + 1)));
@@ -287,6 +302,8 @@ int run_bench_serve(int argc, char** argv) {
            {"num_prompts", P},
            {"input_len", I},
            {"output_len", O},
+           {"random_range_ratio", ratio},
+           {"input_tokens", total_in},
            {"steps", steps},
            {"seconds", end},
            {"generated_tokens", generated},
@@ -298,6 +315,12 @@ int run_bench_serve(int argc, char** argv) {
            {"tbt_ms_p99", percentile(tbt, 0.99) * 1e3},
            {"workers", workers},
            {"routing", routing->to_json()}};
+  // max / mean predicted attention time of a step's micro-batches (m > 1).
+  if (engine) {
+    out["micro_batch_balance"] = engine->micro_batch_balance();
+  } else if (const double b = mean_over(workers, "attention", "micro_batch_balance"); b > 0) {
+    out["micro_batch_balance"] = b;
+  }
   if (!flags.get_string("profile").empty()) {
     auto p = predict(*model, *config, P, flags.get_string("profile"));
     if (!p.ok()) return report_error("bench serve", p.status());
@@ -320,6 +343,10 @@ int run_bench_serve(int argc, char** argv) {
               out["ttft_ms_p99"].get<double>(), out["tbt_ms_p50"].get<double>(),
               out["tbt_ms_p99"].get<double>(), decode_tps, generated / end);
   std::printf("%s\n", routing_summary(out["routing"]).c_str());
+  if (out.contains("micro_batch_balance") && out["micro_batch_balance"].get<double>() > 0) {
+    std::printf("micro-batches: max/mean predicted attention time %.3f (1 = equal)\n",
+                out["micro_batch_balance"].get<double>());
+  }
   if (!workers.empty()) {
     std::printf("\nworkers, decode phase (%.2f s):\n", end - decode_from);
     Table t({"worker", "busy", "network wait", "GEMM GFLOP/s", "T_a ms", "T_e ms", "T_c ms",

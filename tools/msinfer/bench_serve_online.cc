@@ -29,20 +29,22 @@ StatusOr<std::vector<server::BenchPrompt>> load_dataset(const FlagSet& flags, bo
     // Ids below 259 exist in every tokenizer here (byte fallback or byte level).
     std::uniform_int_distribution<int32_t> id(3, 258);
     std::uniform_int_distribution<int> letter('a', 'z');
+    const double ratio = flags.get_double("random-range-ratio");
     for (int64_t i = 0; i < n; ++i) {
       server::BenchPrompt p;
-      p.output_len = out;
-      p.prompt_len = in;
+      p.output_len = random_length(rng, out, ratio);
+      p.prompt_len = random_length(rng, in, ratio);
+      const int64_t len = p.prompt_len;
       if (chat) {
         std::string text;
-        for (int64_t w = 0; w < in; ++w) {
+        for (int64_t w = 0; w < len; ++w) {
           text += w ? " " : "";
           for (int c = 0; c < 4; ++c) text += static_cast<char>(letter(rng));
         }
         p.prompt = text;
       } else {
         Json ids = Json::array();
-        for (int64_t t = 0; t < in; ++t) ids.push_back(id(rng));
+        for (int64_t t = 0; t < len; ++t) ids.push_back(id(rng));
         p.prompt = ids;
       }
       prompts.push_back(std::move(p));

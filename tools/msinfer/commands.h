@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <random>
 #include <string>
 
 #include "msinfer/comm/bootstrap.h"
@@ -31,6 +32,8 @@ void add_engine_flags(FlagSet& flags);
 // `--isa LEVEL` (empty: no change): caps this process and the workers it starts
 // at LEVEL by setting MSINFER_ISA; bad input if unknown or above this CPU's best.
 Status apply_isa_flag(const std::string& level);
+// --attention-cost "PER_TOKEN,PER_POSITION" ("": (0, 0), the model's defaults).
+StatusOr<std::pair<double, double>> parse_attention_cost(const std::string& s);
 // Applies --isa and returns the --weights format (bad input for unknown values).
 StatusOr<kernels::cpu::WeightFormat> apply_engine_flags(const FlagSet& flags);
 
@@ -72,6 +75,10 @@ StatusOr<Deployment> start_deployment(const FlagSet& flags);
 bool deployment_requested(const FlagSet& flags);
 // The exit code of a launcher's worker rank once it has served.
 int worker_rank_exit_code(const Deployment& d);
+// A random length of `bench serve --random-range-ratio R`: uniform in
+// [base (1 - R), base (1 + R)], at least 1 (vLLM's random dataset).
+int64_t random_length(std::mt19937_64& rng, int64_t base, double ratio);
+
 // The co-located engine's options from --kv-cache-mb and --micro-batches.
 runtime::EngineOptions colocated_engine_options(const FlagSet& flags);
 

@@ -1,5 +1,6 @@
 // Flags of every command that runs the CPU engine: the kernel level and the
 // weight format (docs/ENGINE.md, "CPU kernel levels").
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -31,6 +32,27 @@ void add_engine_flags(FlagSet& flags) {
                    "disaggregated: the attention workers' device (default: --device)");
   flags.add_string("expert-device", "",
                    "disaggregated: the expert workers' device (default: --device)");
+  flags.add_string("attention-cost", "",
+                   "PER_TOKEN,PER_POSITION: the attention cost model micro-batches are balanced\n"
+                   "by (a token costs PER_TOKEN + PER_POSITION x its context; default: FLOPs\n"
+                   "from the model's shape, K/V bytes at 8 FLOPs each)");
+}
+
+StatusOr<std::pair<double, double>> parse_attention_cost(const std::string& s) {
+  if (s.empty()) return std::make_pair(0.0, 0.0);
+  const size_t comma = s.find(',');
+  char* end = nullptr;
+  const std::string a = s.substr(0, comma), b = comma == std::string::npos ? "" : s.substr(comma + 1);
+  const double t = std::strtod(a.c_str(), &end);
+  const bool ok_t = end != a.c_str() && *end == '\0';
+  const double p = std::strtod(b.c_str(), &end);
+  const bool ok_p = end != b.c_str() && *end == '\0';
+  if (comma == std::string::npos || !ok_t || !ok_p || !(t >= 0) || !(p >= 0) ||
+      !std::isfinite(t) || !std::isfinite(p) || t + p <= 0) {
+    return invalid_argument("--attention-cost: expected PER_TOKEN,PER_POSITION (numbers >= 0, "
+                            "not both 0), got '" + s + "'");
+  }
+  return std::make_pair(t, p);
 }
 
 Status apply_isa_flag(const std::string& level) {
@@ -57,6 +79,7 @@ StatusOr<kernels::cpu::WeightFormat> apply_engine_flags(const FlagSet& flags) {
   for (const char* f : {"device", "attention-device", "expert-device"}) {
     MSI_RETURN_IF_ERROR(runtime::check_device(flags.get_string(f)).with_context(std::string("--") + f));
   }
+  MSI_RETURN_IF_ERROR(parse_attention_cost(flags.get_string("attention-cost")).status());
   auto format = kernels::cpu::parse_weight_format(flags.get_string("weights"));
   if (!format.ok()) return format.status().with_context("--weights");
   return *format;

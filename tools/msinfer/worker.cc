@@ -90,6 +90,9 @@ StatusOr<runtime::WorkerConfig> process_config_from_flags(const FlagSet& flags) 
                            ? device : flags.get_string("attention-device");
   c.expert_device =
       flags.get_string("expert-device").empty() ? device : flags.get_string("expert-device");
+  MSI_ASSIGN_OR_RETURN(auto cost, parse_attention_cost(flags.get_string("attention-cost")));
+  c.attention_cost_per_token = cost.first;
+  c.attention_cost_per_position = cost.second;
   return c;
 }
 
@@ -226,6 +229,11 @@ runtime::EngineOptions colocated_engine_options(const FlagSet& flags) {
   eo.kv_cache_bytes = flags.get_int("kv-cache-mb") << 20;
   eo.micro_batches = static_cast<int>(flags.get_int("micro-batches"));
   eo.device = flags.get_string("device");
+  // Checked by apply_engine_flags before any engine is made.
+  if (auto cost = parse_attention_cost(flags.get_string("attention-cost")); cost.ok()) {
+    eo.attention_cost_per_token = cost->first;
+    eo.attention_cost_per_position = cost->second;
+  }
   return eo;
 }
 

@@ -53,6 +53,8 @@ struct WorkerConfig {
   int timeout_ms = 10000;
   kernels::cpu::WeightFormat weights = kernels::cpu::WeightFormat::kBf16;  // GEMM weights
   std::string attention_device = "cpu", expert_device = "cpu";  // runtime/device_backend.h
+  // EngineOptions::attention_cost_per_token / _per_position (0: from the model).
+  double attention_cost_per_token = 0, attention_cost_per_position = 0;
 };
 
 // Joins the deployment (bootstrap ranks: attention workers first, then expert

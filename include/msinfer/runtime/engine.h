@@ -42,6 +42,10 @@ struct EngineOptions {
   // Where the attention side (and co-located experts) run: "cpu" or
   // "cuda[:N]" (runtime/device_backend.h).
   std::string device = "cpu";
+  // Predicted attention time of a token: per_token + per_position x its
+  // context length (arbitrary units; both 0: defaults from the model's
+  // shape, Engine's constructor). Micro-batches are composed to equal predicted time.
+  double attention_cost_per_token = 0, attention_cost_per_position = 0;
 };
 
 struct GenerationRequest {
@@ -98,6 +102,11 @@ class Engine {
   // (worker_stats.h); null when the experts are remote (their workers count).
   const RoutingWindow* routing() const { return experts_->routing(); }
   const KvCache& kv_cache() const { return kv_; }
+  // With m > 1: the mean over the steps so far of max / mean predicted
+  // attention time of the step's micro-batches (1 = equal); 0 before any.
+  double micro_batch_balance() const {
+    return balance_steps_ ? balance_sum_ / static_cast<double>(balance_steps_) : 0.0;
+  }
 
  private:
   struct Running {
@@ -115,6 +124,8 @@ class Engine {
   // the most recently admitted ones when the pool runs out; returns
   // (running_ index, tokens to feed) per request that runs this step.
   std::vector<std::pair<size_t, int64_t>> plan_step();
+  // Predicted attention time of feeding n tokens from position p0 on.
+  double attention_cost(int64_t p0, int64_t n) const;
 
   std::shared_ptr<const model::ModelWeights> weights_;
   KvCache kv_;
@@ -124,6 +135,9 @@ class Engine {
   std::deque<Running> waiting_;   // new requests, and preempted ones at the front
   std::vector<Running> running_;  // in admission order
   int64_t preemptions_ = 0;
+  double cost_token_ = 0, cost_position_ = 0;
+  double balance_sum_ = 0;
+  int64_t balance_steps_ = 0;
   std::vector<float> penalised_;
   LogitsObserver observer_;
   // Per micro-batch: tokens, residual stream, routing, expert results.
