@@ -45,14 +45,27 @@ class Engine {
   Engine(const Deployment& d, const SimOptions& o)
       : d_(d), o_(o), rng_(o.seed), n_a_(d.attention_nodes), E_(d.model.experts),
         m_(d.micro_batches), L_(d.model.moe_layers) {
-    shares_ = zipf_expert_shares(E_, d.model.top_k, o.zipf_s);
     const double b_a = static_cast<double>(d.batch_per_micro_batch);
     t_a_ = d.stage.t_attention(b_a);
     t_c_a_ = d.stage.t_comm_attention_side(b_a);
+    const double rows = n_a_ * b_a * d.model.top_k;  // routed rows per (micro-batch, layer)
+    if (o.node_replica_shares.empty()) {
+      shares_ = zipf_expert_shares(E_, d.model.top_k, o.zipf_s);
+      for (int e = 0; e < E_; ++e) t_e_.push_back(d.stage.t_expert(rows * shares_[e]));
+    } else {
+      // A placement: a node runs one GEMM per replica it holds.
+      for (const auto& node : o.node_replica_shares) {
+        double share = 0, t = 0;
+        for (double f : node) {
+          share += f;
+          if (f > 0) t += d.stage.t_expert(rows * f);
+        }
+        shares_.push_back(share);
+        t_e_.push_back(t);
+      }
+    }
     for (int e = 0; e < E_; ++e) {
-      double b_e = n_a_ * b_a * d.model.top_k * shares_[e];
-      t_e_.push_back(d.stage.t_expert(b_e));
-      t_c_e_.push_back(d.stage.t_comm_expert_side(b_e, d.attention_nodes));
+      t_c_e_.push_back(d.stage.t_comm_expert_side(rows * shares_[e], d.attention_nodes));
     }
     // Resources: attention compute, attention send NIC, attention receive NIC,
     // then expert compute, expert send NIC, expert receive NIC.
@@ -359,6 +372,24 @@ StatusOr<SimResult> simulate(const Deployment& d, const SimOptions& options) {
     return invalid_argument("--jitter must be in [0, 100) percent");
   }
   if (options.zipf_s < 0) return invalid_argument("--imbalance zipf:S needs S >= 0");
+  if (!options.node_replica_shares.empty()) {
+    if (static_cast<int>(options.node_replica_shares.size()) != d.model.experts) {
+      return invalid_argument("the placement has " +
+                              std::to_string(options.node_replica_shares.size()) +
+                              " expert workers; the deployment has " +
+                              std::to_string(d.model.experts) + " expert nodes (one per expert)");
+    }
+    double total = 0;
+    for (const auto& node : options.node_replica_shares) {
+      for (double f : node) {
+        if (!(f >= 0) || !std::isfinite(f)) return invalid_argument("placement shares must be >= 0");
+        total += f;
+      }
+    }
+    if (std::fabs(total - 1) > 1e-6) {
+      return invalid_argument("placement shares sum to " + std::to_string(total) + ", not 1");
+    }
+  }
   MSI_RETURN_IF_ERROR(d.model.validate());
   if (d.attention_nodes < 1 || d.micro_batches < 1 || d.batch_per_micro_batch < 1) {
     return invalid_argument("deployment needs attention_nodes, micro_batches and batch >= 1");

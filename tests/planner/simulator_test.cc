@@ -156,6 +156,56 @@ TEST(SimulatorTest, SkewedLoadMakesTheHotExpertAStraggler) {
   EXPECT_NEAR(flat->expert_busy_max, flat->expert_busy, 1e-9);
 }
 
+// A placement (SimOptions::node_replica_shares) with one expert per node and
+// the Zipf shares is the Zipf run itself; splitting the hottest expert over two
+// nodes (the coldest two sharing one) lowers the busiest node's load and the
+// time between tokens. Shares that do not fit the deployment are refused.
+TEST(SimulatorTest, APlacementWithReplicasSpreadsTheHotExpert) {
+  Deployment d;
+  d.model = testing::tiny_model();
+  d.model.layers = d.model.moe_layers = 8;
+  d.shape = DeploymentShape{ideal_gpu(), ideal_gpu(), 1, 1};
+  d.attention_nodes = 4;
+  d.micro_batches = 3;
+  d.batch_per_micro_batch = 64;
+  d.seq_len = 100;
+  d.stage = build_stage_model(d.model, d.shape, 100, half_util());
+  d.stage.k3 *= 20;  // make expert compute matter
+  const int E = d.model.experts;
+  SimOptions zipf;
+  zipf.zipf_s = 1.5;
+  const std::vector<double> sh = zipf_expert_shares(E, d.model.top_k, 1.5);
+  SimOptions same;
+  for (int e = 0; e < E; ++e) same.node_replica_shares.push_back({sh[e]});
+  auto a = simulate(d, zipf);
+  auto b = simulate(d, same);
+  ASSERT_TRUE(a.ok() && b.ok()) << b.status().to_string();
+  EXPECT_DOUBLE_EQ(a->tbt_mean, b->tbt_mean);
+  EXPECT_DOUBLE_EQ(a->expert_busy_max, b->expert_busy_max);
+
+  // Expert 0 (the hottest) on nodes 0 and E-1 by halves; the two coldest
+  // experts share node E-2.
+  SimOptions replicated;
+  replicated.node_replica_shares.assign(E, {});
+  replicated.node_replica_shares[0] = {sh[0] / 2};
+  replicated.node_replica_shares[E - 1] = {sh[0] / 2};
+  for (int e = 1; e < E - 2; ++e) replicated.node_replica_shares[e] = {sh[e]};
+  replicated.node_replica_shares[E - 2] = {sh[E - 2], sh[E - 1]};
+  auto c = simulate(d, replicated);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_LT(c->expert_busy_max, a->expert_busy_max);
+  EXPECT_LT(c->tbt_mean, a->tbt_mean);
+  EXPECT_NEAR(c->expert_load_share[0], sh[0] / 2, 1e-12);
+  EXPECT_NEAR(c->expert_load_share[E - 2], sh[E - 2] + sh[E - 1], 1e-12);
+
+  SimOptions wrong_count;
+  wrong_count.node_replica_shares.assign(E - 1, {1.0 / (E - 1)});
+  EXPECT_EQ(simulate(d, wrong_count).status().code(), StatusCode::kInvalidArgument);
+  SimOptions wrong_sum = same;
+  wrong_sum.node_replica_shares[0][0] += 0.5;
+  EXPECT_EQ(simulate(d, wrong_sum).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(SimulatorTest, JitterIsSeededAndWidensTheTail) {
   Deployment d = fixed_times(1e-3, 1e-3, 0.2e-3, 2, 3, 10);
   SimOptions o;

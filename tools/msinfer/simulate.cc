@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "msinfer/core/table.h"
 #include "msinfer/planner/simulator.h"
+#include "msinfer/runtime/balance.h"
 #include "planner_flags.h"
 
 namespace msinfer::cli {
@@ -31,6 +32,46 @@ Status parse_imbalance(const std::string& s, double* zipf_s) {
   }
   *zipf_s = one.get_double("imbalance");
   return ok_status();
+}
+
+// --placement FILE (msinfer balance's JSON): per expert worker, the fraction of
+// all routed rows each replica it holds computes, an expert's rows split over
+// its replicas by share (as runtime::predicted_worker_loads does). Expert
+// loads from --routing FILE (measured: a generate / bench serve --json answer
+// or a routing document), else the --imbalance Zipf shares.
+StatusOr<std::vector<std::vector<double>>> placement_node_shares(const FlagSet& flags,
+                                                                 const planner::Deployment& d,
+                                                                 double zipf_s) {
+  const int E = d.model.experts;
+  std::vector<double> load = planner::zipf_expert_shares(E, d.model.top_k, zipf_s);
+  if (const std::string& path = flags.get_string("routing"); !path.empty()) {
+    MSI_ASSIGN_OR_RETURN(Json j, read_json_file(path));
+    MSI_ASSIGN_OR_RETURN(runtime::RoutingStats rs, runtime::RoutingStats::from_json(j, path));
+    if (rs.experts != E) {
+      return invalid_argument(path + ": routing of " + std::to_string(rs.experts) +
+                              " experts; the model has " + std::to_string(E));
+    }
+    load = rs.expert_totals();
+    double total = 0;
+    for (double v : load) total += v;
+    if (!(total > 0)) return invalid_argument(path + ": no routed rows");
+    for (double& v : load) v /= total;
+  }
+  std::vector<std::vector<double>> nodes;
+  const std::string& path = flags.get_string("placement");
+  if (path.empty()) {
+    for (int e = 0; e < E; ++e) nodes.push_back({load[e]});
+    return nodes;
+  }
+  MSI_ASSIGN_OR_RETURN(Json j, read_json_file(path));
+  MSI_ASSIGN_OR_RETURN(runtime::Placement p, runtime::Placement::from_json(j, E, path));
+  nodes.resize(p.workers);
+  for (int e = 0; e < E; ++e) {
+    double total = 0;
+    for (const auto& [w, share] : p.replicas[e]) total += share;
+    for (const auto& [w, share] : p.replicas[e]) nodes[w].push_back(load[e] * share / total);
+  }
+  return nodes;
 }
 
 StatusOr<planner::Deployment> deployment_from_flags(const FlagSet& flags) {
@@ -107,6 +148,12 @@ int run_simulate(int argc, char** argv) {
   flags.add_int("iterations", 8, 1, 100000, "decoding iterations to simulate");
   flags.add_double("jitter", 0, 0, 99, "percent: scale every duration by a seeded U[1-p, 1+p]");
   flags.add_string("imbalance", "none", "per-expert load skew: none | zipf:S (S in 0 .. 16)");
+  flags.add_string("placement", "",
+                   "expert placement with replicas (msinfer balance --out): expert nodes hold\n"
+                   "its replicas, an expert's rows split over them by share");
+  flags.add_string("routing", "",
+                   "expert loads measured by a run (generate / bench serve --json, or its\n"
+                   "\"routing\" document) instead of --imbalance");
   flags.add_int("seed", 1, 0, INT64_MAX, "random seed for --jitter");
   flags.add_string("gantt", "", "write an SVG timeline of the first iterations");
   flags.add_int("gantt-iterations", 1, 1, 64, "iterations drawn by --gantt");
@@ -120,6 +167,7 @@ int run_simulate(int argc, char** argv) {
       "  msinfer plan --model mixtral-8x22b --gpu A100 --out plan.json\n"
       "  msinfer simulate --plan plan.json --gantt gantt.svg\n"
       "  msinfer simulate --plan plan.json --imbalance zipf:1.2 --jitter 5\n"
+      "  msinfer simulate --plan plan.json --routing run.json --placement balanced.json\n"
       "  msinfer simulate --plan plan.json --sweep attention-nodes=1..16 --plot sweep.svg");
   Status s = flags.parse(argc, argv, 2);
   if (!s.ok()) return report_error("simulate", s);
@@ -162,6 +210,15 @@ int run_simulate(int argc, char** argv) {
   }
   auto d = deployment_from_flags(flags);
   if (!d.ok()) return report_error("simulate", d.status());
+  if (!flags.get_string("placement").empty() || !flags.get_string("routing").empty()) {
+    if (flags.was_set("imbalance") && !flags.get_string("routing").empty()) {
+      return report_error("simulate", invalid_argument("--imbalance and --routing both give the "
+                                                       "expert loads; give one"));
+    }
+    auto nodes = placement_node_shares(flags, *d, o.zipf_s);
+    if (!nodes.ok()) return report_error("simulate", nodes.status());
+    o.node_replica_shares = std::move(nodes).value();
+  }
 
   if (!flags.get_string("sweep").empty()) {
     Progress progress("simulate");

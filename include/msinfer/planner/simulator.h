@@ -25,6 +25,13 @@ struct SimOptions {
   int iterations = 8;
   double jitter = 0;     // fraction: each duration is scaled by U[1-jitter, 1+jitter]
   double zipf_s = 0;     // per-expert load skew (0 = balanced)
+  // An expert placement with replicas (msinfer balance): per expert node, the
+  // fraction of all routed rows each expert replica it holds computes (each
+  // replica one GEMM: T_e of the node = sum over its replicas of
+  // t_expert(rows)). Empty: one expert per node with the zipf_s shares.
+  // The fractions sum to 1 over all nodes; the node count must be the
+  // model's expert count (the deployment's expert nodes).
+  std::vector<std::vector<double>> node_replica_shares;
   uint64_t seed = 1;
   int gantt_iterations = 1;  // iterations whose job intervals are recorded
   int gantt_layers = 1 << 30;  // ... and, within them, layers (0-based) below this
