@@ -6,6 +6,9 @@
 // Tolerances: levels differ from generic only in fp32 summation order (FMA
 // chains, blocked K, reductions of 8 partial sums) and, in exp, by the
 // polynomial's ~2e-7 relative error: 1e-5 relative to the largest output.
+// Attention at avx512bf16 and amx computes the scores as bf16 dot products
+// (q rounded to bf16, as an HF bf16 model's q is): there generic gets the
+// rounded q, and what remains is summation order again.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -35,6 +38,11 @@ std::vector<IsaLevel> higher_levels() {
     if (l != IsaLevel::kGeneric && isa_supported(l)) out.push_back(l);
   }
   return out;
+}
+
+std::vector<float> bf16_rounded(std::vector<float> v) {
+  for (float& x : v) x = round_to_bf16(x);
+  return v;
 }
 
 // Restores the active level after a test that forces others.
@@ -162,10 +170,13 @@ TEST_F(LevelsTest, AttentionMatchesGenericForEveryHeadDimAndGroup) {
         const int64_t T = static_cast<int64_t>(pos.size());
         auto k = randn(T * kvh * hd, 1 + hd), v = randn(T * kvh * hd, 2 + hd);
         auto q = randn(T * heads * hd, 3 + hd);
+        const auto qr = bf16_rounded(q);
         auto [g, l] = both(level, [&] {
           write_kv(kv, k.data(), v.data(), T, pos.data(), tables.data());
           std::vector<float> out(q.size());
-          paged_attention(q.data(), T, heads, kv, pos.data(), tables.data(),
+          const bool generic = active_isa() == IsaLevel::kGeneric;
+          const float* qq = generic && attention_rounds_q(level, hd) ? qr.data() : q.data();
+          paged_attention(qq, T, heads, kv, pos.data(), tables.data(),
                           1.0f / std::sqrt(static_cast<float>(hd)), out.data());
           return out;
         });
@@ -197,12 +208,15 @@ TEST_F(LevelsTest, AttentionOverLongContextsMatchesGeneric) {
         auto k = randn(ctx * kvh * hd, 11 + hd), v = randn(ctx * kvh * hd, 12 + hd);
         // Decode the last three positions (three queries over ~300 positions each).
         auto q = randn(3 * heads * hd, 13 + hd);
+        const auto qr = bf16_rounded(q);
         std::vector<int32_t> dpos = {ctx - 3, ctx - 2, ctx - 1};
         std::vector<const int32_t*> dtables = {table.data(), table.data(), table.data()};
         auto [g, l] = both(level, [&] {
           write_kv(kv, k.data(), v.data(), ctx, pos.data(), tables.data());
           std::vector<float> out(q.size());
-          paged_attention(q.data(), 3, heads, kv, dpos.data(), dtables.data(),
+          const bool generic = active_isa() == IsaLevel::kGeneric;
+          const float* qq = generic && attention_rounds_q(level, hd) ? qr.data() : q.data();
+          paged_attention(qq, 3, heads, kv, dpos.data(), dtables.data(),
                           1.0f / std::sqrt(static_cast<float>(hd)), out.data());
           return out;
         });

@@ -8,7 +8,11 @@ with the engine's documented numerics (docs/ENGINE.md): every GEMM input is
 rounded to bf16 (fp32 accumulation), K and V are rounded to bf16 (the KV
 cache), everything else is fp32.
 
-Usage: torch_reference.py MODEL_DIR PROMPT_IDS(comma-separated) STEPS
+With --bf16-q, q is rounded to bf16 before the attention scores (the engine
+does this where its CPU level computes q . K as bf16 dot products:
+kernels::cpu::attention_rounds_q; an HF bf16 model's q is bf16 too).
+
+Usage: torch_reference.py MODEL_DIR PROMPT_IDS(comma-separated) STEPS [--bf16-q]
 Prints JSON {"tokens": [greedy tokens], "logits": [[vocab floats] per step]}:
 step 0 is the logits after the prompt, step i after feeding token i-1.
 """
@@ -50,6 +54,9 @@ def load_safetensors(model_dir):
                 arr = np.frombuffer(raw, dtype=np.float32).copy()
             tensors[key] = torch.from_numpy(arr.reshape(v["shape"]).copy())
     return tensors
+
+
+ROUND_Q = False  # --bf16-q
 
 
 def bf(x):
@@ -107,6 +114,8 @@ def forward(cfg, W, ids):
             q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
             k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
         q = rope(q, pos, theta)
+        if ROUND_Q:
+            q = bf(q)
         k = bf(rope(k, pos, theta))  # the KV cache holds bf16
         v = bf(v)
         k = k.repeat_interleave(H // KV, dim=0)
@@ -146,6 +155,8 @@ def forward(cfg, W, ids):
 
 def main():
     model_dir, prompt, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    global ROUND_Q
+    ROUND_Q = "--bf16-q" in sys.argv[4:]
     torch.set_num_threads(1)
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)

@@ -51,4 +51,9 @@ void paged_attention_reference(const float* q, int64_t tokens, int64_t heads,
   }
 }
 
+bool attention_rounds_q(IsaLevel level, int64_t head_dim) {
+  // internal/simd.inc: attention_scores takes attention_scores_dpbf16 there.
+  return level >= IsaLevel::kAvx512Bf16 && head_dim % 32 == 0 && head_dim <= 128;
+}
+
 }  // namespace msinfer::kernels::cpu

@@ -76,6 +76,8 @@ struct V {
 constexpr int64_t kRows = 6;
 constexpr int kAccRegs = 12;
 
+constexpr bool kDotBf16 = false;  // no vdpbf16ps at this level
+
 #include "../internal/simd.inc"
 
 constexpr IsaLevel kLevel = IsaLevel::kAvx2;

@@ -4,9 +4,30 @@
 // to bf16 with vcvtneps2bf16 (round to nearest even, as float_to_bf16).
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "../internal/level.h"
+
+// Decode attention with bf16 dot products: internal/simd.inc instantiated for
+// AVX-512 with kDotBf16 (its other kernels are the avx512 level's, which this
+// level takes; only paged_attention is used from here).
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,avx512bf16")
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+namespace msinfer::kernels::cpu::internal::avx512bf16::simd {
+#include "../internal/portable.inc"
+#include "../internal/avx512_vec.inc"
+constexpr int64_t kRows = 12;
+constexpr int kAccRegs = 24;
+constexpr bool kDotBf16 = true;
+#include "../internal/simd.inc"
+}  // namespace msinfer::kernels::cpu::internal::avx512bf16::simd
+#pragma GCC pop_options
 
 namespace msinfer::kernels::cpu::internal::avx512bf16 {
 namespace {
@@ -41,6 +62,7 @@ const LevelKernels& kernels() {
     t.pack = pack;
     t.forward = forward;
     t.to_bf16 = to_bf16;
+    t.paged_attention = simd::paged_attention;
     return t;
   }();
   return k;
