@@ -1,5 +1,6 @@
 #include "msinfer/kernels/cpu/isa.h"
 #include "msinfer/bench/profile.h"
+#include "msinfer/runtime/device_backend.h"
 
 #include <omp.h>
 
@@ -73,6 +74,7 @@ Json ProfileResult::to_json(const ProfileOptions& o) const {
               {"threads", omp_get_max_threads()},
               {"isa", kernels::cpu::isa_name(kernels::cpu::active_isa())},
               {"weights", kernels::cpu::weight_format_name(o.weights)},
+              {"device", o.device},
               {"attention_points_ms", pts(attention)},
               {"expert_points_ms", pts(expert)},
               {"fit",
@@ -85,9 +87,11 @@ Json ProfileResult::to_json(const ProfileOptions& o) const {
 StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
                                       void (*progress)(const std::string&)) {
   if (o.seq_len < 1) return invalid_argument("--seq-len must be >= 1");
+  MSI_RETURN_IF_ERROR(runtime::check_device(o.device));
   model::LoadOptions lo;
   lo.weights = o.weights;
-  MSI_ASSIGN_OR_RETURN(auto weights, model::ModelWeights::load(o.model_dir, lo));
+  MSI_ASSIGN_OR_RETURN(auto weights, model::ModelWeights::load(
+                                         o.model_dir, runtime::host_load_options(lo, o.device)));
   const ModelConfig& c = weights->config();
   int64_t max_ba = 0;
   for (int64_t b : o.attention_batches) max_ba = std::max(max_ba, b);
@@ -98,10 +102,11 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
                               std::to_string(o.seq_len) + " tokens; raise --kv-cache-mb");
   }
   MSI_ASSIGN_OR_RETURN(runtime::KvCache kv,
-                       runtime::KvCache::create(c, o.kv_cache_mb << 20, /*block_size=*/16));
+                       runtime::KvCache::create(c, o.kv_cache_mb << 20, /*block_size=*/16,
+                                                runtime::is_cpu_device(o.device)));
   ProfileResult r;
-  runtime::AttentionRunner attn(*weights);
-  runtime::ExpertRunner experts(*weights);
+  MSI_ASSIGN_OR_RETURN(auto attn, runtime::make_attention_compute(o.device, *weights, kv));
+  MSI_ASSIGN_OR_RETURN(auto experts, runtime::make_expert_compute(o.device, *weights, {}));
   kernels::cpu::RoutedBatch routed;
   std::vector<float> x, results;
   for (int64_t b : o.attention_batches) {
@@ -116,9 +121,9 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
     int layer = 0;
     const double s = one_round(
         [&] {
-          MSI_CHECK(attn.attention_and_gate(layer, batch, kv, x.data(), &routed).ok());
+          MSI_CHECK(attn->attention_and_gate(layer, batch, kv, x.data(), &routed).ok());
           results.assign(routed.rows() * c.hidden, 0.f);
-          attn.combine(routed, results.data(), x.data());
+          attn->combine(routed, results.data(), x.data());
           std::fill(x.begin(), x.end(), 0.01f);  // keep activations bounded
           layer = (layer + 1) % c.layers;
         },
@@ -132,7 +137,9 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
     int idx = 0;
     const double s = one_round(
         [&] {
-          experts.forward(idx / c.experts, idx % c.experts, rows.data(), b, out.data());
+          MSI_CHECK(experts->forward_group(idx / c.experts, {idx % c.experts}, {0, b}, rows.data(),
+                                           out.data())
+                        .ok());
           idx = (idx + 1) % (c.layers * c.experts);
         },
         o.min_seconds);

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "msinfer/runtime/device_backend.h"
 #include "msinfer/bench/profile.h"
 #include "msinfer/core/flags.h"
 #include "msinfer/core/table.h"
@@ -52,13 +53,18 @@ int run_profile(int argc, char** argv) {
   o.seq_len = flags.get_int("seq-len");
   o.kv_cache_mb = flags.get_int("kv-cache-mb");
   o.min_seconds = flags.get_double("seconds");
+  o.device = flags.get_string("device");
   const bool json = flags.get_bool("json");
   void (*progress)(const std::string&) = [](const std::string& line) {
     std::fprintf(stderr, "  %s\n", line.c_str());
   };
   // Progress goes to stderr, so it shows under --json too.
-  std::fprintf(stderr, "msinfer profile: CPU kernels %s, %s weights\n",
-               kernels::cpu::isa_description().c_str(), kernels::cpu::weight_format_name(o.weights));
+  if (runtime::is_cpu_device(o.device)) {
+    std::fprintf(stderr, "msinfer profile: CPU kernels %s, %s weights\n",
+                 kernels::cpu::isa_description().c_str(), kernels::cpu::weight_format_name(o.weights));
+  } else {
+    std::fprintf(stderr, "msinfer profile: device %s, bf16 weights\n", o.device.c_str());
+  }
   auto r = bench::profile_model(o, progress);
   if (!r.ok()) return report_error("profile", r.status());
   Json j = r->to_json(o);

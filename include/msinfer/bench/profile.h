@@ -24,6 +24,9 @@ struct ProfileOptions {
   int64_t kv_cache_mb = 1024;
   double min_seconds = 0.3;  // per point
   kernels::cpu::WeightFormat weights = kernels::cpu::WeightFormat::kBf16;
+  // "cpu" or "cuda[:N]" (runtime/device_backend.h): where T_a and T_e run. On
+  // a GPU they include the runners' host copies of the hidden states.
+  std::string device = "cpu";
 };
 
 struct LinearFit {
