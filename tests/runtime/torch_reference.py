@@ -8,11 +8,12 @@ with the engine's documented numerics (docs/ENGINE.md): every GEMM input is
 rounded to bf16 (fp32 accumulation), K and V are rounded to bf16 (the KV
 cache), everything else is fp32.
 
-With --bf16-q, q is rounded to bf16 before the attention scores (the engine
-does this where its CPU level computes q . K as bf16 dot products:
-kernels::cpu::attention_rounds_q; an HF bf16 model's q is bf16 too).
+With --bf16-attention, q and the softmax probabilities are rounded to bf16
+before their products (the engine does this where its CPU level computes
+attention with bf16 dot products: kernels::cpu::attention_bf16_dots; an HF
+bf16 model's q and probabilities are bf16 too).
 
-Usage: torch_reference.py MODEL_DIR PROMPT_IDS(comma-separated) STEPS [--bf16-q]
+Usage: torch_reference.py MODEL_DIR PROMPT_IDS(comma-separated) STEPS [--bf16-attention]
 Prints JSON {"tokens": [greedy tokens], "logits": [[vocab floats] per step]}:
 step 0 is the logits after the prompt, step i after feeding token i-1.
 """
@@ -56,7 +57,7 @@ def load_safetensors(model_dir):
     return tensors
 
 
-ROUND_Q = False  # --bf16-q
+BF16_ATTENTION = False  # --bf16-attention
 
 
 def bf(x):
@@ -114,14 +115,17 @@ def forward(cfg, W, ids):
             q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
             k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
         q = rope(q, pos, theta)
-        if ROUND_Q:
+        if BF16_ATTENTION:
             q = bf(q)
         k = bf(rope(k, pos, theta))  # the KV cache holds bf16
         v = bf(v)
         k = k.repeat_interleave(H // KV, dim=0)
         v = v.repeat_interleave(H // KV, dim=0)
         s = q @ k.transpose(1, 2) / (hd ** 0.5) + causal
-        a = torch.softmax(s, dim=-1) @ v
+        probs = torch.softmax(s, dim=-1)
+        if BF16_ATTENTION:
+            probs = bf(probs)
+        a = probs @ v
         a = a.transpose(0, 1).reshape(T, H * hd)
         x = x + linear(a, W[p + "self_attn.o_proj.weight"])
 
@@ -155,8 +159,8 @@ def forward(cfg, W, ids):
 
 def main():
     model_dir, prompt, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    global ROUND_Q
-    ROUND_Q = "--bf16-q" in sys.argv[4:]
+    global BF16_ATTENTION
+    BF16_ATTENTION = "--bf16-attention" in sys.argv[4:]
     torch.set_num_threads(1)
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)

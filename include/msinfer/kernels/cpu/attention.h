@@ -41,15 +41,18 @@ void paged_attention(const float* q, int64_t tokens, int64_t heads, const PagedK
                      const int32_t* positions, const int32_t* const* block_tables, float scale,
                      float* out);
 
-// Whether paged_attention at `level` takes q rounded to bf16 for the scores:
-// at avx512bf16 and amx with head_dim a multiple of 32 up to 128 the scores
-// are bf16 dot products (vdpbf16ps), as an HF bf16 model's q . K are; the
-// value pass and everything else stay fp32. (References that model the
-// engine's numerics round q the same way where this is true.)
-bool attention_rounds_q(IsaLevel level, int64_t head_dim);
-// The plain reference: gathers each context to dense fp32 and loops in double.
+// Whether paged_attention at `level` computes with bf16 dot products: at
+// avx512bf16 and amx with head_dim a multiple of 32 up to 128, q is rounded
+// to bf16 for q.K and the softmax probabilities are rounded to bf16 for P.V
+// (vdpbf16ps), as an HF bf16 model's are; the softmax itself and the
+// accumulation stay fp32. References that model the engine's numerics round
+// the same two tensors where this is true.
+bool attention_bf16_dots(IsaLevel level, int64_t head_dim);
+// The plain reference: gathers each context to dense fp32 and loops in double;
+// with bf16_dots, q and the probabilities rounded to bf16 as above.
 void paged_attention_reference(const float* q, int64_t tokens, int64_t heads,
                                const PagedKvLayer& kv, const int32_t* positions,
-                               const int32_t* const* block_tables, float scale, float* out);
+                               const int32_t* const* block_tables, float scale, float* out,
+                               bool bf16_dots = false);
 
 }  // namespace msinfer::kernels::cpu
