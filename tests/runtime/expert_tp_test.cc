@@ -131,6 +131,7 @@ INSTANTIATE_TEST_SUITE_P(TinyPresets, ExpertShardTest,
 struct Generated {
   std::vector<int32_t> tokens;
   std::string err;
+  Json doc;  // generate --json's answer
 };
 
 Generated generate(const std::string& args) {
@@ -144,7 +145,10 @@ Generated generate(const std::string& args) {
   g.err = e.str();
   auto j = parse_json(out, "generate --json");
   EXPECT_TRUE(j.ok()) << args << "\nstdout: " << out.substr(0, 300) << "\nstderr: " << g.err;
-  if (j.ok()) g.tokens = (*j)["token_ids"].get<std::vector<int32_t>>();
+  if (j.ok()) {
+    g.tokens = (*j)["token_ids"].get<std::vector<int32_t>>();
+    g.doc = *j;
+  }
   return g;
 }
 
@@ -228,6 +232,18 @@ TEST_P(ExpertTpTest, SameTokensAsTheColocatedEngine) {
       // Four expert processes, each named with its shard.
       EXPECT_NE(g.err.find("expert worker 1 tp rank 1: pid"), std::string::npos) << g.err;
       EXPECT_EQ(g.err.find("expert worker 2"), std::string::npos) << g.err;
+      // Rows are counted once per expert worker (by shard 0), not per shard,
+      // and the placement in effect says tp and the mode.
+      const Json& routing = g.doc["routing"];
+      ASSERT_TRUE(routing.contains("worker_tokens")) << routing.dump();
+      for (size_t l = 0; l < routing["expert_tokens"].size(); ++l) {
+        int64_t by_expert = 0, by_worker = 0;
+        for (const auto& n : routing["expert_tokens"][l]) by_expert += n.get<int64_t>();
+        for (const auto& n : routing["worker_tokens"][l]) by_worker += n.get<int64_t>();
+        EXPECT_EQ(by_worker, by_expert) << routing.dump();
+      }
+      EXPECT_EQ(routing["placement"]["tp_expert"], 2) << routing.dump();
+      EXPECT_EQ(routing["placement"]["tp_expert_reduce"], mode) << routing.dump();
     }
     EXPECT_EQ(by_mode["attention-sum"], by_mode["allreduce"]) << GetParam() << " " << shape;
   }

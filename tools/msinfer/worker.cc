@@ -155,8 +155,10 @@ Status apply_tp_expert(const FlagSet& flags, const ModelConfig& model, int plan_
                             std::to_string(c->expert_processes()) + " processes; at most 128");
   }
   // The placement in effect (printed with the routing statistics) says it too.
+  // (Only with tp > 1: without it the document stays what it was.)
   c->placement.tp_expert = c->tp_expert;
-  c->placement.tp_expert_reduce = c->tp_expert_reduce;
+  c->placement.tp_expert_reduce.reset();
+  if (c->tp_expert > 1) c->placement.tp_expert_reduce = c->tp_expert_reduce;
   return ok_status();
 }
 
