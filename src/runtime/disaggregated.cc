@@ -200,6 +200,7 @@ class RemoteExperts : public ExpertBackend {
     const auto waited_from = std::chrono::steady_clock::now();
     MSI_RETURN_IF_ERROR(dispatch_.wait_sent(k));  // slot k's previous send (flow control)
     stats_->wait_s += seconds_since(waited_from);
+    for (int64_t n : rows) stats_->m2n_bytes_sent += n * row_bytes;
     Status s = dispatch_.send(k, seq(k, l), rows);
     last_return_ = std::chrono::steady_clock::now();
     return s;
@@ -459,6 +460,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
         }
       }
       if (reduce_send) {
+        stats.tp_reduce_bytes_sent += reply_total * row_bytes;
         MSI_RETURN_IF_ERROR(reduce_send->send(k, seq, {reply_total}));
       } else {
         if (reduce_recv) {
@@ -489,6 +491,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
           }
           reduce_recv->release(k);
         }
+        stats.m2n_bytes_sent += reply_total * row_bytes;
         MSI_RETURN_IF_ERROR(combine->send(k, seq, reply_rows));
       }
       dispatch.release(k);

@@ -321,6 +321,48 @@ TEST(ExpertTpPlanTest, APlanWithTpExpertRuns) {
   EXPECT_NE(out.find("--tp-expert conflicts with --plan"), std::string::npos) << out;
 }
 
+// bench serve's worker counters through a 1 + (2 workers x 2 shards)
+// deployment: every expert row is computed by both shards and counted once
+// (by shard 0); the bytes each mode moves are the rows' bytes, tp times
+// towards the attention worker (attention-sum) or once towards it plus once
+// between the shards (allreduce); the attention worker sends every shard the
+// whole row (so at least tp times each row).
+TEST(ExpertTpBenchTest, CountersAccountForEveryRowAndByte) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  auto cfg = read_json_file(dir + "/config.json");
+  ASSERT_TRUE(cfg.ok());
+  const int64_t row_bytes = (*cfg)["hidden_size"].get<int64_t>() * 4;
+  const int64_t layers = (*cfg)["num_hidden_layers"].get<int64_t>();
+  const int64_t top_k = (*cfg)["num_experts_per_tok"].get<int64_t>();
+  for (const std::string mode : {"attention-sum", "allreduce"}) {
+    const std::string out = msinfer::testing::run_capture(
+        kBinary + " bench serve --offline --model " + dir +
+        " --num-prompts 4 --input-len 9 --output-len 6 --attention-workers 1 --expert-workers 2"
+        " --micro-batches 2 --tp-expert 2 --tp-expert-reduce " +
+        mode + " --json 2>/dev/null");
+    auto j = parse_json(out, "bench serve --json");
+    ASSERT_TRUE(j.ok()) << mode << ": " << out.substr(0, 300);
+    const auto& workers = (*j)["workers"];
+    ASSERT_EQ(workers.size(), 5u) << mode;
+    int64_t rows = 0, answer_bytes = 0, reduce_bytes = 0;
+    for (size_t i = 1; i < workers.size(); ++i) {
+      const auto& w = workers[i];
+      EXPECT_EQ(w["role"], "expert");
+      EXPECT_EQ(w["tp_rank"], static_cast<int>((i - 1) % 2)) << w.dump();
+      if (w["tp_rank"] != 0) EXPECT_EQ(w["tokens"], 0) << w.dump();
+      rows += w["tokens"].get<int64_t>();
+      answer_bytes += w["m2n_bytes_sent"].get<int64_t>();
+      reduce_bytes += w["tp_reduce_bytes_sent"].get<int64_t>();
+    }
+    // Decode phase: 4 requests x 5 more tokens, top_k rows each per layer.
+    EXPECT_EQ(rows, 4 * 5 * top_k * layers) << mode;
+    const bool sum = mode == "attention-sum";
+    EXPECT_EQ(answer_bytes, (sum ? 2 : 1) * rows * row_bytes) << mode;
+    EXPECT_EQ(reduce_bytes, (sum ? 0 : 1) * rows * row_bytes) << mode;
+    EXPECT_GE(workers[0]["m2n_bytes_sent"].get<int64_t>(), 2 * rows * row_bytes) << mode;
+  }
+}
+
 TEST(ExpertTpFlagsTest, BadValuesAreRefused) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
   auto run = [&](const std::string& extra) {
