@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -32,6 +33,7 @@
 #include "../common/subprocess.h"
 #include "msinfer/core/json.h"
 #include "msinfer/runtime/engine.h"
+#include "msinfer/runtime/expert_backend.h"
 #include "msinfer/runtime/model_runner.h"
 #include "test_models.h"
 
@@ -124,6 +126,129 @@ TEST(ExpertShardErrorsTest, AnUnevenSplitOrABadRankIsAnError) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyPresets, ExpertShardTest,
+                         ::testing::Values("tiny-mixtral", "tiny-qwen3moe"));
+
+// ---- logits of the sharded experts against PyTorch ----
+
+// The shards' arithmetic in one process: tp shard weights, each expert's rows
+// through every shard's FFN, the partials added in shard order, as both
+// reduction modes of the runtime do (the deployments' tokens are checked
+// through the binary below; generate does not print logits).
+class ShardedExperts : public ExpertBackend {
+ public:
+  explicit ShardedExperts(std::vector<std::unique_ptr<model::ModelWeights>> shards)
+      : shards_(std::move(shards)), hidden_(shards_[0]->config().hidden) {}
+  Status start(int k, int l, const kernels::cpu::RoutedBatch& r) override {
+    if (static_cast<int>(out_.size()) <= k) out_.resize(k + 1);
+    std::vector<float>& out = out_[k];
+    out.assign(r.rows() * hidden_, 0.f);
+    for (int64_t e = 0; e < r.experts; ++e) {
+      const int64_t off = r.expert_offset[e], n = r.expert_rows(e);
+      if (n == 0) continue;
+      part_.resize(n * hidden_);
+      for (const auto& s : shards_) {
+        ExpertRunner(*s).forward(l, static_cast<int>(e), r.send.data() + off * hidden_, n,
+                                 part_.data());
+        float* dst = out.data() + off * hidden_;
+        for (int64_t i = 0; i < n * hidden_; ++i) dst[i] += part_[i];
+      }
+    }
+    return ok_status();
+  }
+  Status finish(int k, int, const kernels::cpu::RoutedBatch& r, float* results) override {
+    std::copy(out_[k].begin(), out_[k].begin() + r.rows() * hidden_, results);
+    return ok_status();
+  }
+
+ private:
+  std::vector<std::unique_ptr<model::ModelWeights>> shards_;
+  int64_t hidden_;
+  std::vector<std::vector<float>> out_;
+  std::vector<float> part_;
+};
+
+bool have_torch() {
+  return std::filesystem::exists("/usr/bin/python3") &&
+         !msinfer::testing::run_capture(
+              "/usr/bin/python3 -c 'import torch, numpy' 2>/dev/null && echo ok")
+              .empty();
+}
+
+class ExpertTpTorchTest : public ::testing::TestWithParam<std::string> {};
+
+// Prefill plus 16 greedy steps with tp 2 shards: logits within the exactness
+// test's tolerance of the PyTorch reference (max |d| <= 1e-2, mean <= 1e-3)
+// and the same greedy tokens.
+TEST_P(ExpertTpTorchTest, ShardedLogitsMatchPyTorch) {
+  if (!have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch and numpy not found";
+  const std::string dir = testing::test_model_dir(GetParam());
+  const std::vector<int32_t> prompt = {5, 9, 22, 40, 7, 8, 11, 3, 60};
+  constexpr int kSteps = 17;
+  std::string ids;
+  for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  const std::string script = std::string(MSINFER_SOURCE_DIR) + "/tests/runtime/torch_reference.py";
+  const std::string out = msinfer::testing::run_capture(
+      "/usr/bin/python3 '" + script + "' '" + dir + "' " + ids + " " + std::to_string(kSteps));
+  ASSERT_FALSE(out.empty()) << "the PyTorch reference failed";
+  auto ref = parse_json(out, "torch_reference.py");
+  ASSERT_TRUE(ref.ok());
+  const auto ref_tokens = (*ref)["tokens"].get<std::vector<int32_t>>();
+  const auto ref_logits = (*ref)["logits"].get<std::vector<std::vector<float>>>();
+
+  model::LoadOptions attention;
+  attention.all_experts = false;
+  auto w = model::ModelWeights::load(dir, attention);
+  ASSERT_TRUE(w.ok());
+  std::vector<std::unique_ptr<model::ModelWeights>> shards;
+  for (int r = 0; r < 2; ++r) {
+    model::LoadOptions lo;
+    lo.attention = false;
+    lo.expert_tp_rank = r;
+    lo.expert_tp_size = 2;
+    auto s = model::ModelWeights::load(dir, lo);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    shards.push_back(std::move(s).value());
+  }
+  EngineOptions o;
+  o.kv_cache_bytes = 8 << 20;
+  o.block_size = 4;
+  o.micro_batches = 2;
+  auto e = Engine::create(std::shared_ptr<const model::ModelWeights>(std::move(w).value()), o,
+                          std::make_unique<ShardedExperts>(std::move(shards)));
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  std::vector<std::vector<float>> logits;
+  std::vector<int32_t> tokens;
+  (*e)->set_logits_observer(
+      [&](int64_t, const float* l, int64_t v) { logits.emplace_back(l, l + v); });
+  GenerationRequest req{1, prompt, {}};
+  req.sampling.max_tokens = kSteps;
+  req.sampling.ignore_eos = true;
+  ASSERT_TRUE((*e)->add(req).ok());
+  while (!(*e)->idle()) {
+    auto events = (*e)->step();
+    ASSERT_TRUE(events.ok());
+    for (const auto& ev : *events) tokens.push_back(ev.token);
+  }
+  EXPECT_EQ(tokens, ref_tokens);
+  ASSERT_EQ(logits.size(), ref_logits.size());
+  double worst = 0, sum = 0;
+  size_t n = 0;
+  for (size_t s = 0; s < logits.size(); ++s) {
+    ASSERT_EQ(logits[s].size(), ref_logits[s].size());
+    for (size_t v = 0; v < logits[s].size(); ++v) {
+      const double d = std::fabs(double(logits[s][v]) - ref_logits[s][v]);
+      worst = std::max(worst, d);
+      sum += d;
+      ++n;
+    }
+  }
+  EXPECT_LE(worst, 1e-2) << GetParam();
+  EXPECT_LE(sum / n, 1e-3) << GetParam();
+  std::printf("[ expert tp ] %s, tp 2 shards vs PyTorch: |dlogit| max %.3g, mean %.3g\n",
+              GetParam().c_str(), worst, sum / n);
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyPresets, ExpertTpTorchTest,
                          ::testing::Values("tiny-mixtral", "tiny-qwen3moe"));
 
 // ---- deployments through the binary ----
