@@ -213,7 +213,9 @@ class RemoteExperts : public ExpertBackend {
     if (!s.ok()) {
       if (s.code() == StatusCode::kDeadlineExceeded) {
         std::string m;
-        for (int s : combine_.missing(k)) m += (m.empty() ? "" : ", ") + answering_name(s);
+        for (int sender : combine_.missing(k)) {
+          m += (m.empty() ? "" : ", ") + answering_name(sender);
+        }
         return Status(StatusCode::kUnavailable,
                       "attention worker " + std::to_string(index_) + ": no answer from " + m +
                           " for layer " + std::to_string(l) + ", micro-batch " + std::to_string(k) +

@@ -575,6 +575,61 @@ TEST_P(ExpertTpKillTest, AKilledShardIsNamedAndEverythingStops) {
   }
 }
 
+// A shard that hangs (SIGSTOP) instead of dying: nobody sees it exit, so the
+// M2N timeouts must name it — the attention worker waiting for its answer
+// (attention-sum) or shard 0 waiting for its partials (allreduce). The
+// router then stops everything, the stopped shard included.
+TEST_P(ExpertTpKillTest, AHungShardIsNamedByTheTimeout) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  const std::string mode = GetParam();
+  int err[2];
+  ASSERT_EQ(::pipe(err), 0);
+  const pid_t router = ::fork();
+  if (router == 0) {
+    ::dup2(err[1], 2);
+    int devnull = ::open("/dev/null", O_WRONLY);
+    ::dup2(devnull, 1);
+    ::execl(kBinary.c_str(), kBinary.c_str(), "generate", "--model", dir.c_str(), "--prompt-ids",
+            "5,9,22", "--max-tokens", "3500", "--ignore-eos", "--attention-workers", "1",
+            "--expert-workers", "2", "--micro-batches", "2", "--tp-expert", "2",
+            "--tp-expert-reduce", mode.c_str(), "--timeout-ms", "1000", nullptr);
+    ::_exit(127);
+  }
+  ::close(err[1]);
+  FILE* f = ::fdopen(err[0], "r");
+  std::map<std::string, pid_t> pids;
+  std::string all;
+  char line[4096];
+  pid_t victim = -1;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    all += line;
+    int idx = 0, rank = 0, pid = 0;
+    char role[32];
+    if (std::sscanf(line, "%31s worker %d tp rank %d: pid %d", role, &idx, &rank, &pid) == 4) {
+      pids["expert" + std::to_string(idx) + "." + std::to_string(rank)] = pid;
+    } else if (std::sscanf(line, "%31s worker %d: pid %d", role, &idx, &pid) == 3) {
+      pids[std::string(role) + std::to_string(idx)] = pid;
+    }
+    if (victim < 0 && std::strstr(line, "msinfer: step 32") != nullptr && pids.count("expert1.1")) {
+      victim = pids["expert1.1"];
+      ::kill(victim, SIGSTOP);
+    }
+  }
+  std::fclose(f);
+  int status = 0;
+  ::waitpid(router, &status, 0);
+  ASSERT_GT(victim, 0) << "never saw the workers start and run:\n" << all;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << all;
+  const std::string named = mode == "allreduce" ? "no partial output from expert worker 1 tp rank 1"
+                                                : "no answer from expert worker 1 tp rank 1";
+  EXPECT_NE(all.find(named), std::string::npos) << all;
+  for (const auto& [name, pid] : pids) {
+    // Reaped by the router, or gone: a stopped child left behind would be a zombie of
+    // the router's, already reaped when the router exits.
+    EXPECT_FALSE(alive(pid)) << name << " is still running";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, ExpertTpKillTest, ::testing::Values("attention-sum", "allreduce"),
                          [](const auto& info) {
                            std::string n = info.param;

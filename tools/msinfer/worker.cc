@@ -329,7 +329,12 @@ int run_worker(int argc, char** argv) {
   } else {
     s = invalid_argument("--role must be attention or expert");
   }
-  if (!s.ok()) return report_error(("worker (" + role + " " + std::to_string(index) + ")").c_str(), s);
+  if (!s.ok()) {
+    const std::string who = role == "expert"
+                                ? runtime::expert_process_name(index, tp_rank, c->tp_expert)
+                                : role + " " + std::to_string(index);
+    return report_error(("worker (" + who + ")").c_str(), s);
+  }
   return 0;
 }
 
