@@ -84,6 +84,33 @@ class Loader {
     return PackedLinear::pack(staging_.data(), n, k, format);
   }
 
+  // Packs the row-wise concatenation of one block of each tensor (each
+  // [rows, cols] in full): rows [r0, r1) and columns [c0, c1) of every part.
+  struct Block {
+    std::string name;
+    std::vector<int64_t> shape;  // the whole tensor's
+    int64_t r0, r1, c0, c1;
+  };
+  StatusOr<PackedLinear> pack_blocks(const std::vector<Block>& parts,
+                                     kernels::cpu::WeightFormat format) {
+    staging_.clear();
+    int64_t n = 0;
+    const int64_t k = parts.front().c1 - parts.front().c0;
+    for (const Block& b : parts) {
+      MSI_ASSIGN_OR_RETURN(const TensorView* t, get(b.name, b.shape));
+      const size_t elem = t->bytes / static_cast<size_t>(t->numel());
+      for (int64_t r = b.r0; r < b.r1; ++r) {
+        TensorView row = *t;
+        row.shape = {b.c1 - b.c0};
+        row.data = t->data + (static_cast<size_t>(r * b.shape[1] + b.c0)) * elem;
+        append_bf16(row, staging_);
+      }
+      ckpt_.release(*t);
+      n += b.r1 - b.r0;
+    }
+    return PackedLinear::pack(staging_.data(), n, k, format);
+  }
+
   StatusOr<std::vector<float>> vec(const std::string& name, int64_t n) {
     MSI_ASSIGN_OR_RETURN(const TensorView* t, get(name, {n}));
     return to_float(*t);
@@ -142,6 +169,15 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
                               std::to_string(c.experts - 1));
     }
   }
+  const int64_t tp = options.expert_tp_size, tp_rank = options.expert_tp_rank;
+  if (tp < 1 || tp_rank < 0 || tp_rank >= tp) {
+    return invalid_argument("expert tensor-parallel rank " + std::to_string(tp_rank) + " of " +
+                            std::to_string(tp) + " is out of range");
+  }
+  if (c.expert_ffn % tp != 0) {
+    return invalid_argument(dir + ": the experts' FFN width " + std::to_string(c.expert_ffn) +
+                            " is not divisible by tp_expert " + std::to_string(tp));
+  }
   Loader ld(w->checkpoint_, dir);
   const kernels::cpu::WeightFormat fmt = options.weights;
   const int64_t h = c.hidden, hd = c.head_dim, H = c.heads, KV = c.kv_heads, F = c.expert_ffn;
@@ -198,8 +234,17 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
         for (const auto& s : {n.w1, n.w2, n.w3}) ld.skip(s);
         continue;
       }
-      MSI_ASSIGN_OR_RETURN(L.experts[e].w13, ld.pack({{n.w1, {F, h}}, {n.w3, {F, h}}}, fmt));
-      MSI_ASSIGN_OR_RETURN(L.experts[e].w2, ld.pack({{n.w2, {h, F}}}, fmt));
+      if (tp == 1) {
+        MSI_ASSIGN_OR_RETURN(L.experts[e].w13, ld.pack({{n.w1, {F, h}}, {n.w3, {F, h}}}, fmt));
+        MSI_ASSIGN_OR_RETURN(L.experts[e].w2, ld.pack({{n.w2, {h, F}}}, fmt));
+      } else {
+        // Shard tp_rank: its rows of w1 and w3, the same columns of w2.
+        const int64_t f0 = tp_rank * (F / tp), f1 = f0 + F / tp;
+        MSI_ASSIGN_OR_RETURN(
+            L.experts[e].w13,
+            ld.pack_blocks({{n.w1, {F, h}, f0, f1, 0, h}, {n.w3, {F, h}, f0, f1, 0, h}}, fmt));
+        MSI_ASSIGN_OR_RETURN(L.experts[e].w2, ld.pack_blocks({{n.w2, {h, F}, 0, h, f0, f1}}, fmt));
+      }
     }
   }
   // Return the staging memory and any other free heap pages to the system, so

@@ -43,33 +43,58 @@ double attention_layer_flops(const ModelConfig& mc) {
   return 2.0 * h * (mc.heads + 2.0 * mc.kv_heads) * hd + 2.0 * mc.heads * hd * h + 2.0 * h * mc.experts;
 }
 
-// Connects the two channels of one process: `sender` to every peer's receive
-// region, through one allgather of (address, region).
-Status wire(comm::Bootstrap& boot, comm::M2NEndpoint& ep, comm::M2NSender& sender,
+// Connects the two channels of one process: `sender` (if any: a shard that
+// answers through shard 0 sends nothing back) to every peer's receive region,
+// through one allgather of (address, region).
+Status wire(comm::Bootstrap& boot, comm::M2NEndpoint& ep, comm::M2NSender* sender,
             const comm::RemoteRegion& region, int first_peer, int peers) {
   MSI_ASSIGN_OR_RETURN(std::vector<std::string> blobs,
                        boot.allgather(comm::PeerCard{ep.transport().address(), region}.encode()));
-  for (int p = 0; p < peers; ++p) {
+  for (int p = 0; sender != nullptr && p < peers; ++p) {
     MSI_ASSIGN_OR_RETURN(
         comm::PeerCard card,
         comm::PeerCard::decode(blobs[first_peer + p], "rank " + std::to_string(first_peer + p)));
     MSI_ASSIGN_OR_RETURN(int handle, ep.transport().connect(card.address));
-    sender.set_receiver(p, handle, card.region);
+    sender->set_receiver(p, handle, card.region);
   }
   return boot.barrier();
+}
+
+// Expert tensor parallelism with kAllReduce: a second allgather, in which
+// shard 0 of every expert worker publishes its reduce region (everyone else a
+// card that nobody reads), so shards 1..tp-1 can write their partials to it.
+// Every process of the deployment takes part (the allgather is collective).
+bool has_reduce_channel(const WorkerConfig& c) {
+  return c.tp_expert > 1 && c.tp_expert_reduce == ExpertReduce::kAllReduce;
 }
 
 // Slots are sized for the largest micro-batch: every token of a step routed to
 // one destination K times, plus the row-count header.
 comm::M2NShape shape(const WorkerConfig& c, const ModelConfig& mc, int channel) {
   comm::M2NShape s;
-  s.senders = channel == 0 ? c.attention_workers : c.expert_workers;
-  s.receivers = channel == 0 ? c.expert_workers : c.attention_workers;
+  // Dispatch reaches every shard of every expert worker; the answers come
+  // from every shard (attention-sum) or from shard 0 of each worker (allreduce).
+  const int answering =
+      c.tp_expert_reduce == ExpertReduce::kAttentionSum ? c.expert_processes() : c.expert_workers;
+  s.senders = channel == 0 ? c.attention_workers : answering;
+  s.receivers = channel == 0 ? c.expert_processes() : c.attention_workers;
   s.slots = c.micro_batches;
   s.row_bytes = static_cast<int64_t>(mc.hidden) * 4;
   s.max_rows = std::min<int64_t>(
       kMaxRows, c.max_step_tokens * mc.top_k + header_rows(mc.experts, s.row_bytes));
   s.channel = channel;
+  return s;
+}
+
+// Shards 1..tp-1 -> shard 0 of one expert worker (kAllReduce): per (slot,
+// layer) one message of every attention worker's answer rows, concatenated in
+// attention-worker order, as partial sums. On channel 1, where shard 0 only
+// sends (the combine) and never receives otherwise.
+comm::M2NShape reduce_shape(const WorkerConfig& c, const ModelConfig& mc) {
+  comm::M2NShape s = shape(c, mc, 1);
+  s.senders = c.tp_expert - 1;
+  s.receivers = 1;
+  s.max_rows = std::min<int64_t>(kMaxRows, s.max_rows * c.attention_workers);
   return s;
 }
 
@@ -88,6 +113,12 @@ StatusOr<std::unique_ptr<comm::Transport>> make_transport(const WorkerConfig& c)
 
 }  // namespace
 
+std::string expert_process_name(int worker, int tp_rank, int tp) {
+  std::string n = "expert worker " + std::to_string(worker);
+  if (tp > 1) n += " tp rank " + std::to_string(tp_rank);
+  return n;
+}
+
 // ---- placement: placement.cc ----
 
 // ---- attention side: RemoteExperts ----
@@ -105,7 +136,12 @@ class RemoteExperts : public ExpertBackend {
   Status attach(comm::Bootstrap& boot) {
     MSI_RETURN_IF_ERROR(dispatch_.attach(ep_));
     MSI_ASSIGN_OR_RETURN(comm::RemoteRegion region, combine_.attach(ep_));
-    return wire(boot, ep_, dispatch_, region, c_.attention_workers, c_.expert_workers);
+    MSI_RETURN_IF_ERROR(
+        wire(boot, ep_, &dispatch_, region, c_.attention_workers, c_.expert_processes()));
+    if (has_reduce_channel(c_)) {  // take part in the shards' wiring
+      MSI_RETURN_IF_ERROR(wire(boot, ep_, nullptr, region, 0, 0));
+    }
+    return ok_status();
   }
   Status begin_step() override {
     last_return_ = std::chrono::steady_clock::now();
@@ -118,7 +154,7 @@ class RemoteExperts : public ExpertBackend {
     stats_->gemm_flops += layer_flops_ * static_cast<double>(r.tokens);
     if (l == 0) stats_->tokens += r.tokens;
     const int64_t sent_ns = wall_ns();
-    const int W = c_.expert_workers;
+    const int W = c_.expert_workers, tp = c_.tp_expert;
     const int64_t row_bytes = hidden_ * 4;
     // Split each replicated expert's rows over its replicas by predicted
     // worker load (split_rows), then lay out each destination's message.
@@ -126,11 +162,12 @@ class RemoteExperts : public ExpertBackend {
     const std::vector<std::vector<int64_t>> take = split_rows(c_.placement, expert_rows_);
     auto& plan = plans_[k];
     plan.assign(W, {});
-    std::vector<int64_t> rows(W, 0);
-    for (int w = 0; w < W; ++w) rows[w] = header_rows(static_cast<int64_t>(local_[w].size()), row_bytes);
+    // Expert worker w's message goes to each of its tp shards (receiver
+    // w * tp + r): every shard needs every row (column-parallel gate/up).
+    std::vector<int64_t> rows(static_cast<size_t>(W) * tp, 0);
     for (int w = 0; w < W; ++w) {
-      uint8_t* buf = dispatch_.buffer(k, w);
-      const int64_t hdr = rows[w];
+      uint8_t* buf = dispatch_.buffer(k, w * tp);
+      const int64_t hdr = header_rows(static_cast<int64_t>(local_[w].size()), row_bytes);
       std::vector<int32_t> counts(local_[w].size(), 0);
       int64_t at = hdr;
       for (size_t i = 0; i < local_[w].size(); ++i) {
@@ -156,11 +193,16 @@ class RemoteExperts : public ExpertBackend {
       std::memset(buf, 0, static_cast<size_t>(hdr * row_bytes));
       std::memcpy(buf, counts.data(), counts.size() * 4);
       std::memcpy(buf + hdr * row_bytes - 8, &sent_ns, 8);
-      rows[w] = at;
+      for (int r = 0; r < tp; ++r) {
+        if (r > 0)
+          std::memcpy(dispatch_.buffer(k, w * tp + r), buf, static_cast<size_t>(at * row_bytes));
+        rows[static_cast<size_t>(w) * tp + r] = at;
+      }
     }
     const auto waited_from = std::chrono::steady_clock::now();
     MSI_RETURN_IF_ERROR(dispatch_.wait_sent(k));  // slot k's previous send (flow control)
     stats_->wait_s += seconds_since(waited_from);
+    for (int64_t n : rows) stats_->m2n_bytes_sent += n * row_bytes;
     Status s = dispatch_.send(k, seq(k, l), rows);
     last_return_ = std::chrono::steady_clock::now();
     return s;
@@ -173,19 +215,32 @@ class RemoteExperts : public ExpertBackend {
     if (!s.ok()) {
       if (s.code() == StatusCode::kDeadlineExceeded) {
         std::string m;
-        for (int w : combine_.missing(k)) m += (m.empty() ? "" : ", ") + std::to_string(w);
+        for (int sender : combine_.missing(k)) {
+          m += (m.empty() ? "" : ", ") + answering_name(sender);
+        }
         return Status(StatusCode::kUnavailable,
-                      "attention worker " + std::to_string(index_) + ": no answer from expert worker(s) " +
-                          m + " for layer " + std::to_string(l) + ", micro-batch " + std::to_string(k) +
+                      "attention worker " + std::to_string(index_) + ": no answer from " + m +
+                          " for layer " + std::to_string(l) + ", micro-batch " + std::to_string(k) +
                           " within " + std::to_string(c_.timeout_ms) + " ms");
       }
       return s;
     }
+    // With attention-sum every shard of worker w answered with its partial
+    // output: they are added here in shard order (the allreduce mode's shard 0
+    // adds in the same order, so both modes give the same bits).
+    const int shards = c_.tp_expert_reduce == ExpertReduce::kAttentionSum ? c_.tp_expert : 1;
     for (int w = 0; w < c_.expert_workers; ++w) {
-      const auto* data = reinterpret_cast<const float*>(combine_.data(k, w));
-      for (const auto& piece : plans_[k][w]) {
-        std::memcpy(results + piece.send_row * hidden_, data + piece.reply_row * hidden_,
-                    static_cast<size_t>(piece.rows * hidden_) * 4);
+      for (int r = 0; r < shards; ++r) {
+        const auto* data = reinterpret_cast<const float*>(combine_.data(k, w * shards + r));
+        for (const auto& piece : plans_[k][w]) {
+          float* dst = results + piece.send_row * hidden_;
+          const float* src = data + piece.reply_row * hidden_;
+          if (r == 0) {
+            std::memcpy(dst, src, static_cast<size_t>(piece.rows * hidden_) * 4);
+          } else {
+            for (int64_t i = 0; i < piece.rows * hidden_; ++i) dst[i] += src[i];
+          }
+        }
       }
     }
     combine_.release(k);
@@ -199,6 +254,13 @@ class RemoteExperts : public ExpertBackend {
   struct Piece {
     int64_t send_row, rows, reply_row;
   };
+  // The combine channel's sender s: an expert worker, or one shard of it.
+  std::string answering_name(int s) const {
+    if (c_.tp_expert > 1 && c_.tp_expert_reduce == ExpertReduce::kAttentionSum) {
+      return expert_process_name(s / c_.tp_expert, s % c_.tp_expert, c_.tp_expert);
+    }
+    return "expert worker " + std::to_string(s);
+  }
   // Every (slot, layer) unit has its own sequence number; all workers count alike.
   uint32_t seq(int k, int /*layer*/) { return static_cast<uint32_t>(steps_done_[k]); }
 
@@ -223,14 +285,22 @@ class RemoteExperts : public ExpertBackend {
 using internal::read_line;
 using internal::write_line;
 
-Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot, int in_fd,
-                         int out_fd) {
+Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bootstrap& boot,
+                         int in_fd, int out_fd) {
+  const int tp = c.tp_expert;
+  const std::string me = expert_process_name(index, tp_rank, tp);
   model::LoadOptions lo;
   lo.attention = false;
   lo.all_experts = false;
   lo.experts = c.placement.experts_on(index);
   lo.weights = c.weights;
+  lo.expert_tp_rank = tp_rank;
+  lo.expert_tp_size = tp;
   const std::vector<int> local_experts = lo.experts;
+  if (tp > 1 && !is_cpu_device(c.expert_device)) {
+    return unimplemented(me + ": --tp-expert > 1 on " + c.expert_device +
+                         ": the GPU expert backend loads whole experts, not shards");
+  }
   MSI_ASSIGN_OR_RETURN(auto w, model::ModelWeights::load(c.model_dir,
                                                          host_load_options(lo, c.expert_device)));
   const ModelConfig& mc = w->config();
@@ -239,13 +309,34 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
   MSI_ASSIGN_OR_RETURN(auto transport, make_transport(c));
   comm::M2NEndpoint ep(std::move(transport), std::chrono::milliseconds(c.timeout_ms));
   ep.set_yield_when_idle(
-      comm::oversubscribed(comm::local_process_count(c.attention_workers + c.expert_workers)));
-  comm::M2NReceiver dispatch(shape(c, mc, 0), index);
-  comm::M2NSender combine(shape(c, mc, 1), index);
+      comm::oversubscribed(comm::local_process_count(c.attention_workers + c.expert_processes())));
+  // This shard answers the attention workers unless it sends its partials to
+  // shard 0 (allreduce); shard 0 then also receives them.
+  const bool reduce_channel = has_reduce_channel(c);
+  const bool answers = !reduce_channel || tp_rank == 0;
+  const int answer_index =
+      c.tp_expert_reduce == ExpertReduce::kAttentionSum ? index * tp + tp_rank : index;
+  comm::M2NReceiver dispatch(shape(c, mc, 0), index * tp + tp_rank);
+  std::unique_ptr<comm::M2NSender> combine, reduce_send;
+  std::unique_ptr<comm::M2NReceiver> reduce_recv;
+  if (answers) combine = std::make_unique<comm::M2NSender>(shape(c, mc, 1), answer_index);
   MSI_ASSIGN_OR_RETURN(comm::RemoteRegion region, dispatch.attach(ep));
-  MSI_RETURN_IF_ERROR(combine.attach(ep));
-  MSI_RETURN_IF_ERROR(wire(boot, ep, combine, region, 0, c.attention_workers));
-  std::fprintf(stderr, "msinfer: expert worker %d ready (pid %d): experts", index, ::getpid());
+  if (combine) MSI_RETURN_IF_ERROR(combine->attach(ep));
+  MSI_RETURN_IF_ERROR(wire(boot, ep, combine.get(), region, 0, c.attention_workers));
+  if (reduce_channel) {
+    comm::RemoteRegion mine = region;  // what shards > 0 publish (nobody reads it)
+    if (tp_rank == 0) {
+      reduce_recv = std::make_unique<comm::M2NReceiver>(reduce_shape(c, mc), 0);
+      MSI_ASSIGN_OR_RETURN(mine, reduce_recv->attach(ep));
+    } else {
+      reduce_send = std::make_unique<comm::M2NSender>(reduce_shape(c, mc), tp_rank - 1);
+      MSI_RETURN_IF_ERROR(reduce_send->attach(ep));
+    }
+    // Shard 0 of this worker is bootstrap rank A + index * tp.
+    MSI_RETURN_IF_ERROR(wire(boot, ep, reduce_send.get(), mine, c.attention_workers + index * tp,
+                             reduce_send ? 1 : 0));
+  }
+  std::fprintf(stderr, "msinfer: %s ready (pid %d): experts", me.c_str(), ::getpid());
   for (int e : local_experts) std::fprintf(stderr, " %d", e);
   std::fprintf(stderr, "; RSS %.0f MiB (expert weights %.1f MiB)\n",
                read_process_memory().rss_bytes / 1048576.0, w->packed_bytes() / 1048576.0);
@@ -316,8 +407,30 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
       if (last_sent_ns >= idle_since_ns) {
         stats.t_c.add(k, layer, std::max<int64_t>(0, seen_ns - last_sent_ns) * 1e-9);
       }
-      MSI_RETURN_IF_ERROR(combine.wait_sent(k));
-      std::vector<int64_t> reply_rows(A, 0);
+      if (combine) MSI_RETURN_IF_ERROR(combine->wait_sent(k));
+      if (reduce_send) MSI_RETURN_IF_ERROR(reduce_send->wait_sent(k));
+      // Where the outputs go: the answer to each attention worker, or (a shard
+      // > 0 under allreduce) one message to shard 0 with every attention
+      // worker's answer rows, concatenated in attention-worker order.
+      std::vector<int64_t> reply_rows(A, 0), reply_base(A, 0);
+      int64_t reply_total = 0;
+      for (int a = 0; a < A; ++a) {
+        reply_rows[a] = dispatch.rows(k, a) - hdr;
+        if (reply_rows[a] < 0) {
+          return internal_error(me + ": malformed message from attention worker " +
+                                std::to_string(a));
+        }
+        reply_base[a] = reply_total;
+        reply_total += reply_rows[a];
+      }
+      if (reduce_send && reply_total > reduce_send->shape().max_rows) {
+        return resource_exhausted(me + ": " + std::to_string(reply_total) +
+                                  " rows exceed one reduce message");
+      }
+      auto reply_at = [&](int a, int64_t row) -> uint8_t* {
+        return combine ? combine->buffer(k, a) + row * row_bytes
+                       : reduce_send->buffer(k, 0) + (reply_base[a] + row) * row_bytes;
+      };
       // Per local expert: gather its rows from every attention worker, run the
       // FFN once, scatter the outputs into each sender's answer.
       std::vector<int64_t> cursor(A, hdr);
@@ -327,8 +440,8 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
         for (int a = 0; a < A; ++a) {
           std::memcpy(&n[a], dispatch.data(k, a) + i * 4, 4);
           if (n[a] < 0 || cursor[a] + n[a] > dispatch.rows(k, a)) {
-            return internal_error("expert worker " + std::to_string(index) +
-                                  ": malformed message from attention worker " + std::to_string(a));
+            return internal_error(me + ": malformed message from attention worker " +
+                                  std::to_string(a));
           }
           total += n[a];
         }
@@ -341,21 +454,58 @@ Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot
                       static_cast<size_t>(n[a] * row_bytes));
           at += n[a];
         }
-        MSI_RETURN_IF_ERROR(runner->forward_group(layer, {local[i]}, {0, total}, in.data(), out.data()));
-        stats.gemm_flops += ffn_flops_per_row * static_cast<double>(total);
-        stats.tokens += total;
-        stats.expert_tokens[local[i]] += total;
-        stats.routed.add(layer, local[i], total);
+        MSI_RETURN_IF_ERROR(
+            runner->forward_group(layer, {local[i]}, {0, total}, in.data(), out.data()));
+        stats.gemm_flops += ffn_flops_per_row * static_cast<double>(total) / tp;
+        // Rows are counted once per expert worker: by shard 0.
+        if (tp_rank == 0) {
+          stats.tokens += total;
+          stats.expert_tokens[local[i]] += total;
+          stats.routed.add(layer, local[i], total);
+        }
         at = 0;
         for (int a = 0; a < A; ++a) {
-          std::memcpy(combine.buffer(k, a) + (cursor[a] - hdr) * row_bytes, out.data() + at * h,
+          std::memcpy(reply_at(a, cursor[a] - hdr), out.data() + at * h,
                       static_cast<size_t>(n[a] * row_bytes));
           at += n[a];
           cursor[a] += n[a];
         }
       }
-      for (int a = 0; a < A; ++a) reply_rows[a] = dispatch.rows(k, a) - hdr;
-      MSI_RETURN_IF_ERROR(combine.send(k, seq, reply_rows));
+      if (reduce_send) {
+        stats.tp_reduce_bytes_sent += reply_total * row_bytes;
+        MSI_RETURN_IF_ERROR(reduce_send->send(k, seq, {reply_total}));
+      } else {
+        if (reduce_recv) {
+          // Shard 0: add the other shards' partials, in shard order.
+          Status s = reduce_recv->wait(k, seq);
+          if (s.code() == StatusCode::kDeadlineExceeded) {
+            std::string m;
+            for (int r : reduce_recv->missing(k)) {
+              m += (m.empty() ? "" : ", ") + expert_process_name(index, r + 1, tp);
+            }
+            return Status(StatusCode::kUnavailable, me + ": no partial output from " + m +
+                                                        " within " + std::to_string(c.timeout_ms) +
+                                                        " ms");
+          }
+          MSI_RETURN_IF_ERROR(s);
+          for (int r = 0; r + 1 < tp; ++r) {
+            if (reduce_recv->rows(k, r) != reply_total) {
+              return internal_error(me + ": " + expert_process_name(index, r + 1, tp) + " sent " +
+                                    std::to_string(reduce_recv->rows(k, r)) + " rows, expected " +
+                                    std::to_string(reply_total));
+            }
+            const auto* part = reinterpret_cast<const float*>(reduce_recv->data(k, r));
+            for (int a = 0; a < A; ++a) {
+              auto* dst = reinterpret_cast<float*>(combine->buffer(k, a));
+              const float* src = part + reply_base[a] * h;
+              for (int64_t x = 0; x < reply_rows[a] * h; ++x) dst[x] += src[x];
+            }
+          }
+          reduce_recv->release(k);
+        }
+        stats.m2n_bytes_sent += reply_total * row_bytes;
+        MSI_RETURN_IF_ERROR(combine->send(k, seq, reply_rows));
+      }
       dispatch.release(k);
       const double unit_s = seconds_since(unit_from);
       stats.t_e.add(k, layer, unit_s);
@@ -392,7 +542,7 @@ Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& b
   MSI_ASSIGN_OR_RETURN(auto transport, make_transport(c));
   comm::M2NEndpoint ep(std::move(transport), std::chrono::milliseconds(c.timeout_ms));
   ep.set_yield_when_idle(
-      comm::oversubscribed(comm::local_process_count(c.attention_workers + c.expert_workers)));
+      comm::oversubscribed(comm::local_process_count(c.attention_workers + c.expert_processes())));
   WorkerStats stats(c.micro_batches, weights->config().layers);
   auto remote = std::make_unique<RemoteExperts>(c, weights->config(), index, ep, &stats);
   MSI_RETURN_IF_ERROR(remote->attach(boot));

@@ -7,6 +7,16 @@
 
 namespace msinfer::runtime {
 
+const char* expert_reduce_name(ExpertReduce r) {
+  return r == ExpertReduce::kAllReduce ? "allreduce" : "attention-sum";
+}
+
+StatusOr<ExpertReduce> parse_expert_reduce(const std::string& s, const std::string& where) {
+  if (s == "attention-sum") return ExpertReduce::kAttentionSum;
+  if (s == "allreduce") return ExpertReduce::kAllReduce;
+  return invalid_argument(where + ": expected attention-sum or allreduce, got '" + s + "'");
+}
+
 Placement Placement::round_robin(int experts, int workers) {
   Placement p;
   p.workers = workers;
@@ -24,6 +34,15 @@ StatusOr<Placement> Placement::from_json(const Json& j, int experts, const std::
   Placement p;
   MSI_ASSIGN_OR_RETURN(int64_t n, f.integer_in("expert_workers", 1, kMaxExpertWorkers));
   p.workers = static_cast<int>(n);
+  if (f.has("tp_expert")) {
+    MSI_ASSIGN_OR_RETURN(int64_t tp, f.integer_in("tp_expert", 1, kMaxTp));
+    p.tp_expert = static_cast<int>(tp);
+  }
+  if (f.has("tp_expert_reduce")) {
+    MSI_ASSIGN_OR_RETURN(std::string red, f.string("tp_expert_reduce"));
+    MSI_ASSIGN_OR_RETURN(p.tp_expert_reduce,
+                         parse_expert_reduce(red, source + ": tp_expert_reduce"));
+  }
   if (!f.has("experts") || !j.at("experts").is_array() ||
       j.at("experts").size() != static_cast<size_t>(experts)) {
     return f.field_error("experts",
@@ -119,7 +138,10 @@ Json Placement::to_json() const {
     for (auto [w, share] : reps) r.push_back({w, share});
     ex.push_back(r);
   }
-  return Json{{"expert_workers", workers}, {"experts", ex}};
+  Json j{{"expert_workers", workers}, {"experts", ex}};
+  if (tp_expert > 1) j["tp_expert"] = tp_expert;
+  if (tp_expert_reduce) j["tp_expert_reduce"] = expert_reduce_name(*tp_expert_reduce);
+  return j;
 }
 
 std::string Placement::describe() const {

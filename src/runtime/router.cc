@@ -30,13 +30,17 @@ namespace {
 // The role of bootstrap rank r (0 .. A+N-1): attention workers come first,
 // then expert workers. The local router, the launched one and a joining
 // worker all name roles this way.
+// Expert worker w's tp shards are consecutive ranks (w * tp_expert + shard).
 struct Role {
   bool attention;
   int index;  // among the workers of its kind
+  int tp_rank;  // the shard of an expert worker (0 without tensor parallelism)
   const char* name() const { return attention ? "attention" : "expert"; }
 };
 Role role_of(const WorkerConfig& c, int r) {
-  return r < c.attention_workers ? Role{true, r} : Role{false, r - c.attention_workers};
+  if (r < c.attention_workers) return Role{true, r, 0};
+  const int e = r - c.attention_workers;
+  return Role{false, e / c.tp_expert, e % c.tp_expert};
 }
 
 }  // namespace
@@ -47,14 +51,15 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
                                                 const std::string& placement_file) {
   auto r = std::unique_ptr<Router>(new Router());
   r->c_ = c;
-  const int A = c.attention_workers, N = c.expert_workers;
-  MSI_ASSIGN_OR_RETURN(r->server_, comm::BootstrapServer::start(A + N));
+  const int A = c.attention_workers, N = c.expert_workers, P = c.expert_processes();
+  MSI_ASSIGN_OR_RETURN(r->server_, comm::BootstrapServer::start(A + P));
   ::signal(SIGPIPE, SIG_IGN);
-  for (int rank = 0; rank < A + N; ++rank) {
+  for (int rank = 0; rank < A + P; ++rank) {
     Worker w;
     const Role role = role_of(c, rank);
     w.role = role.name();
     w.index = role.index;
+    w.tp_rank = role.tp_rank;
     int to_child[2] = {-1, -1}, from_child[2] = {-1, -1};
     if (::pipe2(to_child, O_CLOEXEC) != 0 || ::pipe2(from_child, O_CLOEXEC) != 0) {
       return internal_error("router: pipe failed");
@@ -69,7 +74,10 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
                                      "--timeout-ms", std::to_string(c.timeout_ms),
                                      "--weights", kernels::cpu::weight_format_name(c.weights),
                                      "--attention-device", c.attention_device,
-                                     "--expert-device", c.expert_device};
+                                     "--expert-device", c.expert_device,
+                                     "--tp-expert", std::to_string(c.tp_expert),
+                                     "--tp-expert-reduce", expert_reduce_name(c.tp_expert_reduce),
+                                     "--tp-rank", std::to_string(w.tp_rank)};
     if (c.attention_cost_per_token > 0 || c.attention_cost_per_position > 0) {
       char cost[64];
       std::snprintf(cost, sizeof cost, "%.17g,%.17g", c.attention_cost_per_token,
@@ -91,12 +99,12 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
       const char* eq = std::strchr(*e, '=');
       if (eq != nullptr) env[std::string(*e, static_cast<size_t>(eq - *e))] = eq + 1;
     }
-    env.emplace("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / (A + N))));
+    env.emplace("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / (A + P))));
     env.emplace("OMP_WAIT_POLICY", "PASSIVE");
     env["MSINFER_BOOTSTRAP"] = r->server_->address();
     env["MSINFER_JOB_SECRET"] = r->server_->secret();  // as NCCL hands out its unique id
     env["MSINFER_RANK"] = std::to_string(rank);
-    env["MSINFER_WORLD_SIZE"] = std::to_string(A + N);
+    env["MSINFER_WORLD_SIZE"] = std::to_string(A + P);
     std::vector<std::string> env_lines;
     for (const auto& [k, v] : env) env_lines.push_back(k + "=" + v);
     // Everything the child needs is built here: between fork and exec it only
@@ -178,6 +186,7 @@ StatusOr<std::string> Router::read_answer(Worker& w, std::chrono::milliseconds t
 }
 
 std::string Router::name_of(const Worker& w) const {
+  if (w.role == "expert") return expert_process_name(w.index, w.tp_rank, c_.tp_expert);
   return w.role + " worker " + std::to_string(w.index);
 }
 
@@ -193,12 +202,12 @@ std::string Router::name_of(const Worker& w) const {
 namespace {
 
 Status check_launcher_size(const WorkerConfig& c, const comm::Bootstrap& launcher) {
-  const int need = 1 + c.attention_workers + c.expert_workers;
+  const int need = 1 + c.attention_workers + c.expert_processes();
   if (launcher.size() != need) {
     return invalid_argument("the launcher started " + std::to_string(launcher.size()) +
                             " ranks; this deployment needs 1 router + " +
                             std::to_string(c.attention_workers) + " attention + " +
-                            std::to_string(c.expert_workers) + " expert workers = " +
+                            std::to_string(c.expert_processes()) + " expert worker processes = " +
                             std::to_string(need) + " (e.g. mpirun -np " + std::to_string(need) + ")");
   }
   return ok_status();
@@ -217,7 +226,7 @@ StatusOr<std::unique_ptr<Router>> Router::start_launched(const WorkerConfig& c,
   MSI_RETURN_IF_ERROR(check_launcher_size(c, launcher));
   auto r = std::unique_ptr<Router>(new Router());
   r->c_ = c;
-  const int A = c.attention_workers, N = c.expert_workers;
+  const int A = c.attention_workers, N = c.expert_processes();
   const std::string host = comm::local_address();
   MSI_ASSIGN_OR_RETURN(r->server_, comm::BootstrapServer::start(A + N, host));
   int port = 0;
@@ -236,6 +245,7 @@ StatusOr<std::unique_ptr<Router>> Router::start_launched(const WorkerConfig& c,
     const Role role = role_of(c, i);
     r->workers_[i].role = role.name();
     r->workers_[i].index = role.index;
+    r->workers_[i].tp_rank = role.tp_rank;
   }
   // Control connections are accepted and their hellos read all at once,
   // without blocking: a silent stray connection delays no worker's join and
@@ -343,11 +353,11 @@ Status join_launched_deployment(const WorkerConfig& config, comm::Bootstrap& lau
   const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
   ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / per_host)).c_str(), 0);
   ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
-  const int A = c.attention_workers, N = c.expert_workers;
+  const int A = c.attention_workers, N = c.expert_processes();
   MSI_ASSIGN_OR_RETURN(auto boot, comm::make_tcp_bootstrap(rank - 1, A + N, bootstrap, secret));
   const Role role = role_of(c, rank - 1);  // launcher rank 0 is the router
   Status s = role.attention ? run_attention_worker(c, role.index, *boot, fd, fd)
-                            : run_expert_worker(c, role.index, *boot, fd, fd);
+                            : run_expert_worker(c, role.index, role.tp_rank, *boot, fd, fd);
   ::close(fd);
   return s;
 }
@@ -525,6 +535,7 @@ StatusOr<std::vector<Json>> Router::stats(bool reset) {
     Json st = j["stats"];
     st["role"] = w.role;
     st["index"] = w.index;
+    if (c_.tp_expert > 1 && w.role == "expert") st["tp_rank"] = w.tp_rank;
     out.push_back(std::move(st));
   }
   return out;

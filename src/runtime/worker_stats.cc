@@ -107,7 +107,9 @@ Json WorkerStats::to_json() const {
          {"wait_fraction", window_s > 0 ? wait_s / window_s : 0.0},
          {"gemm_flops", gemm_flops},
          {"gemm_gflops_per_s", busy_s > 0 ? gemm_flops / busy_s / 1e9 : 0.0},
-         {"tokens", tokens}};
+         {"tokens", tokens},
+         {"m2n_bytes_sent", m2n_bytes_sent},
+         {"tp_reduce_bytes_sent", tp_reduce_bytes_sent}};
   if (!expert_tokens.empty()) {
     Json e = Json::object();
     for (const auto& [expert, n] : expert_tokens) e[std::to_string(expert)] = n;
@@ -125,6 +127,7 @@ Json WorkerStats::to_json() const {
 void WorkerStats::reset() {
   busy_s = wait_s = gemm_flops = 0;
   tokens = 0;
+  m2n_bytes_sent = tp_reduce_bytes_sent = 0;
   expert_tokens.clear();
   routed.reset();
   cpu_at_reset = process_cpu_seconds();

@@ -342,6 +342,40 @@ TEST_P(TwoHostTest, MpirunDeploymentBetweenNamespacesMatchesTheColocatedEngine) 
   EXPECT_NE(e.str().find("ready"), std::string::npos) << e.str();
 }
 
+// Expert tensor parallelism across hosts (issue 14): the router and one
+// attention worker on host a, one expert worker (all experts) of two shards
+// on host b; dispatch and answers cross the veth, allreduce's partials go between the
+// shards on host b, both over the transport under test.
+TEST_P(TwoHostTest, TpExpertShardsOnTheOtherHostMatchTheColocatedEngine) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  const std::string prompt = "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 12 --ignore-eos";
+  const auto ref = tokens_of(prompt);
+  ASSERT_EQ(ref.size(), 12u);
+  const std::string hosts = write_file("netns_hosts_tp", "10.77.0.1 slots=2\n10.77.0.2 slots=2\n");
+  for (const std::string mode : {"attention-sum", "allreduce"}) {
+    const std::string err = ::testing::TempDir() + "/two_host_tp_stderr_" + std::to_string(::getpid());
+    const std::string cmd =
+        "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
+        "timeout -s KILL 120 ip netns exec " +
+        ns_a_ + " mpirun -x ASAN_OPTIONS --hostfile " + hosts + " -np 4 --mca plm_rsh_agent " + agent_ +
+        " --mca oob_tcp_if_include 10.77.0.0/24 --mca btl_tcp_if_include 10.77.0.0/24 --mca btl self,tcp " +
+        kBinary + " generate " + prompt +
+        " --attention-workers 1 --expert-workers 1 --micro-batches 2 --tp-expert 2 --tp-expert-reduce " +
+        mode + " --fabric-provider " + GetParam() + " --json 2>" + err;
+    const std::string out = msinfer::testing::run_capture(cmd);
+    std::stringstream e;
+    e << std::ifstream(err).rdbuf();
+    auto j = parse_json(out, "mpirun generate --json");
+    ASSERT_TRUE(j.ok()) << mode << "\nstdout: " << out.substr(0, 300) << "\nstderr: " << e.str();
+    // Shards sum the down projection in another order than one GEMM; on the
+    // tiny presets the tokens are still identical (expert_tp_test allows a
+    // near-tie and documents it).
+    EXPECT_EQ((*j)["token_ids"].get<std::vector<int32_t>>(), ref) << mode << e.str();
+    EXPECT_NE(e.str().find("expert worker 0 tp rank 1: rank 3 on"), std::string::npos) << e.str();
+    EXPECT_NE(e.str().find("(10.77.0.2, pid"), std::string::npos) << e.str();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, TwoHostTest, ::testing::Values("socket", "tcp"));
 
 }  // namespace

@@ -91,15 +91,8 @@ TEST_P(ExactnessTest, LogitsAndGreedyTokensMatchPyTorch) {
   ASSERT_GE(prompt.size(), 8u);
   std::string ids;
   for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-  const std::string script = std::string(MSINFER_SOURCE_DIR) + "/tests/runtime/torch_reference.py";
-  // Where this level's attention rounds q and the probabilities to bf16, the reference does too.
-  auto w = model::ModelWeights::load(dir);
-  ASSERT_TRUE(w.ok());
-  const bool bf16_dots =
-      kernels::cpu::attention_bf16_dots(kernels::cpu::active_isa(), (*w)->config().head_dim);
   const std::string out = msinfer::testing::run_capture(
-      "/usr/bin/python3 '" + script + "' '" + dir + "' " + ids + " " +
-      std::to_string(kDecodeSteps + 1) + (bf16_dots ? " --bf16-attention" : ""));
+      testing::torch_reference_command(dir, ids, kDecodeSteps + 1));
   ASSERT_FALSE(out.empty()) << "the PyTorch reference failed";
   auto ref = parse_json(out, "torch_reference.py");
   ASSERT_TRUE(ref.ok());

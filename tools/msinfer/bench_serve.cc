@@ -355,7 +355,8 @@ int run_bench_serve(int argc, char** argv) {
       return w.contains(key) ? fmt(w[key].get<double>() * 1e3, 3) : std::string("");
     };
     for (const auto& w : workers) {
-      t.add_row({w["role"].get<std::string>() + " " + std::to_string(w["index"].get<int>()),
+      t.add_row({w["role"].get<std::string>() + " " + std::to_string(w["index"].get<int>()) +
+                     (w.contains("tp_rank") ? " tp " + std::to_string(w["tp_rank"].get<int>()) : ""),
                  fmt_pct(w["busy_fraction"].get<double>()), fmt_pct(w["wait_fraction"].get<double>()),
                  fmt(w["gemm_gflops_per_s"].get<double>(), 1), ms(w, "t_a_mean_s"), ms(w, "t_e_mean_s"),
                  ms(w, "t_c_mean_s"),

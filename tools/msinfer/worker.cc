@@ -30,6 +30,13 @@ void add_deployment_flags(FlagSet& flags) {
                    "MSINFER_FABRIC_PROVIDER");
   flags.add_int("timeout-ms", 10000, 100, 3600000,
                 "M2N timeout: a worker silent this long is reported failed");
+  flags.add_int("tp-expert", 0, 0, runtime::Placement::kMaxTp,
+                "expert tensor parallelism: processes (shards) per expert worker; each holds\n"
+                "1/tp of its experts' FFN (default: the placement's tp_expert, else 1)");
+  flags.add_string("tp-expert-reduce", "",
+                   "how an expert worker's shards combine their partial outputs: attention-sum\n"
+                   "(each shard answers, the attention side adds) | allreduce (shard 0 sums\n"
+                   "and answers); default: the placement's or plan's, else attention-sum");
 }
 
 Status check_deployment_flags(const FlagSet& flags) {
@@ -48,6 +55,17 @@ Status check_deployment_flags(const FlagSet& flags) {
     return invalid_argument(
         "a disaggregated deployment needs both --attention-workers and "
         "--expert-workers (>= 1)");
+  }
+  if (!flags.get_string("tp-expert-reduce").empty()) {
+    MSI_RETURN_IF_ERROR(
+        runtime::parse_expert_reduce(flags.get_string("tp-expert-reduce"), "--tp-expert-reduce")
+            .status());
+  }
+  if ((flags.was_set("tp-expert") || flags.was_set("tp-expert-reduce")) &&
+      !deployment_requested(flags)) {
+    return invalid_argument(
+        "--tp-expert and --tp-expert-reduce need --attention-workers and --expert-workers, or "
+        "--plan");
   }
   if (!flags.get_string("placement").empty() && !deployment_requested(flags)) {
     return invalid_argument("--placement needs --attention-workers and --expert-workers, or --plan");
@@ -120,6 +138,38 @@ StatusOr<runtime::Placement> placement_from_flags(const FlagSet& flags, const Mo
   return p;
 }
 
+// Expert tensor parallelism: flag > placement file > plan (`plan_tp`,
+// `plan_reduce`) > 1 and attention-sum; the model's FFN width must split evenly
+// and every process must fit the M2N immediate's 7-bit sender index.
+Status apply_tp_expert(const FlagSet& flags, const ModelConfig& model, int plan_tp,
+                       std::optional<runtime::ExpertReduce> plan_reduce, runtime::WorkerConfig* c) {
+  c->tp_expert = plan_tp > 0 ? plan_tp : 1;
+  if (c->placement.tp_expert > 0) c->tp_expert = c->placement.tp_expert;
+  if (flags.get_int("tp-expert") > 0) c->tp_expert = static_cast<int>(flags.get_int("tp-expert"));
+  if (plan_reduce) c->tp_expert_reduce = *plan_reduce;
+  if (c->placement.tp_expert_reduce) c->tp_expert_reduce = *c->placement.tp_expert_reduce;
+  if (!flags.get_string("tp-expert-reduce").empty()) {
+    MSI_ASSIGN_OR_RETURN(
+        c->tp_expert_reduce,
+        runtime::parse_expert_reduce(flags.get_string("tp-expert-reduce"), "--tp-expert-reduce"));
+  }
+  if (model.expert_ffn % c->tp_expert != 0) {
+    return invalid_argument("tp_expert " + std::to_string(c->tp_expert) +
+                            " does not divide the experts' FFN width " +
+                            std::to_string(model.expert_ffn));
+  }
+  if (c->expert_processes() > 128) {
+    return invalid_argument("expert workers x tp_expert = " +
+                            std::to_string(c->expert_processes()) + " processes; at most 128");
+  }
+  // The placement in effect (printed with the routing statistics) says it too.
+  // (Only with tp > 1: without it the document stays what it was.)
+  c->placement.tp_expert = c->tp_expert;
+  c->placement.tp_expert_reduce.reset();
+  if (c->tp_expert > 1) c->placement.tp_expert_reduce = c->tp_expert_reduce;
+  return ok_status();
+}
+
 StatusOr<runtime::WorkerConfig> worker_config_from_flags(const FlagSet& flags,
                                                          const ModelConfig& model) {
   MSI_ASSIGN_OR_RETURN(runtime::WorkerConfig c, process_config_from_flags(flags));
@@ -135,22 +185,23 @@ StatusOr<runtime::WorkerConfig> worker_config_from_flags(const FlagSet& flags,
   if (c.micro_batches < 1 || c.micro_batches > 16) return invalid_argument("--micro-batches must be in 1..16");
   MSI_ASSIGN_OR_RETURN(c.placement, placement_from_flags(flags, model, c.expert_workers,
                                                          "--expert-workers"));
+  MSI_RETURN_IF_ERROR(apply_tp_expert(flags, model, 0, std::nullopt, &c));
   return c;
 }
 
 StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
                                                         const ModelConfig& model) {
   const std::string& path = flags.get_string("plan");
-  for (const char* f : {"attention-workers", "expert-workers", "micro-batches"}) {
+  for (const char* f : {"attention-workers", "expert-workers", "micro-batches", "tp-expert"}) {
     if (flags.was_set(f)) return invalid_argument(std::string("--") + f + " conflicts with --plan");
   }
   MSI_ASSIGN_OR_RETURN(Json j, read_json_file(path));
   MSI_ASSIGN_OR_RETURN(planner::Deployment d, planner::deployment_from_plan_document(j, path));
-  if (d.shape.tp_attention > 1 || d.shape.tp_expert > 1) {
+  if (d.shape.tp_attention > 1) {
     return unimplemented(path + ": tp_attention " + std::to_string(d.shape.tp_attention) +
-                         ", tp_expert " + std::to_string(d.shape.tp_expert) +
-                         ": tensor parallelism is not supported yet; plan with tp 1 "
-                         "(e.g. a catalogue whose GPUs have gpus_per_node 1)");
+                         ": attention tensor parallelism is not supported yet (tp_expert is); "
+                         "plan with tp_attention 1 (e.g. a catalogue whose GPUs have "
+                         "gpus_per_node 1)");
   }
   if (d.model.experts != model.experts) {
     return invalid_argument(path + ": the plan is for " + std::to_string(d.model.experts) +
@@ -167,6 +218,14 @@ StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
   // A placement (e.g. from `msinfer balance`) must fit the plan's expert nodes.
   MSI_ASSIGN_OR_RETURN(c.placement, placement_from_flags(flags, model, c.expert_workers,
                                                          path + "'s expert nodes"));
+  // The planner's choice of reduction: its all-reduce is this one's
+  // allreduce, its N2M partial sums this one's attention-sum.
+  MSI_RETURN_IF_ERROR(
+      apply_tp_expert(flags, model, d.shape.tp_expert,
+                      d.shape.expert_reduction == planner::ExpertReduction::kPartialSums
+                          ? runtime::ExpertReduce::kAttentionSum
+                          : runtime::ExpertReduce::kAllReduce,
+                      &c));
   return c;
 }
 
@@ -202,8 +261,13 @@ StatusOr<Deployment> start_deployment(const FlagSet& flags) {
     d.worker_status = runtime::join_launched_deployment(c, *launcher);
     return d;
   }
-  std::fprintf(stderr, "msinfer: %d attention worker(s), %d expert worker(s), %d micro-batch(es)\n%s",
-               c.attention_workers, c.expert_workers, c.micro_batches, c.placement.describe().c_str());
+  std::fprintf(stderr, "msinfer: %d attention worker(s), %d expert worker(s), %d micro-batch(es)\n",
+               c.attention_workers, c.expert_workers, c.micro_batches);
+  if (c.tp_expert > 1) {
+    std::fprintf(stderr, "msinfer: tp_expert %d (%d processes per expert worker), reduce: %s\n",
+                 c.tp_expert, c.tp_expert, runtime::expert_reduce_name(c.tp_expert_reduce));
+  }
+  std::fprintf(stderr, "%s", c.placement.describe().c_str());
   if (launcher) {
     MSI_ASSIGN_OR_RETURN(d.router, runtime::Router::start_launched(c, *launcher));
   } else {
@@ -241,6 +305,8 @@ int run_worker(int argc, char** argv) {
   FlagSet flags("worker", "One worker process of a disaggregated deployment (started by the router).");
   flags.add_string("role", "", "attention | expert");
   flags.add_int("index", 0, 0, 127, "worker index within its role");
+  flags.add_int("tp-rank", 0, 0, runtime::Placement::kMaxTp - 1,
+                "an expert worker's shard (with --tp-expert)");
   flags.add_string("model", "", "model directory");
   flags.add_int("kv-cache-mb", 256, 1, 1 << 20, "KV cache budget (attention workers)");
   add_engine_flags(flags);
@@ -265,15 +331,24 @@ int run_worker(int argc, char** argv) {
   if (!boot.ok()) return report_error("worker", boot.status());
   const std::string role = flags.get_string("role");
   const int index = static_cast<int>(flags.get_int("index"));
+  const int tp_rank = static_cast<int>(flags.get_int("tp-rank"));
+  if (tp_rank >= c->tp_expert) {
+    return report_error("worker", invalid_argument("--tp-rank must be below --tp-expert"));
+  }
   // The router's command pipe is fd 3, the answer pipe fd 4.
   if (role == "expert") {
-    s = runtime::run_expert_worker(*c, index, **boot, 3, 4);
+    s = runtime::run_expert_worker(*c, index, tp_rank, **boot, 3, 4);
   } else if (role == "attention") {
     s = runtime::run_attention_worker(*c, index, **boot, 3, 4);
   } else {
     s = invalid_argument("--role must be attention or expert");
   }
-  if (!s.ok()) return report_error(("worker (" + role + " " + std::to_string(index) + ")").c_str(), s);
+  if (!s.ok()) {
+    const std::string who = role == "expert"
+                                ? runtime::expert_process_name(index, tp_rank, c->tp_expert)
+                                : role + " " + std::to_string(index);
+    return report_error(("worker (" + who + ")").c_str(), s);
+  }
   return 0;
 }
 

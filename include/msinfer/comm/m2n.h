@@ -10,7 +10,9 @@
 // receiver never waits for a sender with nothing to say.
 //
 // The 32-bit immediate of each write (docs/M2N.md):
-//   bit 31     channel (0 dispatch, 1 combine)
+//   bit 31     channel (0 dispatch, 1 combine; the runtime's expert tp
+//              partials to shard 0 use 1 too: a process may have one
+//              receiver and one sender per channel)
 //   bits 30-24 sender index (M <= 128)
 //   bits 23-20 slot (<= 16 slots)
 //   bits 19-16 sequence number mod 16 (a stale write from an earlier round is detected)

@@ -44,6 +44,13 @@ struct LoadOptions {
   bool attention = true;             // embedding, attention, norms, routers, LM head
   bool all_experts = true;           // every expert ...
   std::vector<int> experts;          // ... or only these (when all_experts is false)
+  // Expert tensor parallelism: this process holds shard expert_tp_rank of
+  // expert_tp_size of every expert it loads. Shard r of an expert with FFN
+  // width F (F divisible by the size) is rows [r F/tp, (r+1) F/tp) of w1 and w3
+  // (column-parallel gate/up) and the same columns of w2 (row-parallel down),
+  // so ExpertWeights::w13 is [2F/tp, h], w2 [h, F/tp] and the FFN's output is
+  // this shard's partial sum: the tp partials add up to the whole expert's output.
+  int expert_tp_rank = 0, expert_tp_size = 1;
   // GEMM weight format. int8 quantises every GEMM weight but the routers (the
   // gate's top-K is sensitive and its weight tiny); the embedding stays bf16.
   kernels::cpu::WeightFormat weights = kernels::cpu::WeightFormat::kBf16;

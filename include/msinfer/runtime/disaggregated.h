@@ -11,6 +11,7 @@
 // The answer carries the outputs of the same rows in the same order.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,10 +26,27 @@
 
 namespace msinfer::runtime {
 
+// How the tp_expert shards of an expert worker combine their row-parallel
+// partial outputs (docs/RUNTIME.md, "Expert tensor parallelism"):
+//  kAttentionSum: every shard answers the attention workers with its partial
+//    output; the attention side adds the tp partials (in shard order) into the
+//    results. No collective among the shards; N2M carries tp times the bytes.
+//  kAllReduce: shards 1..tp-1 send their partials to shard 0 over M2N (the
+//    same transport), which adds them (in shard order) and alone answers.
+enum class ExpertReduce { kAttentionSum, kAllReduce };
+const char* expert_reduce_name(ExpertReduce r);  // "attention-sum", "allreduce"
+StatusOr<ExpertReduce> parse_expert_reduce(const std::string& s, const std::string& where);
+
 // Expert e's replicas: (expert worker, share of e's tokens); shares sum to 1.
+// Each expert worker is a tensor-parallel group of tp_expert processes (shards).
 struct Placement {
   std::vector<std::vector<std::pair<int, double>>> replicas;  // [E]
   int workers = 0;
+  // Optional in the JSON ("tp_expert": 1..kMaxTp, "tp_expert_reduce"); 0 and
+  // unset when the file does not say (the flags or the plan decide then).
+  int tp_expert = 0;
+  std::optional<ExpertReduce> tp_expert_reduce;
+  static constexpr int64_t kMaxTp = 64;
 
   static Placement round_robin(int experts, int workers);
   // {"expert_workers": N, "experts": [[[worker, share], ...], ...]} or, per
@@ -45,6 +63,12 @@ struct Placement {
 struct WorkerConfig {
   std::string model_dir;
   int attention_workers = 1, expert_workers = 1, micro_batches = 1;
+  // Expert tensor parallelism: each of the expert_workers is tp_expert
+  // processes (bootstrap ranks attention workers, then expert worker w's shard
+  // r at A + w * tp_expert + r). expert_workers * tp_expert <= 128.
+  int tp_expert = 1;
+  ExpertReduce tp_expert_reduce = ExpertReduce::kAttentionSum;
+  int expert_processes() const { return expert_workers * tp_expert; }
   Placement placement;
   int64_t kv_cache_bytes = 256ll << 20;
   int64_t max_step_tokens = 256;
@@ -60,8 +84,14 @@ struct WorkerConfig {
 // Joins the deployment (bootstrap ranks: attention workers first, then expert
 // workers) and serves until the router says {"op": "exit"} on `in` or closes
 // it. Errors name the peer.
-Status run_expert_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot, int in_fd,
-                         int out_fd);
+// "expert worker 3", or with tp > 1 "expert worker 3 tp rank 1": how errors
+// and the router name one expert process.
+std::string expert_process_name(int worker, int tp_rank, int tp);
+
+// `tp_rank` is the process's shard of expert worker `index` (0 without tensor
+// parallelism).
+Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bootstrap& boot,
+                         int in_fd, int out_fd);
 
 // An attention worker: builds its engine with remote experts, then reads JSON
 // commands from `in` ({"op": "add", ...}, {"op": "step"}, {"op": "cancel", "id"},

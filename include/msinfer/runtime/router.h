@@ -55,6 +55,7 @@ class Router {
   struct Worker {
     std::string role;
     int index = 0;
+    int tp_rank = 0;        // an expert worker's shard
     pid_t pid = -1;         // forked here; -1 for a launcher's rank
     std::string where;      // a launcher's rank: "rank R on HOST (pid P)"
     int in = -1, out = -1;  // commands and answers: pipes, or one TCP socket

@@ -79,6 +79,10 @@ struct WorkerStats {
   WorkerStats(int slots, int layers, int experts = 0);
   double busy_s = 0, wait_s = 0, gemm_flops = 0;
   int64_t tokens = 0;  // rows computed (attention: tokens; expert: token-expert pairs)
+  // Bytes this process wrote over M2N: dispatch (headers and rows) or answers
+  // (rows); and, a shard > 0 of an allreduce expert worker, partial outputs
+  // to shard 0 (tp_reduce_bytes_sent, not in the first).
+  int64_t m2n_bytes_sent = 0, tp_reduce_bytes_sent = 0;
   // Expert workers: rows each hosted expert computed, summed over layers.
   std::map<int, int64_t> expert_tokens;
   // Expert workers: rows each hosted (layer, expert) computed, sliding window.
