@@ -34,17 +34,17 @@ inline std::string test_model_dir(const std::string& preset, uint64_t seed = 0) 
 #ifdef MSINFER_SOURCE_DIR
 // The command that runs tests/runtime/torch_reference.py on `dir` for the
 // prompt ids ("1,2,3") and `steps` greedy steps, modelling the active CPU
-// level's numerics: --bf16-attention where its attention rounds q and the
-// probabilities to bf16 (kernels::cpu::attention_bf16_dots).
+// level's numerics: --bf16-qk where its attention rounds q to bf16 for the
+// scores (kernels::cpu::attention_bf16_qk).
 inline std::string torch_reference_command(const std::string& dir, const std::string& ids,
                                            int steps) {
   auto c = load_model_config(dir);
   EXPECT_TRUE(c.ok()) << c.status().to_string();
-  const bool bf16 = c.ok() && kernels::cpu::attention_bf16_dots(kernels::cpu::active_isa(),
+  const bool bf16 = c.ok() && kernels::cpu::attention_bf16_qk(kernels::cpu::active_isa(),
                                                                  c->head_dim);
   return "/usr/bin/python3 '" + std::string(MSINFER_SOURCE_DIR) +
          "/tests/runtime/torch_reference.py' '" + dir + "' " + ids + " " + std::to_string(steps) +
-         (bf16 ? " --bf16-attention" : "");
+         (bf16 ? " --bf16-qk" : "");
 }
 #endif
 

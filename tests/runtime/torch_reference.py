@@ -8,12 +8,11 @@ with the engine's documented numerics (docs/ENGINE.md): every GEMM input is
 rounded to bf16 (fp32 accumulation), K and V are rounded to bf16 (the KV
 cache), everything else is fp32.
 
-With --bf16-attention, q and the softmax probabilities are rounded to bf16
-before their products (the engine does this where its CPU level computes
-attention with bf16 dot products: kernels::cpu::attention_bf16_dots; an HF
-bf16 model's q and probabilities are bf16 too).
+With --bf16-qk, q is rounded to bf16 before the scores q.K (the engine does
+this where its CPU level computes them as bf16 dot products:
+kernels::cpu::attention_bf16_qk; an HF bf16 model's q is bf16 too).
 
-Usage: torch_reference.py MODEL_DIR PROMPT_IDS(comma-separated) STEPS [--bf16-attention]
+Usage: torch_reference.py MODEL_DIR PROMPT_IDS(comma-separated) STEPS [--bf16-qk]
 Prints JSON {"tokens": [greedy tokens], "logits": [[vocab floats] per step]}:
 step 0 is the logits after the prompt, step i after feeding token i-1.
 """
@@ -57,7 +56,7 @@ def load_safetensors(model_dir):
     return tensors
 
 
-BF16_ATTENTION = False  # --bf16-attention
+BF16_QK = False  # --bf16-qk
 
 
 def bf(x):
@@ -115,17 +114,14 @@ def forward(cfg, W, ids):
             q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
             k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
         q = rope(q, pos, theta)
-        if BF16_ATTENTION:
+        if BF16_QK:
             q = bf(q)
         k = bf(rope(k, pos, theta))  # the KV cache holds bf16
         v = bf(v)
         k = k.repeat_interleave(H // KV, dim=0)
         v = v.repeat_interleave(H // KV, dim=0)
         s = q @ k.transpose(1, 2) / (hd ** 0.5) + causal
-        probs = torch.softmax(s, dim=-1)
-        if BF16_ATTENTION:
-            probs = bf(probs)
-        a = probs @ v
+        a = torch.softmax(s, dim=-1) @ v
         a = a.transpose(0, 1).reshape(T, H * hd)
         x = x + linear(a, W[p + "self_attn.o_proj.weight"])
 
@@ -159,8 +155,8 @@ def forward(cfg, W, ids):
 
 def main():
     model_dir, prompt, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    global BF16_ATTENTION
-    BF16_ATTENTION = "--bf16-attention" in sys.argv[4:]
+    global BF16_QK
+    BF16_QK = "--bf16-qk" in sys.argv[4:]
     torch.set_num_threads(1)
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)

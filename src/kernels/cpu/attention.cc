@@ -23,7 +23,7 @@ void paged_attention(const float* q, int64_t tokens, int64_t heads, const PagedK
 void paged_attention_reference(const float* q, int64_t tokens, int64_t heads,
                                const PagedKvLayer& kv, const int32_t* positions,
                                const int32_t* const* block_tables, float scale, float* out,
-                               bool bf16_dots) {
+                               bool bf16_qk) {
   const int64_t hd = kv.head_dim;
   const int64_t group = heads / kv.kv_heads;
   for (int64_t t = 0; t < tokens; ++t) {
@@ -37,7 +37,7 @@ void paged_attention_reference(const float* q, int64_t tokens, int64_t heads,
         double dot = 0;
         for (int64_t i = 0; i < hd; ++i) {
           const float qi = q[(t * heads + h) * hd + i];
-          dot += (bf16_dots ? round_to_bf16(qi) : qi) * bf16_to_float(kr[i]);
+          dot += (bf16_qk ? round_to_bf16(qi) : qi) * bf16_to_float(kr[i]);
         }
         s[p] = dot * scale;
         mx = std::max(mx, s[p]);
@@ -47,8 +47,7 @@ void paged_attention_reference(const float* q, int64_t tokens, int64_t heads,
       for (int64_t i = 0; i < hd; ++i) {
         double acc = 0;
         for (int64_t p = 0; p < ctx; ++p) {
-          const double prob = bf16_dots ? round_to_bf16(static_cast<float>(s[p] / sum)) : s[p] / sum;
-          acc += prob * bf16_to_float(kv.v[kv.offset(block_tables[t], p, g) + i]);
+          acc += s[p] / sum * bf16_to_float(kv.v[kv.offset(block_tables[t], p, g) + i]);
         }
         out[(t * heads + h) * hd + i] = static_cast<float>(acc);
       }
@@ -56,8 +55,8 @@ void paged_attention_reference(const float* q, int64_t tokens, int64_t heads,
   }
 }
 
-bool attention_bf16_dots(IsaLevel level, int64_t head_dim) {
-  // internal/simd.inc: attend_heads takes attend_heads_dpbf16 there.
+bool attention_bf16_qk(IsaLevel level, int64_t head_dim) {
+  // internal/simd.inc: attend_heads takes attention_scores_dpbf16 there.
   return level >= IsaLevel::kAvx512Bf16 && head_dim % 32 == 0 && head_dim <= 128;
 }
 

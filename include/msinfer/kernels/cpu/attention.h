@@ -41,18 +41,17 @@ void paged_attention(const float* q, int64_t tokens, int64_t heads, const PagedK
                      const int32_t* positions, const int32_t* const* block_tables, float scale,
                      float* out);
 
-// Whether paged_attention at `level` computes with bf16 dot products: at
-// avx512bf16 and amx with head_dim a multiple of 32 up to 128, q is rounded
-// to bf16 for q.K and the softmax probabilities are rounded to bf16 for P.V
-// (vdpbf16ps), as an HF bf16 model's are; the softmax itself and the
-// accumulation stay fp32. References that model the engine's numerics round
-// the same two tensors where this is true.
-bool attention_bf16_dots(IsaLevel level, int64_t head_dim);
+// Whether paged_attention at `level` computes the scores q.K as bf16 dot
+// products: at avx512bf16 and amx with head_dim a multiple of 32 up to 128,
+// q is rounded to bf16 (as an HF bf16 model's q is) and vdpbf16ps runs on
+// the K rows as stored; softmax and the value pass stay fp32. References that
+// model the engine's numerics round q the same way where this is true.
+bool attention_bf16_qk(IsaLevel level, int64_t head_dim);
 // The plain reference: gathers each context to dense fp32 and loops in double;
-// with bf16_dots, q and the probabilities rounded to bf16 as above.
+// with bf16_qk, q rounded to bf16 as above.
 void paged_attention_reference(const float* q, int64_t tokens, int64_t heads,
                                const PagedKvLayer& kv, const int32_t* positions,
                                const int32_t* const* block_tables, float scale, float* out,
-                               bool bf16_dots = false);
+                               bool bf16_qk = false);
 
 }  // namespace msinfer::kernels::cpu

@@ -13,10 +13,9 @@
 
 #include "../internal/level.h"
 
-// Attention with bf16 dot products (scores q.K and the value pass P.V):
-// internal/simd.inc instantiated for AVX-512 with kDotBf16 (its other kernels
-// are the avx512 level's, which this level takes; only paged_attention is
-// used from here).
+// Attention scores q.K as bf16 dot products: internal/simd.inc instantiated
+// for AVX-512 with kDotBf16 (its other kernels are the avx512 level's, which
+// this level takes; only paged_attention is used from here).
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,avx512bf16")
 // GCC 12 warns inside its own AVX-512 intrinsics (their _mm512_undefined_*).
