@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "msinfer/kernels/cpu/moe.h"
+#include "msinfer/kernels/cpu/moe.h"  // route_rows
 
 namespace msinfer::runtime {
 
@@ -218,11 +218,6 @@ Status CudaAttentionRunner::attention_and_gate(int l, const TokenBatch& b, KvCac
   MSI_RETURN_IF_ERROR(ctx_->sync("attention_and_gate"));
   kernels::cpu::route_rows(T, E, K, expert_dest, destinations, host_h_.data(), h, routed);
   return ok_status();
-}
-
-void CudaAttentionRunner::combine(const kernels::cpu::RoutedBatch& routed, const float* results,
-                                  float* x) const {
-  kernels::cpu::moe_combine(routed, results, x);
 }
 
 Status CudaAttentionRunner::logits(const std::vector<const float*>& rows, float* out) {

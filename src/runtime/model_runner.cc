@@ -61,8 +61,8 @@ Status AttentionRunner::attention_and_gate(int l, const TokenBatch& b, KvCache& 
   return ok_status();
 }
 
-void AttentionRunner::combine(const k::RoutedBatch& routed, const float* results,
-                              float* x) const {
+void AttentionCompute::combine(const k::RoutedBatch& routed, const float* results,
+                               float* x) const {
   k::moe_combine(routed, results, x);
 }
 

@@ -37,8 +37,6 @@ class CudaAttentionRunner : public AttentionCompute {
   Status attention_and_gate(int l, const TokenBatch& b, KvCache& kv, float* x,
                             kernels::cpu::RoutedBatch* routed, const int32_t* expert_dest = nullptr,
                             int64_t destinations = 0) override;
-  void combine(const kernels::cpu::RoutedBatch& routed, const float* results,
-               float* x) const override;
   Status logits(const std::vector<const float*>& rows, float* out) override;
   bool host_kv() const override { return false; }
   // Device memory held for weights and the KV cache.

@@ -45,8 +45,9 @@ class AttentionCompute {
                                     kernels::cpu::RoutedBatch* routed,
                                     const int32_t* expert_dest = nullptr,
                                     int64_t destinations = 0) = 0;
-  virtual void combine(const kernels::cpu::RoutedBatch& routed, const float* results,
-                       float* x) const = 0;
+  // x += the gate-weighted expert results (rows in send-buffer order), on the
+  // host, where the results arrive: the same for every implementation.
+  void combine(const kernels::cpu::RoutedBatch& routed, const float* results, float* x) const;
   virtual Status logits(const std::vector<const float*>& rows, float* out) = 0;
   // Whether the KV cache's pools must be in host memory (false: the
   // implementation keeps its own on its device and uses only the block tables).
@@ -76,9 +77,6 @@ class AttentionRunner : public AttentionCompute {
   Status attention_and_gate(int l, const TokenBatch& b, KvCache& kv, float* x,
                             kernels::cpu::RoutedBatch* routed, const int32_t* expert_dest = nullptr,
                             int64_t destinations = 0) override;
-  // x += the gate-weighted expert results (rows in send-buffer order).
-  void combine(const kernels::cpu::RoutedBatch& routed, const float* results,
-               float* x) const override;
   // Final norm and LM head for the given hidden-state rows (from any
   // micro-batch), in one GEMM: out[rows.size(), vocab].
   Status logits(const std::vector<const float*>& rows, float* out) override;
