@@ -9,7 +9,7 @@
 // Attention at avx512bf16 and amx computes the scores as bf16 dot products
 // (q rounded to bf16, as an HF bf16 model's q is): there the level is
 // compared with the double-precision reference that rounds q the same way,
-// at kBf16QkTol (measured ~1e-7: summation order); leaving q unrounded in the
+// at kTol too (measured ~1e-7: summation order); leaving q unrounded in the
 // reference gives ~1.5e-3 here.
 #include <gtest/gtest.h>
 
@@ -32,7 +32,6 @@ using testing::randn_bf16;
 using testing::rel_err;
 
 constexpr double kTol = 1e-5;
-constexpr double kBf16QkTol = 1e-5;
 
 // Levels above generic that this CPU runs (may be empty).
 std::vector<IsaLevel> higher_levels() {
@@ -41,6 +40,23 @@ std::vector<IsaLevel> higher_levels() {
     if (l != IsaLevel::kGeneric && isa_supported(l)) out.push_back(l);
   }
   return out;
+}
+
+// The level's attention output `l` against generic's `g` or, where the level
+// rounds q for the scores (attention_bf16_qk), against `rounded_ref()`: the
+// double-precision reference with q rounded the same way.
+void expect_attention_matches(IsaLevel level, int64_t hd, int64_t group,
+                              const std::vector<float>& l, const std::vector<float>& g,
+                              const std::function<std::vector<float>()>& rounded_ref) {
+  if (!attention_bf16_qk(level, hd)) {
+    EXPECT_LT(rel_err(l, g), kTol) << isa_name(level) << " hd=" << hd << " group=" << group;
+    return;
+  }
+  const std::vector<float> ref = rounded_ref();
+  EXPECT_LT(rel_err(l, ref), kTol) << isa_name(level) << " hd=" << hd << " group=" << group;
+  std::printf("[ levels ] %s attention hd=%lld group=%lld: bf16 q %.2g, unrounded %.2g\n",
+              isa_name(level), static_cast<long long>(hd), static_cast<long long>(group),
+              rel_err(l, ref), rel_err(l, g));
 }
 
 // Restores the active level after a test that forces others.
@@ -175,17 +191,12 @@ TEST_F(LevelsTest, AttentionMatchesGenericForEveryHeadDimAndGroup) {
           paged_attention(q.data(), T, heads, kv, pos.data(), tables.data(), scale, out.data());
           return out;
         });
-        if (attention_bf16_qk(level, hd)) {
+        expect_attention_matches(level, hd, group, l, g, [&] {
           std::vector<float> ref(q.size());
           paged_attention_reference(q.data(), T, heads, kv, pos.data(), tables.data(), scale,
                                     ref.data(), /*bf16_qk=*/true);
-          EXPECT_LT(rel_err(l, ref), kBf16QkTol) << isa_name(level) << " hd=" << hd << " group=" << group;
-          std::printf("[ levels ] %s attention hd=%lld group=%lld: bf16 q %.2g, unrounded %.2g\n",
-                      isa_name(level), static_cast<long long>(hd), static_cast<long long>(group),
-                      rel_err(l, ref), rel_err(l, g));
-        } else {
-          EXPECT_LT(rel_err(l, g), kTol) << isa_name(level) << " hd=" << hd << " group=" << group;
-        }
+          return ref;
+        });
       }
     }
   }
@@ -222,17 +233,12 @@ TEST_F(LevelsTest, AttentionOverLongContextsMatchesGeneric) {
           paged_attention(q.data(), 3, heads, kv, dpos.data(), dtables.data(), scale, out.data());
           return out;
         });
-        if (attention_bf16_qk(level, hd)) {
+        expect_attention_matches(level, hd, group, l, g, [&] {
           std::vector<float> ref(q.size());
           paged_attention_reference(q.data(), 3, heads, kv, dpos.data(), dtables.data(), scale,
                                     ref.data(), /*bf16_qk=*/true);
-          EXPECT_LT(rel_err(l, ref), kBf16QkTol) << isa_name(level) << " hd=" << hd << " group=" << group;
-          std::printf("[ levels ] %s long attention hd=%lld group=%lld: bf16 q %.2g, unrounded %.2g\n",
-                      isa_name(level), static_cast<long long>(hd), static_cast<long long>(group),
-                      rel_err(l, ref), rel_err(l, g));
-        } else {
-          EXPECT_LT(rel_err(l, g), kTol) << isa_name(level) << " hd=" << hd << " group=" << group;
-        }
+          return ref;
+        });
       }
     }
   }

@@ -134,7 +134,9 @@ TEST(SimulatorTest, ZipfSharesAreCappedAndSumToOne) {
   for (double x : p) EXPECT_NEAR(x, 0.25, 1e-12);
 }
 
-TEST(SimulatorTest, SkewedLoadMakesTheHotExpertAStraggler) {
+// The tiny model on ideal GPUs with expert compute made to matter (k3 x 20),
+// for the load-skew tests.
+Deployment expert_bound_deployment() {
   Deployment d;
   d.model = testing::tiny_model();
   d.model.layers = d.model.moe_layers = 8;
@@ -145,6 +147,11 @@ TEST(SimulatorTest, SkewedLoadMakesTheHotExpertAStraggler) {
   d.seq_len = 100;
   d.stage = build_stage_model(d.model, d.shape, 100, half_util());
   d.stage.k3 *= 20;  // make expert compute matter
+  return d;
+}
+
+TEST(SimulatorTest, SkewedLoadMakesTheHotExpertAStraggler) {
+  const Deployment d = expert_bound_deployment();
   auto flat = simulate(d, SimOptions{});
   SimOptions skew;
   skew.zipf_s = 1.5;
@@ -161,16 +168,7 @@ TEST(SimulatorTest, SkewedLoadMakesTheHotExpertAStraggler) {
 // nodes (the coldest two sharing one) lowers the busiest node's load and the
 // time between tokens. Shares that do not fit the deployment are refused.
 TEST(SimulatorTest, APlacementWithReplicasSpreadsTheHotExpert) {
-  Deployment d;
-  d.model = testing::tiny_model();
-  d.model.layers = d.model.moe_layers = 8;
-  d.shape = DeploymentShape{ideal_gpu(), ideal_gpu(), 1, 1};
-  d.attention_nodes = 4;
-  d.micro_batches = 3;
-  d.batch_per_micro_batch = 64;
-  d.seq_len = 100;
-  d.stage = build_stage_model(d.model, d.shape, 100, half_util());
-  d.stage.k3 *= 20;  // make expert compute matter
+  const Deployment d = expert_bound_deployment();
   const int E = d.model.experts;
   SimOptions zipf;
   zipf.zipf_s = 1.5;
