@@ -38,7 +38,6 @@ class CudaAttentionRunner : public AttentionCompute {
                             kernels::cpu::RoutedBatch* routed, const int32_t* expert_dest = nullptr,
                             int64_t destinations = 0) override;
   Status logits(const std::vector<const float*>& rows, float* out) override;
-  bool host_kv() const override { return false; }
   // Device memory held for weights and the KV cache.
   size_t device_bytes() const { return device_bytes_; }
 

@@ -49,9 +49,6 @@ class AttentionCompute {
   // host, where the results arrive: the same for every implementation.
   void combine(const kernels::cpu::RoutedBatch& routed, const float* results, float* x) const;
   virtual Status logits(const std::vector<const float*>& rows, float* out) = 0;
-  // Whether the KV cache's pools must be in host memory (false: the
-  // implementation keeps its own on its device and uses only the block tables).
-  virtual bool host_kv() const { return true; }
 };
 
 class ExpertCompute {
