@@ -74,6 +74,49 @@ TEST(LineIoTest, SignalsDoNotBreakAWrite) {
   EXPECT_EQ(got.substr(filled), "the line\n");
 }
 
+// A read_line waiting for its line (in poll, no timeout) and hit by signals
+// whose handler does not restart system calls keeps waiting, and returns the
+// line when it comes: an interrupted wait is neither end of file nor a
+// timeout.
+TEST(LineIoTest, SignalsDoNotEndARead) {
+  struct sigaction sa {
+  }, old{};
+  sa.sa_handler = count_signal;
+  sa.sa_flags = 0;
+  sigemptyset(&sa.sa_mask);
+  ASSERT_EQ(::sigaction(SIGUSR1, &sa, &old), 0);
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  std::atomic<int> result{-1};
+  std::atomic<bool> eof{false};
+  std::string line;
+  std::thread reader([&] {
+    std::string buf;
+    bool e = false;
+    result = read_line(fds[0], &buf, &line, -1, &e) ? 1 : 0;
+    eof = e;
+  });
+  const int before = signals_seen.load();
+  for (int i = 0; i < 50 && result.load() == -1; ++i) {
+    ::pthread_kill(reader.native_handle(), SIGUSR1);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (signals_seen.load() == before + i && std::chrono::steady_clock::now() < until) {
+      std::this_thread::yield();
+    }
+  }
+  const int still_waiting = result.load();
+  ASSERT_EQ(::write(fds[1], "late line\n", 10), 10);
+  reader.join();
+  ::sigaction(SIGUSR1, &old, nullptr);
+  ::close(fds[0]);
+  ::close(fds[1]);
+  EXPECT_GT(signals_seen.load(), before);
+  EXPECT_EQ(still_waiting, -1) << "read_line returned on a signal";
+  EXPECT_EQ(result.load(), 1);
+  EXPECT_FALSE(eof.load());
+  EXPECT_EQ(line, "late line");
+}
+
 TEST(LineIoTest, ReadLineKeepsPartialLinesAndReportsEndOfFile) {
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
