@@ -47,6 +47,7 @@ Json KernelBenchResult::to_json() const {
                       {"weights", r.weights},
                       {"tokens", r.tokens},
                       {"context", r.context},
+                      {"kv_block_size", r.kv_block_size},
                       {"ms", r.seconds * 1e3},
                       {"gflops", r.gflops()},
                       {"gb_s", r.gb_s()},
@@ -108,7 +109,7 @@ StatusOr<KernelBenchResult> bench_kernels(const KernelBenchOptions& o,
   // in blocks scattered over a 256 MiB pool (larger than the caches); successive calls
   // read different blocks, as successive layers and micro-batches would.
   const int64_t R = o.decode_requests, kvh = o.kv_heads, hd = o.head_dim, H = o.heads;
-  const int64_t block = 16;
+  const int64_t block = o.kv_block_size;
   const int64_t block_elems = kvh * block * hd;
   const int64_t pool_blocks = (o.quick ? 64ll << 20 : 256ll << 20) / (2 * 2 * block_elems);
   std::vector<bf16> kpool(pool_blocks * block_elems), vpool(kpool.size());
@@ -141,6 +142,7 @@ StatusOr<KernelBenchResult> bench_kernels(const KernelBenchOptions& o,
     row.weights = "bf16";  // the KV cache
     row.tokens = R;
     row.context = ctx;
+    row.kv_block_size = block;
     row.seconds = seconds_per_call(
         [&] {
           for (int64_t r = 0; r < R; ++r) tp[r] = tables[next * R + r].data();

@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "msinfer/bench/kernels_bench.h"
 #include "msinfer/runtime/device_backend.h"
+#include "msinfer/runtime/kv_cache.h"
 #ifdef MSINFER_WITH_CUDA
 #include "msinfer/bench/cuda_kernels_bench.h"
 #endif
@@ -39,6 +40,8 @@ int run_bench_kernels(int argc, char** argv) {
   flags.add_string("isa", "", "CPU kernel level: generic|avx2|avx512|avx512bf16|amx (default: best)");
   flags.add_string("weights", "bf16,int8", "expert weight formats to measure: bf16, int8 or both");
   flags.add_string("tokens", "", "tokens per expert, comma-separated (default 1,2,4,...,1024)");
+  flags.add_int("kv-block-size", runtime::KvCache::kDefaultBlockSize, 1, 4096,
+                "token slots per KV block in the decode attention runs (the engine's default)");
   flags.add_string("device", "cpu",
                    "cpu, or cuda[:N]: the GPU's bf16 GEMM rate and copy bandwidth, then the CUDA\n"
                    "backend's kernels at Mixtral-8x7B shapes against them");
@@ -65,6 +68,7 @@ int run_bench_kernels(int argc, char** argv) {
   }
   bench::KernelBenchOptions o;
   o.quick = flags.get_bool("quick");
+  o.kv_block_size = flags.get_int("kv-block-size");
   s = apply_isa_flag(flags.get_string("isa"));
   if (!s.ok()) return report_error("bench kernels", s);
   o.weights.clear();

@@ -13,6 +13,7 @@
 #include "msinfer/core/json.h"
 #include "msinfer/core/status.h"
 #include "msinfer/kernels/cpu/gemm.h"
+#include "msinfer/runtime/kv_cache.h"
 
 namespace msinfer::bench {
 
@@ -24,6 +25,7 @@ struct KernelBenchOptions {
   std::vector<kernels::cpu::WeightFormat> weights = {kernels::cpu::WeightFormat::kBf16,
                                                      kernels::cpu::WeightFormat::kInt8};
   std::vector<int64_t> contexts = {128, 256, 512, 1024, 2048, 4096};
+  int64_t kv_block_size = runtime::KvCache::kDefaultBlockSize;  // token slots per KV block
   double min_seconds = 0.2;  // per measurement
   bool quick = false;
 };
@@ -33,6 +35,7 @@ struct KernelBenchRow {
   std::string weights;  // "bf16" | "int8" (attention: the bf16 KV cache)
   int64_t tokens = 0;   // tokens per expert, or decode requests
   int64_t context = 0;  // attention only
+  int64_t kv_block_size = 0;  // attention only: token slots per KV block
   double seconds = 0;   // per call
   double flops = 0, bytes = 0;
   double gflops() const { return flops / seconds / 1e9; }

@@ -33,7 +33,7 @@ namespace msinfer::runtime {
 
 struct EngineOptions {
   int64_t kv_cache_bytes = 256ll << 20;
-  int64_t block_size = 16;
+  int64_t block_size = KvCache::kDefaultBlockSize;
   int64_t max_step_tokens = 256;  // decode tokens + prefill chunk tokens per step
   int micro_batches = 1;          // m: the step's tokens split into m micro-batches
   // Run a step (all layers, empty micro-batches) even with nothing to do: an
