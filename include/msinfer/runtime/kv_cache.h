@@ -22,7 +22,7 @@ class KvCache {
   // Token slots per block. One KV head's rows of a block are contiguous
   // (block_size * head_dim bf16) and blocks are scattered over the pool, so
   // decode attention reads runs of that length: at 16 (2 KiB at head_dim 64)
-  // it reached 10-11 GB/s on 2 Zen 5 cores, at 128 (16 KiB) 17.5-18 GB/s
+  // it read 10.8-12.6 GB/s on 2 Zen 5 cores, at 128 (16 KiB) 16.3-19.6 GB/s
   // (`msinfer bench kernels --kv-block-size`, docs/BENCHMARKS.md). The cost is
   // granularity: a request holds up to block_size - 1 unused slots.
   static constexpr int64_t kDefaultBlockSize = 128;
@@ -31,8 +31,7 @@ class KvCache {
   // Without host_pools the blocks and tables are managed here but the K/V
   // values live elsewhere (a GPU's memory); layer() then has null pools.
   static StatusOr<KvCache> create(const ModelConfig& config, int64_t budget_bytes,
-                                  int64_t block_size = kDefaultBlockSize,
-                                  bool host_pools = true);
+                                  int64_t block_size = kDefaultBlockSize, bool host_pools = true);
 
   // Bytes of K and V for one token across all layers.
   static int64_t bytes_per_token(const ModelConfig& config);
@@ -52,7 +51,8 @@ class KvCache {
   kernels::cpu::PagedKvLayer layer(int l);
 
  private:
-  int64_t block_size_ = kDefaultBlockSize, num_blocks_ = 0, slot_elems_ = 0, kv_heads_ = 0, head_dim_ = 0;
+  int64_t block_size_ = kDefaultBlockSize, num_blocks_ = 0, slot_elems_ = 0, kv_heads_ = 0,
+          head_dim_ = 0;
   int layers_ = 0;
   std::vector<bf16> k_, v_;  // [layers][blocks][block_size][slot]
   std::vector<int32_t> free_;
