@@ -2,10 +2,15 @@
 // independent implementation in another language.
 #pragma once
 
+#include <fcntl.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <functional>
+#include <map>
 #include <string>
+#include <vector>
 
 namespace msinfer::testing {
 
@@ -19,6 +24,56 @@ inline std::string run_capture(const std::string& cmd) {
   while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
   const int status = pclose(p);
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? out : "";
+}
+
+// A deployment's router run as a child process (argv[0] is the binary), its
+// stdout discarded and its stderr read line by line until it exits. The
+// workers' pid lines fill `pids`: "<role> worker <i>: pid <p>" as
+// "<role><i>" (e.g. "attention1"), "<role> worker <i> tp rank <r>: pid <p>"
+// as "<role><i>.<r>" (e.g. "expert1.1"). `on_line` sees every line once its
+// pid (if any) is recorded, with the pids so far: tests kill or stop a worker
+// from there.
+struct RouterRun {
+  std::string stderr_text;  // everything the router and its workers wrote
+  int status = 0;           // from waitpid
+  std::map<std::string, pid_t> pids;
+};
+
+inline RouterRun watch_router(
+    const std::vector<std::string>& argv,
+    const std::function<void(const char* line, const std::map<std::string, pid_t>& pids)>&
+        on_line) {
+  RouterRun run;
+  int err[2];
+  if (::pipe(err) != 0) return run;
+  const pid_t router = ::fork();
+  if (router == 0) {
+    ::dup2(err[1], 2);
+    const int devnull = ::open("/dev/null", O_WRONLY);
+    ::dup2(devnull, 1);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  ::close(err[1]);
+  FILE* f = ::fdopen(err[0], "r");
+  char line[4096];
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    run.stderr_text += line;
+    int idx = 0, rank = 0, pid = 0;
+    char role[32];
+    if (std::sscanf(line, "%31s worker %d tp rank %d: pid %d", role, &idx, &rank, &pid) == 4) {
+      run.pids[std::string(role) + std::to_string(idx) + "." + std::to_string(rank)] = pid;
+    } else if (std::sscanf(line, "%31s worker %d: pid %d", role, &idx, &pid) == 3) {
+      run.pids[std::string(role) + std::to_string(idx)] = pid;
+    }
+    on_line(line, run.pids);
+  }
+  std::fclose(f);
+  ::waitpid(router, &run.status, 0);
+  return run;
 }
 
 }  // namespace msinfer::testing

@@ -141,41 +141,22 @@ class DisaggregatedKillTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(DisaggregatedKillTest, AKilledWorkerIsNamedAndEverythingStops) {
   const std::string victim_role = GetParam();
   const std::string dir = testing::test_model_dir("tiny-mixtral");
-  int err[2];
-  ASSERT_EQ(::pipe(err), 0);
-  const pid_t router = ::fork();
-  if (router == 0) {
-    ::dup2(err[1], 2);
-    int devnull = ::open("/dev/null", O_WRONLY);
-    ::dup2(devnull, 1);
-    ::execl(kBinary.c_str(), kBinary.c_str(), "generate", "--model", dir.c_str(), "--prompt-ids",
-            "5,9,22", "--max-tokens", "3500", "--ignore-eos", "--attention-workers", "2",
-            "--expert-workers", "2", "--micro-batches", "2", "--timeout-ms", "2000", nullptr);
-    ::_exit(127);
-  }
-  ::close(err[1]);
-  FILE* f = ::fdopen(err[0], "r");
-  std::map<std::string, pid_t> pids;
-  std::string all;
-  char line[4096];
   pid_t victim = -1;
   std::chrono::steady_clock::time_point killed_at;
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
-    all += line;
-    int idx = 0, pid = 0;
-    char role[32];
-    if (std::sscanf(line, "%31s worker %d: pid %d", role, &idx, &pid) == 3) {
-      pids[std::string(role) + std::to_string(idx)] = pid;
-    }
-    if (victim < 0 && std::strstr(line, "msinfer: step 32") != nullptr && pids.count(victim_role + "1")) {
-      victim = pids[victim_role + "1"];
-      ::kill(victim, SIGKILL);
-      killed_at = std::chrono::steady_clock::now();
-    }
-  }
-  std::fclose(f);
-  int status = 0;
-  ::waitpid(router, &status, 0);
+  const auto run = msinfer::testing::watch_router(
+      {kBinary, "generate", "--model", dir, "--prompt-ids", "5,9,22", "--max-tokens", "3500",
+       "--ignore-eos", "--attention-workers", "2", "--expert-workers", "2", "--micro-batches",
+       "2", "--timeout-ms", "2000"},
+      [&](const char* line, const std::map<std::string, pid_t>& pids) {
+        if (victim < 0 && std::strstr(line, "msinfer: step 32") != nullptr &&
+            pids.count(victim_role + "1")) {
+          victim = pids.at(victim_role + "1");
+          ::kill(victim, SIGKILL);
+          killed_at = std::chrono::steady_clock::now();
+        }
+      });
+  const std::string& all = run.stderr_text;
+  const int status = run.status;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
   ASSERT_GT(victim, 0) << "never saw the workers start and run:\n" << all;
@@ -183,7 +164,7 @@ TEST_P(DisaggregatedKillTest, AKilledWorkerIsNamedAndEverythingStops) {
   EXPECT_NE(all.find(victim_role + " worker 1"), std::string::npos) << all;
   EXPECT_NE(all.find("request 1"), std::string::npos) << all;
   EXPECT_LT(seconds, 2.0 + 10.0) << "not detected within the M2N timeout";
-  for (const auto& [name, pid] : pids) {
+  for (const auto& [name, pid] : run.pids) {
     EXPECT_FALSE(alive(pid)) << name << " is still running";
     // Its shm endpoint (a 16 MiB /dev/shm object) does not outlive it.
     for (const auto& left : msinfer::testing::shm_objects_of(pid)) {

@@ -473,7 +473,9 @@ TEST(ExpertTpBenchTest, CountersAccountForEveryRowAndByte) {
       const auto& w = workers[i];
       EXPECT_EQ(w["role"], "expert");
       EXPECT_EQ(w["tp_rank"], static_cast<int>((i - 1) % 2)) << w.dump();
-      if (w["tp_rank"] != 0) EXPECT_EQ(w["tokens"], 0) << w.dump();
+      if (w["tp_rank"] != 0) {
+        EXPECT_EQ(w["tokens"], 0) << w.dump();
+      }
       rows += w["tokens"].get<int64_t>();
       answer_bytes += w["m2n_bytes_sent"].get<int64_t>();
       reduce_bytes += w["tp_reduce_bytes_sent"].get<int64_t>();
@@ -517,44 +519,23 @@ class ExpertTpKillTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(ExpertTpKillTest, AKilledShardIsNamedAndEverythingStops) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
   const std::string mode = GetParam();
-  int err[2];
-  ASSERT_EQ(::pipe(err), 0);
-  const pid_t router = ::fork();
-  if (router == 0) {
-    ::dup2(err[1], 2);
-    int devnull = ::open("/dev/null", O_WRONLY);
-    ::dup2(devnull, 1);
-    ::execl(kBinary.c_str(), kBinary.c_str(), "generate", "--model", dir.c_str(), "--prompt-ids",
-            "5,9,22", "--max-tokens", "3500", "--ignore-eos", "--attention-workers", "2",
-            "--expert-workers", "2", "--micro-batches", "2", "--tp-expert", "2",
-            "--tp-expert-reduce", mode.c_str(), "--timeout-ms", "2000", nullptr);
-    ::_exit(127);
-  }
-  ::close(err[1]);
-  FILE* f = ::fdopen(err[0], "r");
-  std::map<std::string, pid_t> pids;
-  std::string all;
-  char line[4096];
   pid_t victim = -1;
   std::chrono::steady_clock::time_point killed_at;
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
-    all += line;
-    int idx = 0, rank = 0, pid = 0;
-    char role[32];
-    if (std::sscanf(line, "%31s worker %d tp rank %d: pid %d", role, &idx, &rank, &pid) == 4) {
-      pids["expert" + std::to_string(idx) + "." + std::to_string(rank)] = pid;
-    } else if (std::sscanf(line, "%31s worker %d: pid %d", role, &idx, &pid) == 3) {
-      pids[std::string(role) + std::to_string(idx)] = pid;
-    }
-    if (victim < 0 && std::strstr(line, "msinfer: step 32") != nullptr && pids.count("expert1.1")) {
-      victim = pids["expert1.1"];
-      ::kill(victim, SIGKILL);
-      killed_at = std::chrono::steady_clock::now();
-    }
-  }
-  std::fclose(f);
-  int status = 0;
-  ::waitpid(router, &status, 0);
+  const auto run = msinfer::testing::watch_router(
+      {kBinary, "generate", "--model", dir, "--prompt-ids", "5,9,22", "--max-tokens", "3500",
+       "--ignore-eos", "--attention-workers", "2", "--expert-workers", "2", "--micro-batches",
+       "2", "--tp-expert", "2", "--tp-expert-reduce", mode, "--timeout-ms", "2000"},
+      [&](const char* line, const std::map<std::string, pid_t>& pids) {
+        if (victim < 0 && std::strstr(line, "msinfer: step 32") != nullptr &&
+            pids.count("expert1.1")) {
+          victim = pids.at("expert1.1");
+          ::kill(victim, SIGKILL);
+          killed_at = std::chrono::steady_clock::now();
+        }
+      });
+  const std::string& all = run.stderr_text;
+  const int status = run.status;
+  const auto& pids = run.pids;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
   ASSERT_GT(victim, 0) << "never saw the workers start and run:\n" << all;
@@ -581,42 +562,21 @@ TEST_P(ExpertTpKillTest, AKilledShardIsNamedAndEverythingStops) {
 TEST_P(ExpertTpKillTest, AHungShardIsNamedByTheTimeout) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
   const std::string mode = GetParam();
-  int err[2];
-  ASSERT_EQ(::pipe(err), 0);
-  const pid_t router = ::fork();
-  if (router == 0) {
-    ::dup2(err[1], 2);
-    int devnull = ::open("/dev/null", O_WRONLY);
-    ::dup2(devnull, 1);
-    ::execl(kBinary.c_str(), kBinary.c_str(), "generate", "--model", dir.c_str(), "--prompt-ids",
-            "5,9,22", "--max-tokens", "3500", "--ignore-eos", "--attention-workers", "1",
-            "--expert-workers", "2", "--micro-batches", "2", "--tp-expert", "2",
-            "--tp-expert-reduce", mode.c_str(), "--timeout-ms", "1000", nullptr);
-    ::_exit(127);
-  }
-  ::close(err[1]);
-  FILE* f = ::fdopen(err[0], "r");
-  std::map<std::string, pid_t> pids;
-  std::string all;
-  char line[4096];
   pid_t victim = -1;
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
-    all += line;
-    int idx = 0, rank = 0, pid = 0;
-    char role[32];
-    if (std::sscanf(line, "%31s worker %d tp rank %d: pid %d", role, &idx, &rank, &pid) == 4) {
-      pids["expert" + std::to_string(idx) + "." + std::to_string(rank)] = pid;
-    } else if (std::sscanf(line, "%31s worker %d: pid %d", role, &idx, &pid) == 3) {
-      pids[std::string(role) + std::to_string(idx)] = pid;
-    }
-    if (victim < 0 && std::strstr(line, "msinfer: step 32") != nullptr && pids.count("expert1.1")) {
-      victim = pids["expert1.1"];
-      ::kill(victim, SIGSTOP);
-    }
-  }
-  std::fclose(f);
-  int status = 0;
-  ::waitpid(router, &status, 0);
+  const auto run = msinfer::testing::watch_router(
+      {kBinary, "generate", "--model", dir, "--prompt-ids", "5,9,22", "--max-tokens", "3500",
+       "--ignore-eos", "--attention-workers", "1", "--expert-workers", "2", "--micro-batches",
+       "2", "--tp-expert", "2", "--tp-expert-reduce", mode, "--timeout-ms", "1000"},
+      [&](const char* line, const std::map<std::string, pid_t>& pids) {
+        if (victim < 0 && std::strstr(line, "msinfer: step 32") != nullptr &&
+            pids.count("expert1.1")) {
+          victim = pids.at("expert1.1");
+          ::kill(victim, SIGSTOP);
+        }
+      });
+  const std::string& all = run.stderr_text;
+  const int status = run.status;
+  const auto& pids = run.pids;
   ASSERT_GT(victim, 0) << "never saw the workers start and run:\n" << all;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << all;
   const std::string named = mode == "allreduce" ? "no partial output from expert worker 1 tp rank 1"
