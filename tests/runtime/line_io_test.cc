@@ -19,16 +19,53 @@ namespace {
 std::atomic<int> signals_seen{0};
 void count_signal(int) { signals_seen.fetch_add(1); }
 
+// Counts SIGUSR1 in signals_seen while it lives, with a handler that does not
+// restart system calls (no SA_RESTART: a blocked call returns EINTR); puts the
+// old action back when it goes.
+class CountSigusr1 {
+ public:
+  CountSigusr1() {
+    struct sigaction sa {};
+    sa.sa_handler = count_signal;
+    sa.sa_flags = 0;
+    sigemptyset(&sa.sa_mask);
+    installed_ = ::sigaction(SIGUSR1, &sa, &old_) == 0;
+  }
+  ~CountSigusr1() {
+    if (installed_) ::sigaction(SIGUSR1, &old_, nullptr);
+  }
+  bool installed() const { return installed_; }
+
+ private:
+  struct sigaction old_ {};
+  bool installed_ = false;
+};
+
+// Sends `target` up to `times` SIGUSR1s while `waiting()` holds, each after
+// the one before was handled. Each wait for the handler is bounded (1 s):
+// under ThreadSanitizer a signal that lands just before a blocking call is
+// held until the call returns, and only the caller can make it return; the
+// sending stops at such a signal.
+template <class Waiting>
+void interrupt(std::thread& target, int times, Waiting waiting) {
+  const int before = signals_seen.load();
+  for (int i = 0; i < times && waiting(); ++i) {
+    ::pthread_kill(target.native_handle(), SIGUSR1);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (signals_seen.load() == before + i && waiting() &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::yield();
+    }
+    if (signals_seen.load() == before + i) break;  // held
+  }
+}
+
 // A write_line blocked on a full pipe, hit by signals whose handler does not
 // restart system calls (no SA_RESTART: write returns EINTR), still writes
 // the whole line once the reader drains the pipe.
 TEST(LineIoTest, SignalsDoNotBreakAWrite) {
-  struct sigaction sa {
-  }, old{};
-  sa.sa_handler = count_signal;
-  sa.sa_flags = 0;
-  sigemptyset(&sa.sa_mask);
-  ASSERT_EQ(::sigaction(SIGUSR1, &sa, &old), 0);
+  CountSigusr1 counting;
+  ASSERT_TRUE(counting.installed());
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
   // Fill the pipe so that the next write blocks.
@@ -43,20 +80,11 @@ TEST(LineIoTest, SignalsDoNotBreakAWrite) {
   ::fcntl(fds[1], F_SETFL, 0);
   std::atomic<int> result{-1};
   std::thread writer([&] { result = write_line(fds[1], "the line") ? 1 : 0; });
-  // Interrupt the writer many times while it is blocked (or about to be).
-  // Each wait for the handler is bounded: under ThreadSanitizer a signal that
-  // lands just before the blocking write is held until the write returns, and
-  // only the drain below lets it return.
+  // Interrupt the writer many times while it is blocked (or about to be); a
+  // held signal (ThreadSanitizer) ends the sending, and the drain below lets
+  // the write return.
   const int before = signals_seen.load();
-  for (int i = 0; i < 200 && result.load() == -1; ++i) {
-    ::pthread_kill(writer.native_handle(), SIGUSR1);
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    while (signals_seen.load() == before + i && result.load() == -1 &&
-           std::chrono::steady_clock::now() < until) {
-      std::this_thread::yield();
-    }
-    if (signals_seen.load() == before + i) break;  // held: drain now
-  }
+  interrupt(writer, 200, [&] { return result.load() == -1; });
   // Drain: the filler, then the line.
   std::string got;
   char buf[65536];
@@ -66,7 +94,6 @@ TEST(LineIoTest, SignalsDoNotBreakAWrite) {
     got.append(buf, static_cast<size_t>(n));
   }
   writer.join();
-  ::sigaction(SIGUSR1, &old, nullptr);
   ::close(fds[0]);
   ::close(fds[1]);
   EXPECT_GT(signals_seen.load(), before);
@@ -79,12 +106,8 @@ TEST(LineIoTest, SignalsDoNotBreakAWrite) {
 // line when it comes: an interrupted wait is neither end of file nor a
 // timeout.
 TEST(LineIoTest, SignalsDoNotEndARead) {
-  struct sigaction sa {
-  }, old{};
-  sa.sa_handler = count_signal;
-  sa.sa_flags = 0;
-  sigemptyset(&sa.sa_mask);
-  ASSERT_EQ(::sigaction(SIGUSR1, &sa, &old), 0);
+  CountSigusr1 counting;
+  ASSERT_TRUE(counting.installed());
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
   std::atomic<int> result{-1};
@@ -97,17 +120,10 @@ TEST(LineIoTest, SignalsDoNotEndARead) {
     eof = e;
   });
   const int before = signals_seen.load();
-  for (int i = 0; i < 50 && result.load() == -1; ++i) {
-    ::pthread_kill(reader.native_handle(), SIGUSR1);
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    while (signals_seen.load() == before + i && std::chrono::steady_clock::now() < until) {
-      std::this_thread::yield();
-    }
-  }
+  interrupt(reader, 50, [&] { return result.load() == -1; });
   const int still_waiting = result.load();
   ASSERT_EQ(::write(fds[1], "late line\n", 10), 10);
   reader.join();
-  ::sigaction(SIGUSR1, &old, nullptr);
   ::close(fds[0]);
   ::close(fds[1]);
   EXPECT_GT(signals_seen.load(), before);
