@@ -80,7 +80,7 @@ class ChatTemplateReference : public ::testing::Test {
     if (!fs::exists(node_modules() / "@huggingface" / "jinja")) {
       GTEST_SKIP() << "run scripts/fetch-js-clients first";
     }
-    tmp_ = fs::temp_directory_path() / ("msinfer-jinja-" + std::to_string(::getpid()));
+    tmp_ = fs::path(::testing::TempDir()) / ("msinfer-jinja-" + std::to_string(::getpid()));
     fs::create_directories(tmp_);
   }
   void TearDown() override {

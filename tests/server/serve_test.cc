@@ -41,7 +41,8 @@ fs::path node_modules() { return source_dir() / ".cache" / "npm" / "node_modules
 
 fs::path model_dir() {
   static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("msinfer-serve-model-" + std::to_string(::getpid()));
+    fs::path d =
+        fs::path(::testing::TempDir()) / ("msinfer-serve-model-" + std::to_string(::getpid()));
     std::system(
         (kBin + " make-model --preset tiny-mixtral --out " + d.string() + " >/dev/null 2>&1")
             .c_str());
@@ -55,8 +56,8 @@ fs::path model_dir() {
 class Server {
  public:
   explicit Server(const std::string& args) {
-    err_path_ = fs::temp_directory_path() / ("msinfer-serve-" + std::to_string(::getpid()) + "-" +
-                                             std::to_string(counter_++) + ".err");
+    err_path_ = fs::path(::testing::TempDir()) / ("msinfer-serve-" + std::to_string(::getpid()) +
+                                                  "-" + std::to_string(counter_++) + ".err");
     int out[2];
     if (::pipe(out) != 0) return;
     const std::string cmd = kBin + " serve --model " + model_dir().string() + " --port 0 " + args +
@@ -138,7 +139,7 @@ struct HttpResult {
 // curl with its exit status and the response's status, headers and body.
 HttpResult curl(const std::string& args) {
   const std::string h =
-      (fs::temp_directory_path() / ("msinfer-curl-h-" + std::to_string(::getpid()))).string();
+      (fs::path(::testing::TempDir()) / ("msinfer-curl-h-" + std::to_string(::getpid()))).string();
   const std::string out =
       testing::run_capture("curl -s -D " + h + " -o - -w '\\n%{http_code}' " + args);
   HttpResult r;
@@ -155,7 +156,7 @@ HttpResult curl(const std::string& args) {
 HttpResult post(const Server& s, const std::string& path, const std::string& body,
                 const std::string& extra = "-H 'Content-Type: application/json'") {
   const std::string f =
-      (fs::temp_directory_path() / ("msinfer-body-" + std::to_string(::getpid()))).string();
+      (fs::path(::testing::TempDir()) / ("msinfer-body-" + std::to_string(::getpid()))).string();
   std::ofstream(f) << body;
   HttpResult r = curl(extra + " --data-binary @" + f + " " + s.url() + path);
   std::remove(f.c_str());
@@ -539,8 +540,7 @@ TEST_F(ServeTest, FullQueueGets429AndApiKeyIsEnforced) {
   const std::string body =
       R"({"prompt": "Hello", "max_tokens": 4000, "ignore_eos": true, "stream": true})";
   const int fd = testing::send_request(
-      s.port(),
-      testing::post_request("/v1/completions", body, "Authorization: Bearer sekrit\r\n"));
+      s.port(), testing::post_request("/v1/completions", body, "Authorization: Bearer sekrit\r\n"));
   ASSERT_GE(fd, 0);
   ASSERT_TRUE(testing::readable_within(fd, std::chrono::seconds(30)));
   // The second request goes out at once over a raw socket (a curl process
@@ -663,8 +663,7 @@ TEST_F(ServeTest, SigtermDrainsRunningRequests) {
   // The stream is read as it comes (a client that stops reading would be cut
   // off as a slow reader), on its own thread.
   std::string stream;
-  std::thread reader(
-      [&] { stream = testing::read_from(fd, std::chrono::seconds(120), "[DONE]"); });
+  std::thread reader([&] { stream = testing::read_from(fd, std::chrono::seconds(120), "[DONE]"); });
   ::kill(s.pid(), SIGTERM);
   // Draining: /health turns 503 (wait for it), new work is refused.
   bool saw_503 = false;
