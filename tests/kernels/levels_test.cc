@@ -85,8 +85,8 @@ class LevelsTest : public ::testing::Test {
 };
 
 TEST_F(LevelsTest, GemmBf16AndInt8MatchGenericOverOddShapes) {
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {
-      {1, 1}, {7, 13}, {17, 33}, {33, 300}, {64, 128}, {130, 67}};
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},    {7, 13},   {17, 33},
+                                                           {33, 300}, {64, 128}, {130, 67}};
   const std::vector<int64_t> ms = {1, 2, 3, 5, 6, 7, 12, 13, 17, 65, 200};
   for (auto [n, k] : shapes) {
     auto w = randn_bf16(n * k, 1 + n + k);
@@ -135,6 +135,42 @@ TEST_F(LevelsTest, GemmBf16AndInt8MatchGenericOverOddShapes) {
           EXPECT_LT(rel_err(yl, yg), kTol) << isa_name(level) << " " << weight_format_name(fmt)
                                            << " n=" << n << " k=" << k << " m=" << m;
         }
+      }
+    }
+  }
+}
+
+// The avx512bf16 level's bf16 GEMM sums each output in k order whatever m,
+// the row's place in the batch or the K blocking: a token's row gives the
+// same bits alone (decode of one request) as inside a batch of 200 (prefill,
+// or an expert's rows from many requests), so batching never changes a
+// request's tokens. Shapes cross the kernel's K block (300 = 2 blocks of
+// pairs), its row chunk (200 > 192) and odd K.
+TEST_F(LevelsTest, Avx512Bf16GemmRowsAreTheSameBitsAtEveryBatchSize) {
+  if (!isa_supported(IsaLevel::kAvx512Bf16)) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{33, 300}, {130, 67}, {64, 1}}) {
+    auto w = randn_bf16(n * k, 5 + n + k);
+    auto p = PackedLinear::pack(w.data(), n, k, WeightFormat::kBf16, IsaLevel::kAvx512Bf16);
+    ASSERT_TRUE(p.ok()) << p.status().to_string();
+    const int64_t m = 200;
+    auto x = randn(m * k, 17 + k);
+    std::vector<float> batch(m * n);
+    p->forward(x.data(), m, batch.data());
+    for (int64_t i : {0, 1, 11, 12, 13, 191, 192, 199}) {
+      std::vector<float> alone(n);
+      p->forward(x.data() + i * k, 1, alone.data());
+      for (int64_t j = 0; j < n; ++j) {
+        ASSERT_EQ(alone[j], batch[i * n + j]) << "n=" << n << " k=" << k << " row " << i;
+      }
+      // And as row 3 of a batch of 7 (the direct, unblocked path at m <= 12).
+      std::vector<float> x7(7 * k), y7(7 * n);
+      for (int64_t r = 0; r < 7; ++r) {  // rows i - 3 .. i + 3 of x
+        const int64_t src = (i + r - 3 + m) % m;
+        std::copy(x.data() + src * k, x.data() + (src + 1) * k, x7.data() + r * k);
+      }
+      p->forward(x7.data(), 7, y7.data());
+      for (int64_t j = 0; j < n; ++j) {
+        ASSERT_EQ(y7[3 * n + j], batch[i * n + j]) << "n=" << n << " k=" << k << " row " << i;
       }
     }
   }

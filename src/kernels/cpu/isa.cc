@@ -56,15 +56,16 @@ IsaLevel detect() {
   return IsaLevel::kAvx512Bf16;
 }
 
-// Start-up probe of a level's kernels: only the oneDNN levels can fail.
-Status probe(IsaLevel level, IsaLevel detected) {
-  if (level >= IsaLevel::kAvx512Bf16) return internal::onednn_probe(level, detected);
+// Start-up probe of a level's kernels: only the oneDNN level (amx) can fail.
+Status probe(IsaLevel level) {
+  if (level == IsaLevel::kAmx) return internal::onednn_probe();
   return ok_status();
 }
 
 struct State {
   IsaLevel detected = IsaLevel::kGeneric;
-  IsaLevel best = IsaLevel::kGeneric;  // detected, capped by MSINFER_ISA, lowered past failed probes
+  IsaLevel best =
+      IsaLevel::kGeneric;  // detected, capped by MSINFER_ISA, lowered past failed probes
   std::atomic<int> active{0};
 };
 
@@ -80,14 +81,14 @@ State& state() {
       if (!lvl.ok()) {
         MSI_LOG(WARNING) << "MSINFER_ISA: " << lvl.status().message() << "; ignored";
       } else if (*lvl > best) {
-        MSI_LOG(WARNING) << "MSINFER_ISA=" << env << ": this CPU runs at most "
-                         << isa_name(best) << "; using it";
+        MSI_LOG(WARNING) << "MSINFER_ISA=" << env << ": this CPU runs at most " << isa_name(best)
+                         << "; using it";
       } else {
         best = *lvl;
       }
     }
     while (best > IsaLevel::kGeneric) {
-      Status p = probe(best, st->detected);
+      Status p = probe(best);
       if (p.ok()) break;
       const IsaLevel lower = static_cast<IsaLevel>(static_cast<int>(best) - 1);
       MSI_LOG(WARNING) << "CPU kernel level " << isa_name(best) << " failed its start-up check ("
@@ -160,8 +161,9 @@ const LevelKernels& kernels_for(IsaLevel level) {
     case IsaLevel::kAvx512:
       return avx512::kernels();
     case IsaLevel::kAvx512Bf16:
-    case IsaLevel::kAmx:  // the same kernels; oneDNN may use AMX at this level
       return avx512bf16::kernels();
+    case IsaLevel::kAmx:  // avx512bf16's, with bf16 GEMMs through oneDNN (AMX)
+      return avx512bf16::amx_kernels();
   }
   return generic::kernels();
 }

@@ -1,9 +1,9 @@
-// bf16 GEMMs through oneDNN's matmul with pre-packed weights: the avx512bf16 and
-// amx levels' GEMM (~100% of read bandwidth at M = 1, 84-95% of bf16 peak at
-// M >= 256 on Zen 5, ../shared/MEASUREMENTS.md). oneDNN 2.6 has no bf16 matmul
-// on AVX2 and no bf16/f16 weights with f32 activations, so the lower levels use
-// msinfer's own panel kernels. Primitives are created per (N, K, M bucket) and
-// cached; M is bucketed and padded so a serving loop creates only a few.
+// bf16 GEMMs through oneDNN's matmul with pre-packed weights: the amx level's
+// GEMM (oneDNN uses AMX tiles there). The avx512bf16 level used it too until
+// its own vdpbf16ps kernel measured faster at small M on Zen 5 (BENCHMARKS.md);
+// oneDNN 2.6 has no bf16 matmul on AVX2 and no bf16/f16 weights with f32
+// activations, so the lower levels use msinfer's own panel kernels. Primitives are created per (N,
+// K, M bucket) and cached; M is bucketed and padded so a serving loop creates only a few.
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -47,8 +47,8 @@ class PrimitiveCache {
     if (it != cache_.end()) return it->second;
     auto pd = make_pd(m, n, k);
     MSI_CHECK(pd.weights_desc() == packed)
-        << "oneDNN chose a different weight layout for M = " << m << " (N = " << n
-        << ", K = " << k << "); the packed layout is assumed independent of M";
+        << "oneDNN chose a different weight layout for M = " << m << " (N = " << n << ", K = " << k
+        << "); the packed layout is assumed independent of M";
     dnnl::matmul prim(pd);
     cache_.emplace(key, prim);
     return prim;
@@ -66,17 +66,7 @@ PrimitiveCache& cache() {
 
 }  // namespace
 
-Status onednn_probe(IsaLevel level, IsaLevel detected) {
-  static std::once_flag capped;
-  std::call_once(capped, [level, detected] {
-    // On an AMX CPU asked for avx512bf16, keep oneDNN off AMX. This must
-    // precede the first primitive, and the API call would override a
-    // DNNL_MAX_CPU_ISA the user set, so it is made only when needed.
-    if (level == IsaLevel::kAvx512Bf16 && detected == IsaLevel::kAmx &&
-        std::getenv("DNNL_MAX_CPU_ISA") == nullptr) {
-      (void)dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_bf16);
-    }
-  });
+Status onednn_probe() {
   try {
     auto pd = make_pd(1, 32, 32);
     dnnl::matmul prim(pd);

@@ -1,7 +1,9 @@
-// The avx512bf16 level (also what the amx level runs: oneDNN picks AMX itself
-// when allowed, see onednn_gemm.cc): bf16 GEMMs through oneDNN's packed
-// weights; int8 GEMMs and every other kernel are the avx512 level's; floats
-// to bf16 with vcvtneps2bf16 (round to nearest even, as float_to_bf16).
+// The avx512bf16 level: bf16 GEMMs as vdpbf16ps over weights packed in
+// pairs of K (below); int8 GEMMs and every other kernel are the avx512
+// level's, except attention scores as bf16 dot products; floats to bf16 with
+// vcvtneps2bf16 (round to nearest even, as float_to_bf16). The amx level runs
+// the same kernels but its bf16 GEMMs through oneDNN, which uses AMX tiles
+// (onednn_gemm.cc).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -22,8 +24,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 namespace msinfer::kernels::cpu::internal::avx512bf16::simd {
-#include "../internal/portable.inc"
 #include "../internal/avx512_vec.inc"
+#include "../internal/portable.inc"
 constexpr int64_t kRows = 12;
 constexpr int kAccRegs = 24;
 constexpr bool kDotBf16 = true;
@@ -35,8 +37,7 @@ namespace msinfer::kernels::cpu::internal::avx512bf16 {
 namespace {
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void to_bf16(const float* in,
-                                                                               bf16* out,
-                                                                               int64_t n) {
+                                                                             bf16* out, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(in + i));
@@ -45,12 +46,166 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void to_bf16(con
   for (; i < n; ++i) out[i] = float_to_bf16(in[i]);
 }
 
+// bf16 GEMM in pairs of K. A panel holds 32 output columns as [ceil(K/2)]
+// [32][2] bf16: for each pair of k steps, column c's two weights side by side
+// in one dword, the layout vdpbf16ps multiplies. x is packed the same way per
+// row (x[2t], x[2t+1] in one dword), into tiles of kRows rows: [pairs][kRows].
+// One instruction then does 16 columns x 2 k steps, where widening bf16 to
+// fp32 takes a load, a zero extension, a shift and an FMA per 16 x 1.
+//  - m <= kRows: each thread streams whole panels once (decode: bound by
+//    memory bandwidth); prefetches every line kPrefetchBytes ahead.
+//  - m > kRows: a work item is (panel, chunk of kChunkRows rows); it runs the
+//    same kRows x 32 block over kKBlock pairs at a time, which stay in L1
+//    for all the chunk's row tiles (bound by vdpbf16ps throughput).
+// Odd K is padded with a zero weight (and x's pad is zero too).
+namespace dp {
+
+constexpr int64_t kPanel = 32;
+constexpr int64_t kRows = 12;                      // 24 zmm accumulators
+constexpr int64_t kKBlock = 16384 / (kPanel * 4);  // pairs: 16 KiB of panel in L1
+constexpr int64_t kChunkRows = kRows * 16;
+constexpr int64_t kPrefetchBytes = 4096;
+
+int64_t pairs(int64_t k) { return (k + 1) / 2; }
+
+Status pack(const bf16* w, int64_t n, int64_t k, GemmWeights* out) {
+  out->format = WeightFormat::kBf16;
+  out->n = n;
+  out->k = k;
+  out->panel = kPanel;
+  out->panels = (n + kPanel - 1) / kPanel;
+  const int64_t kp = pairs(k);
+  const size_t bytes = static_cast<size_t>(out->panels * kp * kPanel * 2) * sizeof(bf16);
+  void* mem = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (mem == nullptr)
+    return resource_exhausted("GEMM weight of " + std::to_string(bytes) + " bytes");
+  std::memset(mem, 0, bytes);
+  out->data.reset(static_cast<uint8_t*>(mem));
+  out->data_bytes = bytes;
+  bf16* dst = static_cast<bf16*>(mem);
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t p = j / kPanel, c = j % kPanel;
+    bf16* panel = dst + p * kp * kPanel * 2;
+    for (int64_t t = 0; t < k; ++t) panel[((t / 2) * kPanel + c) * 2 + (t & 1)] = w[j * k + t];
+  }
+  return ok_status();
+}
+
+// c[r * 32 + :] (+)= x[r] . W for rows r < R over pairs [0, np) of one panel
+// (w: [np][32][2]); xt: a packed x tile at the same first pair. One
+// accumulator chain per 16 columns and row, in k order: a row's result is
+// the same bits whatever m, its place in the batch, or the K blocking (the
+// blocks continue the chain through c), so a request's tokens do not depend
+// on what else is batched with it. One chain is also fast enough: at one row
+// a vdpbf16ps latency per 128 bytes is far above the memory stream.
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void block(
+    const bf16* w, int64_t np, const uint32_t* xt, float* c, bool first) {
+  __m512 a0[R], a1[R];
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) {
+    a0[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * kPanel);
+    a1[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * kPanel + 16);
+  }
+  for (int64_t t = 0; t < np; ++t) {
+    const bf16* wp = w + t * kPanel * 2;
+    const char* line = reinterpret_cast<const char*>(wp) + kPrefetchBytes;
+    __builtin_prefetch(line);
+    __builtin_prefetch(line + 64);
+    const __m512bh w0 = (__m512bh)_mm512_load_si512(wp);
+    const __m512bh w1 = (__m512bh)_mm512_load_si512(wp + 32);
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(xt[t * kRows + r]));
+      a0[r] = _mm512_dpbf16_ps(a0[r], xv, w0);
+      a1[r] = _mm512_dpbf16_ps(a1[r], xv, w1);
+    }
+  }
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(c + r * kPanel, a0[r]);
+    _mm512_storeu_ps(c + r * kPanel + 16, a1[r]);
+  }
+}
+
+template <int R = static_cast<int>(kRows)>
+inline void block_n(int64_t rows, const bf16* w, int64_t np, const uint32_t* xt, float* c,
+                    bool first) {
+  if constexpr (R > 0) {
+    if (rows == R) return block<R>(w, np, xt, c, first);
+    return block_n<R - 1>(rows, w, np, xt, c, first);
+  }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void forward(const GemmWeights& w,
+                                                                             const float* x,
+                                                                             int64_t m, float* y) {
+  const int64_t K = w.k, N = w.n, kp = pairs(K), tiles = (m + kRows - 1) / kRows;
+  // x rounded to bf16 (vcvtneps2bf16: nearest even, as round_bf16_inplace),
+  // in pairs, tiles of kRows rows: [tile][kp][kRows], rows past m zero.
+  thread_local std::vector<uint32_t> xp;
+  thread_local std::vector<bf16> row;
+  xp.assign(static_cast<size_t>(tiles * kp * kRows), 0u);
+  row.assign(static_cast<size_t>(kp * 2), bf16{0});
+  for (int64_t i = 0; i < m; ++i) {
+    to_bf16(x + i * K, row.data(), K);
+    uint32_t* dst = xp.data() + (i / kRows) * kp * kRows + i % kRows;
+    for (int64_t t = 0; t < kp; ++t) {
+      std::memcpy(&dst[t * kRows], row.data() + 2 * t, sizeof(uint32_t));
+    }
+  }
+  const bool direct = m <= kRows;
+  const int64_t chunks = direct ? 1 : (m + kChunkRows - 1) / kChunkRows;
+  const int64_t items = w.panels * chunks;
+  const bf16* data = reinterpret_cast<const bf16*>(w.data.get());
+  const uint32_t* xtiles = xp.data();  // xp is this thread's; the team reads it
+#pragma omp parallel if (items > 1)
+  {
+    alignas(64) float cbuf[kChunkRows * kPanel];
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t p = item / chunks, m0 = (item % chunks) * kChunkRows;
+      const int64_t rows = std::min(direct ? m : kChunkRows, m - m0);
+      const bf16* panel = data + p * kp * kPanel * 2;
+      const int64_t cols = std::min(kPanel, N - p * kPanel);
+      if (direct) {
+        block_n(rows, panel, kp, xtiles, cbuf, true);
+      } else {
+        for (int64_t t0 = 0; t0 < kp; t0 += kKBlock) {
+          const int64_t nb = std::min(kKBlock, kp - t0);
+          for (int64_t r = 0; r < rows; r += kRows) {
+            const uint32_t* xt = xtiles + ((m0 + r) / kRows * kp + t0) * kRows;
+            block_n(std::min(kRows, rows - r), panel + t0 * kPanel * 2, nb, xt, cbuf + r * kPanel,
+                    t0 == 0);
+          }
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        std::memcpy(y + (m0 + r) * N + p * kPanel, cbuf + r * kPanel, sizeof(float) * cols);
+      }
+    }
+  }
+}
+
+}  // namespace dp
+
 Status pack(const bf16* w, int64_t n, int64_t k, WeightFormat format, GemmWeights* out) {
+  if (format == WeightFormat::kInt8) return avx512::kernels().pack(w, n, k, format, out);
+  return dp::pack(w, n, k, out);
+}
+
+void forward(const GemmWeights& w, const float* x, int64_t m, float* y) {
+  if (w.format == WeightFormat::kBf16) return dp::forward(w, x, m, y);
+  avx512::kernels().forward(w, x, m, y);
+}
+
+// The amx level: bf16 GEMMs through oneDNN (AMX tiles where it finds them).
+Status amx_pack(const bf16* w, int64_t n, int64_t k, WeightFormat format, GemmWeights* out) {
   if (format == WeightFormat::kInt8) return avx512::kernels().pack(w, n, k, format, out);
   return onednn_pack(w, n, k, out);
 }
 
-void forward(const GemmWeights& w, const float* x, int64_t m, float* y) {
+void amx_forward(const GemmWeights& w, const float* x, int64_t m, float* y) {
   if (w.onednn) return onednn_forward(w, x, m, y);
   avx512::kernels().forward(w, x, m, y);
 }
@@ -65,6 +220,17 @@ const LevelKernels& kernels() {
     t.forward = forward;
     t.to_bf16 = to_bf16;
     t.paged_attention = simd::paged_attention;
+    return t;
+  }();
+  return k;
+}
+
+const LevelKernels& amx_kernels() {
+  static const LevelKernels k = [] {
+    LevelKernels t = kernels();
+    t.level = IsaLevel::kAmx;
+    t.pack = amx_pack;
+    t.forward = amx_forward;
     return t;
   }();
   return k;

@@ -24,7 +24,9 @@ struct FreeDeleter {
 
 // A packed GEMM weight. Panel levels: data holds ceil(n / panel) panels of
 // [k][panel] elements (bf16 or int8), zero-padded past row n; scale [n padded
-// to panels] for int8. oneDNN levels: onednn holds its packed memory.
+// to panels] for int8. avx512bf16's bf16 panels are [ceil(k / 2)][panel][2]
+// (pairs of k, avx512bf16/kernels.cc). amx: onednn holds oneDNN's packed
+// memory.
 struct GemmWeights {
   IsaLevel level = IsaLevel::kGeneric;
   WeightFormat format = WeightFormat::kBf16;
@@ -57,12 +59,11 @@ struct LevelKernels {
   void (*write_kv)(const PagedKvLayer& kv, const float* k, const float* v, int64_t tokens,
                    const int32_t* positions, const int32_t* const* block_tables);
   void (*paged_attention)(const float* q, int64_t tokens, int64_t heads, const PagedKvLayer& kv,
-                          const int32_t* positions, const int32_t* const* block_tables,
-                          float scale, float* out);
-  void (*rms_norm)(const float* x, const float* w, int64_t rows, int64_t dim, float eps,
-                   float* y);
-  void (*rope)(float* x, const int32_t* positions, int64_t tokens, int64_t heads,
-               int64_t head_dim, double theta);
+                          const int32_t* positions, const int32_t* const* block_tables, float scale,
+                          float* out);
+  void (*rms_norm)(const float* x, const float* w, int64_t rows, int64_t dim, float eps, float* y);
+  void (*rope)(float* x, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
+               double theta);
   void (*silu_mul)(const float* gate_up, int64_t rows, int64_t f, float* out);
   void (*add_inplace)(float* y, const float* x, int64_t n);
   void (*softmax_inplace)(float* x, int64_t n);
@@ -86,11 +87,12 @@ const LevelKernels& kernels();
 }
 namespace avx512bf16 {
 const LevelKernels& kernels();
-}
+const LevelKernels& amx_kernels();  // bf16 GEMMs through oneDNN
+}  // namespace avx512bf16
 
-// The oneDNN bf16 GEMM (onednn_gemm.cc): oneDNN picks its own instructions,
-// capped at `level` (avx512bf16 or amx); `detected` is the CPU's best level.
-Status onednn_probe(IsaLevel level, IsaLevel detected);
+// The oneDNN bf16 GEMM of the amx level (onednn_gemm.cc): oneDNN picks its
+// own instructions (DNNL_MAX_CPU_ISA caps them).
+Status onednn_probe();
 Status onednn_pack(const bf16* w, int64_t n, int64_t k, GemmWeights* out);
 void onednn_forward(const GemmWeights& w, const float* x, int64_t m, float* y);
 
