@@ -9,7 +9,9 @@
 
 namespace msinfer::kernels::cpu {
 
-const char* weight_format_name(WeightFormat f) { return f == WeightFormat::kInt8 ? "int8" : "bf16"; }
+const char* weight_format_name(WeightFormat f) {
+  return f == WeightFormat::kInt8 ? "int8" : "bf16";
+}
 
 StatusOr<WeightFormat> parse_weight_format(std::string_view name) {
   if (name == "bf16") return WeightFormat::kBf16;
@@ -45,6 +47,16 @@ void quantize_int8_rows(const bf16* w, int64_t n, int64_t k, int8_t* q, float* s
 
 namespace internal {
 
+Status alloc_weight_data(size_t bytes, GemmWeights* out) {
+  void* mem = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (mem == nullptr)
+    return resource_exhausted("GEMM weight of " + std::to_string(bytes) + " bytes");
+  std::memset(mem, 0, bytes);
+  out->data.reset(static_cast<uint8_t*>(mem));
+  out->data_bytes = bytes;
+  return ok_status();
+}
+
 Status pack_panels(const bf16* w, int64_t n, int64_t k, WeightFormat format, int64_t panel,
                    GemmWeights* out) {
   out->format = format;
@@ -53,12 +65,8 @@ Status pack_panels(const bf16* w, int64_t n, int64_t k, WeightFormat format, int
   out->panel = panel;
   out->panels = (n + panel - 1) / panel;
   const size_t elem = format == WeightFormat::kInt8 ? 1 : 2;
-  const size_t bytes = static_cast<size_t>(out->panels * panel * k) * elem;
-  void* mem = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-  if (mem == nullptr) return resource_exhausted("GEMM weight of " + std::to_string(bytes) + " bytes");
-  std::memset(mem, 0, bytes);
-  out->data.reset(static_cast<uint8_t*>(mem));
-  out->data_bytes = bytes;
+  MSI_RETURN_IF_ERROR(alloc_weight_data(static_cast<size_t>(out->panels * panel * k) * elem, out));
+  void* mem = out->data.get();
   if (format == WeightFormat::kBf16) {
     bf16* dst = static_cast<bf16*>(mem);
     for (int64_t j = 0; j < n; ++j) {

@@ -24,8 +24,11 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 namespace msinfer::kernels::cpu::internal::avx512bf16::simd {
-#include "../internal/avx512_vec.inc"
+// portable.inc first, as in the other level files.
+// clang-format off
 #include "../internal/portable.inc"
+#include "../internal/avx512_vec.inc"
+// clang-format on
 constexpr int64_t kRows = 12;
 constexpr int kAccRegs = 24;
 constexpr bool kDotBf16 = true;
@@ -75,14 +78,9 @@ Status pack(const bf16* w, int64_t n, int64_t k, GemmWeights* out) {
   out->panel = kPanel;
   out->panels = (n + kPanel - 1) / kPanel;
   const int64_t kp = pairs(k);
-  const size_t bytes = static_cast<size_t>(out->panels * kp * kPanel * 2) * sizeof(bf16);
-  void* mem = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-  if (mem == nullptr)
-    return resource_exhausted("GEMM weight of " + std::to_string(bytes) + " bytes");
-  std::memset(mem, 0, bytes);
-  out->data.reset(static_cast<uint8_t*>(mem));
-  out->data_bytes = bytes;
-  bf16* dst = static_cast<bf16*>(mem);
+  MSI_RETURN_IF_ERROR(
+      alloc_weight_data(static_cast<size_t>(out->panels * kp * kPanel * 2) * sizeof(bf16), out));
+  bf16* dst = reinterpret_cast<bf16*>(out->data.get());
   for (int64_t j = 0; j < n; ++j) {
     const int64_t p = j / kPanel, c = j % kPanel;
     bf16* panel = dst + p * kp * kPanel * 2;

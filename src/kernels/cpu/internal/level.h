@@ -47,6 +47,9 @@ struct GemmWeights {
   }
 };
 
+// Gives `out` `bytes` of zeroed, 64-byte aligned weight memory (data, data_bytes).
+Status alloc_weight_data(size_t bytes, GemmWeights* out);
+
 // Packs W [n, k] into panels of `panel` columns (shared by every panel level).
 Status pack_panels(const bf16* w, int64_t n, int64_t k, WeightFormat format, int64_t panel,
                    GemmWeights* out);
