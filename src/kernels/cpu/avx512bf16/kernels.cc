@@ -90,7 +90,8 @@ Status pack(const bf16* w, int64_t n, int64_t k, GemmWeights* out) {
 }
 
 // c[r * 32 + :] (+)= x[r] . W for rows r < R over pairs [0, np) of one panel
-// (w: [np][32][2]); xt: a packed x tile at the same first pair. One
+// (w: [np][32][2]); xt: a packed x tile at the same first pair, `xs` dwords
+// per pair (kRows, or m on the direct path). One
 // accumulator chain per 16 columns and row, in k order: a row's result is
 // the same bits whatever m, its place in the batch, or the K blocking (the
 // blocks continue the chain through c), so a request's tokens do not depend
@@ -98,7 +99,7 @@ Status pack(const bf16* w, int64_t n, int64_t k, GemmWeights* out) {
 // a vdpbf16ps latency per 128 bytes is far above the memory stream.
 template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void block(
-    const bf16* w, int64_t np, const uint32_t* xt, float* c, bool first) {
+    const bf16* w, int64_t np, const uint32_t* xt, int64_t xs, float* c, bool first) {
   __m512 a0[R], a1[R];
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) {
@@ -114,7 +115,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void bloc
     const __m512bh w1 = (__m512bh)_mm512_load_si512(wp + 32);
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
-      const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(xt[t * kRows + r]));
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(xt[t * xs + r]));
       a0[r] = _mm512_dpbf16_ps(a0[r], xv, w0);
       a1[r] = _mm512_dpbf16_ps(a1[r], xv, w1);
     }
@@ -127,11 +128,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void bloc
 }
 
 template <int R = static_cast<int>(kRows)>
-inline void block_n(int64_t rows, const bf16* w, int64_t np, const uint32_t* xt, float* c,
-                    bool first) {
+inline void block_n(int64_t rows, const bf16* w, int64_t np, const uint32_t* xt, int64_t xs,
+                    float* c, bool first) {
   if constexpr (R > 0) {
-    if (rows == R) return block<R>(w, np, xt, c, first);
-    return block_n<R - 1>(rows, w, np, xt, c, first);
+    if (rows == R) return block<R>(w, np, xt, xs, c, first);
+    return block_n<R - 1>(rows, w, np, xt, xs, c, first);
   }
 }
 
@@ -140,16 +141,20 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void forward(con
                                                                              int64_t m, float* y) {
   const int64_t K = w.k, N = w.n, kp = pairs(K), tiles = (m + kRows - 1) / kRows;
   // x rounded to bf16 (vcvtneps2bf16: nearest even, as round_bf16_inplace),
-  // in pairs, tiles of kRows rows: [tile][kp][kRows], rows past m zero.
+  // in pairs, tiles of kRows rows: [tile][kp][kRows], rows past m zero; at
+  // m <= kRows one tile of [kp][m] (at one token, just the row).
+  const int64_t xs = m <= kRows ? m : kRows;
   thread_local std::vector<uint32_t> xp;
   thread_local std::vector<bf16> row;
-  xp.assign(static_cast<size_t>(tiles * kp * kRows), 0u);
-  row.assign(static_cast<size_t>(kp * 2), bf16{0});
+  xp.resize(static_cast<size_t>(tiles * kp * xs));
+  if (m % xs != 0) std::fill(xp.end() - kp * xs, xp.end(), 0u);
+  row.resize(static_cast<size_t>(kp * 2));
+  row.back() = bf16{0};  // odd K's pad
   for (int64_t i = 0; i < m; ++i) {
     to_bf16(x + i * K, row.data(), K);
-    uint32_t* dst = xp.data() + (i / kRows) * kp * kRows + i % kRows;
+    uint32_t* dst = xp.data() + (i / xs) * kp * xs + i % xs;
     for (int64_t t = 0; t < kp; ++t) {
-      std::memcpy(&dst[t * kRows], row.data() + 2 * t, sizeof(uint32_t));
+      std::memcpy(&dst[t * xs], row.data() + 2 * t, sizeof(uint32_t));
     }
   }
   const bool direct = m <= kRows;
@@ -167,14 +172,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void forward(con
       const bf16* panel = data + p * kp * kPanel * 2;
       const int64_t cols = std::min(kPanel, N - p * kPanel);
       if (direct) {
-        block_n(rows, panel, kp, xtiles, cbuf, true);
+        block_n(rows, panel, kp, xtiles, xs, cbuf, true);
       } else {
         for (int64_t t0 = 0; t0 < kp; t0 += kKBlock) {
           const int64_t nb = std::min(kKBlock, kp - t0);
           for (int64_t r = 0; r < rows; r += kRows) {
             const uint32_t* xt = xtiles + ((m0 + r) / kRows * kp + t0) * kRows;
-            block_n(std::min(kRows, rows - r), panel + t0 * kPanel * 2, nb, xt, cbuf + r * kPanel,
-                    t0 == 0);
+            block_n(std::min(kRows, rows - r), panel + t0 * kPanel * 2, nb, xt, kRows,
+                    cbuf + r * kPanel, t0 == 0);
           }
         }
       }
