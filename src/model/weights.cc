@@ -180,8 +180,8 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
   }
   const int64_t atp = options.attention_tp_size, atp_rank = options.attention_tp_rank;
   if (atp < 1 || atp_rank < 0 || atp_rank >= atp) {
-    return invalid_argument("attention tensor-parallel rank " + std::to_string(atp_rank) +
-                            " of " + std::to_string(atp) + " is out of range");
+    return invalid_argument("attention tensor-parallel rank " + std::to_string(atp_rank) + " of " +
+                            std::to_string(atp) + " is out of range");
   }
   if (c.heads % atp != 0 || c.kv_heads % atp != 0) {
     return invalid_argument(dir + ": tp_attention " + std::to_string(atp) +
@@ -243,10 +243,11 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
         // Rank atp_rank: its heads' rows of q, k and v, the same columns of o.
         const int64_t q0 = atp_rank * (H / atp) * hd, q1 = q0 + (H / atp) * hd;
         const int64_t k0 = atp_rank * (KV / atp) * hd, k1 = k0 + (KV / atp) * hd;
-        MSI_ASSIGN_OR_RETURN(L.qkv, ld.pack_blocks({{p + "self_attn.q_proj.weight", {H * hd, h}, q0, q1, 0, h},
-                                                    {p + "self_attn.k_proj.weight", {KV * hd, h}, k0, k1, 0, h},
-                                                    {p + "self_attn.v_proj.weight", {KV * hd, h}, k0, k1, 0, h}},
-                                                   fmt));
+        MSI_ASSIGN_OR_RETURN(
+            L.qkv, ld.pack_blocks({{p + "self_attn.q_proj.weight", {H * hd, h}, q0, q1, 0, h},
+                                   {p + "self_attn.k_proj.weight", {KV * hd, h}, k0, k1, 0, h},
+                                   {p + "self_attn.v_proj.weight", {KV * hd, h}, k0, k1, 0, h}},
+                                  fmt));
         MSI_ASSIGN_OR_RETURN(
             L.o, ld.pack_blocks({{p + "self_attn.o_proj.weight", {h, H * hd}, 0, h, q0, q1}}, fmt));
       }

@@ -122,8 +122,8 @@ comm::M2NShape tp_broadcast_shape(const WorkerConfig& c, const ModelConfig& mc) 
   s.receivers = c.tp_attention - 1;
   s.slots = 1;
   s.row_bytes = static_cast<int64_t>(mc.hidden) * 4;
-  s.max_rows = std::min<int64_t>(kMaxRows,
-                                 c.max_step_tokens + tp_max_header_rows(c, mc, s.row_bytes));
+  s.max_rows =
+      std::min<int64_t>(kMaxRows, c.max_step_tokens + tp_max_header_rows(c, mc, s.row_bytes));
   s.channel = 1;
   return s;
 }
@@ -354,8 +354,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
                        make_expert_compute(c.expert_device, *w, local_experts));
   MSI_ASSIGN_OR_RETURN(auto transport, make_transport(c));
   comm::M2NEndpoint ep(std::move(transport), std::chrono::milliseconds(c.timeout_ms));
-  ep.set_yield_when_idle(
-      comm::oversubscribed(comm::local_process_count(c.processes())));
+  ep.set_yield_when_idle(comm::oversubscribed(comm::local_process_count(c.processes())));
   // This shard answers the attention workers unless it sends its partials to
   // shard 0 (allreduce); shard 0 then also receives them.
   const bool reduce_channel = has_reduce_channel(c);
@@ -587,15 +586,19 @@ class AttentionTpLeader : public AttentionPeers {
  public:
   AttentionTpLeader(const WorkerConfig& c, const ModelConfig& mc, int index, WorkerStats* stats,
                     comm::M2NEndpoint& ep)
-      : c_(c), index_(index), hidden_(mc.hidden), stats_(stats), ep_(ep),
-        broadcast_(tp_broadcast_shape(c, mc), 0), partials_(tp_partial_shape(c, mc), 0) {}
+      : c_(c),
+        index_(index),
+        hidden_(mc.hidden),
+        stats_(stats),
+        ep_(ep),
+        broadcast_(tp_broadcast_shape(c, mc), 0),
+        partials_(tp_partial_shape(c, mc), 0) {}
 
   // Third allgather of the deployment (after the experts' wiring).
   Status attach(comm::Bootstrap& boot) {
     MSI_RETURN_IF_ERROR(broadcast_.attach(ep_));
     MSI_ASSIGN_OR_RETURN(comm::RemoteRegion region, partials_.attach(ep_));
-    return wire(boot, ep_, &broadcast_, region, index_ * c_.tp_attention + 1,
-                c_.tp_attention - 1);
+    return wire(boot, ep_, &broadcast_, region, index_ * c_.tp_attention + 1, c_.tp_attention - 1);
   }
 
   Status start(int l, const TokenBatch& b, const float* h) override {
@@ -633,10 +636,10 @@ class AttentionTpLeader : public AttentionPeers {
       for (int r : partials_.missing(0)) {
         m += (m.empty() ? "" : ", ") + attention_process_name(index_, r + 1, c_.tp_attention);
       }
-      return Status(StatusCode::kUnavailable,
-                    attention_process_name(index_, 0, c_.tp_attention) +
-                        ": no partial attention output from " + m + " for layer " +
-                        std::to_string(l) + " within " + std::to_string(c_.timeout_ms) + " ms");
+      return Status(StatusCode::kUnavailable, attention_process_name(index_, 0, c_.tp_attention) +
+                                                  ": no partial attention output from " + m +
+                                                  " for layer " + std::to_string(l) + " within " +
+                                                  std::to_string(c_.timeout_ms) + " ms");
     }
     MSI_RETURN_IF_ERROR(s);
     for (int r = 0; r + 1 < c_.tp_attention; ++r) {
@@ -692,9 +695,10 @@ Status run_attention_tp_rank(const WorkerConfig& c, int index, int tp_rank, comm
   MSI_RETURN_IF_ERROR(wire(boot, ep, nullptr, region, 0, 0));
   if (has_reduce_channel(c)) MSI_RETURN_IF_ERROR(wire(boot, ep, nullptr, region, 0, 0));
   MSI_RETURN_IF_ERROR(wire(boot, ep, &partial, region, index * tp, 1));
-  std::fprintf(stderr, "msinfer: %s ready (pid %d): heads %d..%d; RSS %.0f MiB (weights %.1f MiB)\n",
-               me.c_str(), ::getpid(), tp_rank * (mc.heads / tp), (tp_rank + 1) * (mc.heads / tp) - 1,
-               read_process_memory().rss_bytes / 1048576.0, w->packed_bytes() / 1048576.0);
+  std::fprintf(
+      stderr, "msinfer: %s ready (pid %d): heads %d..%d; RSS %.0f MiB (weights %.1f MiB)\n",
+      me.c_str(), ::getpid(), tp_rank * (mc.heads / tp), (tp_rank + 1) * (mc.heads / tp) - 1,
+      read_process_memory().rss_bytes / 1048576.0, w->packed_bytes() / 1048576.0);
   write_line(out_fd, Json{{"ready", index},
                           {"rss_mb", read_process_memory().rss_bytes / 1048576.0},
                           {"weights_mb", w->packed_bytes() / 1048576.0}}
@@ -722,8 +726,8 @@ Status run_attention_tp_rank(const WorkerConfig& c, int index, int tp_rank, comm
     return eof;
   };
   auto malformed = [&](const std::string& what) {
-    return internal_error(me + ": malformed message from " +
-                          attention_process_name(index, 0, tp) + ": " + what);
+    return internal_error(me + ": malformed message from " + attention_process_name(index, 0, tp) +
+                          ": " + what);
   };
   TokenBatch b;
   std::vector<std::vector<int32_t>> tables;
@@ -818,8 +822,7 @@ Status run_attention_worker(const WorkerConfig& c, int index, int tp_rank, comm:
   std::shared_ptr<const model::ModelWeights> weights = std::move(w);
   MSI_ASSIGN_OR_RETURN(auto transport, make_transport(c));
   comm::M2NEndpoint ep(std::move(transport), std::chrono::milliseconds(c.timeout_ms));
-  ep.set_yield_when_idle(
-      comm::oversubscribed(comm::local_process_count(c.processes())));
+  ep.set_yield_when_idle(comm::oversubscribed(comm::local_process_count(c.processes())));
   WorkerStats stats(c.micro_batches, weights->config().layers);
   auto remote = std::make_unique<RemoteExperts>(c, weights->config(), index, ep, &stats);
   MSI_RETURN_IF_ERROR(remote->attach(boot));

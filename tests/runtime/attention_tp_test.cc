@@ -72,7 +72,8 @@ TEST_P(AttentionShardTest, RankPartialsSumToTheWholeLayerAndHoldHalfTheWeights) 
   for (int r = 0; r < tp; ++r) ranks.push_back(load_rank(dir, r, tp));
   ASSERT_NE(ranks[1], nullptr);
   for (int r = 0; r < tp; ++r) {
-    const double ratio = static_cast<double>(attention_bytes(*ranks[r])) * tp / attention_bytes(*full);
+    const double ratio =
+        static_cast<double>(attention_bytes(*ranks[r])) * tp / attention_bytes(*full);
     EXPECT_NEAR(ratio, 1.0, 0.05) << GetParam() << " rank " << r;
     EXPECT_EQ(ranks[r]->layers()[0].o.k(), mc.heads * mc.head_dim / tp);
   }
@@ -150,7 +151,8 @@ INSTANTIATE_TEST_SUITE_P(TinyPresets, AttentionShardTest,
 class InProcessPeer : public AttentionPeers {
  public:
   InProcessPeer(std::unique_ptr<model::ModelWeights> w, int64_t kv_bytes, int64_t block_size)
-      : w_(std::move(w)), runner_(*w_),
+      : w_(std::move(w)),
+        runner_(*w_),
         kv_(KvCache::create(attention_tp_config(*w_), kv_bytes, block_size).value()) {}
   Status start(int l, const TokenBatch& b, const float* h) override {
     part_.resize(b.size() * w_->config().hidden);
@@ -205,8 +207,8 @@ TEST_P(AttentionTpTorchTest, TpLogitsMatchPyTorch) {
   o.micro_batches = 2;
   InProcessPeer peer(load_rank(dir, 1, 2), o.kv_cache_bytes, o.block_size);
   o.attention_peers = &peer;
-  auto e = Engine::create(std::shared_ptr<const model::ModelWeights>(load_rank(dir, 0, 2, true)),
-                          o);
+  auto e =
+      Engine::create(std::shared_ptr<const model::ModelWeights>(load_rank(dir, 0, 2, true)), o);
   ASSERT_TRUE(e.ok()) << e.status().to_string();
   std::vector<std::vector<float>> logits;
   std::vector<int32_t> tokens;
@@ -314,8 +316,8 @@ void expect_equal_up_to_near_tie(const std::vector<int32_t>& ref, const std::vec
   EXPECT_LE(best - l[got[i]], kNearTie)
       << what << ": token " << i << " is " << got[i] << ", the co-located engine's " << ref[i]
       << " (logit margin " << best - l[got[i]] << ", not a near-tie)";
-  std::printf("[ attention tp ] %s: first different token %zu (logit margin %.3g)\n",
-              what.c_str(), i, best - l[got[i]]);
+  std::printf("[ attention tp ] %s: first different token %zu (logit margin %.3g)\n", what.c_str(),
+              i, best - l[got[i]]);
 }
 
 class AttentionTpTest : public ::testing::TestWithParam<std::string> {};
@@ -436,16 +438,16 @@ TEST(AttentionTpFlagsTest, BadValuesAreRefused) {
 bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
 
 // Killing rank 1 of attention worker 0 (the request's replica)
-// mid-generation: the request ends with an error naming that rank, every other process exits, no shared memory is
-// left behind.
+// mid-generation: the request ends with an error naming that rank, every other process exits, no
+// shared memory is left behind.
 TEST(AttentionTpKillTest, AKilledRankIsNamedAndEverythingStops) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
   pid_t victim = -1;
   std::chrono::steady_clock::time_point killed_at;
   const auto run = msinfer::testing::watch_router(
       {kBinary, "generate", "--model", dir, "--prompt-ids", "5,9,22", "--max-tokens", "3500",
-       "--ignore-eos", "--attention-workers", "2", "--expert-workers", "1", "--micro-batches",
-       "2", "--tp-attention", "2", "--timeout-ms", "2000"},
+       "--ignore-eos", "--attention-workers", "2", "--expert-workers", "1", "--micro-batches", "2",
+       "--tp-attention", "2", "--timeout-ms", "2000"},
       [&](const char* line, const std::map<std::string, pid_t>& pids) {
         if (victim < 0 && std::strstr(line, "msinfer: step 32") != nullptr &&
             pids.count("attention0.1")) {
@@ -481,8 +483,8 @@ TEST(AttentionTpKillTest, AHungRankIsNamedByTheTimeout) {
   pid_t victim = -1;
   const auto run = msinfer::testing::watch_router(
       {kBinary, "generate", "--model", dir, "--prompt-ids", "5,9,22", "--max-tokens", "3500",
-       "--ignore-eos", "--attention-workers", "1", "--expert-workers", "1", "--micro-batches",
-       "2", "--tp-attention", "2", "--timeout-ms", "1000"},
+       "--ignore-eos", "--attention-workers", "1", "--expert-workers", "1", "--micro-batches", "2",
+       "--tp-attention", "2", "--timeout-ms", "1000"},
       [&](const char* line, const std::map<std::string, pid_t>& pids) {
         if (victim < 0 && std::strstr(line, "msinfer: step 32") != nullptr &&
             pids.count("attention0.1")) {

@@ -368,29 +368,32 @@ TEST_P(TwoHostTest, TpExpertShardsOnTheOtherHostMatchTheColocatedEngine) {
 // host a and the expert worker's two shards (allreduce) on host b.
 TEST_P(TwoHostTest, TpAttentionRanksAcrossHostsMatchTheColocatedEngine) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
-  const std::string prompt = "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 12 --ignore-eos";
+  const std::string prompt =
+      "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 12 --ignore-eos";
   const auto ref = tokens_of(prompt);
   ASSERT_EQ(ref.size(), 12u);
   struct Case {
     std::string hosts, np, flags, where;
   };
-  const Case cases[] = {
-      {"10.77.0.1 slots=2\n10.77.0.2 slots=2\n", "4", "--tp-attention 2",
-       "attention worker 0 tp rank 1: rank 2 on"},
-      {"10.77.0.1 slots=3\n10.77.0.2 slots=2\n", "5",
-       "--tp-attention 2 --tp-expert 2 --tp-expert-reduce allreduce",
-       "expert worker 0 tp rank 1: rank 4 on"}};
+  const Case cases[] = {{"10.77.0.1 slots=2\n10.77.0.2 slots=2\n", "4", "--tp-attention 2",
+                         "attention worker 0 tp rank 1: rank 2 on"},
+                        {"10.77.0.1 slots=3\n10.77.0.2 slots=2\n", "5",
+                         "--tp-attention 2 --tp-expert 2 --tp-expert-reduce allreduce",
+                         "expert worker 0 tp rank 1: rank 4 on"}};
   for (const Case& c : cases) {
     const std::string hosts = write_file("netns_hosts_atp", c.hosts);
-    const std::string err = ::testing::TempDir() + "/two_host_atp_stderr_" + std::to_string(::getpid());
+    const std::string err =
+        ::testing::TempDir() + "/two_host_atp_stderr_" + std::to_string(::getpid());
     const std::string cmd =
         "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
         "timeout -s KILL 120 ip netns exec " +
         ns_a_ + " mpirun -x ASAN_OPTIONS --hostfile " + hosts + " -np " + c.np +
         " --mca plm_rsh_agent " + agent_ +
-        " --mca oob_tcp_if_include 10.77.0.0/24 --mca btl_tcp_if_include 10.77.0.0/24 --mca btl self,tcp " +
-        kBinary + " generate " + prompt + " --attention-workers 1 --expert-workers 1 --micro-batches 2 " +
-        c.flags + " --fabric-provider " + GetParam() + " --json 2>" + err;
+        " --mca oob_tcp_if_include 10.77.0.0/24 --mca btl_tcp_if_include 10.77.0.0/24 --mca btl "
+        "self,tcp " +
+        kBinary + " generate " + prompt +
+        " --attention-workers 1 --expert-workers 1 --micro-batches 2 " + c.flags +
+        " --fabric-provider " + GetParam() + " --json 2>" + err;
     const std::string out = msinfer::testing::run_capture(cmd);
     std::stringstream e;
     e << std::ifstream(err).rdbuf();

@@ -187,9 +187,8 @@ Status apply_tp_attention(const FlagSet& flags, const ModelConfig& model, int pl
   }
   if (model.heads % c->tp_attention != 0 || model.kv_heads % c->tp_attention != 0) {
     return invalid_argument("tp_attention " + std::to_string(c->tp_attention) +
-                            " must divide the model's query heads (" +
-                            std::to_string(model.heads) + ") and KV heads (" +
-                            std::to_string(model.kv_heads) + ")");
+                            " must divide the model's query heads (" + std::to_string(model.heads) +
+                            ") and KV heads (" + std::to_string(model.kv_heads) + ")");
   }
   if (c->attention_processes() > 128) {
     return invalid_argument("attention workers x tp_attention = " +
@@ -197,7 +196,8 @@ Status apply_tp_attention(const FlagSet& flags, const ModelConfig& model, int pl
   }
   if (c->tp_attention > 1 && !runtime::is_cpu_device(c->attention_device)) {
     return unimplemented("tp_attention " + std::to_string(c->tp_attention) + " on " +
-                         c->attention_device + ": attention tensor parallelism runs on the CPU only");
+                         c->attention_device +
+                         ": attention tensor parallelism runs on the CPU only");
   }
   c->placement.tp_attention = c->tp_attention;
   return ok_status();
@@ -255,8 +255,8 @@ StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
                           ? runtime::ExpertReduce::kAttentionSum
                           : runtime::ExpertReduce::kAllReduce,
                       &c));
-  MSI_RETURN_IF_ERROR(apply_tp_attention(flags, model, d.shape.tp_attention, &c)
-                          .with_context(path));
+  MSI_RETURN_IF_ERROR(
+      apply_tp_attention(flags, model, d.shape.tp_attention, &c).with_context(path));
   return c;
 }
 
@@ -368,9 +368,9 @@ int run_worker(int argc, char** argv) {
   const int index = static_cast<int>(flags.get_int("index"));
   const int tp_rank = static_cast<int>(flags.get_int("tp-rank"));
   if (tp_rank >= (flags.get_string("role") == "expert" ? c->tp_expert : c->tp_attention)) {
-    return report_error("worker", invalid_argument(
-                                      "--tp-rank must be below --tp-expert (expert) or "
-                                      "--tp-attention (attention)"));
+    return report_error("worker",
+                        invalid_argument("--tp-rank must be below --tp-expert (expert) or "
+                                         "--tp-attention (attention)"));
   }
   // The router's command pipe is fd 3, the answer pipe fd 4.
   if (role == "expert") {

@@ -81,9 +81,7 @@ class Router {
   std::string name_of(const Worker& w) const;
   // Rank 0 of attention replica a: the one the router talks to.
   Worker& lead(int a) { return workers_[static_cast<size_t>(a) * c_.tp_attention]; }
-  const Worker& lead(int a) const {
-    return workers_[static_cast<size_t>(a) * c_.tp_attention];
-  }
+  const Worker& lead(int a) const { return workers_[static_cast<size_t>(a) * c_.tp_attention]; }
 
   WorkerConfig c_;
   std::unique_ptr<comm::BootstrapServer> server_;
