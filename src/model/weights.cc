@@ -178,12 +178,26 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
     return invalid_argument(dir + ": the experts' FFN width " + std::to_string(c.expert_ffn) +
                             " is not divisible by tp_expert " + std::to_string(tp));
   }
+  const int64_t atp = options.attention_tp_size, atp_rank = options.attention_tp_rank;
+  if (atp < 1 || atp_rank < 0 || atp_rank >= atp) {
+    return invalid_argument("attention tensor-parallel rank " + std::to_string(atp_rank) + " of " +
+                            std::to_string(atp) + " is out of range");
+  }
+  if (c.heads % atp != 0 || c.kv_heads % atp != 0) {
+    return invalid_argument(dir + ": tp_attention " + std::to_string(atp) +
+                            " must divide the query heads (" + std::to_string(c.heads) +
+                            ") and the KV heads (" + std::to_string(c.kv_heads) + ")");
+  }
+  w->attention_tp_rank_ = static_cast<int>(atp_rank);
+  w->attention_tp_size_ = static_cast<int>(atp);
+  // Ranks > 0 of an attention replica hold only their q/k/v/o slices.
+  const bool attention_rest = options.attention && atp_rank == 0;
   Loader ld(w->checkpoint_, dir);
   const kernels::cpu::WeightFormat fmt = options.weights;
   const int64_t h = c.hidden, hd = c.head_dim, H = c.heads, KV = c.kv_heads, F = c.expert_ffn;
   const int64_t E = c.experts, V = c.vocab;
 
-  if (options.attention) {
+  if (attention_rest) {
     MSI_ASSIGN_OR_RETURN(w->embed_view_, ld.get("model.embed_tokens.weight", {V, h}));
     if (w->embed_view_->dtype != DType::kBF16) append_bf16(*w->embed_view_, w->embed_copy_);
     MSI_ASSIGN_OR_RETURN(w->final_norm_, ld.vec("model.norm.weight", h));
@@ -208,19 +222,39 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
         p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight",
         router_tensor_name(c, i)};
     if (options.attention) {
-      MSI_ASSIGN_OR_RETURN(L.input_norm, ld.vec(p + "input_layernorm.weight", h));
-      MSI_ASSIGN_OR_RETURN(L.post_attn_norm, ld.vec(p + "post_attention_layernorm.weight", h));
-      MSI_ASSIGN_OR_RETURN(L.qkv, ld.pack({{p + "self_attn.q_proj.weight", {H * hd, h}},
-                                           {p + "self_attn.k_proj.weight", {KV * hd, h}},
-                                           {p + "self_attn.v_proj.weight", {KV * hd, h}}},
-                                          fmt));
-      MSI_ASSIGN_OR_RETURN(L.o, ld.pack({{p + "self_attn.o_proj.weight", {h, H * hd}}}, fmt));
+      if (attention_rest) {
+        MSI_ASSIGN_OR_RETURN(L.input_norm, ld.vec(p + "input_layernorm.weight", h));
+        MSI_ASSIGN_OR_RETURN(L.post_attn_norm, ld.vec(p + "post_attention_layernorm.weight", h));
+        MSI_ASSIGN_OR_RETURN(L.router, ld.pack({{router_tensor_name(c, i), {E, h}}},
+                                               kernels::cpu::WeightFormat::kBf16));
+      } else {
+        for (const auto& n : {p + "input_layernorm.weight", p + "post_attention_layernorm.weight",
+                              router_tensor_name(c, i)}) {
+          ld.skip(n);
+        }
+      }
+      if (atp == 1) {
+        MSI_ASSIGN_OR_RETURN(L.qkv, ld.pack({{p + "self_attn.q_proj.weight", {H * hd, h}},
+                                             {p + "self_attn.k_proj.weight", {KV * hd, h}},
+                                             {p + "self_attn.v_proj.weight", {KV * hd, h}}},
+                                            fmt));
+        MSI_ASSIGN_OR_RETURN(L.o, ld.pack({{p + "self_attn.o_proj.weight", {h, H * hd}}}, fmt));
+      } else {
+        // Rank atp_rank: its heads' rows of q, k and v, the same columns of o.
+        const int64_t q0 = atp_rank * (H / atp) * hd, q1 = q0 + (H / atp) * hd;
+        const int64_t k0 = atp_rank * (KV / atp) * hd, k1 = k0 + (KV / atp) * hd;
+        MSI_ASSIGN_OR_RETURN(
+            L.qkv, ld.pack_blocks({{p + "self_attn.q_proj.weight", {H * hd, h}, q0, q1, 0, h},
+                                   {p + "self_attn.k_proj.weight", {KV * hd, h}, k0, k1, 0, h},
+                                   {p + "self_attn.v_proj.weight", {KV * hd, h}, k0, k1, 0, h}},
+                                  fmt));
+        MSI_ASSIGN_OR_RETURN(
+            L.o, ld.pack_blocks({{p + "self_attn.o_proj.weight", {h, H * hd}, 0, h, q0, q1}}, fmt));
+      }
       if (c.qk_norm) {
         MSI_ASSIGN_OR_RETURN(L.q_norm, ld.vec(p + "self_attn.q_norm.weight", hd));
         MSI_ASSIGN_OR_RETURN(L.k_norm, ld.vec(p + "self_attn.k_norm.weight", hd));
       }
-      MSI_ASSIGN_OR_RETURN(L.router, ld.pack({{router_tensor_name(c, i), {E, h}}},
-                                             kernels::cpu::WeightFormat::kBf16));
     } else {
       for (const auto& n : attn_names) ld.skip(n);
     }

@@ -37,23 +37,26 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-// GEMM FLOPs per token of one layer on the attention side: QKV, O, router.
-double attention_layer_flops(const ModelConfig& mc) {
+// GEMM FLOPs per token of one layer on rank 0 of an attention replica: its
+// 1/tp of QKV and O, and the router.
+double attention_layer_flops(const ModelConfig& mc, int tp) {
   const double h = static_cast<double>(mc.hidden), hd = static_cast<double>(mc.head_dim);
-  return 2.0 * h * (mc.heads + 2.0 * mc.kv_heads) * hd + 2.0 * mc.heads * hd * h + 2.0 * h * mc.experts;
+  return (2.0 * h * (mc.heads + 2.0 * mc.kv_heads) * hd + 2.0 * mc.heads * hd * h) / tp +
+         2.0 * h * mc.experts;
 }
 
 // Connects the two channels of one process: `sender` (if any: a shard that
-// answers through shard 0 sends nothing back) to every peer's receive region,
-// through one allgather of (address, region).
+// answers through shard 0 sends nothing back) to every peer's receive region
+// (peer p is bootstrap rank first_peer + p * stride), through one allgather of
+// (address, region).
 Status wire(comm::Bootstrap& boot, comm::M2NEndpoint& ep, comm::M2NSender* sender,
-            const comm::RemoteRegion& region, int first_peer, int peers) {
+            const comm::RemoteRegion& region, int first_peer, int peers, int stride = 1) {
   MSI_ASSIGN_OR_RETURN(std::vector<std::string> blobs,
                        boot.allgather(comm::PeerCard{ep.transport().address(), region}.encode()));
   for (int p = 0; sender != nullptr && p < peers; ++p) {
-    MSI_ASSIGN_OR_RETURN(
-        comm::PeerCard card,
-        comm::PeerCard::decode(blobs[first_peer + p], "rank " + std::to_string(first_peer + p)));
+    const int rank = first_peer + p * stride;
+    MSI_ASSIGN_OR_RETURN(comm::PeerCard card,
+                         comm::PeerCard::decode(blobs[rank], "rank " + std::to_string(rank)));
     MSI_ASSIGN_OR_RETURN(int handle, ep.transport().connect(card.address));
     sender->set_receiver(p, handle, card.region);
   }
@@ -98,6 +101,43 @@ comm::M2NShape reduce_shape(const WorkerConfig& c, const ModelConfig& mc) {
   return s;
 }
 
+// Attention tensor parallelism (tp_attention > 1), within one replica:
+//  - broadcast, rank 0 -> ranks 1..tp-1, on channel 1 (rank 0 only receives
+//    there otherwise; ranks > 0 are on no other channel): per layer one
+//    message, [header][T rows of the normed input h, hidden floats each].
+//    Header, int32 words padded to whole rows: layer, T, header rows, then per
+//    token its position, its block count n = position / block_size + 1 and
+//    the n block ids of its request's table.
+//  - partials, ranks 1..tp-1 -> rank 0, on channel 0 (rank 0 only sends
+//    there otherwise): T rows, the rank's partial o_proj output.
+// One slot: rank 0 waits for the partials before it sends the next layer.
+int64_t tp_max_header_rows(const WorkerConfig& c, const ModelConfig& mc, int64_t row_bytes) {
+  const int64_t blocks =
+      (mc.max_position_embeddings + KvCache::kDefaultBlockSize - 1) / KvCache::kDefaultBlockSize;
+  return ((3 + c.max_step_tokens * (2 + blocks)) * 4 + row_bytes - 1) / row_bytes;
+}
+comm::M2NShape tp_broadcast_shape(const WorkerConfig& c, const ModelConfig& mc) {
+  comm::M2NShape s;
+  s.senders = 1;
+  s.receivers = c.tp_attention - 1;
+  s.slots = 1;
+  s.row_bytes = static_cast<int64_t>(mc.hidden) * 4;
+  s.max_rows =
+      std::min<int64_t>(kMaxRows, c.max_step_tokens + tp_max_header_rows(c, mc, s.row_bytes));
+  s.channel = 1;
+  return s;
+}
+comm::M2NShape tp_partial_shape(const WorkerConfig& c, const ModelConfig& mc) {
+  comm::M2NShape s;
+  s.senders = c.tp_attention - 1;
+  s.receivers = 1;
+  s.slots = 1;
+  s.row_bytes = static_cast<int64_t>(mc.hidden) * 4;
+  s.max_rows = std::min<int64_t>(kMaxRows, c.max_step_tokens);
+  s.channel = 0;
+  return s;
+}
+
 StatusOr<std::unique_ptr<comm::Transport>> make_transport(const WorkerConfig& c) {
   comm::FabricOptions fo;
   fo.provider = c.provider;
@@ -119,6 +159,12 @@ std::string expert_process_name(int worker, int tp_rank, int tp) {
   return n;
 }
 
+std::string attention_process_name(int worker, int tp_rank, int tp) {
+  std::string n = "attention worker " + std::to_string(worker);
+  if (tp > 1) n += " tp rank " + std::to_string(tp_rank);
+  return n;
+}
+
 // ---- placement: placement.cc ----
 
 // ---- attention side: RemoteExperts ----
@@ -128,7 +174,7 @@ class RemoteExperts : public ExpertBackend {
   RemoteExperts(const WorkerConfig& c, const ModelConfig& mc, int index, comm::M2NEndpoint& ep,
                 WorkerStats* stats)
       : c_(c), index_(index), ep_(ep), hidden_(mc.hidden), layers_(mc.layers),
-        layer_flops_(attention_layer_flops(mc)), stats_(stats),
+        layer_flops_(attention_layer_flops(mc, c.tp_attention)), stats_(stats),
         dispatch_(shape(c, mc, 0), index), combine_(shape(c, mc, 1), index) {
     for (int w = 0; w < c.expert_workers; ++w) local_.push_back(c.placement.experts_on(w));
     expert_rows_.assign(c.placement.replicas.size(), 0);
@@ -137,7 +183,7 @@ class RemoteExperts : public ExpertBackend {
     MSI_RETURN_IF_ERROR(dispatch_.attach(ep_));
     MSI_ASSIGN_OR_RETURN(comm::RemoteRegion region, combine_.attach(ep_));
     MSI_RETURN_IF_ERROR(
-        wire(boot, ep_, &dispatch_, region, c_.attention_workers, c_.expert_processes()));
+        wire(boot, ep_, &dispatch_, region, c_.attention_processes(), c_.expert_processes()));
     if (has_reduce_channel(c_)) {  // take part in the shards' wiring
       MSI_RETURN_IF_ERROR(wire(boot, ep_, nullptr, region, 0, 0));
     }
@@ -308,8 +354,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
                        make_expert_compute(c.expert_device, *w, local_experts));
   MSI_ASSIGN_OR_RETURN(auto transport, make_transport(c));
   comm::M2NEndpoint ep(std::move(transport), std::chrono::milliseconds(c.timeout_ms));
-  ep.set_yield_when_idle(
-      comm::oversubscribed(comm::local_process_count(c.attention_workers + c.expert_processes())));
+  ep.set_yield_when_idle(comm::oversubscribed(comm::local_process_count(c.processes())));
   // This shard answers the attention workers unless it sends its partials to
   // shard 0 (allreduce); shard 0 then also receives them.
   const bool reduce_channel = has_reduce_channel(c);
@@ -322,7 +367,9 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
   if (answers) combine = std::make_unique<comm::M2NSender>(shape(c, mc, 1), answer_index);
   MSI_ASSIGN_OR_RETURN(comm::RemoteRegion region, dispatch.attach(ep));
   if (combine) MSI_RETURN_IF_ERROR(combine->attach(ep));
-  MSI_RETURN_IF_ERROR(wire(boot, ep, combine.get(), region, 0, c.attention_workers));
+  // Attention replica a answers from (and is answered at) its rank 0.
+  MSI_RETURN_IF_ERROR(
+      wire(boot, ep, combine.get(), region, 0, c.attention_workers, c.tp_attention));
   if (reduce_channel) {
     comm::RemoteRegion mine = region;  // what shards > 0 publish (nobody reads it)
     if (tp_rank == 0) {
@@ -332,10 +379,11 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
       reduce_send = std::make_unique<comm::M2NSender>(reduce_shape(c, mc), tp_rank - 1);
       MSI_RETURN_IF_ERROR(reduce_send->attach(ep));
     }
-    // Shard 0 of this worker is bootstrap rank A + index * tp.
-    MSI_RETURN_IF_ERROR(wire(boot, ep, reduce_send.get(), mine, c.attention_workers + index * tp,
-                             reduce_send ? 1 : 0));
+    // Shard 0 of this worker is bootstrap rank attention_processes() + index * tp.
+    MSI_RETURN_IF_ERROR(wire(boot, ep, reduce_send.get(), mine,
+                             c.attention_processes() + index * tp, reduce_send ? 1 : 0));
   }
+  if (c.tp_attention > 1) MSI_RETURN_IF_ERROR(wire(boot, ep, nullptr, region, 0, 0));
   std::fprintf(stderr, "msinfer: %s ready (pid %d): experts", me.c_str(), ::getpid());
   for (int e : local_experts) std::fprintf(stderr, " %d", e);
   std::fprintf(stderr, "; RSS %.0f MiB (expert weights %.1f MiB)\n",
@@ -529,24 +577,262 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
   }
 }
 
+// ---- attention tensor parallelism ----
+
+namespace {
+
+// Rank 0's side of the replica's tp channels (the format above tp_broadcast_shape).
+class AttentionTpLeader : public AttentionPeers {
+ public:
+  AttentionTpLeader(const WorkerConfig& c, const ModelConfig& mc, int index, WorkerStats* stats,
+                    comm::M2NEndpoint& ep)
+      : c_(c),
+        index_(index),
+        hidden_(mc.hidden),
+        stats_(stats),
+        ep_(ep),
+        broadcast_(tp_broadcast_shape(c, mc), 0),
+        partials_(tp_partial_shape(c, mc), 0) {}
+
+  // Third allgather of the deployment (after the experts' wiring).
+  Status attach(comm::Bootstrap& boot) {
+    MSI_RETURN_IF_ERROR(broadcast_.attach(ep_));
+    MSI_ASSIGN_OR_RETURN(comm::RemoteRegion region, partials_.attach(ep_));
+    return wire(boot, ep_, &broadcast_, region, index_ * c_.tp_attention + 1, c_.tp_attention - 1);
+  }
+
+  Status start(int l, const TokenBatch& b, const float* h) override {
+    const int64_t T = b.size(), row_bytes = hidden_ * 4;
+    MSI_RETURN_IF_ERROR(broadcast_.wait_sent(0));
+    words_.assign({l, static_cast<int32_t>(T), 0});
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t pos = b.positions[t];
+      const int32_t n = static_cast<int32_t>(pos / KvCache::kDefaultBlockSize + 1);
+      words_.push_back(pos);
+      words_.push_back(n);
+      words_.insert(words_.end(), b.block_tables[t], b.block_tables[t] + n);
+    }
+    const int64_t hdr = (static_cast<int64_t>(words_.size()) * 4 + row_bytes - 1) / row_bytes;
+    words_[2] = static_cast<int32_t>(hdr);
+    if (hdr + T > broadcast_.shape().max_rows) {
+      return resource_exhausted(attention_process_name(index_, 0, c_.tp_attention) + ": " +
+                                std::to_string(hdr + T) + " rows exceed one tp message");
+    }
+    uint8_t* buf = broadcast_.buffer(0, 0);
+    std::memset(buf, 0, static_cast<size_t>(hdr * row_bytes));
+    std::memcpy(buf, words_.data(), words_.size() * 4);
+    std::memcpy(buf + hdr * row_bytes, h, static_cast<size_t>(T * row_bytes));
+    for (int r = 1; r + 1 < c_.tp_attention; ++r) {
+      std::memcpy(broadcast_.buffer(0, r), buf, static_cast<size_t>((hdr + T) * row_bytes));
+    }
+    stats_->tp_reduce_bytes_sent += (hdr + T) * row_bytes * (c_.tp_attention - 1);
+    return broadcast_.send(0, seq_, std::vector<int64_t>(c_.tp_attention - 1, hdr + T));
+  }
+
+  Status add_partials(int l, int64_t T, float* o) override {
+    Status s = partials_.wait(0, seq_);
+    if (s.code() == StatusCode::kDeadlineExceeded) {
+      std::string m;
+      for (int r : partials_.missing(0)) {
+        m += (m.empty() ? "" : ", ") + attention_process_name(index_, r + 1, c_.tp_attention);
+      }
+      return Status(StatusCode::kUnavailable, attention_process_name(index_, 0, c_.tp_attention) +
+                                                  ": no partial attention output from " + m +
+                                                  " for layer " + std::to_string(l) + " within " +
+                                                  std::to_string(c_.timeout_ms) + " ms");
+    }
+    MSI_RETURN_IF_ERROR(s);
+    for (int r = 0; r + 1 < c_.tp_attention; ++r) {
+      if (partials_.rows(0, r) != T) {
+        return internal_error(attention_process_name(index_, r + 1, c_.tp_attention) + " sent " +
+                              std::to_string(partials_.rows(0, r)) + " rows, expected " +
+                              std::to_string(T));
+      }
+      const auto* p = reinterpret_cast<const float*>(partials_.data(0, r));
+      for (int64_t i = 0; i < T * hidden_; ++i) o[i] += p[i];
+    }
+    partials_.release(0);
+    ++seq_;
+    return ok_status();
+  }
+
+ private:
+  const WorkerConfig& c_;
+  int index_;
+  int64_t hidden_;
+  WorkerStats* stats_;
+  comm::M2NEndpoint& ep_;
+  comm::M2NSender broadcast_;
+  comm::M2NReceiver partials_;
+  uint32_t seq_ = 0;
+  std::vector<int32_t> words_;
+};
+
+// Ranks 1..tp-1 of attention replica `index`: serve rank 0's layers until
+// the router says exit (or closes the command channel).
+Status run_attention_tp_rank(const WorkerConfig& c, int index, int tp_rank, comm::Bootstrap& boot,
+                             int in_fd, int out_fd) {
+  const int tp = c.tp_attention;
+  const std::string me = attention_process_name(index, tp_rank, tp);
+  model::LoadOptions lo;
+  lo.all_experts = false;
+  lo.weights = c.weights;
+  lo.attention_tp_rank = tp_rank;
+  lo.attention_tp_size = tp;
+  MSI_ASSIGN_OR_RETURN(auto w, model::ModelWeights::load(c.model_dir, lo));
+  const ModelConfig& mc = w->config();
+  MSI_ASSIGN_OR_RETURN(KvCache kv, KvCache::create(attention_tp_config(*w), c.kv_cache_bytes));
+  AttentionRunner runner(*w);
+  MSI_ASSIGN_OR_RETURN(auto transport, make_transport(c));
+  comm::M2NEndpoint ep(std::move(transport), std::chrono::milliseconds(c.timeout_ms));
+  ep.set_yield_when_idle(comm::oversubscribed(comm::local_process_count(c.processes())));
+  comm::M2NReceiver broadcast(tp_broadcast_shape(c, mc), tp_rank - 1);
+  comm::M2NSender partial(tp_partial_shape(c, mc), tp_rank - 1);
+  MSI_ASSIGN_OR_RETURN(comm::RemoteRegion region, broadcast.attach(ep));
+  MSI_RETURN_IF_ERROR(partial.attach(ep));
+  // The deployment's allgathers, in order: the experts' wiring (a card
+  // nobody reads), the expert shards' reduce channel, then this replica's.
+  MSI_RETURN_IF_ERROR(wire(boot, ep, nullptr, region, 0, 0));
+  if (has_reduce_channel(c)) MSI_RETURN_IF_ERROR(wire(boot, ep, nullptr, region, 0, 0));
+  MSI_RETURN_IF_ERROR(wire(boot, ep, &partial, region, index * tp, 1));
+  std::fprintf(
+      stderr, "msinfer: %s ready (pid %d): heads %d..%d; RSS %.0f MiB (weights %.1f MiB)\n",
+      me.c_str(), ::getpid(), tp_rank * (mc.heads / tp), (tp_rank + 1) * (mc.heads / tp) - 1,
+      read_process_memory().rss_bytes / 1048576.0, w->packed_bytes() / 1048576.0);
+  write_line(out_fd, Json{{"ready", index},
+                          {"rss_mb", read_process_memory().rss_bytes / 1048576.0},
+                          {"weights_mb", w->packed_bytes() / 1048576.0}}
+                         .dump());
+
+  const int64_t h = mc.hidden, row_bytes = h * 4;
+  WorkerStats stats(c.micro_batches, mc.layers);
+  std::string pending;
+  auto handle_commands = [&]() -> StatusOr<bool> {
+    std::string line;
+    bool eof = false;
+    while (read_line(in_fd, &pending, &line, 0, &eof)) {
+      auto cmd = parse_json(line, me + " command");
+      if (!cmd.ok()) return cmd.status();
+      const std::string op = cmd->value("op", "");
+      if (op == "exit") return true;
+      if (op == "stats") {
+        stats.wait_s = std::max(0.0, stats.window_s() - stats.busy_s);
+        write_line(out_fd, Json{{"stats", stats.to_json()}}.dump());
+        if (cmd->value("reset", false)) stats.reset();
+        continue;
+      }
+      return invalid_argument(me + ": unknown command '" + op + "'");
+    }
+    return eof;
+  };
+  auto malformed = [&](const std::string& what) {
+    return internal_error(me + ": malformed message from " + attention_process_name(index, 0, tp) +
+                          ": " + what);
+  };
+  TokenBatch b;
+  std::vector<std::vector<int32_t>> tables;
+  uint32_t seq = 0;
+  int64_t idle = 0, rounds = 0, idle_since_ns = wall_ns();
+  while (true) {
+    if (idle > 64 || (++rounds & 1023) == 0) {
+      MSI_ASSIGN_OR_RETURN(bool stop, handle_commands());
+      if (stop) return ok_status();
+    }
+    size_t got = 0;
+    MSI_RETURN_IF_ERROR(ep.progress(&got));
+    if (broadcast.all_arrived(0)) {
+      const auto unit_from = std::chrono::steady_clock::now();
+      MSI_RETURN_IF_ERROR(broadcast.verify(0, seq));
+      const uint8_t* msg = broadcast.data(0, 0);
+      const int64_t rows = broadcast.rows(0, 0);
+      auto word = [&](int64_t i) {
+        int32_t v;
+        std::memcpy(&v, msg + i * 4, 4);
+        return v;
+      };
+      if (rows < 1 || rows * row_bytes < 12) return malformed("no header");
+      const int32_t layer = word(0), T = word(1), hdr = word(2);
+      if (layer < 0 || layer >= mc.layers || T < 1 || hdr < 1 || hdr + int64_t{T} != rows) {
+        return malformed("bad header");
+      }
+      b.clear();
+      tables.assign(static_cast<size_t>(T), {});
+      int64_t at = 3;
+      const int64_t words = hdr * row_bytes / 4;
+      for (int32_t t = 0; t < T; ++t) {
+        if (at + 2 > words) return malformed("header too short");
+        const int32_t pos = word(at), n = word(at + 1);
+        at += 2;
+        if (pos < 0 || pos >= mc.max_position_embeddings ||
+            n != pos / KvCache::kDefaultBlockSize + 1 || at + n > words) {
+          return malformed("bad position or block table");
+        }
+        for (int32_t i = 0; i < n; ++i) {
+          const int32_t blk = word(at + i);
+          if (blk < 0 || blk >= kv.total_blocks()) return malformed("block id out of range");
+          tables[t].push_back(blk);
+        }
+        at += n;
+        b.ids.push_back(0);  // unused: rank 0 embeds
+        b.positions.push_back(pos);
+        b.block_tables.push_back(tables[t].data());
+      }
+      MSI_RETURN_IF_ERROR(partial.wait_sent(0));
+      MSI_RETURN_IF_ERROR(runner.attention_partial(
+          layer, b, kv, reinterpret_cast<const float*>(msg + hdr * row_bytes),
+          reinterpret_cast<float*>(partial.buffer(0, 0))));
+      broadcast.release(0);
+      stats.tokens += layer == 0 ? T : 0;
+      stats.tp_reduce_bytes_sent += T * row_bytes;
+      MSI_RETURN_IF_ERROR(partial.send(0, seq, {T}));
+      ++seq;
+      stats.busy_s += seconds_since(unit_from);
+      idle_since_ns = wall_ns();
+      idle = 0;
+      continue;
+    }
+    if (got > 0) {
+      idle = 0;
+    } else if (++idle > 2000) {
+      ::usleep(wall_ns() - idle_since_ns > 50'000'000 ? 2000 : 200);
+    } else {
+      ep.relax(idle);
+    }
+  }
+}
+
+}  // namespace
+
 // ---- attention worker ----
 
-Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot, int in_fd,
-                            int out_fd) {
+Status run_attention_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bootstrap& boot,
+                            int in_fd, int out_fd) {
+  if (c.tp_attention > 1 && !is_cpu_device(c.attention_device)) {
+    return unimplemented(attention_process_name(index, tp_rank, c.tp_attention) +
+                         ": --tp-attention > 1 on " + c.attention_device +
+                         ": attention tensor parallelism runs on the CPU only");
+  }
+  if (tp_rank > 0) return run_attention_tp_rank(c, index, tp_rank, boot, in_fd, out_fd);
   model::LoadOptions lo;
   lo.all_experts = false;  // attention workers map no expert weights
   lo.weights = c.weights;
+  lo.attention_tp_size = c.tp_attention;
   MSI_ASSIGN_OR_RETURN(auto w, model::ModelWeights::load(c.model_dir,
                                                          host_load_options(lo, c.attention_device)));
   std::shared_ptr<const model::ModelWeights> weights = std::move(w);
   MSI_ASSIGN_OR_RETURN(auto transport, make_transport(c));
   comm::M2NEndpoint ep(std::move(transport), std::chrono::milliseconds(c.timeout_ms));
-  ep.set_yield_when_idle(
-      comm::oversubscribed(comm::local_process_count(c.attention_workers + c.expert_processes())));
+  ep.set_yield_when_idle(comm::oversubscribed(comm::local_process_count(c.processes())));
   WorkerStats stats(c.micro_batches, weights->config().layers);
   auto remote = std::make_unique<RemoteExperts>(c, weights->config(), index, ep, &stats);
   MSI_RETURN_IF_ERROR(remote->attach(boot));
+  std::unique_ptr<AttentionTpLeader> peers;
+  if (c.tp_attention > 1) {
+    peers = std::make_unique<AttentionTpLeader>(c, weights->config(), index, &stats, ep);
+    MSI_RETURN_IF_ERROR(peers->attach(boot));
+  }
   EngineOptions eo;
+  eo.attention_peers = peers.get();
   eo.kv_cache_bytes = c.kv_cache_bytes;
   eo.micro_batches = c.micro_batches;
   eo.max_step_tokens = c.max_step_tokens;

@@ -43,9 +43,19 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mo
   }
   MSI_RETURN_IF_ERROR(check_device(options.device));
   const bool cpu = is_cpu_device(options.device);
-  MSI_ASSIGN_OR_RETURN(KvCache kv, KvCache::create(w->config(), options.kv_cache_bytes,
+  const bool tp = w->attention_tp_size() > 1;
+  if (tp && (!cpu || options.attention_peers == nullptr || w->attention_tp_rank() != 0)) {
+    return unimplemented(
+        "attention tensor parallelism runs on the CPU, with the engine on rank 0 and its peers");
+  }
+  MSI_ASSIGN_OR_RETURN(KvCache kv, KvCache::create(attention_tp_config(*w), options.kv_cache_bytes,
                                                    options.block_size, /*host_pools=*/cpu));
-  MSI_ASSIGN_OR_RETURN(auto attention, make_attention_compute(options.device, *w, kv));
+  std::unique_ptr<AttentionCompute> attention;
+  if (tp) {
+    attention = std::make_unique<AttentionRunner>(*w, options.attention_peers);
+  } else {
+    MSI_ASSIGN_OR_RETURN(attention, make_attention_compute(options.device, *w, kv));
+  }
   if (experts == nullptr) {
     MSI_ASSIGN_OR_RETURN(auto compute, make_expert_compute(options.device, *w, {}));
     experts = std::make_unique<LocalExperts>(std::move(compute), w->config());

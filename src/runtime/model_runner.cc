@@ -16,25 +16,28 @@ Status AttentionRunner::embed(const TokenBatch& b, float* x) {
   return ok_status();
 }
 
-Status AttentionRunner::attention_and_gate(int l, const TokenBatch& b, KvCache& kv, float* x,
-                                           k::RoutedBatch* routed, const int32_t* expert_dest,
-                                           int64_t destinations) {
+ModelConfig attention_tp_config(const model::ModelWeights& w) {
+  ModelConfig c = w.config();
+  c.heads /= w.attention_tp_size();
+  c.kv_heads /= w.attention_tp_size();
+  return c;
+}
+
+Status AttentionRunner::attention_partial(int l, const TokenBatch& b, KvCache& kv, const float* h,
+                                          float* o) {
   const ModelConfig& c = w_.config();
   const model::LayerWeights& L = w_.layers()[l];
-  const int64_t T = b.size(), h = c.hidden, hd = c.head_dim, H = c.heads, KV = c.kv_heads;
+  const int tp = w_.attention_tp_size();
+  const int64_t T = b.size(), hd = c.head_dim, H = c.heads / tp, KV = c.kv_heads / tp;
   const int64_t qn = H * hd, kn = KV * hd;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  h_.resize(T * h);
   qkv_.resize(T * (qn + 2 * kn));
   q_.resize(T * qn);
   k_.resize(T * kn);
   v_.resize(T * kn);
   attn_.resize(T * qn);
-  o_.resize(T * h);
-  router_.resize(T * c.experts);
 
-  k::rms_norm(x, L.input_norm.data(), T, h, eps, h_.data());
-  L.qkv.forward(h_.data(), T, qkv_.data());
+  L.qkv.forward(h, T, qkv_.data());
   for (int64_t t = 0; t < T; ++t) {
     const float* row = qkv_.data() + t * (qn + 2 * kn);
     std::memcpy(q_.data() + t * qn, row, sizeof(float) * qn);
@@ -51,7 +54,27 @@ Status AttentionRunner::attention_and_gate(int l, const TokenBatch& b, KvCache& 
   k::write_kv(layer, k_.data(), v_.data(), T, b.positions.data(), b.block_tables.data());
   k::paged_attention(q_.data(), T, H, layer, b.positions.data(), b.block_tables.data(),
                      1.0f / std::sqrt(static_cast<float>(hd)), attn_.data());
-  L.o.forward(attn_.data(), T, o_.data());
+  L.o.forward(attn_.data(), T, o);
+  return ok_status();
+}
+
+Status AttentionRunner::attention_and_gate(int l, const TokenBatch& b, KvCache& kv, float* x,
+                                           k::RoutedBatch* routed, const int32_t* expert_dest,
+                                           int64_t destinations) {
+  const ModelConfig& c = w_.config();
+  const model::LayerWeights& L = w_.layers()[l];
+  const int64_t T = b.size(), h = c.hidden;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  h_.resize(T * h);
+  o_.resize(T * h);
+  router_.resize(T * c.experts);
+
+  k::rms_norm(x, L.input_norm.data(), T, h, eps, h_.data());
+  // Attention tp: the other ranks work on their heads while this one does.
+  const bool peers = peers_ != nullptr && T > 0;
+  if (peers) MSI_RETURN_IF_ERROR(peers_->start(l, b, h_.data()));
+  MSI_RETURN_IF_ERROR(attention_partial(l, b, kv, h_.data(), o_.data()));
+  if (peers) MSI_RETURN_IF_ERROR(peers_->add_partials(l, T, o_.data()));
   k::add_inplace(x, o_.data(), T * h);
 
   k::rms_norm(x, L.post_attn_norm.data(), T, h, eps, h_.data());

@@ -38,6 +38,10 @@ StatusOr<Placement> Placement::from_json(const Json& j, int experts, const std::
     MSI_ASSIGN_OR_RETURN(int64_t tp, f.integer_in("tp_expert", 1, kMaxTp));
     p.tp_expert = static_cast<int>(tp);
   }
+  if (f.has("tp_attention")) {
+    MSI_ASSIGN_OR_RETURN(int64_t tp, f.integer_in("tp_attention", 1, kMaxTp));
+    p.tp_attention = static_cast<int>(tp);
+  }
   if (f.has("tp_expert_reduce")) {
     MSI_ASSIGN_OR_RETURN(std::string red, f.string("tp_expert_reduce"));
     MSI_ASSIGN_OR_RETURN(p.tp_expert_reduce,
@@ -140,6 +144,7 @@ Json Placement::to_json() const {
   }
   Json j{{"expert_workers", workers}, {"experts", ex}};
   if (tp_expert > 1) j["tp_expert"] = tp_expert;
+  if (tp_attention > 1) j["tp_attention"] = tp_attention;
   if (tp_expert_reduce) j["tp_expert_reduce"] = expert_reduce_name(*tp_expert_reduce);
   return j;
 }

@@ -27,19 +27,20 @@ extern char** environ;
 namespace msinfer::runtime {
 namespace {
 
-// The role of bootstrap rank r (0 .. A+N-1): attention workers come first,
-// then expert workers. The local router, the launched one and a joining
-// worker all name roles this way.
-// Expert worker w's tp shards are consecutive ranks (w * tp_expert + shard).
+// The role of bootstrap rank r (0 .. processes()-1): attention processes come
+// first, then expert processes. The local router, the launched one and a
+// joining worker all name roles this way. Attention replica a's tp ranks are
+// consecutive ranks (a * tp_attention + r), and so are expert worker w's
+// shards (attention processes + w * tp_expert + shard).
 struct Role {
   bool attention;
   int index;  // among the workers of its kind
-  int tp_rank;  // the shard of an expert worker (0 without tensor parallelism)
+  int tp_rank;  // the process within its tp group (0 without tensor parallelism)
   const char* name() const { return attention ? "attention" : "expert"; }
 };
 Role role_of(const WorkerConfig& c, int r) {
-  if (r < c.attention_workers) return Role{true, r, 0};
-  const int e = r - c.attention_workers;
+  if (r < c.attention_processes()) return Role{true, r / c.tp_attention, r % c.tp_attention};
+  const int e = r - c.attention_processes();
   return Role{false, e / c.tp_expert, e % c.tp_expert};
 }
 
@@ -51,10 +52,10 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
                                                 const std::string& placement_file) {
   auto r = std::unique_ptr<Router>(new Router());
   r->c_ = c;
-  const int A = c.attention_workers, N = c.expert_workers, P = c.expert_processes();
-  MSI_ASSIGN_OR_RETURN(r->server_, comm::BootstrapServer::start(A + P));
+  const int A = c.attention_workers, N = c.expert_workers, P = c.processes();
+  MSI_ASSIGN_OR_RETURN(r->server_, comm::BootstrapServer::start(P));
   ::signal(SIGPIPE, SIG_IGN);
-  for (int rank = 0; rank < A + P; ++rank) {
+  for (int rank = 0; rank < P; ++rank) {
     Worker w;
     const Role role = role_of(c, rank);
     w.role = role.name();
@@ -77,6 +78,7 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
                                      "--expert-device", c.expert_device,
                                      "--tp-expert", std::to_string(c.tp_expert),
                                      "--tp-expert-reduce", expert_reduce_name(c.tp_expert_reduce),
+                                     "--tp-attention", std::to_string(c.tp_attention),
                                      "--tp-rank", std::to_string(w.tp_rank)};
     if (c.attention_cost_per_token > 0 || c.attention_cost_per_position > 0) {
       char cost[64];
@@ -99,12 +101,12 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
       const char* eq = std::strchr(*e, '=');
       if (eq != nullptr) env[std::string(*e, static_cast<size_t>(eq - *e))] = eq + 1;
     }
-    env.emplace("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / (A + P))));
+    env.emplace("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / P)));
     env.emplace("OMP_WAIT_POLICY", "PASSIVE");
     env["MSINFER_BOOTSTRAP"] = r->server_->address();
     env["MSINFER_JOB_SECRET"] = r->server_->secret();  // as NCCL hands out its unique id
     env["MSINFER_RANK"] = std::to_string(rank);
-    env["MSINFER_WORLD_SIZE"] = std::to_string(A + P);
+    env["MSINFER_WORLD_SIZE"] = std::to_string(P);
     std::vector<std::string> env_lines;
     for (const auto& [k, v] : env) env_lines.push_back(k + "=" + v);
     // Everything the child needs is built here: between fork and exec it only
@@ -187,7 +189,7 @@ StatusOr<std::string> Router::read_answer(Worker& w, std::chrono::milliseconds t
 
 std::string Router::name_of(const Worker& w) const {
   if (w.role == "expert") return expert_process_name(w.index, w.tp_rank, c_.tp_expert);
-  return w.role + " worker " + std::to_string(w.index);
+  return attention_process_name(w.index, w.tp_rank, c_.tp_attention);
 }
 
 // ---- under a launcher (mpirun / srun) ----
@@ -202,11 +204,11 @@ std::string Router::name_of(const Worker& w) const {
 namespace {
 
 Status check_launcher_size(const WorkerConfig& c, const comm::Bootstrap& launcher) {
-  const int need = 1 + c.attention_workers + c.expert_processes();
+  const int need = 1 + c.processes();
   if (launcher.size() != need) {
     return invalid_argument("the launcher started " + std::to_string(launcher.size()) +
                             " ranks; this deployment needs 1 router + " +
-                            std::to_string(c.attention_workers) + " attention + " +
+                            std::to_string(c.attention_processes()) + " attention + " +
                             std::to_string(c.expert_processes()) + " expert worker processes = " +
                             std::to_string(need) + " (e.g. mpirun -np " + std::to_string(need) + ")");
   }
@@ -226,7 +228,7 @@ StatusOr<std::unique_ptr<Router>> Router::start_launched(const WorkerConfig& c,
   MSI_RETURN_IF_ERROR(check_launcher_size(c, launcher));
   auto r = std::unique_ptr<Router>(new Router());
   r->c_ = c;
-  const int A = c.attention_workers, N = c.expert_processes();
+  const int A = c.attention_processes(), N = c.expert_processes();
   const std::string host = comm::local_address();
   MSI_ASSIGN_OR_RETURN(r->server_, comm::BootstrapServer::start(A + N, host));
   int port = 0;
@@ -353,10 +355,10 @@ Status join_launched_deployment(const WorkerConfig& config, comm::Bootstrap& lau
   const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
   ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / per_host)).c_str(), 0);
   ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
-  const int A = c.attention_workers, N = c.expert_processes();
+  const int A = c.attention_processes(), N = c.expert_processes();
   MSI_ASSIGN_OR_RETURN(auto boot, comm::make_tcp_bootstrap(rank - 1, A + N, bootstrap, secret));
   const Role role = role_of(c, rank - 1);  // launcher rank 0 is the router
-  Status s = role.attention ? run_attention_worker(c, role.index, *boot, fd, fd)
+  Status s = role.attention ? run_attention_worker(c, role.index, role.tp_rank, *boot, fd, fd)
                             : run_expert_worker(c, role.index, role.tp_rank, *boot, fd, fd);
   ::close(fd);
   return s;
@@ -427,7 +429,7 @@ Status Router::add(const GenerationRequest& r) {
   // The attention worker with the least load.
   int best = 0;
   for (int a = 1; a < c_.attention_workers; ++a) {
-    if (workers_[a].load < workers_[best].load) best = a;
+    if (lead(a).load < lead(best).load) best = a;
   }
   Json j{{"op", "add"}, {"id", r.id}, {"prompt", r.prompt},
          {"max_tokens", r.sampling.max_tokens}, {"temperature", r.sampling.temperature},
@@ -435,15 +437,15 @@ Status Router::add(const GenerationRequest& r) {
          {"ignore_eos", r.sampling.ignore_eos}, {"stop_token_ids", r.sampling.stop_token_ids},
          {"frequency_penalty", r.sampling.frequency_penalty},
          {"presence_penalty", r.sampling.presence_penalty}, {"logprobs", r.sampling.logprobs}};
-  MSI_RETURN_IF_ERROR(send_command(workers_[best], j.dump()));
-  MSI_ASSIGN_OR_RETURN(std::string line, read_answer(workers_[best], std::chrono::milliseconds(-1),
+  MSI_RETURN_IF_ERROR(send_command(lead(best), j.dump()));
+  MSI_ASSIGN_OR_RETURN(std::string line, read_answer(lead(best), std::chrono::milliseconds(-1),
                                                      StatusCode::kDeadlineExceeded, ""));
-  MSI_ASSIGN_OR_RETURN(Json ans, parse_json(line, name_of(workers_[best])));
+  MSI_ASSIGN_OR_RETURN(Json ans, parse_json(line, name_of(lead(best))));
   if (ans.contains("refused")) {
     return Status(StatusCode::kResourceExhausted, ans.value("error", std::string("refused")));
   }
   const int64_t load = static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens;
-  workers_[best].load += load;
+  lead(best).load += load;
   in_flight_[r.id] = best;
   load_of_[r.id] = load;
   return ok_status();
@@ -452,7 +454,7 @@ Status Router::add(const GenerationRequest& r) {
 Status Router::cancel(int64_t id) {
   auto it = in_flight_.find(id);
   if (it == in_flight_.end()) return ok_status();
-  Worker& w = workers_[it->second];
+  Worker& w = lead(it->second);
   MSI_RETURN_IF_ERROR(send_command(w, Json{{"op", "cancel"}, {"id", id}}.dump()));
   MSI_ASSIGN_OR_RETURN(std::string line, read_answer(w, std::chrono::milliseconds(c_.timeout_ms),
                                                      StatusCode::kDeadlineExceeded,
@@ -470,33 +472,33 @@ Status Router::cancel(int64_t id) {
 
 double Router::kv_usage() const {
   double s = 0;
-  for (int a = 0; a < c_.attention_workers; ++a) s += workers_[a].kv_usage;
+  for (int a = 0; a < c_.attention_workers; ++a) s += lead(a).kv_usage;
   return c_.attention_workers > 0 ? s / c_.attention_workers : 0;
 }
 
 int64_t Router::preemptions() const {
   int64_t s = 0;
-  for (int a = 0; a < c_.attention_workers; ++a) s += workers_[a].preemptions;
+  for (int a = 0; a < c_.attention_workers; ++a) s += lead(a).preemptions;
   return s;
 }
 
 StatusOr<std::vector<TokenEvent>> Router::step() {
   std::vector<TokenEvent> events;
   for (int a = 0; a < c_.attention_workers; ++a) {
-    MSI_RETURN_IF_ERROR(send_command(workers_[a], R"({"op": "step"})"));
+    MSI_RETURN_IF_ERROR(send_command(lead(a), R"({"op": "step"})"));
   }
   for (int a = 0; a < c_.attention_workers; ++a) {
     // A step waits at most the M2N timeout per layer; check for dead workers while waiting.
     MSI_ASSIGN_OR_RETURN(std::string line,
-                         read_answer(workers_[a], std::chrono::milliseconds(c_.timeout_ms * 4 + 10000),
+                         read_answer(lead(a), std::chrono::milliseconds(c_.timeout_ms * 4 + 10000),
                                      StatusCode::kDeadlineExceeded, "did not answer a step"));
-    MSI_ASSIGN_OR_RETURN(Json j, parse_json(line, name_of(workers_[a])));
+    MSI_ASSIGN_OR_RETURN(Json j, parse_json(line, name_of(lead(a))));
     if (j.contains("error")) {
       shutdown();
       return Status(StatusCode::kUnavailable, j["error"].get<std::string>());
     }
-    workers_[a].kv_usage = j.value("kv_usage", 0.0);
-    workers_[a].preemptions = j.value("preemptions", int64_t{0});
+    lead(a).kv_usage = j.value("kv_usage", 0.0);
+    lead(a).preemptions = j.value("preemptions", int64_t{0});
     for (const auto& e : j["events"]) {
       TokenEvent ev;
       ev.request_id = e["id"].get<int64_t>();
@@ -511,7 +513,7 @@ StatusOr<std::vector<TokenEvent>> Router::step() {
         in_flight_.erase(ev.request_id);
         auto l = load_of_.find(ev.request_id);
         if (l != load_of_.end()) {
-          workers_[a].load -= l->second;
+          lead(a).load -= l->second;
           load_of_.erase(l);
         }
       }
@@ -536,6 +538,7 @@ StatusOr<std::vector<Json>> Router::stats(bool reset) {
     st["role"] = w.role;
     st["index"] = w.index;
     if (c_.tp_expert > 1 && w.role == "expert") st["tp_rank"] = w.tp_rank;
+    if (c_.tp_attention > 1 && w.role == "attention") st["tp_rank"] = w.tp_rank;
     out.push_back(std::move(st));
   }
   return out;

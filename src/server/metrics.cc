@@ -138,19 +138,24 @@ std::string Metrics::render(const Gauges& g) const {
     o << "msinfer:http_responses_total{" << l << ",code=\"" << code << "\"} " << n << "\n";
   }
   if (!g.workers.empty()) {
-    // The disaggregated runtime's own, per worker (since the server started).
+    // The disaggregated runtime's own, per worker (since the server started);
+    // the processes of a tensor-parallel group differ by tp_rank.
+    const auto tp_label = [](const Json& w) {
+      return w.contains("tp_rank") ? ",tp_rank=\"" + std::to_string(w.value("tp_rank", 0)) + "\""
+                                   : std::string();
+    };
     header(o, "msinfer:worker_busy_fraction", "gauge", "Fraction of time a worker computes.");
     for (const auto& w : g.workers) {
       o << "msinfer:worker_busy_fraction{" << l << ",role=\"" << w.value("role", "")
-        << "\",index=\"" << w.value("index", 0) << "\"} " << num(w.value("busy_fraction", 0.0))
-        << "\n";
+        << "\",index=\"" << w.value("index", 0) << "\"" << tp_label(w) << "} "
+        << num(w.value("busy_fraction", 0.0)) << "\n";
     }
     header(o, "msinfer:worker_network_wait_fraction", "gauge",
            "Fraction of time a worker waits on the network.");
     for (const auto& w : g.workers) {
       o << "msinfer:worker_network_wait_fraction{" << l << ",role=\"" << w.value("role", "")
-        << "\",index=\"" << w.value("index", 0) << "\"} " << num(w.value("wait_fraction", 0.0))
-        << "\n";
+        << "\",index=\"" << w.value("index", 0) << "\"" << tp_label(w) << "} "
+        << num(w.value("wait_fraction", 0.0)) << "\n";
     }
     header(o, "msinfer:expert_routed_tokens_total", "counter",
            "Token rows routed to each expert, summed over layers and over the expert workers "

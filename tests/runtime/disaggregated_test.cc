@@ -124,11 +124,15 @@ TEST(DisaggregatedPlanTest, PlanDocumentSetsTheDeployment) {
   EXPECT_NE(refused.find("expert nodes is " + std::to_string(nodes)), std::string::npos)
       << refused;
   EXPECT_NE(refused.find("exit=2"), std::string::npos) << refused;
+  // A plan with attention and expert tensor parallelism runs too (issue 14):
+  // Mixtral-8x22B on A100s is 4 attention replicas x tp 2 and 8 expert
+  // nodes x tp 2, 24 processes, here serving the tiny model.
   const std::string big = ::testing::TempDir() + "/" + std::to_string(::getpid()) + "_bigplan.json";
   msinfer::testing::run_capture(kBinary + " plan --model mixtral-8x22b --gpu A100 --out " + big);
-  const std::string err = msinfer::testing::run_capture(
-      "sh -c '" + kBinary + " generate " + prompt + " --plan " + big + " 2>&1; true'");
-  EXPECT_NE(err.find("tensor parallelism is not supported yet"), std::string::npos) << err;
+  auto bj = read_json_file(big);
+  ASSERT_TRUE(bj.ok());
+  ASSERT_GT((*bj)["plan"]["tp_attention"].get<int>(), 1) << bj->dump();
+  EXPECT_EQ(tokens_of(prompt + " --plan " + big), tokens_of(prompt));
 }
 
 bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
@@ -353,6 +357,53 @@ TEST_P(TwoHostTest, TpExpertShardsOnTheOtherHostMatchTheColocatedEngine) {
     // near-tie and documents it).
     EXPECT_EQ((*j)["token_ids"].get<std::vector<int32_t>>(), ref) << mode << e.str();
     EXPECT_NE(e.str().find("expert worker 0 tp rank 1: rank 3 on"), std::string::npos) << e.str();
+    EXPECT_NE(e.str().find("(10.77.0.2, pid"), std::string::npos) << e.str();
+  }
+}
+
+// Attention tensor parallelism across hosts (issue 14): an attention replica
+// of two ranks split over the two hosts (rank 0 with the router on host a,
+// rank 1 and the expert worker on host b), so the replica's per-layer
+// exchange crosses the veth; then (tp_a, tp_e) = (2, 2) with the replica on
+// host a and the expert worker's two shards (allreduce) on host b.
+TEST_P(TwoHostTest, TpAttentionRanksAcrossHostsMatchTheColocatedEngine) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  const std::string prompt =
+      "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 12 --ignore-eos";
+  const auto ref = tokens_of(prompt);
+  ASSERT_EQ(ref.size(), 12u);
+  struct Case {
+    std::string hosts, np, flags, where;
+  };
+  const Case cases[] = {{"10.77.0.1 slots=2\n10.77.0.2 slots=2\n", "4", "--tp-attention 2",
+                         "attention worker 0 tp rank 1: rank 2 on"},
+                        {"10.77.0.1 slots=3\n10.77.0.2 slots=2\n", "5",
+                         "--tp-attention 2 --tp-expert 2 --tp-expert-reduce allreduce",
+                         "expert worker 0 tp rank 1: rank 4 on"}};
+  for (const Case& c : cases) {
+    const std::string hosts = write_file("netns_hosts_atp", c.hosts);
+    const std::string err =
+        ::testing::TempDir() + "/two_host_atp_stderr_" + std::to_string(::getpid());
+    const std::string cmd =
+        "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
+        "timeout -s KILL 120 ip netns exec " +
+        ns_a_ + " mpirun -x ASAN_OPTIONS --hostfile " + hosts + " -np " + c.np +
+        " --mca plm_rsh_agent " + agent_ +
+        " --mca oob_tcp_if_include 10.77.0.0/24 --mca btl_tcp_if_include 10.77.0.0/24 --mca btl "
+        "self,tcp " +
+        kBinary + " generate " + prompt +
+        " --attention-workers 1 --expert-workers 1 --micro-batches 2 " + c.flags +
+        " --fabric-provider " + GetParam() + " --json 2>" + err;
+    const std::string out = msinfer::testing::run_capture(cmd);
+    std::stringstream e;
+    e << std::ifstream(err).rdbuf();
+    auto j = parse_json(out, "mpirun generate --json");
+    ASSERT_TRUE(j.ok()) << c.flags << "\nstdout: " << out.substr(0, 300) << "\nstderr: " << e.str();
+    // The ranks' o_proj partials add in another order than one GEMM; on the
+    // tiny preset the tokens are still identical (attention_tp_test allows a
+    // near-tie and documents it).
+    EXPECT_EQ((*j)["token_ids"].get<std::vector<int32_t>>(), ref) << c.flags << e.str();
+    EXPECT_NE(e.str().find(c.where), std::string::npos) << e.str();
     EXPECT_NE(e.str().find("(10.77.0.2, pid"), std::string::npos) << e.str();
   }
 }

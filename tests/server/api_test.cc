@@ -133,6 +133,20 @@ TEST(MetricsTest, PrometheusText) {
             std::string::npos);
   EXPECT_NE(r.find("msinfer:expert_balance{model_name=\"m\"} 1.5\n"), std::string::npos);
   EXPECT_NE(r.find("msinfer:expert_worker_balance{model_name=\"m\"} 1.25\n"), std::string::npos);
+  // The processes of a tensor-parallel group are told apart by tp_rank (one
+  // series each); a worker without tensor parallelism has no such label.
+  g.workers = {Json{{"role", "attention"}, {"index", 0}, {"tp_rank", 0}, {"busy_fraction", 0.5}},
+               Json{{"role", "attention"}, {"index", 0}, {"tp_rank", 1}, {"busy_fraction", 0.25}},
+               Json{{"role", "expert"}, {"index", 0}, {"busy_fraction", 0.75}}};
+  const std::string w = m.render(g);
+  EXPECT_NE(w.find("msinfer:worker_busy_fraction{model_name=\"m\",role=\"attention\",index=\"0\","
+                   "tp_rank=\"1\"} 0.25\n"),
+            std::string::npos)
+      << w;
+  EXPECT_NE(w.find("msinfer:worker_busy_fraction{model_name=\"m\",role=\"expert\",index=\"0\"} "
+                   "0.75\n"),
+            std::string::npos)
+      << w;
 }
 
 }  // namespace

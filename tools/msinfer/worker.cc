@@ -11,6 +11,7 @@
 #include "msinfer/core/flags.h"
 #include "msinfer/model/safetensors.h"
 #include "msinfer/planner/plan.h"
+#include "msinfer/runtime/device_backend.h"
 #include "msinfer/runtime/disaggregated.h"
 #include "msinfer/runtime/router.h"
 #include "planner_flags.h"
@@ -33,6 +34,10 @@ void add_deployment_flags(FlagSet& flags) {
   flags.add_int("tp-expert", 0, 0, runtime::Placement::kMaxTp,
                 "expert tensor parallelism: processes (shards) per expert worker; each holds\n"
                 "1/tp of its experts' FFN (default: the placement's tp_expert, else 1)");
+  flags.add_int("tp-attention", 0, 0, runtime::Placement::kMaxTp,
+                "attention tensor parallelism: processes (ranks) per attention worker; each\n"
+                "holds 1/tp of the heads, their q/k/v/o weights and KV cache (default: the\n"
+                "placement's tp_attention, else 1)");
   flags.add_string("tp-expert-reduce", "",
                    "how an expert worker's shards combine their partial outputs: attention-sum\n"
                    "(each shard answers, the attention side adds) | allreduce (shard 0 sums\n"
@@ -61,11 +66,12 @@ Status check_deployment_flags(const FlagSet& flags) {
         runtime::parse_expert_reduce(flags.get_string("tp-expert-reduce"), "--tp-expert-reduce")
             .status());
   }
-  if ((flags.was_set("tp-expert") || flags.was_set("tp-expert-reduce")) &&
+  if ((flags.was_set("tp-expert") || flags.was_set("tp-expert-reduce") ||
+       flags.was_set("tp-attention")) &&
       !deployment_requested(flags)) {
     return invalid_argument(
-        "--tp-expert and --tp-expert-reduce need --attention-workers and --expert-workers, or "
-        "--plan");
+        "--tp-expert, --tp-expert-reduce and --tp-attention need --attention-workers and "
+        "--expert-workers, or --plan");
   }
   if (!flags.get_string("placement").empty() && !deployment_requested(flags)) {
     return invalid_argument("--placement needs --attention-workers and --expert-workers, or --plan");
@@ -170,6 +176,33 @@ Status apply_tp_expert(const FlagSet& flags, const ModelConfig& model, int plan_
   return ok_status();
 }
 
+// Attention tensor parallelism: flag > placement file > plan > 1; the heads
+// and the KV heads must split evenly.
+Status apply_tp_attention(const FlagSet& flags, const ModelConfig& model, int plan_tp,
+                          runtime::WorkerConfig* c) {
+  c->tp_attention = plan_tp > 0 ? plan_tp : 1;
+  if (c->placement.tp_attention > 0) c->tp_attention = c->placement.tp_attention;
+  if (flags.get_int("tp-attention") > 0) {
+    c->tp_attention = static_cast<int>(flags.get_int("tp-attention"));
+  }
+  if (model.heads % c->tp_attention != 0 || model.kv_heads % c->tp_attention != 0) {
+    return invalid_argument("tp_attention " + std::to_string(c->tp_attention) +
+                            " must divide the model's query heads (" + std::to_string(model.heads) +
+                            ") and KV heads (" + std::to_string(model.kv_heads) + ")");
+  }
+  if (c->attention_processes() > 128) {
+    return invalid_argument("attention workers x tp_attention = " +
+                            std::to_string(c->attention_processes()) + " processes; at most 128");
+  }
+  if (c->tp_attention > 1 && !runtime::is_cpu_device(c->attention_device)) {
+    return unimplemented("tp_attention " + std::to_string(c->tp_attention) + " on " +
+                         c->attention_device +
+                         ": attention tensor parallelism runs on the CPU only");
+  }
+  c->placement.tp_attention = c->tp_attention;
+  return ok_status();
+}
+
 StatusOr<runtime::WorkerConfig> worker_config_from_flags(const FlagSet& flags,
                                                          const ModelConfig& model) {
   MSI_ASSIGN_OR_RETURN(runtime::WorkerConfig c, process_config_from_flags(flags));
@@ -186,23 +219,19 @@ StatusOr<runtime::WorkerConfig> worker_config_from_flags(const FlagSet& flags,
   MSI_ASSIGN_OR_RETURN(c.placement, placement_from_flags(flags, model, c.expert_workers,
                                                          "--expert-workers"));
   MSI_RETURN_IF_ERROR(apply_tp_expert(flags, model, 0, std::nullopt, &c));
+  MSI_RETURN_IF_ERROR(apply_tp_attention(flags, model, 0, &c));
   return c;
 }
 
 StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
                                                         const ModelConfig& model) {
   const std::string& path = flags.get_string("plan");
-  for (const char* f : {"attention-workers", "expert-workers", "micro-batches", "tp-expert"}) {
+  for (const char* f :
+       {"attention-workers", "expert-workers", "micro-batches", "tp-expert", "tp-attention"}) {
     if (flags.was_set(f)) return invalid_argument(std::string("--") + f + " conflicts with --plan");
   }
   MSI_ASSIGN_OR_RETURN(Json j, read_json_file(path));
   MSI_ASSIGN_OR_RETURN(planner::Deployment d, planner::deployment_from_plan_document(j, path));
-  if (d.shape.tp_attention > 1) {
-    return unimplemented(path + ": tp_attention " + std::to_string(d.shape.tp_attention) +
-                         ": attention tensor parallelism is not supported yet (tp_expert is); "
-                         "plan with tp_attention 1 (e.g. a catalogue whose GPUs have "
-                         "gpus_per_node 1)");
-  }
   if (d.model.experts != model.experts) {
     return invalid_argument(path + ": the plan is for " + std::to_string(d.model.experts) +
                             " experts (" + d.model.name + "), the model has " +
@@ -226,6 +255,8 @@ StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
                           ? runtime::ExpertReduce::kAttentionSum
                           : runtime::ExpertReduce::kAllReduce,
                       &c));
+  MSI_RETURN_IF_ERROR(
+      apply_tp_attention(flags, model, d.shape.tp_attention, &c).with_context(path));
   return c;
 }
 
@@ -263,6 +294,10 @@ StatusOr<Deployment> start_deployment(const FlagSet& flags) {
   }
   std::fprintf(stderr, "msinfer: %d attention worker(s), %d expert worker(s), %d micro-batch(es)\n",
                c.attention_workers, c.expert_workers, c.micro_batches);
+  if (c.tp_attention > 1) {
+    std::fprintf(stderr, "msinfer: tp_attention %d (%d processes per attention worker)\n",
+                 c.tp_attention, c.tp_attention);
+  }
   if (c.tp_expert > 1) {
     std::fprintf(stderr, "msinfer: tp_expert %d (%d processes per expert worker), reduce: %s\n",
                  c.tp_expert, c.tp_expert, runtime::expert_reduce_name(c.tp_expert_reduce));
@@ -306,7 +341,7 @@ int run_worker(int argc, char** argv) {
   flags.add_string("role", "", "attention | expert");
   flags.add_int("index", 0, 0, 127, "worker index within its role");
   flags.add_int("tp-rank", 0, 0, runtime::Placement::kMaxTp - 1,
-                "an expert worker's shard (with --tp-expert)");
+                "the process within its worker's tp group (with --tp-expert / --tp-attention)");
   flags.add_string("model", "", "model directory");
   flags.add_int("kv-cache-mb", 256, 1, 1 << 20, "KV cache budget (attention workers)");
   add_engine_flags(flags);
@@ -332,21 +367,23 @@ int run_worker(int argc, char** argv) {
   const std::string role = flags.get_string("role");
   const int index = static_cast<int>(flags.get_int("index"));
   const int tp_rank = static_cast<int>(flags.get_int("tp-rank"));
-  if (tp_rank >= c->tp_expert) {
-    return report_error("worker", invalid_argument("--tp-rank must be below --tp-expert"));
+  if (tp_rank >= (flags.get_string("role") == "expert" ? c->tp_expert : c->tp_attention)) {
+    return report_error("worker",
+                        invalid_argument("--tp-rank must be below --tp-expert (expert) or "
+                                         "--tp-attention (attention)"));
   }
   // The router's command pipe is fd 3, the answer pipe fd 4.
   if (role == "expert") {
     s = runtime::run_expert_worker(*c, index, tp_rank, **boot, 3, 4);
   } else if (role == "attention") {
-    s = runtime::run_attention_worker(*c, index, **boot, 3, 4);
+    s = runtime::run_attention_worker(*c, index, tp_rank, **boot, 3, 4);
   } else {
     s = invalid_argument("--role must be attention or expert");
   }
   if (!s.ok()) {
     const std::string who = role == "expert"
                                 ? runtime::expert_process_name(index, tp_rank, c->tp_expert)
-                                : role + " " + std::to_string(index);
+                                : runtime::attention_process_name(index, tp_rank, c->tp_attention);
     return report_error(("worker (" + who + ")").c_str(), s);
   }
   return 0;

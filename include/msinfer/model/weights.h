@@ -51,6 +51,16 @@ struct LoadOptions {
   // so ExpertWeights::w13 is [2F/tp, h], w2 [h, F/tp] and the FFN's output is
   // this shard's partial sum: the tp partials add up to the whole expert's output.
   int expert_tp_rank = 0, expert_tp_size = 1;
+  // Attention tensor parallelism (with `attention`): this process is rank
+  // attention_tp_rank of an attention replica of attention_tp_size ranks.
+  // Rank r holds query heads [r H/tp, (r+1) H/tp) and KV heads [r KV/tp,
+  // (r+1) KV/tp) (tp must divide both): its rows of q/k/v (column-parallel,
+  // LayerWeights::qkv is [(H + 2 KV) head_dim / tp, h]) and the same columns
+  // of o_proj (row-parallel, LayerWeights::o is [h, H head_dim / tp]), whose
+  // output is the rank's partial sum. Rank 0 also holds everything else of
+  // the attention side (embedding, norms, routers, LM head); ranks > 0 hold
+  // only their q/k/v/o slices (and Qwen3's q/k norms).
+  int attention_tp_rank = 0, attention_tp_size = 1;
   // GEMM weight format. int8 quantises every GEMM weight but the routers (the
   // gate's top-K is sensitive and its weight tiny); the embedding stays bf16.
   kernels::cpu::WeightFormat weights = kernels::cpu::WeightFormat::kBf16;
@@ -73,12 +83,16 @@ class ModelWeights {
   // Embedding row of token `id` as floats (bf16 values) into out[h].
   void embed(int64_t id, float* out) const;
   bool has_expert(int layer, int expert) const;
+  // LoadOptions::attention_tp_rank / _size the weights were loaded with.
+  int attention_tp_rank() const { return attention_tp_rank_; }
+  int attention_tp_size() const { return attention_tp_size_; }
   // Packed GEMM weight bytes held (what the resident set should be close to).
   size_t packed_bytes() const;
 
  private:
   ModelConfig config_;
   std::string dir_;
+  int attention_tp_rank_ = 0, attention_tp_size_ = 1;
   Checkpoint checkpoint_;
   std::vector<LayerWeights> layers_;
   std::vector<float> final_norm_;

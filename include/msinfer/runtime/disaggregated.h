@@ -46,6 +46,7 @@ struct Placement {
   // unset when the file does not say (the flags or the plan decide then).
   int tp_expert = 0;
   std::optional<ExpertReduce> tp_expert_reduce;
+  int tp_attention = 0;  // "tp_attention": 1..kMaxTp; 0 when the file does not say
   static constexpr int64_t kMaxTp = 64;
 
   static Placement round_robin(int experts, int workers);
@@ -69,6 +70,15 @@ struct WorkerConfig {
   int tp_expert = 1;
   ExpertReduce tp_expert_reduce = ExpertReduce::kAttentionSum;
   int expert_processes() const { return expert_workers * tp_expert; }
+  // Attention tensor parallelism: each of the attention_workers (replicas) is
+  // tp_attention processes, bootstrap ranks a * tp_attention + r, so the
+  // expert processes start at attention_processes(). Rank 0 of a replica runs
+  // the engine (scheduler, KV block tables, norms, gate, LM head, sampling)
+  // and alone talks to the router and the expert workers; ranks 1.. compute
+  // their heads' attention (docs/RUNTIME.md, "Attention tensor parallelism").
+  int tp_attention = 1;
+  int attention_processes() const { return attention_workers * tp_attention; }
+  int processes() const { return attention_processes() + expert_processes(); }
   Placement placement;
   int64_t kv_cache_bytes = 256ll << 20;
   int64_t max_step_tokens = 256;
@@ -81,12 +91,14 @@ struct WorkerConfig {
   double attention_cost_per_token = 0, attention_cost_per_position = 0;
 };
 
-// Joins the deployment (bootstrap ranks: attention workers first, then expert
-// workers) and serves until the router says {"op": "exit"} on `in` or closes
+// Joins the deployment (bootstrap ranks: attention processes first, then expert
+// processes) and serves until the router says {"op": "exit"} on `in` or closes
 // it. Errors name the peer.
 // "expert worker 3", or with tp > 1 "expert worker 3 tp rank 1": how errors
 // and the router name one expert process.
 std::string expert_process_name(int worker, int tp_rank, int tp);
+// "attention worker 1", or with tp > 1 "attention worker 1 tp rank 1".
+std::string attention_process_name(int worker, int tp_rank, int tp);
 
 // `tp_rank` is the process's shard of expert worker `index` (0 without tensor
 // parallelism).
@@ -98,7 +110,10 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
 // {"op": "stats", "reset": bool}, {"op": "exit"}) and writes one JSON line per
 // command to `out` ({"events": [...], "running", "kv_usage", "preemptions"},
 // {"cancelled": bool}, {"stats": WorkerStats}, or {"error": ...}).
-Status run_attention_worker(const WorkerConfig& c, int index, comm::Bootstrap& boot, int in_fd,
-                            int out_fd);
+// With tp_attention > 1, `tp_rank` > 0 makes the process one of the replica's
+// other ranks: it computes its heads' attention for rank 0 and answers only
+// {"op": "stats"} and {"op": "exit"}.
+Status run_attention_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bootstrap& boot,
+                            int in_fd, int out_fd);
 
 }  // namespace msinfer::runtime

@@ -46,6 +46,12 @@ struct EngineOptions {
   // context length (arbitrary units; both 0: defaults from the model's
   // shape, Engine's constructor). Micro-batches are composed to equal predicted time.
   double attention_cost_per_token = 0, attention_cost_per_position = 0;
+  // Attention tensor parallelism: with weights loaded as rank 0 of
+  // tp_attention > 1 ranks, the other ranks (not owned; must outlive the
+  // engine). The engine is the replica's one scheduler: its KV cache holds
+  // this rank's KV heads (so a budget holds tp times the tokens), and every
+  // rank uses the block tables it decides. CPU only.
+  AttentionPeers* attention_peers = nullptr;
 };
 
 struct GenerationRequest {

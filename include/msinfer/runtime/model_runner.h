@@ -61,9 +61,29 @@ class ExpertCompute {
                                float* out) = 0;
 };
 
+// Attention tensor parallelism, seen from rank 0 of an attention replica:
+// the other tp_attention - 1 ranks, which hold the other heads
+// (LoadOptions::attention_tp_rank). Per layer rank 0 hands them the normed
+// input rows and the batch's positions and block tables (start), computes its
+// own heads' partial o_proj output meanwhile, then adds theirs (add_partials).
+// Implemented over M2N by the disaggregated runtime (disaggregated.cc).
+class AttentionPeers {
+ public:
+  virtual ~AttentionPeers() = default;
+  // h[T, hidden]: layer l's input after the input norm (T = b.size() > 0).
+  virtual Status start(int l, const TokenBatch& b, const float* h) = 0;
+  // o[T, hidden] (rank 0's partial) += ranks 1, 2, ...'s partials, in rank
+  // order, so the sum does not depend on arrival order. Blocks.
+  virtual Status add_partials(int l, int64_t T, float* o) = 0;
+};
+
 class AttentionRunner : public AttentionCompute {
  public:
-  explicit AttentionRunner(const model::ModelWeights& w) : w_(w) {}
+  // With weights of attention tp rank 0 of tp > 1 (model/weights.h), `peers`
+  // are the other ranks (not owned; must outlive this runner). The KV cache
+  // passed in holds this rank's KV heads only (attention_tp_config).
+  explicit AttentionRunner(const model::ModelWeights& w, AttentionPeers* peers = nullptr)
+      : w_(w), peers_(peers) {}
 
   // x[T, h] = embedding rows of the batch.
   Status embed(const TokenBatch& b, float* x) override;
@@ -78,10 +98,21 @@ class AttentionRunner : public AttentionCompute {
   // micro-batch), in one GEMM: out[rows.size(), vocab].
   Status logits(const std::vector<const float*>& rows, float* out) override;
 
+  // This rank's heads of layer l: o[T, hidden] = o_proj slice (attention(
+  // RoPE(QKV slice(h)))) over its KV cache (the batch's K/V written first),
+  // where h[T, hidden] is the layer's normed input. The whole layer's
+  // attention output is the sum of the tp ranks' o (all of it at tp 1).
+  Status attention_partial(int l, const TokenBatch& b, KvCache& kv, const float* h, float* o);
+
  private:
   const model::ModelWeights& w_;
+  AttentionPeers* peers_ = nullptr;
   std::vector<float> h_, qkv_, q_, k_, v_, attn_, o_, router_, sel_;
 };
+
+// The config a tp rank's KV cache is sized by: heads and KV heads divided by
+// the weights' attention_tp_size (unchanged at tp 1).
+ModelConfig attention_tp_config(const model::ModelWeights& w);
 
 class ExpertRunner : public ExpertCompute {
  public:

@@ -6,8 +6,12 @@
 //   `worker` subcommand), talks to them over pipes; they die with the router
 //   (PR_SET_PDEATHSIG) and are terminated when it is destroyed.
 // - start_launched(): many hosts. mpirun / srun started this binary as every
-//   rank: rank 0 is the router, ranks 1..n_a attention workers, the rest expert
-//   workers (join_launched_deployment()). Workers reach the router over TCP.
+//   rank: rank 0 is the router, ranks 1..n_a*tp_a attention processes (replica
+//   a's tp rank r at 1 + a*tp_a + r), the rest expert processes (expert worker
+//   w's shard r at 1 + n_a*tp_a + w*tp_e + r) (join_launched_deployment()).
+// The router sees n_a attention workers: it adds, cancels and steps at each
+// replica's rank 0 only (one scheduler and KV allocator per replica); every
+// process, tp ranks included, is watched and named when it dies. Workers reach the router over TCP.
 // A worker that dies fails every in-flight request with an error naming it.
 #pragma once
 
@@ -55,7 +59,7 @@ class Router {
   struct Worker {
     std::string role;
     int index = 0;
-    int tp_rank = 0;        // an expert worker's shard
+    int tp_rank = 0;        // the process within its tp group
     pid_t pid = -1;         // forked here; -1 for a launcher's rank
     std::string where;      // a launcher's rank: "rank R on HOST (pid P)"
     int in = -1, out = -1;  // commands and answers: pipes, or one TCP socket
@@ -75,6 +79,9 @@ class Router {
   Status check_children();
   void shutdown();
   std::string name_of(const Worker& w) const;
+  // Rank 0 of attention replica a: the one the router talks to.
+  Worker& lead(int a) { return workers_[static_cast<size_t>(a) * c_.tp_attention]; }
+  const Worker& lead(int a) const { return workers_[static_cast<size_t>(a) * c_.tp_attention]; }
 
   WorkerConfig c_;
   std::unique_ptr<comm::BootstrapServer> server_;
@@ -84,8 +91,9 @@ class Router {
 };
 
 // Ranks 1.. of a launcher's job: takes the role of `launcher`'s rank (ranks
-// 1..n_a attention workers, then expert workers), reaches the router (rank 0)
-// over TCP and serves until it says exit. The job must have 1 + n_a + N ranks.
+// 1..n_a*tp_a attention processes, then expert processes), reaches the router
+// (rank 0) over TCP and serves until it says exit. The job must have
+// 1 + n_a*tp_a + N*tp_e ranks.
 Status join_launched_deployment(const WorkerConfig& c, comm::Bootstrap& launcher);
 
 }  // namespace msinfer::runtime

@@ -1,0 +1,505 @@
+// Attention tensor parallelism (issue 14): an attention replica served by
+// tp_attention processes, rank r holding query heads [r H/tp, (r+1) H/tp) and
+// the matching KV heads (column-parallel q/k/v, row-parallel o_proj, its own
+// KV pool), rank 0 adding the ranks' partial o_proj outputs in rank order.
+//
+// "Equal up to a near-tie" as in expert_tp_test.cc: the ranks' partial sums
+// add the o_proj reduction in another order than one GEMM over all heads, so
+// an activation can round differently. Greedy tokens must equal the
+// co-located engine's; where they first differ, the tp run's token must be
+// within kNearTie of the co-located engine's best logit at that step (the
+// exactness test's max |dlogit| bar), and the comparison stops there.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "../common/shm_objects.h"
+#include "../common/subprocess.h"
+#include "msinfer/core/json.h"
+#include "msinfer/runtime/engine.h"
+#include "msinfer/runtime/model_runner.h"
+#include "test_models.h"
+
+namespace msinfer::runtime {
+namespace {
+
+const std::string kBinary = MSINFER_BINARY;
+constexpr double kNearTie = 1e-2;
+
+std::unique_ptr<model::ModelWeights> load_rank(const std::string& dir, int rank, int tp,
+                                               bool experts = false) {
+  model::LoadOptions lo;
+  lo.all_experts = experts;
+  lo.attention_tp_rank = rank;
+  lo.attention_tp_size = tp;
+  auto w = model::ModelWeights::load(dir, lo);
+  EXPECT_TRUE(w.ok()) << w.status().to_string();
+  return w.ok() ? std::move(w).value() : nullptr;
+}
+
+size_t attention_bytes(const model::ModelWeights& w) {
+  size_t b = 0;
+  for (const auto& L : w.layers()) b += L.qkv.bytes() + L.o.bytes();
+  return b;
+}
+
+// ---- weights and arithmetic: the ranks' partials add up to the whole layer ----
+
+class AttentionShardTest : public ::testing::TestWithParam<std::string> {};
+
+// A prefill of T tokens through layer l, once with all heads and once per
+// rank of tp 2 (each with its own KV pool of its KV heads): the ranks' o_proj
+// outputs sum to the whole layer's (fp32, another summation order), each rank
+// holds half the q/k/v/o weights, and ranks > 0 hold nothing else.
+TEST_P(AttentionShardTest, RankPartialsSumToTheWholeLayerAndHoldHalfTheWeights) {
+  const std::string dir = testing::test_model_dir(GetParam());
+  auto full = load_rank(dir, 0, 1);
+  ASSERT_NE(full, nullptr);
+  const ModelConfig& mc = full->config();
+  constexpr int tp = 2;
+  std::vector<std::unique_ptr<model::ModelWeights>> ranks;
+  for (int r = 0; r < tp; ++r) ranks.push_back(load_rank(dir, r, tp));
+  ASSERT_NE(ranks[1], nullptr);
+  for (int r = 0; r < tp; ++r) {
+    const double ratio =
+        static_cast<double>(attention_bytes(*ranks[r])) * tp / attention_bytes(*full);
+    EXPECT_NEAR(ratio, 1.0, 0.05) << GetParam() << " rank " << r;
+    EXPECT_EQ(ranks[r]->layers()[0].o.k(), mc.heads * mc.head_dim / tp);
+  }
+  // Rank 1: no embedding, LM head or router, so its packed bytes are its
+  // attention slices; rank 0 keeps the LM head and the routers.
+  EXPECT_EQ(ranks[1]->packed_bytes(), attention_bytes(*ranks[1]));
+  EXPECT_GT(ranks[0]->packed_bytes(), attention_bytes(*ranks[0]));
+
+  const int64_t T = 7, h = mc.hidden;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> x(T * h), want(T * h), got(T * h), part(T * h);
+  for (float& v : x) v = nd(rng);
+  TokenBatch b;
+  for (int64_t t = 0; t < T; ++t) {
+    b.ids.push_back(static_cast<int32_t>(t));
+    b.positions.push_back(static_cast<int32_t>(t));
+  }
+  auto make_kv = [&](const model::ModelWeights& w) {
+    auto kv = KvCache::create(attention_tp_config(w), 1 << 20, 4);
+    EXPECT_TRUE(kv.ok());
+    EXPECT_TRUE(kv->reserve(1, T).ok());
+    return std::move(kv).value();
+  };
+  for (int l = 0; l < mc.layers; ++l) {
+    KvCache kv_full = make_kv(*full);
+    b.block_tables.assign(T, kv_full.block_table(1));
+    AttentionRunner whole(*full);
+    ASSERT_TRUE(whole.attention_partial(l, b, kv_full, x.data(), want.data()).ok());
+    std::fill(got.begin(), got.end(), 0.f);
+    for (int r = 0; r < tp; ++r) {
+      KvCache kv = make_kv(*ranks[r]);
+      EXPECT_EQ(kv.total_blocks(), kv_full.total_blocks() * tp);  // half the bytes per token
+      b.block_tables.assign(T, kv.block_table(1));
+      AttentionRunner runner(*ranks[r]);
+      ASSERT_TRUE(runner.attention_partial(l, b, kv, x.data(), part.data()).ok());
+      for (int64_t i = 0; i < T * h; ++i) got[i] += part[i];
+    }
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < T * h; ++i) {
+      worst = std::max(worst, std::fabs(double(got[i]) - want[i]));
+      scale = std::max(scale, std::fabs(double(want[i])));
+    }
+    EXPECT_LE(worst, 1e-5 * scale + 1e-7) << GetParam() << " layer " << l;
+  }
+}
+
+TEST(AttentionShardErrorsTest, AnUnevenSplitOrABadRankIsAnError) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");  // 4 heads, 2 KV heads
+  model::LoadOptions lo;
+  lo.all_experts = false;
+  lo.attention_tp_size = 4;  // divides the heads, not the KV heads
+  auto w = model::ModelWeights::load(dir, lo);
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("tp_attention 4 must divide the query heads (4) and the KV "
+                                      "heads (2)"),
+            std::string::npos)
+      << w.status().to_string();
+  lo.attention_tp_size = 2;
+  lo.attention_tp_rank = 2;
+  w = model::ModelWeights::load(dir, lo);
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("out of range"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyPresets, AttentionShardTest,
+                         ::testing::Values("tiny-mixtral", "tiny-qwen3moe"));
+
+// ---- logits of the tp engine against PyTorch ----
+
+// Rank 1 of a tp-2 replica in this process: the engine (rank 0) hands it each
+// layer's normed input and batch; it computes its heads over its own KV pool
+// (same block ids as rank 0's), and its partial is added as the runtime adds
+// it (rank order, after rank 0's).
+class InProcessPeer : public AttentionPeers {
+ public:
+  InProcessPeer(std::unique_ptr<model::ModelWeights> w, int64_t kv_bytes, int64_t block_size)
+      : w_(std::move(w)),
+        runner_(*w_),
+        kv_(KvCache::create(attention_tp_config(*w_), kv_bytes, block_size).value()) {}
+  Status start(int l, const TokenBatch& b, const float* h) override {
+    part_.resize(b.size() * w_->config().hidden);
+    ++calls_;
+    return runner_.attention_partial(l, b, kv_, h, part_.data());
+  }
+  Status add_partials(int, int64_t T, float* o) override {
+    for (int64_t i = 0; i < T * w_->config().hidden; ++i) o[i] += part_[i];
+    return ok_status();
+  }
+  int64_t calls() const { return calls_; }
+
+ private:
+  std::unique_ptr<model::ModelWeights> w_;
+  AttentionRunner runner_;
+  KvCache kv_;
+  std::vector<float> part_;
+  int64_t calls_ = 0;
+};
+
+bool have_torch() {
+  return std::filesystem::exists("/usr/bin/python3") &&
+         !msinfer::testing::run_capture(
+              "/usr/bin/python3 -c 'import torch, numpy' 2>/dev/null && echo ok")
+              .empty();
+}
+
+class AttentionTpTorchTest : public ::testing::TestWithParam<std::string> {};
+
+// Prefill plus 16 greedy steps through the engine with tp-2 attention (rank
+// 0's weights with its peer, m = 2): logits within the exactness test's
+// tolerance of the PyTorch reference (max |d| <= 1e-2, mean <= 1e-3) and the
+// same greedy tokens.
+TEST_P(AttentionTpTorchTest, TpLogitsMatchPyTorch) {
+  if (!have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch and numpy not found";
+  const std::string dir = testing::test_model_dir(GetParam());
+  const std::vector<int32_t> prompt = {5, 9, 22, 40, 7, 8, 11, 3, 60};
+  constexpr int kSteps = 17;
+  std::string ids;
+  for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  const std::string out =
+      msinfer::testing::run_capture(testing::torch_reference_command(dir, ids, kSteps));
+  ASSERT_FALSE(out.empty()) << "the PyTorch reference failed";
+  auto ref = parse_json(out, "torch_reference.py");
+  ASSERT_TRUE(ref.ok());
+  const auto ref_tokens = (*ref)["tokens"].get<std::vector<int32_t>>();
+  const auto ref_logits = (*ref)["logits"].get<std::vector<std::vector<float>>>();
+
+  EngineOptions o;
+  o.kv_cache_bytes = 8 << 20;
+  o.block_size = 4;
+  o.micro_batches = 2;
+  InProcessPeer peer(load_rank(dir, 1, 2), o.kv_cache_bytes, o.block_size);
+  o.attention_peers = &peer;
+  auto e =
+      Engine::create(std::shared_ptr<const model::ModelWeights>(load_rank(dir, 0, 2, true)), o);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  std::vector<std::vector<float>> logits;
+  std::vector<int32_t> tokens;
+  (*e)->set_logits_observer(
+      [&](int64_t, const float* l, int64_t v) { logits.emplace_back(l, l + v); });
+  GenerationRequest req{1, prompt, {}};
+  req.sampling.max_tokens = kSteps;
+  req.sampling.ignore_eos = true;
+  ASSERT_TRUE((*e)->add(req).ok());
+  while (!(*e)->idle()) {
+    auto events = (*e)->step();
+    ASSERT_TRUE(events.ok());
+    for (const auto& ev : *events) tokens.push_back(ev.token);
+  }
+  EXPECT_GT(peer.calls(), 0);
+  EXPECT_EQ(tokens, ref_tokens);
+  ASSERT_EQ(logits.size(), ref_logits.size());
+  double worst = 0, sum = 0;
+  size_t n = 0;
+  for (size_t s = 0; s < logits.size(); ++s) {
+    ASSERT_EQ(logits[s].size(), ref_logits[s].size());
+    for (size_t v = 0; v < logits[s].size(); ++v) {
+      const double d = std::fabs(double(logits[s][v]) - ref_logits[s][v]);
+      worst = std::max(worst, d);
+      sum += d;
+      ++n;
+    }
+  }
+  EXPECT_LE(worst, 1e-2) << GetParam();
+  EXPECT_LE(sum / n, 1e-3) << GetParam();
+  std::printf("[ attention tp ] %s, tp 2 vs PyTorch: |dlogit| max %.3g, mean %.3g\n",
+              GetParam().c_str(), worst, sum / n);
+}
+
+// Without its peers the engine refuses tp weights (it would compute half the heads).
+TEST(AttentionTpEngineTest, TpWeightsWithoutPeersAreRefused) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  auto e = Engine::create(std::shared_ptr<const model::ModelWeights>(load_rank(dir, 0, 2, true)),
+                          EngineOptions{});
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kUnimplemented);
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyPresets, AttentionTpTorchTest,
+                         ::testing::Values("tiny-mixtral", "tiny-qwen3moe"));
+
+// ---- deployments through the binary ----
+
+struct Generated {
+  std::vector<int32_t> tokens;
+  std::string err;
+  Json doc;
+};
+
+Generated generate(const std::string& args) {
+  const std::string errf =
+      ::testing::TempDir() + "/attention_tp_test_stderr_" + std::to_string(::getpid()) + ".txt";
+  const std::string out =
+      msinfer::testing::run_capture(kBinary + " generate " + args + " --json 2>" + errf);
+  Generated g;
+  std::stringstream e;
+  e << std::ifstream(errf).rdbuf();
+  g.err = e.str();
+  auto j = parse_json(out, "generate --json");
+  EXPECT_TRUE(j.ok()) << args << "\nstdout: " << out.substr(0, 300) << "\nstderr: " << g.err;
+  if (j.ok()) {
+    g.tokens = (*j)["token_ids"].get<std::vector<int32_t>>();
+    g.doc = *j;
+  }
+  return g;
+}
+
+std::vector<std::vector<float>> colocated_logits(const std::string& dir,
+                                                 const std::vector<int32_t>& prompt, int steps) {
+  auto w = model::ModelWeights::load(dir);
+  EXPECT_TRUE(w.ok());
+  auto e = Engine::create(std::shared_ptr<const model::ModelWeights>(std::move(w).value()),
+                          EngineOptions{});
+  EXPECT_TRUE(e.ok());
+  std::vector<std::vector<float>> logits;
+  (*e)->set_logits_observer(
+      [&](int64_t, const float* l, int64_t v) { logits.emplace_back(l, l + v); });
+  GenerationRequest r{1, prompt, {}};
+  r.sampling.max_tokens = steps;
+  r.sampling.ignore_eos = true;
+  EXPECT_TRUE((*e)->add(r).ok());
+  while (!(*e)->idle()) EXPECT_TRUE((*e)->step().ok());
+  return logits;
+}
+
+// The check described at the top of this file (expert_tp_test.cc's
+// NearTieCheckTest shows that it fails on a clear divergence).
+void expect_equal_up_to_near_tie(const std::vector<int32_t>& ref, const std::vector<int32_t>& got,
+                                 const std::string& dir, const std::vector<int32_t>& prompt,
+                                 const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  size_t i = 0;
+  while (i < ref.size() && ref[i] == got[i]) ++i;
+  if (i == ref.size()) return;
+  const auto logits = colocated_logits(dir, prompt, static_cast<int>(i) + 1);
+  ASSERT_GT(logits.size(), i);
+  const auto& l = logits[i];
+  const float best = *std::max_element(l.begin(), l.end());
+  EXPECT_EQ(l[ref[i]], best) << what;
+  EXPECT_LE(best - l[got[i]], kNearTie)
+      << what << ": token " << i << " is " << got[i] << ", the co-located engine's " << ref[i]
+      << " (logit margin " << best - l[got[i]] << ", not a near-tie)";
+  std::printf("[ attention tp ] %s: first different token %zu (logit margin %.3g)\n", what.c_str(),
+              i, best - l[got[i]]);
+}
+
+class AttentionTpTest : public ::testing::TestWithParam<std::string> {};
+
+// (tp_a, tp_e) in {(2, 1), (2, 2)} with m in {1, 2} (n_a = m: one replica with
+// one micro-batch, two with two), tp_e = 2 in both reduction modes.
+TEST_P(AttentionTpTest, SameTokensAsTheColocatedEngine) {
+  const std::string dir = testing::test_model_dir(GetParam());
+  const std::vector<int32_t> prompt = {5, 9, 22, 40, 7, 8, 11};
+  const std::string args =
+      "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 16 --ignore-eos";
+  const auto ref = generate(args).tokens;
+  ASSERT_EQ(ref.size(), 16u);
+  for (const std::string shape : {"--attention-workers 1 --expert-workers 2 --micro-batches 1",
+                                  "--attention-workers 2 --expert-workers 2 --micro-batches 2"}) {
+    for (const std::string tp_e : {"", " --tp-expert 2 --tp-expert-reduce attention-sum",
+                                   " --tp-expert 2 --tp-expert-reduce allreduce"}) {
+      const std::string d = shape + " --tp-attention 2" + tp_e;
+      const Generated g = generate(args + " " + d);
+      expect_equal_up_to_near_tie(ref, g.tokens, dir, prompt, GetParam() + " " + d);
+      EXPECT_NE(g.err.find("tp_attention 2 (2 processes per attention worker)"), std::string::npos)
+          << g.err;
+      EXPECT_NE(g.err.find("attention worker 0 tp rank 1: pid"), std::string::npos) << g.err;
+      EXPECT_EQ(g.err.find("attention worker 0 tp rank 2"), std::string::npos) << g.err;
+      // The experts count every row once: the replica's rank 0 alone sends.
+      const Json& routing = g.doc["routing"];
+      for (size_t l = 0; l < routing["expert_tokens"].size(); ++l) {
+        int64_t by_expert = 0, by_worker = 0;
+        for (const auto& n : routing["expert_tokens"][l]) by_expert += n.get<int64_t>();
+        for (const auto& n : routing["worker_tokens"][l]) by_worker += n.get<int64_t>();
+        EXPECT_EQ(by_worker, by_expert) << routing.dump();
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyPresets, AttentionTpTest,
+                         ::testing::Values("tiny-mixtral", "tiny-qwen3moe"));
+
+// A placement file can carry tp_attention; the flag overrides it.
+TEST(AttentionTpPlacementTest, APlacementFileCarriesTpAttention) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  const std::string placement =
+      ::testing::TempDir() + "/" + std::to_string(::getpid()) + "_atp_placement.json";
+  std::ofstream(placement) << R"({"expert_workers": 2, "experts": [0, 1, 0, 1, 0, 1, 0, 1],
+                                  "tp_attention": 2})";
+  const std::string args = "--model " + dir + " --prompt-ids 5,9,22,40 --max-tokens 8 --ignore-eos";
+  const auto ref = generate(args).tokens;
+  const std::string d = " --attention-workers 1 --expert-workers 2 --placement " + placement;
+  Generated g = generate(args + d);
+  EXPECT_EQ(g.tokens, ref);
+  EXPECT_NE(g.err.find("attention worker 0 tp rank 1: pid"), std::string::npos) << g.err;
+  EXPECT_EQ(g.doc["routing"]["placement"]["tp_attention"], 2) << g.doc["routing"].dump();
+  g = generate(args + d + " --tp-attention 1");
+  EXPECT_EQ(g.tokens, ref);
+  EXPECT_EQ(g.err.find("tp rank"), std::string::npos) << g.err;
+}
+
+// bench serve through 1 replica x tp 2 + 1 expert worker with four requests
+// batched together: the router sees one attention worker (kv usage,
+// admission) and the counters say what crossed the tp channels: rank 1 sends
+// back exactly one partial row per token per layer, rank 0 sends it every
+// token's normed input (plus the header with positions and block tables).
+TEST(AttentionTpBenchTest, TheReplicaIsOneWorkerAndTheCountersAccountForEveryRow) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  auto cfg = read_json_file(dir + "/config.json");
+  ASSERT_TRUE(cfg.ok());
+  const int64_t row_bytes = (*cfg)["hidden_size"].get<int64_t>() * 4;
+  const int64_t layers = (*cfg)["num_hidden_layers"].get<int64_t>();
+  const std::string out = msinfer::testing::run_capture(
+      kBinary + " bench serve --offline --model " + dir +
+      " --num-prompts 4 --input-len 9 --output-len 6 --attention-workers 1 --expert-workers 1"
+      " --micro-batches 2 --tp-attention 2 --json 2>/dev/null");
+  auto j = parse_json(out, "bench serve --json");
+  ASSERT_TRUE(j.ok()) << out.substr(0, 300);
+  EXPECT_EQ((*j)["generated_tokens"], 4 * 6) << out.substr(0, 600);
+  const auto& workers = (*j)["workers"];
+  ASSERT_EQ(workers.size(), 3u) << workers.dump();
+  EXPECT_EQ(workers[0]["role"], "attention");
+  EXPECT_EQ(workers[0]["tp_rank"], 0);
+  EXPECT_EQ(workers[1]["role"], "attention");
+  EXPECT_EQ(workers[1]["tp_rank"], 1);
+  // Decode phase (stats reset after the prefill): 4 requests x 5 more tokens.
+  const int64_t tokens = workers[0]["tokens"].get<int64_t>();
+  EXPECT_EQ(tokens, 4 * 5) << workers.dump();
+  EXPECT_EQ(workers[1]["tokens"], tokens) << workers.dump();
+  EXPECT_EQ(workers[1]["tp_reduce_bytes_sent"].get<int64_t>(), tokens * layers * row_bytes)
+      << workers.dump();
+  EXPECT_GE(workers[0]["tp_reduce_bytes_sent"].get<int64_t>(), tokens * layers * row_bytes)
+      << workers.dump();
+  EXPECT_EQ(workers[1]["m2n_bytes_sent"], 0) << workers.dump();
+}
+
+TEST(AttentionTpFlagsTest, BadValuesAreRefused) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  auto run = [&](const std::string& extra) {
+    return msinfer::testing::run_capture("sh -c '" + kBinary + " generate --model " + dir +
+                                         " --prompt-ids 5,9 --max-tokens 2 " + extra +
+                                         " 2>&1; echo exit=$?'");
+  };
+  std::string out = run("--attention-workers 1 --expert-workers 2 --tp-attention 4");
+  EXPECT_NE(out.find("tp_attention 4 must divide the model's query heads (4) and KV heads (2)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("exit=2"), std::string::npos) << out;
+  out = run("--tp-attention 2");
+  EXPECT_NE(out.find("need --attention-workers"), std::string::npos) << out;
+  EXPECT_NE(out.find("exit=2"), std::string::npos) << out;
+  out = run("--attention-workers 100 --expert-workers 2 --tp-attention 2");
+  EXPECT_NE(out.find("attention workers x tp_attention = 200 processes; at most 128"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("exit=2"), std::string::npos) << out;
+}
+
+// ---- a killed or hung tp rank ----
+
+bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
+
+// Killing rank 1 of attention worker 0 (the request's replica)
+// mid-generation: the request ends with an error naming that rank, every other process exits, no
+// shared memory is left behind.
+TEST(AttentionTpKillTest, AKilledRankIsNamedAndEverythingStops) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  pid_t victim = -1;
+  std::chrono::steady_clock::time_point killed_at;
+  const auto run = msinfer::testing::watch_router(
+      {kBinary, "generate", "--model", dir, "--prompt-ids", "5,9,22", "--max-tokens", "3500",
+       "--ignore-eos", "--attention-workers", "2", "--expert-workers", "1", "--micro-batches", "2",
+       "--tp-attention", "2", "--timeout-ms", "2000"},
+      [&](const char* line, const std::map<std::string, pid_t>& pids) {
+        if (victim < 0 && std::strstr(line, "msinfer: step 32") != nullptr &&
+            pids.count("attention0.1")) {
+          victim = pids.at("attention0.1");
+          ::kill(victim, SIGKILL);
+          killed_at = std::chrono::steady_clock::now();
+        }
+      });
+  const std::string& all = run.stderr_text;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  ASSERT_GT(victim, 0) << "never saw the workers start and run:\n" << all;
+  EXPECT_EQ(run.pids.size(), 5u) << all;  // 2 replicas x 2 ranks, 1 expert worker
+  EXPECT_TRUE(WIFEXITED(run.status) && WEXITSTATUS(run.status) != 0) << all;
+  EXPECT_NE(all.find("attention worker 0 tp rank 1 (pid " + std::to_string(victim) +
+                     ") was killed by signal 9"),
+            std::string::npos)
+      << all;
+  EXPECT_NE(all.find("request 1"), std::string::npos) << all;
+  EXPECT_LT(seconds, 2.0 + 10.0) << "not detected within the M2N timeout";
+  for (const auto& [name, pid] : run.pids) {
+    EXPECT_FALSE(alive(pid)) << name << " is still running";
+    for (const auto& left : msinfer::testing::shm_objects_of(pid)) {
+      ADD_FAILURE() << name << " left /dev/shm/" << left;
+    }
+  }
+}
+
+// A rank that hangs (SIGSTOP): rank 0's wait for its partial times out and
+// names it; the router stops everything.
+TEST(AttentionTpKillTest, AHungRankIsNamedByTheTimeout) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  pid_t victim = -1;
+  const auto run = msinfer::testing::watch_router(
+      {kBinary, "generate", "--model", dir, "--prompt-ids", "5,9,22", "--max-tokens", "3500",
+       "--ignore-eos", "--attention-workers", "1", "--expert-workers", "1", "--micro-batches", "2",
+       "--tp-attention", "2", "--timeout-ms", "1000"},
+      [&](const char* line, const std::map<std::string, pid_t>& pids) {
+        if (victim < 0 && std::strstr(line, "msinfer: step 32") != nullptr &&
+            pids.count("attention0.1")) {
+          victim = pids.at("attention0.1");
+          ::kill(victim, SIGSTOP);
+        }
+      });
+  const std::string& all = run.stderr_text;
+  ASSERT_GT(victim, 0) << "never saw the workers start and run:\n" << all;
+  EXPECT_TRUE(WIFEXITED(run.status) && WEXITSTATUS(run.status) != 0) << all;
+  EXPECT_NE(all.find("no partial attention output from attention worker 0 tp rank 1"),
+            std::string::npos)
+      << all;
+  for (const auto& [name, pid] : run.pids) EXPECT_FALSE(alive(pid)) << name << " is still running";
+}
+
+}  // namespace
+}  // namespace msinfer::runtime
