@@ -1,9 +1,5 @@
 #include "msinfer/runtime/disaggregated.h"
 
-#include "msinfer/runtime/device_backend.h"
-
-#include "internal/line_io.h"
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,9 +8,11 @@
 #include <cstring>
 #include <map>
 
+#include "internal/line_io.h"
 #include "msinfer/comm/fabric_transport.h"
 #include "msinfer/core/process.h"
 #include "msinfer/runtime/balance.h"
+#include "msinfer/runtime/device_backend.h"
 
 namespace msinfer::runtime {
 namespace {
@@ -173,9 +171,15 @@ class RemoteExperts : public ExpertBackend {
  public:
   RemoteExperts(const WorkerConfig& c, const ModelConfig& mc, int index, comm::M2NEndpoint& ep,
                 WorkerStats* stats)
-      : c_(c), index_(index), ep_(ep), hidden_(mc.hidden), layers_(mc.layers),
-        layer_flops_(attention_layer_flops(mc, c.tp_attention)), stats_(stats),
-        dispatch_(shape(c, mc, 0), index), combine_(shape(c, mc, 1), index) {
+      : c_(c),
+        index_(index),
+        ep_(ep),
+        hidden_(mc.hidden),
+        layers_(mc.layers),
+        layer_flops_(attention_layer_flops(mc, c.tp_attention)),
+        stats_(stats),
+        dispatch_(shape(c, mc, 0), index),
+        combine_(shape(c, mc, 1), index) {
     for (int w = 0; w < c.expert_workers; ++w) local_.push_back(c.placement.experts_on(w));
     expert_rows_.assign(c.placement.replicas.size(), 0);
   }
@@ -204,7 +208,8 @@ class RemoteExperts : public ExpertBackend {
     const int64_t row_bytes = hidden_ * 4;
     // Split each replicated expert's rows over its replicas by predicted
     // worker load (split_rows), then lay out each destination's message.
-    for (int e = 0; e < static_cast<int>(expert_rows_.size()); ++e) expert_rows_[e] = r.expert_rows(e);
+    for (int e = 0; e < static_cast<int>(expert_rows_.size()); ++e)
+      expert_rows_[e] = r.expert_rows(e);
     const std::vector<std::vector<int64_t>> take = split_rows(c_.placement, expert_rows_);
     auto& plan = plans_[k];
     plan.assign(W, {});
@@ -347,8 +352,8 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
     return unimplemented(me + ": --tp-expert > 1 on " + c.expert_device +
                          ": the GPU expert backend loads whole experts, not shards");
   }
-  MSI_ASSIGN_OR_RETURN(auto w, model::ModelWeights::load(c.model_dir,
-                                                         host_load_options(lo, c.expert_device)));
+  MSI_ASSIGN_OR_RETURN(
+      auto w, model::ModelWeights::load(c.model_dir, host_load_options(lo, c.expert_device)));
   const ModelConfig& mc = w->config();
   MSI_ASSIGN_OR_RETURN(std::unique_ptr<ExpertCompute> runner,
                        make_expert_compute(c.expert_device, *w, local_experts));
@@ -402,7 +407,8 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
   std::string pending;
   WorkerStats stats(M, mc.layers, mc.experts);
   int64_t units = 0;  // (slot, layer) units served; every step has M * layers of them
-  const double ffn_flops_per_row = 2.0 * 3.0 * static_cast<double>(h) * static_cast<double>(mc.expert_ffn);
+  const double ffn_flops_per_row =
+      2.0 * 3.0 * static_cast<double>(h) * static_cast<double>(mc.expert_ffn);
   // Commands from the router: {"op": "stats", "reset": bool}, {"op": "exit"},
   // or the router gone (end of file). Looked at when idle and every 1024
   // rounds, so a poll() costs nothing.
@@ -817,8 +823,8 @@ Status run_attention_worker(const WorkerConfig& c, int index, int tp_rank, comm:
   lo.all_experts = false;  // attention workers map no expert weights
   lo.weights = c.weights;
   lo.attention_tp_size = c.tp_attention;
-  MSI_ASSIGN_OR_RETURN(auto w, model::ModelWeights::load(c.model_dir,
-                                                         host_load_options(lo, c.attention_device)));
+  MSI_ASSIGN_OR_RETURN(
+      auto w, model::ModelWeights::load(c.model_dir, host_load_options(lo, c.attention_device)));
   std::shared_ptr<const model::ModelWeights> weights = std::move(w);
   MSI_ASSIGN_OR_RETURN(auto transport, make_transport(c));
   comm::M2NEndpoint ep(std::move(transport), std::chrono::milliseconds(c.timeout_ms));
@@ -894,7 +900,9 @@ Status run_attention_worker(const WorkerConfig& c, int index, int tp_rank, comm:
       }
       Json ev = Json::array();
       for (const auto& e : *events) {
-        Json je{{"id", e.request_id}, {"token", e.token}, {"finished", e.finished},
+        Json je{{"id", e.request_id},
+                {"token", e.token},
+                {"finished", e.finished},
                 {"reason", e.finish_reason}};
         if (!e.top_logprobs.empty() || e.logprob != 0.f) {
           je["logprob"] = e.logprob;

@@ -8,9 +8,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <cstring>
 #include <map>
 #include <sstream>
 
@@ -48,12 +48,13 @@ class DisaggregatedTest : public ::testing::TestWithParam<std::string> {};
 // with replicated experts} equal the co-located engine's.
 TEST_P(DisaggregatedTest, SameTokensAsTheColocatedEngine) {
   const std::string dir = testing::test_model_dir(GetParam());
-  const std::string uneven = write_file("placement_uneven.json",
-                                        R"({"expert_workers": 3, "experts": [0, 0, 0, 0, 0, 1, 1, 2]})");
+  const std::string uneven = write_file(
+      "placement_uneven.json", R"({"expert_workers": 3, "experts": [0, 0, 0, 0, 0, 1, 1, 2]})");
   const std::string replicated = write_file(
       "placement_replicated.json",
       R"({"expert_workers": 8, "experts": [[[0, 0.5], [1, 0.5]], 1, 2, 3, 4, 5, 6, [[7, 0.7], [0, 0.3]]]})");
-  const std::string prompt = "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 16 --ignore-eos";
+  const std::string prompt =
+      "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 16 --ignore-eos";
   const auto ref = tokens_of(prompt);
   ASSERT_EQ(ref.size(), 16u);
   for (const std::string& d :
@@ -67,7 +68,8 @@ TEST_P(DisaggregatedTest, SameTokensAsTheColocatedEngine) {
 
 TEST_P(DisaggregatedTest, SeededSamplingIsReproducible) {
   const std::string dir = testing::test_model_dir(GetParam());
-  const std::string args = "--model " + dir + " --prompt-ids 5,9,22 --max-tokens 12 --ignore-eos "
+  const std::string args = "--model " + dir +
+                           " --prompt-ids 5,9,22 --max-tokens 12 --ignore-eos "
                            "--temperature 0.9 --seed 5 --attention-workers 2 --expert-workers 2 "
                            "--micro-batches 2";
   const auto a = tokens_of(args), b = tokens_of(args);
@@ -100,9 +102,10 @@ TEST(DisaggregatedPlanTest, PlanDocumentSetsTheDeployment) {
               "nic_gbit_s": 80, "gpus_per_node": 1, "intra_node_gb_s": 32, "price": 1,
               "tdp_w": 100}]})");
   const std::string plan = ::testing::TempDir() + "/" + std::to_string(::getpid()) + "_plan.json";
-  ASSERT_FALSE(msinfer::testing::run_capture(kBinary + " plan --model " + dir + " --catalog " +
-                                             catalog + " --gpu CPU2 --max-gpus 10 --seq-len 256 --out " +
-                                             plan).empty());
+  ASSERT_FALSE(
+      msinfer::testing::run_capture(kBinary + " plan --model " + dir + " --catalog " + catalog +
+                                    " --gpu CPU2 --max-gpus 10 --seq-len 256 --out " + plan)
+          .empty());
   auto j = read_json_file(plan);
   ASSERT_TRUE(j.ok());
   EXPECT_EQ((*j)["plan"]["tp_attention"], 1);
@@ -114,15 +117,13 @@ TEST(DisaggregatedPlanTest, PlanDocumentSetsTheDeployment) {
   Json shifted{{"expert_workers", nodes}, {"experts", Json::array()}};
   for (int e = 0; e < 8; ++e) shifted["experts"].push_back((e + 3) % nodes);
   const std::string placement = write_file("plan_placement.json", shifted.dump());
-  EXPECT_EQ(tokens_of(prompt + " --plan " + plan + " --placement " + placement),
-            tokens_of(prompt));
+  EXPECT_EQ(tokens_of(prompt + " --plan " + plan + " --placement " + placement), tokens_of(prompt));
   const std::string two = write_file(
       "two_workers.json", R"({"expert_workers": 2, "experts": [0, 1, 0, 1, 0, 1, 0, 1]})");
-  const std::string refused = msinfer::testing::run_capture(
-      "sh -c '" + kBinary + " generate " + prompt + " --plan " + plan + " --placement " + two +
-      " 2>&1; echo exit=$?'");
-  EXPECT_NE(refused.find("expert nodes is " + std::to_string(nodes)), std::string::npos)
-      << refused;
+  const std::string refused =
+      msinfer::testing::run_capture("sh -c '" + kBinary + " generate " + prompt + " --plan " +
+                                    plan + " --placement " + two + " 2>&1; echo exit=$?'");
+  EXPECT_NE(refused.find("expert nodes is " + std::to_string(nodes)), std::string::npos) << refused;
   EXPECT_NE(refused.find("exit=2"), std::string::npos) << refused;
   // A plan with attention and expert tensor parallelism runs too (issue 14):
   // Mixtral-8x22B on A100s is 4 attention replicas x tp 2 and 8 expert
@@ -149,8 +150,8 @@ TEST_P(DisaggregatedKillTest, AKilledWorkerIsNamedAndEverythingStops) {
   std::chrono::steady_clock::time_point killed_at;
   const auto run = msinfer::testing::watch_router(
       {kBinary, "generate", "--model", dir, "--prompt-ids", "5,9,22", "--max-tokens", "3500",
-       "--ignore-eos", "--attention-workers", "2", "--expert-workers", "2", "--micro-batches",
-       "2", "--timeout-ms", "2000"},
+       "--ignore-eos", "--attention-workers", "2", "--expert-workers", "2", "--micro-batches", "2",
+       "--timeout-ms", "2000"},
       [&](const char* line, const std::map<std::string, pid_t>& pids) {
         if (victim < 0 && std::strstr(line, "msinfer: step 32") != nullptr &&
             pids.count(victim_role + "1")) {
@@ -184,11 +185,13 @@ INSTANTIATE_TEST_SUITE_P(Roles, DisaggregatedKillTest, ::testing::Values("expert
 // top_k experts in every layer, and every visit is one expert row).
 TEST(BenchServeTest, WorkerCountersAccountForEveryToken) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
-  const std::string err = ::testing::TempDir() + "/bench_serve_stderr_" + std::to_string(::getpid());
+  const std::string err =
+      ::testing::TempDir() + "/bench_serve_stderr_" + std::to_string(::getpid());
   const std::string out = msinfer::testing::run_capture(
       kBinary + " bench serve --offline --model " + dir +
       " --num-prompts 6 --input-len 9 --output-len 7 --attention-workers 1 --expert-workers 2"
-      " --micro-batches 2 --json 2>" + err);
+      " --micro-batches 2 --json 2>" +
+      err);
   std::stringstream e;
   e << std::ifstream(err).rdbuf();
   auto j = parse_json(out, "bench serve --json");
@@ -211,7 +214,7 @@ TEST(BenchServeTest, WorkerCountersAccountForEveryToken) {
     EXPECT_EQ(w["role"], "expert");
     expert_rows += w["tokens"].get<int64_t>();
     ASSERT_TRUE(w.contains("t_e_s")) << w.dump();
-    EXPECT_EQ(w["t_e_s"].size(), 2u);            // micro-batch slots
+    EXPECT_EQ(w["t_e_s"].size(), 2u);  // micro-batch slots
     EXPECT_EQ(w["t_e_s"][0].size(), static_cast<size_t>(layers));
     EXPECT_GT(w["t_e_mean_s"].get<double>(), 0);
     // Tiny experts are idle when most messages arrive: T_c gets samples.
@@ -263,20 +266,24 @@ class TwoHostTest : public ::testing::TestWithParam<std::string> {
     const std::string va = "mva" + id, vb = "mvb" + id;
     ASSERT_TRUE(sh("ip netns add " + ns_b_));
     ASSERT_TRUE(sh("ip link add " + va + " type veth peer name " + vb));
-    ASSERT_TRUE(sh("ip link set " + va + " netns " + ns_a_ + " && ip link set " + vb + " netns " + ns_b_));
+    ASSERT_TRUE(
+        sh("ip link set " + va + " netns " + ns_a_ + " && ip link set " + vb + " netns " + ns_b_));
     ASSERT_TRUE(sh("ip -n " + ns_a_ + " addr add 10.77.0.1/24 dev " + va + " && ip -n " + ns_b_ +
                    " addr add 10.77.0.2/24 dev " + vb));
     for (const auto& [ns, dev] : {std::pair{ns_a_, va}, std::pair{ns_b_, vb}}) {
-      ASSERT_TRUE(sh("ip -n " + ns + " link set lo up && ip -n " + ns + " link set " + dev + " up"));
+      ASSERT_TRUE(
+          sh("ip -n " + ns + " link set lo up && ip -n " + ns + " link set " + dev + " up"));
     }
-    agent_ = write_file("netns_agent.sh",
-                        "#!/bin/sh\n"
-                        "# mpirun's remote launcher: AGENT [options] HOST COMMAND...\n"
-                        "while [ $# -gt 0 ]; do case \"$1\" in -*) shift ;; *) break ;; esac; done\n"
-                        "host=$1; shift\n"
-                        "case \"$host\" in 10.77.0.1) ns=" + ns_a_ + " ;; 10.77.0.2) ns=" + ns_b_ +
-                            " ;; *) echo \"unknown host $host\" >&2; exit 1 ;; esac\n"
-                        "exec ip netns exec \"$ns\" sh -c \"$*\"\n");
+    agent_ =
+        write_file("netns_agent.sh",
+                   "#!/bin/sh\n"
+                   "# mpirun's remote launcher: AGENT [options] HOST COMMAND...\n"
+                   "while [ $# -gt 0 ]; do case \"$1\" in -*) shift ;; *) break ;; esac; done\n"
+                   "host=$1; shift\n"
+                   "case \"$host\" in 10.77.0.1) ns=" +
+                       ns_a_ + " ;; 10.77.0.2) ns=" + ns_b_ +
+                       " ;; *) echo \"unknown host $host\" >&2; exit 1 ;; esac\n"
+                       "exec ip netns exec \"$ns\" sh -c \"$*\"\n");
     ::chmod(agent_.c_str(), 0755);
     hostfile_ = write_file("netns_hosts", "10.77.0.1 slots=3\n10.77.0.2 slots=2\n");
   }
@@ -297,7 +304,8 @@ class TwoHostTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(TwoHostTest, MpirunDeploymentBetweenNamespacesMatchesTheColocatedEngine) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
-  const std::string prompt = "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 12 --ignore-eos";
+  const std::string prompt =
+      "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 12 --ignore-eos";
   const auto ref = tokens_of(prompt);
   ASSERT_EQ(ref.size(), 12u);
   // Both namespaces share this machine's hostname and /dev/shm, which confuses
@@ -310,11 +318,13 @@ TEST_P(TwoHostTest, MpirunDeploymentBetweenNamespacesMatchesTheColocatedEngine) 
   const std::string cmd =
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
       "timeout -s KILL 120 ip netns exec " +
-      ns_a_ + " mpirun -x ASAN_OPTIONS --hostfile " + hostfile_ + " -np 5 --mca plm_rsh_agent " + agent_ +
-      " --mca oob_tcp_if_include 10.77.0.0/24 --mca btl_tcp_if_include 10.77.0.0/24 --mca btl self,tcp " +
+      ns_a_ + " mpirun -x ASAN_OPTIONS --hostfile " + hostfile_ + " -np 5 --mca plm_rsh_agent " +
+      agent_ +
+      " --mca oob_tcp_if_include 10.77.0.0/24 --mca btl_tcp_if_include 10.77.0.0/24 --mca btl "
+      "self,tcp " +
       kBinary + " generate " + prompt +
-      " --attention-workers 2 --expert-workers 2 --micro-batches 2 --fabric-provider " + GetParam() +
-      " --json 2>" + err;
+      " --attention-workers 2 --expert-workers 2 --micro-batches 2 --fabric-provider " +
+      GetParam() + " --json 2>" + err;
   const std::string out = msinfer::testing::run_capture(cmd);
   std::stringstream e;
   e << std::ifstream(err).rdbuf();
@@ -333,19 +343,24 @@ TEST_P(TwoHostTest, MpirunDeploymentBetweenNamespacesMatchesTheColocatedEngine) 
 // shards on host b, both over the transport under test.
 TEST_P(TwoHostTest, TpExpertShardsOnTheOtherHostMatchTheColocatedEngine) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
-  const std::string prompt = "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 12 --ignore-eos";
+  const std::string prompt =
+      "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 12 --ignore-eos";
   const auto ref = tokens_of(prompt);
   ASSERT_EQ(ref.size(), 12u);
   const std::string hosts = write_file("netns_hosts_tp", "10.77.0.1 slots=2\n10.77.0.2 slots=2\n");
   for (const std::string mode : {"attention-sum", "allreduce"}) {
-    const std::string err = ::testing::TempDir() + "/two_host_tp_stderr_" + std::to_string(::getpid());
+    const std::string err =
+        ::testing::TempDir() + "/two_host_tp_stderr_" + std::to_string(::getpid());
     const std::string cmd =
         "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
         "timeout -s KILL 120 ip netns exec " +
-        ns_a_ + " mpirun -x ASAN_OPTIONS --hostfile " + hosts + " -np 4 --mca plm_rsh_agent " + agent_ +
-        " --mca oob_tcp_if_include 10.77.0.0/24 --mca btl_tcp_if_include 10.77.0.0/24 --mca btl self,tcp " +
+        ns_a_ + " mpirun -x ASAN_OPTIONS --hostfile " + hosts + " -np 4 --mca plm_rsh_agent " +
+        agent_ +
+        " --mca oob_tcp_if_include 10.77.0.0/24 --mca btl_tcp_if_include 10.77.0.0/24 --mca btl "
+        "self,tcp " +
         kBinary + " generate " + prompt +
-        " --attention-workers 1 --expert-workers 1 --micro-batches 2 --tp-expert 2 --tp-expert-reduce " +
+        " --attention-workers 1 --expert-workers 1 --micro-batches 2 --tp-expert 2 "
+        "--tp-expert-reduce " +
         mode + " --fabric-provider " + GetParam() + " --json 2>" + err;
     const std::string out = msinfer::testing::run_capture(cmd);
     std::stringstream e;

@@ -522,9 +522,27 @@ TEST_P(ExpertTpKillTest, AKilledShardIsNamedAndEverythingStops) {
   pid_t victim = -1;
   std::chrono::steady_clock::time_point killed_at;
   const auto run = msinfer::testing::watch_router(
-      {kBinary, "generate", "--model", dir, "--prompt-ids", "5,9,22", "--max-tokens", "3500",
-       "--ignore-eos", "--attention-workers", "2", "--expert-workers", "2", "--micro-batches",
-       "2", "--tp-expert", "2", "--tp-expert-reduce", mode, "--timeout-ms", "2000"},
+      {kBinary,
+       "generate",
+       "--model",
+       dir,
+       "--prompt-ids",
+       "5,9,22",
+       "--max-tokens",
+       "3500",
+       "--ignore-eos",
+       "--attention-workers",
+       "2",
+       "--expert-workers",
+       "2",
+       "--micro-batches",
+       "2",
+       "--tp-expert",
+       "2",
+       "--tp-expert-reduce",
+       mode,
+       "--timeout-ms",
+       "2000"},
       [&](const char* line, const std::map<std::string, pid_t>& pids) {
         if (victim < 0 && std::strstr(line, "msinfer: step 32") != nullptr &&
             pids.count("expert1.1")) {
@@ -564,9 +582,27 @@ TEST_P(ExpertTpKillTest, AHungShardIsNamedByTheTimeout) {
   const std::string mode = GetParam();
   pid_t victim = -1;
   const auto run = msinfer::testing::watch_router(
-      {kBinary, "generate", "--model", dir, "--prompt-ids", "5,9,22", "--max-tokens", "3500",
-       "--ignore-eos", "--attention-workers", "1", "--expert-workers", "2", "--micro-batches",
-       "2", "--tp-expert", "2", "--tp-expert-reduce", mode, "--timeout-ms", "1000"},
+      {kBinary,
+       "generate",
+       "--model",
+       dir,
+       "--prompt-ids",
+       "5,9,22",
+       "--max-tokens",
+       "3500",
+       "--ignore-eos",
+       "--attention-workers",
+       "1",
+       "--expert-workers",
+       "2",
+       "--micro-batches",
+       "2",
+       "--tp-expert",
+       "2",
+       "--tp-expert-reduce",
+       mode,
+       "--timeout-ms",
+       "1000"},
       [&](const char* line, const std::map<std::string, pid_t>& pids) {
         if (victim < 0 && std::strstr(line, "msinfer: step 32") != nullptr &&
             pids.count("expert1.1")) {
