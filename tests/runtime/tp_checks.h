@@ -1,0 +1,98 @@
+// Shared by the tensor-parallel deployment tests (expert_tp_test.cc,
+// attention_tp_test.cc): `msinfer generate --json` through the binary, the
+// co-located engine's logits in this process, and the "equal up to a
+// near-tie" token check those tests describe. Needs MSINFER_BINARY.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../common/subprocess.h"
+#include "msinfer/core/json.h"
+#include "msinfer/model/weights.h"
+#include "msinfer/runtime/engine.h"
+
+namespace msinfer::runtime::testing {
+
+// The exactness test's max |dlogit| bar (tests/runtime/exactness_test.cc).
+constexpr double kNearTie = 1e-2;
+
+struct Generated {
+  std::vector<int32_t> tokens;
+  std::string err;
+  Json doc;  // generate --json's answer
+};
+
+// `msinfer generate ARGS --json`; its stderr is kept in err.
+inline Generated generate(const std::string& args) {
+  const std::string errf =
+      ::testing::TempDir() + "/tp_generate_stderr_" + std::to_string(::getpid()) + ".txt";
+  const std::string out = msinfer::testing::run_capture(std::string(MSINFER_BINARY) + " generate " +
+                                                        args + " --json 2>" + errf);
+  Generated g;
+  std::stringstream e;
+  e << std::ifstream(errf).rdbuf();
+  g.err = e.str();
+  auto j = parse_json(out, "generate --json");
+  EXPECT_TRUE(j.ok()) << args << "\nstdout: " << out.substr(0, 300) << "\nstderr: " << g.err;
+  if (j.ok()) {
+    g.tokens = (*j)["token_ids"].get<std::vector<int32_t>>();
+    g.doc = *j;
+  }
+  return g;
+}
+
+// Logits of each greedy step of the co-located engine (in this process).
+inline std::vector<std::vector<float>> colocated_logits(const std::string& dir,
+                                                        const std::vector<int32_t>& prompt,
+                                                        int steps) {
+  auto w = model::ModelWeights::load(dir);
+  EXPECT_TRUE(w.ok());
+  auto e = Engine::create(std::shared_ptr<const model::ModelWeights>(std::move(w).value()),
+                          EngineOptions{});
+  EXPECT_TRUE(e.ok());
+  std::vector<std::vector<float>> logits;
+  (*e)->set_logits_observer(
+      [&](int64_t, const float* l, int64_t v) { logits.emplace_back(l, l + v); });
+  GenerationRequest r{1, prompt, {}};
+  r.sampling.max_tokens = steps;
+  r.sampling.ignore_eos = true;
+  EXPECT_TRUE((*e)->add(r).ok());
+  while (!(*e)->idle()) EXPECT_TRUE((*e)->step().ok());
+  return logits;
+}
+
+// Greedy tokens `got` of a tp run equal the co-located engine's `ref`; where
+// they first differ, `got`'s token must be within kNearTie of the co-located
+// engine's best logit at that step, and the comparison stops there.
+// NearTieCheckTest (expert_tp_test.cc) shows that it fails on a clear
+// divergence.
+inline void expect_equal_up_to_near_tie(const std::vector<int32_t>& ref,
+                                        const std::vector<int32_t>& got, const std::string& dir,
+                                        const std::vector<int32_t>& prompt,
+                                        const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  size_t i = 0;
+  while (i < ref.size() && ref[i] == got[i]) ++i;
+  if (i == ref.size()) return;
+  const auto logits = colocated_logits(dir, prompt, static_cast<int>(i) + 1);
+  ASSERT_GT(logits.size(), i);
+  const auto& l = logits[i];
+  const float best = *std::max_element(l.begin(), l.end());
+  EXPECT_EQ(l[ref[i]], best) << what;
+  EXPECT_LE(best - l[got[i]], kNearTie)
+      << what << ": token " << i << " is " << got[i] << ", the co-located engine's " << ref[i]
+      << " (logit margin " << best - l[got[i]] << ", not a near-tie)";
+  std::printf("[ tp ] %s: first different token %zu (logit margin %.3g)\n", what.c_str(), i,
+              best - l[got[i]]);
+}
+
+}  // namespace msinfer::runtime::testing
