@@ -3,6 +3,8 @@
 #pragma once
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +13,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include "shm_objects.h"
 
 namespace msinfer::testing {
 
@@ -74,6 +78,17 @@ inline RouterRun watch_router(
   std::fclose(f);
   ::waitpid(router, &run.status, 0);
   return run;
+}
+
+// After a router run that stopped its deployment: every worker it named has
+// exited (reaped by the router, or gone); with `no_shm`, none left a /dev/shm
+// object behind either (a 16 MiB shm endpoint must not outlive its process).
+inline void expect_workers_gone(const std::map<std::string, pid_t>& pids, bool no_shm) {
+  for (const auto& [name, pid] : pids) {
+    EXPECT_FALSE(::kill(pid, 0) == 0) << name << " is still running";
+    if (!no_shm) continue;
+    for (const auto& left : shm_objects_of(pid)) ADD_FAILURE() << name << " left /dev/shm/" << left;
+  }
 }
 
 }  // namespace msinfer::testing

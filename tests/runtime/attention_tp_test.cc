@@ -24,18 +24,17 @@
 #include <random>
 #include <sstream>
 
-#include "../common/shm_objects.h"
 #include "../common/subprocess.h"
 #include "msinfer/core/json.h"
 #include "msinfer/runtime/engine.h"
 #include "msinfer/runtime/model_runner.h"
 #include "test_models.h"
+#include "tp_checks.h"
 
 namespace msinfer::runtime {
 namespace {
 
 const std::string kBinary = MSINFER_BINARY;
-constexpr double kNearTie = 1e-2;
 
 std::unique_ptr<model::ModelWeights> load_rank(const std::string& dir, int rank, int tp,
                                                bool experts = false) {
@@ -257,68 +256,11 @@ INSTANTIATE_TEST_SUITE_P(TinyPresets, AttentionTpTorchTest,
 
 // ---- deployments through the binary ----
 
-struct Generated {
-  std::vector<int32_t> tokens;
-  std::string err;
-  Json doc;
-};
-
-Generated generate(const std::string& args) {
-  const std::string errf =
-      ::testing::TempDir() + "/attention_tp_test_stderr_" + std::to_string(::getpid()) + ".txt";
-  const std::string out =
-      msinfer::testing::run_capture(kBinary + " generate " + args + " --json 2>" + errf);
-  Generated g;
-  std::stringstream e;
-  e << std::ifstream(errf).rdbuf();
-  g.err = e.str();
-  auto j = parse_json(out, "generate --json");
-  EXPECT_TRUE(j.ok()) << args << "\nstdout: " << out.substr(0, 300) << "\nstderr: " << g.err;
-  if (j.ok()) {
-    g.tokens = (*j)["token_ids"].get<std::vector<int32_t>>();
-    g.doc = *j;
-  }
-  return g;
-}
-
-std::vector<std::vector<float>> colocated_logits(const std::string& dir,
-                                                 const std::vector<int32_t>& prompt, int steps) {
-  auto w = model::ModelWeights::load(dir);
-  EXPECT_TRUE(w.ok());
-  auto e = Engine::create(std::shared_ptr<const model::ModelWeights>(std::move(w).value()),
-                          EngineOptions{});
-  EXPECT_TRUE(e.ok());
-  std::vector<std::vector<float>> logits;
-  (*e)->set_logits_observer(
-      [&](int64_t, const float* l, int64_t v) { logits.emplace_back(l, l + v); });
-  GenerationRequest r{1, prompt, {}};
-  r.sampling.max_tokens = steps;
-  r.sampling.ignore_eos = true;
-  EXPECT_TRUE((*e)->add(r).ok());
-  while (!(*e)->idle()) EXPECT_TRUE((*e)->step().ok());
-  return logits;
-}
-
-// The check described at the top of this file (expert_tp_test.cc's
-// NearTieCheckTest shows that it fails on a clear divergence).
-void expect_equal_up_to_near_tie(const std::vector<int32_t>& ref, const std::vector<int32_t>& got,
-                                 const std::string& dir, const std::vector<int32_t>& prompt,
-                                 const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  size_t i = 0;
-  while (i < ref.size() && ref[i] == got[i]) ++i;
-  if (i == ref.size()) return;
-  const auto logits = colocated_logits(dir, prompt, static_cast<int>(i) + 1);
-  ASSERT_GT(logits.size(), i);
-  const auto& l = logits[i];
-  const float best = *std::max_element(l.begin(), l.end());
-  EXPECT_EQ(l[ref[i]], best) << what;
-  EXPECT_LE(best - l[got[i]], kNearTie)
-      << what << ": token " << i << " is " << got[i] << ", the co-located engine's " << ref[i]
-      << " (logit margin " << best - l[got[i]] << ", not a near-tie)";
-  std::printf("[ attention tp ] %s: first different token %zu (logit margin %.3g)\n", what.c_str(),
-              i, best - l[got[i]]);
-}
+using testing::colocated_logits;
+using testing::expect_equal_up_to_near_tie;
+using testing::generate;
+using testing::Generated;
+using testing::kNearTie;
 
 class AttentionTpTest : public ::testing::TestWithParam<std::string> {};
 
@@ -435,8 +377,6 @@ TEST(AttentionTpFlagsTest, BadValuesAreRefused) {
 
 // ---- a killed or hung tp rank ----
 
-bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
-
 // Killing rank 1 of attention worker 0 (the request's replica)
 // mid-generation: the request ends with an error naming that rank, every other process exits, no
 // shared memory is left behind.
@@ -468,12 +408,7 @@ TEST(AttentionTpKillTest, AKilledRankIsNamedAndEverythingStops) {
       << all;
   EXPECT_NE(all.find("request 1"), std::string::npos) << all;
   EXPECT_LT(seconds, 2.0 + 10.0) << "not detected within the M2N timeout";
-  for (const auto& [name, pid] : run.pids) {
-    EXPECT_FALSE(alive(pid)) << name << " is still running";
-    for (const auto& left : msinfer::testing::shm_objects_of(pid)) {
-      ADD_FAILURE() << name << " left /dev/shm/" << left;
-    }
-  }
+  msinfer::testing::expect_workers_gone(run.pids, /*no_shm=*/true);
 }
 
 // A rank that hangs (SIGSTOP): rank 0's wait for its partial times out and
@@ -498,7 +433,7 @@ TEST(AttentionTpKillTest, AHungRankIsNamedByTheTimeout) {
   EXPECT_NE(all.find("no partial attention output from attention worker 0 tp rank 1"),
             std::string::npos)
       << all;
-  for (const auto& [name, pid] : run.pids) EXPECT_FALSE(alive(pid)) << name << " is still running";
+  msinfer::testing::expect_workers_gone(run.pids, /*no_shm=*/false);
 }
 
 }  // namespace

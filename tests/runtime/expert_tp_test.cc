@@ -29,19 +29,18 @@
 #include <random>
 #include <sstream>
 
-#include "../common/shm_objects.h"
 #include "../common/subprocess.h"
 #include "msinfer/core/json.h"
 #include "msinfer/runtime/engine.h"
 #include "msinfer/runtime/expert_backend.h"
 #include "msinfer/runtime/model_runner.h"
 #include "test_models.h"
+#include "tp_checks.h"
 
 namespace msinfer::runtime {
 namespace {
 
 const std::string kBinary = MSINFER_BINARY;
-constexpr double kNearTie = 1e-2;
 
 // ---- weights: the shards add up to the whole expert ----
 
@@ -252,68 +251,11 @@ INSTANTIATE_TEST_SUITE_P(TinyPresets, ExpertTpTorchTest,
 
 // ---- deployments through the binary ----
 
-struct Generated {
-  std::vector<int32_t> tokens;
-  std::string err;
-  Json doc;  // generate --json's answer
-};
-
-Generated generate(const std::string& args) {
-  const std::string errf =
-      ::testing::TempDir() + "/expert_tp_test_stderr_" + std::to_string(::getpid()) + ".txt";
-  const std::string out =
-      msinfer::testing::run_capture(kBinary + " generate " + args + " --json 2>" + errf);
-  Generated g;
-  std::stringstream e;
-  e << std::ifstream(errf).rdbuf();
-  g.err = e.str();
-  auto j = parse_json(out, "generate --json");
-  EXPECT_TRUE(j.ok()) << args << "\nstdout: " << out.substr(0, 300) << "\nstderr: " << g.err;
-  if (j.ok()) {
-    g.tokens = (*j)["token_ids"].get<std::vector<int32_t>>();
-    g.doc = *j;
-  }
-  return g;
-}
-
-// Logits of each greedy step of the co-located engine (in this process).
-std::vector<std::vector<float>> colocated_logits(const std::string& dir,
-                                                 const std::vector<int32_t>& prompt, int steps) {
-  auto w = model::ModelWeights::load(dir);
-  EXPECT_TRUE(w.ok());
-  auto e = Engine::create(std::shared_ptr<const model::ModelWeights>(std::move(w).value()),
-                          EngineOptions{});
-  EXPECT_TRUE(e.ok());
-  std::vector<std::vector<float>> logits;
-  (*e)->set_logits_observer(
-      [&](int64_t, const float* l, int64_t v) { logits.emplace_back(l, l + v); });
-  GenerationRequest r{1, prompt, {}};
-  r.sampling.max_tokens = steps;
-  r.sampling.ignore_eos = true;
-  EXPECT_TRUE((*e)->add(r).ok());
-  while (!(*e)->idle()) EXPECT_TRUE((*e)->step().ok());
-  return logits;
-}
-
-// The check described at the top of this file.
-void expect_equal_up_to_near_tie(const std::vector<int32_t>& ref, const std::vector<int32_t>& got,
-                                 const std::string& dir, const std::vector<int32_t>& prompt,
-                                 const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  size_t i = 0;
-  while (i < ref.size() && ref[i] == got[i]) ++i;
-  if (i == ref.size()) return;
-  const auto logits = colocated_logits(dir, prompt, static_cast<int>(i) + 1);
-  ASSERT_GT(logits.size(), i);
-  const auto& l = logits[i];
-  const float best = *std::max_element(l.begin(), l.end());
-  EXPECT_EQ(l[ref[i]], best) << what;
-  EXPECT_LE(best - l[got[i]], kNearTie)
-      << what << ": token " << i << " is " << got[i] << ", the co-located engine's " << ref[i]
-      << " (logit margin " << best - l[got[i]] << ", not a near-tie)";
-  std::printf("[ expert tp ] %s: first different token %zu (logit margin %.3g)\n", what.c_str(), i,
-              best - l[got[i]]);
-}
+using testing::colocated_logits;
+using testing::expect_equal_up_to_near_tie;
+using testing::generate;
+using testing::Generated;
+using testing::kNearTie;
 
 // The check can fail: a token that is far from the best is not a near-tie.
 TEST(NearTieCheckTest, AClearDivergenceIsAFailure) {
@@ -509,8 +451,6 @@ TEST(ExpertTpFlagsTest, BadValuesAreRefused) {
 
 // ---- a killed shard ----
 
-bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
-
 class ExpertTpKillTest : public ::testing::TestWithParam<std::string> {};
 
 // Killing shard 1 of expert worker 1 mid-generation: the request ends with an
@@ -565,12 +505,7 @@ TEST_P(ExpertTpKillTest, AKilledShardIsNamedAndEverythingStops) {
       << all;
   EXPECT_NE(all.find("request 1"), std::string::npos) << all;
   EXPECT_LT(seconds, 2.0 + 10.0) << "not detected within the M2N timeout";
-  for (const auto& [name, pid] : pids) {
-    EXPECT_FALSE(alive(pid)) << name << " is still running";
-    for (const auto& left : msinfer::testing::shm_objects_of(pid)) {
-      ADD_FAILURE() << name << " left /dev/shm/" << left;
-    }
-  }
+  msinfer::testing::expect_workers_gone(pids, /*no_shm=*/true);
 }
 
 // A shard that hangs (SIGSTOP) instead of dying: nobody sees it exit, so the
@@ -618,11 +553,9 @@ TEST_P(ExpertTpKillTest, AHungShardIsNamedByTheTimeout) {
   const std::string named = mode == "allreduce" ? "no partial output from expert worker 1 tp rank 1"
                                                 : "no answer from expert worker 1 tp rank 1";
   EXPECT_NE(all.find(named), std::string::npos) << all;
-  for (const auto& [name, pid] : pids) {
-    // Reaped by the router, or gone: a stopped child left behind would be a zombie of
-    // the router's, already reaped when the router exits.
-    EXPECT_FALSE(alive(pid)) << name << " is still running";
-  }
+  // Reaped by the router, or gone: a stopped child left behind would be a zombie of
+  // the router's, already reaped when the router exits.
+  msinfer::testing::expect_workers_gone(pids, /*no_shm=*/false);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, ExpertTpKillTest, ::testing::Values("attention-sum", "allreduce"),
