@@ -26,7 +26,8 @@ Status M2NShape::validate() const {
   if (senders < 1 || senders > 128) return invalid_argument("M2N: senders must be in 1..128");
   if (receivers < 1) return invalid_argument("M2N: receivers must be >= 1");
   if (slots < 1 || slots > 16) return invalid_argument("M2N: slots must be in 1..16");
-  if (max_rows < 0 || max_rows > 65535) return invalid_argument("M2N: max_rows must be in 0..65535");
+  if (max_rows < 0 || max_rows > 65535)
+    return invalid_argument("M2N: max_rows must be in 0..65535");
   if (row_bytes < 1) return invalid_argument("M2N: row_bytes must be >= 1");
   if (channel < 0 || channel > 1) return invalid_argument("M2N: channel must be 0 or 1");
   return ok_status();
@@ -107,8 +108,7 @@ Status M2NEndpoint::wait_until(const std::function<bool()>& done,
 // ---- receiver ----
 
 M2NReceiver::M2NReceiver(const M2NShape& shape, int index)
-    : shape_(shape), index_(index),
-      arrivals_(static_cast<size_t>(shape.slots * shape.senders)) {}
+    : shape_(shape), index_(index), arrivals_(static_cast<size_t>(shape.slots * shape.senders)) {}
 
 StatusOr<RemoteRegion> M2NReceiver::attach(M2NEndpoint& ep) {
   MSI_RETURN_IF_ERROR(shape_.validate());
@@ -158,9 +158,9 @@ Status M2NReceiver::wait(int slot, uint32_t seq) {
   auto describe = [&] {
     std::string m;
     for (int s : missing(slot)) m += (m.empty() ? "" : ", ") + std::to_string(s);
-    return "M2N receiver " + std::to_string(index_) + " (channel " + std::to_string(shape_.channel) +
-           "): slot " + std::to_string(slot) + " seq " + std::to_string(seq) +
-           " still waiting for sender(s) " + m;
+    return "M2N receiver " + std::to_string(index_) + " (channel " +
+           std::to_string(shape_.channel) + "): slot " + std::to_string(slot) + " seq " +
+           std::to_string(seq) + " still waiting for sender(s) " + m;
   };
   MSI_RETURN_IF_ERROR(ep_->wait_until([&] { return all_arrived(slot); }, describe));
   return verify(slot, seq);
@@ -171,9 +171,9 @@ Status M2NReceiver::verify(int slot, uint32_t seq) const {
     const Arrival& a = arrivals_[slot * shape_.senders + s];
     if (a.seq != (seq & 0xf)) {
       return internal_error("M2N receiver " + std::to_string(index_) + ": stale write in slot " +
-                            std::to_string(slot) + " from sender " + std::to_string(s) +
-                            " (seq " + std::to_string(a.seq) + ", expected " +
-                            std::to_string(seq & 0xf) + ")");
+                            std::to_string(slot) + " from sender " + std::to_string(s) + " (seq " +
+                            std::to_string(a.seq) + ", expected " + std::to_string(seq & 0xf) +
+                            ")");
     }
     if (a.rows > shape_.max_rows) {
       return internal_error("M2N receiver: sender " + std::to_string(s) + " sent " +
@@ -195,7 +195,8 @@ Status M2NReceiver::verify(int slot, uint32_t seq) const {
 }
 
 const uint8_t* M2NReceiver::data(int slot, int sender) const {
-  return region_->data() + (static_cast<size_t>(sender) * shape_.slots + slot) * shape_.slot_bytes();
+  return region_->data() +
+         (static_cast<size_t>(sender) * shape_.slots + slot) * shape_.slot_bytes();
 }
 
 int64_t M2NReceiver::rows(int slot, int sender) const {
@@ -209,9 +210,12 @@ void M2NReceiver::release(int slot) {
 // ---- sender ----
 
 M2NSender::M2NSender(const M2NShape& shape, int index)
-    : shape_(shape), index_(index),
+    : shape_(shape),
+      index_(index),
       buffer_(static_cast<size_t>(shape.receivers * shape.slots * shape.slot_bytes())),
-      peers_(shape.receivers, -1), regions_(shape.receivers), in_flight_(shape.slots, 0) {}
+      peers_(shape.receivers, -1),
+      regions_(shape.receivers),
+      in_flight_(shape.slots, 0) {}
 
 Status M2NSender::attach(M2NEndpoint& ep) {
   MSI_RETURN_IF_ERROR(shape_.validate());
@@ -230,7 +234,8 @@ void M2NSender::set_receiver(int r, int peer, const RemoteRegion& region) {
 }
 
 uint8_t* M2NSender::buffer(int slot, int receiver) {
-  return buffer_.data() + (static_cast<size_t>(receiver) * shape_.slots + slot) * shape_.slot_bytes();
+  return buffer_.data() +
+         (static_cast<size_t>(receiver) * shape_.slots + slot) * shape_.slot_bytes();
 }
 
 Status M2NSender::send(int slot, uint32_t seq, const std::vector<int64_t>& rows) {
@@ -257,7 +262,8 @@ Status M2NSender::send(int slot, uint32_t seq, const std::vector<int64_t>& rows)
     return failed_precondition("M2N send: slot " + std::to_string(slot) +
                                " still has writes in flight");
   }
-  const uint64_t context = (static_cast<uint64_t>(shape_.channel) << 32) | static_cast<uint32_t>(slot);
+  const uint64_t context =
+      (static_cast<uint64_t>(shape_.channel) << 32) | static_cast<uint32_t>(slot);
   for (int r = 0; r < shape_.receivers; ++r) {
     uint8_t* src = buffer(slot, r);
     size_t len = static_cast<size_t>(rows[r] * shape_.row_bytes);
@@ -270,7 +276,8 @@ Status M2NSender::send(int slot, uint32_t seq, const std::vector<int64_t>& rows)
     const uint64_t offset =
         (static_cast<uint64_t>(index_) * shape_.slots + slot) * shape_.slot_bytes();
     ++in_flight_[slot];
-    Status s = ep_->transport().write(peers_[r], src, len, regions_[r], offset, imm.pack(), context);
+    Status s =
+        ep_->transport().write(peers_[r], src, len, regions_[r], offset, imm.pack(), context);
     if (!s.ok()) {
       --in_flight_[slot];
       return s.with_context("M2N sender " + std::to_string(index_) + " -> receiver " +

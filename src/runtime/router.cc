@@ -1,8 +1,5 @@
 #include "msinfer/runtime/router.h"
 
-#include "internal/line_io.h"
-#include "msinfer/comm/fabric_transport.h"
-
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -12,14 +9,16 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <map>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <sstream>
 
+#include "internal/line_io.h"
+#include "msinfer/comm/fabric_transport.h"
 #include "msinfer/comm/tcp.h"
 
 extern char** environ;
@@ -34,7 +33,7 @@ namespace {
 // shards (attention processes + w * tp_expert + shard).
 struct Role {
   bool attention;
-  int index;  // among the workers of its kind
+  int index;    // among the workers of its kind
   int tp_rank;  // the process within its tp group (0 without tensor parallelism)
   const char* name() const { return attention ? "attention" : "expert"; }
 };
@@ -65,21 +64,40 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
     if (::pipe2(to_child, O_CLOEXEC) != 0 || ::pipe2(from_child, O_CLOEXEC) != 0) {
       return internal_error("router: pipe failed");
     }
-    std::vector<std::string> args = {exe, "worker", "--role", w.role, "--index", std::to_string(w.index),
-                                     "--model", c.model_dir,
-                                     "--attention-workers", std::to_string(A),
-                                     "--expert-workers", std::to_string(N),
-                                     "--micro-batches", std::to_string(c.micro_batches),
-                                     "--kv-cache-mb", std::to_string(c.kv_cache_bytes >> 20),
-                                     "--fabric-provider", c.provider,
-                                     "--timeout-ms", std::to_string(c.timeout_ms),
-                                     "--weights", kernels::cpu::weight_format_name(c.weights),
-                                     "--attention-device", c.attention_device,
-                                     "--expert-device", c.expert_device,
-                                     "--tp-expert", std::to_string(c.tp_expert),
-                                     "--tp-expert-reduce", expert_reduce_name(c.tp_expert_reduce),
-                                     "--tp-attention", std::to_string(c.tp_attention),
-                                     "--tp-rank", std::to_string(w.tp_rank)};
+    std::vector<std::string> args = {exe,
+                                     "worker",
+                                     "--role",
+                                     w.role,
+                                     "--index",
+                                     std::to_string(w.index),
+                                     "--model",
+                                     c.model_dir,
+                                     "--attention-workers",
+                                     std::to_string(A),
+                                     "--expert-workers",
+                                     std::to_string(N),
+                                     "--micro-batches",
+                                     std::to_string(c.micro_batches),
+                                     "--kv-cache-mb",
+                                     std::to_string(c.kv_cache_bytes >> 20),
+                                     "--fabric-provider",
+                                     c.provider,
+                                     "--timeout-ms",
+                                     std::to_string(c.timeout_ms),
+                                     "--weights",
+                                     kernels::cpu::weight_format_name(c.weights),
+                                     "--attention-device",
+                                     c.attention_device,
+                                     "--expert-device",
+                                     c.expert_device,
+                                     "--tp-expert",
+                                     std::to_string(c.tp_expert),
+                                     "--tp-expert-reduce",
+                                     expert_reduce_name(c.tp_expert_reduce),
+                                     "--tp-attention",
+                                     std::to_string(c.tp_attention),
+                                     "--tp-rank",
+                                     std::to_string(w.tp_rank)};
     if (c.attention_cost_per_token > 0 || c.attention_cost_per_position > 0) {
       char cost[64];
       std::snprintf(cost, sizeof cost, "%.17g,%.17g", c.attention_cost_per_token,
@@ -209,8 +227,9 @@ Status check_launcher_size(const WorkerConfig& c, const comm::Bootstrap& launche
     return invalid_argument("the launcher started " + std::to_string(launcher.size()) +
                             " ranks; this deployment needs 1 router + " +
                             std::to_string(c.attention_processes()) + " attention + " +
-                            std::to_string(c.expert_processes()) + " expert worker processes = " +
-                            std::to_string(need) + " (e.g. mpirun -np " + std::to_string(need) + ")");
+                            std::to_string(c.expert_processes()) +
+                            " expert worker processes = " + std::to_string(need) +
+                            " (e.g. mpirun -np " + std::to_string(need) + ")");
   }
   return ok_status();
 }
@@ -264,9 +283,9 @@ StatusOr<std::unique_ptr<Router>> Router::start_launched(const WorkerConfig& c,
   auto next_join_by = clock::now() + std::chrono::seconds(120);
   while (joined < A + N && s.ok()) {
     if (clock::now() > next_join_by) {
-      s = Status(StatusCode::kDeadlineExceeded,
-                 "router: only " + std::to_string(joined) + " of " + std::to_string(A + N) +
-                     " workers connected (none in the last 120 s)");
+      s = Status(StatusCode::kDeadlineExceeded, "router: only " + std::to_string(joined) + " of " +
+                                                    std::to_string(A + N) +
+                                                    " workers connected (none in the last 120 s)");
       break;
     }
     auto fd = comm::tcp_accept(listen_fd, std::chrono::milliseconds(50));
@@ -431,12 +450,19 @@ Status Router::add(const GenerationRequest& r) {
   for (int a = 1; a < c_.attention_workers; ++a) {
     if (lead(a).load < lead(best).load) best = a;
   }
-  Json j{{"op", "add"}, {"id", r.id}, {"prompt", r.prompt},
-         {"max_tokens", r.sampling.max_tokens}, {"temperature", r.sampling.temperature},
-         {"top_k", r.sampling.top_k}, {"top_p", r.sampling.top_p}, {"seed", r.sampling.seed},
-         {"ignore_eos", r.sampling.ignore_eos}, {"stop_token_ids", r.sampling.stop_token_ids},
+  Json j{{"op", "add"},
+         {"id", r.id},
+         {"prompt", r.prompt},
+         {"max_tokens", r.sampling.max_tokens},
+         {"temperature", r.sampling.temperature},
+         {"top_k", r.sampling.top_k},
+         {"top_p", r.sampling.top_p},
+         {"seed", r.sampling.seed},
+         {"ignore_eos", r.sampling.ignore_eos},
+         {"stop_token_ids", r.sampling.stop_token_ids},
          {"frequency_penalty", r.sampling.frequency_penalty},
-         {"presence_penalty", r.sampling.presence_penalty}, {"logprobs", r.sampling.logprobs}};
+         {"presence_penalty", r.sampling.presence_penalty},
+         {"logprobs", r.sampling.logprobs}};
   MSI_RETURN_IF_ERROR(send_command(lead(best), j.dump()));
   MSI_ASSIGN_OR_RETURN(std::string line, read_answer(lead(best), std::chrono::milliseconds(-1),
                                                      StatusCode::kDeadlineExceeded, ""));
@@ -456,9 +482,9 @@ Status Router::cancel(int64_t id) {
   if (it == in_flight_.end()) return ok_status();
   Worker& w = lead(it->second);
   MSI_RETURN_IF_ERROR(send_command(w, Json{{"op", "cancel"}, {"id", id}}.dump()));
-  MSI_ASSIGN_OR_RETURN(std::string line, read_answer(w, std::chrono::milliseconds(c_.timeout_ms),
-                                                     StatusCode::kDeadlineExceeded,
-                                                     "did not answer a cancel"));
+  MSI_ASSIGN_OR_RETURN(std::string line,
+                       read_answer(w, std::chrono::milliseconds(c_.timeout_ms),
+                                   StatusCode::kDeadlineExceeded, "did not answer a cancel"));
   MSI_ASSIGN_OR_RETURN(Json ans, parse_json(line, name_of(w)));
   if (!ans.contains("cancelled")) {
     return internal_error(name_of(w) + ": expected cancelled, got " + line);
@@ -549,7 +575,8 @@ std::string Router::describe() const {
   for (const auto& w : workers_) {
     char rss[64];
     std::snprintf(rss, sizeof(rss), ", RSS %.0f MiB", w.rss_mb);
-    s += name_of(w) + ": " + (w.where.empty() ? "pid " + std::to_string(w.pid) : w.where) + rss + "\n";
+    s += name_of(w) + ": " + (w.where.empty() ? "pid " + std::to_string(w.pid) : w.where) + rss +
+         "\n";
   }
   return s;
 }

@@ -117,7 +117,7 @@ TEST(M2NInprocTest, BadSendsAreRefusedBeforeAnythingIsSent) {
   Status too_many = s.send(0, 0, {5});
   EXPECT_EQ(too_many.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(too_many.message().find("exceed the slot's capacity of 4"), std::string::npos);
-  EXPECT_EQ(s.send(2, 0, {1}).code(), StatusCode::kInvalidArgument);   // slot out of range
+  EXPECT_EQ(s.send(2, 0, {1}).code(), StatusCode::kInvalidArgument);     // slot out of range
   EXPECT_EQ(s.send(0, 0, {1, 1}).code(), StatusCode::kInvalidArgument);  // one receiver only
   EXPECT_EQ(M2NShape({200, 1, 2, 4, 16, false, 0}).validate().code(), StatusCode::kInvalidArgument);
   // Nothing reached the receiver: waiting times out naming sender 0.
@@ -142,11 +142,14 @@ class CorruptingTransport : public Transport {
   explicit CorruptingTransport(std::unique_ptr<Transport> t) : t_(std::move(t)) {}
   std::string name() const override { return "corrupting"; }
   std::string address() const override { return t_->address(); }
-  StatusOr<RemoteRegion> register_memory(void* b, size_t l) override { return t_->register_memory(b, l); }
+  StatusOr<RemoteRegion> register_memory(void* b, size_t l) override {
+    return t_->register_memory(b, l);
+  }
   StatusOr<int> connect(const std::string& a) override { return t_->connect(a); }
   Status write(int peer, const void* src, size_t len, const RemoteRegion& dst, uint64_t off,
                uint32_t imm, uint64_t ctx) override {
-    std::vector<uint8_t> copy(static_cast<const uint8_t*>(src), static_cast<const uint8_t*>(src) + len);
+    std::vector<uint8_t> copy(static_cast<const uint8_t*>(src),
+                              static_cast<const uint8_t*>(src) + len);
     if (len > 9) copy[3] ^= 0x10;
     return t_->write(peer, copy.data(), len, dst, off, imm, ctx);
   }

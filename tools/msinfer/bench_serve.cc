@@ -14,13 +14,13 @@
 #include <tuple>
 
 #include "commands.h"
-#include "msinfer/runtime/device_backend.h"
 #include "msinfer/core/flags.h"
 #include "msinfer/core/stats.h"
 #include "msinfer/core/table.h"
 #include "msinfer/kernels/cpu/isa.h"
 #include "msinfer/planner/perf_model.h"
 #include "msinfer/runtime/balance.h"
+#include "msinfer/runtime/device_backend.h"
 #include "msinfer/runtime/engine.h"
 #include "msinfer/runtime/router.h"
 #include "planner_flags.h"
@@ -35,11 +35,13 @@ StatusOr<Json> predict(const ModelConfig& mc, const runtime::WorkerConfig& c, in
                        const std::string& profile_path) {
   MSI_ASSIGN_OR_RETURN(planner::Profile prof, planner::load_profile(profile_path));
   if (!prof.k1 || !prof.k2 || !prof.k3 || !prof.k4) {
-    return invalid_argument(profile_path + ": needs k1..k4 (write it with `msinfer profile --out`)");
+    return invalid_argument(profile_path +
+                            ": needs k1..k4 (write it with `msinfer profile --out`)");
   }
   MSI_ASSIGN_OR_RETURN(planner::UtilCurve flat, planner::UtilCurve::make({{1.0, 1.0}}, "flat"));
   planner::DeploymentShape shape;  // tp 1: the GPU entries are not used
-  planner::StageModel sm = planner::build_stage_model(mc, shape, 0, prof.nic_util.value_or(flat), &prof);
+  planner::StageModel sm =
+      planner::build_stage_model(mc, shape, 0, prof.nic_util.value_or(flat), &prof);
   // This runtime moves fp32 rows (the planner's default assumes bf16).
   sm.dispatch_bytes_per_token = 4.0 * mc.hidden * mc.top_k;
   sm.expert_bytes_per_token = 4.0 * mc.hidden;
@@ -117,14 +119,20 @@ int run_bench_serve(int argc, char** argv) {
                 "decode phase: from the moment every request has its first token.");
   flags.add_string("model", "", "model directory");
   flags.add_bool("offline", "all prompts submitted at once to a deployment this command starts");
-  flags.add_string("base-url", "", "online mode: the server to load, e.g. http://127.0.0.1:8000 "
-                                   "(streaming requests; no --model needed)");
-  flags.add_string("endpoint", "/v1/completions", "online: /v1/completions or /v1/chat/completions");
+  flags.add_string("base-url", "",
+                   "online mode: the server to load, e.g. http://127.0.0.1:8000 "
+                   "(streaming requests; no --model needed)");
+  flags.add_string("endpoint", "/v1/completions",
+                   "online: /v1/completions or /v1/chat/completions");
   flags.add_double("request-rate", 0, 0, 1e6, "online: requests per second (0: all at once)");
-  flags.add_double("burstiness", 1.0, 0.01, 100, "online: gamma shape of the arrival gaps (1 = Poisson)");
-  flags.add_int("max-concurrency", 0, 0, 1000000, "online: requests in flight at most (0: no limit)");
-  flags.add_string("dataset", "random", "online: random, or a JSON-lines file of {\"prompt\", \"output_len\"}");
-  flags.add_string("goodput", "", "online: SLOs a good request meets, e.g. 'ttft:500 tpot:50 e2el:5000' (ms)");
+  flags.add_double("burstiness", 1.0, 0.01, 100,
+                   "online: gamma shape of the arrival gaps (1 = Poisson)");
+  flags.add_int("max-concurrency", 0, 0, 1000000,
+                "online: requests in flight at most (0: no limit)");
+  flags.add_string("dataset", "random",
+                   "online: random, or a JSON-lines file of {\"prompt\", \"output_len\"}");
+  flags.add_string("goodput", "",
+                   "online: SLOs a good request meets, e.g. 'ttft:500 tpot:50 e2el:5000' (ms)");
   flags.add_string("served-model-name", "", "online: the model name to send (default: none)");
   flags.add_string("api-key", "", "online: bearer key", "MSINFER_API_KEY");
   flags.add_int("num-prompts", 8, 1, 100000, "requests");
@@ -147,7 +155,8 @@ int run_bench_serve(int argc, char** argv) {
   flags.add_string("plan", "", "plan document from `msinfer plan --out` (sets n_a and m)");
   flags.set_epilog(
       "examples:\n"
-      "  msinfer bench serve --offline --model /tmp/m --num-prompts 16 --input-len 64 --output-len 32\n"
+      "  msinfer bench serve --offline --model /tmp/m --num-prompts 16 --input-len 64 --output-len "
+      "32\n"
       "  msinfer bench serve --offline --model /tmp/m --attention-workers 1 --expert-workers 1 "
       "--micro-batches 2 --json\n"
       "  msinfer bench serve --base-url http://127.0.0.1:8000 --num-prompts 200 --request-rate 20 "
@@ -169,7 +178,8 @@ int run_bench_serve(int argc, char** argv) {
     return run_bench_serve_online(flags);
   }
   const std::string dir = flags.get_string("model");
-  if (dir.empty()) return report_error("bench serve", invalid_argument("--model is required (or --base-url)"));
+  if (dir.empty())
+    return report_error("bench serve", invalid_argument("--model is required (or --base-url)"));
   // Ranges (--num-prompts 1..100000, ...) are checked by the flag parser.
   const int64_t P = flags.get_int("num-prompts"), I = flags.get_int("input-len"),
                 O = flags.get_int("output-len");
@@ -186,8 +196,9 @@ int run_bench_serve(int argc, char** argv) {
   }
   const bool disaggregated = deployment_requested(flags);
   if (!flags.get_string("profile").empty() && !disaggregated) {
-    return report_error("bench serve", invalid_argument("--profile predicts a disaggregated deployment: "
-                                                        "give --attention-workers and --expert-workers"));
+    return report_error("bench serve",
+                        invalid_argument("--profile predicts a disaggregated deployment: "
+                                         "give --attention-workers and --expert-workers"));
   }
   std::unique_ptr<runtime::Engine> engine;
   std::unique_ptr<runtime::Router> router;
@@ -200,12 +211,13 @@ int run_bench_serve(int argc, char** argv) {
     router = std::move(d->router);
     config = d->config;
     deployment = "disaggregated: " + std::to_string(config->attention_workers) + " attention + " +
-                 std::to_string(config->expert_workers) + " expert workers, m=" +
-                 std::to_string(config->micro_batches);
+                 std::to_string(config->expert_workers) +
+                 " expert workers, m=" + std::to_string(config->micro_batches);
   } else {
     model::LoadOptions lo;
     lo.weights = *weight_format;
-    auto w = model::ModelWeights::load(dir, runtime::host_load_options(lo, flags.get_string("device")));
+    auto w =
+        model::ModelWeights::load(dir, runtime::host_load_options(lo, flags.get_string("device")));
     if (!w.ok()) return report_error("bench serve", w.status());
     const runtime::EngineOptions eo = colocated_engine_options(flags);
     auto e = runtime::Engine::create(std::move(w).value(), eo);
@@ -235,7 +247,8 @@ int run_bench_serve(int argc, char** argv) {
     total_out += out;
     req.sampling.ignore_eos = true;
     s = router ? router->add(req) : engine->add(req);
-    if (!s.ok()) return report_error("bench serve", s.with_context("request " + std::to_string(i + 1)));
+    if (!s.ok())
+      return report_error("bench serve", s.with_context("request " + std::to_string(i + 1)));
   }
   std::map<int64_t, std::vector<double>> times;  // request -> token times (s since t0)
   int64_t first_tokens = 0, decode_tokens = 0;
@@ -248,8 +261,10 @@ int run_bench_serve(int argc, char** argv) {
     const double now = std::chrono::duration<double>(clock::now() - t0).count();
     for (const auto& ev : *events) {
       auto& t = times[ev.request_id];
-      if (t.empty()) ++first_tokens;
-      else if (decode_from > 0) ++decode_tokens;
+      if (t.empty())
+        ++first_tokens;
+      else if (decode_from > 0)
+        ++decode_tokens;
       t.push_back(now);
     }
     if (decode_from == 0 && first_tokens == P) {
@@ -335,13 +350,14 @@ int run_bench_serve(int argc, char** argv) {
     std::cout << out.dump(2) << "\n";
     return 0;
   }
-  std::printf("%s: %lld requests, %lld tokens in %.2f s (%lld steps)\n"
-              "TTFT p50 %.1f ms, p99 %.1f ms; TBT p50 %.2f ms, p99 %.2f ms; decode %.1f tokens/s, "
-              "output %.1f tokens/s\n",
-              deployment.c_str(), static_cast<long long>(P), static_cast<long long>(generated), end,
-              static_cast<long long>(steps), out["ttft_ms_p50"].get<double>(),
-              out["ttft_ms_p99"].get<double>(), out["tbt_ms_p50"].get<double>(),
-              out["tbt_ms_p99"].get<double>(), decode_tps, generated / end);
+  std::printf(
+      "%s: %lld requests, %lld tokens in %.2f s (%lld steps)\n"
+      "TTFT p50 %.1f ms, p99 %.1f ms; TBT p50 %.2f ms, p99 %.2f ms; decode %.1f tokens/s, "
+      "output %.1f tokens/s\n",
+      deployment.c_str(), static_cast<long long>(P), static_cast<long long>(generated), end,
+      static_cast<long long>(steps), out["ttft_ms_p50"].get<double>(),
+      out["ttft_ms_p99"].get<double>(), out["tbt_ms_p50"].get<double>(),
+      out["tbt_ms_p99"].get<double>(), decode_tps, generated / end);
   std::printf("%s\n", routing_summary(out["routing"]).c_str());
   if (out.contains("micro_batch_balance") && out["micro_batch_balance"].get<double>() > 0) {
     std::printf("micro-batches: max/mean predicted attention time %.3f (1 = equal)\n",
@@ -355,24 +371,27 @@ int run_bench_serve(int argc, char** argv) {
       return w.contains(key) ? fmt(w[key].get<double>() * 1e3, 3) : std::string("");
     };
     for (const auto& w : workers) {
-      t.add_row({w["role"].get<std::string>() + " " + std::to_string(w["index"].get<int>()) +
-                     (w.contains("tp_rank") ? " tp " + std::to_string(w["tp_rank"].get<int>()) : ""),
-                 fmt_pct(w["busy_fraction"].get<double>()), fmt_pct(w["wait_fraction"].get<double>()),
-                 fmt(w["gemm_gflops_per_s"].get<double>(), 1), ms(w, "t_a_mean_s"), ms(w, "t_e_mean_s"),
-                 ms(w, "t_c_mean_s"),
-                 w.contains("idle_cpu_fraction") ? fmt_pct(w["idle_cpu_fraction"].get<double>()) : ""});
+      t.add_row(
+          {w["role"].get<std::string>() + " " + std::to_string(w["index"].get<int>()) +
+               (w.contains("tp_rank") ? " tp " + std::to_string(w["tp_rank"].get<int>()) : ""),
+           fmt_pct(w["busy_fraction"].get<double>()), fmt_pct(w["wait_fraction"].get<double>()),
+           fmt(w["gemm_gflops_per_s"].get<double>(), 1), ms(w, "t_a_mean_s"), ms(w, "t_e_mean_s"),
+           ms(w, "t_c_mean_s"),
+           w.contains("idle_cpu_fraction") ? fmt_pct(w["idle_cpu_fraction"].get<double>()) : ""});
     }
     std::cout << t.to_string();
   }
   if (out.contains("prediction")) {
     const Json& p = out["prediction"];
     const Json& m = out["measured"];
-    std::printf("\nplanner prediction (%s, b_a %.1f, %s):\n", p["source"].get<std::string>().c_str(),
-                p["b_a"].get<double>(), p["full_overlap"].get<bool>() ? "full overlap" : "no full overlap");
+    std::printf("\nplanner prediction (%s, b_a %.1f, %s):\n",
+                p["source"].get<std::string>().c_str(), p["b_a"].get<double>(),
+                p["full_overlap"].get<bool>() ? "full overlap" : "no full overlap");
     Table t({"quantity", "predicted", "measured", "error"});
-    for (const auto& [key, label, scale] :
-         {std::tuple{"t_a_s", "T_a ms", 1e3}, {"t_e_s", "T_e ms (slowest worker)", 1e3},
-          {"t_c_s", "T_c ms", 1e3}, {"decode_tokens_per_s", "decode tokens/s", 1.0}}) {
+    for (const auto& [key, label, scale] : {std::tuple{"t_a_s", "T_a ms", 1e3},
+                                            {"t_e_s", "T_e ms (slowest worker)", 1e3},
+                                            {"t_c_s", "T_c ms", 1e3},
+                                            {"decode_tokens_per_s", "decode tokens/s", 1.0}}) {
       if (!p.contains(key)) continue;
       const double pv = p[key].get<double>(), mv = m[key].get<double>();
       t.add_row({label, fmt(pv * scale, 3), fmt(mv * scale, 3),

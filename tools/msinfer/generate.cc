@@ -10,7 +10,6 @@
 #include <sstream>
 
 #include "commands.h"
-#include "msinfer/runtime/device_backend.h"
 #include "msinfer/core/flags.h"
 #include "msinfer/core/process.h"
 #include "msinfer/core/stats.h"
@@ -18,6 +17,7 @@
 #include "msinfer/kernels/cpu/isa.h"
 #include "msinfer/model/tokenizer.h"
 #include "msinfer/runtime/balance.h"
+#include "msinfer/runtime/device_backend.h"
 #include "msinfer/runtime/engine.h"
 #include "msinfer/runtime/router.h"
 #include "planner_flags.h"
@@ -62,8 +62,9 @@ int run_generate(int argc, char** argv) {
   flags.add_bool("json", "print one JSON object (token_ids, text, timings) at the end");
   add_engine_flags(flags);
   add_deployment_flags(flags);
-  flags.add_string("plan", "", "plan document from `msinfer plan --out`: its attention_nodes and "
-                               "micro_batches (one expert worker per expert) set the deployment");
+  flags.add_string("plan", "",
+                   "plan document from `msinfer plan --out`: its attention_nodes and "
+                   "micro_batches (one expert worker per expert) set the deployment");
   flags.set_epilog(
       "examples:\n"
       "  msinfer make-model --preset tiny-mixtral --out /tmp/m\n"
@@ -87,7 +88,8 @@ int run_generate(int argc, char** argv) {
     return report_error("generate", invalid_argument("--model is required"));
   }
   if (flags.was_set("prompt") == flags.was_set("prompt-ids")) {
-    return report_error("generate", invalid_argument("give exactly one of --prompt and --prompt-ids"));
+    return report_error("generate",
+                        invalid_argument("give exactly one of --prompt and --prompt-ids"));
   }
   // Every flag is checked before the model loads (issue 12 item 7).
   if (!(flags.get_double("top-p") > 0)) {
@@ -117,7 +119,8 @@ int run_generate(int argc, char** argv) {
   if (!disaggregated) {
     model::LoadOptions lo;
     lo.weights = *weight_format;
-    auto weights = model::ModelWeights::load(dir, runtime::host_load_options(lo, flags.get_string("device")));
+    auto weights =
+        model::ModelWeights::load(dir, runtime::host_load_options(lo, flags.get_string("device")));
     if (!weights.ok()) return report_error("generate", weights.status());
     w = std::move(weights).value();
   }
@@ -172,7 +175,8 @@ int run_generate(int argc, char** argv) {
   while (!idle()) {
     auto events = step();
     if (!events.ok()) {
-      return report_error("generate", events.status().with_context("request " + std::to_string(req.id)));
+      return report_error("generate",
+                          events.status().with_context("request " + std::to_string(req.id)));
     }
     ++steps;
     if (router && steps % 16 == 0) {
@@ -199,7 +203,8 @@ int run_generate(int argc, char** argv) {
   }
   const double ttft = token_times.empty() ? 0 : token_times.front();
   std::vector<double> gaps;
-  for (size_t i = 1; i < token_times.size(); ++i) gaps.push_back(token_times[i] - token_times[i - 1]);
+  for (size_t i = 1; i < token_times.size(); ++i)
+    gaps.push_back(token_times[i] - token_times[i - 1]);
   const double tbt_mean = mean(gaps);
   const double tbt_p50 = percentile(gaps, 0.5);
   const double decode_s = token_times.size() > 1 ? token_times.back() - token_times.front() : 0;
@@ -237,15 +242,15 @@ int run_generate(int argc, char** argv) {
     // Invalid UTF-8 (a random model may emit half a character) must not break the JSON.
     std::cout << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
   } else {
-    std::printf("\n\n%zu prompt tokens, %zu generated (%s); TTFT %.1f ms, TBT %.2f ms mean / %.2f "
-                "ms p50, %.1f tokens/s decode; RSS %.0f MiB (%s weights %.0f MiB, KV budget %lld "
-                "MiB); CPU kernels %s\n",
-                req.prompt.size(), out_ids.size(), finish_reason.c_str(), ttft * 1e3, tbt_mean * 1e3,
-                tbt_p50 * 1e3, tps, mem.rss_bytes / 1048576.0,
-                kernels::cpu::weight_format_name(*weight_format),
-                w ? w->packed_bytes() / 1048576.0 : 0.0,
-                static_cast<long long>(flags.get_int("kv-cache-mb")),
-                kernels::cpu::isa_description().c_str());
+    std::printf(
+        "\n\n%zu prompt tokens, %zu generated (%s); TTFT %.1f ms, TBT %.2f ms mean / %.2f "
+        "ms p50, %.1f tokens/s decode; RSS %.0f MiB (%s weights %.0f MiB, KV budget %lld "
+        "MiB); CPU kernels %s\n",
+        req.prompt.size(), out_ids.size(), finish_reason.c_str(), ttft * 1e3, tbt_mean * 1e3,
+        tbt_p50 * 1e3, tps, mem.rss_bytes / 1048576.0,
+        kernels::cpu::weight_format_name(*weight_format), w ? w->packed_bytes() / 1048576.0 : 0.0,
+        static_cast<long long>(flags.get_int("kv-cache-mb")),
+        kernels::cpu::isa_description().c_str());
     std::printf("%s (--json for the counts)\n", routing_summary(routing->to_json()).c_str());
   }
   return 0;

@@ -74,7 +74,8 @@ Status check_deployment_flags(const FlagSet& flags) {
         "--expert-workers, or --plan");
   }
   if (!flags.get_string("placement").empty() && !deployment_requested(flags)) {
-    return invalid_argument("--placement needs --attention-workers and --expert-workers, or --plan");
+    return invalid_argument(
+        "--placement needs --attention-workers and --expert-workers, or --plan");
   }
   return ok_status();
 }
@@ -110,8 +111,8 @@ StatusOr<runtime::WorkerConfig> process_config_from_flags(const FlagSet& flags) 
   if (c.timeout_ms < 100) return invalid_argument("--timeout-ms must be >= 100");
   MSI_ASSIGN_OR_RETURN(c.weights, apply_engine_flags(flags));
   const std::string& device = flags.get_string("device");
-  c.attention_device = flags.get_string("attention-device").empty()
-                           ? device : flags.get_string("attention-device");
+  c.attention_device =
+      flags.get_string("attention-device").empty() ? device : flags.get_string("attention-device");
   c.expert_device =
       flags.get_string("expert-device").empty() ? device : flags.get_string("expert-device");
   MSI_ASSIGN_OR_RETURN(auto cost, parse_attention_cost(flags.get_string("attention-cost")));
@@ -215,9 +216,10 @@ StatusOr<runtime::WorkerConfig> worker_config_from_flags(const FlagSet& flags,
   if (c.expert_workers < 1 || c.expert_workers > 128) {
     return invalid_argument("--expert-workers must be in 1..128");
   }
-  if (c.micro_batches < 1 || c.micro_batches > 16) return invalid_argument("--micro-batches must be in 1..16");
-  MSI_ASSIGN_OR_RETURN(c.placement, placement_from_flags(flags, model, c.expert_workers,
-                                                         "--expert-workers"));
+  if (c.micro_batches < 1 || c.micro_batches > 16)
+    return invalid_argument("--micro-batches must be in 1..16");
+  MSI_ASSIGN_OR_RETURN(c.placement,
+                       placement_from_flags(flags, model, c.expert_workers, "--expert-workers"));
   MSI_RETURN_IF_ERROR(apply_tp_expert(flags, model, 0, std::nullopt, &c));
   MSI_RETURN_IF_ERROR(apply_tp_attention(flags, model, 0, &c));
   return c;
@@ -245,8 +247,8 @@ StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
     return invalid_argument(path + ": attention_nodes must be <= 128 and micro_batches <= 16 here");
   }
   // A placement (e.g. from `msinfer balance`) must fit the plan's expert nodes.
-  MSI_ASSIGN_OR_RETURN(c.placement, placement_from_flags(flags, model, c.expert_workers,
-                                                         path + "'s expert nodes"));
+  MSI_ASSIGN_OR_RETURN(
+      c.placement, placement_from_flags(flags, model, c.expert_workers, path + "'s expert nodes"));
   // The planner's choice of reduction: its all-reduce is this one's
   // allreduce, its N2M partial sums this one's attention-sum.
   MSI_RETURN_IF_ERROR(
@@ -281,8 +283,9 @@ StatusOr<std::string> self_executable() {
 StatusOr<Deployment> start_deployment(const FlagSet& flags) {
   Deployment d;
   MSI_ASSIGN_OR_RETURN(ModelConfig model, load_model_config(flags.get_string("model")));
-  MSI_ASSIGN_OR_RETURN(d.config, flags.get_string("plan").empty() ? worker_config_from_flags(flags, model)
-                                                                  : worker_config_from_plan(flags, model));
+  MSI_ASSIGN_OR_RETURN(d.config, flags.get_string("plan").empty()
+                                     ? worker_config_from_flags(flags, model)
+                                     : worker_config_from_plan(flags, model));
   const runtime::WorkerConfig& c = d.config;
   // Under mpirun / srun every rank runs the same command: rank 0 routes, the
   // others become the workers their rank names and serve until told to exit.
@@ -337,7 +340,8 @@ runtime::EngineOptions colocated_engine_options(const FlagSet& flags) {
 }
 
 int run_worker(int argc, char** argv) {
-  FlagSet flags("worker", "One worker process of a disaggregated deployment (started by the router).");
+  FlagSet flags("worker",
+                "One worker process of a disaggregated deployment (started by the router).");
   flags.add_string("role", "", "attention | expert");
   flags.add_int("index", 0, 0, 127, "worker index within its role");
   flags.add_int("tp-rank", 0, 0, runtime::Placement::kMaxTp - 1,

@@ -100,7 +100,8 @@ class Engine {
   }
 
   // Called with the logits a token was sampled from (tests compare them).
-  using LogitsObserver = std::function<void(int64_t request_id, const float* logits, int64_t vocab)>;
+  using LogitsObserver =
+      std::function<void(int64_t request_id, const float* logits, int64_t vocab)>;
   void set_logits_observer(LogitsObserver f) { observer_ = std::move(f); }
 
   const ModelConfig& config() const { return weights_->config(); }

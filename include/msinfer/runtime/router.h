@@ -85,8 +85,8 @@ class Router {
 
   WorkerConfig c_;
   std::unique_ptr<comm::BootstrapServer> server_;
-  std::vector<Worker> workers_;  // attention workers first
-  std::map<int64_t, int> in_flight_;  // request id -> attention worker
+  std::vector<Worker> workers_;         // attention workers first
+  std::map<int64_t, int> in_flight_;    // request id -> attention worker
   std::map<int64_t, int64_t> load_of_;  // request id -> its share of the worker's load
 };
 
