@@ -108,7 +108,10 @@ Status M2NEndpoint::wait_until(const std::function<bool()>& done,
 // ---- receiver ----
 
 M2NReceiver::M2NReceiver(const M2NShape& shape, int index)
-    : shape_(shape), index_(index), arrivals_(static_cast<size_t>(shape.slots * shape.senders)) {}
+    : shape_(shape),
+      index_(index),
+      arrivals_(static_cast<size_t>(shape.slots * shape.senders)),
+      dropped_(static_cast<size_t>(shape.senders), 0) {}
 
 StatusOr<RemoteRegion> M2NReceiver::attach(M2NEndpoint& ep) {
   MSI_RETURN_IF_ERROR(shape_.validate());
@@ -126,6 +129,7 @@ Status M2NReceiver::on_immediate(const Immediate& imm) {
                           " is outside the configured " + std::to_string(shape_.senders) +
                           " senders x " + std::to_string(shape_.slots) + " slots");
   }
+  if (dropped(imm.sender)) return ok_status();  // written before it died
   Arrival& a = arrivals_[imm.slot * shape_.senders + imm.sender];
   if (a.arrived) {
     return internal_error("M2N receiver " + std::to_string(index_) + ": sender " +
@@ -138,7 +142,7 @@ Status M2NReceiver::on_immediate(const Immediate& imm) {
 
 bool M2NReceiver::all_arrived(int slot) const {
   for (int s = 0; s < shape_.senders; ++s) {
-    if (!arrivals_[slot * shape_.senders + s].arrived) return false;
+    if (!arrivals_[slot * shape_.senders + s].arrived && !dropped(s)) return false;
   }
   return true;
 }
@@ -146,7 +150,7 @@ bool M2NReceiver::all_arrived(int slot) const {
 std::vector<int> M2NReceiver::missing(int slot) const {
   std::vector<int> m;
   for (int s = 0; s < shape_.senders; ++s) {
-    if (!arrivals_[slot * shape_.senders + s].arrived) m.push_back(s);
+    if (!arrivals_[slot * shape_.senders + s].arrived && !dropped(s)) m.push_back(s);
   }
   return m;
 }
@@ -168,6 +172,7 @@ Status M2NReceiver::wait(int slot, uint32_t seq) {
 
 Status M2NReceiver::verify(int slot, uint32_t seq) const {
   for (int s = 0; s < shape_.senders; ++s) {
+    if (dropped(s)) continue;
     const Arrival& a = arrivals_[slot * shape_.senders + s];
     if (a.seq != (seq & 0xf)) {
       return internal_error("M2N receiver " + std::to_string(index_) + ": stale write in slot " +
@@ -200,11 +205,17 @@ const uint8_t* M2NReceiver::data(int slot, int sender) const {
 }
 
 int64_t M2NReceiver::rows(int slot, int sender) const {
-  return arrivals_[slot * shape_.senders + sender].rows;
+  return dropped(sender) ? 0 : arrivals_[slot * shape_.senders + sender].rows;
 }
 
 void M2NReceiver::release(int slot) {
   for (int s = 0; s < shape_.senders; ++s) arrivals_[slot * shape_.senders + s].arrived = false;
+}
+
+void M2NReceiver::drop_sender(int s) {
+  if (s < 0 || s >= shape_.senders) return;
+  dropped_[static_cast<size_t>(s)] = 1;
+  for (int k = 0; k < shape_.slots; ++k) arrivals_[k * shape_.senders + s].arrived = false;
 }
 
 // ---- sender ----
@@ -215,7 +226,8 @@ M2NSender::M2NSender(const M2NShape& shape, int index)
       buffer_(static_cast<size_t>(shape.receivers * shape.slots * shape.slot_bytes())),
       peers_(shape.receivers, -1),
       regions_(shape.receivers),
-      in_flight_(shape.slots, 0) {}
+      in_flight_(shape.slots, 0),
+      dropped_(static_cast<size_t>(shape.receivers), 0) {}
 
 Status M2NSender::attach(M2NEndpoint& ep) {
   MSI_RETURN_IF_ERROR(shape_.validate());
@@ -254,7 +266,7 @@ Status M2NSender::send(int slot, uint32_t seq, const std::vector<int64_t>& rows)
                               std::to_string(r) + " exceed the slot's capacity of " +
                               std::to_string(shape_.max_rows));
     }
-    if (peers_[r] < 0) {
+    if (peers_[r] < 0 && !dropped(r)) {
       return invalid_argument("M2N send: receiver " + std::to_string(r) + " is not connected");
     }
   }
@@ -265,6 +277,7 @@ Status M2NSender::send(int slot, uint32_t seq, const std::vector<int64_t>& rows)
   const uint64_t context =
       (static_cast<uint64_t>(shape_.channel) << 32) | static_cast<uint32_t>(slot);
   for (int r = 0; r < shape_.receivers; ++r) {
+    if (dropped(r)) continue;
     uint8_t* src = buffer(slot, r);
     size_t len = static_cast<size_t>(rows[r] * shape_.row_bytes);
     if (shape_.checksum) {
@@ -285,6 +298,10 @@ Status M2NSender::send(int slot, uint32_t seq, const std::vector<int64_t>& rows)
     }
   }
   return ok_status();
+}
+
+void M2NSender::drop_receiver(int r) {
+  if (r >= 0 && r < shape_.receivers) dropped_[static_cast<size_t>(r)] = 1;
 }
 
 Status M2NSender::wait_sent(int slot) {

@@ -175,5 +175,67 @@ TEST(M2NInprocTest, ChecksumsCatchCorruption) {
       << w.message();
 }
 
+// A dropped sender (a dead attention worker) is waited for no more and its
+// late writes are ignored; a dropped receiver gets no more writes. The other
+// pair keeps exchanging, sequence numbers checked.
+TEST(M2NInprocTest, DroppedPeersAreNeitherWaitedForNorWrittenTo) {
+  InprocFabric fabric;
+  M2NEndpoint e0(fabric.endpoint()), e1(fabric.endpoint()), er(fabric.endpoint());
+  const M2NShape shape{2, 2, 2, 4, 16, /*checksum=*/true, 0};
+  M2NSender s0(shape, 0), s1(shape, 1);
+  M2NReceiver r0(shape, 0), r1(shape, 1);
+  ASSERT_TRUE(s0.attach(e0).ok());
+  ASSERT_TRUE(s1.attach(e1).ok());
+  auto reg0 = r0.attach(er);
+  // r1 lives on its own endpoint (a process may receive one channel only).
+  M2NEndpoint er1(fabric.endpoint());
+  auto reg1 = r1.attach(er1);
+  ASSERT_TRUE(reg0.ok() && reg1.ok());
+  for (M2NSender* s : {&s0, &s1}) {
+    M2NEndpoint& from = s == &s0 ? e0 : e1;
+    s->set_receiver(0, *from.transport().connect(er.transport().address()), *reg0);
+    s->set_receiver(1, *from.transport().connect(er1.transport().address()), *reg1);
+  }
+  er.set_timeout(std::chrono::milliseconds(50));
+  // Round 0: only sender 0 writes; the slot waits for sender 1 until it is dropped.
+  std::memset(s0.buffer(0, 0), 3, 16);
+  ASSERT_TRUE(s0.send(0, 0, {1, 0}).ok());
+  Status w = r0.wait(0, 0);
+  EXPECT_EQ(w.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(w.message().find("waiting for sender(s) 1"), std::string::npos) << w.message();
+  r0.drop_sender(1);
+  EXPECT_TRUE(r0.dropped(1));
+  ASSERT_TRUE(r0.wait(0, 0).ok());
+  EXPECT_EQ(r0.rows(0, 0), 1);
+  EXPECT_EQ(r0.rows(0, 1), 0);
+  EXPECT_EQ(r0.data(0, 0)[15], 3);
+  r0.release(0);
+  // Receiver 1 takes its writes of each round and frees the slot.
+  auto drain_r1 = [&] {
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(er1.progress().ok());
+    r1.release(0);
+  };
+  drain_r1();
+  // A write from the dropped sender, with a sequence number that would be
+  // stale, changes nothing.
+  ASSERT_TRUE(s1.send(0, 5, {2, 0}).ok());
+  ASSERT_TRUE(s0.wait_sent(0).ok());
+  ASSERT_TRUE(s0.send(0, 1, {0, 0}).ok());
+  ASSERT_TRUE(r0.wait(0, 1).ok());
+  EXPECT_EQ(r0.rows(0, 1), 0);
+  EXPECT_EQ(r0.missing(1), std::vector<int>{0});  // slot 1: sender 0 has not written it
+  r0.release(0);
+  drain_r1();
+  // Sender 0 drops receiver 1: its writes go to receiver 0 only.
+  s0.drop_receiver(1);
+  EXPECT_TRUE(s0.dropped(1));
+  ASSERT_TRUE(s0.wait_sent(0).ok());
+  ASSERT_TRUE(s0.send(0, 2, {1, 3}).ok());
+  ASSERT_TRUE(r0.wait(0, 2).ok());
+  EXPECT_EQ(r0.rows(0, 0), 1);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(er1.progress().ok());
+  EXPECT_EQ(r1.missing(0), (std::vector<int>{0, 1}));
+}
+
 }  // namespace
 }  // namespace msinfer::comm

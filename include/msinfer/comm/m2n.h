@@ -91,6 +91,12 @@ class M2NReceiver {
   int64_t rows(int slot, int sender) const;
   // Slot may be written again (its results were sent back).
   void release(int slot);
+  // Sender `s` is gone (its process died): from now on no slot waits for it,
+  // verify() skips it, rows() is 0 for it and a late write from it is
+  // ignored. The runtime drops a dead attention worker this way, so the
+  // expert workers go on serving the others. Idempotent.
+  void drop_sender(int s);
+  bool dropped(int sender) const { return dropped_[static_cast<size_t>(sender)] != 0; }
 
  private:
   friend class M2NEndpoint;
@@ -105,6 +111,7 @@ class M2NReceiver {
     uint32_t rows = 0;
   };
   std::vector<Arrival> arrivals_;  // [slot][sender]
+  std::vector<char> dropped_;      // [sender]
 };
 
 // The sending side of one channel on one sender.
@@ -123,6 +130,10 @@ class M2NSender {
   Status send(int slot, uint32_t seq, const std::vector<int64_t>& rows);
   // Blocks until the slot's writes completed locally (its buffer may be reused).
   Status wait_sent(int slot);
+  // Receiver `r` is gone: send() writes nothing more to it (its row count is
+  // ignored). Idempotent.
+  void drop_receiver(int r);
+  bool dropped(int receiver) const { return dropped_[static_cast<size_t>(receiver)] != 0; }
 
  private:
   friend class M2NEndpoint;
@@ -133,6 +144,7 @@ class M2NSender {
   std::vector<int> peers_;
   std::vector<RemoteRegion> regions_;
   std::vector<int> in_flight_;  // per slot
+  std::vector<char> dropped_;   // per receiver
 };
 
 // One process's transport plus the channels it takes part in; routes
