@@ -202,6 +202,15 @@ void Scheduler::loop() {
           auto it = active_.find(id);
           if (it == active_.end()) continue;  // cancelled meanwhile
           Entry& e = it->second;
+          if (evs.back().finish_reason == "error") {
+            // The deployment lost it (a dead attention worker, not
+            // resubmitted): this request fails, the others go on.
+            e.sink->on_error(Status(StatusCode::kUnavailable, evs.back().error));
+            metrics_->request_aborted();
+            active_.erase(it);
+            ++ended;
+            continue;
+          }
           for (size_t i = 0; i < evs.size(); ++i) {
             if (e.generated == 0) {
               metrics_->observe_ttft(seconds(now - e.arrival));

@@ -22,10 +22,12 @@ using namespace std::chrono_literals;
 
 // Each step: one token (the request's count so far) per running request.
 // With fail_when_running > 0, the first step that finds that many running
-// requests fails, as a dead worker does.
+// requests fails, as a dead worker does. Request `lose_id` (when > 0) ends
+// after two tokens with an error event, as a dead attention worker's do.
 class FakeBackend final : public GenerationBackend {
  public:
-  explicit FakeBackend(size_t fail_when_running = 0) : fail_when_(fail_when_running) {}
+  explicit FakeBackend(size_t fail_when_running = 0, int64_t lose_id = 0)
+      : fail_when_(fail_when_running), lose_id_(lose_id) {}
   Status add(const runtime::GenerationRequest& r) override {
     if (running_.count(r.id)) return invalid_argument("duplicate id");
     running_[r.id] = {r.sampling.max_tokens, 0};
@@ -42,6 +44,12 @@ class FakeBackend final : public GenerationBackend {
       ev.token = static_cast<int32_t>(it->second.second++);
       ev.finished = it->second.second == it->second.first;
       if (ev.finished) ev.finish_reason = "length";
+      if (it->first == lose_id_ && it->second.second == 3) {
+        ev.token = -1;
+        ev.finished = true;
+        ev.finish_reason = "error";
+        ev.error = "request " + std::to_string(lose_id_) + " was lost: attention worker 1 died";
+      }
       out.push_back(ev);
       it = ev.finished ? running_.erase(it) : std::next(it);
     }
@@ -63,6 +71,7 @@ class FakeBackend final : public GenerationBackend {
  private:
   std::map<int64_t, std::pair<int64_t, int64_t>> running_;  // id -> (max, produced)
   size_t fail_when_;
+  int64_t lose_id_;
 };
 
 // Collects one request's tokens; wait() blocks until it ended or `limit`.
@@ -188,6 +197,33 @@ TEST(SchedulerTest, BackendFailureFailsEveryRequest) {
   EXPECT_FALSE(sched.snapshot().healthy);
   auto late = std::make_shared<Collect>();
   EXPECT_EQ(sched.submit(request(sched.next_id(), 3), late).code(), StatusCode::kUnavailable);
+}
+
+// A request the deployment lost (an error event) fails alone: the others
+// finish, the server stays healthy and takes new requests.
+TEST(SchedulerTest, ALostRequestFailsAloneAndTheServerStaysHealthy) {
+  Metrics metrics("m");
+  Scheduler sched(std::make_unique<FakeBackend>(0, /*lose_id=*/2), SchedulerOptions{}, &metrics);
+  std::vector<std::shared_ptr<Collect>> sinks;
+  for (int i = 0; i < 3; ++i) {
+    sinks.push_back(std::make_shared<Collect>());
+    ASSERT_TRUE(sched.submit(request(sched.next_id(), 6), sinks.back()).ok());
+  }
+  for (auto& s : sinks) ASSERT_TRUE(s->wait(10s));
+  EXPECT_EQ(sinks[0]->error(), "");
+  EXPECT_EQ(sinks[0]->tokens(), (std::vector<int32_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(sinks[1]->tokens(), (std::vector<int32_t>{0, 1}));  // no token -1
+  EXPECT_NE(sinks[1]->error().find("attention worker 1"), std::string::npos) << sinks[1]->error();
+  EXPECT_EQ(sinks[2]->tokens().size(), 6u);
+  EXPECT_TRUE(sched.wait_idle(std::chrono::steady_clock::now() + 10s));
+  EXPECT_TRUE(sched.snapshot().healthy);
+  auto late = std::make_shared<Collect>();
+  ASSERT_TRUE(sched.submit(request(sched.next_id(), 3), late).ok());
+  ASSERT_TRUE(late->wait(10s));
+  EXPECT_EQ(late->tokens().size(), 3u);
+  const std::string text = metrics.render(Metrics::Gauges{});
+  EXPECT_NE(text.find("msinfer:request_aborted_total{model_name=\"m\"} 1\n"), std::string::npos)
+      << text;
 }
 
 }  // namespace

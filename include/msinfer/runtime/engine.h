@@ -65,7 +65,10 @@ struct TokenEvent {
   int64_t request_id = 0;
   int32_t token = -1;
   bool finished = false;
-  std::string finish_reason;  // "eos", "stop", "length" when finished
+  // "eos", "stop", "length" when finished; "error" (token -1, `error` says
+  // why) for a request a deployment lost, e.g. with a dead attention worker.
+  std::string finish_reason;
+  std::string error;
   // With SamplingParams::logprobs >= 0: log-probability of `token` and of the
   // most likely tokens (after penalties, before temperature).
   float logprob = 0.f;
