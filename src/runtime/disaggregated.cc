@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 
 #include "internal/line_io.h"
@@ -141,11 +142,13 @@ using internal::write_line;
 
 // A serve-loop worker's commands from the router (expert workers, attention
 // tp ranks > 0): {"op": "stats", "reset": bool}, {"op": "exit"}, or the
-// router gone (end of file). Looked at when idle and every 1024 rounds, so a
-// poll() costs nothing. Answers every command waiting; true when the worker
-// is to stop. `who` names the worker in errors.
+// router gone (end of file); any other op goes to `other` where given.
+// Looked at when idle and every 1024 rounds, so a poll() costs nothing.
+// Answers every command waiting; true when the worker is to stop. `who` names
+// the worker in errors.
 StatusOr<bool> answer_router_commands(int in_fd, int out_fd, std::string* pending,
-                                      WorkerStats* stats, const std::string& who) {
+                                      WorkerStats* stats, const std::string& who,
+                                      const std::function<Status(const Json&)>& other = {}) {
   std::string line;
   bool eof = false;
   while (read_line(in_fd, pending, &line, 0, &eof)) {
@@ -157,6 +160,10 @@ StatusOr<bool> answer_router_commands(int in_fd, int out_fd, std::string* pendin
       stats->wait_s = std::max(0.0, stats->window_s() - stats->busy_s);  // nothing to serve
       write_line(out_fd, Json{{"stats", stats->to_json()}}.dump());
       if (cmd->value("reset", false)) stats->reset();
+      continue;
+    }
+    if (other) {
+      MSI_RETURN_IF_ERROR(other(*cmd));
       continue;
     }
     return invalid_argument(who + ": unknown command '" + op + "'");
@@ -440,8 +447,21 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
   int64_t units = 0;  // (slot, layer) units served; every step has M * layers of them
   const double ffn_flops_per_row =
       2.0 * 3.0 * static_cast<double>(h) * static_cast<double>(mc.expert_ffn);
+  // {"op": "drop_attention", "worker": a}: attention worker a died (the
+  // router saw it); wait for it and answer it no more, serve the others.
+  auto drop_attention = [&](const Json& cmd) -> Status {
+    const int a = cmd.value("worker", -1);
+    if (cmd.value("op", "") != "drop_attention" || a < 0 || a >= A) {
+      return invalid_argument(me + ": unknown command " + cmd.dump());
+    }
+    std::fprintf(stderr, "msinfer: %s: attention worker %d is gone; serving the others\n",
+                 me.c_str(), a);
+    dispatch.drop_sender(a);
+    if (combine) combine->drop_receiver(a);
+    return ok_status();
+  };
   auto handle_commands = [&] {
-    return answer_router_commands(in_fd, out_fd, &pending, &stats, "expert worker");
+    return answer_router_commands(in_fd, out_fd, &pending, &stats, "expert worker", drop_attention);
   };
   int64_t idle = 0, rounds = 0;
   int64_t idle_since_ns = wall_ns();  // when the last unit's work ended
@@ -463,6 +483,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
       if (units++ % (static_cast<int64_t>(M) * mc.layers) == 0) stats.routed.begin_step();
       int64_t last_sent_ns = 0;
       for (int a = 0; a < A; ++a) {
+        if (dispatch.dropped(a)) continue;
         int64_t t = 0;
         std::memcpy(&t, dispatch.data(k, a) + hdr * row_bytes - 8, 8);
         last_sent_ns = std::max(last_sent_ns, t);
@@ -481,6 +502,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
       std::vector<int64_t> reply_rows(A, 0), reply_base(A, 0);
       int64_t reply_total = 0;
       for (int a = 0; a < A; ++a) {
+        if (dispatch.dropped(a)) continue;  // nothing from it, nothing to it
         reply_rows[a] = dispatch.rows(k, a) - hdr;
         if (reply_rows[a] < 0) {
           return internal_error(me + ": malformed message from attention worker " +
@@ -504,6 +526,10 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
         int64_t total = 0;
         std::vector<int32_t> n(A);
         for (int a = 0; a < A; ++a) {
+          if (dispatch.dropped(a)) {
+            n[a] = 0;
+            continue;
+          }
           std::memcpy(&n[a], dispatch.data(k, a) + i * 4, 4);
           if (n[a] < 0 || cursor[a] + n[a] > dispatch.rows(k, a)) {
             return internal_error(me + ": malformed message from attention worker " +

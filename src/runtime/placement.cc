@@ -125,6 +125,35 @@ Status Placement::validate(int experts) const {
   return ok_status();
 }
 
+StatusOr<Placement> Placement::without(int worker) const {
+  if (worker < 0 || worker >= workers) {
+    return invalid_argument("placement: no expert worker " + std::to_string(worker));
+  }
+  Placement p = *this;
+  p.workers = workers - 1;
+  std::string orphans;
+  for (size_t e = 0; e < replicas.size(); ++e) {
+    std::vector<std::pair<int, double>> kept;
+    double total = 0;
+    for (const auto& [w, share] : replicas[e]) {
+      if (w == worker) continue;
+      kept.emplace_back(w > worker ? w - 1 : w, share);
+      total += share;
+    }
+    if (kept.empty() || !(total > 0)) {
+      orphans += (orphans.empty() ? "" : ", ") + std::to_string(e);
+      continue;
+    }
+    for (auto& r : kept) r.second /= total;
+    p.replicas[e] = std::move(kept);
+  }
+  if (!orphans.empty()) {
+    return failed_precondition("expert(s) " + orphans + " have no replica outside expert worker " +
+                               std::to_string(worker));
+  }
+  return p;
+}
+
 std::vector<int> Placement::experts_on(int worker) const {
   std::vector<int> out;
   for (int e = 0; e < static_cast<int>(replicas.size()); ++e) {

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <sstream>
 
@@ -51,8 +52,21 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
                                                 const std::string& placement_file) {
   auto r = std::unique_ptr<Router>(new Router());
   r->c_ = c;
+  r->exe_ = exe;
+  r->placement_file_ = placement_file;
+  MSI_RETURN_IF_ERROR(r->spawn());
+  return r;
+}
+
+// Forks this host's workers for c_ (placement_file_ when set, else round
+// robin) and waits until each is ready.
+Status Router::spawn() {
+  const WorkerConfig& c = c_;
+  const std::string& exe = exe_;
+  const std::string& placement_file = placement_file_;
+  workers_.clear();
   const int A = c.attention_workers, N = c.expert_workers, P = c.processes();
-  MSI_ASSIGN_OR_RETURN(r->server_, comm::BootstrapServer::start(P));
+  MSI_ASSIGN_OR_RETURN(server_, comm::BootstrapServer::start(P));
   ::signal(SIGPIPE, SIG_IGN);
   for (int rank = 0; rank < P; ++rank) {
     Worker w;
@@ -121,8 +135,8 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
     }
     env.emplace("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / P)));
     env.emplace("OMP_WAIT_POLICY", "PASSIVE");
-    env["MSINFER_BOOTSTRAP"] = r->server_->address();
-    env["MSINFER_JOB_SECRET"] = r->server_->secret();  // as NCCL hands out its unique id
+    env["MSINFER_BOOTSTRAP"] = server_->address();
+    env["MSINFER_JOB_SECRET"] = server_->secret();  // as NCCL hands out its unique id
     env["MSINFER_RANK"] = std::to_string(rank);
     env["MSINFER_WORLD_SIZE"] = std::to_string(P);
     std::vector<std::string> env_lines;
@@ -164,10 +178,9 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
     ::close(from_child[1]);
     w.in = to_child[1];
     w.out = from_child[0];
-    r->workers_.push_back(w);
+    workers_.push_back(w);
   }
-  MSI_RETURN_IF_ERROR(r->wait_ready());
-  return r;
+  return wait_ready();
 }
 
 // Every worker says "ready" (with its resident memory) once its weights are
@@ -187,9 +200,15 @@ Status Router::wait_ready() {
 }
 
 Status Router::send_command(Worker& w, const std::string& command) {
-  if (write_line(w.in, command)) return ok_status();
-  MSI_RETURN_IF_ERROR(check_children());
-  return Status(StatusCode::kUnavailable, name_of(w) + " is gone");
+  if (!w.dead && write_line(w.in, command)) return ok_status();
+  // A closed channel: the worker is going; give its death up to a second to
+  // become visible (a SIGKILLed child is reaped a moment after its pipe
+  // closes), so it is reported, or dropped, as a death.
+  for (int i = 0; i < 100 && !w.dead; ++i) {
+    MSI_RETURN_IF_ERROR(check_children());
+    if (!w.dead) ::usleep(10000);
+  }
+  return Status(StatusCode::kUnavailable, name_of(w) + (w.dead ? " died" : " is gone"));
 }
 
 // The worker's next line; while waiting, a worker that died is reported (and
@@ -199,8 +218,9 @@ StatusOr<std::string> Router::read_answer(Worker& w, std::chrono::milliseconds t
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::string line;
   while (timeout.count() < 0 || std::chrono::steady_clock::now() < deadline) {
-    if (read_line(w.out, &w.buf, &line, 200)) return line;
+    if (!w.dead && read_line(w.out, &w.buf, &line, 200)) return line;
     MSI_RETURN_IF_ERROR(check_children());
+    if (w.dead) return Status(StatusCode::kUnavailable, name_of(w) + " died");
   }
   return Status(code, name_of(w) + " " + late);
 }
@@ -383,16 +403,21 @@ Status join_launched_deployment(const WorkerConfig& config, comm::Bootstrap& lau
   return s;
 }
 
-Router::~Router() { shutdown(); }
+Router::~Router() {
+  shutdown();
+  if (!own_placement_file_.empty()) ::unlink(own_placement_file_.c_str());
+}
 
-void Router::shutdown() {
+void Router::shutdown(bool graceful) {
   for (auto& w : workers_) {
-    if (w.in >= 0) write_line(w.in, R"({"op": "exit"})");
+    if (w.in >= 0 && graceful) write_line(w.in, R"({"op": "exit"})");
   }
   for (auto& w : workers_) {
     if (w.pid > 0) {
       int st = 0;
-      for (int i = 0; i < 200 && ::waitpid(w.pid, &st, WNOHANG) == 0; ++i) ::usleep(10000);
+      for (int i = 0; graceful && i < 200 && ::waitpid(w.pid, &st, WNOHANG) == 0; ++i) {
+        ::usleep(10000);
+      }
       if (::waitpid(w.pid, &st, WNOHANG) == 0) {
         ::kill(w.pid, SIGKILL);
         ::waitpid(w.pid, &st, 0);
@@ -438,18 +463,206 @@ Status Router::check_children() {
       continue;
     }
     const std::string who = name_of(w) + " " + how;
+    if (w.role == "attention" && tolerates_attention_loss() && live_attention_workers() > 1) {
+      drop_attention_worker(w.index, who);
+      continue;
+    }
+    if (code != StatusCode::kInvalidArgument && can_recover(w)) {
+      // The caller's operation ends here; the public call that made it
+      // restarts the deployment (recover()) and goes on.
+      restart_why_ = who;
+      restart_without_ = w.role == "expert" && !c_.respawn ? w.index : -1;
+      shutdown(/*graceful=*/false);
+      return Status(StatusCode::kUnavailable, who + "; the deployment restarts");
+    }
     shutdown();
-    return Status(code, who);
+    stopped_ = Status(code, who);
+    return stopped_;
   }
   return ok_status();
 }
 
-Status Router::add(const GenerationRequest& r) {
-  // The attention worker with the least load.
-  int best = 0;
-  for (int a = 1; a < c_.attention_workers; ++a) {
-    if (lead(a).load < lead(best).load) best = a;
+// Dropping one attention worker leaves the others' exchange with the expert
+// workers intact when the worker is one process (no attention tp group whose
+// other ranks would wait for it) and each expert shard answers the attention
+// workers itself (under allreduce, shard 0 checks the row counts of its
+// shards' partials, and shards could disagree on the step the worker left).
+// A death the router recovers from by restarting its workers (only those it
+// forked: a launcher's ranks are not its to start): any, with --respawn; an
+// expert worker's, when every expert it held has a replica on another one.
+// At most kMaxRestarts times, so a worker that keeps dying stops the
+// deployment.
+bool Router::can_recover(const Worker& w) const {
+  if (exe_.empty() || !w.where.empty() || restarts_ >= kMaxRestarts) return false;
+  if (c_.respawn) return true;
+  return w.role == "expert" && c_.expert_workers > 1 && c_.placement.without(w.index).ok();
+}
+
+Status Router::recover() {
+  // A recovery that cannot go on stops the deployment with the death's cause.
+  auto give_up = [&](const std::string& why, const std::string& because) {
+    shutdown();
+    stopped_ = Status(StatusCode::kUnavailable, why + " (no restart: " + because + ")");
+    return stopped_;
+  };
+  while (!restart_why_.empty()) {
+    const std::string why = restart_why_;
+    restart_why_.clear();
+    if (restarts_ >= kMaxRestarts) {
+      return give_up(why, std::to_string(kMaxRestarts) + " restarts already");
+    }
+    ++restarts_;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (restart_without_ >= 0) {
+      auto p = c_.placement.without(restart_without_);
+      if (!p.ok()) return give_up(why, p.status().message());
+      c_.placement = std::move(p).value();
+      c_.expert_workers -= 1;
+    }
+    // The workers read their placement from a file: this router's own.
+    const char* tmp = std::getenv("TMPDIR");
+    placement_file_ = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
+                      "/msinfer-router-" + std::to_string(::getpid()) + "-placement.json";
+    own_placement_file_ = placement_file_;
+    std::ofstream f(placement_file_, std::ios::trunc);
+    f << c_.placement.to_json().dump() << "\n";
+    f.close();
+    if (!f) return give_up(why, "cannot write " + placement_file_);
+    std::fprintf(
+        stderr, "msinfer: router: %s; restarting the deployment %s (restart %d of at most %d)\n",
+        why.c_str(),
+        restart_without_ >= 0 ? "without it (its experts on their replicas)" : "with a replacement",
+        restarts_, kMaxRestarts);
+    Status s = spawn();
+    if (!s.ok()) {
+      if (!restart_why_.empty()) continue;  // another death while starting
+      shutdown();
+      stopped_ = s.with_context("restarting the deployment after " + why);
+      return stopped_;
+    }
+    // Every request in flight starts again from prompt + delivered tokens.
+    for (const auto& [id, a] : in_flight_) lost_.push_back(id);
+    in_flight_.clear();
+    load_of_.clear();
+    std::fprintf(stderr, "msinfer: router: restarted in %.2f s; resubmitting %zu request(s)\n",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                 lost_.size());
+    std::vector<TokenEvent> failures;
+    s = settle_lost(&failures);
+    for (auto& e : failures) failed_.push_back(std::move(e));
+    if (!s.ok() && restart_why_.empty()) return s;
   }
+  return ok_status();
+}
+
+bool Router::tolerates_attention_loss() const {
+  return c_.tp_attention == 1 &&
+         (c_.tp_expert == 1 || c_.tp_expert_reduce == ExpertReduce::kAttentionSum);
+}
+
+int Router::live_attention_workers() const {
+  int n = 0;
+  for (int a = 0; a < c_.attention_workers; ++a) n += lead(a).dead ? 0 : 1;
+  return n;
+}
+
+pid_t Router::pid_of(const std::string& role, int index) const {
+  for (const Worker& w : workers_) {
+    if (w.role == role && w.index == index && w.tp_rank == 0) return w.dead ? -1 : w.pid;
+  }
+  return -1;
+}
+
+void Router::drop_attention_worker(int a, const std::string& why) {
+  Worker& w = lead(a);
+  w.dead = true;
+  if (w.in >= 0) ::close(w.in);
+  if (w.out >= 0 && w.out != w.in) ::close(w.out);
+  w.in = w.out = -1;
+  w.load = 0;
+  std::fprintf(stderr, "msinfer: router: %s; %d attention worker(s) go on%s\n", why.c_str(),
+               live_attention_workers(),
+               c_.resubmit ? ", its requests are resubmitted to them" : "");
+  // The expert processes stop waiting for it (a closed pipe here is an
+  // expert's death, which the next check reports).
+  const std::string drop = Json{{"op", "drop_attention"}, {"worker", a}}.dump();
+  for (Worker& e : workers_) {
+    if (e.role == "expert" && e.in >= 0) write_line(e.in, drop);
+  }
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    if (it->second != a) {
+      ++it;
+      continue;
+    }
+    const int64_t id = it->first;
+    load_of_.erase(id);
+    it = in_flight_.erase(it);
+    if (c_.resubmit) {
+      lost_.push_back(id);
+      continue;
+    }
+    requests_.erase(id);
+    TokenEvent ev;
+    ev.request_id = id;
+    ev.finished = true;
+    ev.finish_reason = "error";
+    ev.error = "request " + std::to_string(id) + " was lost: " + why;
+    failed_.push_back(std::move(ev));
+  }
+}
+
+Status Router::settle_lost(std::vector<TokenEvent>* events) {
+  // submit() may find another worker dead and add to lost_ and failed_.
+  while (!lost_.empty()) {
+    const int64_t id = lost_.back();
+    lost_.pop_back();
+    auto t = requests_.find(id);
+    if (t == requests_.end()) continue;  // cancelled meanwhile
+    GenerationRequest r = t->second.request;
+    r.prompt.insert(r.prompt.end(), t->second.delivered.begin(), t->second.delivered.end());
+    r.sampling.max_tokens -= static_cast<int>(t->second.delivered.size());
+    Status s = submit(r);
+    if (s.ok()) continue;
+    if (!restart_why_.empty()) {  // recover() resubmits it after the restart
+      lost_.push_back(id);
+      return s;
+    }
+    MSI_RETURN_IF_ERROR(stopped_);  // the deployment stopped: every request fails with it
+    requests_.erase(t);
+    TokenEvent ev;
+    ev.request_id = id;
+    ev.finished = true;
+    ev.finish_reason = "error";
+    ev.error = "request " + std::to_string(id) + " could not be resubmitted: " + s.message();
+    failed_.push_back(std::move(ev));
+  }
+  for (auto& ev : failed_) events->push_back(std::move(ev));
+  failed_.clear();
+  return ok_status();
+}
+
+Status Router::add(const GenerationRequest& r) {
+  MSI_RETURN_IF_ERROR(stopped_);
+  Status s = submit(r);
+  if (!s.ok() && !restart_why_.empty()) {
+    MSI_RETURN_IF_ERROR(recover());
+    s = submit(r);
+  }
+  MSI_RETURN_IF_ERROR(s);
+  requests_[r.id] = Tracked{r, {}};
+  return ok_status();
+}
+
+Status Router::submit(const GenerationRequest& r) {
+  if (!restart_why_.empty())
+    return Status(StatusCode::kUnavailable, "the deployment is restarting");
+  // The live attention worker with the least load; one that dies while
+  // taking the request is dropped and the next one tried.
+  int best = -1;
+  for (int a = 0; a < c_.attention_workers; ++a) {
+    if (!lead(a).dead && (best < 0 || lead(a).load < lead(best).load)) best = a;
+  }
+  if (best < 0) return Status(StatusCode::kUnavailable, "no attention worker is alive");
   Json j{{"op", "add"},
          {"id", r.id},
          {"prompt", r.prompt},
@@ -463,10 +676,15 @@ Status Router::add(const GenerationRequest& r) {
          {"frequency_penalty", r.sampling.frequency_penalty},
          {"presence_penalty", r.sampling.presence_penalty},
          {"logprobs", r.sampling.logprobs}};
-  MSI_RETURN_IF_ERROR(send_command(lead(best), j.dump()));
-  MSI_ASSIGN_OR_RETURN(std::string line, read_answer(lead(best), std::chrono::milliseconds(-1),
-                                                     StatusCode::kDeadlineExceeded, ""));
-  MSI_ASSIGN_OR_RETURN(Json ans, parse_json(line, name_of(lead(best))));
+  Status sent = send_command(lead(best), j.dump());
+  StatusOr<std::string> line = sent.ok() ? read_answer(lead(best), std::chrono::milliseconds(-1),
+                                                       StatusCode::kDeadlineExceeded, "")
+                                         : StatusOr<std::string>(sent);
+  if (!line.ok()) {
+    if (lead(best).dead) return submit(r);  // it died: try the others
+    return line.status();
+  }
+  MSI_ASSIGN_OR_RETURN(Json ans, parse_json(*line, name_of(lead(best))));
   if (ans.contains("refused")) {
     return Status(StatusCode::kResourceExhausted, ans.value("error", std::string("refused")));
   }
@@ -478,16 +696,39 @@ Status Router::add(const GenerationRequest& r) {
 }
 
 Status Router::cancel(int64_t id) {
+  Status s = cancel_once(id);
+  if (s.ok() || restart_why_.empty()) return s;
+  MSI_RETURN_IF_ERROR(recover());
+  return cancel_once(id);
+}
+
+Status Router::cancel_once(int64_t id) {
+  requests_.erase(id);  // a lost request waiting for resubmission goes with it
+  auto forget = [&] {
+    lost_.erase(std::remove(lost_.begin(), lost_.end(), id), lost_.end());
+    failed_.erase(std::remove_if(failed_.begin(), failed_.end(),
+                                 [&](const TokenEvent& e) { return e.request_id == id; }),
+                  failed_.end());
+  };
   auto it = in_flight_.find(id);
-  if (it == in_flight_.end()) return ok_status();
+  if (it == in_flight_.end()) {
+    forget();
+    return ok_status();
+  }
   Worker& w = lead(it->second);
-  MSI_RETURN_IF_ERROR(send_command(w, Json{{"op", "cancel"}, {"id", id}}.dump()));
-  MSI_ASSIGN_OR_RETURN(std::string line,
-                       read_answer(w, std::chrono::milliseconds(c_.timeout_ms),
-                                   StatusCode::kDeadlineExceeded, "did not answer a cancel"));
-  MSI_ASSIGN_OR_RETURN(Json ans, parse_json(line, name_of(w)));
+  Status sent = send_command(w, Json{{"op", "cancel"}, {"id", id}}.dump());
+  StatusOr<std::string> line =
+      sent.ok() ? read_answer(w, std::chrono::milliseconds(c_.timeout_ms),
+                              StatusCode::kDeadlineExceeded, "did not answer a cancel")
+                : StatusOr<std::string>(sent);
+  if (!line.ok() && w.dead) {  // it died meanwhile: the request went with it
+    forget();
+    return ok_status();
+  }
+  MSI_RETURN_IF_ERROR(line.status());
+  MSI_ASSIGN_OR_RETURN(Json ans, parse_json(*line, name_of(w)));
   if (!ans.contains("cancelled")) {
-    return internal_error(name_of(w) + ": expected cancelled, got " + line);
+    return internal_error(name_of(w) + ": expected cancelled, got " + *line);
   }
   w.kv_usage = ans.value("kv_usage", w.kv_usage);
   w.load -= load_of_[id];
@@ -498,8 +739,9 @@ Status Router::cancel(int64_t id) {
 
 double Router::kv_usage() const {
   double s = 0;
-  for (int a = 0; a < c_.attention_workers; ++a) s += lead(a).kv_usage;
-  return c_.attention_workers > 0 ? s / c_.attention_workers : 0;
+  for (int a = 0; a < c_.attention_workers; ++a) s += lead(a).dead ? 0 : lead(a).kv_usage;
+  const int live = live_attention_workers();
+  return live > 0 ? s / live : 0;
 }
 
 int64_t Router::preemptions() const {
@@ -510,15 +752,32 @@ int64_t Router::preemptions() const {
 
 StatusOr<std::vector<TokenEvent>> Router::step() {
   std::vector<TokenEvent> events;
+  Status s = step_once(&events);
+  if (!s.ok()) {
+    if (restart_why_.empty()) return s;
+    MSI_RETURN_IF_ERROR(recover());  // the events delivered before the death stand
+  }
+  return events;
+}
+
+Status Router::step_once(std::vector<TokenEvent>* events) {
+  MSI_RETURN_IF_ERROR(stopped_);
+  MSI_RETURN_IF_ERROR(settle_lost(events));
+  std::vector<char> stepping(static_cast<size_t>(c_.attention_workers), 0);
   for (int a = 0; a < c_.attention_workers; ++a) {
-    MSI_RETURN_IF_ERROR(send_command(lead(a), R"({"op": "step"})"));
+    if (lead(a).dead) continue;
+    Status s = send_command(lead(a), R"({"op": "step"})");
+    if (!s.ok() && !lead(a).dead) return s;
+    stepping[static_cast<size_t>(a)] = s.ok();
   }
   for (int a = 0; a < c_.attention_workers; ++a) {
+    if (!stepping[static_cast<size_t>(a)]) continue;
     // A step waits at most the M2N timeout per layer; check for dead workers while waiting.
-    MSI_ASSIGN_OR_RETURN(std::string line,
-                         read_answer(lead(a), std::chrono::milliseconds(c_.timeout_ms * 4 + 10000),
-                                     StatusCode::kDeadlineExceeded, "did not answer a step"));
-    MSI_ASSIGN_OR_RETURN(Json j, parse_json(line, name_of(lead(a))));
+    auto line = read_answer(lead(a), std::chrono::milliseconds(c_.timeout_ms * 4 + 10000),
+                            StatusCode::kDeadlineExceeded, "did not answer a step");
+    if (!line.ok() && lead(a).dead) continue;  // dropped: its requests are settled below
+    MSI_RETURN_IF_ERROR(line.status());
+    MSI_ASSIGN_OR_RETURN(Json j, parse_json(*line, name_of(lead(a))));
     if (j.contains("error")) {
       shutdown();
       return Status(StatusCode::kUnavailable, j["error"].get<std::string>());
@@ -535,6 +794,10 @@ StatusOr<std::vector<TokenEvent>> Router::step() {
         ev.logprob = e["logprob"].get<float>();
         ev.top_logprobs = e["top"].get<std::vector<std::pair<int32_t, float>>>();
       }
+      if (auto t = requests_.find(ev.request_id); t != requests_.end()) {
+        t->second.delivered.push_back(ev.token);
+        if (ev.finished) requests_.erase(t);
+      }
       if (ev.finished) {
         in_flight_.erase(ev.request_id);
         auto l = load_of_.find(ev.request_id);
@@ -543,18 +806,27 @@ StatusOr<std::vector<TokenEvent>> Router::step() {
           load_of_.erase(l);
         }
       }
-      events.push_back(ev);
+      events->push_back(ev);
     }
   }
-  return events;
+  return settle_lost(events);
 }
 
 StatusOr<std::vector<Json>> Router::stats(bool reset) {
+  auto s = stats_once(reset);
+  if (s.ok() || restart_why_.empty()) return s;
+  MSI_RETURN_IF_ERROR(recover());
+  return stats_once(reset);
+}
+
+StatusOr<std::vector<Json>> Router::stats_once(bool reset) {
   for (auto& w : workers_) {
+    if (w.dead) continue;
     MSI_RETURN_IF_ERROR(send_command(w, Json{{"op", "stats"}, {"reset", reset}}.dump()));
   }
   std::vector<Json> out;
   for (auto& w : workers_) {
+    if (w.dead) continue;
     MSI_ASSIGN_OR_RETURN(std::string line,
                          read_answer(w, std::chrono::milliseconds(c_.timeout_ms),
                                      StatusCode::kDeadlineExceeded, "did not report its stats"));
@@ -575,6 +847,10 @@ std::string Router::describe() const {
   for (const auto& w : workers_) {
     char rss[64];
     std::snprintf(rss, sizeof(rss), ", RSS %.0f MiB", w.rss_mb);
+    if (w.dead) {
+      s += name_of(w) + ": dead\n";
+      continue;
+    }
     s += name_of(w) + ": " + (w.where.empty() ? "pid " + std::to_string(w.pid) : w.where) + rss +
          "\n";
   }

@@ -34,9 +34,8 @@ class EngineBackend final : public GenerationBackend {
 
 class RouterBackend final : public GenerationBackend {
  public:
-  RouterBackend(std::unique_ptr<runtime::Router> r, runtime::Placement placement, int layers,
-                int experts)
-      : r_(std::move(r)), placement_(std::move(placement)), layers_(layers), experts_(experts) {}
+  RouterBackend(std::unique_ptr<runtime::Router> r, int layers, int experts)
+      : r_(std::move(r)), layers_(layers), experts_(experts) {}
   Status add(const runtime::GenerationRequest& r) override { return r_->add(r); }
   StatusOr<std::vector<runtime::TokenEvent>> step() override { return r_->step(); }
   Status cancel(int64_t id) override { return r_->cancel(id); }
@@ -47,14 +46,13 @@ class RouterBackend final : public GenerationBackend {
   int64_t preemptions() const override { return r_->preemptions(); }
   StatusOr<std::vector<Json>> worker_stats() override { return r_->stats(/*reset=*/false); }
   StatusOr<Json> routing(const std::vector<Json>& workers) override {
-    MSI_ASSIGN_OR_RETURN(auto stats,
-                         runtime::RoutingStats::from_workers(workers, placement_, layers_, experts_));
+    MSI_ASSIGN_OR_RETURN(auto stats, runtime::RoutingStats::from_workers(workers, r_->placement(),
+                                                                         layers_, experts_));
     return stats.to_json();
   }
 
  private:
   std::unique_ptr<runtime::Router> r_;
-  runtime::Placement placement_;
   int layers_, experts_;
 };
 
@@ -63,10 +61,9 @@ class RouterBackend final : public GenerationBackend {
 std::unique_ptr<GenerationBackend> engine_backend(std::unique_ptr<runtime::Engine> e) {
   return std::make_unique<EngineBackend>(std::move(e));
 }
-std::unique_ptr<GenerationBackend> router_backend(std::unique_ptr<runtime::Router> r,
-                                                  runtime::Placement placement, int layers,
+std::unique_ptr<GenerationBackend> router_backend(std::unique_ptr<runtime::Router> r, int layers,
                                                   int experts) {
-  return std::make_unique<RouterBackend>(std::move(r), std::move(placement), layers, experts);
+  return std::make_unique<RouterBackend>(std::move(r), layers, experts);
 }
 
 }  // namespace msinfer::server

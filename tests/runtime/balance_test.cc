@@ -250,5 +250,34 @@ TEST(SplitRowsTest, LargestReplicatedExpertFirst) {
   }
 }
 
+// A dead expert worker's replicas leave the placement: the others share its
+// tokens in their old proportions, higher workers move down, and an expert
+// with no other replica is named.
+TEST(PlacementWithoutTest, SurvivingReplicasTakeOverAndWorkersMoveDown) {
+  auto p = Placement::from_json(
+      Json::parse(R"({"expert_workers": 3, "experts": [[[0, 0.5], [1, 0.5]], [[1, 0.2], [2, 0.6],
+                  [0, 0.2]], 2, [[2, 0.5], [0, 0.5]]]})"),
+      4, "test");
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  auto q = p->without(1);
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  EXPECT_EQ(q->workers, 2);
+  ASSERT_EQ(q->replicas[0].size(), 1u);
+  EXPECT_EQ(q->replicas[0][0].first, 0);
+  EXPECT_DOUBLE_EQ(q->replicas[0][0].second, 1.0);
+  ASSERT_EQ(q->replicas[1].size(), 2u);
+  EXPECT_EQ(q->replicas[1][0].first, 1);  // worker 2 is now 1
+  EXPECT_DOUBLE_EQ(q->replicas[1][0].second, 0.75);
+  EXPECT_EQ(q->replicas[1][1].first, 0);
+  EXPECT_DOUBLE_EQ(q->replicas[1][1].second, 0.25);
+  EXPECT_EQ(q->replicas[2][0].first, 1);
+  EXPECT_TRUE(q->validate(4).ok());
+  auto orphan = p->without(2);  // expert 2 lives on worker 2 only
+  EXPECT_EQ(orphan.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(orphan.status().message().find("expert(s) 2 have no replica"), std::string::npos)
+      << orphan.status().message();
+  EXPECT_EQ(p->without(3).status().code(), StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace msinfer::runtime

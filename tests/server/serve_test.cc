@@ -353,6 +353,53 @@ TEST_F(ServeTest, OpenAiClientDisaggregatedGreedyEqualsGenerate) {
   if (HasFailure()) ADD_FAILURE() << "server stderr:\n" << s.stderr_text();
 }
 
+// An attention worker dies under serve (docs/RUNTIME.md, "Failures"): the
+// request it held ends with an SSE error event naming it, the other stream
+// finishes, /health stays 200 and new requests are served; with --resubmit
+// both streams finish. No curl or node needed: raw sockets on loopback.
+TEST_F(ServeTest, ADeadAttentionWorkerFailsOnlyItsOwnStream) {
+  for (const bool resubmit : {false, true}) {
+    SCOPED_TRACE(resubmit ? "--resubmit" : "without --resubmit");
+    Server s(std::string("--attention-workers 2 --expert-workers 1 --micro-batches 1") +
+             (resubmit ? " --resubmit" : ""));
+    ASSERT_GT(s.port(), 0) << s.stderr_text();
+    const std::string err = s.stderr_text();
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(err, m, std::regex("attention worker 1: pid ([0-9]+)"))) << err;
+    const pid_t victim = std::stoi(m[1]);
+    // Equal loads: the first request goes to attention worker 0, the second to 1.
+    const std::string body =
+        R"({"prompt": "Hello", "max_tokens": 400, "ignore_eos": true, "stream": true})";
+    std::vector<int> fds;
+    std::vector<std::string> streams(2);
+    for (int i = 0; i < 2; ++i) {
+      fds.push_back(
+          testing::send_request(s.port(), testing::post_request("/v1/completions", body)));
+      ASSERT_GE(fds.back(), 0);
+      // Its first token: the request is on a worker.
+      streams[i] = testing::read_from(fds.back(), std::chrono::seconds(30), "\"text\"");
+      ASSERT_NE(streams[i].find("\"text\""), std::string::npos) << streams[i];
+    }
+    ASSERT_EQ(::kill(victim, SIGKILL), 0);
+    int errors = 0;
+    for (int i = 0; i < 2; ++i) {
+      streams[i] += testing::read_from(fds[i], std::chrono::seconds(60), "[DONE]");
+      ::close(fds[i]);
+      EXPECT_NE(streams[i].find("data: [DONE]"), std::string::npos) << streams[i];
+      if (streams[i].find("\"error\"") != std::string::npos) {
+        ++errors;
+        EXPECT_NE(streams[i].find("attention worker 1"), std::string::npos) << streams[i];
+      }
+    }
+    EXPECT_EQ(errors, resubmit ? 0 : 1);
+    EXPECT_EQ(curl(s.url() + "/health").status, 200);
+    EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})").status, 200);
+    EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
+    EXPECT_NE(::kill(victim, 0), 0);
+    if (HasFailure()) ADD_FAILURE() << "server stderr:\n" << s.stderr_text();
+  }
+}
+
 // --stream-interval N: the stream's text arrives in chunks of N tokens (the
 // last may be shorter), and adds up to the same greedy text as one JSON answer.
 TEST_F(ServeTest, StreamIntervalGroupsTokens) {

@@ -260,6 +260,9 @@ int run_bench_serve(int argc, char** argv) {
     if (!events.ok()) return report_error("bench serve", events.status());
     const double now = std::chrono::duration<double>(clock::now() - t0).count();
     for (const auto& ev : *events) {
+      if (ev.finish_reason == "error") {  // a benchmark with a lost request has no figures
+        return report_error("bench serve", Status(StatusCode::kUnavailable, ev.error));
+      }
       auto& t = times[ev.request_id];
       if (t.empty())
         ++first_tokens;
@@ -287,7 +290,7 @@ int run_bench_serve(int argc, char** argv) {
     auto st = router->stats(/*reset=*/true);
     if (!st.ok()) return report_error("bench serve", st.status());
     workers = *st;
-    routing = runtime::RoutingStats::from_workers(workers, config->placement, model->layers,
+    routing = runtime::RoutingStats::from_workers(workers, router->placement(), model->layers,
                                                   model->experts);
   } else {
     routing = runtime::RoutingStats::from_window(*engine->routing());

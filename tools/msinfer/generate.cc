@@ -144,13 +144,11 @@ int run_generate(int argc, char** argv) {
   sp.stop_token_ids = stop_ids;
   std::unique_ptr<runtime::Engine> engine;
   std::unique_ptr<runtime::Router> router;
-  runtime::Placement placement;
   if (disaggregated) {
     auto d = start_deployment(flags);
     if (!d.ok()) return report_error("generate", d.status());
     if (d->worker_rank > 0) return worker_rank_exit_code(*d);
     router = std::move(d->router);
-    placement = d->config.placement;
     s = router->add(req);
   } else {
     auto e = runtime::Engine::create(w, colocated_engine_options(flags));
@@ -187,6 +185,9 @@ int run_generate(int argc, char** argv) {
                       " tokens generated");
     }
     for (const auto& ev : *events) {
+      if (ev.finish_reason == "error") {
+        return report_error("generate", Status(StatusCode::kUnavailable, ev.error));
+      }
       token_times.push_back(std::chrono::duration<double>(clock::now() - t0).count());
       out_ids.push_back(ev.token);
       if (stream && !json) {
@@ -218,7 +219,7 @@ int run_generate(int argc, char** argv) {
     auto mc = load_model_config(dir);
     if (!ws.ok()) return report_error("generate", ws.status());
     if (!mc.ok()) return report_error("generate", mc.status());
-    routing = runtime::RoutingStats::from_workers(*ws, placement, mc->layers, mc->experts);
+    routing = runtime::RoutingStats::from_workers(*ws, router->placement(), mc->layers, mc->experts);
   } else {
     routing = runtime::RoutingStats::from_window(*engine->routing());
   }

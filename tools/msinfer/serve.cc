@@ -195,8 +195,7 @@ int run_serve(int argc, char** argv) {
       return report_error("serve", d.status());
     }
     if (d->worker_rank > 0) return worker_rank_exit_code(*d);
-    backend = server::router_backend(std::move(d->router), d->config.placement,
-                                     static_cast<int>(config->layers),
+    backend = server::router_backend(std::move(d->router), static_cast<int>(config->layers),
                                      static_cast<int>(config->experts));
   } else {
     model::LoadOptions lo;

@@ -31,6 +31,14 @@ void add_deployment_flags(FlagSet& flags) {
                    "MSINFER_FABRIC_PROVIDER");
   flags.add_int("timeout-ms", 10000, 100, 3600000,
                 "M2N timeout: a worker silent this long is reported failed");
+  flags.add_bool("resubmit",
+                 "when an attention worker dies, resubmit its requests to another one (prompt\n"
+                 "plus the tokens delivered; greedy output unchanged) instead of failing them");
+  flags.add_bool("respawn",
+                 "when a worker dies and the deployment cannot go on without it, restart the\n"
+                 "workers with a replacement and resubmit every request in flight (at most 3\n"
+                 "restarts); an expert worker whose experts all have replicas elsewhere is\n"
+                 "left out instead, with or without this flag");
   flags.add_int("tp-expert", 0, 0, runtime::Placement::kMaxTp,
                 "expert tensor parallelism: processes (shards) per expert worker; each holds\n"
                 "1/tp of its experts' FFN (default: the placement's tp_expert, else 1)");
@@ -73,6 +81,13 @@ Status check_deployment_flags(const FlagSet& flags) {
         "--tp-expert, --tp-expert-reduce and --tp-attention need --attention-workers and "
         "--expert-workers, or --plan");
   }
+  for (const char* f : {"resubmit", "respawn"}) {
+    if (flags.get_bool(f) && !deployment_requested(flags)) {
+      return invalid_argument(std::string("--") + f +
+                              " needs a disaggregated deployment (--attention-workers and "
+                              "--expert-workers, or --plan)");
+    }
+  }
   if (!flags.get_string("placement").empty() && !deployment_requested(flags)) {
     return invalid_argument(
         "--placement needs --attention-workers and --expert-workers, or --plan");
@@ -109,6 +124,8 @@ StatusOr<runtime::WorkerConfig> process_config_from_flags(const FlagSet& flags) 
   if (c.provider.empty()) c.provider = comm::launched_by_mpi() ? "socket" : "direct";
   c.timeout_ms = static_cast<int>(flags.get_int("timeout-ms"));
   if (c.timeout_ms < 100) return invalid_argument("--timeout-ms must be >= 100");
+  c.resubmit = flags.get_bool("resubmit");
+  c.respawn = flags.get_bool("respawn");
   MSI_ASSIGN_OR_RETURN(c.weights, apply_engine_flags(flags));
   const std::string& device = flags.get_string("device");
   c.attention_device =

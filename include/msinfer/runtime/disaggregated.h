@@ -56,6 +56,11 @@ struct Placement {
   static constexpr int64_t kMaxExpertWorkers = 4096;
   static StatusOr<Placement> from_json(const Json& j, int experts, const std::string& source);
   std::vector<int> experts_on(int worker) const;  // ascending
+  // The placement once expert worker `worker` is gone: its replicas are
+  // removed, the other replicas of each expert share its tokens in their old
+  // proportions, workers above it move down by one. FAILED_PRECONDITION
+  // naming the experts that had no other replica.
+  StatusOr<Placement> without(int worker) const;
   Json to_json() const;
   std::string describe() const;  // "expert worker 0: experts 0, 3 (x0.5); ..."
   Status validate(int experts) const;
@@ -89,6 +94,12 @@ struct WorkerConfig {
   std::string attention_device = "cpu", expert_device = "cpu";  // runtime/device_backend.h
   // EngineOptions::attention_cost_per_token / _per_position (0: from the model).
   double attention_cost_per_token = 0, attention_cost_per_position = 0;
+  // The router's: the requests of an attention worker that died go to
+  // another one (prompt + tokens delivered) instead of failing.
+  bool resubmit = false;
+  // The router's: a worker death it cannot survive otherwise restarts the
+  // deployment with the same shape (a replacement for the dead worker).
+  bool respawn = false;
 };
 
 // Joins the deployment (bootstrap ranks: attention processes first, then expert

@@ -12,7 +12,18 @@
 // The router sees n_a attention workers: it adds, cancels and steps at each
 // replica's rank 0 only (one scheduler and KV allocator per replica); every
 // process, tp ranks included, is watched and named when it dies. Workers reach the router over TCP.
-// A worker that dies fails every in-flight request with an error naming it.
+// Failures (docs/RUNTIME.md, "Failures"): an attention worker that dies
+// (without attention tensor parallelism, and with expert shards that each
+// answer the attention side) is dropped: the expert workers are told to serve
+// the others, and its requests end with an error event naming it or, with
+// WorkerConfig::resubmit, go to another attention worker with their prompt
+// plus the tokens already delivered. A deployment this router forked
+// survives an expert worker's death when every expert it held has a replica
+// on another worker, and any death with WorkerConfig::respawn: it restarts
+// its workers (without the dead one, or with a replacement) and resubmits
+// every request in flight the same way (at most kMaxRestarts times). Any
+// other death fails every in-flight request with an error naming the process
+// and stops the deployment.
 #pragma once
 
 #include <sys/types.h>
@@ -39,11 +50,14 @@ class Router {
   ~Router();
 
   Status add(const GenerationRequest& r);
+  // One step of every live attention worker. A request that was lost with a
+  // dead attention worker (and not resubmitted) ends here with an event whose
+  // finish_reason is "error" (no token; `error` says why).
   StatusOr<std::vector<TokenEvent>> step();
   // Removes request `id` from its attention worker (freeing its KV blocks);
   // it produces no more events.
   Status cancel(int64_t id);
-  bool idle() const { return in_flight_.empty(); }
+  bool idle() const { return in_flight_.empty() && lost_.empty() && failed_.empty(); }
   int64_t in_flight() const { return static_cast<int64_t>(in_flight_.size()); }
   // As of the last step: the attention workers' mean KV cache usage (0..1),
   // and their preemptions so far.
@@ -51,9 +65,21 @@ class Router {
   int64_t preemptions() const;
   // One line per worker: role, index, pid (or rank, host, address), RSS.
   std::string describe() const;
-  // Every worker's WorkerStats since the last reset ({"role", "index", ...}),
-  // attention workers first; call between steps. reset starts a new window.
+  // Every live worker's WorkerStats since the last reset ({"role", "index",
+  // ...}), attention workers first; call between steps. reset starts a new
+  // window.
   StatusOr<std::vector<Json>> stats(bool reset);
+  // The process of attention worker `a` (its rank 0) or expert worker `a`
+  // (shard 0), for tests that kill one; -1 under a launcher or once dead.
+  pid_t pid_of(const std::string& role, int index) const;
+  // Attention workers still serving.
+  int live_attention_workers() const;
+  // Expert workers now (fewer after a restart without a dead one), and the
+  // restarts so far (docs/RUNTIME.md, "Failures").
+  int expert_workers() const { return c_.expert_workers; }
+  const Placement& placement() const { return c_.placement; }
+  int restarts() const { return restarts_; }
+  static constexpr int kMaxRestarts = 3;
 
  private:
   struct Worker {
@@ -68,8 +94,16 @@ class Router {
     double rss_mb = 0;
     double kv_usage = 0;
     int64_t preemptions = 0;
+    bool dead = false;  // an attention worker that died and was dropped
+  };
+  // What the router keeps of a request to resubmit it: the request and the
+  // tokens delivered so far.
+  struct Tracked {
+    GenerationRequest request;
+    std::vector<int32_t> delivered;
   };
   Router() = default;
+  Status spawn();
   Status wait_ready();
   // Writes one command line to `w`; a closed channel is reported as the
   // worker's death when it died, else as "gone".
@@ -77,7 +111,27 @@ class Router {
   StatusOr<std::string> read_answer(Worker& w, std::chrono::milliseconds timeout, StatusCode code,
                                     const std::string& late);
   Status check_children();
-  void shutdown();
+  // After a death check_children() chose to recover from (restart_why_ set,
+  // every worker stopped): starts the workers again, without the dead expert
+  // worker (its experts on their replicas) or, with respawn, as they were,
+  // and resubmits every request in flight from prompt + delivered tokens.
+  Status recover();
+  bool can_recover(const Worker& w) const;
+  Status step_once(std::vector<TokenEvent>* events);
+  Status cancel_once(int64_t id);
+  StatusOr<std::vector<Json>> stats_once(bool reset);
+  // Attention worker `a` died (`why`): the expert processes stop waiting for
+  // it, its requests are queued for resubmission or failed.
+  void drop_attention_worker(int a, const std::string& why);
+  bool tolerates_attention_loss() const;
+  // Sends `r` to the live attention worker with the least load.
+  Status submit(const GenerationRequest& r);
+  // Resubmits (or fails) the requests of dropped workers; moves the failures
+  // into `events`. An error when the deployment stopped meanwhile.
+  Status settle_lost(std::vector<TokenEvent>* events);
+  // Stops every worker: asks them to exit and waits up to 2 s each, or
+  // (graceful false) kills them at once.
+  void shutdown(bool graceful = true);
   std::string name_of(const Worker& w) const;
   // Rank 0 of attention replica a: the one the router talks to.
   Worker& lead(int a) { return workers_[static_cast<size_t>(a) * c_.tp_attention]; }
@@ -85,9 +139,18 @@ class Router {
 
   WorkerConfig c_;
   std::unique_ptr<comm::BootstrapServer> server_;
-  std::vector<Worker> workers_;         // attention workers first
-  std::map<int64_t, int> in_flight_;    // request id -> attention worker
-  std::map<int64_t, int64_t> load_of_;  // request id -> its share of the worker's load
+  std::vector<Worker> workers_;          // attention workers first
+  std::map<int64_t, int> in_flight_;     // request id -> attention worker
+  std::map<int64_t, int64_t> load_of_;   // request id -> its share of the worker's load
+  std::map<int64_t, Tracked> requests_;  // every request in flight
+  std::vector<int64_t> lost_;            // requests of a dropped worker, to resubmit
+  std::vector<TokenEvent> failed_;       // their error events, for the next step()
+  Status stopped_ = ok_status();         // why the deployment was stopped, once it was
+  std::string exe_, placement_file_;     // start(): how to start the workers again
+  std::string own_placement_file_;       // written for a restart; removed at the end
+  std::string restart_why_;              // a death to recover from, until recover()
+  int restart_without_ = -1;             // the dead expert worker to leave out, or -1
+  int restarts_ = 0;
 };
 
 // Ranks 1.. of a launcher's job: takes the role of `launcher`'s rank (ranks

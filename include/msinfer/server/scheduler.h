@@ -48,9 +48,9 @@ class GenerationBackend {
 };
 
 std::unique_ptr<GenerationBackend> engine_backend(std::unique_ptr<runtime::Engine> e);
-// `placement`, `layers` and `experts` read the expert workers' routing windows.
-std::unique_ptr<GenerationBackend> router_backend(std::unique_ptr<runtime::Router> r,
-                                                  runtime::Placement placement, int layers,
+// `layers` and `experts` (and the router's current placement) read the expert
+// workers' routing windows.
+std::unique_ptr<GenerationBackend> router_backend(std::unique_ptr<runtime::Router> r, int layers,
                                                   int experts);
 
 // Receives one request's tokens. Called on the engine thread: implementations
