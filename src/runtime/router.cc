@@ -38,6 +38,16 @@ struct Role {
   int tp_rank;  // the process within its tp group (0 without tensor parallelism)
   const char* name() const { return attention ? "attention" : "expert"; }
 };
+// The one event of a request the deployment lost (TokenEvent::error).
+TokenEvent error_event(int64_t id, std::string why) {
+  TokenEvent ev;
+  ev.request_id = id;
+  ev.finished = true;
+  ev.finish_reason = "error";
+  ev.error = std::move(why);
+  return ev;
+}
+
 Role role_of(const WorkerConfig& c, int r) {
   if (r < c.attention_processes()) return Role{true, r / c.tp_attention, r % c.tp_attention};
   const int e = r - c.attention_processes();
@@ -602,12 +612,7 @@ void Router::drop_attention_worker(int a, const std::string& why) {
       continue;
     }
     requests_.erase(id);
-    TokenEvent ev;
-    ev.request_id = id;
-    ev.finished = true;
-    ev.finish_reason = "error";
-    ev.error = "request " + std::to_string(id) + " was lost: " + why;
-    failed_.push_back(std::move(ev));
+    failed_.push_back(error_event(id, "request " + std::to_string(id) + " was lost: " + why));
   }
 }
 
@@ -629,12 +634,8 @@ Status Router::settle_lost(std::vector<TokenEvent>* events) {
     }
     MSI_RETURN_IF_ERROR(stopped_);  // the deployment stopped: every request fails with it
     requests_.erase(t);
-    TokenEvent ev;
-    ev.request_id = id;
-    ev.finished = true;
-    ev.finish_reason = "error";
-    ev.error = "request " + std::to_string(id) + " could not be resubmitted: " + s.message();
-    failed_.push_back(std::move(ev));
+    failed_.push_back(error_event(
+        id, "request " + std::to_string(id) + " could not be resubmitted: " + s.message()));
   }
   for (auto& ev : failed_) events->push_back(std::move(ev));
   failed_.clear();
