@@ -222,13 +222,17 @@ Status Router::send_command(Worker& w, const std::string& command) {
 }
 
 // The worker's next line; while waiting, a worker that died is reported (and
-// everything stopped) instead. A negative timeout waits as long as it takes.
+// everything stopped, or it dropped or the deployment restarted) instead. A
+// negative timeout waits as long as it takes. The children are looked at
+// every 50 ms: a dead attention worker holds the others up that long at
+// most before the expert workers are told to drop it (measured 0.2 s per
+// death with 200 ms, docs/BENCHMARKS.md).
 StatusOr<std::string> Router::read_answer(Worker& w, std::chrono::milliseconds timeout,
                                           StatusCode code, const std::string& late) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::string line;
   while (timeout.count() < 0 || std::chrono::steady_clock::now() < deadline) {
-    if (!w.dead && read_line(w.out, &w.buf, &line, 200)) return line;
+    if (!w.dead && read_line(w.out, &w.buf, &line, 50)) return line;
     MSI_RETURN_IF_ERROR(check_children());
     if (w.dead) return Status(StatusCode::kUnavailable, name_of(w) + " died");
   }
