@@ -496,11 +496,6 @@ Status Router::check_children() {
   return ok_status();
 }
 
-// Dropping one attention worker leaves the others' exchange with the expert
-// workers intact when the worker is one process (no attention tp group whose
-// other ranks would wait for it) and each expert shard answers the attention
-// workers itself (under allreduce, shard 0 checks the row counts of its
-// shards' partials, and shards could disagree on the step the worker left).
 // A death the router recovers from by restarting its workers (only those it
 // forked: a launcher's ranks are not its to start): any, with --respawn; an
 // expert worker's, when every expert it held has a replica on another one.
@@ -569,6 +564,11 @@ Status Router::recover() {
   return ok_status();
 }
 
+// Dropping one attention worker leaves the others' exchange with the expert
+// workers intact when the worker is one process (no attention tp group whose
+// other ranks would wait for it) and each expert shard answers the attention
+// workers itself (under allreduce, shard 0 checks the row counts of its
+// shards' partials, and shards could disagree on the step the worker left).
 bool Router::tolerates_attention_loss() const {
   return c_.tp_attention == 1 &&
          (c_.tp_expert == 1 || c_.tp_expert_reduce == ExpertReduce::kAttentionSum);
