@@ -239,6 +239,12 @@ StatusOr<std::string> Router::read_answer(Worker& w, std::chrono::milliseconds t
   return Status(code, name_of(w) + " " + late);
 }
 
+StatusOr<std::string> Router::ask(Worker& w, const std::string& command,
+                                  std::chrono::milliseconds timeout, const std::string& late) {
+  MSI_RETURN_IF_ERROR(send_command(w, command));
+  return read_answer(w, timeout, StatusCode::kDeadlineExceeded, late);
+}
+
 std::string Router::name_of(const Worker& w) const {
   if (w.role == "expert") return expert_process_name(w.index, w.tp_rank, c_.tp_expert);
   return attention_process_name(w.index, w.tp_rank, c_.tp_attention);
@@ -681,10 +687,7 @@ Status Router::submit(const GenerationRequest& r) {
          {"frequency_penalty", r.sampling.frequency_penalty},
          {"presence_penalty", r.sampling.presence_penalty},
          {"logprobs", r.sampling.logprobs}};
-  Status sent = send_command(lead(best), j.dump());
-  StatusOr<std::string> line = sent.ok() ? read_answer(lead(best), std::chrono::milliseconds(-1),
-                                                       StatusCode::kDeadlineExceeded, "")
-                                         : StatusOr<std::string>(sent);
+  auto line = ask(lead(best), j.dump(), std::chrono::milliseconds(-1), "");
   if (!line.ok()) {
     if (lead(best).dead) return submit(r);  // it died: try the others
     return line.status();
@@ -721,11 +724,8 @@ Status Router::cancel_once(int64_t id) {
     return ok_status();
   }
   Worker& w = lead(it->second);
-  Status sent = send_command(w, Json{{"op", "cancel"}, {"id", id}}.dump());
-  StatusOr<std::string> line =
-      sent.ok() ? read_answer(w, std::chrono::milliseconds(c_.timeout_ms),
-                              StatusCode::kDeadlineExceeded, "did not answer a cancel")
-                : StatusOr<std::string>(sent);
+  auto line = ask(w, Json{{"op", "cancel"}, {"id", id}}.dump(),
+                  std::chrono::milliseconds(c_.timeout_ms), "did not answer a cancel");
   if (!line.ok() && w.dead) {  // it died meanwhile: the request went with it
     forget();
     return ok_status();

@@ -110,6 +110,9 @@ class Router {
   Status send_command(Worker& w, const std::string& command);
   StatusOr<std::string> read_answer(Worker& w, std::chrono::milliseconds timeout, StatusCode code,
                                     const std::string& late);
+  // send_command, then read_answer (DEADLINE_EXCEEDED with `late`).
+  StatusOr<std::string> ask(Worker& w, const std::string& command,
+                            std::chrono::milliseconds timeout, const std::string& late);
   Status check_children();
   // After a death check_children() chose to recover from (restart_why_ set,
   // every worker stopped): starts the workers again, without the dead expert
