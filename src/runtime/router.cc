@@ -562,9 +562,7 @@ Status Router::recover() {
     std::fprintf(stderr, "msinfer: router: restarted in %.2f s; resubmitting %zu request(s)\n",
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                  lost_.size());
-    std::vector<TokenEvent> failures;
-    s = settle_lost(&failures);
-    for (auto& e : failures) failed_.push_back(std::move(e));
+    s = resubmit_lost();
     if (!s.ok() && restart_why_.empty()) return s;
   }
   return ok_status();
@@ -626,7 +624,7 @@ void Router::drop_attention_worker(int a, const std::string& why) {
   }
 }
 
-Status Router::settle_lost(std::vector<TokenEvent>* events) {
+Status Router::resubmit_lost() {
   // submit() may find another worker dead and add to lost_ and failed_.
   while (!lost_.empty()) {
     const int64_t id = lost_.back();
@@ -647,8 +645,6 @@ Status Router::settle_lost(std::vector<TokenEvent>* events) {
     failed_.push_back(error_event(
         id, "request " + std::to_string(id) + " could not be resubmitted: " + s.message()));
   }
-  for (auto& ev : failed_) events->push_back(std::move(ev));
-  failed_.clear();
   return ok_status();
 }
 
@@ -762,12 +758,14 @@ StatusOr<std::vector<TokenEvent>> Router::step() {
     if (restart_why_.empty()) return s;
     MSI_RETURN_IF_ERROR(recover());  // the events delivered before the death stand
   }
+  for (auto& ev : failed_) events.push_back(std::move(ev));  // lost requests end here
+  failed_.clear();
   return events;
 }
 
 Status Router::step_once(std::vector<TokenEvent>* events) {
   MSI_RETURN_IF_ERROR(stopped_);
-  MSI_RETURN_IF_ERROR(settle_lost(events));
+  MSI_RETURN_IF_ERROR(resubmit_lost());
   std::vector<char> stepping(static_cast<size_t>(c_.attention_workers), 0);
   for (int a = 0; a < c_.attention_workers; ++a) {
     if (lead(a).dead) continue;
@@ -780,7 +778,8 @@ Status Router::step_once(std::vector<TokenEvent>* events) {
     // A step waits at most the M2N timeout per layer; check for dead workers while waiting.
     auto line = read_answer(lead(a), std::chrono::milliseconds(c_.timeout_ms * 4 + 10000),
                             StatusCode::kDeadlineExceeded, "did not answer a step");
-    if (!line.ok() && lead(a).dead) continue;  // dropped: its requests are settled below
+    if (!line.ok() && lead(a).dead)
+      continue;  // dropped: its requests are resubmitted or failed below
     MSI_RETURN_IF_ERROR(line.status());
     MSI_ASSIGN_OR_RETURN(Json j, parse_json(*line, name_of(lead(a))));
     if (j.contains("error")) {
@@ -814,7 +813,7 @@ Status Router::step_once(std::vector<TokenEvent>* events) {
       events->push_back(ev);
     }
   }
-  return settle_lost(events);
+  return resubmit_lost();
 }
 
 StatusOr<std::vector<Json>> Router::stats(bool reset) {

@@ -129,9 +129,10 @@ class Router {
   bool tolerates_attention_loss() const;
   // Sends `r` to the live attention worker with the least load.
   Status submit(const GenerationRequest& r);
-  // Resubmits (or fails) the requests of dropped workers; moves the failures
-  // into `events`. An error when the deployment stopped meanwhile.
-  Status settle_lost(std::vector<TokenEvent>* events);
+  // Resubmits the requests of dropped workers (lost_), or fails them into
+  // failed_, which step() hands out. An error when the deployment stopped
+  // or is to restart meanwhile.
+  Status resubmit_lost();
   // Stops every worker: asks them to exit and waits up to 2 s each, or
   // (graceful false) kills them at once.
   void shutdown(bool graceful = true);
