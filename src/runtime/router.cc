@@ -648,14 +648,19 @@ Status Router::resubmit_lost() {
   return ok_status();
 }
 
+// Runs `op` (add, cancel or stats); when it failed on a death the router
+// recovers from, restarts the deployment and runs it once more.
+template <typename Op>
+auto Router::retried_after_restart(Op op) -> decltype(op()) {
+  auto result = op();
+  if (result.ok() || restart_why_.empty()) return result;
+  MSI_RETURN_IF_ERROR(recover());
+  return op();
+}
+
 Status Router::add(const GenerationRequest& r) {
   MSI_RETURN_IF_ERROR(stopped_);
-  Status s = submit(r);
-  if (!s.ok() && !restart_why_.empty()) {
-    MSI_RETURN_IF_ERROR(recover());
-    s = submit(r);
-  }
-  MSI_RETURN_IF_ERROR(s);
+  MSI_RETURN_IF_ERROR(retried_after_restart([&] { return submit(r); }));
   requests_[r.id] = Tracked{r, {}};
   return ok_status();
 }
@@ -700,10 +705,7 @@ Status Router::submit(const GenerationRequest& r) {
 }
 
 Status Router::cancel(int64_t id) {
-  Status s = cancel_once(id);
-  if (s.ok() || restart_why_.empty()) return s;
-  MSI_RETURN_IF_ERROR(recover());
-  return cancel_once(id);
+  return retried_after_restart([&] { return cancel_once(id); });
 }
 
 Status Router::cancel_once(int64_t id) {
@@ -817,10 +819,7 @@ Status Router::step_once(std::vector<TokenEvent>* events) {
 }
 
 StatusOr<std::vector<Json>> Router::stats(bool reset) {
-  auto s = stats_once(reset);
-  if (s.ok() || restart_why_.empty()) return s;
-  MSI_RETURN_IF_ERROR(recover());
-  return stats_once(reset);
+  return retried_after_restart([&] { return stats_once(reset); });
 }
 
 StatusOr<std::vector<Json>> Router::stats_once(bool reset) {

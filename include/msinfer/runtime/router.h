@@ -120,6 +120,8 @@ class Router {
   // and resubmits every request in flight from prompt + delivered tokens.
   Status recover();
   bool can_recover(const Worker& w) const;
+  template <typename Op>
+  auto retried_after_restart(Op op) -> decltype(op());
   Status step_once(std::vector<TokenEvent>* events);
   Status cancel_once(int64_t id);
   StatusOr<std::vector<Json>> stats_once(bool reset);
