@@ -449,9 +449,7 @@ void Router::shutdown(bool graceful) {
       bool eof = false;
       for (int i = 0; i < 20 && !eof; ++i) read_line(w.out, &w.buf, &line, 100, &eof);
     }
-    if (w.in >= 0) ::close(w.in);
-    if (w.out >= 0 && w.out != w.in) ::close(w.out);
-    w.in = w.out = -1;
+    w.close_channel();
   }
   comm::remove_dead_shm_endpoints();  // those of workers that were killed
 }
@@ -586,7 +584,7 @@ int Router::live_attention_workers() const {
 
 pid_t Router::pid_of(const std::string& role, int index) const {
   for (const Worker& w : workers_) {
-    if (w.role == role && w.index == index && w.tp_rank == 0) return w.dead ? -1 : w.pid;
+    if (w.role == role && w.index == index && w.tp_rank == 0) return w.pid;  // -1 once reaped
   }
   return -1;
 }
@@ -594,9 +592,7 @@ pid_t Router::pid_of(const std::string& role, int index) const {
 void Router::drop_attention_worker(int a, const std::string& why) {
   Worker& w = lead(a);
   w.dead = true;
-  if (w.in >= 0) ::close(w.in);
-  if (w.out >= 0 && w.out != w.in) ::close(w.out);
-  w.in = w.out = -1;
+  w.close_channel();
   w.load = 0;
   std::fprintf(stderr, "msinfer: router: %s; %d attention worker(s) go on%s\n", why.c_str(),
                live_attention_workers(),

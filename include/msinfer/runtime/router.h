@@ -27,6 +27,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <map>
@@ -95,6 +96,11 @@ class Router {
     double kv_usage = 0;
     int64_t preemptions = 0;
     bool dead = false;  // an attention worker that died and was dropped
+    void close_channel() {
+      if (in >= 0) ::close(in);
+      if (out >= 0 && out != in) ::close(out);
+      in = out = -1;
+    }
   };
   // What the router keeps of a request to resubmit it: the request and the
   // tokens delivered so far.
