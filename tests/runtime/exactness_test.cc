@@ -34,11 +34,6 @@ constexpr double kMaxTolerance = 1e-2;
 constexpr double kMeanTolerance = 1e-3;
 
 
-bool have_torch() {
-  return std::filesystem::exists("/usr/bin/python3") &&
-         !msinfer::testing::run_capture("/usr/bin/python3 -c 'import torch, numpy' 2>/dev/null && echo ok").empty();
-}
-
 struct EngineRun {
   std::vector<int32_t> tokens;
   std::vector<std::vector<float>> logits;
@@ -82,22 +77,15 @@ EngineRun run_engine(const std::string& dir, const std::vector<int32_t>& prompt,
 class ExactnessTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ExactnessTest, LogitsAndGreedyTokensMatchPyTorch) {
-  if (!have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch and numpy not found";
+  if (!testing::have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch and numpy not found";
   const std::string dir = testing::test_model_dir(GetParam());
   auto tok = model::Tokenizer::load(dir);
   ASSERT_TRUE(tok.ok());
   const std::vector<int32_t> prompt =
       tok->encode("Hello world! Mixture-of-Experts models route every token.");
   ASSERT_GE(prompt.size(), 8u);
-  std::string ids;
-  for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-  const std::string out = msinfer::testing::run_capture(
-      testing::torch_reference_command(dir, ids, kDecodeSteps + 1));
-  ASSERT_FALSE(out.empty()) << "the PyTorch reference failed";
-  auto ref = parse_json(out, "torch_reference.py");
-  ASSERT_TRUE(ref.ok());
-  const auto ref_tokens = (*ref)["tokens"].get<std::vector<int32_t>>();
-  const auto ref_logits = (*ref)["logits"].get<std::vector<std::vector<float>>>();
+  const auto [ref_tokens, ref_logits] = testing::torch_reference(dir, prompt, kDecodeSteps + 1);
+  ASSERT_FALSE(ref_logits.empty());
 
   // Whole prompt in one step; prompt in chunks of 5; batched with two other
   // requests; and those three requests over 3 micro-batches (ping-pong order).

@@ -166,32 +166,18 @@ class ShardedExperts : public ExpertBackend {
   std::vector<float> part_;
 };
 
-bool have_torch() {
-  return std::filesystem::exists("/usr/bin/python3") &&
-         !msinfer::testing::run_capture(
-              "/usr/bin/python3 -c 'import torch, numpy' 2>/dev/null && echo ok")
-              .empty();
-}
-
 class ExpertTpTorchTest : public ::testing::TestWithParam<std::string> {};
 
 // Prefill plus 16 greedy steps with tp 2 shards: logits within the exactness
 // test's tolerance of the PyTorch reference (max |d| <= 1e-2, mean <= 1e-3)
 // and the same greedy tokens.
 TEST_P(ExpertTpTorchTest, ShardedLogitsMatchPyTorch) {
-  if (!have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch and numpy not found";
+  if (!testing::have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch and numpy not found";
   const std::string dir = testing::test_model_dir(GetParam());
   const std::vector<int32_t> prompt = {5, 9, 22, 40, 7, 8, 11, 3, 60};
   constexpr int kSteps = 17;
-  std::string ids;
-  for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-  const std::string out =
-      msinfer::testing::run_capture(testing::torch_reference_command(dir, ids, kSteps));
-  ASSERT_FALSE(out.empty()) << "the PyTorch reference failed";
-  auto ref = parse_json(out, "torch_reference.py");
-  ASSERT_TRUE(ref.ok());
-  const auto ref_tokens = (*ref)["tokens"].get<std::vector<int32_t>>();
-  const auto ref_logits = (*ref)["logits"].get<std::vector<std::vector<float>>>();
+  const auto [ref_tokens, ref_logits] = testing::torch_reference(dir, prompt, kSteps);
+  ASSERT_FALSE(ref_logits.empty());
 
   model::LoadOptions attention;
   attention.all_experts = false;

@@ -6,7 +6,10 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <vector>
 
+#include "../common/subprocess.h"
+#include "msinfer/core/json.h"
 #include "msinfer/core/model_config.h"
 #include "msinfer/kernels/cpu/attention.h"
 #include "msinfer/model/make_model.h"
@@ -40,11 +43,44 @@ inline std::string torch_reference_command(const std::string& dir, const std::st
                                            int steps) {
   auto c = load_model_config(dir);
   EXPECT_TRUE(c.ok()) << c.status().to_string();
-  const bool bf16 = c.ok() && kernels::cpu::attention_bf16_qk(kernels::cpu::active_isa(),
-                                                                 c->head_dim);
+  const bool bf16 =
+      c.ok() && kernels::cpu::attention_bf16_qk(kernels::cpu::active_isa(), c->head_dim);
   return "/usr/bin/python3 '" + std::string(MSINFER_SOURCE_DIR) +
          "/tests/runtime/torch_reference.py' '" + dir + "' " + ids + " " + std::to_string(steps) +
          (bf16 ? " --bf16-qk" : "");
+}
+
+// Debian's Python with python3-torch and python3-numpy (the tests that need
+// them skip without).
+inline bool have_torch() {
+  return std::filesystem::exists("/usr/bin/python3") &&
+         !msinfer::testing::run_capture(
+              "/usr/bin/python3 -c 'import torch, numpy' 2>/dev/null && echo ok")
+              .empty();
+}
+
+// The PyTorch reference's greedy run: tokens[i] and logits[i] for step i
+// (step 0 after the prompt, step i after feeding token i - 1).
+struct TorchReference {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;
+};
+
+// Runs torch_reference.py for `prompt` and `steps` steps; a failure is a test
+// failure and leaves both vectors empty.
+inline TorchReference torch_reference(const std::string& dir, const std::vector<int32_t>& prompt,
+                                      int steps) {
+  std::string ids;
+  for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  const std::string out = msinfer::testing::run_capture(torch_reference_command(dir, ids, steps));
+  TorchReference r;
+  EXPECT_FALSE(out.empty()) << "the PyTorch reference failed";
+  auto j = parse_json(out, "torch_reference.py");
+  EXPECT_TRUE(j.ok()) << j.status().to_string();
+  if (out.empty() || !j.ok()) return r;
+  r.tokens = (*j)["tokens"].get<std::vector<int32_t>>();
+  r.logits = (*j)["logits"].get<std::vector<std::vector<float>>>();
+  return r;
 }
 #endif
 
