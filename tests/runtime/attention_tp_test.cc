@@ -259,13 +259,18 @@ TEST_P(AttentionTpTest, SameTokensAsTheColocatedEngine) {
       "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 16 --ignore-eos";
   const auto ref = generate(args).tokens;
   ASSERT_EQ(ref.size(), 16u);
+  // The deployments' log-probabilities against PyTorch (where it is installed).
+  const bool torch = testing::have_torch();
+  const testing::TorchReference pt =
+      torch ? testing::torch_reference(dir, prompt, 16) : testing::TorchReference{};
   for (const std::string shape : {"--attention-workers 1 --expert-workers 2 --micro-batches 1",
                                   "--attention-workers 2 --expert-workers 2 --micro-batches 2"}) {
     for (const std::string tp_e : {"", " --tp-expert 2 --tp-expert-reduce attention-sum",
                                    " --tp-expert 2 --tp-expert-reduce allreduce"}) {
       const std::string d = shape + " --tp-attention 2" + tp_e;
-      const Generated g = generate(args + " " + d);
+      const Generated g = generate(args + " " + d + " --logprobs 20");
       expect_equal_up_to_near_tie(ref, g.tokens, dir, prompt, GetParam() + " " + d);
+      if (torch) testing::expect_logprobs_match_reference(g.doc, pt, 20, GetParam() + " " + d);
       EXPECT_NE(g.err.find("tp_attention 2 (2 processes per attention worker)"), std::string::npos)
           << g.err;
       EXPECT_NE(g.err.find("attention worker 0 tp rank 1: pid"), std::string::npos) << g.err;

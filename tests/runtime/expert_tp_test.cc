@@ -262,6 +262,31 @@ TEST(NearTieCheckTest, AClearDivergenceIsAFailure) {
                           "not a near-tie");
 }
 
+// The log-probability check passes on the co-located engine's own answer
+// (generate --logprobs) and fails when a value is off by 0.025 or when the
+// listed top tokens leave out one the reference ranks clearly above them.
+TEST(LogprobCheckTest, PassesOnTheEngineAndFailsOnAWrongValueOrAMissingTopToken) {
+  if (!testing::have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch and numpy not found";
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  const Generated g =
+      generate("--model " + dir + " --prompt-ids 5,9,22 --max-tokens 3 --ignore-eos --logprobs 4");
+  const testing::TorchReference pt = testing::torch_reference(dir, {5, 9, 22}, 3);
+  ASSERT_EQ(g.tokens, pt.tokens);
+  testing::expect_logprobs_match_reference(g.doc, pt, 4, "co-located");
+  Json off = g.doc;
+  off["logprobs"][1]["top"][2][1] = off["logprobs"][1]["top"][2][1].get<double>() + 0.025;
+  EXPECT_NONFATAL_FAILURE(testing::expect_logprobs_match_reference(off, pt, 4, "off"), "worst");
+  // The 4th best replaced by the least likely token, with its right value.
+  Json missing = g.doc;
+  const std::vector<float>& l = pt.logits[2];
+  const auto least = std::min_element(l.begin(), l.end()) - l.begin();
+  const double shift = missing["logprobs"][2]["top"][0][1].get<double>() -
+                       *std::max_element(l.begin(), l.end());
+  missing["logprobs"][2]["top"][3] = Json::array({least, l[least] + shift});
+  EXPECT_NONFATAL_FAILURE(testing::expect_logprobs_match_reference(missing, pt, 4, "missing"),
+                          "step 2");
+}
+
 class ExpertTpTest : public ::testing::TestWithParam<std::string> {};
 
 // (n_a, N, m) in {(1, 2, 1), (2, 2, 2)} with tp_expert 2 in both reduction
@@ -273,13 +298,18 @@ TEST_P(ExpertTpTest, SameTokensAsTheColocatedEngine) {
       "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 16 --ignore-eos";
   const auto ref = generate(args).tokens;
   ASSERT_EQ(ref.size(), 16u);
+  // The deployments' log-probabilities against PyTorch (where it is installed).
+  const bool torch = testing::have_torch();
+  const testing::TorchReference pt =
+      torch ? testing::torch_reference(dir, prompt, 16) : testing::TorchReference{};
   for (const std::string shape : {"--attention-workers 1 --expert-workers 2 --micro-batches 1",
                                   "--attention-workers 2 --expert-workers 2 --micro-batches 2"}) {
     std::map<std::string, std::vector<int32_t>> by_mode;
     for (const std::string mode : {"attention-sum", "allreduce"}) {
       const std::string d = shape + " --tp-expert 2 --tp-expert-reduce " + mode;
-      const Generated g = generate(args + " " + d);
+      const Generated g = generate(args + " " + d + " --logprobs 20");
       expect_equal_up_to_near_tie(ref, g.tokens, dir, prompt, GetParam() + " " + d);
+      if (torch) testing::expect_logprobs_match_reference(g.doc, pt, 20, GetParam() + " " + d);
       by_mode[mode] = g.tokens;
       // Four expert processes, each named with its shard.
       EXPECT_NE(g.err.find("expert worker 1 tp rank 1: pid"), std::string::npos) << g.err;

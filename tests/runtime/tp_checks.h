@@ -8,8 +8,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -19,6 +21,7 @@
 #include "msinfer/core/json.h"
 #include "msinfer/model/weights.h"
 #include "msinfer/runtime/engine.h"
+#include "test_models.h"
 
 namespace msinfer::runtime::testing {
 
@@ -94,5 +97,57 @@ inline void expect_equal_up_to_near_tie(const std::vector<int32_t>& ref,
   std::printf("[ tp ] %s: first different token %zu (logit margin %.3g)\n", what.c_str(), i,
               best - l[got[i]]);
 }
+
+#ifdef MSINFER_SOURCE_DIR
+// A deployment's `generate --logprobs N --json` answer against the PyTorch
+// reference's logits for the same prompt: at every step up to the first token
+// where the two greedy runs part (a near-tie; the steps after it see other
+// contexts), each listed log-probability, the chosen token's included, is
+// within 2e-2 of log_softmax of the reference's logits (mean over them 2e-3):
+// the exactness test's logit bars (1e-2, 1e-3) twice, since a log-probability
+// is a logit minus the log-sum-exp, which moves by at most as much. The top N
+// are the reference's N best up to that tolerance.
+inline void expect_logprobs_match_reference(const Json& doc, const TorchReference& ref, int top,
+                                            const std::string& what) {
+  ASSERT_TRUE(doc.contains("logprobs")) << what;
+  const Json& lp = doc["logprobs"];
+  ASSERT_EQ(lp.size(), ref.logits.size()) << what;
+  double worst = 0, sum = 0;
+  size_t n = 0, steps = 0;
+  for (size_t s = 0; s < lp.size(); ++s) {
+    const std::vector<float>& l = ref.logits[s];
+    const double mx = *std::max_element(l.begin(), l.end());
+    double z = 0;
+    for (float x : l) z += std::exp(double(x) - mx);
+    const double lse = mx + std::log(z);
+    auto ref_lp = [&](int32_t id) { return double(l.at(static_cast<size_t>(id))) - lse; };
+    const Json& e = lp[s];
+    const auto token = e["token"].get<int32_t>();
+    std::vector<std::pair<int32_t, double>> listed = {{token, e["logprob"].get<double>()}};
+    for (const auto& t : e["top"]) listed.emplace_back(t[0].get<int32_t>(), t[1].get<double>());
+    EXPECT_EQ(e["top"].size(), static_cast<size_t>(std::min<int64_t>(top, l.size()))) << what;
+    for (const auto& [id, v] : listed) {
+      ASSERT_TRUE(id >= 0 && static_cast<size_t>(id) < l.size()) << what;
+      const double d = std::fabs(v - ref_lp(id));
+      worst = std::max(worst, d);
+      sum += d;
+      ++n;
+    }
+    // Nothing the reference ranks clearly above the listed N was left out.
+    std::vector<double> sorted(l.begin(), l.end());
+    std::sort(sorted.begin(), sorted.end(), std::greater<>());
+    if (!e["top"].empty()) {
+      const double last = e["top"].back()[1].get<double>();
+      EXPECT_LE(sorted[e["top"].size() - 1] - lse, last + 2e-2) << what << ", step " << s;
+    }
+    ++steps;
+    if (s >= ref.tokens.size() || token != ref.tokens[s]) break;
+  }
+  EXPECT_LE(worst, 2e-2) << what;
+  EXPECT_LE(sum / std::max<size_t>(n, 1), 2e-3) << what;
+  std::printf("[ tp logprobs ] %s: %zu steps vs PyTorch, |dlogprob| max %.3g, mean %.3g\n",
+              what.c_str(), steps, worst, sum / std::max<size_t>(n, 1));
+}
+#endif
 
 }  // namespace msinfer::runtime::testing

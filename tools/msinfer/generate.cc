@@ -60,6 +60,9 @@ int run_generate(int argc, char** argv) {
   flags.add_bool("ignore-eos", "keep going past the end-of-sequence token");
   flags.add_int("kv-cache-mb", 256, 1, 1 << 20, "KV cache budget in MiB", "MSINFER_KV_CACHE_MB");
   flags.add_bool("json", "print one JSON object (token_ids, text, timings) at the end");
+  flags.add_int("logprobs", -1, -1, 20,
+                "N >= 0: report each generated token's log-probability and the N most\n"
+                "likely tokens' (after the prompt and every token; -1: off)");
   add_engine_flags(flags);
   add_deployment_flags(flags);
   flags.add_string("plan", "",
@@ -142,6 +145,7 @@ int run_generate(int argc, char** argv) {
   sp.seed = static_cast<uint64_t>(flags.get_int("seed"));
   sp.ignore_eos = flags.get_bool("ignore-eos");
   sp.stop_token_ids = stop_ids;
+  sp.logprobs = static_cast<int>(flags.get_int("logprobs"));
   std::unique_ptr<runtime::Engine> engine;
   std::unique_ptr<runtime::Router> router;
   if (disaggregated) {
@@ -165,6 +169,7 @@ int run_generate(int argc, char** argv) {
   if (tok.ok()) stream = std::make_unique<model::StreamingDecoder>(*tok);
   std::vector<int32_t> out_ids;
   std::vector<double> token_times;
+  Json logprobs = Json::array();  // with --logprobs: one entry per generated token
   std::string finish_reason;
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
@@ -190,6 +195,10 @@ int run_generate(int argc, char** argv) {
       }
       token_times.push_back(std::chrono::duration<double>(clock::now() - t0).count());
       out_ids.push_back(ev.token);
+      if (sp.logprobs >= 0) {
+        logprobs.push_back({{"token", ev.token}, {"logprob", ev.logprob}, {"top", Json::array()}});
+        for (const auto& [id, lp] : ev.top_logprobs) logprobs.back()["top"].push_back({id, lp});
+      }
       if (stream && !json) {
         std::string piece = stream->push(ev.token);
         std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -219,7 +228,8 @@ int run_generate(int argc, char** argv) {
     auto mc = load_model_config(dir);
     if (!ws.ok()) return report_error("generate", ws.status());
     if (!mc.ok()) return report_error("generate", mc.status());
-    routing = runtime::RoutingStats::from_workers(*ws, router->placement(), mc->layers, mc->experts);
+    routing =
+        runtime::RoutingStats::from_workers(*ws, router->placement(), mc->layers, mc->experts);
   } else {
     routing = runtime::RoutingStats::from_window(*engine->routing());
   }
@@ -240,6 +250,7 @@ int run_generate(int argc, char** argv) {
            {"isa", kernels::cpu::isa_name(kernels::cpu::active_isa())},
            {"weights", kernels::cpu::weight_format_name(*weight_format)},
            {"routing", routing->to_json()}};
+    if (sp.logprobs >= 0) j["logprobs"] = logprobs;
     // Invalid UTF-8 (a random model may emit half a character) must not break the JSON.
     std::cout << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
   } else {
@@ -253,6 +264,17 @@ int run_generate(int argc, char** argv) {
         static_cast<long long>(flags.get_int("kv-cache-mb")),
         kernels::cpu::isa_description().c_str());
     std::printf("%s (--json for the counts)\n", routing_summary(routing->to_json()).c_str());
+    for (size_t i = 0; i < logprobs.size(); ++i) {
+      const Json& e = logprobs[i];
+      std::printf("token %zu: id %d logprob %.4f", i, e["token"].get<int>(),
+                  e["logprob"].get<double>());
+      const char* sep = "; top:";
+      for (const auto& t : e["top"]) {
+        std::printf("%s %d %.4f", sep, t[0].get<int>(), t[1].get<double>());
+        sep = ",";
+      }
+      std::printf("\n");
+    }
   }
   return 0;
 }
