@@ -85,9 +85,12 @@ class LevelsTest : public ::testing::Test {
 };
 
 TEST_F(LevelsTest, GemmBf16AndInt8MatchGenericOverOddShapes) {
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},    {7, 13},   {17, 33},
-                                                           {33, 300}, {64, 128}, {130, 67}};
-  const std::vector<int64_t> ms = {1, 2, 3, 5, 6, 7, 12, 13, 17, 65, 200};
+  // K = 1100 crosses the direct path's k blocks (512 and 256 steps at the
+  // avx2 and avx512 levels); up to 24 and 48 rows it runs in 6- and 12-row
+  // tiles there (more: the blocked fp32 path).
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {1, 1}, {7, 13}, {17, 33}, {33, 300}, {64, 128}, {130, 67}, {20, 1100}};
+  const std::vector<int64_t> ms = {1, 2, 3, 5, 6, 7, 8, 12, 13, 17, 24, 25, 37, 48, 49, 65, 200};
   for (auto [n, k] : shapes) {
     auto w = randn_bf16(n * k, 1 + n + k);
     for (WeightFormat fmt : {WeightFormat::kBf16, WeightFormat::kInt8}) {
