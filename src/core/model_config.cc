@@ -147,6 +147,31 @@ double ModelConfig::kv_bytes_per_token_per_layer() const {
   return 2.0 /*K,V*/ * 2.0 /*bf16*/ * kv_heads * head_dim;
 }
 
+Status ModelConfig::check_attention_tp(int tp) const {
+  if (tp >= 1 && heads % tp == 0 &&
+      (kv_lora_rank > 0 ||  // MLA: one latent per token, every rank holds it
+       (kv_heads >= 1 && (kv_heads % tp == 0 || tp % kv_heads == 0)))) {
+    return ok_status();
+  }
+  return invalid_argument("tp_attention " + std::to_string(tp) + " must divide the query heads (" +
+                          std::to_string(heads) +
+                          ") and divide or be a multiple of the KV heads (" +
+                          std::to_string(kv_heads) + ")");
+}
+
+int ModelConfig::kv_heads_per_attention_rank(int tp) const {
+  return std::max(1, (kv_heads + tp - 1) / std::max(tp, 1));
+}
+
+int ModelConfig::first_kv_head_of_attention_rank(int r, int tp) const {
+  return static_cast<int>(static_cast<int64_t>(r) * (heads / tp) / (heads / kv_heads));
+}
+
+double ModelConfig::kv_bytes_per_token_per_layer_per_attention_rank(int tp) const {
+  if (kv_lora_rank > 0) return kv_bytes_per_token_per_layer() / tp;
+  return kv_bytes_per_token_per_layer() * kv_heads_per_attention_rank(tp) / kv_heads;
+}
+
 double ModelConfig::attention_side_flops_per_token_per_moe_layer() const {
   double h = static_cast<double>(hidden);
   // All dense work of the attention side over the whole model, per token,

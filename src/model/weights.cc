@@ -183,10 +183,8 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
     return invalid_argument("attention tensor-parallel rank " + std::to_string(atp_rank) + " of " +
                             std::to_string(atp) + " is out of range");
   }
-  if (c.heads % atp != 0 || c.kv_heads % atp != 0) {
-    return invalid_argument(dir + ": tp_attention " + std::to_string(atp) +
-                            " must divide the query heads (" + std::to_string(c.heads) +
-                            ") and the KV heads (" + std::to_string(c.kv_heads) + ")");
+  if (Status s = c.check_attention_tp(static_cast<int>(atp)); !s.ok()) {
+    return invalid_argument(dir + ": " + s.message());
   }
   w->attention_tp_rank_ = static_cast<int>(atp_rank);
   w->attention_tp_size_ = static_cast<int>(atp);
@@ -240,9 +238,13 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
                                             fmt));
         MSI_ASSIGN_OR_RETURN(L.o, ld.pack({{p + "self_attn.o_proj.weight", {h, H * hd}}}, fmt));
       } else {
-        // Rank atp_rank: its heads' rows of q, k and v, the same columns of o.
+        // Rank atp_rank: its heads' rows of q, k and v (the KV heads its query
+        // heads read: a share, or one replicated head), the same columns of o.
         const int64_t q0 = atp_rank * (H / atp) * hd, q1 = q0 + (H / atp) * hd;
-        const int64_t k0 = atp_rank * (KV / atp) * hd, k1 = k0 + (KV / atp) * hd;
+        const int64_t k0 =
+            c.first_kv_head_of_attention_rank(static_cast<int>(atp_rank), static_cast<int>(atp)) *
+            hd;
+        const int64_t k1 = k0 + c.kv_heads_per_attention_rank(static_cast<int>(atp)) * hd;
         MSI_ASSIGN_OR_RETURN(
             L.qkv, ld.pack_blocks({{p + "self_attn.q_proj.weight", {H * hd, h}, q0, q1, 0, h},
                                    {p + "self_attn.k_proj.weight", {KV * hd, h}, k0, k1, 0, h},

@@ -217,7 +217,8 @@ StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& sh
 
   // Attention side, per MoE layer and micro-batch (dense layers and LM head spread over them).
   const double w_bytes_a = 2.0 * model.attention_side_params() / Lm / tpa;
-  const double kv_bytes_a = model.kv_bytes_per_token_per_layer() * seq_len * (L / Lm) / tpa;
+  const double kv_bytes_a =
+      model.kv_bytes_per_token_per_layer_per_attention_rank(tpa) * seq_len * (L / Lm);
   const double flops_dense_a = model.attention_side_flops_per_token_per_moe_layer() / tpa;
   const double flops_score_a = model.attention_score_flops(seq_len) * (L / Lm) / tpa;
   const double bw_a = ga.memory_bandwidth * ga.efficiency.memory_bandwidth;
@@ -294,8 +295,9 @@ StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& sh
   return s;
 }
 
-double attention_node_bytes(const ModelConfig& model, int m, double b_a, double seq_len) {
-  return model.kv_bytes_per_token_per_layer() * m * b_a * seq_len * model.layers +
+double attention_node_bytes(const ModelConfig& model, int m, double b_a, double seq_len, int tp) {
+  return model.kv_bytes_per_token_per_layer_per_attention_rank(tp) * tp * m * b_a * seq_len *
+             model.layers +
          2.0 * model.attention_side_params();
 }
 

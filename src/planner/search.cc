@@ -77,8 +77,9 @@ Prediction predict(const Deployment& d) {
   p.expert_gemm_utilization = expert_gemm_utilization(p.tokens_per_expert, d.shape.expert_gpu);
   p.full_overlap = full_overlap(t, d.micro_batches);
   p.min_micro_batches = min_micro_batches_for_overlap(t);
-  p.attention_memory_bytes = attention_node_bytes(
-      d.model, d.micro_batches, static_cast<double>(d.batch_per_micro_batch), d.seq_len);
+  p.attention_memory_bytes =
+      attention_node_bytes(d.model, d.micro_batches, static_cast<double>(d.batch_per_micro_batch),
+                           d.seq_len, d.shape.tp_attention);
   p.attention_memory_capacity = attention_node_capacity(d.shape.attention_gpu, d.shape.tp_attention);
   p.expert_memory_bytes = expert_node_bytes(d.model);
   p.expert_memory_capacity = expert_node_capacity(d.shape.expert_gpu, d.shape.tp_expert);
@@ -203,7 +204,10 @@ StatusOr<SearchResult> search_plans(const SearchOptions& options) {
     for (int tpe : tp_candidates(ge)) {
       if (expert_node_bytes(model) > expert_node_capacity(ge, tpe)) continue;
       for (int tpa : tp_candidates(ga)) {
-        if (attention_node_bytes(model, 1, 1, options.seq_len) > attention_node_capacity(ga, tpa)) {
+        // Only splits the runtime can run (heads even, KV heads even or replicated).
+        if (!model.check_attention_tp(tpa).ok()) continue;
+        if (attention_node_bytes(model, 1, 1, options.seq_len, tpa) >
+            attention_node_capacity(ga, tpa)) {
           continue;
         }
         for (ExpertReduction red : {ExpertReduction::kAllReduce, ExpertReduction::kPartialSums}) {

@@ -37,11 +37,11 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }
 
 // GEMM FLOPs per token of one layer on rank 0 of an attention replica: its
-// 1/tp of QKV and O, and the router.
+// heads' QKV and O, and the router.
 double attention_layer_flops(const ModelConfig& mc, int tp) {
   const double h = static_cast<double>(mc.hidden), hd = static_cast<double>(mc.head_dim);
-  return (2.0 * h * (mc.heads + 2.0 * mc.kv_heads) * hd + 2.0 * mc.heads * hd * h) / tp +
-         2.0 * h * mc.experts;
+  const double heads = static_cast<double>(mc.heads) / tp, kv = mc.kv_heads_per_attention_rank(tp);
+  return 2.0 * h * (heads + 2.0 * kv) * hd + 2.0 * heads * hd * h + 2.0 * h * mc.experts;
 }
 
 // Connects the two channels of one process: `sender` (if any: a shard that

@@ -18,17 +18,16 @@ Status AttentionRunner::embed(const TokenBatch& b, float* x) {
 
 ModelConfig attention_tp_config(const model::ModelWeights& w) {
   ModelConfig c = w.config();
+  c.kv_heads = c.kv_heads_per_attention_rank(w.attention_tp_size());
   c.heads /= w.attention_tp_size();
-  c.kv_heads /= w.attention_tp_size();
   return c;
 }
 
 Status AttentionRunner::attention_partial(int l, const TokenBatch& b, KvCache& kv, const float* h,
                                           float* o) {
-  const ModelConfig& c = w_.config();
+  const ModelConfig c = attention_tp_config(w_);  // this rank's heads
   const model::LayerWeights& L = w_.layers()[l];
-  const int tp = w_.attention_tp_size();
-  const int64_t T = b.size(), hd = c.head_dim, H = c.heads / tp, KV = c.kv_heads / tp;
+  const int64_t T = b.size(), hd = c.head_dim, H = c.heads, KV = c.kv_heads;
   const int64_t qn = H * hd, kn = KV * hd;
   const float eps = static_cast<float>(c.rms_norm_eps);
   qkv_.resize(T * (qn + 2 * kn));

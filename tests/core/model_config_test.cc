@@ -71,6 +71,43 @@ TEST(ModelSpecTest, HandComputedTinyModel) {
   EXPECT_FALSE(m.validate().ok());  // 4 heads not divisible by 3 KV heads
 }
 
+// Attention tp: the query heads split evenly; the KV heads split evenly or
+// are replicated (one per rank) when tp is a multiple of them.
+TEST(ModelSpecTest, AttentionTpSplitsOrReplicatesTheKvHeads) {
+  ModelConfig m;
+  m.heads = 32;
+  m.kv_heads = 4;
+  m.head_dim = 128;
+  for (int tp : {1, 2, 4, 8, 16, 32}) EXPECT_TRUE(m.check_attention_tp(tp).ok()) << tp;
+  EXPECT_EQ(m.kv_heads_per_attention_rank(1), 4);
+  EXPECT_EQ(m.kv_heads_per_attention_rank(2), 2);
+  EXPECT_EQ(m.kv_heads_per_attention_rank(4), 1);
+  EXPECT_EQ(m.kv_heads_per_attention_rank(8), 1);  // each KV head on two ranks
+  // Rank r's query heads [4r, 4r + 4) read KV head 4r / 8 = r / 2.
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(m.first_kv_head_of_attention_rank(r, 8), r / 2) << r;
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(m.first_kv_head_of_attention_rank(r, 2), 2 * r) << r;
+  // Per rank: 2 of 4 heads at tp 2, one head (not a half) at tp 8.
+  const double kv = m.kv_bytes_per_token_per_layer();
+  EXPECT_DOUBLE_EQ(m.kv_bytes_per_token_per_layer_per_attention_rank(2), kv / 2);
+  EXPECT_DOUBLE_EQ(m.kv_bytes_per_token_per_layer_per_attention_rank(8), kv / 4);
+  for (int tp : {3, 6, 64}) {
+    const Status s = m.check_attention_tp(tp);
+    ASSERT_FALSE(s.ok()) << tp;
+    EXPECT_NE(s.message().find("tp_attention " + std::to_string(tp) +
+                               " must divide the query heads (32) and divide or be a multiple of "
+                               "the KV heads (4)"),
+              std::string::npos)
+        << s.message();
+  }
+  m.kv_heads = 8;
+  m.heads = 24;
+  EXPECT_FALSE(m.check_attention_tp(16).ok());  // a multiple of 8 KV heads, 24 heads don't split
+  EXPECT_FALSE(
+      m.check_attention_tp(12).ok());  // divides the heads, neither divides nor multiplies 8
+  m.kv_lora_rank = 512;                // MLA: the latent is every rank's
+  EXPECT_TRUE(m.check_attention_tp(12).ok());
+}
+
 Json mixtral_8x7b() {
   return Json::parse(R"({"architectures": ["MixtralForCausalLM"], "hidden_size": 4096,
     "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,

@@ -217,6 +217,11 @@ TEST(MemoryTest, SpecFormula) {
   const double b_a = 5, s = 100;
   EXPECT_DOUBLE_EQ(attention_node_bytes(m, mb, b_a, s),
                    4.0 * mb * b_a * s * 64 * 2 / 2 + 2 * m.attention_side_params());
+  // tp 2 splits the 2 KV heads: the same bytes; tp 4 holds one KV head on
+  // each of 4 ranks: twice the KV bytes of the node.
+  EXPECT_DOUBLE_EQ(attention_node_bytes(m, mb, b_a, s, 2), attention_node_bytes(m, mb, b_a, s));
+  EXPECT_DOUBLE_EQ(attention_node_bytes(m, mb, b_a, s, 4),
+                   2 * 4.0 * mb * b_a * s * 64 * 2 / 2 + 2 * m.attention_side_params());
   EXPECT_DOUBLE_EQ(attention_node_capacity(ideal_gpu(), 2), 2e6);
   EXPECT_DOUBLE_EQ(expert_node_bytes(m), 2 * 49152.0);
 }

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 
 #include "msinfer/planner/plan.h"
 #include "test_fixtures.h"
@@ -87,6 +88,18 @@ TEST(SearchTest, NoFeasiblePlanIsAnError) {
   SearchOptions o = tiny_options(1.0);
   o.gpu_pairs.clear();
   EXPECT_EQ(search_plans(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Every plan's tp_attention is one the runtime can run: it divides the tiny
+// model's 4 query heads, and splits (tp 2) or replicates (tp 4) its 2 KV heads.
+TEST(SearchTest, EveryTpAttentionIsRunnable) {
+  SearchOptions o = tiny_options(20e-6);
+  o.gpu_pairs[0].first.gpus_per_node = 8;  // candidates 1, 2, 4, 8
+  auto r = search_plans(o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  std::set<int> seen;
+  for (const Plan& p : r->plans) seen.insert(p.deployment.shape.tp_attention);
+  EXPECT_EQ(seen, (std::set<int>{1, 2, 4}));  // never 8: 4 heads do not split 8 ways
 }
 
 TEST(SearchTest, MaxGpusCapsEveryPlan) {

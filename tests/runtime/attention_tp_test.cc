@@ -1,7 +1,9 @@
 // Attention tensor parallelism (issue 14): an attention replica served by
 // tp_attention processes, rank r holding query heads [r H/tp, (r+1) H/tp) and
-// the matching KV heads (column-parallel q/k/v, row-parallel o_proj, its own
-// KV pool), rank 0 adding the ranks' partial o_proj outputs in rank order.
+// the KV heads they read (a share of them, or one head replicated when tp is a
+// multiple of the KV heads: tp 4 on the tiny presets' 4 / 2 heads), with
+// column-parallel q/k/v, row-parallel o_proj and its own KV pool; rank 0 adds
+// the ranks' partial o_proj outputs in rank order.
 //
 // "Equal up to a near-tie" as in expert_tp_test.cc: the ranks' partial sums
 // add the o_proj reduction in another order than one GEMM over all heads, so
@@ -23,6 +25,7 @@
 #include <map>
 #include <random>
 #include <sstream>
+#include <tuple>
 
 #include "../common/subprocess.h"
 #include "msinfer/core/json.h"
@@ -55,30 +58,49 @@ size_t attention_bytes(const model::ModelWeights& w) {
 
 // ---- weights and arithmetic: the ranks' partials add up to the whole layer ----
 
-class AttentionShardTest : public ::testing::TestWithParam<std::string> {};
+// (preset, tp): tp 2 splits the KV heads, tp 4 replicates them.
+using PresetTp = std::tuple<std::string, int>;
+std::string preset_tp_name(const ::testing::TestParamInfo<PresetTp>& i) {
+  std::string n = std::get<0>(i.param) + "_tp" + std::to_string(std::get<1>(i.param));
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+}
+
+class AttentionShardTest : public ::testing::TestWithParam<PresetTp> {};
 
 // A prefill of T tokens through layer l, once with all heads and once per
-// rank of tp 2 (each with its own KV pool of its KV heads): the ranks' o_proj
+// rank of tp (each with its own KV pool of its KV heads): the ranks' o_proj
 // outputs sum to the whole layer's (fp32, another summation order), each rank
-// holds half the q/k/v/o weights, and ranks > 0 hold nothing else.
-TEST_P(AttentionShardTest, RankPartialsSumToTheWholeLayerAndHoldHalfTheWeights) {
-  const std::string dir = testing::test_model_dir(GetParam());
+// holds its heads' q/k/v/o weights (half of them at tp 2), and ranks > 0 hold
+// nothing else.
+TEST_P(AttentionShardTest, RankPartialsSumToTheWholeLayerAndHoldTheirHeads) {
+  const auto [preset, tp] = GetParam();
+  const std::string name = preset + " tp " + std::to_string(tp);
+  const std::string dir = testing::test_model_dir(preset);
   auto full = load_rank(dir, 0, 1);
   ASSERT_NE(full, nullptr);
   const ModelConfig& mc = full->config();
-  constexpr int tp = 2;
+  const int kv_per_rank = tp <= mc.kv_heads ? mc.kv_heads / tp : 1;
   std::vector<std::unique_ptr<model::ModelWeights>> ranks;
-  for (int r = 0; r < tp; ++r) ranks.push_back(load_rank(dir, r, tp));
-  ASSERT_NE(ranks[1], nullptr);
   for (int r = 0; r < tp; ++r) {
-    const double ratio =
-        static_cast<double>(attention_bytes(*ranks[r])) * tp / attention_bytes(*full);
-    EXPECT_NEAR(ratio, 1.0, 0.05) << GetParam() << " rank " << r;
-    EXPECT_EQ(ranks[r]->layers()[0].o.k(), mc.heads * mc.head_dim / tp);
+    ranks.push_back(load_rank(dir, r, tp));
+    ASSERT_NE(ranks[r], nullptr);
   }
-  // Rank 1: no embedding, LM head or router, so its packed bytes are its
-  // attention slices; rank 0 keeps the LM head and the routers.
-  EXPECT_EQ(ranks[1]->packed_bytes(), attention_bytes(*ranks[1]));
+  for (int r = 0; r < tp; ++r) {
+    const model::LayerWeights& L = ranks[r]->layers()[0];
+    EXPECT_EQ(L.qkv.n(), (mc.heads / tp + 2 * kv_per_rank) * mc.head_dim) << name;
+    EXPECT_EQ(L.o.k(), mc.heads * mc.head_dim / tp) << name;
+    if (tp == 2) {  // an even split: half the packed bytes (panels padded alike)
+      const double ratio =
+          static_cast<double>(attention_bytes(*ranks[r])) * tp / attention_bytes(*full);
+      EXPECT_NEAR(ratio, 1.0, 0.05) << name << " rank " << r;
+    }
+    // Ranks > 0: no embedding, LM head or router, so their packed bytes are
+    // their attention slices; rank 0 keeps the LM head and the routers.
+    if (r > 0) {
+      EXPECT_EQ(ranks[r]->packed_bytes(), attention_bytes(*ranks[r])) << name;
+    }
+  }
   EXPECT_GT(ranks[0]->packed_bytes(), attention_bytes(*ranks[0]));
 
   const int64_t T = 7, h = mc.hidden;
@@ -105,7 +127,8 @@ TEST_P(AttentionShardTest, RankPartialsSumToTheWholeLayerAndHoldHalfTheWeights) 
     std::fill(got.begin(), got.end(), 0.f);
     for (int r = 0; r < tp; ++r) {
       KvCache kv = make_kv(*ranks[r]);
-      EXPECT_EQ(kv.total_blocks(), kv_full.total_blocks() * tp);  // half the bytes per token
+      // Its KV heads' bytes per token: 1/tp of them, or one replicated head.
+      EXPECT_EQ(kv.total_blocks(), kv_full.total_blocks() * mc.kv_heads / kv_per_rank);
       b.block_tables.assign(T, kv.block_table(1));
       AttentionRunner runner(*ranks[r]);
       ASSERT_TRUE(runner.attention_partial(l, b, kv, x.data(), part.data()).ok());
@@ -116,7 +139,7 @@ TEST_P(AttentionShardTest, RankPartialsSumToTheWholeLayerAndHoldHalfTheWeights) 
       worst = std::max(worst, std::fabs(double(got[i]) - want[i]));
       scale = std::max(scale, std::fabs(double(want[i])));
     }
-    EXPECT_LE(worst, 1e-5 * scale + 1e-7) << GetParam() << " layer " << l;
+    EXPECT_LE(worst, 1e-5 * scale + 1e-7) << name << " layer " << l;
   }
 }
 
@@ -124,11 +147,17 @@ TEST(AttentionShardErrorsTest, AnUnevenSplitOrABadRankIsAnError) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");  // 4 heads, 2 KV heads
   model::LoadOptions lo;
   lo.all_experts = false;
-  lo.attention_tp_size = 4;  // divides the heads, not the KV heads
+  lo.attention_tp_size = 3;  // divides neither
   auto w = model::ModelWeights::load(dir, lo);
   ASSERT_FALSE(w.ok());
-  EXPECT_NE(w.status().message().find("tp_attention 4 must divide the query heads (4) and the KV "
-                                      "heads (2)"),
+  EXPECT_NE(w.status().message().find("tp_attention 3 must divide the query heads (4) and divide "
+                                      "or be a multiple of the KV heads (2)"),
+            std::string::npos)
+      << w.status().to_string();
+  lo.attention_tp_size = 8;  // a multiple of the KV heads, but more ranks than query heads
+  w = model::ModelWeights::load(dir, lo);
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("tp_attention 8 must divide the query heads (4)"),
             std::string::npos)
       << w.status().to_string();
   lo.attention_tp_size = 2;
@@ -139,48 +168,64 @@ TEST(AttentionShardErrorsTest, AnUnevenSplitOrABadRankIsAnError) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyPresets, AttentionShardTest,
-                         ::testing::Values("tiny-mixtral", "tiny-qwen3moe"));
+                         ::testing::Combine(::testing::Values("tiny-mixtral", "tiny-qwen3moe"),
+                                            ::testing::Values(2, 4)),
+                         preset_tp_name);
 
 // ---- logits of the tp engine against PyTorch ----
 
-// Rank 1 of a tp-2 replica in this process: the engine (rank 0) hands it each
-// layer's normed input and batch; it computes its heads over its own KV pool
-// (same block ids as rank 0's), and its partial is added as the runtime adds
-// it (rank order, after rank 0's).
-class InProcessPeer : public AttentionPeers {
+// Ranks 1..tp-1 of a replica in this process: the engine (rank 0) hands them
+// each layer's normed input and batch; each computes its heads over its own
+// KV pool (same block ids as rank 0's), and their partials are added as the
+// runtime adds them (rank order, after rank 0's).
+class InProcessPeers : public AttentionPeers {
  public:
-  InProcessPeer(std::unique_ptr<model::ModelWeights> w, int64_t kv_bytes, int64_t block_size)
-      : w_(std::move(w)),
-        runner_(*w_),
-        kv_(KvCache::create(attention_tp_config(*w_), kv_bytes, block_size).value()) {}
+  InProcessPeers(const std::string& dir, int tp, int64_t kv_bytes, int64_t block_size) {
+    for (int r = 1; r < tp; ++r) {
+      Rank& k = ranks_.emplace_back();
+      k.w = load_rank(dir, r, tp);
+      k.runner = std::make_unique<AttentionRunner>(*k.w);
+      k.kv = std::make_unique<KvCache>(
+          KvCache::create(attention_tp_config(*k.w), kv_bytes, block_size).value());
+    }
+  }
   Status start(int l, const TokenBatch& b, const float* h) override {
-    part_.resize(b.size() * w_->config().hidden);
     ++calls_;
-    return runner_.attention_partial(l, b, kv_, h, part_.data());
+    for (Rank& k : ranks_) {
+      k.part.resize(b.size() * k.w->config().hidden);
+      MSI_RETURN_IF_ERROR(k.runner->attention_partial(l, b, *k.kv, h, k.part.data()));
+    }
+    return ok_status();
   }
   Status add_partials(int, int64_t T, float* o) override {
-    for (int64_t i = 0; i < T * w_->config().hidden; ++i) o[i] += part_[i];
+    for (const Rank& k : ranks_) {
+      for (int64_t i = 0; i < T * k.w->config().hidden; ++i) o[i] += k.part[i];
+    }
     return ok_status();
   }
   int64_t calls() const { return calls_; }
 
  private:
-  std::unique_ptr<model::ModelWeights> w_;
-  AttentionRunner runner_;
-  KvCache kv_;
-  std::vector<float> part_;
+  struct Rank {
+    std::unique_ptr<model::ModelWeights> w;
+    std::unique_ptr<AttentionRunner> runner;
+    std::unique_ptr<KvCache> kv;
+    std::vector<float> part;
+  };
+  std::vector<Rank> ranks_;
   int64_t calls_ = 0;
 };
 
-class AttentionTpTorchTest : public ::testing::TestWithParam<std::string> {};
+class AttentionTpTorchTest : public ::testing::TestWithParam<PresetTp> {};
 
-// Prefill plus 16 greedy steps through the engine with tp-2 attention (rank
-// 0's weights with its peer, m = 2): logits within the exactness test's
-// tolerance of the PyTorch reference (max |d| <= 1e-2, mean <= 1e-3) and the
-// same greedy tokens.
+// Prefill plus 16 greedy steps through the engine with tp-2 or tp-4 attention
+// (rank 0's weights with its peers, m = 2): logits within the exactness
+// test's tolerance of the PyTorch reference (max |d| <= 1e-2, mean <= 1e-3)
+// and the same greedy tokens.
 TEST_P(AttentionTpTorchTest, TpLogitsMatchPyTorch) {
   if (!testing::have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch and numpy not found";
-  const std::string dir = testing::test_model_dir(GetParam());
+  const auto [preset, tp] = GetParam();
+  const std::string dir = testing::test_model_dir(preset);
   const std::vector<int32_t> prompt = {5, 9, 22, 40, 7, 8, 11, 3, 60};
   constexpr int kSteps = 17;
   const auto [ref_tokens, ref_logits] = testing::torch_reference(dir, prompt, kSteps);
@@ -190,10 +235,10 @@ TEST_P(AttentionTpTorchTest, TpLogitsMatchPyTorch) {
   o.kv_cache_bytes = 8 << 20;
   o.block_size = 4;
   o.micro_batches = 2;
-  InProcessPeer peer(load_rank(dir, 1, 2), o.kv_cache_bytes, o.block_size);
-  o.attention_peers = &peer;
+  InProcessPeers peers(dir, tp, o.kv_cache_bytes, o.block_size);
+  o.attention_peers = &peers;
   auto e =
-      Engine::create(std::shared_ptr<const model::ModelWeights>(load_rank(dir, 0, 2, true)), o);
+      Engine::create(std::shared_ptr<const model::ModelWeights>(load_rank(dir, 0, tp, true)), o);
   ASSERT_TRUE(e.ok()) << e.status().to_string();
   std::vector<std::vector<float>> logits;
   std::vector<int32_t> tokens;
@@ -208,7 +253,7 @@ TEST_P(AttentionTpTorchTest, TpLogitsMatchPyTorch) {
     ASSERT_TRUE(events.ok());
     for (const auto& ev : *events) tokens.push_back(ev.token);
   }
-  EXPECT_GT(peer.calls(), 0);
+  EXPECT_GT(peers.calls(), 0);
   EXPECT_EQ(tokens, ref_tokens);
   ASSERT_EQ(logits.size(), ref_logits.size());
   double worst = 0, sum = 0;
@@ -222,10 +267,10 @@ TEST_P(AttentionTpTorchTest, TpLogitsMatchPyTorch) {
       ++n;
     }
   }
-  EXPECT_LE(worst, 1e-2) << GetParam();
-  EXPECT_LE(sum / n, 1e-3) << GetParam();
-  std::printf("[ attention tp ] %s, tp 2 vs PyTorch: |dlogit| max %.3g, mean %.3g\n",
-              GetParam().c_str(), worst, sum / n);
+  EXPECT_LE(worst, 1e-2) << preset << " tp " << tp;
+  EXPECT_LE(sum / n, 1e-3) << preset << " tp " << tp;
+  std::printf("[ attention tp ] %s, tp %d vs PyTorch: |dlogit| max %.3g, mean %.3g\n",
+              preset.c_str(), tp, worst, sum / n);
 }
 
 // Without its peers the engine refuses tp weights (it would compute half the heads).
@@ -238,7 +283,9 @@ TEST(AttentionTpEngineTest, TpWeightsWithoutPeersAreRefused) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyPresets, AttentionTpTorchTest,
-                         ::testing::Values("tiny-mixtral", "tiny-qwen3moe"));
+                         ::testing::Combine(::testing::Values("tiny-mixtral", "tiny-qwen3moe"),
+                                            ::testing::Values(2, 4)),
+                         preset_tp_name);
 
 // ---- deployments through the binary ----
 
@@ -251,7 +298,8 @@ using testing::kNearTie;
 class AttentionTpTest : public ::testing::TestWithParam<std::string> {};
 
 // (tp_a, tp_e) in {(2, 1), (2, 2)} with m in {1, 2} (n_a = m: one replica with
-// one micro-batch, two with two), tp_e = 2 in both reduction modes.
+// one micro-batch, two with two), tp_e = 2 in both reduction modes; and tp_a 4
+// (KV heads replicated: two ranks per KV head) with m = 2 on one replica.
 TEST_P(AttentionTpTest, SameTokensAsTheColocatedEngine) {
   const std::string dir = testing::test_model_dir(GetParam());
   const std::vector<int32_t> prompt = {5, 9, 22, 40, 7, 8, 11};
@@ -263,26 +311,35 @@ TEST_P(AttentionTpTest, SameTokensAsTheColocatedEngine) {
   const bool torch = testing::have_torch();
   const testing::TorchReference pt =
       torch ? testing::torch_reference(dir, prompt, 16) : testing::TorchReference{};
+  std::vector<std::pair<std::string, int>> deployments;  // (flags, tp_a)
   for (const std::string shape : {"--attention-workers 1 --expert-workers 2 --micro-batches 1",
                                   "--attention-workers 2 --expert-workers 2 --micro-batches 2"}) {
     for (const std::string tp_e : {"", " --tp-expert 2 --tp-expert-reduce attention-sum",
                                    " --tp-expert 2 --tp-expert-reduce allreduce"}) {
-      const std::string d = shape + " --tp-attention 2" + tp_e;
-      const Generated g = generate(args + " " + d + " --logprobs 20");
-      expect_equal_up_to_near_tie(ref, g.tokens, dir, prompt, GetParam() + " " + d);
-      if (torch) testing::expect_logprobs_match_reference(g.doc, pt, 20, GetParam() + " " + d);
-      EXPECT_NE(g.err.find("tp_attention 2 (2 processes per attention worker)"), std::string::npos)
-          << g.err;
-      EXPECT_NE(g.err.find("attention worker 0 tp rank 1: pid"), std::string::npos) << g.err;
-      EXPECT_EQ(g.err.find("attention worker 0 tp rank 2"), std::string::npos) << g.err;
-      // The experts count every row once: the replica's rank 0 alone sends.
-      const Json& routing = g.doc["routing"];
-      for (size_t l = 0; l < routing["expert_tokens"].size(); ++l) {
-        int64_t by_expert = 0, by_worker = 0;
-        for (const auto& n : routing["expert_tokens"][l]) by_expert += n.get<int64_t>();
-        for (const auto& n : routing["worker_tokens"][l]) by_worker += n.get<int64_t>();
-        EXPECT_EQ(by_worker, by_expert) << routing.dump();
-      }
+      deployments.emplace_back(shape + " --tp-attention 2" + tp_e, 2);
+    }
+  }
+  deployments.emplace_back(
+      "--attention-workers 1 --expert-workers 2 --micro-batches 2 --tp-attention 4", 4);
+  for (const auto& [d, tp_a] : deployments) {
+    const std::string tp = std::to_string(tp_a);
+    const Generated g = generate(args + " " + d + " --logprobs 20");
+    expect_equal_up_to_near_tie(ref, g.tokens, dir, prompt, GetParam() + " " + d);
+    if (torch) testing::expect_logprobs_match_reference(g.doc, pt, 20, GetParam() + " " + d);
+    EXPECT_NE(g.err.find("tp_attention " + tp + " (" + tp + " processes per attention worker)"),
+              std::string::npos)
+        << g.err;
+    EXPECT_NE(g.err.find("attention worker 0 tp rank " + std::to_string(tp_a - 1) + ": pid"),
+              std::string::npos)
+        << g.err;
+    EXPECT_EQ(g.err.find("attention worker 0 tp rank " + tp), std::string::npos) << g.err;
+    // The experts count every row once: the replica's rank 0 alone sends.
+    const Json& routing = g.doc["routing"];
+    for (size_t l = 0; l < routing["expert_tokens"].size(); ++l) {
+      int64_t by_expert = 0, by_worker = 0;
+      for (const auto& n : routing["expert_tokens"][l]) by_expert += n.get<int64_t>();
+      for (const auto& n : routing["worker_tokens"][l]) by_worker += n.get<int64_t>();
+      EXPECT_EQ(by_worker, by_expert) << routing.dump();
     }
   }
 }
@@ -351,8 +408,9 @@ TEST(AttentionTpFlagsTest, BadValuesAreRefused) {
                                          " --prompt-ids 5,9 --max-tokens 2 " + extra +
                                          " 2>&1; echo exit=$?'");
   };
-  std::string out = run("--attention-workers 1 --expert-workers 2 --tp-attention 4");
-  EXPECT_NE(out.find("tp_attention 4 must divide the model's query heads (4) and KV heads (2)"),
+  std::string out = run("--attention-workers 1 --expert-workers 2 --tp-attention 3");
+  EXPECT_NE(out.find("tp_attention 3 must divide the query heads (4) and divide or be a multiple "
+                     "of the KV heads (2)"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("exit=2"), std::string::npos) << out;

@@ -44,8 +44,10 @@ void add_deployment_flags(FlagSet& flags) {
                 "1/tp of its experts' FFN (default: the placement's tp_expert, else 1)");
   flags.add_int("tp-attention", 0, 0, runtime::Placement::kMaxTp,
                 "attention tensor parallelism: processes (ranks) per attention worker; each\n"
-                "holds 1/tp of the heads, their q/k/v/o weights and KV cache (default: the\n"
-                "placement's tp_attention, else 1)");
+                "holds 1/tp of the query heads, their q/k/v/o weights and KV cache; tp must\n"
+                "divide the query heads and divide the KV heads or be a multiple of them (a\n"
+                "KV head is then replicated on tp/KV ranks) (default: the placement's\n"
+                "tp_attention, else 1)");
   flags.add_string("tp-expert-reduce", "",
                    "how an expert worker's shards combine their partial outputs: attention-sum\n"
                    "(each shard answers, the attention side adds) | allreduce (shard 0 sums\n"
@@ -195,7 +197,8 @@ Status apply_tp_expert(const FlagSet& flags, const ModelConfig& model, int plan_
 }
 
 // Attention tensor parallelism: flag > placement file > plan > 1; the heads
-// and the KV heads must split evenly.
+// must split evenly, the KV heads too or be replicated
+// (ModelConfig::check_attention_tp).
 Status apply_tp_attention(const FlagSet& flags, const ModelConfig& model, int plan_tp,
                           runtime::WorkerConfig* c) {
   c->tp_attention = plan_tp > 0 ? plan_tp : 1;
@@ -203,11 +206,7 @@ Status apply_tp_attention(const FlagSet& flags, const ModelConfig& model, int pl
   if (flags.get_int("tp-attention") > 0) {
     c->tp_attention = static_cast<int>(flags.get_int("tp-attention"));
   }
-  if (model.heads % c->tp_attention != 0 || model.kv_heads % c->tp_attention != 0) {
-    return invalid_argument("tp_attention " + std::to_string(c->tp_attention) +
-                            " must divide the model's query heads (" + std::to_string(model.heads) +
-                            ") and KV heads (" + std::to_string(model.kv_heads) + ")");
-  }
+  MSI_RETURN_IF_ERROR(model.check_attention_tp(c->tp_attention));
   if (c->attention_processes() > 128) {
     return invalid_argument("attention workers x tp_attention = " +
                             std::to_string(c->attention_processes()) + " processes; at most 128");

@@ -65,6 +65,22 @@ struct ModelConfig {
   double total_params() const;
   // bf16 KV-cache bytes per token per layer (4*h/g for GQA with head_dim = h/heads).
   double kv_bytes_per_token_per_layer() const;
+
+  // Attention tensor parallelism over `tp` ranks (GQA). The query heads split
+  // evenly; the KV heads either split evenly too (tp divides them) or, when tp
+  // is a multiple of them, each rank holds the one KV head its query heads
+  // read, replicated on tp / kv_heads ranks (as vLLM does). Otherwise an error
+  // naming the counts.
+  Status check_attention_tp(int tp) const;
+  // KV heads each of `tp` ranks holds: kv_heads / tp rounded up (1 when
+  // replicated).
+  int kv_heads_per_attention_rank(int tp) const;
+  // The first of them on rank r (its first query head's KV head).
+  int first_kv_head_of_attention_rank(int r, int tp) const;
+  // kv_bytes_per_token_per_layer() on each of `tp` attention ranks: a GQA
+  // rank's share of the KV heads (replicated heads counted on every rank); an
+  // MLA latent divided by tp.
+  double kv_bytes_per_token_per_layer_per_attention_rank(int tp) const;
   // FLOPs of one token in one MoE layer on the attention side, excluding the
   // attention-score FLOPs that grow with context (see attention_score_flops).
   double attention_side_flops_per_token_per_moe_layer() const;

@@ -146,9 +146,12 @@ double nic_transfer_time(double bytes, double connections, double bandwidth, con
 // of the data crosses each link). Intra-node link when tp fits a node, else the NIC.
 double allreduce_time(const GpuSpec& gpu, int tp, double bytes, const UtilCurve& nic_util);
 
-// Bytes an attention node needs: bf16 KV cache of m micro-batches of b_a
-// requests at context s, plus bf16 weights (SPEC.md section 4's memory constraint).
-double attention_node_bytes(const ModelConfig& model, int m, double b_a, double seq_len);
+// Bytes an attention node of tp GPUs needs: bf16 KV cache of m micro-batches
+// of b_a requests at context s (KV heads replicated over tp > kv_heads ranks
+// counted once per rank), plus bf16 weights (SPEC.md section 4's memory
+// constraint).
+double attention_node_bytes(const ModelConfig& model, int m, double b_a, double seq_len,
+                            int tp = 1);
 double attention_node_capacity(const GpuSpec& gpu, int tp);  // tp * C * memory_usable
 double expert_node_bytes(const ModelConfig& model);            // one expert's bf16 weights
 double expert_node_capacity(const GpuSpec& gpu, int tp);
