@@ -54,10 +54,12 @@ inline Generated generate(const std::string& args) {
 }
 
 // Logits of each greedy step of the co-located engine (in this process).
-inline std::vector<std::vector<float>> colocated_logits(const std::string& dir,
-                                                        const std::vector<int32_t>& prompt,
-                                                        int steps) {
-  auto w = model::ModelWeights::load(dir);
+inline std::vector<std::vector<float>> colocated_logits(
+    const std::string& dir, const std::vector<int32_t>& prompt, int steps,
+    kernels::cpu::WeightFormat weights = kernels::cpu::WeightFormat::kBf16) {
+  model::LoadOptions lo;
+  lo.weights = weights;
+  auto w = model::ModelWeights::load(dir, lo);
   EXPECT_TRUE(w.ok());
   auto e = Engine::create(std::shared_ptr<const model::ModelWeights>(std::move(w).value()),
                           EngineOptions{});
@@ -77,16 +79,16 @@ inline std::vector<std::vector<float>> colocated_logits(const std::string& dir,
 // they first differ, `got`'s token must be within kNearTie of the co-located
 // engine's best logit at that step, and the comparison stops there.
 // NearTieCheckTest (expert_tp_test.cc) shows that it fails on a clear
-// divergence.
-inline void expect_equal_up_to_near_tie(const std::vector<int32_t>& ref,
-                                        const std::vector<int32_t>& got, const std::string& dir,
-                                        const std::vector<int32_t>& prompt,
-                                        const std::string& what) {
+// divergence. `weights`: the format both runs used.
+inline void expect_equal_up_to_near_tie(
+    const std::vector<int32_t>& ref, const std::vector<int32_t>& got, const std::string& dir,
+    const std::vector<int32_t>& prompt, const std::string& what,
+    kernels::cpu::WeightFormat weights = kernels::cpu::WeightFormat::kBf16) {
   ASSERT_EQ(got.size(), ref.size()) << what;
   size_t i = 0;
   while (i < ref.size() && ref[i] == got[i]) ++i;
   if (i == ref.size()) return;
-  const auto logits = colocated_logits(dir, prompt, static_cast<int>(i) + 1);
+  const auto logits = colocated_logits(dir, prompt, static_cast<int>(i) + 1, weights);
   ASSERT_GT(logits.size(), i);
   const auto& l = logits[i];
   const float best = *std::max_element(l.begin(), l.end());
