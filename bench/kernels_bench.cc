@@ -22,11 +22,12 @@ std::vector<bf16> random_bf16(size_t n, float scale, uint64_t seed) {
   return v;
 }
 
-// The compute roof of a row: vdpbf16ps peak for bf16 GEMMs at the levels that
-// use it (oneDNN), the fp32 FMA peak for everything else (own panel kernels
-// widen bf16/int8 to fp32; attention runs in fp32).
+// The compute roof of a row: the vdpbf16ps peak for the GEMMs (bf16 and int8
+// weights) at the levels that run them as bf16 dot products (avx512bf16, amx:
+// bf16_flops is probed there), the fp32 FMA peak for everything else (the
+// panel levels widen bf16/int8 to fp32; attention runs in fp32).
 double compute_peak(const KernelBenchRow& r, const MachineLimits& m) {
-  const bool bf16_dot = r.weights == "bf16" && m.bf16_flops > 0 && r.kernel == "expert_ffn";
+  const bool bf16_dot = m.bf16_flops > 0 && r.kernel == "expert_ffn";
   return bf16_dot ? m.bf16_flops : m.fp32_flops;
 }
 

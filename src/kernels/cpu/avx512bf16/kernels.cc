@@ -1,6 +1,6 @@
-// The avx512bf16 level: bf16 GEMMs as vdpbf16ps over weights packed in
-// pairs of K (below); int8 GEMMs and every other kernel are the avx512
-// level's, except attention scores as bf16 dot products; floats to bf16 with
+// The avx512bf16 level: bf16 and int8 GEMMs as vdpbf16ps over weights packed
+// in pairs of K (below); every other kernel is the avx512 level's, except
+// attention scores as bf16 dot products; floats to bf16 with
 // vcvtneps2bf16 (round to nearest even, as float_to_bf16). The amx level runs
 // the same kernels but its bf16 GEMMs through oneDNN, which uses AMX tiles
 // (onednn_gemm.cc).
@@ -61,32 +61,78 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void to_bf16(con
 //    same kRows x 32 block over kKBlock pairs at a time, which stay in L1
 //    for all the chunk's row tiles (bound by vdpbf16ps throughput).
 // Odd K is padded with a zero weight (and x's pad is zero too).
+//
+// int8 weights (symmetric, one fp32 scale per output column, as every level
+// quantises them) use the same [ceil(K/2)][32][2] layout in int8, 64 bytes per
+// pair step; each step widens them to bf16 in registers (sign-extend, convert
+// to fp32, vcvtne2ps2bf16: exact, |q| <= 127 needs 7 bits) and runs the same
+// vdpbf16ps; the scale multiplies the finished sums. Against the avx512
+// panels' fp32 FMAs this is ~0.6x the instructions per row tile (10 to widen
+// 64 weights, then 2 per row, against 8 and 4 per row), which is what large
+// batches of int8 experts are bound by.
 namespace dp {
 
 constexpr int64_t kPanel = 32;
-constexpr int64_t kRows = 12;                      // 24 zmm accumulators
-constexpr int64_t kKBlock = 16384 / (kPanel * 4);  // pairs: 16 KiB of panel in L1
+constexpr int64_t kRows = 12;  // 24 zmm accumulators
 constexpr int64_t kChunkRows = kRows * 16;
 constexpr int64_t kPrefetchBytes = 4096;
 
 int64_t pairs(int64_t k) { return (k + 1) / 2; }
 
-Status pack(const bf16* w, int64_t n, int64_t k, GemmWeights* out) {
-  out->format = WeightFormat::kBf16;
+// Bytes of one pair step of a panel, and pair steps per 16 KiB block in L1.
+template <typename W>
+constexpr int64_t kStepBytes = kPanel * 2 * static_cast<int64_t>(sizeof(W));
+template <typename W>
+constexpr int64_t kKBlock = 16384 / kStepBytes<W>;
+
+// src [n][k] (bf16, or int8 from quantize_int8_rows) into 32-column panels of
+// [ceil(k/2)][32][2], zero-padded past n and k.
+template <typename W>
+Status pack_pairs(const W* src, int64_t n, int64_t k, GemmWeights* out) {
   out->n = n;
   out->k = k;
   out->panel = kPanel;
   out->panels = (n + kPanel - 1) / kPanel;
   const int64_t kp = pairs(k);
   MSI_RETURN_IF_ERROR(
-      alloc_weight_data(static_cast<size_t>(out->panels * kp * kPanel * 2) * sizeof(bf16), out));
-  bf16* dst = reinterpret_cast<bf16*>(out->data.get());
+      alloc_weight_data(static_cast<size_t>(out->panels * kp * kStepBytes<W>), out));
+  W* dst = reinterpret_cast<W*>(out->data.get());
   for (int64_t j = 0; j < n; ++j) {
     const int64_t p = j / kPanel, c = j % kPanel;
-    bf16* panel = dst + p * kp * kPanel * 2;
-    for (int64_t t = 0; t < k; ++t) panel[((t / 2) * kPanel + c) * 2 + (t & 1)] = w[j * k + t];
+    W* panel = dst + p * kp * kPanel * 2;
+    for (int64_t t = 0; t < k; ++t) panel[((t / 2) * kPanel + c) * 2 + (t & 1)] = src[j * k + t];
   }
   return ok_status();
+}
+
+Status pack(const bf16* w, int64_t n, int64_t k, WeightFormat format, GemmWeights* out) {
+  out->format = format;
+  if (format == WeightFormat::kBf16) return pack_pairs(w, n, k, out);
+  std::vector<int8_t> q(static_cast<size_t>(n * k));
+  out->scale.assign(static_cast<size_t>((n + kPanel - 1) / kPanel * kPanel), 0.f);
+  quantize_int8_rows(w, n, k, q.data(), out->scale.data());
+  return pack_pairs(q.data(), n, k, out);
+}
+
+// One pair step of 32 columns as two bf16 vectors of [16][2].
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void load_step(
+    const bf16* wp, __m512bh* w0, __m512bh* w1) {
+  *w0 = (__m512bh)_mm512_load_si512(wp);
+  *w1 = (__m512bh)_mm512_load_si512(wp + 32);
+}
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline __m512bh widen16(
+    __m128i lo, __m128i hi) {
+  const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo));
+  const __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi));
+  return _mm512_cvtne2ps_pbh(b, a);  // a in the low half: columns 0-7, then 8-15
+}
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void load_step(
+    const int8_t* wp, __m512bh* w0, __m512bh* w1) {
+  // Four 16-byte loads that vpmovsxbd takes as its memory operand (no
+  // extracts from one 64-byte load).
+  const __m128i* q = reinterpret_cast<const __m128i*>(wp);
+  *w0 = widen16(_mm_load_si128(q), _mm_load_si128(q + 1));
+  *w1 = widen16(_mm_load_si128(q + 2), _mm_load_si128(q + 3));
 }
 
 // c[r * 32 + :] (+)= x[r] . W for rows r < R over pairs [0, np) of one panel
@@ -97,9 +143,9 @@ Status pack(const bf16* w, int64_t n, int64_t k, GemmWeights* out) {
 // blocks continue the chain through c), so a request's tokens do not depend
 // on what else is batched with it. One chain is also fast enough: at one row
 // a vdpbf16ps latency per 128 bytes is far above the memory stream.
-template <int R>
+template <int R, typename W>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void block(
-    const bf16* w, int64_t np, const uint32_t* xt, int64_t xs, float* c, bool first) {
+    const W* w, int64_t np, const uint32_t* xt, int64_t xs, float* c, bool first) {
   __m512 a0[R], a1[R];
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) {
@@ -107,12 +153,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void bloc
     a1[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * kPanel + 16);
   }
   for (int64_t t = 0; t < np; ++t) {
-    const bf16* wp = w + t * kPanel * 2;
+    const W* wp = w + t * kPanel * 2;
     const char* line = reinterpret_cast<const char*>(wp) + kPrefetchBytes;
     __builtin_prefetch(line);
-    __builtin_prefetch(line + 64);
-    const __m512bh w0 = (__m512bh)_mm512_load_si512(wp);
-    const __m512bh w1 = (__m512bh)_mm512_load_si512(wp + 32);
+    if constexpr (kStepBytes<W> != 64) __builtin_prefetch(line + 64);
+    __m512bh w0, w1;
+    load_step(wp, &w0, &w1);
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
       const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(xt[t * xs + r]));
@@ -127,18 +173,20 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void bloc
   }
 }
 
-template <int R = static_cast<int>(kRows)>
-inline void block_n(int64_t rows, const bf16* w, int64_t np, const uint32_t* xt, int64_t xs,
-                    float* c, bool first) {
+template <int R = static_cast<int>(kRows), typename W>
+inline void block_n(int64_t rows, const W* w, int64_t np, const uint32_t* xt, int64_t xs, float* c,
+                    bool first) {
   if constexpr (R > 0) {
     if (rows == R) return block<R>(w, np, xt, xs, c, first);
     return block_n<R - 1>(rows, w, np, xt, xs, c, first);
   }
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void forward(const GemmWeights& w,
-                                                                             const float* x,
-                                                                             int64_t m, float* y) {
+template <typename W>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void forward_w(const GemmWeights& w,
+                                                                               const float* x,
+                                                                               int64_t m,
+                                                                               float* y) {
   const int64_t K = w.k, N = w.n, kp = pairs(K), tiles = (m + kRows - 1) / kRows;
   // x rounded to bf16 (vcvtneps2bf16: nearest even, as round_bf16_inplace),
   // in pairs, tiles of kRows rows: [tile][kp][kRows], rows past m zero; at
@@ -160,7 +208,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void forward(con
   const bool direct = m <= kRows;
   const int64_t chunks = direct ? 1 : (m + kChunkRows - 1) / kChunkRows;
   const int64_t items = w.panels * chunks;
-  const bf16* data = reinterpret_cast<const bf16*>(w.data.get());
+  const W* data = reinterpret_cast<const W*>(w.data.get());
+  constexpr int64_t kb = kKBlock<W>;
   const uint32_t* xtiles = xp.data();  // xp is this thread's; the team reads it
 #pragma omp parallel if (items > 1)
   {
@@ -169,18 +218,27 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void forward(con
     for (int64_t item = 0; item < items; ++item) {
       const int64_t p = item / chunks, m0 = (item % chunks) * kChunkRows;
       const int64_t rows = std::min(direct ? m : kChunkRows, m - m0);
-      const bf16* panel = data + p * kp * kPanel * 2;
+      const W* panel = data + p * kp * kPanel * 2;
       const int64_t cols = std::min(kPanel, N - p * kPanel);
       if (direct) {
         block_n(rows, panel, kp, xtiles, xs, cbuf, true);
       } else {
-        for (int64_t t0 = 0; t0 < kp; t0 += kKBlock) {
-          const int64_t nb = std::min(kKBlock, kp - t0);
+        for (int64_t t0 = 0; t0 < kp; t0 += kb) {
+          const int64_t nb = std::min(kb, kp - t0);
           for (int64_t r = 0; r < rows; r += kRows) {
             const uint32_t* xt = xtiles + ((m0 + r) / kRows * kp + t0) * kRows;
             block_n(std::min(kRows, rows - r), panel + t0 * kPanel * 2, nb, xt, kRows,
                     cbuf + r * kPanel, t0 == 0);
           }
+        }
+      }
+      if constexpr (std::is_same_v<W, int8_t>) {
+        const __m512 s0 = _mm512_loadu_ps(w.scale.data() + p * kPanel);
+        const __m512 s1 = _mm512_loadu_ps(w.scale.data() + p * kPanel + 16);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* cr = cbuf + r * kPanel;
+          _mm512_storeu_ps(cr, _mm512_mul_ps(_mm512_loadu_ps(cr), s0));
+          _mm512_storeu_ps(cr + 16, _mm512_mul_ps(_mm512_loadu_ps(cr + 16), s1));
         }
       }
       for (int64_t r = 0; r < rows; ++r) {
@@ -190,27 +248,24 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void forward(con
   }
 }
 
+void forward(const GemmWeights& w, const float* x, int64_t m, float* y) {
+  if (w.format == WeightFormat::kInt8) return forward_w<int8_t>(w, x, m, y);
+  forward_w<bf16>(w, x, m, y);
+}
+
 }  // namespace dp
 
-Status pack(const bf16* w, int64_t n, int64_t k, WeightFormat format, GemmWeights* out) {
-  if (format == WeightFormat::kInt8) return avx512::kernels().pack(w, n, k, format, out);
-  return dp::pack(w, n, k, out);
-}
-
-void forward(const GemmWeights& w, const float* x, int64_t m, float* y) {
-  if (w.format == WeightFormat::kBf16) return dp::forward(w, x, m, y);
-  avx512::kernels().forward(w, x, m, y);
-}
-
 // The amx level: bf16 GEMMs through oneDNN (AMX tiles where it finds them).
+// int8 weights take the avx512bf16 level's pairs kernel (AMX CPUs have
+// AVX512-BF16).
 Status amx_pack(const bf16* w, int64_t n, int64_t k, WeightFormat format, GemmWeights* out) {
-  if (format == WeightFormat::kInt8) return avx512::kernels().pack(w, n, k, format, out);
+  if (format == WeightFormat::kInt8) return dp::pack(w, n, k, format, out);
   return onednn_pack(w, n, k, out);
 }
 
 void amx_forward(const GemmWeights& w, const float* x, int64_t m, float* y) {
   if (w.onednn) return onednn_forward(w, x, m, y);
-  avx512::kernels().forward(w, x, m, y);
+  dp::forward(w, x, m, y);
 }
 
 }  // namespace
@@ -219,8 +274,8 @@ const LevelKernels& kernels() {
   static const LevelKernels k = [] {
     LevelKernels t = avx512::kernels();
     t.level = IsaLevel::kAvx512Bf16;
-    t.pack = pack;
-    t.forward = forward;
+    t.pack = dp::pack;
+    t.forward = dp::forward;
     t.to_bf16 = to_bf16;
     t.paged_attention = simd::paged_attention;
     return t;

@@ -24,9 +24,9 @@ struct FreeDeleter {
 
 // A packed GEMM weight. Panel levels: data holds ceil(n / panel) panels of
 // [k][panel] elements (bf16 or int8), zero-padded past row n; scale [n padded
-// to panels] for int8. avx512bf16's bf16 panels are [ceil(k / 2)][panel][2]
-// (pairs of k, avx512bf16/kernels.cc). amx: onednn holds oneDNN's packed
-// memory.
+// to panels] for int8. avx512bf16's panels, bf16 and int8, are
+// [ceil(k / 2)][panel][2] (pairs of k, avx512bf16/kernels.cc). amx: onednn
+// holds oneDNN's packed bf16 memory; its int8 is avx512bf16's.
 struct GemmWeights {
   IsaLevel level = IsaLevel::kGeneric;
   WeightFormat format = WeightFormat::kBf16;
