@@ -168,7 +168,7 @@ int ModelConfig::first_kv_head_of_attention_rank(int r, int tp) const {
 }
 
 double ModelConfig::kv_bytes_per_token_per_layer_per_attention_rank(int tp) const {
-  if (kv_lora_rank > 0) return kv_bytes_per_token_per_layer() / tp;
+  if (kv_lora_rank > 0) return kv_bytes_per_token_per_layer();
   return kv_bytes_per_token_per_layer() * kv_heads_per_attention_rank(tp) / kv_heads;
 }
 

@@ -101,11 +101,17 @@ TEST(ModelSpecTest, AttentionTpSplitsOrReplicatesTheKvHeads) {
   }
   m.kv_heads = 8;
   m.heads = 24;
-  EXPECT_FALSE(m.check_attention_tp(16).ok());  // a multiple of 8 KV heads, 24 heads don't split
-  EXPECT_FALSE(
-      m.check_attention_tp(12).ok());  // divides the heads, neither divides nor multiplies 8
-  m.kv_lora_rank = 512;                // MLA: the latent is every rank's
+  // 16: a multiple of the 8 KV heads, but the 24 heads do not split 16 ways.
+  EXPECT_FALSE(m.check_attention_tp(16).ok());
+  // 12: divides the heads, neither divides nor is a multiple of 8.
+  EXPECT_FALSE(m.check_attention_tp(12).ok());
+  // MLA: one latent per token, read by every head, so every rank holds all of it.
+  m.kv_lora_rank = 512;
+  m.qk_rope_head_dim = 64;
   EXPECT_TRUE(m.check_attention_tp(12).ok());
+  EXPECT_DOUBLE_EQ(m.kv_bytes_per_token_per_layer(), 2.0 * (512 + 64));
+  EXPECT_DOUBLE_EQ(m.kv_bytes_per_token_per_layer_per_attention_rank(8),
+                   m.kv_bytes_per_token_per_layer());
 }
 
 Json mixtral_8x7b() {

@@ -79,7 +79,8 @@ struct ModelConfig {
   int first_kv_head_of_attention_rank(int r, int tp) const;
   // kv_bytes_per_token_per_layer() on each of `tp` attention ranks: a GQA
   // rank's share of the KV heads (replicated heads counted on every rank); an
-  // MLA latent divided by tp.
+  // MLA latent whole on every rank (every head reads all of it: tensor
+  // parallelism replicates it, as vLLM and SGLang do).
   double kv_bytes_per_token_per_layer_per_attention_rank(int tp) const;
   // FLOPs of one token in one MoE layer on the attention side, excluding the
   // attention-score FLOPs that grow with context (see attention_score_flops).
