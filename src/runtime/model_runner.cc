@@ -25,9 +25,13 @@ ModelConfig attention_tp_config(const model::ModelWeights& w) {
 
 Status AttentionRunner::attention_partial(int l, const TokenBatch& b, KvCache& kv, const float* h,
                                           float* o) {
-  const ModelConfig c = attention_tp_config(w_);  // this rank's heads
+  const ModelConfig& c = w_.config();
   const model::LayerWeights& L = w_.layers()[l];
-  const int64_t T = b.size(), hd = c.head_dim, H = c.heads, KV = c.kv_heads;
+  // This rank's heads, as attention_tp_config gives them (without copying the
+  // config on every layer of every step).
+  const int tp = w_.attention_tp_size();
+  const int64_t T = b.size(), hd = c.head_dim, H = c.heads / tp,
+                KV = c.kv_heads_per_attention_rank(tp);
   const int64_t qn = H * hd, kn = KV * hd;
   const float eps = static_cast<float>(c.rms_norm_eps);
   qkv_.resize(T * (qn + 2 * kn));
