@@ -310,6 +310,19 @@ bool ModelWeights::has_expert(int layer, int expert) const {
   return !layers_[layer].experts[expert].w13.empty();
 }
 
+void ModelWeights::replace_experts(ModelWeights* added, const std::vector<int>& keep) {
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    auto& mine = layers_[l].experts;
+    for (size_t e = 0; e < mine.size(); ++e) {
+      if (added != nullptr && l < added->layers_.size() && e < added->layers_[l].experts.size() &&
+          !added->layers_[l].experts[e].w13.empty()) {
+        mine[e] = std::move(added->layers_[l].experts[e]);
+      }
+      if (std::find(keep.begin(), keep.end(), static_cast<int>(e)) == keep.end()) mine[e] = {};
+    }
+  }
+}
+
 size_t ModelWeights::packed_bytes() const {
   size_t b = lm_head_.bytes();
   for (const auto& L : layers_) {

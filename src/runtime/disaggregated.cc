@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <map>
+#include <thread>
 
 #include "internal/line_io.h"
 #include "msinfer/comm/fabric_transport.h"
@@ -221,8 +223,15 @@ class RemoteExperts : public ExpertBackend {
         stats_(stats),
         dispatch_(shape(c, mc, 0), index),
         combine_(shape(c, mc, 1), index) {
-    for (int w = 0; w < c.expert_workers; ++w) local_.push_back(c.placement.experts_on(w));
-    expert_rows_.assign(c.placement.replicas.size(), 0);
+    set_placement(c.placement);
+  }
+  // Between steps only: the router switches every worker of the deployment
+  // to a new placement at once (online rebalancing).
+  void set_placement(const Placement& p) {
+    placement_ = p;
+    local_.clear();
+    for (int w = 0; w < c_.expert_workers; ++w) local_.push_back(p.experts_on(w));
+    expert_rows_.assign(p.replicas.size(), 0);
   }
   Status attach(comm::Bootstrap& boot) {
     MSI_RETURN_IF_ERROR(dispatch_.attach(ep_));
@@ -251,7 +260,7 @@ class RemoteExperts : public ExpertBackend {
     // worker load (split_rows), then lay out each destination's message.
     for (int e = 0; e < static_cast<int>(expert_rows_.size()); ++e)
       expert_rows_[e] = r.expert_rows(e);
-    const std::vector<std::vector<int64_t>> take = split_rows(c_.placement, expert_rows_);
+    const std::vector<std::vector<int64_t>> take = split_rows(placement_, expert_rows_);
     auto& plan = plans_[k];
     plan.assign(W, {});
     // Expert worker w's message goes to each of its tp shards (receiver
@@ -267,9 +276,9 @@ class RemoteExperts : public ExpertBackend {
         const int64_t off = r.expert_offset[e];
         // This replica's [b, end) of the expert's rows.
         int64_t b = 0, end = 0;
-        for (size_t j = 0; j < c_.placement.replicas[e].size(); ++j) {
+        for (size_t j = 0; j < placement_.replicas[e].size(); ++j) {
           end = b + take[e][j];
-          if (c_.placement.replicas[e][j].first == w) break;
+          if (placement_.replicas[e][j].first == w) break;
           b = end;
         }
         counts[i] = static_cast<int32_t>(end - b);
@@ -366,13 +375,30 @@ class RemoteExperts : public ExpertBackend {
   std::chrono::steady_clock::time_point last_return_ = std::chrono::steady_clock::now();
   comm::M2NSender dispatch_;
   comm::M2NReceiver combine_;
-  std::vector<std::vector<int>> local_;
-  std::vector<int64_t> expert_rows_;  // this micro-batch's rows per expert
+  Placement placement_;
+  std::vector<std::vector<int>> local_;  // experts on each expert worker
+  std::vector<int64_t> expert_rows_;     // this micro-batch's rows per expert
   std::map<int, std::vector<std::vector<Piece>>> plans_;
   std::map<int, int64_t> steps_done_;
 };
 
 // ---- expert worker ----
+
+namespace {
+// The experts an expert worker gains by a rebalance, loaded on a thread of
+// their own (from the mapped checkpoint) while it serves.
+struct ExpertLoad {
+  std::vector<int> keep;   // the worker's experts once it switches
+  std::vector<int> added;  // those of them it does not hold yet
+  std::unique_ptr<model::ModelWeights> weights;
+  Status status = ok_status();
+  std::atomic<bool> done{false};
+  std::thread thread;
+  ~ExpertLoad() {
+    if (thread.joinable()) thread.join();
+  }
+};
+}  // namespace
 
 Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bootstrap& boot,
                          int in_fd, int out_fd) {
@@ -385,7 +411,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
   lo.weights = c.weights;
   lo.expert_tp_rank = tp_rank;
   lo.expert_tp_size = tp;
-  const std::vector<int> local_experts = lo.experts;
+  std::vector<int> local = lo.experts;  // changes only when the router rebalances
   if (tp > 1 && !is_cpu_device(c.expert_device)) {
     return unimplemented(me + ": --tp-expert > 1 on " + c.expert_device +
                          ": the GPU expert backend loads whole experts, not shards");
@@ -394,7 +420,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
       auto w, model::ModelWeights::load(c.model_dir, host_load_options(lo, c.expert_device)));
   const ModelConfig& mc = w->config();
   MSI_ASSIGN_OR_RETURN(std::unique_ptr<ExpertCompute> runner,
-                       make_expert_compute(c.expert_device, *w, local_experts));
+                       make_expert_compute(c.expert_device, *w, local));
   MSI_ASSIGN_OR_RETURN(auto transport, make_transport(c));
   comm::M2NEndpoint ep(std::move(transport), std::chrono::milliseconds(c.timeout_ms));
   ep.set_yield_when_idle(comm::oversubscribed(comm::local_process_count(c.processes())));
@@ -428,7 +454,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
   }
   if (c.tp_attention > 1) MSI_RETURN_IF_ERROR(wire(boot, ep, nullptr, region, 0, 0));
   std::fprintf(stderr, "msinfer: %s ready (pid %d): experts", me.c_str(), ::getpid());
-  for (int e : local_experts) std::fprintf(stderr, " %d", e);
+  for (int e : local) std::fprintf(stderr, " %d", e);
   std::fprintf(stderr, "; RSS %.0f MiB (expert weights %.1f MiB)\n",
                read_process_memory().rss_bytes / 1048576.0, w->packed_bytes() / 1048576.0);
   write_line(out_fd, Json{{"ready", index},
@@ -438,8 +464,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
 
   const int A = c.attention_workers, M = c.micro_batches;
   const int64_t h = mc.hidden, row_bytes = h * 4;
-  const std::vector<int>& local = local_experts;
-  const int64_t hdr = header_rows(static_cast<int64_t>(local.size()), row_bytes);
+  int64_t hdr = header_rows(static_cast<int64_t>(local.size()), row_bytes);
   std::vector<int64_t> served(M, 0);  // (slot, layer) units served per slot
   std::vector<float> in, out;
   std::string pending;
@@ -460,8 +485,102 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
     if (combine) combine->drop_receiver(a);
     return ok_status();
   };
+  // Online rebalancing (Router, docs/RUNTIME.md "Online rebalancing"):
+  //  {"op": "routed"}: rows per (layer, expert) since the last such question
+  //    (shard 0 counts), {"routed": [layer * E + e]};
+  //  {"op": "prepare", "placement": P}: load the experts P gives this worker
+  //    that it lacks, on a thread of their own while units go on being served,
+  //    {"preparing": n};
+  //  {"op": "prepared"}: {"ready": bool}, or {"error"} when the load failed;
+  //  {"op": "switch"} (between steps, once every worker is ready): serve P's
+  //    experts from the next unit on and free the ones P moved away,
+  //    {"switched": [experts]};
+  //  {"op": "abandon"}: forget a prepared placement, {"abandoned": true}.
+  std::vector<int64_t> routed_since(static_cast<size_t>(mc.layers) * mc.experts, 0);
+  std::unique_ptr<ExpertLoad> loading;
+  auto rebalance_command = [&](const Json& cmd) -> Status {
+    const std::string op = cmd.value("op", "");
+    auto answer_error = [&](const std::string& m) {
+      write_line(out_fd, Json{{"error", me + ": " + m}}.dump());
+      return ok_status();
+    };
+    if (op == "routed") {
+      write_line(out_fd, Json{{"routed", routed_since}}.dump());
+      std::fill(routed_since.begin(), routed_since.end(), 0);
+      return ok_status();
+    }
+    if (op == "prepare") {
+      if (!is_cpu_device(c.expert_device)) {
+        return answer_error("online rebalancing runs on CPU expert workers only");
+      }
+      if (loading) return answer_error("a rebalance is already being prepared");
+      auto p = Placement::from_json(cmd.value("placement", Json()), mc.experts, "router");
+      if (!p.ok()) return answer_error(p.status().message());
+      if (p->workers != c.expert_workers) return answer_error("placement for other workers");
+      loading = std::make_unique<ExpertLoad>();
+      loading->keep = p->experts_on(index);
+      for (int e : loading->keep) {
+        if (std::find(local.begin(), local.end(), e) == local.end()) loading->added.push_back(e);
+      }
+      if (loading->added.empty()) {
+        loading->done = true;
+      } else {
+        model::LoadOptions more = lo;
+        more.experts = loading->added;
+        loading->thread = std::thread([dir = c.model_dir, more, l = loading.get()] {
+          auto loaded = model::ModelWeights::load(dir, more);
+          if (loaded.ok()) {
+            l->weights = std::move(loaded).value();
+          } else {
+            l->status = loaded.status();
+          }
+          l->done = true;
+        });
+      }
+      write_line(out_fd, Json{{"preparing", loading->added.size()}}.dump());
+      return ok_status();
+    }
+    if (op == "prepared") {
+      if (!loading) return answer_error("no rebalance is being prepared");
+      if (loading->done && !loading->status.ok()) {
+        const std::string m = "loading experts: " + loading->status.message();
+        loading.reset();
+        return answer_error(m);
+      }
+      write_line(out_fd, Json{{"ready", loading->done.load()}}.dump());
+      return ok_status();
+    }
+    if (op == "abandon") {
+      loading.reset();  // waits for a load still running
+      write_line(out_fd, Json{{"abandoned", true}}.dump());
+      return ok_status();
+    }
+    if (op == "switch") {
+      if (!loading || !loading->done || !loading->status.ok()) {
+        return answer_error("switch before the new experts were loaded");
+      }
+      if (loading->thread.joinable()) loading->thread.join();
+      w->replace_experts(loading->weights.get(), loading->keep);
+      local = loading->keep;
+      hdr = header_rows(static_cast<int64_t>(local.size()), row_bytes);
+      loading.reset();
+      std::string held;
+      for (int e : local) held += " " + std::to_string(e);
+      std::fprintf(stderr,
+                   "msinfer: %s: rebalanced: experts%s; RSS %.0f MiB (expert weights %.1f MiB)\n",
+                   me.c_str(), held.c_str(), read_process_memory().rss_bytes / 1048576.0,
+                   w->packed_bytes() / 1048576.0);
+      write_line(out_fd, Json{{"switched", local},
+                              {"rss_mb", read_process_memory().rss_bytes / 1048576.0},
+                              {"weights_mb", w->packed_bytes() / 1048576.0}}
+                             .dump());
+      return ok_status();
+    }
+    return drop_attention(cmd);
+  };
   auto handle_commands = [&] {
-    return answer_router_commands(in_fd, out_fd, &pending, &stats, "expert worker", drop_attention);
+    return answer_router_commands(in_fd, out_fd, &pending, &stats, "expert worker",
+                                  rebalance_command);
   };
   int64_t idle = 0, rounds = 0;
   int64_t idle_since_ns = wall_ns();  // when the last unit's work ended
@@ -554,6 +673,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
           stats.tokens += total;
           stats.expert_tokens[local[i]] += total;
           stats.routed.add(layer, local[i], total);
+          routed_since[static_cast<size_t>(layer) * mc.experts + local[i]] += total;
         }
         at = 0;
         for (int a = 0; a < A; ++a) {
@@ -855,6 +975,7 @@ Status run_attention_worker(const WorkerConfig& c, int index, int tp_rank, comm:
   WorkerStats stats(c.micro_batches, weights->config().layers);
   auto remote = std::make_unique<RemoteExperts>(c, weights->config(), index, ep, &stats);
   MSI_RETURN_IF_ERROR(remote->attach(boot));
+  RemoteExperts* experts = remote.get();  // the engine owns it
   std::unique_ptr<AttentionTpLeader> peers;
   if (c.tp_attention > 1) {
     peers = std::make_unique<AttentionTpLeader>(c, weights->config(), index, &stats, ep);
@@ -898,6 +1019,23 @@ Status run_attention_worker(const WorkerConfig& c, int index, int tp_rank, comm:
       Status s = engine->add(r);
       write_line(out_fd, s.ok() ? Json{{"added", r.id}}.dump()
                                 : Json{{"refused", r.id}, {"error", s.message()}}.dump());
+      continue;
+    }
+    if (op == "placement") {
+      // Online rebalancing: the expert workers have switched; route by the
+      // new placement from the next step on.
+      auto p = Placement::from_json(cmd->value("placement", Json()), weights->config().experts,
+                                    "router");
+      if (p.ok() && p->workers != c.expert_workers) {
+        p = invalid_argument("router: a placement for " + std::to_string(p->workers) +
+                             " expert workers, not " + std::to_string(c.expert_workers));
+      }
+      if (!p.ok()) {
+        write_line(out_fd, Json{{"error", p.status().message()}}.dump());
+        return p.status();
+      }
+      experts->set_placement(*p);
+      write_line(out_fd, Json{{"placement_set", true}}.dump());
       continue;
     }
     if (op == "cancel") {

@@ -21,6 +21,8 @@
 #include "internal/line_io.h"
 #include "msinfer/comm/fabric_transport.h"
 #include "msinfer/comm/tcp.h"
+#include "msinfer/runtime/balance.h"
+#include "msinfer/runtime/device_backend.h"
 
 extern char** environ;
 
@@ -64,6 +66,7 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
   r->c_ = c;
   r->exe_ = exe;
   r->placement_file_ = placement_file;
+  MSI_RETURN_IF_ERROR(r->init_rebalancing());
   MSI_RETURN_IF_ERROR(r->spawn());
   return r;
 }
@@ -287,6 +290,7 @@ StatusOr<std::unique_ptr<Router>> Router::start_launched(const WorkerConfig& c,
   MSI_RETURN_IF_ERROR(check_launcher_size(c, launcher));
   auto r = std::unique_ptr<Router>(new Router());
   r->c_ = c;
+  MSI_RETURN_IF_ERROR(r->init_rebalancing());
   const int A = c.attention_processes(), N = c.expert_processes();
   const std::string host = comm::local_address();
   MSI_ASSIGN_OR_RETURN(r->server_, comm::BootstrapServer::start(A + N, host));
@@ -525,6 +529,10 @@ Status Router::recover() {
       return give_up(why, std::to_string(kMaxRestarts) + " restarts already");
     }
     ++restarts_;
+    pending_.reset();  // the new workers hold the placement in effect
+    steps_since_look_ = 0;
+    routed_.clear();
+    routed_steps_ = 0;
     const auto t0 = std::chrono::steady_clock::now();
     if (restart_without_ >= 0) {
       auto p = c_.placement.without(restart_without_);
@@ -752,6 +760,7 @@ int64_t Router::preemptions() const {
 StatusOr<std::vector<TokenEvent>> Router::step() {
   std::vector<TokenEvent> events;
   Status s = step_once(&events);
+  if (s.ok()) s = rebalance_tick();
   if (!s.ok()) {
     if (restart_why_.empty()) return s;
     MSI_RETURN_IF_ERROR(recover());  // the events delivered before the death stand
@@ -812,6 +821,168 @@ Status Router::step_once(std::vector<TokenEvent>* events) {
     }
   }
   return resubmit_lost();
+}
+
+// ---- online rebalancing ----
+
+Status check_rebalancing(const WorkerConfig& c, int experts) {
+  if (c.rebalance_every <= 0) return ok_status();
+  if (!is_cpu_device(c.expert_device)) {
+    return unimplemented("online rebalancing (--rebalance-every) runs on CPU expert workers only");
+  }
+  if (!(c.rebalance_gain >= 1.0)) return invalid_argument("--rebalance-gain must be >= 1");
+  if (!(c.rebalance_fixed_rows >= 0)) {
+    return invalid_argument("--rebalance-fixed-rows must be >= 0");
+  }
+  if (c.rebalance_slots > 0 &&
+      static_cast<int64_t>(c.rebalance_slots) * c.expert_workers < experts) {
+    return invalid_argument("--rebalance-slots " + std::to_string(c.rebalance_slots) + " x " +
+                            std::to_string(c.expert_workers) +
+                            " expert workers hold fewer than the " + std::to_string(experts) +
+                            " experts");
+  }
+  return ok_status();
+}
+
+Status Router::init_rebalancing() {
+  if (c_.rebalance_every <= 0) return ok_status();
+  MSI_ASSIGN_OR_RETURN(ModelConfig mc, load_model_config(c_.model_dir));
+  MSI_RETURN_IF_ERROR(check_rebalancing(c_, static_cast<int>(mc.experts)));
+  layers_ = static_cast<int>(mc.layers);
+  experts_ = static_cast<int>(mc.experts);
+  slots_ = c_.rebalance_slots;
+  for (int w = 0; w < c_.placement.workers; ++w) {
+    slots_ = std::max(slots_, static_cast<int>(c_.placement.experts_on(w).size()));
+  }
+  return ok_status();
+}
+
+Status Router::rebalance_tick() {
+  if (c_.rebalance_every <= 0) return ok_status();
+  if (pending_) return switch_when_loaded();
+  if (++steps_since_look_ < c_.rebalance_every) return ok_status();
+  steps_since_look_ = 0;
+  return consider_rebalance();
+}
+
+Status Router::consider_rebalance() {
+  const int L = layers_, E = experts_, N = c_.expert_workers;
+  // Rows per (layer, expert) since the last look (shard 0 of each expert
+  // worker counts its experts' rows), added to those since the last decision.
+  std::vector<int64_t>& counts = routed_;
+  counts.resize(static_cast<size_t>(L) * E, 0);
+  routed_steps_ += c_.rebalance_every;
+  for (Worker& w : workers_) {
+    if (w.role != "expert" || w.tp_rank != 0) continue;
+    MSI_ASSIGN_OR_RETURN(std::string line,
+                         ask(w, R"({"op": "routed"})", std::chrono::milliseconds(c_.timeout_ms),
+                             "did not report its routed rows"));
+    MSI_ASSIGN_OR_RETURN(Json j, parse_json(line, name_of(w)));
+    if (!j.contains("routed") || !j["routed"].is_array() || j["routed"].size() != counts.size()) {
+      return internal_error(name_of(w) + ": expected routed rows, got " + line);
+    }
+    for (size_t i = 0; i < counts.size(); ++i) counts[i] += j["routed"][i].get<int64_t>();
+  }
+  // Decide on enough rows only: a placement fitted to a handful of rows is
+  // fitted to their noise (a window of 16 rows per layer moved experts back
+  // and forth at every look).
+  int64_t rows = 0;
+  for (int64_t n : counts) rows += n;
+  if (rows < kRebalanceMinRows * L * N) return ok_status();
+  const std::vector<int64_t> window = std::move(counts);
+  const int64_t window_steps = routed_steps_;
+  counts.assign(window.size(), 0);
+  routed_steps_ = 0;
+  std::vector<double> totals(static_cast<size_t>(E), 0.0);
+  for (int l = 0; l < L; ++l) {
+    for (int e = 0; e < E; ++e) totals[e] += static_cast<double>(window[l * E + e]);
+  }
+  // A replica's fixed cost over the window: per layer, and over all layers.
+  const double fixed = c_.rebalance_fixed_rows * static_cast<double>(window_steps);
+  auto before = balancedness(predicted_worker_loads(window, L, c_.placement, fixed), L, N);
+  if (!before) return ok_status();  // nothing routed
+  auto candidate = balance_placement(totals, N, slots_, fixed * L);
+  if (!candidate.ok()) return ok_status();  // e.g. a worker would be left without an expert
+  Placement next = std::move(candidate).value();
+  next.tp_expert = c_.placement.tp_expert;
+  next.tp_expert_reduce = c_.placement.tp_expert_reduce;
+  next.tp_attention = c_.placement.tp_attention;
+  auto after = balancedness(predicted_worker_loads(window, L, next, fixed), L, N);
+  if (!after || *before < *after * c_.rebalance_gain) return ok_status();
+  const std::string prepare = Json{{"op", "prepare"}, {"placement", next.to_json()}}.dump();
+  int64_t loading = 0;
+  for (Worker& w : workers_) {
+    if (w.role != "expert") continue;
+    MSI_ASSIGN_OR_RETURN(std::string line, ask(w, prepare, std::chrono::milliseconds(c_.timeout_ms),
+                                               "did not answer a rebalance"));
+    MSI_ASSIGN_OR_RETURN(Json j, parse_json(line, name_of(w)));
+    if (!j.contains("preparing")) {
+      abandon_rebalance(j.value("error", line));
+      return ok_status();
+    }
+    loading += j["preparing"].get<int64_t>();
+  }
+  std::fprintf(stderr,
+               "msinfer: router: rebalancing: max/mean expert-worker load %.3f -> %.3f "
+               "(predicted over the last %lld steps); the expert processes load the %lld expert "
+               "slice(s) they lack while serving\n",
+               *before, *after, static_cast<long long>(window_steps),
+               static_cast<long long>(loading));
+  pending_ = std::move(next);
+  return ok_status();
+}
+
+Status Router::switch_when_loaded() {
+  for (Worker& w : workers_) {
+    if (w.role != "expert") continue;
+    MSI_ASSIGN_OR_RETURN(std::string line,
+                         ask(w, R"({"op": "prepared"})", std::chrono::milliseconds(c_.timeout_ms),
+                             "did not answer a rebalance"));
+    MSI_ASSIGN_OR_RETURN(Json j, parse_json(line, name_of(w)));
+    if (!j.contains("ready")) {
+      abandon_rebalance(j.value("error", line));
+      return ok_status();
+    }
+    if (!j["ready"].get<bool>()) return ok_status();  // look again after the next step
+  }
+  // Every expert process holds its new experts: switch them all, then the
+  // attention workers, before the next step sends a row.
+  for (Worker& w : workers_) {
+    if (w.role != "expert") continue;
+    MSI_ASSIGN_OR_RETURN(std::string line,
+                         ask(w, R"({"op": "switch"})", std::chrono::milliseconds(c_.timeout_ms),
+                             "did not answer a rebalance"));
+    MSI_ASSIGN_OR_RETURN(Json j, parse_json(line, name_of(w)));
+    if (!j.contains("switched")) return internal_error(name_of(w) + ": " + line);
+    w.rss_mb = j.value("rss_mb", w.rss_mb);
+  }
+  const std::string set = Json{{"op", "placement"}, {"placement", pending_->to_json()}}.dump();
+  for (int a = 0; a < c_.attention_workers; ++a) {
+    if (lead(a).dead) continue;
+    auto line =
+        ask(lead(a), set, std::chrono::milliseconds(c_.timeout_ms), "did not answer a rebalance");
+    if (!line.ok() && lead(a).dead) continue;  // dropped meanwhile
+    MSI_RETURN_IF_ERROR(line.status());
+    MSI_ASSIGN_OR_RETURN(Json j, parse_json(*line, name_of(lead(a))));
+    if (!j.contains("placement_set")) return internal_error(name_of(lead(a)) + ": " + *line);
+  }
+  c_.placement = std::move(*pending_);
+  pending_.reset();
+  ++rebalances_;
+  std::fprintf(stderr, "msinfer: router: rebalanced (%d so far):\n%s", rebalances_,
+               c_.placement.describe().c_str());
+  return ok_status();
+}
+
+void Router::abandon_rebalance(const std::string& why) {
+  std::fprintf(stderr, "msinfer: router: rebalancing abandoned: %s\n", why.c_str());
+  for (Worker& w : workers_) {
+    if (w.role != "expert") continue;
+    auto line = ask(w, R"({"op": "abandon"})", std::chrono::milliseconds(c_.timeout_ms),
+                    "did not answer a rebalance");
+    (void)line;  // a worker that died is reported at the next step
+  }
+  pending_.reset();
 }
 
 StatusOr<std::vector<Json>> Router::stats(bool reset) {

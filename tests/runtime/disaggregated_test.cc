@@ -195,7 +195,9 @@ struct FailureRun {
   Status status = ok_status();  // step()'s error, when the deployment stopped
   int live_attention = 0;
   int expert_workers = 0, restarts = 0;
-  double seconds = 0;  // from the first step to idle (or the error)
+  int rebalances = 0;
+  Placement placement;  // the router's at the end
+  double seconds = 0;   // from the first step to idle (or the error)
 };
 
 WorkerConfig failure_config(const std::string& dir, int attention, int experts, bool resubmit) {
@@ -313,6 +315,8 @@ FailureRun run_with_kill(const WorkerConfig& c, const std::vector<GenerationRequ
   run.live_attention = router->live_attention_workers();
   run.expert_workers = router->expert_workers();
   run.restarts = router->restarts();
+  run.rebalances = router->rebalances();
+  run.placement = router->placement();
   // A restarted deployment's workers, to check they are gone too.
   for (int a = 0; a < c.attention_workers; ++a) {
     const pid_t p = router->pid_of("attention", a);
@@ -476,6 +480,175 @@ TEST(WorkerFailureTest, SeededKillsNeverHangLoseOrDuplicate) {
     }
     msinfer::testing::expect_workers_gone(run.pids, /*no_shm=*/true);
   }
+}
+
+// ---- Online rebalancing (issue 13) ----
+
+// tiny-mixtral with a Zipf(1.5) router skew; with `flip_half`, tokens of the
+// upper half of the vocabulary carry the skew channel negated (the sign bit
+// of column 0 of their embedding rows flipped: make_model's RouterSkew), so
+// their rows prefer the experts the lower half avoids. Also the experts by
+// popularity (for the lower half).
+struct SkewedModel {
+  std::string dir;
+  std::vector<int> by_popularity;
+  int64_t vocab = 0;
+};
+
+SkewedModel skewed_model(bool flip_half) {
+  SkewedModel m;
+  m.dir = ::testing::TempDir() + "/rebalance_model_" + std::to_string(::getpid()) +
+          (flip_half ? "_flipped" : "");
+  model::MakeModelOptions o;
+  o.preset = "tiny-mixtral";
+  o.out_dir = m.dir;
+  o.router_skew_zipf = 1.5;
+  Status s = model::make_model(o);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  auto config = read_json_file(m.dir + "/config.json");
+  EXPECT_TRUE(config.ok());
+  if (!config.ok()) return m;
+  m.by_popularity =
+      (*config)["msinfer_router_skew"]["experts_by_popularity"].get<std::vector<int>>();
+  m.vocab = (*config)["vocab_size"].get<int64_t>();
+  const int64_t h = (*config)["hidden_size"].get<int64_t>();
+  if (!flip_half) return m;
+  // The safetensors header: 8 bytes of length, then JSON with each tensor's
+  // dtype, shape and data_offsets (from the end of the header).
+  const std::string file = m.dir + "/model.safetensors";
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t len = 0;
+  f.read(reinterpret_cast<char*>(&len), 8);
+  std::string header(len, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(len));
+  auto j = parse_json(header, file);
+  EXPECT_TRUE(j.ok());
+  if (!j.ok()) return m;
+  const Json& t = (*j)["model.embed_tokens.weight"];
+  EXPECT_EQ(t["dtype"].get<std::string>(), "BF16");
+  EXPECT_EQ(t["shape"][0].get<int64_t>(), m.vocab);
+  const int64_t base = 8 + static_cast<int64_t>(len) + t["data_offsets"][0].get<int64_t>();
+  for (int64_t r = m.vocab / 2; r < m.vocab; ++r) {
+    const int64_t at = base + r * h * 2 + 1;  // the high byte of element (r, 0)
+    char b = 0;
+    f.seekg(at);
+    f.read(&b, 1);
+    b = static_cast<char>(b ^ 0x80);
+    f.seekp(at);
+    f.write(&b, 1);
+  }
+  EXPECT_TRUE(f.good());
+  return m;
+}
+
+WorkerConfig rebalance_config(const std::string& dir, const Placement& p) {
+  WorkerConfig c;
+  c.model_dir = dir;
+  c.attention_workers = 1;
+  c.expert_workers = 2;
+  c.micro_batches = 2;
+  c.placement = p;
+  c.timeout_ms = 5000;
+  c.rebalance_every = 2;
+  c.rebalance_slots = 5;  // 10 slots for 8 experts: two replicas to give out
+  c.rebalance_gain = 1.05;
+  return c;
+}
+
+int replicas_of(const Placement& p, int expert) {
+  return static_cast<int>(p.replicas[static_cast<size_t>(expert)].size());
+}
+
+// The four most popular experts on worker 0: the router moves and replicates
+// experts while eight requests decode (a decision needs 256 rows per layer,
+// here ~14 steps; the expert workers load their new experts meanwhile),
+// and every greedy token is the one the same deployment makes without
+// rebalancing (an expert row's output does not depend on its batch, so
+// moving rows between replicas changes no bit).
+// With expert tp 2 (allreduce) every shard loads its slices of the experts its
+// worker gains, and shard 0 alone counts the rows.
+class RebalanceTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(RebalanceTest, ASkewedPlacementIsRebalancedWithIdenticalTokens) {
+  static const SkewedModel m = skewed_model(/*flip_half=*/false);
+  Placement hot;  // ranks 1-4 on worker 0, ranks 5-8 on worker 1
+  hot.workers = 2;
+  hot.replicas.resize(8);
+  for (int r = 0; r < 8; ++r) hot.replicas[m.by_popularity[r]] = {{r < 4 ? 0 : 1, 1.0}};
+  const auto reqs = failure_requests(8, 32);
+  WorkerConfig rebalancing = rebalance_config(m.dir, hot);
+  rebalancing.tp_expert = GetParam();
+  if (GetParam() > 1) rebalancing.tp_expert_reduce = ExpertReduce::kAllReduce;
+  WorkerConfig fixed = rebalancing;
+  fixed.rebalance_every = 0;
+  const FailureRun without = run_with_kill(fixed, reqs, "expert", 0, /*kill_after=*/-1);
+  const FailureRun with = run_with_kill(rebalancing, reqs, "expert", 0, -1);
+  ASSERT_TRUE(without.status.ok()) << without.status.to_string();
+  ASSERT_TRUE(with.status.ok()) << with.status.to_string();
+  EXPECT_EQ(without.rebalances, 0);
+  EXPECT_GE(with.rebalances, 1);
+  // The most popular expert (~0.97 of the tokens pick it) got a replica on
+  // each worker; the placement is one balance_placement can make.
+  EXPECT_EQ(replicas_of(with.placement, m.by_popularity[0]), 2) << with.placement.describe();
+  EXPECT_TRUE(with.placement.validate(8).ok());
+  for (int w = 0; w < 2; ++w) EXPECT_LE(with.placement.experts_on(w).size(), 5u);
+  for (const auto& r : reqs) {
+    ASSERT_EQ(with.tokens.count(r.id), 1u);
+    EXPECT_EQ(with.tokens.at(r.id), without.tokens.at(r.id)) << "request " << r.id;
+  }
+  EXPECT_TRUE(with.errors.empty());
+  msinfer::testing::expect_workers_gone(with.pids, /*no_shm=*/true);
+}
+
+INSTANTIATE_TEST_SUITE_P(TpExpert, RebalanceTest, ::testing::Values(1, 2));
+
+// The skew changes halfway: prompts from the lower half of the vocabulary,
+// then from the upper half (whose rows prefer the other end of the ranking).
+// The placement follows: first the most popular expert of the lower half is
+// replicated, then the least popular one (the upper half's favourite) is.
+TEST(RebalanceSkewTest, ThePlacementFollowsASkewThatChanges) {
+  const SkewedModel m = skewed_model(/*flip_half=*/true);
+  auto started = Router::start(rebalance_config(m.dir, Placement::round_robin(8, 2)), kBinary, "");
+  ASSERT_TRUE(started.ok()) << started.status().to_string();
+  std::unique_ptr<Router> router = std::move(started).value();
+  std::map<std::string, pid_t> pids{{"attention", router->pid_of("attention", 0)},
+                                    {"expert0", router->pid_of("expert", 0)},
+                                    {"expert1", router->pid_of("expert", 1)}};
+  std::mt19937 rng(7);
+  int64_t next_id = 1;
+  // Rounds of two 24-token prompts from [lo, hi), each answered by one token
+  // (prefill only: one step), until the router's placement replicates
+  // `expert` (at most 60 rounds; the router looks every 2 steps).
+  auto phase = [&](int64_t lo, int64_t hi, int expert) {
+    for (int round = 0; round < 60 && replicas_of(router->placement(), expert) < 2; ++round) {
+      for (int i = 0; i < 2; ++i) {
+        GenerationRequest r;
+        r.id = next_id++;
+        for (int t = 0; t < 24; ++t)
+          r.prompt.push_back(static_cast<int32_t>(lo + rng() % (hi - lo)));
+        r.sampling.max_tokens = 1;
+        r.sampling.ignore_eos = true;
+        ASSERT_TRUE(router->add(r).ok());
+      }
+      while (!router->idle()) {
+        auto ev = router->step();
+        ASSERT_TRUE(ev.ok()) << ev.status().to_string();
+      }
+    }
+  };
+  phase(3, m.vocab / 2, m.by_popularity[0]);
+  const int switched = router->rebalances();
+  EXPECT_GE(switched, 1);
+  const Placement first = router->placement();
+  EXPECT_EQ(replicas_of(first, m.by_popularity[0]), 2) << first.describe();
+  EXPECT_EQ(replicas_of(first, m.by_popularity[7]), 1) << first.describe();
+  phase(m.vocab / 2, m.vocab, m.by_popularity[7]);
+  EXPECT_GT(router->rebalances(), switched);
+  const Placement second = router->placement();
+  EXPECT_EQ(replicas_of(second, m.by_popularity[7]), 2) << second.describe();
+  EXPECT_EQ(replicas_of(second, m.by_popularity[0]), 1) << second.describe();
+  router.reset();
+  msinfer::testing::expect_workers_gone(pids, /*no_shm=*/true);
 }
 
 // bench serve through a 1 + 2 deployment: every token accounted for, and the

@@ -740,6 +740,32 @@ TEST(CliBalanceTest, BadRouterSkewIsRefused) {
   EXPECT_FALSE(std::filesystem::exists(::testing::TempDir() + "/cli_test_never_written"));
 }
 
+// --rebalance-every through the CLI: bench serve's deployment (16 streams,
+// 32 rows per step and layer, so a decision every ~8 steps) ends with a
+// placement the router computed online from the skew, which the routing
+// document reports; the flags are refused where they cannot apply.
+TEST(CliBalanceTest, RebalanceEveryMovesExpertsWhileServing) {
+  CliRun b = run("bench serve --offline --model " + skewed_model() +
+                 " --attention-workers 1 --expert-workers 2 --num-prompts 16 --input-len 8"
+                 " --output-len 32 --rebalance-every 2 --rebalance-slots 5 --json");
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_NE(b.err.find("msinfer: router: rebalanced"), std::string::npos) << b.err;
+  const Json placement = parse(b.out)["routing"]["placement"];
+  EXPECT_EQ(placement["expert_workers"], 2);
+  // 10 slots for 8 experts: the two hottest got a replica on each worker.
+  int replicated = 0;
+  for (const auto& e : placement["experts"]) replicated += e.size() == 2 ? 1 : 0;
+  EXPECT_EQ(replicated, 2) << placement.dump();
+  const std::string d = "generate --model " + skewed_model() + " --prompt-ids 5,6 --max-tokens 2 ";
+  expect_refused(d + "--rebalance-every 4", "--rebalance-every needs a disaggregated deployment");
+  const std::string dep = d + "--attention-workers 1 --expert-workers 2 ";
+  expect_refused(dep + "--rebalance-slots 5", "need --rebalance-every");
+  expect_refused(dep + "--rebalance-every 2 --rebalance-slots 3",
+                 "--rebalance-slots 3 x 2 expert workers hold fewer than the 8 experts");
+  expect_refused(dep + "--rebalance-every 2 --rebalance-gain 0.5", "--rebalance-gain");
+  expect_refused(dep + "--rebalance-every -1", "--rebalance-every");
+}
+
 TEST(CliBalanceTest, BalanceWritesAPlacementTheDeploymentRuns) {
   const std::string tmp = ::testing::TempDir() + "/cli_test_balance_" + std::to_string(::getpid());
   std::filesystem::create_directories(tmp);

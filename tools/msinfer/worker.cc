@@ -39,6 +39,20 @@ void add_deployment_flags(FlagSet& flags) {
                  "workers with a replacement and resubmit every request in flight (at most 3\n"
                  "restarts); an expert worker whose experts all have replicas elsewhere is\n"
                  "left out instead, with or without this flag");
+  flags.add_int("rebalance-every", 0, 0, 1000000000,
+                "online rebalancing: every STEPS steps look at the rows routed since the last\n"
+                "look, compute a placement with replicas (as msinfer balance does) and, when\n"
+                "it lowers the predicted max/mean expert-worker load by --rebalance-gain,\n"
+                "have the expert workers load their new experts while serving, then switch\n"
+                "every worker to it between two steps (0: never; CPU expert workers)");
+  flags.add_int("rebalance-slots", 0, 0, 1000000,
+                "experts an expert worker may hold when rebalancing (its memory limit; 0: as\n"
+                "many as the fullest worker of the starting placement)");
+  flags.add_double("rebalance-gain", 1.1, 1.0, 1000.0,
+                   "rebalance only when the predicted max/mean load drops by this factor");
+  flags.add_double("rebalance-fixed-rows", 0, 0, 1e6,
+                   "what running one expert replica costs whatever its rows, in rows per step\n"
+                   "and layer, when rebalancing (as msinfer balance --expert-fixed-rows)");
   flags.add_int("tp-expert", 0, 0, runtime::Placement::kMaxTp,
                 "expert tensor parallelism: processes (shards) per expert worker; each holds\n"
                 "1/tp of its experts' FFN (default: the placement's tp_expert, else 1)");
@@ -82,6 +96,20 @@ Status check_deployment_flags(const FlagSet& flags) {
     return invalid_argument(
         "--tp-expert, --tp-expert-reduce and --tp-attention need --attention-workers and "
         "--expert-workers, or --plan");
+  }
+  for (const char* f :
+       {"rebalance-every", "rebalance-slots", "rebalance-gain", "rebalance-fixed-rows"}) {
+    if (flags.was_set(f) && !deployment_requested(flags)) {
+      return invalid_argument(std::string("--") + f +
+                              " needs a disaggregated deployment (--attention-workers and "
+                              "--expert-workers, or --plan)");
+    }
+  }
+  if ((flags.was_set("rebalance-slots") || flags.was_set("rebalance-gain") ||
+       flags.was_set("rebalance-fixed-rows")) &&
+      flags.get_int("rebalance-every") == 0) {
+    return invalid_argument(
+        "--rebalance-slots, --rebalance-gain and --rebalance-fixed-rows need --rebalance-every");
   }
   for (const char* f : {"resubmit", "respawn"}) {
     if (flags.get_bool(f) && !deployment_requested(flags)) {
@@ -128,6 +156,10 @@ StatusOr<runtime::WorkerConfig> process_config_from_flags(const FlagSet& flags) 
   if (c.timeout_ms < 100) return invalid_argument("--timeout-ms must be >= 100");
   c.resubmit = flags.get_bool("resubmit");
   c.respawn = flags.get_bool("respawn");
+  c.rebalance_every = static_cast<int>(flags.get_int("rebalance-every"));
+  c.rebalance_slots = static_cast<int>(flags.get_int("rebalance-slots"));
+  c.rebalance_gain = flags.get_double("rebalance-gain");
+  c.rebalance_fixed_rows = flags.get_double("rebalance-fixed-rows");
   MSI_ASSIGN_OR_RETURN(c.weights, apply_engine_flags(flags));
   const std::string& device = flags.get_string("device");
   c.attention_device =
@@ -238,6 +270,7 @@ StatusOr<runtime::WorkerConfig> worker_config_from_flags(const FlagSet& flags,
                        placement_from_flags(flags, model, c.expert_workers, "--expert-workers"));
   MSI_RETURN_IF_ERROR(apply_tp_expert(flags, model, 0, std::nullopt, &c));
   MSI_RETURN_IF_ERROR(apply_tp_attention(flags, model, 0, &c));
+  MSI_RETURN_IF_ERROR(runtime::check_rebalancing(c, static_cast<int>(model.experts)));
   return c;
 }
 
@@ -275,6 +308,7 @@ StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
                       &c));
   MSI_RETURN_IF_ERROR(
       apply_tp_attention(flags, model, d.shape.tp_attention, &c).with_context(path));
+  MSI_RETURN_IF_ERROR(runtime::check_rebalancing(c, static_cast<int>(model.experts)));
   return c;
 }
 

@@ -83,6 +83,11 @@ class ModelWeights {
   // Embedding row of token `id` as floats (bf16 values) into out[h].
   void embed(int64_t id, float* out) const;
   bool has_expert(int layer, int expert) const;
+  // Online rebalancing (docs/RUNTIME.md): an expert worker that loaded the
+  // experts it gains into `added` (with the same LoadOptions but the expert
+  // list; null when it gains none) takes them over, then frees every expert
+  // not in `keep`. Not thread-safe: the caller runs no FFN meanwhile.
+  void replace_experts(ModelWeights* added, const std::vector<int>& keep);
   // LoadOptions::attention_tp_rank / _size the weights were loaded with.
   int attention_tp_rank() const { return attention_tp_rank_; }
   int attention_tp_size() const { return attention_tp_size_; }

@@ -100,7 +100,26 @@ struct WorkerConfig {
   // The router's: a worker death it cannot survive otherwise restarts the
   // deployment with the same shape (a replacement for the dead worker).
   bool respawn = false;
+  // The router's online rebalancing (docs/RUNTIME.md, "Online rebalancing"):
+  // every rebalance_every steps (0: never) it computes a placement from the
+  // rows routed since the last look (balance_placement, at most
+  // rebalance_slots experts per worker; 0: as many as the fullest worker of
+  // the starting placement) and, when the predicted max/mean load of the
+  // expert workers drops by the factor rebalance_gain or more, has the expert
+  // workers load the experts they gain while serving, then switches every
+  // worker to it between two steps. rebalance_fixed_rows: what running one
+  // replica costs whatever its rows, in rows per step and layer (msinfer
+  // balance's --expert-fixed-rows).
+  int rebalance_every = 0;
+  int rebalance_slots = 0;
+  double rebalance_gain = 1.1;
+  double rebalance_fixed_rows = 0;
 };
+
+// The rebalancing settings of `c` for a model with `experts` experts:
+// UNIMPLEMENTED on a GPU expert device, INVALID_ARGUMENT for a gain below 1 or
+// rebalance_slots x expert workers < experts. OK when rebalancing is off.
+Status check_rebalancing(const WorkerConfig& c, int experts);
 
 // Joins the deployment (bootstrap ranks: attention processes first, then expert
 // processes) and serves until the router says {"op": "exit"} on `in` or closes

@@ -24,6 +24,9 @@
 // every request in flight the same way (at most kMaxRestarts times). Any
 // other death fails every in-flight request with an error naming the process
 // and stops the deployment.
+// Online rebalancing (WorkerConfig::rebalance_every; docs/RUNTIME.md, "Online
+// rebalancing"): between steps the router moves and replicates experts by the
+// rows routed lately; the expert workers load what they gain while serving.
 #pragma once
 
 #include <sys/types.h>
@@ -32,6 +35,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -80,6 +84,11 @@ class Router {
   int expert_workers() const { return c_.expert_workers; }
   const Placement& placement() const { return c_.placement; }
   int restarts() const { return restarts_; }
+  // Placements switched to by online rebalancing so far.
+  int rebalances() const { return rebalances_; }
+  // Rows per expert worker and layer (on average) a rebalancing decision
+  // needs; looks add up their rows until there are this many.
+  static constexpr int64_t kRebalanceMinRows = 128;
   static constexpr int kMaxRestarts = 3;
 
  private:
@@ -129,6 +138,16 @@ class Router {
   template <typename Op>
   auto retried_after_restart(Op op) -> decltype(op());
   Status step_once(std::vector<TokenEvent>* events);
+  // Online rebalancing, after every step (WorkerConfig::rebalance_every):
+  // looks at the routed rows every rebalance_every steps and has the expert
+  // workers prepare a better placement (pending_); once every one of them has
+  // loaded its new experts, switches all workers to it.
+  Status init_rebalancing();  // at start: the model's shape, slots_
+  Status rebalance_tick();
+  Status consider_rebalance();
+  Status switch_when_loaded();
+  // Tells every expert process to forget a prepared placement.
+  void abandon_rebalance(const std::string& why);
   Status cancel_once(int64_t id);
   StatusOr<std::vector<Json>> stats_once(bool reset);
   // Attention worker `a` died (`why`): the expert processes stop waiting for
@@ -163,6 +182,15 @@ class Router {
   std::string restart_why_;              // a death to recover from, until recover()
   int restart_without_ = -1;             // the dead expert worker to leave out, or -1
   int restarts_ = 0;
+  // Online rebalancing.
+  int layers_ = 0, experts_ = 0;  // of the model
+  int slots_ = 0;                 // experts an expert worker may hold
+  int64_t steps_since_look_ = 0;
+  // Rows per (layer, expert) since the last decision, over routed_steps_ steps.
+  std::vector<int64_t> routed_;
+  int64_t routed_steps_ = 0;
+  std::optional<Placement> pending_;  // being loaded by the expert workers
+  int rebalances_ = 0;
 };
 
 // Ranks 1.. of a launcher's job: takes the role of `launcher`'s rank (ranks
