@@ -874,12 +874,9 @@ Status Router::consider_rebalance() {
   routed_steps_ += c_.rebalance_every;
   for (Worker& w : workers_) {
     if (w.role != "expert" || w.tp_rank != 0) continue;
-    MSI_ASSIGN_OR_RETURN(std::string line,
-                         ask(w, R"({"op": "routed"})", std::chrono::milliseconds(c_.timeout_ms),
-                             "did not report its routed rows"));
-    MSI_ASSIGN_OR_RETURN(Json j, parse_json(line, name_of(w)));
+    MSI_ASSIGN_OR_RETURN(Json j, ask_json(w, R"({"op": "routed"})"));
     if (!j.contains("routed") || !j["routed"].is_array() || j["routed"].size() != counts.size()) {
-      return internal_error(name_of(w) + ": expected routed rows, got " + line);
+      return internal_error(name_of(w) + ": expected routed rows, got " + j.dump());
     }
     for (size_t i = 0; i < counts.size(); ++i) counts[i] += j["routed"][i].get<int64_t>();
   }
@@ -913,11 +910,9 @@ Status Router::consider_rebalance() {
   int64_t loading = 0;
   for (Worker& w : workers_) {
     if (w.role != "expert") continue;
-    MSI_ASSIGN_OR_RETURN(std::string line, ask(w, prepare, std::chrono::milliseconds(c_.timeout_ms),
-                                               "did not answer a rebalance"));
-    MSI_ASSIGN_OR_RETURN(Json j, parse_json(line, name_of(w)));
+    MSI_ASSIGN_OR_RETURN(Json j, ask_json(w, prepare));
     if (!j.contains("preparing")) {
-      abandon_rebalance(j.value("error", line));
+      abandon_rebalance(j.value("error", j.dump()));
       return ok_status();
     }
     loading += j["preparing"].get<int64_t>();
@@ -935,12 +930,9 @@ Status Router::consider_rebalance() {
 Status Router::switch_when_loaded() {
   for (Worker& w : workers_) {
     if (w.role != "expert") continue;
-    MSI_ASSIGN_OR_RETURN(std::string line,
-                         ask(w, R"({"op": "prepared"})", std::chrono::milliseconds(c_.timeout_ms),
-                             "did not answer a rebalance"));
-    MSI_ASSIGN_OR_RETURN(Json j, parse_json(line, name_of(w)));
+    MSI_ASSIGN_OR_RETURN(Json j, ask_json(w, R"({"op": "prepared"})"));
     if (!j.contains("ready")) {
-      abandon_rebalance(j.value("error", line));
+      abandon_rebalance(j.value("error", j.dump()));
       return ok_status();
     }
     if (!j["ready"].get<bool>()) return ok_status();  // look again after the next step
@@ -949,22 +941,17 @@ Status Router::switch_when_loaded() {
   // attention workers, before the next step sends a row.
   for (Worker& w : workers_) {
     if (w.role != "expert") continue;
-    MSI_ASSIGN_OR_RETURN(std::string line,
-                         ask(w, R"({"op": "switch"})", std::chrono::milliseconds(c_.timeout_ms),
-                             "did not answer a rebalance"));
-    MSI_ASSIGN_OR_RETURN(Json j, parse_json(line, name_of(w)));
-    if (!j.contains("switched")) return internal_error(name_of(w) + ": " + line);
+    MSI_ASSIGN_OR_RETURN(Json j, ask_json(w, R"({"op": "switch"})"));
+    if (!j.contains("switched")) return internal_error(name_of(w) + ": " + j.dump());
     w.rss_mb = j.value("rss_mb", w.rss_mb);
   }
   const std::string set = Json{{"op", "placement"}, {"placement", pending_->to_json()}}.dump();
   for (int a = 0; a < c_.attention_workers; ++a) {
     if (lead(a).dead) continue;
-    auto line =
-        ask(lead(a), set, std::chrono::milliseconds(c_.timeout_ms), "did not answer a rebalance");
-    if (!line.ok() && lead(a).dead) continue;  // dropped meanwhile
-    MSI_RETURN_IF_ERROR(line.status());
-    MSI_ASSIGN_OR_RETURN(Json j, parse_json(*line, name_of(lead(a))));
-    if (!j.contains("placement_set")) return internal_error(name_of(lead(a)) + ": " + *line);
+    auto j = ask_json(lead(a), set);
+    if (!j.ok() && lead(a).dead) continue;  // dropped meanwhile
+    MSI_RETURN_IF_ERROR(j.status());
+    if (!j->contains("placement_set")) return internal_error(name_of(lead(a)) + ": " + j->dump());
   }
   c_.placement = std::move(*pending_);
   pending_.reset();
@@ -974,13 +961,17 @@ Status Router::switch_when_loaded() {
   return ok_status();
 }
 
+StatusOr<Json> Router::ask_json(Worker& w, const std::string& command) {
+  MSI_ASSIGN_OR_RETURN(std::string line, ask(w, command, std::chrono::milliseconds(c_.timeout_ms),
+                                             "did not answer " + command));
+  return parse_json(line, name_of(w));
+}
+
 void Router::abandon_rebalance(const std::string& why) {
   std::fprintf(stderr, "msinfer: router: rebalancing abandoned: %s\n", why.c_str());
   for (Worker& w : workers_) {
     if (w.role != "expert") continue;
-    auto line = ask(w, R"({"op": "abandon"})", std::chrono::milliseconds(c_.timeout_ms),
-                    "did not answer a rebalance");
-    (void)line;  // a worker that died is reported at the next step
+    (void)ask_json(w, R"({"op": "abandon"})");  // a death is reported at the next step
   }
   pending_.reset();
 }

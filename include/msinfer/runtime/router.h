@@ -146,6 +146,8 @@ class Router {
   Status rebalance_tick();
   Status consider_rebalance();
   Status switch_when_loaded();
+  // ask() with the M2N timeout, the answer parsed.
+  StatusOr<Json> ask_json(Worker& w, const std::string& command);
   // Tells every expert process to forget a prepared placement.
   void abandon_rebalance(const std::string& why);
   Status cancel_once(int64_t id);
