@@ -188,6 +188,7 @@ Json RoutingStats::to_json() const {
     add_balance(j, "worker_balance", worker_tokens, layers, workers);
   }
   if (placement) j["placement"] = placement->to_json();
+  if (placement_switches >= 0) j["placement_switches"] = placement_switches;
   return j;
 }
 

@@ -961,6 +961,14 @@ Status Router::switch_when_loaded() {
   return ok_status();
 }
 
+StatusOr<RoutingStats> Router::routing(const std::vector<Json>& workers, int layers,
+                                       int experts) const {
+  MSI_ASSIGN_OR_RETURN(RoutingStats s,
+                       RoutingStats::from_workers(workers, c_.placement, layers, experts));
+  s.placement_switches = rebalances_;
+  return s;
+}
+
 StatusOr<Json> Router::ask_json(Worker& w, const std::string& command) {
   MSI_ASSIGN_OR_RETURN(std::string line, ask(w, command, std::chrono::milliseconds(c_.timeout_ms),
                                              "did not answer " + command));

@@ -46,8 +46,7 @@ class RouterBackend final : public GenerationBackend {
   int64_t preemptions() const override { return r_->preemptions(); }
   StatusOr<std::vector<Json>> worker_stats() override { return r_->stats(/*reset=*/false); }
   StatusOr<Json> routing(const std::vector<Json>& workers) override {
-    MSI_ASSIGN_OR_RETURN(auto stats, runtime::RoutingStats::from_workers(workers, r_->placement(),
-                                                                         layers_, experts_));
+    MSI_ASSIGN_OR_RETURN(auto stats, r_->routing(workers, layers_, experts_));
     return stats.to_json();
   }
 

@@ -197,6 +197,12 @@ std::string Metrics::render(const Gauges& g) const {
           "Max over mean of the experts' rows per layer over the window (1: even).");
     ratio("worker_balance", "msinfer:expert_worker_balance",
           "Max over mean of the expert workers' rows per layer over the window (1: even).");
+    if (g.routing.contains("placement_switches") && g.routing["placement_switches"].is_number()) {
+      header(o, "msinfer:expert_placement_switches_total", "counter",
+             "Placements the router switched to by online rebalancing (--rebalance-every).");
+      o << "msinfer:expert_placement_switches_total{" << l << "} "
+        << num(g.routing["placement_switches"].get<double>()) << "\n";
+    }
   }
   return o.str();
 }

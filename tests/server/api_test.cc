@@ -122,7 +122,8 @@ TEST(MetricsTest, PrometheusText) {
                    {"experts", 3},
                    {"expert_tokens", {{4, 0, 2}, {1, 5, 0}}},
                    {"expert_balance", 1.5},
-                   {"worker_balance", 1.25}};
+                   {"worker_balance", 1.25},
+                   {"placement_switches", 3}};
   const std::string r = m.render(g);
   EXPECT_NE(r.find("msinfer:expert_window_tokens{model_name=\"m\",expert=\"0\"} 5\n"),
             std::string::npos)
@@ -133,6 +134,10 @@ TEST(MetricsTest, PrometheusText) {
             std::string::npos);
   EXPECT_NE(r.find("msinfer:expert_balance{model_name=\"m\"} 1.5\n"), std::string::npos);
   EXPECT_NE(r.find("msinfer:expert_worker_balance{model_name=\"m\"} 1.25\n"), std::string::npos);
+  EXPECT_NE(r.find("# TYPE msinfer:expert_placement_switches_total counter\n"
+                   "msinfer:expert_placement_switches_total{model_name=\"m\"} 3\n"),
+            std::string::npos)
+      << r;
   // The processes of a tensor-parallel group are told apart by tp_rank (one
   // series each); a worker without tensor parallelism has no such label.
   g.workers = {Json{{"role", "attention"}, {"index", 0}, {"tp_rank", 0}, {"busy_fraction", 0.5}},

@@ -325,6 +325,7 @@ TEST_F(ServeTest, OpenAiClientDisaggregatedGreedyEqualsGenerate) {
   metrics = parse_metrics(curl(s.url() + "/metrics").body);
   EXPECT_GE(metric(metrics, "msinfer:expert_worker_balance{"), 1.0);
   EXPECT_GE(metric(metrics, "msinfer:expert_balance{"), 1.0);
+  EXPECT_EQ(metric(metrics, "msinfer:expert_placement_switches_total{"), 0);  // not rebalancing
   // A worker dies mid-stream: the stream ends with an error event naming it,
   // then [DONE]; /health turns 503; the server does not hang.
   ASSERT_EQ(workers.size(), 3u);

@@ -750,6 +750,7 @@ TEST(CliBalanceTest, RebalanceEveryMovesExpertsWhileServing) {
                  " --output-len 32 --rebalance-every 2 --rebalance-slots 5 --json");
   ASSERT_EQ(b.code, 0) << b.err;
   EXPECT_NE(b.err.find("msinfer: router: rebalanced"), std::string::npos) << b.err;
+  EXPECT_GE(parse(b.out)["routing"]["placement_switches"].get<int>(), 1);
   const Json placement = parse(b.out)["routing"]["placement"];
   EXPECT_EQ(placement["expert_workers"], 2);
   // 10 slots for 8 experts: the two hottest got a replica on each worker.

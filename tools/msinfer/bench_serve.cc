@@ -290,8 +290,7 @@ int run_bench_serve(int argc, char** argv) {
     auto st = router->stats(/*reset=*/true);
     if (!st.ok()) return report_error("bench serve", st.status());
     workers = *st;
-    routing = runtime::RoutingStats::from_workers(workers, router->placement(), model->layers,
-                                                  model->experts);
+    routing = router->routing(workers, model->layers, model->experts);
   } else {
     routing = runtime::RoutingStats::from_window(*engine->routing());
   }

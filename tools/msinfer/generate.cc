@@ -228,8 +228,7 @@ int run_generate(int argc, char** argv) {
     auto mc = load_model_config(dir);
     if (!ws.ok()) return report_error("generate", ws.status());
     if (!mc.ok()) return report_error("generate", mc.status());
-    routing =
-        runtime::RoutingStats::from_workers(*ws, router->placement(), mc->layers, mc->experts);
+    routing = router->routing(*ws, mc->layers, mc->experts);
   } else {
     routing = runtime::RoutingStats::from_window(*engine->routing());
   }

@@ -27,6 +27,9 @@ struct RoutingStats {
   int workers = 0;                     // expert workers; 0: co-located engine
   std::vector<int64_t> worker_tokens;  // [layer * workers + worker]
   std::optional<Placement> placement;  // the one in effect (disaggregated)
+  // Disaggregated: placements online rebalancing switched to so far
+  // (Router::rebalances); -1 when not known (not written then).
+  int64_t placement_switches = -1;
 
   // The co-located engine's window.
   static RoutingStats from_window(const RoutingWindow& w);

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "msinfer/comm/bootstrap.h"
+#include "msinfer/runtime/balance.h"
 #include "msinfer/runtime/disaggregated.h"
 
 namespace msinfer::runtime {
@@ -83,6 +84,9 @@ class Router {
   // restarts so far (docs/RUNTIME.md, "Failures").
   int expert_workers() const { return c_.expert_workers; }
   const Placement& placement() const { return c_.placement; }
+  // The routing document of `workers` (stats()) under the placement in
+  // effect, with the switches online rebalancing made.
+  StatusOr<RoutingStats> routing(const std::vector<Json>& workers, int layers, int experts) const;
   int restarts() const { return restarts_; }
   // Placements switched to by online rebalancing so far.
   int rebalances() const { return rebalances_; }
