@@ -385,6 +385,19 @@ class RemoteExperts : public ExpertBackend {
 // ---- expert worker ----
 
 namespace {
+// The placement the router sends with a rebalancing command ("prepare" to
+// the expert workers, "placement" to the attention workers): valid for the
+// model's `experts` and for this deployment's expert workers.
+StatusOr<Placement> placement_from_router(const Json& cmd, const WorkerConfig& c, int experts) {
+  MSI_ASSIGN_OR_RETURN(Placement p,
+                       Placement::from_json(cmd.value("placement", Json()), experts, "router"));
+  if (p.workers != c.expert_workers) {
+    return invalid_argument("router: a placement for " + std::to_string(p.workers) +
+                            " expert workers, not " + std::to_string(c.expert_workers));
+  }
+  return p;
+}
+
 // The experts an expert worker gains by a rebalance, loaded on a thread of
 // their own (from the mapped checkpoint) while it serves.
 struct ExpertLoad {
@@ -453,14 +466,21 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
                              c.attention_processes() + index * tp, reduce_send ? 1 : 0));
   }
   if (c.tp_attention > 1) MSI_RETURN_IF_ERROR(wire(boot, ep, nullptr, region, 0, 0));
-  std::fprintf(stderr, "msinfer: %s ready (pid %d): experts", me.c_str(), ::getpid());
-  for (int e : local) std::fprintf(stderr, " %d", e);
-  std::fprintf(stderr, "; RSS %.0f MiB (expert weights %.1f MiB)\n",
-               read_process_memory().rss_bytes / 1048576.0, w->packed_bytes() / 1048576.0);
-  write_line(out_fd, Json{{"ready", index},
-                          {"rss_mb", read_process_memory().rss_bytes / 1048576.0},
-                          {"weights_mb", w->packed_bytes() / 1048576.0}}
-                         .dump());
+  // Says what this worker holds, at start and after each rebalance: a line
+  // on stderr ("msinfer: <me><what>: experts ...") and `answer` to the
+  // router with its memory.
+  auto announce = [&](const std::string& what, Json answer) {
+    std::string held;
+    for (int e : local) held += " " + std::to_string(e);
+    const double rss_mb = read_process_memory().rss_bytes / 1048576.0;
+    const double weights_mb = w->packed_bytes() / 1048576.0;
+    std::fprintf(stderr, "msinfer: %s%s: experts%s; RSS %.0f MiB (expert weights %.1f MiB)\n",
+                 me.c_str(), what.c_str(), held.c_str(), rss_mb, weights_mb);
+    answer["rss_mb"] = rss_mb;
+    answer["weights_mb"] = weights_mb;
+    write_line(out_fd, answer.dump());
+  };
+  announce(" ready (pid " + std::to_string(::getpid()) + ")", Json{{"ready", index}});
 
   const int A = c.attention_workers, M = c.micro_batches;
   const int64_t h = mc.hidden, row_bytes = h * 4;
@@ -514,9 +534,8 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
         return answer_error("online rebalancing runs on CPU expert workers only");
       }
       if (loading) return answer_error("a rebalance is already being prepared");
-      auto p = Placement::from_json(cmd.value("placement", Json()), mc.experts, "router");
+      auto p = placement_from_router(cmd, c, static_cast<int>(mc.experts));
       if (!p.ok()) return answer_error(p.status().message());
-      if (p->workers != c.expert_workers) return answer_error("placement for other workers");
       loading = std::make_unique<ExpertLoad>();
       loading->keep = p->experts_on(index);
       for (int e : loading->keep) {
@@ -564,16 +583,7 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
       local = loading->keep;
       hdr = header_rows(static_cast<int64_t>(local.size()), row_bytes);
       loading.reset();
-      std::string held;
-      for (int e : local) held += " " + std::to_string(e);
-      std::fprintf(stderr,
-                   "msinfer: %s: rebalanced: experts%s; RSS %.0f MiB (expert weights %.1f MiB)\n",
-                   me.c_str(), held.c_str(), read_process_memory().rss_bytes / 1048576.0,
-                   w->packed_bytes() / 1048576.0);
-      write_line(out_fd, Json{{"switched", local},
-                              {"rss_mb", read_process_memory().rss_bytes / 1048576.0},
-                              {"weights_mb", w->packed_bytes() / 1048576.0}}
-                             .dump());
+      announce(": rebalanced", Json{{"switched", local}});
       return ok_status();
     }
     return drop_attention(cmd);
@@ -1024,12 +1034,7 @@ Status run_attention_worker(const WorkerConfig& c, int index, int tp_rank, comm:
     if (op == "placement") {
       // Online rebalancing: the expert workers have switched; route by the
       // new placement from the next step on.
-      auto p = Placement::from_json(cmd->value("placement", Json()), weights->config().experts,
-                                    "router");
-      if (p.ok() && p->workers != c.expert_workers) {
-        p = invalid_argument("router: a placement for " + std::to_string(p->workers) +
-                             " expert workers, not " + std::to_string(c.expert_workers));
-      }
+      auto p = placement_from_router(*cmd, c, static_cast<int>(weights->config().experts));
       if (!p.ok()) {
         write_line(out_fd, Json{{"error", p.status().message()}}.dump());
         return p.status();
