@@ -791,7 +791,8 @@ Status Router::step_once(std::vector<TokenEvent>* events) {
     MSI_ASSIGN_OR_RETURN(Json j, parse_json(*line, name_of(lead(a))));
     if (j.contains("error")) {
       shutdown();
-      return Status(StatusCode::kUnavailable, j["error"].get<std::string>());
+      stopped_ = Status(StatusCode::kUnavailable, j["error"].get<std::string>());
+      return stopped_;
     }
     lead(a).kv_usage = j.value("kv_usage", 0.0);
     lead(a).preemptions = j.value("preemptions", int64_t{0});

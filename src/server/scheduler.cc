@@ -99,6 +99,17 @@ void Scheduler::fail_all(const Status& s) {
   idle_cv_.notify_all();
 }
 
+void Scheduler::fail_backend(const Status& s, std::vector<Entry>* admitted) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    snap_.healthy = false;
+    snap_.failure = s.message();
+  }
+  for (auto& e : *admitted) active_.emplace(e.req.id, std::move(e));
+  admitted->clear();
+  fail_all(s);
+}
+
 void Scheduler::loop() {
   ::pthread_setname_np(::pthread_self(), "msinfer-engine");
   auto last_stats = clock::now() - options_.stats_interval;
@@ -131,6 +142,7 @@ void Scheduler::loop() {
       return;
     }
     int64_t ended = 0;
+    Status failed = ok_status();  // the backend's failure, found by a cancel or an add
     for (const auto& [id, reason] : cancels) {
       auto it = active_.find(id);
       if (it == active_.end()) {
@@ -161,38 +173,43 @@ void Scheduler::loop() {
       }
       active_.erase(it);
       ++ended;
-      if (!s.ok()) {
-        std::lock_guard<std::mutex> l(mu_);
-        snap_.healthy = false;
-        snap_.failure = s.message();
-      }
+      if (!s.ok() && failed.ok()) failed = s;
     }
     for (auto& e : admitted) {
+      if (!failed.ok()) break;  // fail_backend fails the rest
       Status s = backend_->add(e.req);
       if (!s.ok()) {
         e.sink->on_error(s);
         metrics_->request_aborted();
         ++ended;
+        e.sink.reset();  // ended: not for fail_backend
+        // A refusal fails this request; a backend that stopped (an expert
+        // worker died and the router found it while adding) fails them all.
+        failed = backend_->health();
         continue;
       }
       metrics_->add_prompt_tokens(static_cast<int64_t>(e.req.prompt.size()));
       const int64_t id = e.req.id;
       active_.emplace(id, std::move(e));
     }
+    // What is left of `admitted`: those a failure stopped before their add.
+    std::erase_if(admitted, [](const Entry& e) { return e.sink == nullptr; });
+    // A deployment that stopped between steps (found by the last stats call)
+    // fails its requests now, and /health says so even with none in flight.
+    if (failed.ok()) failed = backend_->health();
     bool healthy;
     {
       std::lock_guard<std::mutex> l(mu_);
       healthy = snap_.healthy;
     }
+    if (healthy && !failed.ok()) {
+      fail_backend(failed, &admitted);
+      healthy = false;
+    }
     if (healthy && !backend_->idle()) {
       auto events = backend_->step();
       if (!events.ok()) {
-        {
-          std::lock_guard<std::mutex> l(mu_);
-          snap_.healthy = false;
-          snap_.failure = events.status().message();
-        }
-        fail_all(events.status());
+        fail_backend(events.status(), &admitted);
       } else {
         const auto now = clock::now();
         std::map<int64_t, std::vector<runtime::TokenEvent>> by_request;

@@ -2,8 +2,10 @@
 // step): requests from many threads share the batch and all finish with the
 // right tokens; the queue bound answers RESOURCE_EXHAUSTED; cancel takes a
 // request out; a failing backend fails every request and turns unhealthy;
-// draining refuses new work and waits for the running ones. Waits are on the
-// sinks' events with timeouts, never sleeps.
+// draining refuses new work and waits for the running ones; a backend that
+// stops outside a step (while adding, or idle) turns unhealthy too. Waits are
+// on the sinks' events with timeouts (one poll of the snapshot, with a
+// deadline, where no event exists).
 #include "msinfer/server/scheduler.h"
 
 #include <gtest/gtest.h>
@@ -24,11 +26,17 @@ using namespace std::chrono_literals;
 // With fail_when_running > 0, the first step that finds that many running
 // requests fails, as a dead worker does. Request `lose_id` (when > 0) ends
 // after two tokens with an error event, as a dead attention worker's do.
+// Once stopped_ is set the backend has stopped, as a router that found an
+// expert worker dead: add fails and health() says why, while step goes on as
+// if nothing happened (so only those two tell). Adding request stop_at_add_
+// stops it, as a router that finds the death while adding.
 class FakeBackend final : public GenerationBackend {
  public:
   explicit FakeBackend(size_t fail_when_running = 0, int64_t lose_id = 0)
       : fail_when_(fail_when_running), lose_id_(lose_id) {}
   Status add(const runtime::GenerationRequest& r) override {
+    if (r.id == stop_at_add_) stopped_ = true;
+    MSI_RETURN_IF_ERROR(health());
     if (running_.count(r.id)) return invalid_argument("duplicate id");
     running_[r.id] = {r.sampling.max_tokens, 0};
     return ok_status();
@@ -65,8 +73,14 @@ class FakeBackend final : public GenerationBackend {
   int64_t waiting() const override { return 0; }
   double kv_usage() const override { return running_.empty() ? 0.0 : 0.5; }
   int64_t preemptions() const override { return 0; }
+  Status health() const override {
+    if (!stopped_) return ok_status();
+    return Status(StatusCode::kUnavailable, "expert worker 1 (pid 42) was killed by signal 9");
+  }
 
   std::atomic<int64_t> max_batch_{0};
+  std::atomic<bool> stopped_{false};
+  std::atomic<int64_t> stop_at_add_{0};
 
  private:
   std::map<int64_t, std::pair<int64_t, int64_t>> running_;  // id -> (max, produced)
@@ -224,6 +238,51 @@ TEST(SchedulerTest, ALostRequestFailsAloneAndTheServerStaysHealthy) {
   const std::string text = metrics.render(Metrics::Gauges{});
   EXPECT_NE(text.find("msinfer:request_aborted_total{model_name=\"m\"} 1\n"), std::string::npos)
       << text;
+}
+
+// The backend stops while adding a request (serve's router found an expert
+// worker dead there): that request fails with the cause, so does the one
+// running, and the server turns unhealthy at once; nothing hangs.
+TEST(SchedulerTest, ABackendThatStopsWhileAddingFailsEveryRequestAndTurnsUnhealthy) {
+  Metrics metrics("m");
+  auto backend = std::make_unique<FakeBackend>();
+  FakeBackend* fake = backend.get();
+  Scheduler sched(std::move(backend), SchedulerOptions{}, &metrics);
+  auto a = std::make_shared<Collect>(), b = std::make_shared<Collect>();
+  ASSERT_TRUE(sched.submit(request(sched.next_id(), 1000000), a).ok());
+  ASSERT_TRUE(a->wait_tokens(1, 10s));
+  const int64_t idb = sched.next_id();
+  fake->stop_at_add_ = idb;
+  ASSERT_TRUE(sched.submit(request(idb, 3), b).ok());
+  ASSERT_TRUE(b->wait(10s));
+  EXPECT_NE(b->error().find("expert worker 1"), std::string::npos) << b->error();
+  ASSERT_TRUE(a->wait(10s));
+  EXPECT_NE(a->error().find("expert worker 1"), std::string::npos) << a->error();
+  EXPECT_TRUE(sched.wait_idle(std::chrono::steady_clock::now() + 10s));
+  const Scheduler::Snapshot snap = sched.snapshot();
+  EXPECT_FALSE(snap.healthy);
+  EXPECT_NE(snap.failure.find("expert worker 1"), std::string::npos);
+  auto late = std::make_shared<Collect>();
+  EXPECT_EQ(sched.submit(request(sched.next_id(), 3), late).code(), StatusCode::kUnavailable);
+}
+
+// A backend that stops with nothing in flight turns the server unhealthy
+// within a stats interval: /health does not wait for the next request.
+TEST(SchedulerTest, AnIdleBackendThatStopsTurnsUnhealthy) {
+  Metrics metrics("m");
+  auto backend = std::make_unique<FakeBackend>();
+  FakeBackend* fake = backend.get();
+  SchedulerOptions o;
+  o.stats_interval = 20ms;
+  Scheduler sched(std::move(backend), o, &metrics);
+  EXPECT_TRUE(sched.snapshot().healthy);
+  fake->stopped_ = true;
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (sched.snapshot().healthy && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_FALSE(sched.snapshot().healthy);
+  EXPECT_NE(sched.snapshot().failure.find("expert worker 1"), std::string::npos);
 }
 
 }  // namespace

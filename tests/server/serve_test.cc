@@ -357,7 +357,8 @@ TEST_F(ServeTest, OpenAiClientDisaggregatedGreedyEqualsGenerate) {
 // An attention worker dies under serve (docs/RUNTIME.md, "Failures"): the
 // request it held ends with an SSE error event naming it, the other stream
 // finishes, /health stays 200 and new requests are served; with --resubmit
-// both streams finish. No curl or node needed: raw sockets on loopback.
+// both streams finish. Then the expert worker dies while nothing runs: /health
+// turns 503 without waiting for a request. Raw sockets on loopback, and curl.
 TEST_F(ServeTest, ADeadAttentionWorkerFailsOnlyItsOwnStream) {
   for (const bool resubmit : {false, true}) {
     SCOPED_TRACE(resubmit ? "--resubmit" : "without --resubmit");
@@ -395,6 +396,19 @@ TEST_F(ServeTest, ADeadAttentionWorkerFailsOnlyItsOwnStream) {
     EXPECT_EQ(errors, resubmit ? 0 : 1);
     EXPECT_EQ(curl(s.url() + "/health").status, 200);
     EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})").status, 200);
+    if (resubmit) {
+      // The expert worker dies with no request in flight: /health turns 503
+      // and names it within a stats interval or two, before any request.
+      ASSERT_TRUE(std::regex_search(err, m, std::regex("expert worker 0: pid ([0-9]+)"))) << err;
+      ASSERT_EQ(::kill(std::stoi(m[1]), SIGKILL), 0);
+      HttpResult health = curl(s.url() + "/health");
+      for (int i = 0; i < 300 && health.status == 200; ++i) {
+        ::usleep(100000);
+        health = curl(s.url() + "/health");
+      }
+      EXPECT_EQ(health.status, 503);
+      EXPECT_NE(health.body.find("expert worker 0"), std::string::npos) << health.body;
+    }
     EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
     EXPECT_NE(::kill(victim, 0), 0);
     if (HasFailure()) ADD_FAILURE() << "server stderr:\n" << s.stderr_text();

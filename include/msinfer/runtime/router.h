@@ -64,6 +64,9 @@ class Router {
   // it produces no more events.
   Status cancel(int64_t id);
   bool idle() const { return in_flight_.empty() && lost_.empty() && failed_.empty(); }
+  // Why the deployment stopped (a death it did not recover from, found by
+  // any call); ok while it serves.
+  const Status& stopped() const { return stopped_; }
   int64_t in_flight() const { return static_cast<int64_t>(in_flight_.size()); }
   // As of the last step: the attention workers' mean KV cache usage (0..1),
   // and their preemptions so far.

@@ -36,6 +36,9 @@ class GenerationBackend {
   virtual int64_t waiting() const = 0;  // queued inside the backend (e.g. for KV blocks)
   virtual double kv_usage() const = 0;
   virtual int64_t preemptions() const = 0;
+  // Why the backend can serve nothing more (a deployment that stopped on a
+  // worker's death, seen by any call, add and cancel included); ok while it can.
+  virtual Status health() const { return ok_status(); }
   // Every worker's WorkerStats (disaggregated); empty when co-located.
   virtual StatusOr<std::vector<Json>> worker_stats() { return std::vector<Json>{}; }
   // The routing statistics document (runtime::RoutingStats::to_json) of the
@@ -113,6 +116,9 @@ class Scheduler {
   };
   void loop();
   void fail_all(const Status& s);
+  // The backend failed: the server turns unhealthy (/health 503, submit
+  // refused) and every request in flight, `admitted` too, fails with `s`.
+  void fail_backend(const Status& s, std::vector<Entry>* admitted);
 
   std::unique_ptr<GenerationBackend> backend_;
   SchedulerOptions options_;
