@@ -99,14 +99,12 @@ void Scheduler::fail_all(const Status& s) {
   idle_cv_.notify_all();
 }
 
-void Scheduler::fail_backend(const Status& s, std::vector<Entry>* admitted) {
+void Scheduler::fail_backend(const Status& s) {
   {
     std::lock_guard<std::mutex> l(mu_);
     snap_.healthy = false;
     snap_.failure = s.message();
   }
-  for (auto& e : *admitted) active_.emplace(e.req.id, std::move(e));
-  admitted->clear();
   fail_all(s);
 }
 
@@ -142,7 +140,7 @@ void Scheduler::loop() {
       return;
     }
     int64_t ended = 0;
-    Status failed = ok_status();  // the backend's failure, found by a cancel or an add
+    Status failed = ok_status();  // the backend's failure, found by a cancel
     for (const auto& [id, reason] : cancels) {
       auto it = active_.find(id);
       if (it == active_.end()) {
@@ -176,26 +174,21 @@ void Scheduler::loop() {
       if (!s.ok() && failed.ok()) failed = s;
     }
     for (auto& e : admitted) {
-      if (!failed.ok()) break;  // fail_backend fails the rest
       Status s = backend_->add(e.req);
       if (!s.ok()) {
         e.sink->on_error(s);
         metrics_->request_aborted();
         ++ended;
-        e.sink.reset();  // ended: not for fail_backend
-        // A refusal fails this request; a backend that stopped (an expert
-        // worker died and the router found it while adding) fails them all.
-        failed = backend_->health();
         continue;
       }
       metrics_->add_prompt_tokens(static_cast<int64_t>(e.req.prompt.size()));
       const int64_t id = e.req.id;
       active_.emplace(id, std::move(e));
     }
-    // What is left of `admitted`: those a failure stopped before their add.
-    std::erase_if(admitted, [](const Entry& e) { return e.sink == nullptr; });
-    // A deployment that stopped between steps (found by the last stats call)
-    // fails its requests now, and /health says so even with none in flight.
+    // A backend that stopped outside a step (the router found an expert
+    // worker dead while adding a request, or in the last stats call while
+    // idle) fails every request now, and /health says so even with none in
+    // flight. An add that failed on it has failed its own request above.
     if (failed.ok()) failed = backend_->health();
     bool healthy;
     {
@@ -203,13 +196,13 @@ void Scheduler::loop() {
       healthy = snap_.healthy;
     }
     if (healthy && !failed.ok()) {
-      fail_backend(failed, &admitted);
+      fail_backend(failed);
       healthy = false;
     }
     if (healthy && !backend_->idle()) {
       auto events = backend_->step();
       if (!events.ok()) {
-        fail_backend(events.status(), &admitted);
+        fail_backend(events.status());
       } else {
         const auto now = clock::now();
         std::map<int64_t, std::vector<runtime::TokenEvent>> by_request;

@@ -117,8 +117,8 @@ class Scheduler {
   void loop();
   void fail_all(const Status& s);
   // The backend failed: the server turns unhealthy (/health 503, submit
-  // refused) and every request in flight, `admitted` too, fails with `s`.
-  void fail_backend(const Status& s, std::vector<Entry>* admitted);
+  // refused) and every request in flight fails with `s`.
+  void fail_backend(const Status& s);
 
   std::unique_ptr<GenerationBackend> backend_;
   SchedulerOptions options_;
