@@ -6,12 +6,16 @@
 #include <gtest/gtest.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace msinfer::runtime::internal {
 namespace {
@@ -41,23 +45,49 @@ class CountSigusr1 {
   bool installed_ = false;
 };
 
-// Sends `target` up to `times` SIGUSR1s while `waiting()` holds, each after
-// the one before was handled. Each wait for the handler is bounded (1 s):
-// under ThreadSanitizer a signal that lands just before a blocking call is
-// held until the call returns, and only the caller can make it return; the
-// sending stops at such a signal.
+// The system calls a read_line's wait can block in.
+#ifdef SYS_poll
+const std::vector<long> kPollCalls = {SYS_poll, SYS_ppoll};
+#else
+const std::vector<long> kPollCalls = {SYS_ppoll};
+#endif
+
+// The thread with kernel id `tid` sits in one of `calls` (system call
+// numbers), blocked: /proc/self/task/<tid>/syscall starts with the number of
+// the call a thread is blocked in.
+bool blocked_in(pid_t tid, const std::vector<long>& calls) {
+  std::ifstream f("/proc/self/task/" + std::to_string(tid) + "/syscall");
+  long nr = -1;
+  if (!(f >> nr)) return false;  // "running", or gone
+  return std::find(calls.begin(), calls.end(), nr) != calls.end();
+}
+
+// Sends the thread `tid` (of `target`) up to `times` SIGUSR1s while
+// `waiting()` holds. Each is sent only once the thread is blocked in one of
+// `calls`, and the next only after the one before was handled: a signal
+// that lands in the blocked call is the case under test, and it is the one
+// ThreadSanitizer delivers at once (one that lands elsewhere it may hold
+// until the thread's next call). Each wait is bounded (5 s); the sending
+// stops at one that runs out. Returns the number of signals handled.
 template <class Waiting>
-void interrupt(std::thread& target, int times, Waiting waiting) {
+int interrupt(std::thread& target, pid_t tid, const std::vector<long>& calls, int times,
+              Waiting waiting) {
   const int before = signals_seen.load();
   for (int i = 0; i < times && waiting(); ++i) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!blocked_in(tid, calls) && waiting() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    if (!waiting() || !blocked_in(tid, calls)) break;
     ::pthread_kill(target.native_handle(), SIGUSR1);
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     while (signals_seen.load() == before + i && waiting() &&
            std::chrono::steady_clock::now() < until) {
       std::this_thread::yield();
     }
-    if (signals_seen.load() == before + i) break;  // held
+    if (signals_seen.load() == before + i) break;  // not handled yet
   }
+  return signals_seen.load() - before;
 }
 
 // A write_line blocked on a full pipe, hit by signals whose handler does not
@@ -79,12 +109,16 @@ TEST(LineIoTest, SignalsDoNotBreakAWrite) {
   }
   ::fcntl(fds[1], F_SETFL, 0);
   std::atomic<int> result{-1};
-  std::thread writer([&] { result = write_line(fds[1], "the line") ? 1 : 0; });
-  // Interrupt the writer many times while it is blocked (or about to be); a
-  // held signal (ThreadSanitizer) ends the sending, and the drain below lets
-  // the write return.
-  const int before = signals_seen.load();
-  interrupt(writer, 200, [&] { return result.load() == -1; });
+  std::atomic<pid_t> tid{0};
+  std::thread writer([&] {
+    tid = ::gettid();
+    result = write_line(fds[1], "the line") ? 1 : 0;
+  });
+  while (tid.load() == 0) std::this_thread::yield();
+  // Interrupt the writer many times while it is blocked in write; the drain
+  // below lets the write return.
+  const int handled =
+      interrupt(writer, tid.load(), {SYS_write}, 200, [&] { return result.load() == -1; });
   // Drain: the filler, then the line.
   std::string got;
   char buf[65536];
@@ -96,7 +130,7 @@ TEST(LineIoTest, SignalsDoNotBreakAWrite) {
   writer.join();
   ::close(fds[0]);
   ::close(fds[1]);
-  EXPECT_GT(signals_seen.load(), before);
+  EXPECT_GT(handled, 0) << "no signal reached the blocked write";
   EXPECT_EQ(result.load(), 1) << "write_line gave up on a signal";
   EXPECT_EQ(got.substr(filled), "the line\n");
 }
@@ -113,20 +147,23 @@ TEST(LineIoTest, SignalsDoNotEndARead) {
   std::atomic<int> result{-1};
   std::atomic<bool> eof{false};
   std::string line;
+  std::atomic<pid_t> tid{0};
   std::thread reader([&] {
+    tid = ::gettid();
     std::string buf;
     bool e = false;
     result = read_line(fds[0], &buf, &line, -1, &e) ? 1 : 0;
     eof = e;
   });
-  const int before = signals_seen.load();
-  interrupt(reader, 50, [&] { return result.load() == -1; });
+  while (tid.load() == 0) std::this_thread::yield();
+  const int handled =
+      interrupt(reader, tid.load(), kPollCalls, 50, [&] { return result.load() == -1; });
   const int still_waiting = result.load();
   ASSERT_EQ(::write(fds[1], "late line\n", 10), 10);
   reader.join();
   ::close(fds[0]);
   ::close(fds[1]);
-  EXPECT_GT(signals_seen.load(), before);
+  EXPECT_GT(handled, 0) << "no signal reached the waiting read";
   EXPECT_EQ(still_waiting, -1) << "read_line returned on a signal";
   EXPECT_EQ(result.load(), 1);
   EXPECT_FALSE(eof.load());
