@@ -8,6 +8,7 @@
 // copy for every caller and a CPU without AVX2 would fault. Only the code
 // below, in namespace internal::avx2, uses AVX2.
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>

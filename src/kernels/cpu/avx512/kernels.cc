@@ -3,6 +3,7 @@
 // panel kernels of internal/simd.inc with 32-column panels. The target is set
 // after the headers for the reason given in avx2/kernels.cc.
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>

@@ -5,6 +5,7 @@
 // the same kernels but its bf16 GEMMs through oneDNN, which uses AMX tiles
 // (onednn_gemm.cc).
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -183,6 +184,10 @@ inline void block_n(int64_t rows, const W* w, int64_t np, const uint32_t* xt, in
   }
 }
 
+// The target pragma as well as the attribute: the team's body is a lambda,
+// and a lambda does not take its enclosing function's target attribute.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
 template <typename W>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void forward_w(const GemmWeights& w,
                                                                                const float* x,
@@ -212,8 +217,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void forward_w(c
   const W* data = reinterpret_cast<const W*>(w.data.get());
   constexpr int64_t kb = kKBlock<W>;
   const uint32_t* xtiles = xp.data();  // xp is this thread's; the team reads it
-#pragma omp parallel if (items > 1)
-  {
+  simd::team(items > 1, [&] {
     alignas(64) float cbuf[kChunkRows * kPanel];
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < items; ++item) {
@@ -246,8 +250,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void forward_w(c
         std::memcpy(y + (m0 + r) * N + p * kPanel, cbuf + r * kPanel, sizeof(float) * cols);
       }
     }
-  }
+  });
 }
+#pragma GCC pop_options
 
 void forward(const GemmWeights& w, const float* x, int64_t m, float* y) {
   if (w.format == WeightFormat::kInt8) return forward_w<int8_t>(w, x, m, y);

@@ -1,6 +1,8 @@
 // The generic level: portable C++ for any x86-64 (or other) CPU, no
 // intrinsics; the reference the other levels are tested against. GEMM weights
 // in panels of 16 columns.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -36,8 +38,7 @@ void paged_attention(const float* q, int64_t tokens, int64_t heads, const PagedK
                      const int32_t* positions, const int32_t* const* block_tables, float scale,
                      float* out) {
   const int64_t hd = kv.head_dim, group = heads / kv.kv_heads, work = tokens * kv.kv_heads;
-#pragma omp parallel
-  {
+  team(true, [&] {
     std::vector<float> scores, kf, acc;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t wi = 0; wi < work; ++wi) {
@@ -46,14 +47,13 @@ void paged_attention(const float* q, int64_t tokens, int64_t heads, const PagedK
                             block_tables[t], g, scale, scores, kf, acc,
                             out + (t * heads + g * group) * hd);
     }
-  }
+  });
 }
 
 void silu_mul(const float* gate_up, int64_t rows, int64_t f, float* out) {
-#pragma omp parallel for if (rows * f > 65536)
-  for (int64_t r = 0; r < rows; ++r) {
+  for_each_row(rows, rows * f > 65536, [&](int64_t r) {
     silu_mul_row_portable(gate_up + r * 2 * f, gate_up + r * 2 * f + f, 0, f, out + r * f);
-  }
+  });
 }
 
 }  // namespace
