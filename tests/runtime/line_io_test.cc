@@ -62,7 +62,25 @@ bool blocked_in(pid_t tid, const std::vector<long>& calls) {
   return std::find(calls.begin(), calls.end(), nr) != calls.end();
 }
 
-// Sends the thread `tid` (of `target`) up to `times` SIGUSR1s while
+// A thread and its kernel id (for /proc/self/task/<tid>).
+struct TrackedThread {
+  std::thread thread;
+  pid_t tid = 0;
+};
+
+// Starts `body` on a thread; returns once the thread's kernel id is known.
+template <class Body>
+TrackedThread start_tracked(Body body) {
+  std::atomic<pid_t> tid{0};
+  std::thread t([&tid, body]() mutable {
+    tid = ::gettid();  // the last use of `tid`: start_tracked waits for it
+    body();
+  });
+  while (tid.load() == 0) std::this_thread::yield();
+  return {std::move(t), tid.load()};
+}
+
+// Sends the thread `target` up to `times` SIGUSR1s while
 // `waiting()` holds. Each is sent only once the thread is blocked in one of
 // `calls`, and the next only after the one before was handled: a signal
 // that lands in the blocked call is the case under test, and it is the one
@@ -70,8 +88,8 @@ bool blocked_in(pid_t tid, const std::vector<long>& calls) {
 // until the thread's next call). Each wait is bounded (5 s); the sending
 // stops at one that runs out. Returns the number of signals handled.
 template <class Waiting>
-int interrupt(std::thread& target, pid_t tid, const std::vector<long>& calls, int times,
-              Waiting waiting) {
+int interrupt(TrackedThread& target, const std::vector<long>& calls, int times, Waiting waiting) {
+  const pid_t tid = target.tid;
   const int before = signals_seen.load();
   for (int i = 0; i < times && waiting(); ++i) {
     auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -79,7 +97,7 @@ int interrupt(std::thread& target, pid_t tid, const std::vector<long>& calls, in
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
     if (!waiting() || !blocked_in(tid, calls)) break;
-    ::pthread_kill(target.native_handle(), SIGUSR1);
+    ::pthread_kill(target.thread.native_handle(), SIGUSR1);
     until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     while (signals_seen.load() == before + i && waiting() &&
            std::chrono::steady_clock::now() < until) {
@@ -109,16 +127,10 @@ TEST(LineIoTest, SignalsDoNotBreakAWrite) {
   }
   ::fcntl(fds[1], F_SETFL, 0);
   std::atomic<int> result{-1};
-  std::atomic<pid_t> tid{0};
-  std::thread writer([&] {
-    tid = ::gettid();
-    result = write_line(fds[1], "the line") ? 1 : 0;
-  });
-  while (tid.load() == 0) std::this_thread::yield();
+  TrackedThread writer = start_tracked([&] { result = write_line(fds[1], "the line") ? 1 : 0; });
   // Interrupt the writer many times while it is blocked in write; the drain
   // below lets the write return.
-  const int handled =
-      interrupt(writer, tid.load(), {SYS_write}, 200, [&] { return result.load() == -1; });
+  const int handled = interrupt(writer, {SYS_write}, 200, [&] { return result.load() == -1; });
   // Drain: the filler, then the line.
   std::string got;
   char buf[65536];
@@ -127,7 +139,7 @@ TEST(LineIoTest, SignalsDoNotBreakAWrite) {
     if (n <= 0) break;
     got.append(buf, static_cast<size_t>(n));
   }
-  writer.join();
+  writer.thread.join();
   ::close(fds[0]);
   ::close(fds[1]);
   EXPECT_GT(handled, 0) << "no signal reached the blocked write";
@@ -147,20 +159,16 @@ TEST(LineIoTest, SignalsDoNotEndARead) {
   std::atomic<int> result{-1};
   std::atomic<bool> eof{false};
   std::string line;
-  std::atomic<pid_t> tid{0};
-  std::thread reader([&] {
-    tid = ::gettid();
+  TrackedThread reader = start_tracked([&] {
     std::string buf;
     bool e = false;
     result = read_line(fds[0], &buf, &line, -1, &e) ? 1 : 0;
     eof = e;
   });
-  while (tid.load() == 0) std::this_thread::yield();
-  const int handled =
-      interrupt(reader, tid.load(), kPollCalls, 50, [&] { return result.load() == -1; });
+  const int handled = interrupt(reader, kPollCalls, 50, [&] { return result.load() == -1; });
   const int still_waiting = result.load();
   ASSERT_EQ(::write(fds[1], "late line\n", 10), 10);
-  reader.join();
+  reader.thread.join();
   ::close(fds[0]);
   ::close(fds[1]);
   EXPECT_GT(handled, 0) << "no signal reached the waiting read";
