@@ -292,10 +292,10 @@ TEST(DirectTransportTest, ObjectsOfALiveOwnerInAnotherPidNamespaceAreKept) {
            !std::filesystem::exists("/dev/shm/" + mailbox + ".live");
   };
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  remove_dead_shm_endpoints();
-  while (!gone() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (;;) {
     remove_dead_shm_endpoints();
+    if (gone() || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + mailbox)) << "a dead owner's mailbox stayed";
   EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + mailbox + "-r1"));
