@@ -301,16 +301,8 @@ class AttentionTpTest : public ::testing::TestWithParam<std::string> {};
 // one micro-batch, two with two), tp_e = 2 in both reduction modes; and tp_a 4
 // (KV heads replicated: two ranks per KV head) with m = 2 on one replica.
 TEST_P(AttentionTpTest, SameTokensAsTheColocatedEngine) {
-  const std::string dir = testing::test_model_dir(GetParam());
-  const std::vector<int32_t> prompt = {5, 9, 22, 40, 7, 8, 11};
-  const std::string args =
-      "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 16 --ignore-eos";
-  const auto ref = generate(args).tokens;
-  ASSERT_EQ(ref.size(), 16u);
-  // The deployments' log-probabilities against PyTorch (where it is installed).
-  const bool torch = testing::have_torch();
-  const testing::TorchReference pt =
-      torch ? testing::torch_reference(dir, prompt, 16) : testing::TorchReference{};
+  const testing::DeploymentReference ref(GetParam());
+  ASSERT_EQ(ref.tokens.size(), 16u);
   std::vector<std::pair<std::string, int>> deployments;  // (flags, tp_a)
   for (const std::string shape : {"--attention-workers 1 --expert-workers 2 --micro-batches 1",
                                   "--attention-workers 2 --expert-workers 2 --micro-batches 2"}) {
@@ -323,9 +315,7 @@ TEST_P(AttentionTpTest, SameTokensAsTheColocatedEngine) {
       "--attention-workers 1 --expert-workers 2 --micro-batches 2 --tp-attention 4", 4);
   for (const auto& [d, tp_a] : deployments) {
     const std::string tp = std::to_string(tp_a);
-    const Generated g = generate(args + " " + d + " --logprobs 20");
-    expect_equal_up_to_near_tie(ref, g.tokens, dir, prompt, GetParam() + " " + d);
-    if (torch) testing::expect_logprobs_match_reference(g.doc, pt, 20, GetParam() + " " + d);
+    const Generated g = ref.check(d);
     EXPECT_NE(g.err.find("tp_attention " + tp + " (" + tp + " processes per attention worker)"),
               std::string::npos)
         << g.err;

@@ -292,24 +292,14 @@ class ExpertTpTest : public ::testing::TestWithParam<std::string> {};
 // (n_a, N, m) in {(1, 2, 1), (2, 2, 2)} with tp_expert 2 in both reduction
 // modes, and (2, 3, 2) with tp_expert 4 and an uneven placement.
 TEST_P(ExpertTpTest, SameTokensAsTheColocatedEngine) {
-  const std::string dir = testing::test_model_dir(GetParam());
-  const std::vector<int32_t> prompt = {5, 9, 22, 40, 7, 8, 11};
-  const std::string args =
-      "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 16 --ignore-eos";
-  const auto ref = generate(args).tokens;
-  ASSERT_EQ(ref.size(), 16u);
-  // The deployments' log-probabilities against PyTorch (where it is installed).
-  const bool torch = testing::have_torch();
-  const testing::TorchReference pt =
-      torch ? testing::torch_reference(dir, prompt, 16) : testing::TorchReference{};
+  const testing::DeploymentReference ref(GetParam());
+  ASSERT_EQ(ref.tokens.size(), 16u);
   for (const std::string shape : {"--attention-workers 1 --expert-workers 2 --micro-batches 1",
                                   "--attention-workers 2 --expert-workers 2 --micro-batches 2"}) {
     std::map<std::string, std::vector<int32_t>> by_mode;
     for (const std::string mode : {"attention-sum", "allreduce"}) {
       const std::string d = shape + " --tp-expert 2 --tp-expert-reduce " + mode;
-      const Generated g = generate(args + " " + d + " --logprobs 20");
-      expect_equal_up_to_near_tie(ref, g.tokens, dir, prompt, GetParam() + " " + d);
-      if (torch) testing::expect_logprobs_match_reference(g.doc, pt, 20, GetParam() + " " + d);
+      const Generated g = ref.check(d);
       by_mode[mode] = g.tokens;
       // Four expert processes, each named with its shard.
       EXPECT_NE(g.err.find("expert worker 1 tp rank 1: pid"), std::string::npos) << g.err;
@@ -337,8 +327,7 @@ TEST_P(ExpertTpTest, SameTokensAsTheColocatedEngine) {
                                   "tp_expert": 4, "tp_expert_reduce": "allreduce"})";
   const std::string d =
       "--attention-workers 2 --expert-workers 3 --micro-batches 2 --placement " + placement;
-  const Generated g = generate(args + " " + d);
-  expect_equal_up_to_near_tie(ref, g.tokens, dir, prompt, GetParam() + " tp 4 " + d);
+  const Generated g = ref.check(d);
   EXPECT_NE(g.err.find("tp_expert 4 (4 processes per expert worker), reduce: allreduce"),
             std::string::npos)
       << g.err;

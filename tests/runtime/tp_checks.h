@@ -150,6 +150,37 @@ inline void expect_logprobs_match_reference(const Json& doc, const TorchReferenc
   std::printf("[ tp logprobs ] %s: %zu steps vs PyTorch, |dlogprob| max %.3g, mean %.3g\n",
               what.c_str(), steps, worst, sum / std::max<size_t>(n, 1));
 }
+
+// What a deployment of a test model is checked against: the co-located
+// engine's 16 greedy tokens for a fixed prompt and, where /usr/bin/python3 has
+// torch, PyTorch's log-probabilities for the same steps.
+struct DeploymentReference {
+  std::string preset, dir, args;
+  std::vector<int32_t> prompt = {5, 9, 22, 40, 7, 8, 11};
+  std::vector<int32_t> tokens;
+  bool torch = false;
+  TorchReference pt;
+
+  explicit DeploymentReference(const std::string& preset_name)
+      : preset(preset_name), dir(test_model_dir(preset_name)) {
+    args = "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 16 --ignore-eos";
+    tokens = generate(args).tokens;
+    EXPECT_EQ(tokens.size(), 16u) << preset;
+    torch = have_torch();
+    if (torch) pt = torch_reference(dir, prompt, 16);
+  }
+
+  // Runs `deployment` (generate flags) with the top 20 log-probabilities: its
+  // tokens equal the reference's up to a near-tie, and its log-probabilities
+  // match PyTorch's where it is installed.
+  Generated check(const std::string& deployment) const {
+    const Generated g = generate(args + " " + deployment + " --logprobs 20");
+    const std::string what = preset + " " + deployment;
+    expect_equal_up_to_near_tie(tokens, g.tokens, dir, prompt, what);
+    if (torch) expect_logprobs_match_reference(g.doc, pt, 20, what);
+    return g;
+  }
+};
 #endif
 
 }  // namespace msinfer::runtime::testing
