@@ -64,15 +64,25 @@ LinearFit fit_linear(const RooflineCurve& c, double lo, double hi) {
 }
 
 const char* expert_reduction_name(ExpertReduction r) {
-  return r == ExpertReduction::kPartialSums ? "n2m-partial-sums" : "allreduce-overlapped";
+  switch (r) {
+    case ExpertReduction::kPartialSums:
+      return "n2m-partial-sums";
+    case ExpertReduction::kReduceToShard0:
+      return "reduce-to-shard0";
+    case ExpertReduction::kAllReduce:
+      break;
+  }
+  return "allreduce-overlapped";
 }
 
 StatusOr<ExpertReduction> parse_expert_reduction(const std::string& s) {
-  if (s == "allreduce-overlapped") return ExpertReduction::kAllReduce;
-  if (s == "n2m-partial-sums") return ExpertReduction::kPartialSums;
+  for (ExpertReduction r : {ExpertReduction::kAllReduce, ExpertReduction::kPartialSums,
+                            ExpertReduction::kReduceToShard0}) {
+    if (s == expert_reduction_name(r)) return r;
+  }
   return invalid_argument(
-      "expert_tp_reduction: expected allreduce-overlapped or n2m-partial-sums, "
-      "got '" +
+      "expert_tp_reduction: expected allreduce-overlapped, n2m-partial-sums or "
+      "reduce-to-shard0, got '" +
       s + "'");
 }
 
@@ -195,6 +205,15 @@ StatusOr<Profile> load_profile(const std::string& path) {
   return parse_profile(j, path);
 }
 
+double reduce_to_first_time(const GpuSpec& gpu, int tp, double bytes, const UtilCurve& nic_util) {
+  if (tp <= 1 || bytes <= 0) return 0;
+  const double moved = (tp - 1) * bytes;
+  if (tp <= gpu.gpus_per_node) {
+    return moved / (gpu.intra_node_bandwidth * gpu.efficiency.intra_node_link);
+  }
+  return bytes_time(moved, gpu.nic_bandwidth, nic_util);
+}
+
 double allreduce_time(const GpuSpec& gpu, int tp, double bytes, const UtilCurve& nic_util) {
   if (tp <= 1 || bytes <= 0) return 0;
   double moved = 2.0 * (tp - 1) / tp * bytes;
@@ -242,13 +261,17 @@ StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& sh
   const double fl_e = ge.bf16_flops * ge.efficiency.compute;
   const double ar_e = allreduce_time(ge, tpe, 2 * h, nic_util);
   const bool partial_sums = tpe > 1 && shape.expert_reduction == ExpertReduction::kPartialSums;
+  const bool to_shard0 = tpe > 1 && shape.expert_reduction == ExpertReduction::kReduceToShard0;
+  const bool overlapped = tpe > 1 && shape.expert_reduction == ExpertReduction::kAllReduce;
   RooflineCurve& ce = s.expert_curve;
   ce.compute_per_token = model.expert_flops_per_token() / tpe / fl_e;
   ce.weight = w_bytes_e / bw_e;
-  // The row-parallel output is reduced either by a collective among the shards,
+  // The row-parallel output is reduced by a collective among the shards,
   // pipelined with the GEMMs (the all-gather of the input slices moves (tp-1)/tp
-  // of a row, the all-reduce 2(tp-1)/tp: 1.5x the all-reduce), or not at all.
-  ce.overlapped_per_token = partial_sums ? 0.0 : 1.5 * ar_e;
+  // of a row, the all-reduce 2(tp-1)/tp: 1.5x the all-reduce), by shard 0
+  // receiving the other shards' partial rows after the GEMMs, or not at all.
+  ce.overlapped_per_token = overlapped ? 1.5 * ar_e : 0.0;
+  if (to_shard0) ce.serial_per_token += reduce_to_first_time(ge, tpe, 2 * h, nic_util);
   ce.overhead = ge.efficiency.expert_layer_overhead_s;
   if (partial_sums) {
     // The attention side reads the tp_e partial rows of each of its K experts
@@ -264,9 +287,13 @@ StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& sh
   s.k3 = fe.slope;
   s.k4 = fe.intercept;
 
-  // bf16 rows; with partial sums every expert shard gets (and returns) a whole row.
-  s.dispatch_bytes_per_token = 2.0 * h * model.top_k / tpa * (partial_sums ? tpe : 1);
-  s.expert_bytes_per_token = partial_sums ? 2.0 * h : 2.0 * h / tpe;
+  // bf16 rows; with partial sums every expert shard gets (and returns) a whole
+  // row; reducing to shard 0 sends every shard the whole row and takes one row
+  // back (T_c is one-way and the same both ways here: the dispatch's, the
+  // larger).
+  const bool whole_rows = partial_sums || to_shard0;
+  s.dispatch_bytes_per_token = 2.0 * h * model.top_k / tpa * (whole_rows ? tpe : 1);
+  s.expert_bytes_per_token = whole_rows ? 2.0 * h : 2.0 * h / tpe;
   s.attention_nic_bandwidth = ga.nic_bandwidth;
   s.expert_nic_bandwidth = ge.nic_bandwidth;
   s.nic_util = nic_util;
@@ -278,7 +305,10 @@ StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& sh
     const double se = static_cast<double>(profile->tp_expert) / tpe;
     if (profile->k1) s.k1 = *profile->k1 * sa + ar_a;
     if (profile->k2) s.k2 = *profile->k2 * sa;
-    if (profile->k3) s.k3 = *profile->k3 * se + (partial_sums ? 0.0 : 1.5 * ar_e);
+    if (profile->k3) {
+      s.k3 = *profile->k3 * se + (overlapped ? 1.5 * ar_e : 0.0) +
+             (to_shard0 ? reduce_to_first_time(ge, tpe, 2 * h, nic_util) : 0.0);
+    }
     if (profile->k4) s.k4 = *profile->k4 * se;
     if (profile->nic_util) {
       // `msinfer bench m2n` keys its curve by the bytes one sender sends over all
@@ -335,6 +365,39 @@ int min_micro_batches_for_overlap(const StageTimes& t) {
   const double tf = t.t_f();
   if (tf <= 0) return 1;
   return std::max(1, static_cast<int>(std::ceil(2.0 * (1.0 + t.t_c / tf) - 1e-12)));
+}
+
+RuntimeReductionChoice prefer_runtime_expert_reduction(const ModelConfig& model,
+                                                       const GpuSpec& host,
+                                                       const RuntimeShape& shape,
+                                                       const UtilCurve& nic_util) {
+  const double A = shape.attention_workers, N = shape.expert_workers;
+  const double E = static_cast<double>(model.experts);
+  const double b_a = shape.tokens_per_micro_batch;
+  const double rows_per_worker = b_a * A * model.top_k / N;  // one micro-batch, one layer
+  auto times = [&](ExpertReduction r) {
+    const DeploymentShape d{host, host, shape.tp_attention, shape.tp_expert, r};
+    const StageModel s = build_stage_model(model, d, shape.seq_len, nic_util);
+    StageTimes t;
+    t.t_a = s.attention_curve.at(b_a);
+    // One GEMM per expert the worker holds, each on its share of the rows.
+    t.t_e = E / N * s.expert_curve.at(rows_per_worker * N / E);
+    t.t_c = s.t_comm(b_a, rows_per_worker, shape.attention_workers);
+    return t;
+  };
+  RuntimeReductionChoice c;
+  c.partial_sums = times(ExpertReduction::kPartialSums);
+  c.reduce_to_shard0 = times(ExpertReduction::kReduceToShard0);
+  c.partial_sums_step = iteration_time(c.partial_sums, shape.micro_batches, model.moe_layers);
+  c.reduce_to_shard0_step =
+      iteration_time(c.reduce_to_shard0, shape.micro_batches, model.moe_layers);
+  // Partial sums unless reducing to shard 0 is clearly faster: it needs no
+  // step among the shards, and the model does not count the extra message per
+  // layer and micro-batch the reduce costs (no per-message latency in it).
+  c.preferred = c.reduce_to_shard0_step * kReduceToShard0MinGain < c.partial_sums_step
+                    ? ExpertReduction::kReduceToShard0
+                    : ExpertReduction::kPartialSums;
+  return c;
 }
 
 }  // namespace msinfer::planner

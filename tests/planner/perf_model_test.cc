@@ -138,6 +138,79 @@ TEST(StageModelTest, ExpertReductionOverlappedOrPartialSums) {
   EXPECT_FALSE(parse_expert_reduction("ring").ok());
 }
 
+TEST(StageModelTest, ReduceToShard0SendsWholeRowsAndReducesAfterTheGemms) {
+  const ModelConfig m = tiny_model();
+  StageModel r =
+      build_stage_model(m, {ideal_gpu(), ideal_gpu(), 2, 2, ExpertReduction::kReduceToShard0}, 100,
+                        half_util(), nullptr, kAboveRidge);
+  StageModel ar =
+      build_stage_model(m, {ideal_gpu(), ideal_gpu(), 2, 2, ExpertReduction::kAllReduce}, 100,
+                        half_util(), nullptr, kAboveRidge);
+  // Shard 0 receives the other shard's 128 B partial row per token over the 1e10 B/s
+  // link, after the GEMMs: in series, nothing overlapped.
+  EXPECT_NEAR(r.expert_curve.serial_per_token, 128.0 / 1e10, 1e-20);
+  EXPECT_EQ(r.expert_curve.overlapped_per_token, 0.0);
+  EXPECT_NEAR(r.expert_curve.at(100), 100 * 49152.0 / 2 / 1e12 + 100 * 128.0 / 1e10, 1e-18);
+  // Every shard gets the whole row (2 h K / tp_a * tp_e); the attention side adds nothing.
+  EXPECT_DOUBLE_EQ(r.dispatch_bytes_per_token, 256.0);
+  EXPECT_DOUBLE_EQ(r.expert_bytes_per_token, 128.0);
+  EXPECT_DOUBLE_EQ(r.attention_curve.serial_per_token, ar.attention_curve.serial_per_token);
+  // tp_e 8 spans two nodes of 4: 7 rows over the NIC (1e9 B/s at 0.5).
+  StageModel wide =
+      build_stage_model(m, {ideal_gpu(), ideal_gpu(), 1, 8, ExpertReduction::kReduceToShard0}, 100,
+                        half_util(), nullptr, kAboveRidge);
+  EXPECT_NEAR(wide.expert_curve.serial_per_token, 7 * 128.0 / 0.5e9, 1e-18);
+  EXPECT_EQ(std::string(expert_reduction_name(ExpertReduction::kReduceToShard0)),
+            "reduce-to-shard0");
+  EXPECT_EQ(*parse_expert_reduction("reduce-to-shard0"), ExpertReduction::kReduceToShard0);
+}
+
+// The runtime's two modes, on one deployment: partial sums make the attention
+// side read tp_e partial rows; reducing to shard 0 makes the expert worker wait
+// for the other shards' rows.
+TEST(StageModelTest, RuntimeReductionFollowsWhereTheExtraWorkLands) {
+  const ModelConfig m = tiny_model();
+  RuntimeShape shape;
+  shape.attention_workers = 1;
+  shape.expert_workers = 2;  // two experts each
+  shape.micro_batches = 2;
+  shape.tp_expert = 2;
+  shape.tokens_per_micro_batch = 64;
+  shape.seq_len = 100;
+  // A slow link between the shards: each expert worker waits 128 B per row at 1e8 B/s.
+  GpuSpec slow = ideal_gpu();
+  slow.intra_node_bandwidth = 1e8;
+  RuntimeReductionChoice c = prefer_runtime_expert_reduction(m, slow, shape, half_util());
+  EXPECT_EQ(c.preferred, ExpertReduction::kPartialSums);
+  // By hand: 64 tokens x K 2 / 2 workers = 64 rows per worker, 32 per expert.
+  const double rows = 64.0;
+  EXPECT_NEAR(c.reduce_to_shard0.t_e - c.partial_sums.t_e, rows * 128.0 / 1e8, 1e-15);
+  // The attention side reads 2 h K tp_e / tp_a = 512 B of partials per token.
+  EXPECT_NEAR(c.partial_sums.t_a - c.reduce_to_shard0.t_a, 64 * 512.0 / 1e11, 1e-15);
+  EXPECT_DOUBLE_EQ(c.partial_sums.t_c, c.reduce_to_shard0.t_c);
+  EXPECT_DOUBLE_EQ(c.partial_sums_step, iteration_time(c.partial_sums, 2, 2));
+  EXPECT_DOUBLE_EQ(c.reduce_to_shard0_step, iteration_time(c.reduce_to_shard0, 2, 2));
+  EXPECT_LT(c.partial_sums_step, c.reduce_to_shard0_step);
+  // Eight shards per expert and fast links: attention is the slowest stage, the
+  // 8 K partial rows it reads per token add 12% to it, paid in every one of its
+  // m L slots, while shard 0's wait for the other shards is nearly free.
+  GpuSpec fast = ideal_gpu();
+  fast.intra_node_bandwidth = fast.nic_bandwidth = 1e13;
+  fast.gpus_per_node = 8;
+  shape.tp_expert = 8;
+  c = prefer_runtime_expert_reduction(m, fast, shape, half_util());
+  EXPECT_GT(c.partial_sums.t_a, c.partial_sums.t_e);
+  EXPECT_NEAR(c.partial_sums.t_a - c.reduce_to_shard0.t_a, 64 * 2.0 * 64 * 2 * 8 / 1e11, 1e-15);
+  EXPECT_GT(c.partial_sums_step, kReduceToShard0MinGain * c.reduce_to_shard0_step);
+  EXPECT_EQ(c.preferred, ExpertReduction::kReduceToShard0);
+  // The same, gaining less than the margin: partial sums stay.
+  shape.tp_expert = 2;
+  c = prefer_runtime_expert_reduction(m, fast, shape, half_util());
+  EXPECT_LT(c.reduce_to_shard0_step, c.partial_sums_step);
+  EXPECT_LT(c.partial_sums_step, kReduceToShard0MinGain * c.reduce_to_shard0_step);
+  EXPECT_EQ(c.preferred, ExpertReduction::kPartialSums);
+}
+
 TEST(StageModelTest, TensorParallelSplitsWorkAndAddsAllReduce) {
   const ModelConfig m = tiny_model();
   StageModel s1 = build_stage_model(m, {ideal_gpu(), ideal_gpu(), 1, 1}, 100, half_util(), nullptr,

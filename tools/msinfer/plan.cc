@@ -21,9 +21,10 @@ std::vector<std::string> plan_cells(const Plan& p, int rank) {
               std::to_string(d.shape.tp_attention),
           d.shape.expert_gpu.name + " x" + std::to_string(d.expert_nodes()) + " tp" +
               std::to_string(d.shape.tp_expert) +
-              (d.shape.tp_expert == 1                                               ? ""
-               : d.shape.expert_reduction == planner::ExpertReduction::kPartialSums ? " psum"
-                                                                                    : " ar"),
+              (d.shape.tp_expert == 1                                                  ? ""
+               : d.shape.expert_reduction == planner::ExpertReduction::kPartialSums    ? " psum"
+               : d.shape.expert_reduction == planner::ExpertReduction::kReduceToShard0 ? " r0"
+                                                                                       : " ar"),
           std::to_string(d.micro_batches),
           std::to_string(d.global_batch()),
           fmt(q.tokens_per_expert, 0),

@@ -116,8 +116,15 @@ StatusOr<Profile> load_profile(const std::string& path);
 //  kPartialSums: no collective among expert GPUs: every shard receives the whole
 //    row over M2N and sends its partial output back over N2M (tp_e times the bytes
 //    both ways); the attention side adds the tp_e partials into the residual.
-enum class ExpertReduction { kAllReduce, kPartialSums };
-const char* expert_reduction_name(ExpertReduction r);  // "allreduce-overlapped", "n2m-partial-sums"
+//  kReduceToShard0: what the runtime's `--tp-expert-reduce allreduce` builds:
+//    every shard receives the whole row (tp_e times the dispatch bytes, as with
+//    partial sums), the shards 1.. send their partial rows to shard 0 after
+//    their GEMMs (in series with them), shard 0 adds and answers with one row.
+//    The search does not consider it (allreduce-overlapped does the same job
+//    with fewer bytes and no serial step); prefer_runtime_expert_reduction does.
+enum class ExpertReduction { kAllReduce, kPartialSums, kReduceToShard0 };
+// "allreduce-overlapped", "n2m-partial-sums", "reduce-to-shard0"
+const char* expert_reduction_name(ExpertReduction r);
 StatusOr<ExpertReduction> parse_expert_reduction(const std::string& s);
 
 struct DeploymentShape {
@@ -142,6 +149,10 @@ StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& sh
 // bandwidth test; adding peers shrinks each message and lowers utilisation).
 double nic_transfer_time(double bytes, double connections, double bandwidth, const UtilCurve& util);
 
+// Time for shard 0 of a group of `tp` GPUs to receive the other tp - 1 shards'
+// `bytes` each (intra-node link when tp fits a node, else the NIC).
+double reduce_to_first_time(const GpuSpec& gpu, int tp, double bytes, const UtilCurve& nic_util);
+
 // All-reduce time of `bytes` per GPU over a group of `tp` GPUs (ring: 2(tp-1)/tp
 // of the data crosses each link). Intra-node link when tp fits a node, else the NIC.
 double allreduce_time(const GpuSpec& gpu, int tp, double bytes, const UtilCurve& nic_util);
@@ -164,6 +175,35 @@ struct StageTimes {
   double t_a = 0, t_e = 0, t_c = 0;
   double t_f() const { return t_a > t_e ? t_a : t_e; }
 };
+
+// A deployment as the runtime runs it (docs/RUNTIME.md): attention_workers
+// replicas of tp_attention processes, expert_workers groups of tp_expert
+// shards, the experts spread evenly over the expert workers, m micro-batches
+// of `tokens_per_micro_batch` decode tokens per attention worker at context
+// `seq_len`.
+struct RuntimeShape {
+  int attention_workers = 1, expert_workers = 1, micro_batches = 1;
+  int tp_attention = 1, tp_expert = 2;
+  double tokens_per_micro_batch = 1;
+  double seq_len = 512;
+};
+// The runtime's expert-tp reductions (kPartialSums = attention-sum,
+// kReduceToShard0 = allreduce) on `host` (every worker on one such device;
+// its NIC and intra-node link are the transport between workers), by this
+// model: per micro-batch stage times (an expert worker's T_e covers all its
+// experts) and the time of one decode step over every layer. It prefers
+// partial sums unless reducing to shard 0 is kReduceToShard0MinGain times
+// faster.
+inline constexpr double kReduceToShard0MinGain = 1.05;
+struct RuntimeReductionChoice {
+  ExpertReduction preferred = ExpertReduction::kPartialSums;
+  StageTimes partial_sums, reduce_to_shard0;
+  double partial_sums_step = 0, reduce_to_shard0_step = 0;  // seconds
+};
+RuntimeReductionChoice prefer_runtime_expert_reduction(const ModelConfig& model,
+                                                       const GpuSpec& host,
+                                                       const RuntimeShape& shape,
+                                                       const UtilCurve& nic_util);
 // SPEC's T_total = (T_a + T_e + 2T_c) + T_f (mL - 1): exact under full overlap.
 double spec_iteration_time(const StageTimes& t, int m, int layers);
 // Generalised iteration time, equal to spec_iteration_time under full overlap:
