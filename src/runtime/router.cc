@@ -299,8 +299,11 @@ StatusOr<std::unique_ptr<Router>> Router::start_launched(const WorkerConfig& c,
   ::signal(SIGPIPE, SIG_IGN);
   // The launcher's own channel (MPI / PMIx) carries the job's secret to the
   // ranks; the bootstrap server and the control socket require it.
-  auto gathered = launcher.allgather(r->server_->address() + " " + host + ":" +
-                                     std::to_string(port) + " " + r->server_->secret());
+  // It carries rank 0's choice of expert reduction too, which may come from a
+  // probe of rank 0's machine (the ranks must agree; `msinfer` decides on rank 0).
+  auto gathered =
+      launcher.allgather(r->server_->address() + " " + host + ":" + std::to_string(port) + " " +
+                         r->server_->secret() + " " + expert_reduce_name(c.tp_expert_reduce));
   if (!gathered.ok()) {
     ::close(listen_fd);
     return gathered.status();
@@ -397,8 +400,10 @@ Status join_launched_deployment(const WorkerConfig& config, comm::Bootstrap& lau
   if (rank < 1) return invalid_argument("join_launched_deployment: rank 0 is the router");
   MSI_ASSIGN_OR_RETURN(auto all, launcher.allgather(""));
   std::istringstream addrs(all[0]);
-  std::string bootstrap, control, secret;
-  addrs >> bootstrap >> control >> secret;
+  std::string bootstrap, control, secret, reduce;
+  addrs >> bootstrap >> control >> secret >> reduce;
+  MSI_ASSIGN_OR_RETURN(const ExpertReduce rank0_reduce,
+                       parse_expert_reduce(reduce, "rank 0's expert reduction"));
   MSI_ASSIGN_OR_RETURN(const int fd, comm::tcp_connect(control, std::chrono::seconds(60)));
   write_line(fd, Json{{"rank", rank},
                       {"pid", ::getpid()},
@@ -407,6 +412,8 @@ Status join_launched_deployment(const WorkerConfig& config, comm::Bootstrap& lau
                       {"secret", secret}}
                      .dump());
   WorkerConfig c = config;
+  c.tp_expert_reduce = rank0_reduce;
+  if (c.tp_expert > 1) c.placement.tp_expert_reduce = rank0_reduce;
   // Transports that cross hosts bind the address peers reach this host by.
   if (c.address.empty() && !comm::transport_within_host(c.provider)) {
     c.address = comm::local_address();

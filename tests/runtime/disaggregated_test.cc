@@ -825,7 +825,9 @@ TEST_P(TwoHostTest, TpExpertShardsOnTheOtherHostMatchTheColocatedEngine) {
   const auto ref = tokens_of(prompt);
   ASSERT_EQ(ref.size(), 12u);
   const std::string hosts = write_file("netns_hosts_tp", "10.77.0.1 slots=2\n10.77.0.2 slots=2\n");
-  for (const std::string mode : {"attention-sum", "allreduce"}) {
+  // "": no mode given; rank 0 takes the planner model's choice for its machine
+  // and the ranks on host b take rank 0's.
+  for (const std::string mode : {"attention-sum", "allreduce", ""}) {
     const std::string err =
         ::testing::TempDir() + "/two_host_tp_stderr_" + std::to_string(::getpid());
     const std::string cmd =
@@ -836,9 +838,9 @@ TEST_P(TwoHostTest, TpExpertShardsOnTheOtherHostMatchTheColocatedEngine) {
         " --mca oob_tcp_if_include 10.77.0.0/24 --mca btl_tcp_if_include 10.77.0.0/24 --mca btl "
         "self,tcp " +
         kBinary + " generate " + prompt +
-        " --attention-workers 1 --expert-workers 1 --micro-batches 2 --tp-expert 2 "
-        "--tp-expert-reduce " +
-        mode + " --fabric-provider " + GetParam() + " --json 2>" + err;
+        " --attention-workers 1 --expert-workers 1 --micro-batches 2 --tp-expert 2 " +
+        (mode.empty() ? "" : "--tp-expert-reduce " + mode) + " --fabric-provider " + GetParam() +
+        " --json 2>" + err;
     const std::string out = msinfer::testing::run_capture(cmd);
     std::stringstream e;
     e << std::ifstream(err).rdbuf();
@@ -850,7 +852,32 @@ TEST_P(TwoHostTest, TpExpertShardsOnTheOtherHostMatchTheColocatedEngine) {
     EXPECT_EQ((*j)["token_ids"].get<std::vector<int32_t>>(), ref) << mode << e.str();
     EXPECT_NE(e.str().find("expert worker 0 tp rank 1: rank 3 on"), std::string::npos) << e.str();
     EXPECT_NE(e.str().find("(10.77.0.2, pid"), std::string::npos) << e.str();
+    EXPECT_EQ(e.str().find("the planner's model on this machine") != std::string::npos,
+              mode.empty())
+        << e.str();
   }
+  // The ranks run rank 0's mode whatever their own flags say (rank 0 may have
+  // chosen by probing its machine): rank 0 says allreduce, ranks 1-3 are
+  // started with attention-sum, and the shards still reduce to shard 0.
+  const std::string common =
+      " bench serve --offline --model " + dir +
+      " --num-prompts 2 --input-len 7 --output-len 4 --attention-workers 1 --expert-workers 1"
+      " --micro-batches 2 --tp-expert 2 --fabric-provider " +
+      GetParam() + " --json --tp-expert-reduce ";
+  const std::string out = msinfer::testing::run_capture(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
+      "timeout -s KILL 120 ip netns exec " +
+      ns_a_ + " mpirun -x ASAN_OPTIONS --hostfile " + hosts + " --mca plm_rsh_agent " + agent_ +
+      " --mca oob_tcp_if_include 10.77.0.0/24 --mca btl_tcp_if_include 10.77.0.0/24 --mca btl "
+      "self,tcp -np 1 " +
+      kBinary + common + "allreduce : -np 3 " + kBinary + common + "attention-sum 2>/dev/null");
+  auto j = parse_json(out, "mpirun bench serve --json");
+  ASSERT_TRUE(j.ok()) << "stdout: " << out.substr(0, 300);
+  const auto& workers = (*j)["workers"];
+  ASSERT_EQ(workers.size(), 3u) << j->dump();
+  EXPECT_EQ(workers[2]["tp_rank"], 1) << j->dump();
+  EXPECT_GT(workers[2]["tp_reduce_bytes_sent"].get<int64_t>(), 0) << j->dump();
+  EXPECT_EQ(workers[2]["m2n_bytes_sent"], 0) << j->dump();
 }
 
 // Attention tensor parallelism across hosts (issue 14): an attention replica
