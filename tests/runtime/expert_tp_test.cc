@@ -332,10 +332,34 @@ TEST_P(ExpertTpTest, SameTokensAsTheColocatedEngine) {
             std::string::npos)
       << g.err;
   EXPECT_NE(g.err.find("expert worker 2 tp rank 3: pid"), std::string::npos) << g.err;
+  EXPECT_EQ(g.err.find("the planner's model"), std::string::npos) << g.err;  // the file chose
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyPresets, ExpertTpTest,
                          ::testing::Values("tiny-mixtral", "tiny-qwen3moe"));
+
+// Nothing chooses the reduction: the planner's model does, for this machine
+// (issue 14: "default to the one the planner's model prefers for the hardware
+// at hand"), says so with its two step times, and the deployment runs in the
+// mode it names.
+TEST(ExpertTpDefaultTest, WithoutAModeThePlannersModelChooses) {
+  const testing::DeploymentReference ref("tiny-mixtral");
+  const Generated g = ref.check(
+      "--attention-workers 1 --expert-workers 2 --micro-batches 2 "
+      "--tp-expert 2");
+  const std::string line = "the planner's model on this machine";
+  const size_t at = g.err.find(line);
+  ASSERT_NE(at, std::string::npos) << g.err;
+  const size_t start = g.err.rfind("msinfer: reduce ", at);
+  ASSERT_NE(start, std::string::npos) << g.err;
+  const std::string mode = g.err.substr(start + 16, g.err.find(':', start + 16) - (start + 16));
+  ASSERT_TRUE(mode == "attention-sum" || mode == "allreduce") << g.err;
+  EXPECT_NE(g.err.find("ms with attention-sum, "), std::string::npos) << g.err;
+  EXPECT_NE(g.err.find("tp_expert 2 (2 processes per expert worker), reduce: " + mode),
+            std::string::npos)
+      << g.err;
+  EXPECT_EQ(g.doc["routing"]["placement"]["tp_expert_reduce"], mode) << g.doc.dump();
+}
 
 // A plan document with tp_expert 2 runs: 2 shards per expert node, with the
 // plan's reduction (n2m-partial-sums is attention-sum) unless

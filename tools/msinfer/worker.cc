@@ -3,13 +3,16 @@
 // srun on many hosts; the bootstrap comes from the environment.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 
 #include "commands.h"
+#include "msinfer/bench/machine.h"
 #include "msinfer/core/flags.h"
 #include "msinfer/model/safetensors.h"
+#include "msinfer/planner/perf_model.h"
 #include "msinfer/planner/plan.h"
 #include "msinfer/runtime/device_backend.h"
 #include "msinfer/runtime/disaggregated.h"
@@ -65,7 +68,9 @@ void add_deployment_flags(FlagSet& flags) {
   flags.add_string("tp-expert-reduce", "",
                    "how an expert worker's shards combine their partial outputs: attention-sum\n"
                    "(each shard answers, the attention side adds) | allreduce (shard 0 sums\n"
-                   "and answers); default: the placement's or plan's, else attention-sum");
+                   "and answers); default: the placement's or plan's, else the one the planner's\n"
+                   "model prefers on this machine (its memory bandwidth and FLOP/s probed at\n"
+                   "start: docs/RUNTIME.md)");
 }
 
 Status check_deployment_flags(const FlagSet& flags) {
@@ -312,6 +317,60 @@ StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
   return c;
 }
 
+// True when a flag, the placement file or the plan chose the expert shards'
+// reduction (worker_config_from_*'s precedence).
+bool expert_reduce_chosen(const FlagSet& flags, const runtime::WorkerConfig& c) {
+  if (!flags.get_string("tp-expert-reduce").empty() || !flags.get_string("plan").empty()) {
+    return true;
+  }
+  const std::string& path = flags.get_string("placement");
+  if (path.empty()) return false;
+  auto j = read_json_file(path);  // read and validated once already
+  return j.ok() && j->is_object() && j->contains("tp_expert_reduce");
+}
+
+// Nothing chose the reduction of a tp_expert > 1 deployment: take the one the
+// planner's model prefers on this machine (the probed limits stand for every
+// worker's; the transport between workers is taken to copy at half the read
+// bandwidth, the most any transport here reaches).
+void choose_expert_reduce_by_model(const ModelConfig& model, runtime::WorkerConfig* c) {
+  const bench::MachineLimits m = bench::measure_machine(/*quick=*/true);
+  planner::GpuSpec host;
+  host.name = m.cpu;
+  host.bf16_flops = m.bf16_flops > 0 ? m.bf16_flops : m.fp32_flops;
+  host.memory_bandwidth = m.read_bw;
+  host.memory_bytes = 1;
+  host.nic_bandwidth = host.intra_node_bandwidth = m.read_bw / 2;
+  host.gpus_per_node = static_cast<int>(planner::kMaxGpusPerNode);
+  // The probes measured what the kernels reach; fixed per-layer costs are
+  // the same in both modes.
+  host.efficiency = planner::Efficiency{1, 1, 1, 1, 0, 0};
+  planner::RuntimeShape shape;
+  shape.attention_workers = c->attention_workers;
+  shape.expert_workers = c->expert_workers;
+  shape.micro_batches = c->micro_batches;
+  shape.tp_attention = c->tp_attention;
+  shape.tp_expert = c->tp_expert;
+  shape.tokens_per_micro_batch =
+      std::max(1.0, static_cast<double>(c->max_step_tokens) / c->micro_batches);
+  const auto flat = planner::UtilCurve::make({{1, 1.0}}, "flat");
+  const planner::RuntimeReductionChoice r =
+      planner::prefer_runtime_expert_reduction(model, host, shape, *flat);
+  c->tp_expert_reduce = r.preferred == planner::ExpertReduction::kReduceToShard0
+                            ? runtime::ExpertReduce::kAllReduce
+                            : runtime::ExpertReduce::kAttentionSum;
+  c->placement.tp_expert_reduce = c->tp_expert_reduce;
+  std::fprintf(stderr,
+               "msinfer: reduce %s: the planner's model on this machine (%.1f GB/s read, "
+               "%.0f GFLOP/s; %g tokens per micro-batch, context %g) puts a decode step at "
+               "%.3f ms with attention-sum, %.3f ms with allreduce (allreduce when %.0f%% "
+               "faster; --tp-expert-reduce chooses)\n",
+               runtime::expert_reduce_name(c->tp_expert_reduce), m.read_bw / 1e9,
+               host.bf16_flops / 1e9, shape.tokens_per_micro_batch, shape.seq_len,
+               r.partial_sums_step * 1e3, r.reduce_to_shard0_step * 1e3,
+               (planner::kReduceToShard0MinGain - 1) * 100);
+}
+
 StatusOr<std::unique_ptr<comm::Bootstrap>> launcher_job() {
   if (!comm::launched_by_mpi()) return std::unique_ptr<comm::Bootstrap>();
 #ifdef MSINFER_HAVE_MPI
@@ -344,6 +403,10 @@ StatusOr<Deployment> start_deployment(const FlagSet& flags) {
     d.worker_rank = launcher->rank();
     d.worker_status = runtime::join_launched_deployment(c, *launcher);
     return d;
+  }
+  // Rank 0 decides for the job (the launched ranks take its choice).
+  if (c.tp_expert > 1 && !expert_reduce_chosen(flags, c)) {
+    choose_expert_reduce_by_model(model, &d.config);
   }
   std::fprintf(stderr, "msinfer: %d attention worker(s), %d expert worker(s), %d micro-batch(es)\n",
                c.attention_workers, c.expert_workers, c.micro_batches);
