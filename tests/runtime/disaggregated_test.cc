@@ -775,6 +775,24 @@ class TwoHostTest : public ::testing::TestWithParam<std::string> {
   }
   static bool sh(const std::string& cmd) { return std::system(cmd.c_str()) == 0; }
 
+  // `mpirun` started in namespace a over `hosts`, up to the rank counts and
+  // commands (`ranks`: "-np 4 <command>" or an MPMD list). Both namespaces
+  // share this machine's hostname and /dev/shm, which confuses Open MPI's
+  // shared-memory transport (only the rendezvous goes through MPI), so the
+  // BTLs are self and tcp: real hosts need no `--mca btl`. Open MPI leaks at
+  // exit (MPI_Init's allocations, its plugins'); under AddressSanitizer
+  // LeakSanitizer would fail every rank for them, so leak checking is off for
+  // this job only (every other test keeps it).
+  std::string mpirun(const std::string& hosts, const std::string& ranks) const {
+    return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
+           "timeout -s KILL 120 ip netns exec " +
+           ns_a_ + " mpirun -x ASAN_OPTIONS --hostfile " + hosts + " --mca plm_rsh_agent " +
+           agent_ +
+           " --mca oob_tcp_if_include 10.77.0.0/24 --mca btl_tcp_if_include 10.77.0.0/24 --mca "
+           "btl self,tcp " +
+           ranks;
+  }
+
   std::string ns_a_, ns_b_, agent_, hostfile_;
   bool created_ = false;
 };
@@ -785,23 +803,12 @@ TEST_P(TwoHostTest, MpirunDeploymentBetweenNamespacesMatchesTheColocatedEngine) 
       "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 12 --ignore-eos";
   const auto ref = tokens_of(prompt);
   ASSERT_EQ(ref.size(), 12u);
-  // Both namespaces share this machine's hostname and /dev/shm, which confuses
-  // Open MPI's shared-memory transport (only the rendezvous goes through MPI):
-  // real hosts need no `--mca btl`.
   const std::string err = ::testing::TempDir() + "/two_host_stderr_" + std::to_string(::getpid());
-  // Open MPI leaks at exit (MPI_Init's allocations, its plugins'); under
-  // AddressSanitizer LeakSanitizer would fail every rank for them, so leak
-  // checking is off for this job only (every other test keeps it).
   const std::string cmd =
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
-      "timeout -s KILL 120 ip netns exec " +
-      ns_a_ + " mpirun -x ASAN_OPTIONS --hostfile " + hostfile_ + " -np 5 --mca plm_rsh_agent " +
-      agent_ +
-      " --mca oob_tcp_if_include 10.77.0.0/24 --mca btl_tcp_if_include 10.77.0.0/24 --mca btl "
-      "self,tcp " +
-      kBinary + " generate " + prompt +
-      " --attention-workers 2 --expert-workers 2 --micro-batches 2 --fabric-provider " +
-      GetParam() + " --json 2>" + err;
+      mpirun(hostfile_, "-np 5 " + kBinary + " generate " + prompt +
+                            " --attention-workers 2 --expert-workers 2 --micro-batches 2 "
+                            "--fabric-provider " +
+                            GetParam() + " --json 2>" + err);
   const std::string out = msinfer::testing::run_capture(cmd);
   std::stringstream e;
   e << std::ifstream(err).rdbuf();
@@ -831,13 +838,7 @@ TEST_P(TwoHostTest, TpExpertShardsOnTheOtherHostMatchTheColocatedEngine) {
     const std::string err =
         ::testing::TempDir() + "/two_host_tp_stderr_" + std::to_string(::getpid());
     const std::string cmd =
-        "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
-        "timeout -s KILL 120 ip netns exec " +
-        ns_a_ + " mpirun -x ASAN_OPTIONS --hostfile " + hosts + " -np 4 --mca plm_rsh_agent " +
-        agent_ +
-        " --mca oob_tcp_if_include 10.77.0.0/24 --mca btl_tcp_if_include 10.77.0.0/24 --mca btl "
-        "self,tcp " +
-        kBinary + " generate " + prompt +
+        mpirun(hosts, "-np 4 " + kBinary + " generate " + prompt) +
         " --attention-workers 1 --expert-workers 1 --micro-batches 2 --tp-expert 2 " +
         (mode.empty() ? "" : "--tp-expert-reduce " + mode) + " --fabric-provider " + GetParam() +
         " --json 2>" + err;
@@ -865,12 +866,8 @@ TEST_P(TwoHostTest, TpExpertShardsOnTheOtherHostMatchTheColocatedEngine) {
       " --micro-batches 2 --tp-expert 2 --fabric-provider " +
       GetParam() + " --json --tp-expert-reduce ";
   const std::string out = msinfer::testing::run_capture(
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
-      "timeout -s KILL 120 ip netns exec " +
-      ns_a_ + " mpirun -x ASAN_OPTIONS --hostfile " + hosts + " --mca plm_rsh_agent " + agent_ +
-      " --mca oob_tcp_if_include 10.77.0.0/24 --mca btl_tcp_if_include 10.77.0.0/24 --mca btl "
-      "self,tcp -np 1 " +
-      kBinary + common + "allreduce : -np 3 " + kBinary + common + "attention-sum 2>/dev/null");
+      mpirun(hosts, "-np 1 " + kBinary + common + "allreduce : -np 3 " + kBinary + common +
+                        "attention-sum 2>/dev/null"));
   auto j = parse_json(out, "mpirun bench serve --json");
   ASSERT_TRUE(j.ok()) << "stdout: " << out.substr(0, 300);
   const auto& workers = (*j)["workers"];
@@ -903,16 +900,9 @@ TEST_P(TwoHostTest, TpAttentionRanksAcrossHostsMatchTheColocatedEngine) {
     const std::string hosts = write_file("netns_hosts_atp", c.hosts);
     const std::string err =
         ::testing::TempDir() + "/two_host_atp_stderr_" + std::to_string(::getpid());
-    const std::string cmd =
-        "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
-        "timeout -s KILL 120 ip netns exec " +
-        ns_a_ + " mpirun -x ASAN_OPTIONS --hostfile " + hosts + " -np " + c.np +
-        " --mca plm_rsh_agent " + agent_ +
-        " --mca oob_tcp_if_include 10.77.0.0/24 --mca btl_tcp_if_include 10.77.0.0/24 --mca btl "
-        "self,tcp " +
-        kBinary + " generate " + prompt +
-        " --attention-workers 1 --expert-workers 1 --micro-batches 2 " + c.flags +
-        " --fabric-provider " + GetParam() + " --json 2>" + err;
+    const std::string cmd = mpirun(hosts, "-np " + c.np + " " + kBinary + " generate " + prompt) +
+                            " --attention-workers 1 --expert-workers 1 --micro-batches 2 " +
+                            c.flags + " --fabric-provider " + GetParam() + " --json 2>" + err;
     const std::string out = msinfer::testing::run_capture(cmd);
     std::stringstream e;
     e << std::ifstream(err).rdbuf();
