@@ -201,7 +201,11 @@ std::string FlagSet::usage() const {
     out << left;
     if (left.size() < 28) out << std::string(28 - left.size(), ' ');
     else out << "\n" << std::string(28, ' ');
-    out << f.help;
+    // A help text of several lines stays in the description column.
+    for (char c : f.help) {
+      out << c;
+      if (c == '\n') out << std::string(28, ' ');
+    }
     if (f.kind != Kind::kBool && !f.text.empty()) out << " (default " << f.text;
     if (f.kind == Kind::kInt && (f.min_i != std::numeric_limits<int32_t>::min() ||
                                  f.max_i != std::numeric_limits<int32_t>::max())) {

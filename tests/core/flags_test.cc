@@ -88,6 +88,13 @@ TEST(FlagsTest, HelpListsFlagsWithDefaults) {
   EXPECT_NE(u.find("--slo-ms"), std::string::npos);
   EXPECT_NE(u.find("(default 150)"), std::string::npos);
   EXPECT_NE(u.find("[env MSINFER_TEST_MAX_GPUS]"), std::string::npos);
+  // A help of two lines keeps its second line in the description column.
+  FlagSet two("cmd", "");
+  two.add_string("mode", "", "first line\nsecond line");
+  EXPECT_NE(two.usage().find("  --mode S                  first line\n" + std::string(28, ' ') +
+                             "second line\n"),
+            std::string::npos)
+      << two.usage();
 }
 
 TEST(FlagsTest, IntegersAreReadAs64BitsAndRangeCheckedBeforeNarrowing) {
