@@ -39,6 +39,62 @@ Status parse_base_url(const std::string& url, std::string* host, int* port) {
 
 namespace {
 
+// The non-empty string value of `"key":"` in compact JSON: true, false, or
+// unknown (the key is not there in that form).
+enum class Field { kNonEmpty, kEmpty, kAbsent };
+Field compact_string_field(std::string_view data, std::string_view key_colon_quote) {
+  const size_t at = data.find(key_colon_quote);
+  if (at == std::string_view::npos) return Field::kAbsent;
+  const size_t v = at + key_colon_quote.size();
+  return v < data.size() && data[v] != '"' ? Field::kNonEmpty : Field::kEmpty;
+}
+
+}  // namespace
+
+StreamEvent read_stream_event(std::string_view data) {
+  StreamEvent e;
+  if (data == "[DONE]") {
+    e.done = true;
+    return e;
+  }
+  // A token's chunk without an escaped quote: every quote delimits a string,
+  // and a string followed by a colon is a key, so these patterns match keys.
+  if (data.find("\\\"") == std::string_view::npos &&
+      data.find("\"usage\":{") == std::string_view::npos &&
+      data.find("\"error\"") == std::string_view::npos) {
+    const Field text = compact_string_field(data, "\"text\":\"");
+    const Field content = compact_string_field(data, "\"content\":\"");
+    if (text != Field::kAbsent || content != Field::kAbsent) {
+      e.text = text == Field::kNonEmpty || content == Field::kNonEmpty;
+      return e;
+    }
+  }
+  Json j = Json::parse(data, nullptr, false);
+  if (!j.is_object()) return e;
+  if (j.contains("error")) {
+    e.error = j["error"].is_object() ? j["error"].value("message", std::string("error event"))
+                                     : std::string("error event");
+    return e;
+  }
+  if (j.contains("usage") && j["usage"].is_object()) {
+    e.has_usage = true;
+    e.prompt_tokens = j["usage"].value("prompt_tokens", int64_t{0});
+    e.completion_tokens = j["usage"].value("completion_tokens", int64_t{0});
+  }
+  if (j.contains("choices") && j["choices"].is_array() && !j["choices"].empty()) {
+    const Json& c = j["choices"][0];
+    if (c.contains("text") && c["text"].is_string() && !c["text"].get<std::string>().empty())
+      e.text = true;
+    if (c.contains("delta") && c["delta"].is_object() && c["delta"].contains("content") &&
+        c["delta"]["content"].is_string() && !c["delta"]["content"].get<std::string>().empty()) {
+      e.text = true;
+    }
+  }
+  return e;
+}
+
+namespace {
+
 struct Run;
 
 // One streaming request on its own connection.
@@ -51,7 +107,7 @@ class Call : public std::enable_shared_from_this<Call> {
   void fail(const std::string& what);
   void finish();
   size_t on_chunk(beast::string_view data);
-  void on_event(const std::string& data);
+  void on_event(std::string_view data);
 
   Run& run_;
   size_t index_;
@@ -154,42 +210,32 @@ void Call::start() {
 
 size_t Call::on_chunk(beast::string_view data) {
   sse_.append(data.data(), data.size());
-  size_t at;
-  while ((at = sse_.find("\n\n")) != std::string::npos) {
-    const std::string ev = sse_.substr(0, at);
-    sse_.erase(0, at + 2);
-    if (ev.rfind("data: ", 0) == 0) on_event(ev.substr(6));
+  size_t from = 0, at;
+  while ((at = sse_.find("\n\n", from)) != std::string::npos) {
+    const std::string_view ev(sse_.data() + from, at - from);
+    if (ev.substr(0, 6) == "data: ") on_event(ev.substr(6));
+    from = at + 2;
   }
+  sse_.erase(0, from);
   return data.size();
 }
 
-void Call::on_event(const std::string& data) {
+void Call::on_event(std::string_view data) {
   RequestResult& r = run_.results[index_];
-  if (data == "[DONE]") {
+  const StreamEvent e = read_stream_event(data);
+  if (e.done) {
     done_ = true;
     return;
   }
-  Json j = Json::parse(data, nullptr, false);
-  if (!j.is_object()) return;
-  if (j.contains("error")) {
-    r.error = j["error"].value("message", std::string("error event"));
+  if (!e.error.empty()) {
+    r.error = e.error;
     return;
   }
-  if (j.contains("usage") && j["usage"].is_object()) {
-    r.prompt_tokens = j["usage"].value("prompt_tokens", int64_t{0});
-    r.output_tokens = j["usage"].value("completion_tokens", int64_t{0});
+  if (e.has_usage) {
+    r.prompt_tokens = e.prompt_tokens;
+    r.output_tokens = e.completion_tokens;
   }
-  bool text = false;
-  if (j.contains("choices") && j["choices"].is_array() && !j["choices"].empty()) {
-    const Json& c = j["choices"][0];
-    if (c.contains("text") && c["text"].is_string() && !c["text"].get<std::string>().empty())
-      text = true;
-    if (c.contains("delta") && c["delta"].contains("content") &&
-        c["delta"]["content"].is_string() && !c["delta"]["content"].get<std::string>().empty()) {
-      text = true;
-    }
-  }
-  if (!text) return;
+  if (!e.text) return;
   const auto now = bench_clock::now();
   if (first_) {
     r.ttft_s = std::chrono::duration<double>(now - sent_).count();

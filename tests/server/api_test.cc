@@ -1,9 +1,10 @@
-// Request parsing and validation, stop strings across token boundaries, and
-// the Prometheus exposition.
+// Request parsing and validation, stop strings across token boundaries, the
+// Prometheus exposition, and the benchmark client's reading of stream events.
 #include "msinfer/server/api.h"
 
 #include <gtest/gtest.h>
 
+#include "msinfer/server/bench_client.h"
 #include "msinfer/server/metrics.h"
 
 namespace msinfer::server {
@@ -152,6 +153,60 @@ TEST(MetricsTest, PrometheusText) {
                    "0.75\n"),
             std::string::npos)
       << w;
+}
+
+// The benchmark client reads token chunks without a JSON parse: it must say
+// what a full parse says, on this server's compact chunks and on another
+// server's spaced ones, and must not take a key's name inside a text value
+// for the key.
+TEST(StreamEvent, TheFastPathAgreesWithAFullParse) {
+  // The reference: nlohmann's parse of the payload.
+  auto reference_text = [](const std::string& data) {
+    const Json j = Json::parse(data);
+    if (!j.contains("choices") || j["choices"].empty()) return false;
+    const Json& c = j["choices"][0];
+    if (c.contains("text") && !c["text"].get<std::string>().empty()) return true;
+    return c.contains("delta") && c["delta"].contains("content") &&
+           !c["delta"]["content"].get<std::string>().empty();
+  };
+  const std::vector<std::string> chunks = {
+      R"({"choices":[{"finish_reason":null,"index":0,"logprobs":null,"text":"K"}],"usage":null})",
+      R"({"choices":[{"finish_reason":"length","index":0,"logprobs":null,"text":""}],"usage":null})",
+      R"({"choices":[{"delta":{"content":"","role":"assistant"},"index":0}],"usage":null})",
+      R"({"choices":[{"delta":{"content":"\u00e9"},"index":0}],"usage":null})",
+      R"({"choices":[{"delta":{},"finish_reason":"length","index":0}],"usage":null})",
+      // Texts that quote a key: escaped, so not a key.
+      R"({"choices":[{"index":0,"text":"\"text\":\"\"usage\":{"}],"usage":null})",
+      R"({"choices":[{"index":0,"logprobs":{"tokens":["\"text\":\"x"]},"text":""}]})",
+      R"({"choices":[{"index":0,"text":"\""}]})",
+      // Spaced JSON (another server): the full parse decides.
+      R"({"choices": [{"index": 0, "text": "a"}], "usage": null})",
+      R"({"choices": [{"index": 0, "text": ""}]})",
+      R"({"choices": [{"delta": {"content": "b"}}]})",
+  };
+  for (const std::string& c : chunks) {
+    const StreamEvent e = read_stream_event(c);
+    EXPECT_EQ(e.text, reference_text(c)) << c;
+    EXPECT_FALSE(e.done) << c;
+    EXPECT_FALSE(e.has_usage) << c;
+    EXPECT_TRUE(e.error.empty()) << c;
+  }
+  EXPECT_TRUE(read_stream_event(chunks[0]).text);
+  EXPECT_FALSE(read_stream_event(chunks[1]).text);
+  EXPECT_TRUE(read_stream_event(chunks[5]).text);
+  EXPECT_FALSE(read_stream_event(chunks[6]).text);
+  StreamEvent usage = read_stream_event(
+      R"({"choices":[],"usage":{"completion_tokens":3,"prompt_tokens":4,"total_tokens":7}})");
+  EXPECT_TRUE(usage.has_usage);
+  EXPECT_EQ(usage.prompt_tokens, 4);
+  EXPECT_EQ(usage.completion_tokens, 3);
+  EXPECT_FALSE(usage.text);
+  EXPECT_EQ(read_stream_event(R"({"error":{"message":"worker gone","type":"x"}})").error,
+            "worker gone");
+  EXPECT_EQ(read_stream_event(R"({"error":"plain"})").error, "error event");
+  EXPECT_TRUE(read_stream_event("[DONE]").done);
+  const StreamEvent junk = read_stream_event("not json");
+  EXPECT_FALSE(junk.text || junk.done || junk.has_usage || !junk.error.empty());
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "msinfer/core/json.h"
@@ -53,6 +54,21 @@ struct OnlineBenchReport {
 
 // INVALID_ARGUMENT for bad options; the run itself always reports per request.
 StatusOr<OnlineBenchReport> run_online_bench(const OnlineBenchOptions& o);
+
+// What one SSE `data:` payload of an OpenAI completions or chat stream tells
+// the benchmark: the end ([DONE]), whether it carries generated text (a
+// non-empty `text` or `delta.content`), the usage counts, an error message.
+// A token's chunk is read without building a JSON document: the load
+// generator shares the machine with the server it measures, and a full parse
+// per token cost it more CPU than the server's whole HTTP loop. Payloads with
+// an escaped quote, that mention usage or an error, or whose text field is
+// not in the compact form (`"text":"`) are parsed in full.
+struct StreamEvent {
+  bool done = false, text = false, has_usage = false;
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  std::string error;
+};
+StreamEvent read_stream_event(std::string_view data);
 
 // Splits "http://HOST:PORT[/...]" into host and port (http only).
 Status parse_base_url(const std::string& url, std::string* host, int* port);
