@@ -1,6 +1,8 @@
 // The CUDA backend's kernels against the CPU backend's (or its plain
 // references) on the same inputs. Every test that needs a GPU skips where
 // there is none (no driver, or no device); the host-side parts always run.
+#include <cublasLt.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -49,6 +51,19 @@ cuda::DeviceBuffer zeros(size_t bytes) {
   EXPECT_TRUE(b.reserve(bytes).ok());
   cudaMemset(b.as<void>(), 0, bytes);
   return b;
+}
+
+// cuBLAS and cuBLASLt are opened on their first call, not when the binary
+// starts (cuda/cublas_lazy.cc); a host-side call works without a GPU.
+TEST(CudaHostTest, CublasLoadsOnFirstUse) {
+  const std::string lt = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
+  EXPECT_EQ(::dlopen(lt.c_str(), RTLD_NOW | RTLD_NOLOAD), nullptr) << lt << " loaded at start";
+  cublasLtMatrixLayout_t layout = nullptr;
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&layout, CUDA_R_16BF, 64, 32, 64), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatrixLayoutDestroy(layout), CUBLAS_STATUS_SUCCESS);
+  void* h = ::dlopen(lt.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  EXPECT_NE(h, nullptr) << lt << " not loaded after a call";
+  if (h != nullptr) ::dlclose(h);
 }
 
 TEST(CudaHostTest, ParsesDeviceNames) {
