@@ -24,6 +24,8 @@
 #include <random>
 #include <unordered_set>
 
+#include "fabric_lazy.h"
+
 namespace msinfer::comm {
 namespace {
 
@@ -170,6 +172,12 @@ class FabricTransport : public Transport {
       ::setenv("FI_SHM_DISABLE_CMA", cma ? "0" : "1", 0);
     }
     fi_info* hints = fi_allocinfo();
+    if (hints == nullptr) {
+      const std::string why = fabric_load_error();
+      return Status(StatusCode::kUnavailable,
+                    "libfabric: " + (why.empty() ? std::string("out of memory") : why) +
+                        "; try --fabric-provider direct or socket");
+    }
     hints->ep_attr->type = FI_EP_RDM;
     hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE | FI_MSG;
     hints->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;

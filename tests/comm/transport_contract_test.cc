@@ -3,6 +3,7 @@
 // and libfabric's shm and tcp providers. The target is polled by a thread of
 // its own (a Pump) while the writer's thread writes: libfabric's writes need
 // the target's progress to go out at all.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -59,6 +60,25 @@ class Pump {
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
+
+// libfabric is opened when a libfabric transport is made, not when the
+// binary starts (fabric_lazy.cc); msinfer's own transports never open it.
+TEST(FabricLibraryTest, LoadsOnlyForALibfabricTransport) {
+  auto loaded = [] {
+    void* h = ::dlopen("libfabric.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (h != nullptr) ::dlclose(h);
+    return h != nullptr;
+  };
+  EXPECT_FALSE(loaded()) << "libfabric.so.1 loaded at start";
+  FabricOptions o;
+  o.provider = "socket";
+  ASSERT_TRUE(make_transport(o).ok());
+  EXPECT_FALSE(loaded()) << "the socket transport opened libfabric";
+  o.provider = "tcp";
+  auto t = make_transport(o);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_TRUE(loaded());
+}
 
 class TransportContractTest : public ::testing::TestWithParam<std::string> {
  protected:
