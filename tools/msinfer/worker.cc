@@ -319,7 +319,7 @@ StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
 
 // True when a flag, the placement file or the plan chose the expert shards'
 // reduction (worker_config_from_*'s precedence).
-bool expert_reduce_chosen(const FlagSet& flags, const runtime::WorkerConfig& c) {
+bool expert_reduce_chosen(const FlagSet& flags) {
   if (!flags.get_string("tp-expert-reduce").empty() || !flags.get_string("plan").empty()) {
     return true;
   }
@@ -405,7 +405,7 @@ StatusOr<Deployment> start_deployment(const FlagSet& flags) {
     return d;
   }
   // Rank 0 decides for the job (the launched ranks take its choice).
-  if (c.tp_expert > 1 && !expert_reduce_chosen(flags, c)) {
+  if (c.tp_expert > 1 && !expert_reduce_chosen(flags)) {
     choose_expert_reduce_by_model(model, &d.config);
   }
   std::fprintf(stderr, "msinfer: %d attention worker(s), %d expert worker(s), %d micro-batch(es)\n",
