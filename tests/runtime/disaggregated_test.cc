@@ -561,7 +561,9 @@ int replicas_of(const Placement& p, int expert) {
 
 // The four most popular experts on worker 0: the router moves and replicates
 // experts while eight requests decode (a decision needs 256 rows per layer,
-// here ~14 steps; the expert workers load their new experts meanwhile),
+// here ~14 steps; the expert workers load their new experts meanwhile, and
+// the switch waits for them, not the steps: 160 tokens leave ~145 steps for
+// the load; with 32, a CI run whose cores were busy once ended first),
 // and every greedy token is the one the same deployment makes without
 // rebalancing (an expert row's output does not depend on its batch, so
 // moving rows between replicas changes no bit).
@@ -575,7 +577,7 @@ TEST_P(RebalanceTest, ASkewedPlacementIsRebalancedWithIdenticalTokens) {
   hot.workers = 2;
   hot.replicas.resize(8);
   for (int r = 0; r < 8; ++r) hot.replicas[m.by_popularity[r]] = {{r < 4 ? 0 : 1, 1.0}};
-  const auto reqs = failure_requests(8, 32);
+  const auto reqs = failure_requests(8, 160);
   WorkerConfig rebalancing = rebalance_config(m.dir, hot);
   rebalancing.tp_expert = GetParam();
   if (GetParam() > 1) rebalancing.tp_expert_reduce = ExpertReduce::kAllReduce;
