@@ -11,6 +11,15 @@ double bytes_time(double bytes, double bandwidth, const UtilCurve& util) {
   return bytes / (bandwidth * util.at(bytes));
 }
 
+// Time for `moved` bytes to cross one GPU's link within a tp group: the
+// intra-node link when the group fits a node, else the NIC.
+double group_link_time(const GpuSpec& gpu, int tp, double moved, const UtilCurve& nic_util) {
+  if (tp <= gpu.gpus_per_node) {
+    return moved / (gpu.intra_node_bandwidth * gpu.efficiency.intra_node_link);
+  }
+  return bytes_time(moved, gpu.nic_bandwidth, nic_util);
+}
+
 }  // namespace
 
 double RooflineCurve::at(double b) const {
@@ -207,20 +216,12 @@ StatusOr<Profile> load_profile(const std::string& path) {
 
 double reduce_to_first_time(const GpuSpec& gpu, int tp, double bytes, const UtilCurve& nic_util) {
   if (tp <= 1 || bytes <= 0) return 0;
-  const double moved = (tp - 1) * bytes;
-  if (tp <= gpu.gpus_per_node) {
-    return moved / (gpu.intra_node_bandwidth * gpu.efficiency.intra_node_link);
-  }
-  return bytes_time(moved, gpu.nic_bandwidth, nic_util);
+  return group_link_time(gpu, tp, (tp - 1) * bytes, nic_util);
 }
 
 double allreduce_time(const GpuSpec& gpu, int tp, double bytes, const UtilCurve& nic_util) {
   if (tp <= 1 || bytes <= 0) return 0;
-  double moved = 2.0 * (tp - 1) / tp * bytes;
-  if (tp <= gpu.gpus_per_node) {
-    return moved / (gpu.intra_node_bandwidth * gpu.efficiency.intra_node_link);
-  }
-  return bytes_time(moved, gpu.nic_bandwidth, nic_util);
+  return group_link_time(gpu, tp, 2.0 * (tp - 1) / tp * bytes, nic_util);
 }
 
 StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& shape, double seq_len,
@@ -260,6 +261,7 @@ StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& sh
   const double bw_e = ge.memory_bandwidth * ge.efficiency.memory_bandwidth;
   const double fl_e = ge.bf16_flops * ge.efficiency.compute;
   const double ar_e = allreduce_time(ge, tpe, 2 * h, nic_util);
+  const double r0_e = reduce_to_first_time(ge, tpe, 2 * h, nic_util);
   const bool partial_sums = tpe > 1 && shape.expert_reduction == ExpertReduction::kPartialSums;
   const bool to_shard0 = tpe > 1 && shape.expert_reduction == ExpertReduction::kReduceToShard0;
   const bool overlapped = tpe > 1 && shape.expert_reduction == ExpertReduction::kAllReduce;
@@ -271,7 +273,7 @@ StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& sh
   // of a row, the all-reduce 2(tp-1)/tp: 1.5x the all-reduce), by shard 0
   // receiving the other shards' partial rows after the GEMMs, or not at all.
   ce.overlapped_per_token = overlapped ? 1.5 * ar_e : 0.0;
-  if (to_shard0) ce.serial_per_token += reduce_to_first_time(ge, tpe, 2 * h, nic_util);
+  if (to_shard0) ce.serial_per_token += r0_e;
   ce.overhead = ge.efficiency.expert_layer_overhead_s;
   if (partial_sums) {
     // The attention side reads the tp_e partial rows of each of its K experts
@@ -306,8 +308,7 @@ StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& sh
     if (profile->k1) s.k1 = *profile->k1 * sa + ar_a;
     if (profile->k2) s.k2 = *profile->k2 * sa;
     if (profile->k3) {
-      s.k3 = *profile->k3 * se + (overlapped ? 1.5 * ar_e : 0.0) +
-             (to_shard0 ? reduce_to_first_time(ge, tpe, 2 * h, nic_util) : 0.0);
+      s.k3 = *profile->k3 * se + (overlapped ? 1.5 * ar_e : 0.0) + (to_shard0 ? r0_e : 0.0);
     }
     if (profile->k4) s.k4 = *profile->k4 * se;
     if (profile->nic_util) {
