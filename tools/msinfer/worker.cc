@@ -209,6 +209,8 @@ Status apply_tp_expert(const FlagSet& flags, const ModelConfig& model, int plan_
   c->tp_expert = plan_tp > 0 ? plan_tp : 1;
   if (c->placement.tp_expert > 0) c->tp_expert = c->placement.tp_expert;
   if (flags.get_int("tp-expert") > 0) c->tp_expert = static_cast<int>(flags.get_int("tp-expert"));
+  const bool reduce_chosen =
+      plan_reduce || c->placement.tp_expert_reduce || !flags.get_string("tp-expert-reduce").empty();
   if (plan_reduce) c->tp_expert_reduce = *plan_reduce;
   if (c->placement.tp_expert_reduce) c->tp_expert_reduce = *c->placement.tp_expert_reduce;
   if (!flags.get_string("tp-expert-reduce").empty()) {
@@ -226,10 +228,12 @@ Status apply_tp_expert(const FlagSet& flags, const ModelConfig& model, int plan_
                             std::to_string(c->expert_processes()) + " processes; at most 128");
   }
   // The placement in effect (printed with the routing statistics) says it too.
-  // (Only with tp > 1: without it the document stays what it was.)
+  // (Only with tp > 1: without it the document stays what it was. With tp > 1
+  // and nothing choosing the mode, it stays unset until start_deployment has
+  // the planner's model choose.)
   c->placement.tp_expert = c->tp_expert;
   c->placement.tp_expert_reduce.reset();
-  if (c->tp_expert > 1) c->placement.tp_expert_reduce = c->tp_expert_reduce;
+  if (c->tp_expert > 1 && reduce_chosen) c->placement.tp_expert_reduce = c->tp_expert_reduce;
   return ok_status();
 }
 
@@ -317,18 +321,6 @@ StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
   return c;
 }
 
-// True when a flag, the placement file or the plan chose the expert shards'
-// reduction (worker_config_from_*'s precedence).
-bool expert_reduce_chosen(const FlagSet& flags) {
-  if (!flags.get_string("tp-expert-reduce").empty() || !flags.get_string("plan").empty()) {
-    return true;
-  }
-  const std::string& path = flags.get_string("placement");
-  if (path.empty()) return false;
-  auto j = read_json_file(path);  // read and validated once already
-  return j.ok() && j->is_object() && j->contains("tp_expert_reduce");
-}
-
 // Nothing chose the reduction of a tp_expert > 1 deployment: take the one the
 // planner's model prefers on this machine (the probed limits stand for every
 // worker's; the transport between workers is taken to copy at half the read
@@ -405,7 +397,7 @@ StatusOr<Deployment> start_deployment(const FlagSet& flags) {
     return d;
   }
   // Rank 0 decides for the job (the launched ranks take its choice).
-  if (c.tp_expert > 1 && !expert_reduce_chosen(flags)) {
+  if (c.tp_expert > 1 && !c.placement.tp_expert_reduce) {
     choose_expert_reduce_by_model(model, &d.config);
   }
   std::fprintf(stderr, "msinfer: %d attention worker(s), %d expert worker(s), %d micro-batch(es)\n",
