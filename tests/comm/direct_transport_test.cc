@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -224,12 +225,18 @@ TEST(DirectTransportTest, ObjectsOfALiveOwnerInAnotherPidNamespaceAreKept) {
   if (::geteuid() != 0 || std::system("unshare -p -f --mount-proc true >/dev/null 2>&1") != 0) {
     GTEST_SKIP() << "needs unshare -p (root, util-linux)";
   }
+  // A pid free here and behind this namespace's allocation counter: the
+  // processes started meanwhile (this test's own among them) take pids above
+  // the counter, so it stays free until the counter wraps. (A fixed range
+  // failed whenever the counter was passing through it.)
+  long counter = 0;
+  std::ifstream("/proc/sys/kernel/ns_last_pid") >> counter;
   pid_t want = 0;
-  for (pid_t p = 20000 + ::getpid() % 1000; p < 30000; p += 7) {
-    if (::kill(p, 0) != 0 && errno == ESRCH) {
-      want = p;
-      break;
-    }
+  for (pid_t p = static_cast<pid_t>(counter) - 200; p > 1000 && want == 0; p -= 7) {
+    if (::kill(p, 0) != 0 && errno == ESRCH) want = p;
+  }
+  for (pid_t p = static_cast<pid_t>(counter) + 5000; p < 32000 && want == 0; p += 7) {
+    if (::kill(p, 0) != 0 && errno == ESRCH) want = p;  // just after a wrap
   }
   ASSERT_GT(want, 0);
   int to[2], from[2];
