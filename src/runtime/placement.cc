@@ -125,19 +125,18 @@ Status Placement::validate(int experts) const {
   return ok_status();
 }
 
-StatusOr<Placement> Placement::without(int worker) const {
+StatusOr<Placement> Placement::emptied(int worker) const {
   if (worker < 0 || worker >= workers) {
     return invalid_argument("placement: no expert worker " + std::to_string(worker));
   }
   Placement p = *this;
-  p.workers = workers - 1;
   std::string orphans;
   for (size_t e = 0; e < replicas.size(); ++e) {
     std::vector<std::pair<int, double>> kept;
     double total = 0;
     for (const auto& [w, share] : replicas[e]) {
       if (w == worker) continue;
-      kept.emplace_back(w > worker ? w - 1 : w, share);
+      kept.emplace_back(w, share);
       total += share;
     }
     if (kept.empty() || !(total > 0)) {
@@ -150,6 +149,15 @@ StatusOr<Placement> Placement::without(int worker) const {
   if (!orphans.empty()) {
     return failed_precondition("expert(s) " + orphans + " have no replica outside expert worker " +
                                std::to_string(worker));
+  }
+  return p;
+}
+
+StatusOr<Placement> Placement::without(int worker) const {
+  MSI_ASSIGN_OR_RETURN(Placement p, emptied(worker));
+  p.workers = workers - 1;
+  for (auto& reps : p.replicas) {
+    for (auto& r : reps) r.first -= r.first > worker ? 1 : 0;
   }
   return p;
 }

@@ -279,5 +279,31 @@ TEST(PlacementWithoutTest, SurvivingReplicasTakeOverAndWorkersMoveDown) {
   EXPECT_EQ(p->without(3).status().code(), StatusCode::kInvalidArgument);
 }
 
+// In a running deployment the workers keep their numbers: emptied(1) gives
+// worker 1's shares to the other replicas as without(1) does, and worker 1
+// holds nothing; a second death that would leave an expert on nobody is named.
+TEST(PlacementWithoutTest, EmptiedKeepsTheWorkersNumbers) {
+  auto p = Placement::from_json(
+      Json::parse(R"({"expert_workers": 3, "experts": [[[0, 0.5], [1, 0.5]], [[1, 0.2], [2, 0.6],
+                  [0, 0.2]], [[2, 0.5], [1, 0.5]], [[2, 0.5], [0, 0.5]]]})"),
+      4, "test");
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  auto q = p->emptied(1);
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  EXPECT_EQ(q->workers, 3);
+  EXPECT_TRUE(q->experts_on(1).empty());
+  EXPECT_EQ(q->experts_on(0), (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(q->experts_on(2), (std::vector<int>{1, 2, 3}));
+  ASSERT_EQ(q->replicas[1].size(), 2u);
+  EXPECT_EQ(q->replicas[1][0].first, 2);
+  EXPECT_DOUBLE_EQ(q->replicas[1][0].second, 0.75);
+  EXPECT_DOUBLE_EQ(q->replicas[2][0].second, 1.0);
+  EXPECT_EQ(q->validate(4).code(), StatusCode::kInvalidArgument);  // worker 1 holds no expert
+  auto r = q->emptied(2);  // expert 2 would be left on nobody
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("expert(s) 2 have no replica"), std::string::npos)
+      << r.status().message();
+}
+
 }  // namespace
 }  // namespace msinfer::runtime

@@ -61,6 +61,10 @@ struct Placement {
   // proportions, workers above it move down by one. FAILED_PRECONDITION
   // naming the experts that had no other replica.
   StatusOr<Placement> without(int worker) const;
+  // The same, but every worker keeps its index and `worker` holds nothing:
+  // the placement of a running deployment that lost it (its M2N peers are
+  // numbered). Such a placement does not pass validate().
+  StatusOr<Placement> emptied(int worker) const;
   Json to_json() const;
   std::string describe() const;  // "expert worker 0: experts 0, 3 (x0.5); ..."
   Status validate(int experts) const;
@@ -139,7 +143,9 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
 // commands from `in` ({"op": "add", ...}, {"op": "step"}, {"op": "cancel", "id"},
 // {"op": "stats", "reset": bool}, {"op": "exit"}) and writes one JSON line per
 // command to `out` ({"events": [...], "running", "kv_usage", "preemptions"},
+// plus "discarded": true for a step that lost an expert worker's answers,
 // {"cancelled": bool}, {"stats": WorkerStats}, or {"error": ...}).
+// {"op": "drop_expert", "worker": w} has no answer; it is read mid-step too.
 // With tp_attention > 1, `tp_rank` > 0 makes the process one of the replica's
 // other ranks: it computes its heads' attention for rank 0 and answers only
 // {"op": "stats"} and {"op": "exit"}.
