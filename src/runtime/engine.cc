@@ -270,6 +270,7 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
     MSI_RETURN_IF_ERROR(experts_->finish(k, c.layers - 1, mb.routed, mb.results.data()));
     attention_->combine(mb.routed, mb.results.data(), mb.x.data());
   }
+  if (experts_->discard_step()) return events;  // nothing advanced: run again
   // Logits for requests whose every token is now in the cache.
   std::vector<std::pair<int, int64_t>> rows;  // (micro-batch, row)
   std::vector<int64_t> owners;

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "msinfer/core/json.h"
 #include "msinfer/model/make_model.h"
@@ -70,6 +71,72 @@ TEST(EngineTest, ContinuousBatchingDoesNotChangeGreedyResults) {
   EXPECT_EQ(got[7].size(), 3u);
   EXPECT_EQ(got[9].size(), 5u);
   EXPECT_EQ(e->kv_cache().free_blocks(), e->kv_cache().total_blocks());  // all released
+}
+
+// Local experts whose outputs are garbage in chosen steps, which they report
+// through discard_step(), as RemoteExperts does when an expert worker dies
+// mid-step.
+class LosingExperts : public ExpertBackend {
+ public:
+  LosingExperts(const model::ModelWeights& w, std::set<int> lost_steps)
+      : local_(w), hidden_(w.config().hidden), lost_(std::move(lost_steps)) {}
+  Status begin_step() override {
+    ++step_;
+    return local_.begin_step();
+  }
+  Status start(int k, int l, const kernels::cpu::RoutedBatch& r) override {
+    return local_.start(k, l, r);
+  }
+  Status finish(int k, int l, const kernels::cpu::RoutedBatch& r, float* results) override {
+    MSI_RETURN_IF_ERROR(local_.finish(k, l, r, results));
+    if (lost_.count(step_)) {
+      for (int64_t i = 0; i < r.rows() * hidden_; ++i)
+        results[i] = 1e4f * static_cast<float>(i % 7);
+    }
+    return ok_status();
+  }
+  bool discard_step() const override { return lost_.count(step_) > 0; }
+
+ private:
+  LocalExperts local_;
+  int64_t hidden_;
+  std::set<int> lost_;
+  int step_ = -1;
+};
+
+// A step whose expert outputs were lost is discarded: it delivers no token,
+// no request advances, and the next step feeds the same tokens again, so every
+// request gets the tokens of a run without the loss (a prefill step and
+// decode steps lost, with two micro-batches).
+TEST(EngineTest, ADiscardedStepChangesNoToken) {
+  auto w = load(testing::test_model_dir("tiny-mixtral"));
+  EngineOptions o;
+  o.kv_cache_bytes = 8 << 20;
+  o.micro_batches = 2;
+  auto run = [&](std::set<int> lost, int* empty_steps) {
+    auto e = std::move(Engine::create(w, o, std::make_unique<LosingExperts>(*w, lost))).value();
+    EXPECT_TRUE(e->add(req(1, {1, 10, 20, 30}, 10)).ok());
+    EXPECT_TRUE(e->add(req(2, {1, 7, 8}, 10)).ok());
+    std::map<int64_t, std::vector<int32_t>> out;
+    *empty_steps = 0;
+    for (int guard = 0; !e->idle() && guard < 100; ++guard) {
+      auto ev = e->step();
+      EXPECT_TRUE(ev.ok()) << ev.status().to_string();
+      if (!ev.ok()) break;
+      *empty_steps += ev->empty() ? 1 : 0;
+      for (const auto& x : *ev) out[x.request_id].push_back(x.token);
+    }
+    EXPECT_TRUE(e->idle());
+    EXPECT_EQ(e->kv_usage(), 0.0);
+    return out;
+  };
+  int none = 0, three = 0;
+  const auto ref = run({}, &none);
+  const auto got = run({0, 4, 5}, &three);
+  EXPECT_EQ(none, 0);
+  EXPECT_EQ(three, 3);
+  ASSERT_EQ(ref.at(1).size(), 10u);
+  EXPECT_EQ(got, ref);
 }
 
 // A long prompt is prefilled in chunks of the step budget, and a request that

@@ -27,6 +27,12 @@ class ExpertBackend {
   // Writes the expert outputs in send-row order: results[routed.rows(), hidden].
   virtual Status finish(int micro_batch, int layer, const kernels::cpu::RoutedBatch& routed,
                         float* results) = 0;
+  // Asked after the step's last finish(): true when its expert outputs are
+  // not to be trusted (RemoteExperts: an expert worker was lost mid-step and
+  // its rows came back empty). The engine then discards the step: no token is
+  // sampled and no request advances, so the next step feeds the same tokens
+  // again (writing the same KV positions) with the experts still alive.
+  virtual bool discard_step() const { return false; }
   // Rows routed to each (layer, expert) that this backend computed, over a
   // sliding window; null where the experts run elsewhere (their workers count).
   virtual const RoutingWindow* routing() const { return nullptr; }
