@@ -155,7 +155,7 @@ std::vector<int> M2NReceiver::missing(int slot) const {
   return m;
 }
 
-Status M2NReceiver::wait(int slot, uint32_t seq) {
+Status M2NReceiver::wait(int slot, uint32_t seq, const std::function<Status()>& between_polls) {
   if (slot < 0 || slot >= shape_.slots) {
     return invalid_argument("M2N wait: slot " + std::to_string(slot) + " out of range");
   }
@@ -166,7 +166,19 @@ Status M2NReceiver::wait(int slot, uint32_t seq) {
            std::to_string(shape_.channel) + "): slot " + std::to_string(slot) + " seq " +
            std::to_string(seq) + " still waiting for sender(s) " + m;
   };
-  MSI_RETURN_IF_ERROR(ep_->wait_until([&] { return all_arrived(slot); }, describe));
+  Status hook = ok_status();
+  int64_t polls = 0;
+  MSI_RETURN_IF_ERROR(ep_->wait_until(
+      [&] {
+        if (all_arrived(slot)) return true;
+        if (between_polls && (++polls & 63) == 0) {
+          hook = between_polls();
+          if (!hook.ok()) return true;
+        }
+        return all_arrived(slot);
+      },
+      describe));
+  MSI_RETURN_IF_ERROR(hook);
   return verify(slot, seq);
 }
 

@@ -237,5 +237,46 @@ TEST(M2NInprocTest, DroppedPeersAreNeitherWaitedForNorWrittenTo) {
   EXPECT_EQ(r1.missing(0), (std::vector<int>{0, 1}));
 }
 
+// A wait's hook runs while the slot is incomplete: here it drops the sender
+// that never writes (as an attention worker does when the router says an
+// expert worker died), and the wait ends without the timeout. A hook's error
+// ends the wait with that error.
+TEST(M2NInprocTest, AHookBetweenPollsCanDropTheMissingSender) {
+  InprocFabric fabric;
+  M2NEndpoint e0(fabric.endpoint()), er(fabric.endpoint());
+  const M2NShape shape{2, 1, 1, 4, 16, false, 0};
+  M2NSender s0(shape, 0);
+  M2NReceiver r(shape, 0);
+  ASSERT_TRUE(s0.attach(e0).ok());
+  auto reg = r.attach(er);
+  ASSERT_TRUE(reg.ok());
+  s0.set_receiver(0, *e0.transport().connect(er.transport().address()), *reg);
+  er.set_timeout(std::chrono::milliseconds(60000));
+  ASSERT_TRUE(s0.send(0, 0, {2}).ok());
+  int calls = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  Status w = r.wait(0, 0, [&] {
+    if (++calls == 3) r.drop_sender(1);
+    return ok_status();
+  });
+  EXPECT_TRUE(w.ok()) << w.to_string();
+  EXPECT_EQ(calls, 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  EXPECT_EQ(r.rows(0, 0), 2);
+  r.release(0);
+  // Nothing is missing: the hook is not called.
+  ASSERT_TRUE(s0.wait_sent(0).ok());
+  ASSERT_TRUE(s0.send(0, 1, {1}).ok());
+  ASSERT_TRUE(er.progress().ok());
+  EXPECT_TRUE(r.wait(0, 1, [&] { return internal_error("called"); }).ok());
+  r.release(0);
+  M2NReceiver r2(shape, 0);
+  M2NEndpoint er2(fabric.endpoint());
+  ASSERT_TRUE(r2.attach(er2).ok());
+  Status failed = r2.wait(0, 0, [&] { return unavailable("the router is gone"); });
+  EXPECT_EQ(failed.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(failed.message(), "the router is gone");
+}
+
 }  // namespace
 }  // namespace msinfer::comm

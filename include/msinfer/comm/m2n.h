@@ -80,8 +80,10 @@ class M2NReceiver {
   // Blocks (polling, yielding when idle) until every sender's write for `slot`
   // carrying `seq` arrived; DEADLINE_EXCEEDED naming the missing senders after
   // the endpoint's timeout; DATA_LOSS-like INTERNAL on a checksum mismatch or a
-  // stale sequence number.
-  Status wait(int slot, uint32_t seq);
+  // stale sequence number. `between_polls`, when given, runs at every 64th
+  // poll that finds the slot incomplete (a worker reads its control channel
+  // there, and may drop a sender that died); its error ends the wait.
+  Status wait(int slot, uint32_t seq, const std::function<Status()>& between_polls = {});
   // Non-blocking parts of wait(): every sender's write for the slot is in, and
   // the sequence numbers and checksums of a complete slot are right.
   bool all_arrived(int slot) const;
