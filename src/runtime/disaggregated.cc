@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <thread>
@@ -243,8 +244,31 @@ class RemoteExperts : public ExpertBackend {
     }
     return ok_status();
   }
+  // Runs while finish() waits for the expert workers' answers: the worker
+  // reads the router's commands there (drop_expert_worker).
+  void set_between_polls(std::function<Status()> f) { between_polls_ = std::move(f); }
+  // Expert worker w died (the router saw it) and every expert it held has a
+  // replica on another one: its experts' rows go to those replicas from the
+  // next message on, nothing more is sent to it or waited for. During a step
+  // (`mid_step`) its answers for this step may be lost: the step finishes
+  // with empty rows in their place, and discard_step() has the engine run it
+  // again. The workers keep their numbers (Placement::emptied).
+  Status drop_expert_worker(int w, bool mid_step) {
+    if (w < 0 || w >= c_.expert_workers || c_.tp_expert != 1) {
+      return invalid_argument("attention worker " + std::to_string(index_) +
+                              ": cannot drop expert worker " + std::to_string(w));
+    }
+    MSI_ASSIGN_OR_RETURN(Placement p, placement_.emptied(w));
+    combine_.drop_sender(w);
+    dispatch_.drop_receiver(w);
+    set_placement(p);
+    discard_ = discard_ || mid_step;
+    return ok_status();
+  }
+  bool discard_step() const override { return discard_; }
   Status begin_step() override {
     last_return_ = std::chrono::steady_clock::now();
+    discard_ = false;
     return ok_status();
   }
 
@@ -311,7 +335,7 @@ class RemoteExperts : public ExpertBackend {
 
   Status finish(int k, int l, const kernels::cpu::RoutedBatch& r, float* results) override {
     const auto waited_from = std::chrono::steady_clock::now();
-    Status s = combine_.wait(k, seq(k, l));
+    Status s = combine_.wait(k, seq(k, l), between_polls_);
     stats_->wait_s += seconds_since(waited_from);
     if (!s.ok()) {
       if (s.code() == StatusCode::kDeadlineExceeded) {
@@ -380,6 +404,8 @@ class RemoteExperts : public ExpertBackend {
   std::vector<int64_t> expert_rows_;     // this micro-batch's rows per expert
   std::map<int, std::vector<std::vector<Piece>>> plans_;
   std::map<int, int64_t> steps_done_;
+  std::function<Status()> between_polls_;
+  bool discard_ = false;  // an expert worker was dropped during this step
 };
 
 // ---- expert worker ----
@@ -1006,11 +1032,54 @@ Status run_attention_worker(const WorkerConfig& c, int index, int tp_rank, comm:
                           {"weights_mb", weights->packed_bytes() / 1048576.0}}
                          .dump());
   std::string line, pending;
-  while (read_line(in_fd, &pending, &line, /*timeout_ms=*/-1)) {
+  // {"op": "drop_expert", "worker": w} (no answer): expert worker w died and
+  // its experts have replicas. Read between steps, or mid-step while waiting
+  // for the expert workers (then the step is run again). An exit read
+  // mid-step ends the step and the worker (the router is stopping the
+  // deployment, perhaps because an expert worker died without replicas);
+  // other commands read mid-step wait for the step's end.
+  std::deque<std::string> deferred;
+  bool exit_mid_step = false;
+  auto drop_expert = [&](const Json& cmd, bool mid_step) -> Status {
+    const int w = cmd.value("worker", -1);
+    MSI_RETURN_IF_ERROR(experts->drop_expert_worker(w, mid_step));
+    std::fprintf(stderr,
+                 "msinfer: attention worker %d: expert worker %d is gone; its experts' rows go "
+                 "to their replicas%s\n",
+                 index, w, mid_step ? " (the step in flight runs again)" : "");
+    return ok_status();
+  };
+  experts->set_between_polls([&]() -> Status {
+    std::string l;
+    while (read_line(in_fd, &pending, &l, 0)) {
+      auto cmd = parse_json(l, "attention worker command");
+      const std::string op = cmd.ok() ? cmd->value("op", "") : "";
+      if (op == "drop_expert") {
+        MSI_RETURN_IF_ERROR(drop_expert(*cmd, /*mid_step=*/true));
+      } else if (op == "exit") {
+        exit_mid_step = true;
+        return unavailable("the router asked the worker to exit");
+      } else {
+        deferred.push_back(std::move(l));
+      }
+    }
+    return ok_status();
+  });
+  auto next_command = [&] {
+    if (deferred.empty()) return read_line(in_fd, &pending, &line, /*timeout_ms=*/-1);
+    line = std::move(deferred.front());
+    deferred.pop_front();
+    return true;
+  };
+  while (next_command()) {
     auto cmd = parse_json(line, "attention worker command");
     if (!cmd.ok()) return cmd.status();
     const std::string op = cmd->value("op", "");
     if (op == "exit") return ok_status();
+    if (op == "drop_expert") {
+      MSI_RETURN_IF_ERROR(drop_expert(*cmd, /*mid_step=*/false));
+      continue;
+    }
     if (op == "add") {
       GenerationRequest r;
       r.id = cmd->value("id", 0);
@@ -1061,6 +1130,7 @@ Status run_attention_worker(const WorkerConfig& c, int index, int tp_rank, comm:
       auto events = engine->step();
       stats.busy_s += seconds_since(step_from) - (stats.wait_s - wait_before);
       if (!events.ok()) {
+        if (exit_mid_step) return ok_status();
         write_line(out_fd, Json{{"error", events.status().message()}}.dump());
         return events.status();
       }
@@ -1076,11 +1146,12 @@ Status run_attention_worker(const WorkerConfig& c, int index, int tp_rank, comm:
         }
         ev.push_back(std::move(je));
       }
-      write_line(out_fd, Json{{"events", ev},
-                              {"running", engine->running() + engine->waiting()},
-                              {"kv_usage", engine->kv_usage()},
-                              {"preemptions", engine->preemptions()}}
-                             .dump());
+      Json answer{{"events", ev},
+                  {"running", engine->running() + engine->waiting()},
+                  {"kv_usage", engine->kv_usage()},
+                  {"preemptions", engine->preemptions()}};
+      if (experts->discard_step()) answer["discarded"] = true;
+      write_line(out_fd, answer.dump());
       continue;
     }
     return invalid_argument("attention worker: unknown command '" + op + "'");

@@ -78,6 +78,7 @@ Status Router::spawn() {
   const std::string& exe = exe_;
   const std::string& placement_file = placement_file_;
   workers_.clear();
+  serving_ = false;
   const int A = c.attention_workers, N = c.expert_workers, P = c.processes();
   MSI_ASSIGN_OR_RETURN(server_, comm::BootstrapServer::start(P));
   ::signal(SIGPIPE, SIG_IGN);
@@ -209,6 +210,7 @@ Status Router::wait_ready() {
     }
     w.rss_mb = j->value("rss_mb", 0.0);
   }
+  serving_ = true;
   return ok_status();
 }
 
@@ -496,6 +498,10 @@ Status Router::check_children() {
       drop_attention_worker(w.index, who);
       continue;
     }
+    if (w.role == "expert" && code != StatusCode::kInvalidArgument && tolerates_expert_loss(w)) {
+      drop_expert_worker(w, who);
+      continue;
+    }
     if (code != StatusCode::kInvalidArgument && can_recover(w)) {
       // The caller's operation ends here; the public call that made it
       // restarts the deployment (recover()) and goes on.
@@ -541,12 +547,22 @@ Status Router::recover() {
     routed_.clear();
     routed_steps_ = 0;
     const auto t0 = std::chrono::steady_clock::now();
-    if (restart_without_ >= 0) {
-      auto p = c_.placement.without(restart_without_);
+    // Left out: the dead expert worker (restart_without_), and those dropped
+    // in place before (they hold nothing), highest index first so that the
+    // others' numbers stay right until they are removed.
+    std::vector<int> gone;
+    if (restart_without_ >= 0) gone.push_back(restart_without_);
+    for (const Worker& w : workers_) {
+      if (w.role == "expert" && w.dead && w.index != restart_without_) gone.push_back(w.index);
+    }
+    std::sort(gone.rbegin(), gone.rend());
+    for (int g : gone) {
+      auto p = c_.placement.without(g);
       if (!p.ok()) return give_up(why, p.status().message());
       c_.placement = std::move(p).value();
       c_.expert_workers -= 1;
     }
+    experts_lost_ = 0;
     // The workers read their placement from a file: this router's own.
     const char* tmp = std::getenv("TMPDIR");
     placement_file_ = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
@@ -589,6 +605,41 @@ Status Router::recover() {
 bool Router::tolerates_attention_loss() const {
   return c_.tp_attention == 1 &&
          (c_.tp_expert == 1 || c_.tp_expert_reduce == ExpertReduce::kAttentionSum);
+}
+
+// Dropping an expert worker in place needs: a running deployment; one
+// process per attention worker (the leader alone talks to the experts) and per
+// expert worker (no shard group to break); the `direct` transport, whose
+// writes to a dead process land in its shared memory harmlessly (a socket or
+// fabric connection to it fails in the attention workers' progress first);
+// no placement switch half done; and a replica elsewhere of every expert it
+// held.
+bool Router::tolerates_expert_loss(const Worker& w) const {
+  return serving_ && !switching_ && c_.tp_attention == 1 && c_.tp_expert == 1 &&
+         c_.provider == "direct" && c_.placement.emptied(w.index).ok();
+}
+
+void Router::drop_expert_worker(Worker& w, const std::string& why) {
+  w.dead = true;
+  w.close_channel();
+  c_.placement = c_.placement.emptied(w.index).value();  // tolerates_expert_loss checked it
+  ++experts_lost_;
+  std::fprintf(stderr,
+               "msinfer: router: %s; its experts' rows go to their replicas on the other expert "
+               "workers, a step it was in runs again\n",
+               why.c_str());
+  // An attention worker reads it mid-step (waiting for the dead worker's
+  // answer) or before its next command; a closed pipe here is its own death,
+  // which the next check reports.
+  const std::string drop = Json{{"op", "drop_expert"}, {"worker", w.index}}.dump();
+  for (int a = 0; a < c_.attention_workers; ++a) {
+    if (!lead(a).dead) write_line(lead(a).in, drop);
+  }
+  if (c_.rebalance_every > 0 && experts_lost_ == 1) {
+    std::fprintf(stderr,
+                 "msinfer: router: online rebalancing stops (it would place experts on "
+                 "every expert worker, the lost one too)\n");
+  }
 }
 
 int Router::live_attention_workers() const {
@@ -801,6 +852,7 @@ Status Router::step_once(std::vector<TokenEvent>* events) {
       stopped_ = Status(StatusCode::kUnavailable, j["error"].get<std::string>());
       return stopped_;
     }
+    if (j.value("discarded", false)) ++steps_rerun_;
     lead(a).kv_usage = j.value("kv_usage", 0.0);
     lead(a).preemptions = j.value("preemptions", int64_t{0});
     for (const auto& e : j["events"]) {
@@ -867,10 +919,25 @@ Status Router::init_rebalancing() {
 
 Status Router::rebalance_tick() {
   if (c_.rebalance_every <= 0) return ok_status();
-  if (pending_) return switch_when_loaded();
-  if (++steps_since_look_ < c_.rebalance_every) return ok_status();
-  steps_since_look_ = 0;
-  return consider_rebalance();
+  // A new placement would put experts on every worker, a dropped one too:
+  // rebalancing stops once an expert worker was lost (docs/RUNTIME.md).
+  const int lost = experts_lost_;
+  if (lost > 0) {
+    if (pending_) abandon_rebalance("an expert worker was lost; online rebalancing stops");
+    return ok_status();
+  }
+  Status s = ok_status();
+  if (pending_) {
+    s = switch_when_loaded();
+  } else if (++steps_since_look_ >= c_.rebalance_every) {
+    steps_since_look_ = 0;
+    s = consider_rebalance();
+  }
+  if (!s.ok() && experts_lost_ > lost) {  // a worker asked was dropped meanwhile
+    if (pending_) abandon_rebalance("an expert worker was lost; online rebalancing stops");
+    return ok_status();
+  }
+  return s;
 }
 
 Status Router::consider_rebalance() {
@@ -946,7 +1013,13 @@ Status Router::switch_when_loaded() {
     if (!j["ready"].get<bool>()) return ok_status();  // look again after the next step
   }
   // Every expert process holds its new experts: switch them all, then the
-  // attention workers, before the next step sends a row.
+  // attention workers, before the next step sends a row. A death meanwhile
+  // is not dropped in place: the workers would hold two placements.
+  switching_ = true;
+  struct Done {
+    bool& b;
+    ~Done() { b = false; }
+  } done{switching_};
   for (Worker& w : workers_) {
     if (w.role != "expert") continue;
     MSI_ASSIGN_OR_RETURN(Json j, ask_json(w, R"({"op": "switch"})"));
@@ -986,7 +1059,7 @@ StatusOr<Json> Router::ask_json(Worker& w, const std::string& command) {
 void Router::abandon_rebalance(const std::string& why) {
   std::fprintf(stderr, "msinfer: router: rebalancing abandoned: %s\n", why.c_str());
   for (Worker& w : workers_) {
-    if (w.role != "expert") continue;
+    if (w.role != "expert" || w.dead) continue;
     (void)ask_json(w, R"({"op": "abandon"})");  // a death is reported at the next step
   }
   pending_.reset();
@@ -1004,11 +1077,12 @@ StatusOr<std::vector<Json>> Router::stats_once(bool reset) {
   std::vector<Json> out;
   for (auto& w : workers_) {
     if (w.dead) continue;
-    MSI_ASSIGN_OR_RETURN(std::string line,
-                         read_answer(w, std::chrono::milliseconds(c_.timeout_ms),
-                                     StatusCode::kDeadlineExceeded, "did not report its stats"));
-    MSI_ASSIGN_OR_RETURN(Json j, parse_json(line, name_of(w)));
-    if (!j.contains("stats")) return internal_error(name_of(w) + ": expected stats, got " + line);
+    auto line = read_answer(w, std::chrono::milliseconds(c_.timeout_ms),
+                            StatusCode::kDeadlineExceeded, "did not report its stats");
+    if (!line.ok() && w.dead) continue;  // dropped meanwhile
+    MSI_RETURN_IF_ERROR(line.status());
+    MSI_ASSIGN_OR_RETURN(Json j, parse_json(*line, name_of(w)));
+    if (!j.contains("stats")) return internal_error(name_of(w) + ": expected stats, got " + *line);
     Json st = j["stats"];
     st["role"] = w.role;
     st["index"] = w.index;

@@ -195,6 +195,7 @@ struct FailureRun {
   Status status = ok_status();  // step()'s error, when the deployment stopped
   int live_attention = 0;
   int expert_workers = 0, restarts = 0;
+  int lost_experts = 0, steps_rerun = 0;  // expert workers dropped in place
   int rebalances = 0;
   Placement placement;  // the router's at the end
   double seconds = 0;   // from the first step to idle (or the error)
@@ -315,6 +316,8 @@ FailureRun run_with_kill(const WorkerConfig& c, const std::vector<GenerationRequ
   run.live_attention = router->live_attention_workers();
   run.expert_workers = router->expert_workers();
   run.restarts = router->restarts();
+  run.lost_experts = router->lost_expert_workers();
+  run.steps_rerun = router->steps_rerun();
   run.rebalances = router->rebalances();
   run.placement = router->placement();
   // A restarted deployment's workers, to check they are gone too.
@@ -394,8 +397,11 @@ TEST(AttentionFailureTest, ResubmittedRequestsFinishWithUnchangedGreedyOutput) {
 }
 
 // An expert worker dies and every expert it held has a replica on another
-// worker: the deployment restarts without it (its experts on the replicas),
-// resubmits the requests in flight, and no request fails.
+// worker: it is dropped in place. Killed between two steps, it is found dead
+// while both attention workers wait for its answers in the next one; they
+// finish that step without it, discard it and run it again with its experts
+// on the replicas. No request fails, nothing restarts, the other workers are
+// the same processes, and greedy output is unchanged.
 TEST(ExpertFailureTest, ADeadExpertWorkersExpertsMoveToTheirReplicas) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
   const auto reqs = failure_requests(4, 12);
@@ -403,8 +409,86 @@ TEST(ExpertFailureTest, ADeadExpertWorkersExpertsMoveToTheirReplicas) {
   c.placement = two_replicas_each(3);
   const FailureRun run = run_with_kill(c, reqs, "expert", 1, /*kill_after=*/4);
   expect_all_finished_right(run, reqs, dir);
-  EXPECT_EQ(run.expert_workers, 2);
-  EXPECT_EQ(run.restarts, 1);
+  EXPECT_EQ(run.restarts, 0);
+  EXPECT_EQ(run.lost_experts, 1);
+  EXPECT_EQ(run.steps_rerun, 2);  // one per attention worker
+  EXPECT_EQ(run.expert_workers, 3);
+  EXPECT_TRUE(run.placement.experts_on(1).empty());
+  for (int e = 0; e < 8; ++e) {  // experts that were on worker 1: the other replica takes all
+    const bool was_on_1 = e % 3 == 1 || (e + 1) % 3 == 1;
+    ASSERT_EQ(run.placement.replicas[e].size(), was_on_1 ? 1u : 2u) << "expert " << e;
+    double sum = 0;
+    for (const auto& [w, share] : run.placement.replicas[e]) {
+      EXPECT_NE(w, 1) << "expert " << e;
+      sum += share;
+    }
+    EXPECT_DOUBLE_EQ(sum, 1.0) << "expert " << e;
+  }
+  for (const char* who : {"attention0", "attention1", "expert0", "expert2"}) {
+    EXPECT_EQ(run.pids.at(std::string(who) + " (now)"), run.pids.at(who)) << who;
+  }
+  EXPECT_EQ(run.pids.count("expert1 (now)"), 0u);
+  msinfer::testing::expect_workers_gone(run.pids, /*no_shm=*/true);
+}
+
+// Two expert workers of four die one after the other, each dropped in place:
+// the even experts live on workers 0 and 2, the odd ones on 1 and 3, so
+// losing 3, then 0 leaves each expert on one replica (even on 2, odd on 1).
+// A third death then has no replica to go to and stops the deployment.
+TEST(ExpertFailureTest, TwoDeathsInPlaceLeaveEveryExpertOnOneReplica) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  const auto reqs = failure_requests(4, 16);
+  WorkerConfig c = failure_config(dir, 1, 4, /*resubmit=*/false);
+  Placement p;
+  p.workers = 4;
+  for (int e = 0; e < 8; ++e) p.replicas.push_back({{e % 2, 0.5}, {e % 2 + 2, 0.5}});
+  c.placement = p;
+  FailureRun run;
+  {
+    static int files = 0;
+    const std::string placement = ::testing::TempDir() + "/two_deaths_" +
+                                  std::to_string(::getpid()) + "_" + std::to_string(files++) +
+                                  ".json";
+    std::ofstream(placement) << c.placement.to_json().dump();
+    auto router = Router::start(c, kBinary, placement);
+    ASSERT_TRUE(router.ok()) << router.status().to_string();
+    for (const char* role : {"attention", "expert"}) {
+      for (int i = 0; i < (std::string(role) == "expert" ? 4 : 1); ++i) {
+        run.pids[role + std::to_string(i)] = (*router)->pid_of(role, i);
+      }
+    }
+    for (const auto& r : reqs) ASSERT_TRUE((*router)->add(r).ok());
+    for (int step = 0; !(*router)->idle() && step < 200; ++step) {
+      if (step == 3) ::kill((*router)->pid_of("expert", 3), SIGKILL);
+      if (step == 8) ::kill((*router)->pid_of("expert", 0), SIGKILL);
+      auto events = (*router)->step();
+      ASSERT_TRUE(events.ok()) << events.status().to_string();
+      for (const auto& ev : *events) {
+        if (ev.finish_reason == "error")
+          run.errors[ev.request_id] = ev.error;
+        else
+          run.tokens[ev.request_id].push_back(ev.token);
+        if (ev.finished) ++run.ends[ev.request_id];
+      }
+    }
+    EXPECT_TRUE((*router)->idle());
+    EXPECT_EQ((*router)->lost_expert_workers(), 2);
+    EXPECT_EQ((*router)->restarts(), 0);
+    const Placement& now = (*router)->placement();
+    for (int e = 0; e < 8; ++e) {
+      ASSERT_EQ(now.replicas[e].size(), 1u) << "expert " << e;
+      EXPECT_EQ(now.replicas[e][0].first, e % 2 == 0 ? 2 : 1) << "expert " << e;
+    }
+    ASSERT_TRUE((*router)->add(failure_requests(1, 8)[0]).ok());
+    ::kill((*router)->pid_of("expert", 2), SIGKILL);
+    Status stopped = ok_status();
+    for (int step = 0; step < 50 && stopped.ok() && !(*router)->idle(); ++step) {
+      stopped = (*router)->step().status();
+    }
+    EXPECT_EQ(stopped.code(), StatusCode::kUnavailable);
+    EXPECT_NE(stopped.message().find("expert worker 2"), std::string::npos) << stopped.message();
+  }
+  expect_all_finished_right(run, reqs, dir);
   msinfer::testing::expect_workers_gone(run.pids, /*no_shm=*/true);
 }
 
@@ -424,9 +508,9 @@ TEST(ExpertFailureTest, RespawnReplacesAnExpertWorkerWithoutReplicas) {
 // Seeded SIGKILLs at random moments (mid-step, from another thread) of a random
 // worker, over many runs, on 3 attention + 3 expert workers with every expert
 // on two of them: an attention worker's death costs only its requests (none
-// with resubmit), an expert worker's none (restart without it, or with a
-// replacement under respawn). Never a hang, a lost or duplicated token, a
-// leftover process or shared-memory object.
+// with resubmit), an expert worker's none (dropped in place, the step it was
+// in run again; no restart, respawn or not). Never a hang, a lost or
+// duplicated token, a leftover process or shared-memory object.
 TEST(WorkerFailureTest, SeededKillsNeverHangLoseOrDuplicate) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
   const auto reqs = failure_requests(5, 120);
@@ -442,11 +526,11 @@ TEST(WorkerFailureTest, SeededKillsNeverHangLoseOrDuplicate) {
   const int span_ms = std::max(1, static_cast<int>(clean.seconds * 1e3 * 0.8));
   std::printf("[ kill ] a run without a kill: %.2f s\n", clean.seconds);
   std::mt19937 rng(20261201);
-  for (int i = 0; i < 8; ++i) {
-    const bool expert = i % 3 == 2;
+  for (int i = 0; i < 10; ++i) {
+    const bool expert = i % 2 == 1;
     WorkerConfig c = base;
     c.resubmit = i % 2 == 0;
-    c.respawn = i == 5 || i == 7;
+    c.respawn = i == 5 || i == 8;
     const int victim = static_cast<int>(rng() % 3);
     const int delay_ms = static_cast<int>(rng() % static_cast<unsigned>(span_ms));
     const std::string what = std::string(expert ? "expert" : "attention") + " worker " +
@@ -456,10 +540,13 @@ TEST(WorkerFailureTest, SeededKillsNeverHangLoseOrDuplicate) {
     SCOPED_TRACE(what);
     const FailureRun run =
         run_with_kill(c, reqs, expert ? "expert" : "attention", victim, -1, delay_ms);
-    std::printf("[ kill ] %s: %.2f s, %zu errors, %d restarts, %s\n", what.c_str(), run.seconds,
-                run.errors.size(), run.restarts,
-                run.status.ok() ? "ok" : run.status.message().c_str());
+    std::printf(
+        "[ kill ] %s: %.2f s, %zu errors, %d restarts, %d expert worker(s) dropped, "
+        "%d step(s) run again, %s\n",
+        what.c_str(), run.seconds, run.errors.size(), run.restarts, run.lost_experts,
+        run.steps_rerun, run.status.ok() ? "ok" : run.status.message().c_str());
     EXPECT_LT(run.seconds, 60.0);
+    if (expert) EXPECT_EQ(run.restarts, 0);
     EXPECT_TRUE(run.status.ok()) << run.status.to_string();
     for (const auto& r : reqs) {
       EXPECT_EQ(run.ends.count(r.id) ? run.ends.at(r.id) : 0, 1) << "request " << r.id;

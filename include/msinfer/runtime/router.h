@@ -17,13 +17,17 @@
 // answer the attention side) is dropped: the expert workers are told to serve
 // the others, and its requests end with an error event naming it or, with
 // WorkerConfig::resubmit, go to another attention worker with their prompt
-// plus the tokens already delivered. A deployment this router forked
-// survives an expert worker's death when every expert it held has a replica
-// on another worker, and any death with WorkerConfig::respawn: it restarts
-// its workers (without the dead one, or with a replacement) and resubmits
-// every request in flight the same way (at most kMaxRestarts times). Any
-// other death fails every in-flight request with an error naming the process
-// and stops the deployment.
+// plus the tokens already delivered. An expert worker that dies when every
+// expert it held has a replica on another worker is dropped in place (one
+// process per expert worker and per attention worker, the `direct`
+// transport): the attention workers route its experts' rows to the replicas,
+// and a step that lost its answers is discarded and run again; no request
+// fails, no worker restarts. Otherwise a deployment this router forked
+// survives an expert worker's death with replicas, and any death with
+// WorkerConfig::respawn, by restarting its workers (without the dead one, or
+// with a replacement) and resubmitting every request in flight the same way
+// (at most kMaxRestarts times). Any other death fails every in-flight request
+// with an error naming the process and stops the deployment.
 // Online rebalancing (WorkerConfig::rebalance_every; docs/RUNTIME.md, "Online
 // rebalancing"): between steps the router moves and replicates experts by the
 // rows routed lately; the expert workers load what they gain while serving.
@@ -91,6 +95,11 @@ class Router {
   // effect, with the switches online rebalancing made.
   StatusOr<RoutingStats> routing(const std::vector<Json>& workers, int layers, int experts) const;
   int restarts() const { return restarts_; }
+  // Expert workers dropped in place (they still count in expert_workers(),
+  // holding nothing), and attention-worker steps discarded because one of
+  // them died mid-step (each is run again).
+  int lost_expert_workers() const { return experts_lost_; }
+  int steps_rerun() const { return steps_rerun_; }
   // Placements switched to by online rebalancing so far.
   int rebalances() const { return rebalances_; }
   // Rows per expert worker and layer (on average) a rebalancing decision
@@ -163,6 +172,10 @@ class Router {
   // it, its requests are queued for resubmission or failed.
   void drop_attention_worker(int a, const std::string& why);
   bool tolerates_attention_loss() const;
+  // Expert worker `w` died (`why`) and tolerates_expert_loss(w): its experts
+  // go to their replicas (Placement::emptied), the attention workers are told.
+  void drop_expert_worker(Worker& w, const std::string& why);
+  bool tolerates_expert_loss(const Worker& w) const;
   // Sends `r` to the live attention worker with the least load.
   Status submit(const GenerationRequest& r);
   // Resubmits the requests of dropped workers (lost_), or fails them into
@@ -191,6 +204,10 @@ class Router {
   std::string restart_why_;              // a death to recover from, until recover()
   int restart_without_ = -1;             // the dead expert worker to leave out, or -1
   int restarts_ = 0;
+  bool serving_ = false;    // every worker is ready (a death is not a failed start)
+  bool switching_ = false;  // online rebalancing is switching the workers' placement
+  int experts_lost_ = 0;    // expert workers dropped in place
+  int steps_rerun_ = 0;
   // Online rebalancing.
   int layers_ = 0, experts_ = 0;  // of the model
   int slots_ = 0;                 // experts an expert worker may hold
