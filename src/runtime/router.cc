@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -188,6 +189,10 @@ Status Router::spawn() {
       ::_exit(127);
     }
     w.pid = pid;
+    // The router waits for an answer or any child's exit at once (pidfd,
+    // Linux 5.3); without one it looks at the children every 50 ms.
+    w.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    if (w.pidfd >= 0) ::fcntl(w.pidfd, F_SETFD, FD_CLOEXEC);
     ::close(to_child[0]);
     ::close(from_child[1]);
     w.in = to_child[1];
@@ -228,16 +233,26 @@ Status Router::send_command(Worker& w, const std::string& command) {
 
 // The worker's next line; while waiting, a worker that died is reported (and
 // everything stopped, or it dropped or the deployment restarted) instead. A
-// negative timeout waits as long as it takes. The children are looked at
-// every 50 ms: a dead attention worker holds the others up that long at
-// most before the expert workers are told to drop it (measured 0.2 s per
-// death with 200 ms, docs/BENCHMARKS.md).
+// negative timeout waits as long as it takes. The wait ends at the answer or
+// at the exit of any forked worker (its pidfd), and the children are looked
+// at then and every 50 ms: a dead worker the others wait for holds them up
+// about a millisecond before they are told to drop it (docs/BENCHMARKS.md;
+// 50 ms without pidfds, 200 ms before that).
 StatusOr<std::string> Router::read_answer(Worker& w, std::chrono::milliseconds timeout,
                                           StatusCode code, const std::string& late) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::string line;
+  std::vector<pollfd> fds;
   while (timeout.count() < 0 || std::chrono::steady_clock::now() < deadline) {
-    if (!w.dead && read_line(w.out, &w.buf, &line, 50)) return line;
+    bool eof = false;
+    if (!w.dead && read_line(w.out, &w.buf, &line, 0, &eof)) return line;
+    fds.clear();
+    if (!w.dead && !eof) fds.push_back({w.out, POLLIN, 0});
+    for (const Worker& o : workers_) {
+      if (o.pidfd >= 0) fds.push_back({o.pidfd, POLLIN, 0});
+    }
+    ::poll(fds.data(), fds.size(), 50);
+    if (!w.dead && read_line(w.out, &w.buf, &line, 0)) return line;
     MSI_RETURN_IF_ERROR(check_children());
     if (w.dead) return Status(StatusCode::kUnavailable, name_of(w) + " died");
   }
@@ -455,7 +470,7 @@ void Router::shutdown(bool graceful) {
         ::kill(w.pid, SIGKILL);
         ::waitpid(w.pid, &st, 0);
       }
-      w.pid = -1;
+      w.reaped();
     } else if (w.out >= 0) {
       // A launcher's rank: it closes the socket as it exits.
       std::string line;
@@ -483,7 +498,7 @@ Status Router::check_children() {
         code = StatusCode::kInvalidArgument;
         how += " (bad input: see its message above)";
       }
-      w.pid = -1;
+      w.reaped();
     } else if (w.out >= 0 && !w.where.empty()) {
       // A launcher's rank on any host: its socket ends when the process does.
       char c;

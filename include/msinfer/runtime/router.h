@@ -113,6 +113,7 @@ class Router {
     int index = 0;
     int tp_rank = 0;        // the process within its tp group
     pid_t pid = -1;         // forked here; -1 for a launcher's rank
+    int pidfd = -1;         // readable once the forked process exits (-1: none)
     std::string where;      // a launcher's rank: "rank R on HOST (pid P)"
     int in = -1, out = -1;  // commands and answers: pipes, or one TCP socket
     std::string buf;        // answer bytes read but not yet a whole line
@@ -125,6 +126,11 @@ class Router {
       if (in >= 0) ::close(in);
       if (out >= 0 && out != in) ::close(out);
       in = out = -1;
+    }
+    void reaped() {  // its exit was seen
+      pid = -1;
+      if (pidfd >= 0) ::close(pidfd);
+      pidfd = -1;
     }
   };
   // What the router keeps of a request to resubmit it: the request and the
