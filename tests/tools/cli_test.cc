@@ -256,6 +256,9 @@ TEST(CliEngineTest, MakeModelThenGenerateStreamsAndReports) {
   EXPECT_EQ(j["finish_reason"], "length");
   EXPECT_TRUE(j.contains("ttft_ms"));
   EXPECT_TRUE(j.contains("decode_tokens_per_s"));
+  // The longest gap between tokens is at least the median one.
+  EXPECT_GE(j["tbt_ms_max"].get<double>(), j["tbt_ms_p50"].get<double>());
+  EXPECT_GT(j["tbt_ms_max"].get<double>(), 0);
   // Seeded sampling is reproducible.
   const std::string s = "generate --model " + dir + " --prompt-ids 5,6,7 --max-tokens 8 "
                         "--temperature 0.9 --seed 11 --json";

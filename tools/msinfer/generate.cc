@@ -241,6 +241,8 @@ int run_generate(int argc, char** argv) {
            {"ttft_ms", ttft * 1e3},
            {"tbt_ms_mean", tbt_mean * 1e3},
            {"tbt_ms_p50", tbt_p50 * 1e3},
+           // The longest stall between two tokens (a worker's death, a restart).
+           {"tbt_ms_max", gaps.empty() ? 0.0 : *std::max_element(gaps.begin(), gaps.end()) * 1e3},
            {"decode_tokens_per_s", tps},
            {"rss_mb", mem.rss_bytes / 1048576.0},
            {"peak_rss_mb", mem.peak_rss_bytes / 1048576.0},

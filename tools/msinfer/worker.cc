@@ -41,7 +41,9 @@ void add_deployment_flags(FlagSet& flags) {
                  "when a worker dies and the deployment cannot go on without it, restart the\n"
                  "workers with a replacement and resubmit every request in flight (at most 3\n"
                  "restarts); an expert worker whose experts all have replicas elsewhere is\n"
-                 "left out instead, with or without this flag");
+                 "dropped in place instead (the replicas take its rows, the step it was in\n"
+                 "runs again; local deployments on the direct transport, without tp), with\n"
+                 "or without this flag");
   flags.add_int("rebalance-every", 0, 0, 1000000000,
                 "online rebalancing: every STEPS steps look at the rows routed since the last\n"
                 "look, compute a placement with replicas (as msinfer balance does) and, when\n"
