@@ -230,6 +230,12 @@ void M2NReceiver::drop_sender(int s) {
   for (int k = 0; k < shape_.slots; ++k) arrivals_[k * shape_.senders + s].arrived = false;
 }
 
+void M2NReceiver::restore_sender(int s) {
+  if (s < 0 || s >= shape_.senders) return;
+  dropped_[static_cast<size_t>(s)] = 0;
+  for (int k = 0; k < shape_.slots; ++k) arrivals_[k * shape_.senders + s].arrived = false;
+}
+
 // ---- sender ----
 
 M2NSender::M2NSender(const M2NShape& shape, int index)
@@ -314,6 +320,10 @@ Status M2NSender::send(int slot, uint32_t seq, const std::vector<int64_t>& rows)
 
 void M2NSender::drop_receiver(int r) {
   if (r >= 0 && r < shape_.receivers) dropped_[static_cast<size_t>(r)] = 1;
+}
+
+void M2NSender::restore_receiver(int r) {
+  if (r >= 0 && r < shape_.receivers) dropped_[static_cast<size_t>(r)] = 0;
 }
 
 Status M2NSender::wait_sent(int slot) {

@@ -235,6 +235,22 @@ TEST(M2NInprocTest, DroppedPeersAreNeitherWaitedForNorWrittenTo) {
   EXPECT_EQ(r0.rows(0, 0), 1);
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(er1.progress().ok());
   EXPECT_EQ(r1.missing(0), (std::vector<int>{0, 1}));
+  // Restored (a replacement took their places): waited for and written to again.
+  r0.release(0);
+  r0.restore_sender(1);
+  EXPECT_FALSE(r0.dropped(1));
+  s0.restore_receiver(1);
+  EXPECT_FALSE(s0.dropped(1));
+  ASSERT_TRUE(s0.wait_sent(0).ok());
+  std::memset(s0.buffer(0, 1), 9, 16);
+  ASSERT_TRUE(s0.send(0, 3, {0, 1}).ok());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(er1.progress().ok());
+  EXPECT_EQ(r1.rows(0, 0), 1);
+  EXPECT_EQ(r1.data(0, 0)[15], 9);
+  ASSERT_TRUE(s1.wait_sent(0).ok());
+  ASSERT_TRUE(s1.send(0, 3, {2, 0}).ok());
+  ASSERT_TRUE(r0.wait(0, 3).ok());
+  EXPECT_EQ(r0.rows(0, 1), 2);
 }
 
 // A wait's hook runs while the slot is incomplete: here it drops the sender

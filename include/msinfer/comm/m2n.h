@@ -98,6 +98,9 @@ class M2NReceiver {
   // ignored. The runtime drops a dead attention worker this way, so the
   // expert workers go on serving the others. Idempotent.
   void drop_sender(int s);
+  // A new process took dropped sender `s`'s place (between rounds): its
+  // writes count again, from an empty slot. Idempotent.
+  void restore_sender(int s);
   bool dropped(int sender) const { return dropped_[static_cast<size_t>(sender)] != 0; }
 
  private:
@@ -135,6 +138,9 @@ class M2NSender {
   // Receiver `r` is gone: send() writes nothing more to it (its row count is
   // ignored). Idempotent.
   void drop_receiver(int r);
+  // A new process took dropped receiver `r`'s place: set_receiver() first,
+  // then send() writes to it again.
+  void restore_receiver(int r);
   bool dropped(int receiver) const { return dropped_[static_cast<size_t>(receiver)] != 0; }
 
  private:
