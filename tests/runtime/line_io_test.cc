@@ -195,5 +195,24 @@ TEST(LineIoTest, ReadLineKeepsPartialLinesAndReportsEndOfFile) {
   ::close(fds[0]);
 }
 
+// Peer cards cross the control pipes as hex: every byte value round-trips,
+// and odd lengths or non-digits are refused.
+TEST(LineIoTest, HexRoundTripsEveryByte) {
+  std::string all;
+  for (int i = 0; i < 256; ++i) all.push_back(static_cast<char>(i));
+  const std::string h = to_hex(all);
+  EXPECT_EQ(h.size(), 512u);
+  EXPECT_EQ(h.substr(0, 6), "000102");
+  EXPECT_EQ(h.substr(506), "fdfeff");
+  std::string back;
+  ASSERT_TRUE(from_hex(h, &back));
+  EXPECT_EQ(back, all);
+  EXPECT_FALSE(from_hex("abc", &back));
+  EXPECT_FALSE(from_hex("0g", &back));
+  EXPECT_FALSE(from_hex("0A", &back));
+  ASSERT_TRUE(from_hex("", &back));
+  EXPECT_TRUE(back.empty());
+}
+
 }  // namespace
 }  // namespace msinfer::runtime::internal

@@ -61,4 +61,31 @@ inline bool read_line(int fd, std::string* buf, std::string* line, int timeout_m
   }
 }
 
+// Binary blobs (M2N peer cards) inside JSON lines: lowercase hex.
+inline std::string to_hex(const std::string& b) {
+  static const char* digits = "0123456789abcdef";
+  std::string h;
+  h.reserve(b.size() * 2);
+  for (unsigned char c : b) {
+    h.push_back(digits[c >> 4]);
+    h.push_back(digits[c & 15]);
+  }
+  return h;
+}
+
+// False for an odd length or a character that is not a hex digit.
+inline bool from_hex(const std::string& h, std::string* b) {
+  auto nibble = [](char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+  };
+  if (h.size() % 2 != 0) return false;
+  b->clear();
+  for (size_t i = 0; i < h.size(); i += 2) {
+    const int hi = nibble(h[i]), lo = nibble(h[i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    b->push_back(static_cast<char>(hi * 16 + lo));
+  }
+  return true;
+}
+
 }  // namespace msinfer::runtime::internal
