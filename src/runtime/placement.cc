@@ -162,6 +162,47 @@ StatusOr<Placement> Placement::without(int worker) const {
   return p;
 }
 
+std::vector<std::pair<int, double>> Placement::shares_on(int worker) const {
+  std::vector<std::pair<int, double>> out;
+  for (int e = 0; e < static_cast<int>(replicas.size()); ++e) {
+    for (auto [w, share] : replicas[e]) {
+      if (w == worker) out.emplace_back(e, share);
+    }
+  }
+  return out;
+}
+
+StatusOr<Placement> Placement::with_worker(
+    int worker, const std::vector<std::pair<int, double>>& shares) const {
+  if (worker < 0 || worker >= workers) {
+    return invalid_argument("placement: no expert worker " + std::to_string(worker));
+  }
+  Placement p = *this;
+  for (auto [e, share] : shares) {
+    if (e < 0 || e >= static_cast<int>(replicas.size()) || !(share > 0) || !(share <= 1)) {
+      return invalid_argument("placement: expert " + std::to_string(e) + " with share " +
+                              std::to_string(share) + " for expert worker " +
+                              std::to_string(worker));
+    }
+    auto& reps = p.replicas[static_cast<size_t>(e)];
+    std::vector<std::pair<int, double>> kept;
+    double total = 0;
+    for (const auto& r : reps) {
+      if (r.first == worker) continue;
+      kept.push_back(r);
+      total += r.second;
+    }
+    if (kept.empty() || !(total > 0) || share >= 1) {
+      reps = {{worker, 1.0}};
+      continue;
+    }
+    for (auto& r : kept) r.second *= (1 - share) / total;
+    kept.emplace_back(worker, share);
+    reps = std::move(kept);
+  }
+  return p;
+}
+
 std::vector<int> Placement::experts_on(int worker) const {
   std::vector<int> out;
   for (int e = 0; e < static_cast<int>(replicas.size()); ++e) {

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <tuple>
 
 namespace msinfer::runtime {
@@ -299,6 +300,21 @@ TEST(PlacementWithoutTest, EmptiedKeepsTheWorkersNumbers) {
   EXPECT_DOUBLE_EQ(q->replicas[1][0].second, 0.75);
   EXPECT_DOUBLE_EQ(q->replicas[2][0].second, 1.0);
   EXPECT_EQ(q->validate(4).code(), StatusCode::kInvalidArgument);  // worker 1 holds no expert
+  // A replacement takes worker 1's shares back: the placement before, up to
+  // the order of each expert's replicas.
+  auto back = q->with_worker(1, p->shares_on(1));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_TRUE(back->validate(4).ok());
+  EXPECT_EQ(back->experts_on(1), (std::vector<int>{0, 1, 2}));
+  for (int e = 0; e < 4; ++e) {
+    std::map<int, double> want, got;
+    for (auto [w, share] : p->replicas[e]) want[w] = share;
+    for (auto [w, share] : back->replicas[e]) got[w] = share;
+    ASSERT_EQ(got.size(), want.size()) << "expert " << e;
+    for (auto [w, share] : want) EXPECT_NEAR(got[w], share, 1e-12) << "expert " << e;
+  }
+  EXPECT_EQ(q->with_worker(1, {{4, 0.5}}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(q->with_worker(1, {{0, 1.5}}).status().code(), StatusCode::kInvalidArgument);
   auto r = q->emptied(2);  // expert 2 would be left on nobody
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("expert(s) 2 have no replica"), std::string::npos)

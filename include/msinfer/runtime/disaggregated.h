@@ -65,6 +65,14 @@ struct Placement {
   // the placement of a running deployment that lost it (its M2N peers are
   // numbered). Such a placement does not pass validate().
   StatusOr<Placement> emptied(int worker) const;
+  // (expert, share) of every replica on `worker`, in expert order.
+  std::vector<std::pair<int, double>> shares_on(int worker) const;
+  // A replacement for an emptied `worker` takes `shares` (shares_on() of the
+  // placement before it was lost) back: each of those experts' other
+  // replicas keep their proportions within 1 - share. INVALID_ARGUMENT for an
+  // expert or share out of range.
+  StatusOr<Placement> with_worker(int worker,
+                                  const std::vector<std::pair<int, double>>& shares) const;
   Json to_json() const;
   std::string describe() const;  // "expert worker 0: experts 0, 3 (x0.5); ..."
   Status validate(int experts) const;
