@@ -195,6 +195,55 @@ StatusOr<std::unique_ptr<comm::Transport>> make_transport(const WorkerConfig& c)
 
 }  // namespace
 
+namespace {
+
+class RouterPipeBootstrap : public comm::Bootstrap {
+ public:
+  RouterPipeBootstrap(int in_fd, int out_fd, int rank, int size)
+      : in_(in_fd), out_(out_fd), rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  StatusOr<std::vector<std::string>> allgather(const std::string& blob) override {
+    if (!write_line(out_, Json{{"allgather", internal::to_hex(blob)}}.dump())) {
+      return unavailable("joining: the router's pipe is closed");
+    }
+    std::string line;
+    char c = 0;
+    while (true) {
+      const ssize_t n = ::read(in_, &c, 1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return unavailable("joining: the router closed its pipe");
+      if (c == '\n') break;
+      line.push_back(c);
+      if (line.size() > (64u << 20))
+        return invalid_argument("joining: the router's answer is too long");
+    }
+    MSI_ASSIGN_OR_RETURN(Json j, parse_json(line, "router (joining)"));
+    if (!j.contains("blobs") || !j["blobs"].is_array() ||
+        j["blobs"].size() != static_cast<size_t>(size_)) {
+      return invalid_argument("joining: expected " + std::to_string(size_) +
+                              " blobs from the router, got " + line.substr(0, 200));
+    }
+    std::vector<std::string> out(static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r) {
+      const Json& b = j["blobs"][static_cast<size_t>(r)];
+      if (!b.is_string() || !internal::from_hex(b.get<std::string>(), &out[r])) {
+        return invalid_argument("joining: the router's blob " + std::to_string(r) + " is not hex");
+      }
+    }
+    return out;
+  }
+
+ private:
+  int in_, out_, rank_, size_;
+};
+
+}  // namespace
+
+std::unique_ptr<comm::Bootstrap> router_pipe_bootstrap(int in_fd, int out_fd, int rank, int size) {
+  return std::make_unique<RouterPipeBootstrap>(in_fd, out_fd, rank, size);
+}
+
 std::string expert_process_name(int worker, int tp_rank, int tp) {
   std::string n = "expert worker " + std::to_string(worker);
   if (tp > 1) n += " tp rank " + std::to_string(tp_rank);
@@ -237,6 +286,7 @@ class RemoteExperts : public ExpertBackend {
   Status attach(comm::Bootstrap& boot) {
     MSI_RETURN_IF_ERROR(dispatch_.attach(ep_));
     MSI_ASSIGN_OR_RETURN(comm::RemoteRegion region, combine_.attach(ep_));
+    combine_region_ = region;
     MSI_RETURN_IF_ERROR(
         wire(boot, ep_, &dispatch_, region, c_.attention_processes(), c_.expert_processes()));
     if (has_reduce_channel(c_)) {  // take part in the shards' wiring
@@ -266,6 +316,32 @@ class RemoteExperts : public ExpertBackend {
     return ok_status();
   }
   bool discard_step() const override { return discard_; }
+  // For a replacement expert worker (Router, --respawn): where it writes this
+  // worker's answers, and the units each slot has exchanged so far.
+  std::string card() const {
+    return comm::PeerCard{ep_.transport().address(), combine_region_}.encode();
+  }
+  std::vector<int64_t> units() const {
+    std::vector<int64_t> n(static_cast<size_t>(c_.micro_batches), 0);
+    for (const auto& [k, done] : steps_done_) n[static_cast<size_t>(k)] = done;
+    return n;
+  }
+  // Between steps: a replacement for dropped expert worker w, at `card`,
+  // takes back the experts' `shares` it held (Placement::with_worker).
+  Status add_expert_worker(int w, const comm::PeerCard& card,
+                           const std::vector<std::pair<int, double>>& shares) {
+    if (w < 0 || w >= c_.expert_workers || !dispatch_.dropped(w)) {
+      return invalid_argument("attention worker " + std::to_string(index_) + ": expert worker " +
+                              std::to_string(w) + " was not dropped");
+    }
+    MSI_ASSIGN_OR_RETURN(Placement p, placement_.with_worker(w, shares));
+    MSI_ASSIGN_OR_RETURN(int handle, ep_.transport().connect(card.address));
+    dispatch_.set_receiver(w, handle, card.region);
+    dispatch_.restore_receiver(w);
+    combine_.restore_sender(w);
+    set_placement(p);
+    return ok_status();
+  }
   Status begin_step() override {
     last_return_ = std::chrono::steady_clock::now();
     discard_ = false;
@@ -406,6 +482,7 @@ class RemoteExperts : public ExpertBackend {
   std::map<int, int64_t> steps_done_;
   std::function<Status()> between_polls_;
   bool discard_ = false;  // an expert worker was dropped during this step
+  comm::RemoteRegion combine_region_;
 };
 
 // ---- expert worker ----
@@ -598,6 +675,20 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
     if (op == "abandon") {
       loading.reset();  // waits for a load still running
       write_line(out_fd, Json{{"abandoned", true}}.dump());
+      return ok_status();
+    }
+    if (op == "units") {
+      // A replacement joining a running deployment (Router, --respawn): the
+      // (micro-batch, layer) units each slot has served so far, which the
+      // sequence numbers continue from. Before its first unit only.
+      const auto n = cmd.value("served", std::vector<int64_t>{});
+      if (units != 0 || n.size() != served.size()) {
+        return answer_error("units: expected " + std::to_string(served.size()) +
+                            " counts before the first unit");
+      }
+      served = n;
+      units = n.empty() ? 0 : n[0] * M;
+      write_line(out_fd, Json{{"units_set", true}}.dump());
       return ok_status();
     }
     if (op == "switch") {
@@ -1078,6 +1169,36 @@ Status run_attention_worker(const WorkerConfig& c, int index, int tp_rank, comm:
     if (op == "exit") return ok_status();
     if (op == "drop_expert") {
       MSI_RETURN_IF_ERROR(drop_expert(*cmd, /*mid_step=*/false));
+      continue;
+    }
+    // A replacement expert worker joins (Router, --respawn): {"op": "card"}
+    // gives it this worker's combine card (hex) and unit counts;
+    // {"op": "add_expert", "worker": w, "card": hex, "shares": [[e, share]]}
+    // routes to it from the next step on.
+    if (op == "card") {
+      write_line(
+          out_fd,
+          Json{{"card", internal::to_hex(experts->card())}, {"units", experts->units()}}.dump());
+      continue;
+    }
+    if (op == "add_expert") {
+      const int w = cmd->value("worker", -1);
+      std::string blob;
+      Status s = internal::from_hex(cmd->value("card", std::string()), &blob)
+                     ? ok_status()
+                     : invalid_argument("add_expert: the card is not hex");
+      if (s.ok()) {
+        auto card = comm::PeerCard::decode(blob, "expert worker " + std::to_string(w));
+        s = card.ok() ? experts->add_expert_worker(
+                            w, *card, cmd->value("shares", std::vector<std::pair<int, double>>{}))
+                      : card.status();
+      }
+      if (!s.ok()) {
+        write_line(out_fd, Json{{"error", s.message()}}.dump());
+        return s;
+      }
+      std::fprintf(stderr, "msinfer: attention worker %d: expert worker %d is back\n", index, w);
+      write_line(out_fd, Json{{"expert_added", w}}.dump());
       continue;
     }
     if (op == "add") {

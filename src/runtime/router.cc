@@ -75,15 +75,26 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
 // Forks this host's workers for c_ (placement_file_ when set, else round
 // robin) and waits until each is ready.
 Status Router::spawn() {
-  const WorkerConfig& c = c_;
-  const std::string& exe = exe_;
-  const std::string& placement_file = placement_file_;
   workers_.clear();
   serving_ = false;
-  const int A = c.attention_workers, N = c.expert_workers, P = c.processes();
-  MSI_ASSIGN_OR_RETURN(server_, comm::BootstrapServer::start(P));
+  MSI_ASSIGN_OR_RETURN(server_, comm::BootstrapServer::start(c_.processes()));
   ::signal(SIGPIPE, SIG_IGN);
-  for (int rank = 0; rank < P; ++rank) {
+  for (int rank = 0; rank < c_.processes(); ++rank) {
+    MSI_ASSIGN_OR_RETURN(Worker w, fork_worker(rank, placement_file_, /*join=*/false));
+    workers_.push_back(w);
+  }
+  return wait_ready();
+}
+
+// Bootstrap rank `rank` of c_, reading `placement_file` (when set): through
+// the bootstrap server, or (`join`) through the router's pipes as a
+// replacement joining the running deployment (router_pipe_bootstrap).
+StatusOr<Router::Worker> Router::fork_worker(int rank, const std::string& placement_file,
+                                             bool join) {
+  const WorkerConfig& c = c_;
+  const std::string& exe = exe_;
+  const int A = c.attention_workers, N = c.expert_workers, P = c.processes();
+  {
     Worker w;
     const Role role = role_of(c, rank);
     w.role = role.name();
@@ -150,8 +161,14 @@ Status Router::spawn() {
     }
     env.emplace("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / P)));
     env.emplace("OMP_WAIT_POLICY", "PASSIVE");
-    env["MSINFER_BOOTSTRAP"] = server_->address();
-    env["MSINFER_JOB_SECRET"] = server_->secret();  // as NCCL hands out its unique id
+    if (join) {
+      env.erase("MSINFER_BOOTSTRAP");
+      env["MSINFER_JOIN"] = "1";
+    } else {
+      env["MSINFER_BOOTSTRAP"] = server_->address();
+      env["MSINFER_JOB_SECRET"] = server_->secret();  // as NCCL hands out its unique id
+      env.erase("MSINFER_JOIN");
+    }
     env["MSINFER_RANK"] = std::to_string(rank);
     env["MSINFER_WORLD_SIZE"] = std::to_string(P);
     std::vector<std::string> env_lines;
@@ -197,9 +214,8 @@ Status Router::spawn() {
     ::close(from_child[1]);
     w.in = to_child[1];
     w.out = from_child[0];
-    workers_.push_back(w);
+    return w;
   }
-  return wait_ready();
 }
 
 // Every worker says "ready" (with its resident memory) once its weights are
@@ -454,9 +470,11 @@ Status join_launched_deployment(const WorkerConfig& config, comm::Bootstrap& lau
 Router::~Router() {
   shutdown();
   if (!own_placement_file_.empty()) ::unlink(own_placement_file_.c_str());
+  if (!join_placement_file_.empty()) ::unlink(join_placement_file_.c_str());
 }
 
 void Router::shutdown(bool graceful) {
+  if (joining_) abandon_join("the deployment stops");
   for (auto& w : workers_) {
     if (w.in >= 0 && graceful) write_line(w.in, R"({"op": "exit"})");
   }
@@ -578,6 +596,8 @@ Status Router::recover() {
       c_.expert_workers -= 1;
     }
     experts_lost_ = 0;
+    to_replace_.clear();  // the restart starts every worker
+    before_loss_.reset();
     // The workers read their placement from a file: this router's own.
     const char* tmp = std::getenv("TMPDIR");
     placement_file_ = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
@@ -637,8 +657,10 @@ bool Router::tolerates_expert_loss(const Worker& w) const {
 void Router::drop_expert_worker(Worker& w, const std::string& why) {
   w.dead = true;
   w.close_channel();
+  if (experts_lost_ == 0) before_loss_ = c_.placement;
   c_.placement = c_.placement.emptied(w.index).value();  // tolerates_expert_loss checked it
   ++experts_lost_;
+  if (c_.respawn && !exe_.empty() && w.where.empty()) to_replace_.push_back(w.index);
   std::fprintf(stderr,
                "msinfer: router: %s; its experts' rows go to their replicas on the other expert "
                "workers, a step it was in runs again\n",
@@ -834,6 +856,7 @@ StatusOr<std::vector<TokenEvent>> Router::step() {
   std::vector<TokenEvent> events;
   Status s = step_once(&events);
   if (s.ok()) s = rebalance_tick();
+  if (s.ok()) s = join_tick();
   if (!s.ok()) {
     if (restart_why_.empty()) return s;
     MSI_RETURN_IF_ERROR(recover());  // the events delivered before the death stand
@@ -896,6 +919,160 @@ Status Router::step_once(std::vector<TokenEvent>* events) {
     }
   }
   return resubmit_lost();
+}
+
+// ---- a replacement joins (--respawn after an in-place drop) ----
+
+void Router::abandon_join(const std::string& why) {
+  Joining& j = *joining_;
+  std::fprintf(stderr, "msinfer: router: the replacement for expert worker %d is given up: %s\n",
+               j.w.index, why.c_str());
+  if (j.w.pid > 0) {
+    ::kill(j.w.pid, SIGKILL);
+    int st = 0;
+    ::waitpid(j.w.pid, &st, 0);
+  }
+  j.w.reaped();
+  j.w.close_channel();
+  joining_.reset();
+}
+
+Status Router::join_tick() {
+  if (!joining_) {
+    if (to_replace_.empty() || !serving_) return ok_status();
+    const int w = to_replace_.front();
+    to_replace_.erase(to_replace_.begin());
+    if (replacements_ >= kMaxRestarts) {
+      std::fprintf(stderr,
+                   "msinfer: router: no replacement for expert worker %d (%d started already)\n", w,
+                   replacements_);
+      return ok_status();
+    }
+    // It reads the placement from before the loss (a valid one: every worker
+    // holds experts), of which it loads its own experts.
+    const char* tmp = std::getenv("TMPDIR");
+    join_placement_file_ = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
+                           "/msinfer-router-" + std::to_string(::getpid()) + "-join.json";
+    std::ofstream f(join_placement_file_, std::ios::trunc);
+    f << before_loss_->to_json().dump() << "\n";
+    f.close();
+    if (!f) {
+      std::fprintf(stderr, "msinfer: router: no replacement: cannot write %s\n",
+                   join_placement_file_.c_str());
+      return ok_status();
+    }
+    auto forked = fork_worker(c_.attention_processes() + w, join_placement_file_, /*join=*/true);
+    if (!forked.ok()) {
+      std::fprintf(stderr, "msinfer: router: no replacement for expert worker %d: %s\n", w,
+                   forked.status().message().c_str());
+      return ok_status();
+    }
+    ++replacements_;
+    joining_ = Joining{std::move(forked).value(), 0, before_loss_->shares_on(w), "",
+                       std::chrono::steady_clock::now()};
+    std::fprintf(stderr,
+                 "msinfer: router: starting a replacement for expert worker %d (pid %d); it "
+                 "joins once it has loaded its experts\n",
+                 w, joining_->w.pid);
+    return ok_status();
+  }
+  Joining& j = *joining_;
+  int st = 0;
+  if (::waitpid(j.w.pid, &st, WNOHANG) == j.w.pid) {
+    j.w.reaped();
+    abandon_join("it died while joining");
+    return ok_status();
+  }
+  const int A = c_.attention_workers, P = c_.processes();
+  std::string line;
+  while (joining_ && read_line(j.w.out, &j.w.buf, &line, 0)) {
+    auto msg = parse_json(line, "the replacement for expert worker " + std::to_string(j.w.index));
+    if (!msg.ok()) {
+      abandon_join(msg.status().message());
+      return ok_status();
+    }
+    if (msg->contains("allgather")) {
+      // The first allgather wires its answers to the attention workers'
+      // combine regions (a dead one's card is a live one's: nothing is ever
+      // sent to it, drop_attention below); the second is a barrier.
+      std::vector<std::string> blobs(static_cast<size_t>(P));
+      if (j.stage == 0) {
+        j.card = (*msg)["allgather"].get<std::string>();
+        std::string live_card;
+        for (int a = 0; a < A; ++a) {
+          if (lead(a).dead) continue;
+          auto ans = ask_json(lead(a), R"({"op": "card"})");
+          if (!ans.ok() || !ans->contains("card")) {
+            abandon_join(ans.ok() ? ans->dump() : ans.status().message());
+            return ok_status();
+          }
+          blobs[static_cast<size_t>(a)] = (*ans)["card"].get<std::string>();
+          live_card = blobs[static_cast<size_t>(a)];
+        }
+        for (int a = 0; a < A; ++a) {
+          if (lead(a).dead) blobs[static_cast<size_t>(a)] = live_card;
+        }
+      }
+      ++j.stage;
+      if (!write_line(j.w.in, Json{{"blobs", blobs}}.dump())) {
+        abandon_join("its pipe closed");
+        return ok_status();
+      }
+      continue;
+    }
+    if (!msg->contains("ready")) {
+      abandon_join(line);
+      return ok_status();
+    }
+    // Ready: it serves no dead attention worker, continues the sequence
+    // numbers from the units exchanged so far, and from the next step the
+    // attention workers send it its experts' share of the rows.
+    for (int a = 0; a < A; ++a) {
+      if (lead(a).dead) write_line(j.w.in, Json{{"op", "drop_attention"}, {"worker", a}}.dump());
+    }
+    Json units;
+    for (int a = 0; a < A && units.is_null(); ++a) {
+      if (lead(a).dead) continue;
+      auto ans = ask_json(lead(a), R"({"op": "card"})");
+      if (ans.ok() && ans->contains("units")) units = (*ans)["units"];
+    }
+    auto set = units.is_null() ? StatusOr<Json>(unavailable("no attention worker answered"))
+                               : ask_json(j.w, Json{{"op", "units"}, {"served", units}}.dump());
+    if (!set.ok() || !set->contains("units_set")) {
+      abandon_join(set.ok() ? set->dump() : set.status().message());
+      return ok_status();
+    }
+    Worker& slot = workers_[static_cast<size_t>(c_.attention_processes() + j.w.index)];
+    const int w = j.w.index;
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - j.since).count();
+    const auto shares = j.shares;
+    const std::string card = j.card;
+    slot = j.w;  // watched from now on: a death is dropped (or reported) as any worker's
+    slot.dead = false;
+    slot.rss_mb = msg->value("rss_mb", 0.0);
+    joining_.reset();
+    c_.placement = c_.placement.with_worker(w, shares).value();
+    --experts_lost_;
+    ++joined_;
+    const std::string add =
+        Json{{"op", "add_expert"}, {"worker", w}, {"card", card}, {"shares", shares}}.dump();
+    for (int a = 0; a < A; ++a) {
+      if (lead(a).dead) continue;
+      auto ans = ask_json(lead(a), add);
+      if (!ans.ok() && lead(a).dead) continue;  // dropped meanwhile
+      MSI_RETURN_IF_ERROR(ans.status());
+      if (!ans->contains("expert_added")) {
+        return internal_error(name_of(lead(a)) + ": " + ans->dump());
+      }
+    }
+    std::fprintf(stderr,
+                 "msinfer: router: expert worker %d is back (pid %d, %.2f s after it was "
+                 "started): its experts' rows go to it again\n",
+                 w, slot.pid, took);
+    return ok_status();
+  }
+  return ok_status();
 }
 
 // ---- online rebalancing ----

@@ -492,6 +492,98 @@ TEST(ExpertFailureTest, TwoDeathsInPlaceLeaveEveryExpertOnOneReplica) {
   msinfer::testing::expect_workers_gone(run.pids, /*no_shm=*/true);
 }
 
+// With --respawn, an expert worker dropped in place gets a replacement that
+// joins the running deployment: it loads its experts while the others
+// serve, gets the attention workers' cards and the units exchanged so far
+// from the router, and from the next step on takes its experts' rows again.
+// No restart: the other workers are the same processes throughout; every
+// request, before, during and after the join, gets the co-located engine's
+// tokens, and the replacement computes rows once it joined.
+TEST(ExpertFailureTest, ARespawnedReplacementJoinsTheRunningDeployment) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  const auto base = failure_requests(4, 16);
+  std::vector<std::vector<int32_t>> ref;
+  for (const auto& r : base) ref.push_back(colocated_tokens(dir, r));
+  WorkerConfig c = failure_config(dir, 2, 3, /*resubmit=*/false);
+  c.placement = two_replicas_each(3);
+  c.respawn = true;
+  const std::string placement =
+      ::testing::TempDir() + "/join_" + std::to_string(::getpid()) + ".json";
+  std::ofstream(placement) << c.placement.to_json().dump();
+  std::map<std::string, pid_t> pids;
+  {
+    auto started = Router::start(c, kBinary, placement);
+    ASSERT_TRUE(started.ok()) << started.status().to_string();
+    Router& router = **started;
+    for (int a = 0; a < 2; ++a)
+      pids["attention" + std::to_string(a)] = router.pid_of("attention", a);
+    for (int e = 0; e < 3; ++e) pids["expert" + std::to_string(e)] = router.pid_of("expert", e);
+    int64_t next_id = 1;
+    int rounds_after_join = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int round = 0; rounds_after_join < 2; ++round) {
+      ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60))
+          << "the replacement did not join";
+      const bool joined = router.replacements_joined() == 1;
+      std::map<int64_t, size_t> which;  // request id -> index in base
+      for (size_t i = 0; i < base.size(); ++i) {
+        GenerationRequest r = base[i];
+        r.id = next_id++;
+        which[r.id] = i;
+        ASSERT_TRUE(router.add(r).ok());
+      }
+      std::map<int64_t, std::vector<int32_t>> got;
+      for (int step = 0; !router.idle() && step < 500; ++step) {
+        if (round == 0 && step == 4) ::kill(router.pid_of("expert", 1), SIGKILL);
+        auto events = router.step();
+        ASSERT_TRUE(events.ok()) << events.status().to_string();
+        for (const auto& ev : *events) {
+          ASSERT_NE(ev.finish_reason, "error") << ev.error;
+          got[ev.request_id].push_back(ev.token);
+        }
+      }
+      ASSERT_TRUE(router.idle());
+      for (const auto& [id, i] : which) {
+        testing::expect_equal_up_to_near_tie(
+            ref[i], got[id], dir, base[i].prompt,
+            "round " + std::to_string(round) + ", request " + std::to_string(id));
+      }
+      if (joined) ++rounds_after_join;
+    }
+    EXPECT_EQ(router.restarts(), 0);
+    EXPECT_EQ(router.replacements(), 1);
+    EXPECT_EQ(router.lost_expert_workers(), 0);
+    // The placement is the starting one again (as sets of (worker, share)).
+    for (int e = 0; e < 8; ++e) {
+      std::map<int, double> want, now;
+      for (auto [w, share] : c.placement.replicas[e]) want[w] = share;
+      for (auto [w, share] : router.placement().replicas[e]) now[w] = share;
+      ASSERT_EQ(now.size(), want.size()) << "expert " << e;
+      for (auto [w, share] : want) EXPECT_NEAR(now[w], share, 1e-9) << "expert " << e;
+    }
+    for (const char* who : {"attention0", "attention1", "expert0", "expert2"}) {
+      const std::string role = std::string(who).substr(0, std::string(who).size() - 1);
+      const int index = who[std::strlen(who) - 1] - '0';
+      EXPECT_EQ(router.pid_of(role, index), pids.at(who)) << who;
+    }
+    const pid_t replacement = router.pid_of("expert", 1);
+    EXPECT_GT(replacement, 0);
+    EXPECT_NE(replacement, pids.at("expert1"));
+    pids["expert1 (replacement)"] = replacement;
+    // The replacement computed rows after it joined.
+    auto st = router.stats(/*reset=*/false);
+    ASSERT_TRUE(st.ok()) << st.status().to_string();
+    int64_t rows_on_1 = 0;
+    for (const Json& w : *st) {
+      if (w.value("role", std::string()) == "expert" && w.value("index", -1) == 1) {
+        rows_on_1 = w.value("tokens", int64_t{0});
+      }
+    }
+    EXPECT_GT(rows_on_1, 0);
+  }
+  msinfer::testing::expect_workers_gone(pids, /*no_shm=*/true);
+}
+
 // Without replicas, --respawn restarts the deployment with a replacement.
 TEST(ExpertFailureTest, RespawnReplacesAnExpertWorkerWithoutReplicas) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
@@ -546,7 +638,9 @@ TEST(WorkerFailureTest, SeededKillsNeverHangLoseOrDuplicate) {
         what.c_str(), run.seconds, run.errors.size(), run.restarts, run.lost_experts,
         run.steps_rerun, run.status.ok() ? "ok" : run.status.message().c_str());
     EXPECT_LT(run.seconds, 60.0);
-    if (expert) EXPECT_EQ(run.restarts, 0);
+    if (expert) {
+      EXPECT_EQ(run.restarts, 0);
+    }
     EXPECT_TRUE(run.status.ok()) << run.status.to_string();
     for (const auto& r : reqs) {
       EXPECT_EQ(run.ends.count(r.id) ? run.ends.at(r.id) : 0, 1) << "request " << r.id;

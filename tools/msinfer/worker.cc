@@ -473,7 +473,20 @@ int run_worker(int argc, char** argv) {
   if (!model.ok()) return report_error("worker", model.status());
   auto c = worker_config_from_flags(flags, *model);
   if (!c.ok()) return report_error("worker", c.status());
-  auto boot = comm::make_bootstrap_from_env();
+  // A replacement joining a running deployment (the router's --respawn)
+  // exchanges its M2N card with the router over the command pipes.
+  StatusOr<std::unique_ptr<comm::Bootstrap>> boot = std::unique_ptr<comm::Bootstrap>();
+  if (const char* join = std::getenv("MSINFER_JOIN"); join != nullptr && *join == '1') {
+    const char* rank = std::getenv("MSINFER_RANK");
+    const char* world = std::getenv("MSINFER_WORLD_SIZE");
+    if (rank == nullptr || world == nullptr) {
+      return report_error("worker", invalid_argument("MSINFER_JOIN needs MSINFER_RANK and "
+                                                     "MSINFER_WORLD_SIZE"));
+    }
+    boot = runtime::router_pipe_bootstrap(3, 4, std::atoi(rank), std::atoi(world));
+  } else {
+    boot = comm::make_bootstrap_from_env();
+  }
   if (!boot.ok()) return report_error("worker", boot.status());
   const std::string role = flags.get_string("role");
   const int index = static_cast<int>(flags.get_int("index"));

@@ -142,6 +142,13 @@ std::string expert_process_name(int worker, int tp_rank, int tp);
 // "attention worker 1", or with tp > 1 "attention worker 1 tp rank 1".
 std::string attention_process_name(int worker, int tp_rank, int tp);
 
+// The bootstrap of a replacement expert worker that joins a running
+// deployment (Router, --respawn): each allgather goes to the router over the
+// control pipes ({"allgather": hex blob} on `out`, {"blobs": [hex, ...]} back
+// on `in`), and the router answers with the running workers' cards. Reads
+// byte by byte, so no command after the answer is taken from the pipe.
+std::unique_ptr<comm::Bootstrap> router_pipe_bootstrap(int in_fd, int out_fd, int rank, int size);
+
 // `tp_rank` is the process's shard of expert worker `index` (0 without tensor
 // parallelism).
 Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bootstrap& boot,

@@ -99,6 +99,10 @@ class Router {
   // holding nothing), and attention-worker steps discarded because one of
   // them died mid-step (each is run again).
   int lost_expert_workers() const { return experts_lost_; }
+  // Replacements started for dropped expert workers (--respawn), and those
+  // that joined.
+  int replacements() const { return replacements_; }
+  int replacements_joined() const { return joined_; }
   int steps_rerun() const { return steps_rerun_; }
   // Placements switched to by online rebalancing so far.
   int rebalances() const { return rebalances_; }
@@ -160,6 +164,14 @@ class Router {
   template <typename Op>
   auto retried_after_restart(Op op) -> decltype(op());
   Status step_once(std::vector<TokenEvent>* events);
+  StatusOr<Worker> fork_worker(int rank, const std::string& placement_file, bool join);
+  // --respawn after an in-place drop (docs/RUNTIME.md, "Failures"): between
+  // steps, starts a replacement for a dropped expert worker, answers its
+  // bootstrap with the running workers' cards, and once it is ready adds it
+  // to the attention workers; the deployment serves meanwhile. A replacement
+  // that fails is given up (logged), the deployment goes on without it.
+  Status join_tick();
+  void abandon_join(const std::string& why);
   // Online rebalancing, after every step (WorkerConfig::rebalance_every):
   // looks at the routed rows every rebalance_every steps and has the expert
   // workers prepare a better placement (pending_); once every one of them has
@@ -214,6 +226,19 @@ class Router {
   bool switching_ = false;  // online rebalancing is switching the workers' placement
   int experts_lost_ = 0;    // expert workers dropped in place
   int steps_rerun_ = 0;
+  std::optional<Placement> before_loss_;  // the placement when the first was dropped
+  std::vector<int> to_replace_;           // dropped expert workers, under --respawn
+  struct Joining {
+    Worker w;
+    int stage = 0;  // allgathers answered
+    std::vector<std::pair<int, double>> shares;
+    std::string card;  // hex
+    std::chrono::steady_clock::time_point since;
+  };
+  std::optional<Joining> joining_;
+  std::string join_placement_file_;
+  int replacements_ = 0;  // started, at most kMaxRestarts
+  int joined_ = 0;
   // Online rebalancing.
   int layers_ = 0, experts_ = 0;  // of the model
   int slots_ = 0;                 // experts an expert worker may hold
