@@ -42,8 +42,9 @@ void add_deployment_flags(FlagSet& flags) {
                  "workers with a replacement and resubmit every request in flight (at most 3\n"
                  "restarts); an expert worker whose experts all have replicas elsewhere is\n"
                  "dropped in place instead (the replicas take its rows, the step it was in\n"
-                 "runs again; local deployments on the direct transport, without tp), with\n"
-                 "or without this flag");
+                 "runs again; local deployments on the direct transport, without tp), and\n"
+                 "with this flag a replacement joins the running workers and takes its\n"
+                 "experts back");
   flags.add_int("rebalance-every", 0, 0, 1000000000,
                 "online rebalancing: every STEPS steps look at the rows routed since the last\n"
                 "look, compute a placement with replicas (as msinfer balance does) and, when\n"

@@ -22,7 +22,8 @@
 // process per expert worker and per attention worker, the `direct`
 // transport): the attention workers route its experts' rows to the replicas,
 // and a step that lost its answers is discarded and run again; no request
-// fails, no worker restarts. Otherwise a deployment this router forked
+// fails, no worker restarts; with WorkerConfig::respawn a replacement then
+// joins the running workers. Otherwise a deployment this router forked
 // survives an expert worker's death with replicas, and any death with
 // WorkerConfig::respawn, by restarting its workers (without the dead one, or
 // with a replacement) and resubmitting every request in flight the same way
