@@ -42,6 +42,7 @@ class SocketTransport : public Transport {
 
   Status init(const FabricOptions& o) {
     connect_timeout_ = std::chrono::milliseconds(o.write_timeout_ms);
+    tolerate_ = o.tolerate_peer_loss;
     const std::string host = o.address.empty() ? "127.0.0.1" : o.address;
     int port = 0;
     MSI_ASSIGN_OR_RETURN(listen_fd_, tcp_listen(host, 0, &port));
@@ -92,7 +93,11 @@ class SocketTransport : public Transport {
                uint32_t imm, uint64_t context) override {
     MSI_RETURN_IF_ERROR(check_write("socket transport", peer, peers_.size(), len, dst, offset));
     Peer& p = peers_[peer];
-    if (p.fd == kNotYet) MSI_RETURN_IF_ERROR(open_connection(peer));
+    if (p.fd == kNotYet) {
+      Status s = open_connection(peer);
+      if (!s.ok() && !tolerate_) return s;
+      if (!s.ok()) p.fd = kClosed;  // forgotten: the write completes below
+    }
     p.queue.push_back({{dst.key, dst.base + offset, len, imm, 0}, static_cast<const uint8_t*>(src), 0, context});
     if (p.queue.size() == 1) return flush(peer);
     return ok_status();
@@ -197,10 +202,21 @@ class SocketTransport : public Transport {
     return ok_status();
   }
 
+  // A peer that is gone (tolerate_): its queued writes complete locally.
+  Status forget(int peer) {
+    Peer& p = peers_[peer];
+    if (p.fd >= 0) drop(p.fd);
+    p.fd = kClosed;
+    for (const Out& o : p.queue) done_.push_back({Completion::Kind::kLocalWrite, 0, o.context});
+    p.queue.clear();
+    return ok_status();
+  }
+
   // Hands queued writes to the kernel until it takes no more.
   Status flush(int peer) {
     Peer& p = peers_[peer];
     if (p.fd == kClosed && !p.queue.empty()) {
+      if (tolerate_) return forget(peer);
       return Status(StatusCode::kUnavailable, "socket transport: peer " + std::to_string(peer) +
                                                   " (" + shown(p.address) +
                                                   ") closed the connection (gone?)");
@@ -223,6 +239,7 @@ class SocketTransport : public Transport {
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return ok_status();  // next poll
         if (errno == EINTR) continue;
+        if (tolerate_) return forget(peer);
         return Status(StatusCode::kUnavailable, "socket transport: write to peer " +
                                                     std::to_string(peer) + " (" + shown(p.address) +
                                                     "): " + errno_text(errno) + " (gone?)");
@@ -292,7 +309,7 @@ class SocketTransport : public Transport {
         const bool between = in.between_messages();
         const std::string who = name_of(in);
         drop(fd);
-        if (between) return ok_status();
+        if (between || tolerate_) return ok_status();
         return Status(StatusCode::kUnavailable,
                       "socket transport: " + who + " closed its connection in the middle of a write (died?)");
       }
@@ -302,6 +319,7 @@ class SocketTransport : public Transport {
         const std::string why = "socket transport: reading from " + name_of(in) + ": " +
                                 errno_text(errno) + " (died?)";
         drop(fd);
+        if (tolerate_) return ok_status();
         return Status(StatusCode::kUnavailable, why);
       }
       // A large read may have reopened a window that was (nearly) closed:
@@ -335,6 +353,7 @@ class SocketTransport : public Transport {
   int listen_fd_ = -1, epoll_fd_ = -1;
   std::string address_, secret_;
   std::chrono::milliseconds connect_timeout_{5000};
+  bool tolerate_ = false;  // FabricOptions::tolerate_peer_loss
   uint64_t next_key_ = 0;
   internal::RegionTable regions_;
   std::vector<uint32_t> imms_;  // scratch for the parser

@@ -80,6 +80,64 @@ TEST(FabricLibraryTest, LoadsOnlyForALibfabricTransport) {
   EXPECT_TRUE(loaded());
 }
 
+// A socket peer that is gone (its endpoint closed, as when its process
+// dies): with tolerate_peer_loss the writer forgets it, so every write still
+// completes locally and poll() stays ok; without, the writer gets an error
+// naming the connection.
+TEST(SocketPeerLossTest, AGonePeerIsForgottenOnlyWhenTolerated) {
+  for (bool tolerate : {true, false}) {
+    SCOPED_TRACE(tolerate ? "tolerated" : "not tolerated");
+    FabricOptions o;
+    o.provider = "socket";
+    o.tolerate_peer_loss = tolerate;
+    auto a = make_transport(o);
+    o.tolerate_peer_loss = false;
+    auto b = make_transport(o);
+    ASSERT_TRUE(a.ok() && b.ok());
+    auto ma = (*a)->allocate(4096), mb = (*b)->allocate(4096);
+    ASSERT_TRUE(ma.ok() && mb.ok());
+    ASSERT_TRUE((*a)->register_memory((*ma)->data(), 4096).ok());
+    auto rb = (*b)->register_memory((*mb)->data(), 4096);
+    ASSERT_TRUE(rb.ok());
+    auto to_b = (*a)->connect((*b)->address());
+    ASSERT_TRUE(to_b.ok());
+    {
+      Pump pump(**b);
+      ASSERT_TRUE((*a)->write(*to_b, (*ma)->data(), 100, *rb, 0, 1, 0).ok());
+      std::vector<Completion> got;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while ((got.empty() || pump.count() < 1) && std::chrono::steady_clock::now() < deadline) {
+        ASSERT_TRUE((*a)->poll(&got, 8).ok());
+      }
+      pump.stop();
+      ASSERT_EQ(pump.count(), 1u);
+    }
+    b->reset();  // the peer is gone: its sockets close
+    Status failed = ok_status();
+    int completed = 0;
+    for (int i = 0; i < 200 && failed.ok(); ++i) {
+      failed = (*a)->write(*to_b, (*ma)->data(), 2048, *rb, 0, 2, 7);
+      std::vector<Completion> got;
+      if (failed.ok()) failed = (*a)->poll(&got, 64);
+      for (const Completion& c : got) completed += c.kind == Completion::Kind::kLocalWrite;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (tolerate) {
+      EXPECT_TRUE(failed.ok()) << failed.to_string();
+      for (int i = 0; i < 500 && completed < 200; ++i) {  // writes the kernel had queued
+        std::vector<Completion> got;
+        ASSERT_TRUE((*a)->poll(&got, 64).ok());
+        for (const Completion& c : got) completed += c.kind == Completion::Kind::kLocalWrite;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      EXPECT_EQ(completed, 200);
+    } else {
+      EXPECT_EQ(failed.code(), StatusCode::kUnavailable);
+      EXPECT_NE(failed.message().find("peer 0"), std::string::npos) << failed.message();
+    }
+  }
+}
+
 class TransportContractTest : public ::testing::TestWithParam<std::string> {
  protected:
   std::unique_ptr<Transport> open() {

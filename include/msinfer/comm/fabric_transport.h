@@ -42,6 +42,14 @@ struct FabricOptions {
   // Local address to bind (tcp, verbs: the interface peers reach this host
   // by); empty lets the provider choose, which may be loopback.
   std::string address;
+  // socket: a peer whose connection fails (it died: reset, closed mid-write,
+  // refused) is forgotten instead of failing write() or poll(): what was
+  // queued for it completes locally and goes nowhere, so do later writes to
+  // it, and a write it had not finished is discarded. Whoever waits for it
+  // finds out by its own timeout, or is told to drop it (the disaggregated
+  // runtime). The direct transport tolerates a dead peer by nature (its
+  // writes land in shared memory); libfabric providers do not.
+  bool tolerate_peer_loss = false;
 };
 
 StatusOr<std::unique_ptr<Transport>> make_fabric_transport(const FabricOptions& options);
