@@ -9,10 +9,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <thread>
 
 #include "internal/socket_wire.h"
 #include "msinfer/comm/tcp.h"
@@ -359,11 +363,27 @@ StatusOr<std::unique_ptr<Bootstrap>> make_mpi_bootstrap() {
   if (!inited) {
     int provided = 0;
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
-    std::atexit([] {
-      int fin = 0;
-      MPI_Finalized(&fin);
-      if (!fin) MPI_Finalize();
-    });
+    // MPI_Finalize is collective: when a rank died (a deployment that
+    // survived it, under mpirun --enable-recovery) it can wait for that rank
+    // forever. It gets 5 s (it takes milliseconds otherwise); then the
+    // process exits with its own status without it.
+    ::on_exit(
+        [](int status, void*) {
+          int fin = 0;
+          MPI_Finalized(&fin);
+          if (fin) return;
+          auto done = std::make_shared<std::atomic<bool>>(false);
+          std::thread([done] {
+            MPI_Finalize();
+            *done = true;
+          }).detach();
+          for (int i = 0; i < 500 && !*done; ++i) ::usleep(10000);
+          if (!*done) {
+            std::fflush(nullptr);
+            ::_exit(status);
+          }
+        },
+        nullptr);
   }
   return std::unique_ptr<Bootstrap>(new MpiBootstrap());
 }
