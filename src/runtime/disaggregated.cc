@@ -190,6 +190,10 @@ StatusOr<std::unique_ptr<comm::Transport>> make_transport(const WorkerConfig& c)
   // progress to drain, so an attention worker's send blocked ~3 ms per unit
   // while the experts computed (small-mixtral, 1+1, m=3: busy 52% -> 11%).
   fo.shm_single_copy = comm::FabricOptions::SingleCopy::kOn;
+  // A dead peer's connection must not end this worker before the router
+  // tells it to drop the peer (docs/RUNTIME.md, "Failures"); an M2N wait
+  // for it still times out naming it.
+  fo.tolerate_peer_loss = true;
   return comm::make_transport(fo);
 }
 

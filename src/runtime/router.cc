@@ -644,14 +644,15 @@ bool Router::tolerates_attention_loss() const {
 
 // Dropping an expert worker in place needs: a running deployment; one
 // process per attention worker (the leader alone talks to the experts) and per
-// expert worker (no shard group to break); the `direct` transport, whose
-// writes to a dead process land in its shared memory harmlessly (a socket or
-// fabric connection to it fails in the attention workers' progress first);
-// no placement switch half done; and a replica elsewhere of every expert it
-// held.
+// expert worker (no shard group to break); msinfer's own transports: the
+// `direct` one's writes to a dead process land in its shared memory
+// harmlessly, the `socket` one forgets a dead peer (tolerate_peer_loss),
+// where a libfabric connection to it fails in the attention workers'
+// progress first; no placement switch half done; and a replica elsewhere of
+// every expert it held.
 bool Router::tolerates_expert_loss(const Worker& w) const {
   return serving_ && !switching_ && c_.tp_attention == 1 && c_.tp_expert == 1 &&
-         c_.provider == "direct" && c_.placement.emptied(w.index).ok();
+         (c_.provider == "direct" || c_.provider == "socket") && c_.placement.emptied(w.index).ok();
 }
 
 void Router::drop_expert_worker(Worker& w, const std::string& why) {

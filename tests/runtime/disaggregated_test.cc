@@ -402,11 +402,16 @@ TEST(AttentionFailureTest, ResubmittedRequestsFinishWithUnchangedGreedyOutput) {
 // finish that step without it, discard it and run it again with its experts
 // on the replicas. No request fails, nothing restarts, the other workers are
 // the same processes, and greedy output is unchanged.
-TEST(ExpertFailureTest, ADeadExpertWorkersExpertsMoveToTheirReplicas) {
+// Over the direct (shared-memory) and the socket (TCP) transports: the
+// socket transport forgets the dead peer's connection instead of failing.
+class ExpertFailureTransportTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ExpertFailureTransportTest, ADeadExpertWorkersExpertsMoveToTheirReplicas) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
   const auto reqs = failure_requests(4, 12);
   WorkerConfig c = failure_config(dir, 2, 3, /*resubmit=*/false);
   c.placement = two_replicas_each(3);
+  c.provider = GetParam();
   const FailureRun run = run_with_kill(c, reqs, "expert", 1, /*kill_after=*/4);
   expect_all_finished_right(run, reqs, dir);
   EXPECT_EQ(run.restarts, 0);
@@ -430,6 +435,104 @@ TEST(ExpertFailureTest, ADeadExpertWorkersExpertsMoveToTheirReplicas) {
   EXPECT_EQ(run.pids.count("expert1 (now)"), 0u);
   msinfer::testing::expect_workers_gone(run.pids, /*no_shm=*/true);
 }
+
+// An attention worker's death over the socket transport: the expert
+// workers' connections to it fail before the router's drop_attention
+// arrives, and are forgotten; its requests are resubmitted.
+TEST_P(ExpertFailureTransportTest, ADeadAttentionWorkersRequestsAreResubmitted) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  const auto reqs = failure_requests(4, 12);
+  WorkerConfig c = failure_config(dir, 2, 2, /*resubmit=*/true);
+  c.provider = GetParam();
+  const FailureRun run = run_with_kill(c, reqs, "attention", 1, /*kill_after=*/4);
+  EXPECT_EQ(run.live_attention, 1);
+  EXPECT_EQ(run.restarts, 0);
+  expect_all_finished_right(run, reqs, dir);
+  msinfer::testing::expect_workers_gone(run.pids, /*no_shm=*/true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ExpertFailureTransportTest,
+                         ::testing::Values("direct", "socket"));
+
+// Under mpirun on this host (1 router + 2 attention + 2 expert ranks, the
+// socket transport, every expert on both expert workers), one rank
+// SIGKILLed about a second into the run. With --enable-recovery Open MPI
+// keeps the other ranks running; the router sees the rank's control
+// connection close and drops it: an attention worker's requests are
+// resubmitted, an expert worker's experts go to their replicas. Every token
+// of every request arrives, the job ends with status 0, and no rank is left.
+class MpirunFailureTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MpirunFailureTest, ARankKilledMidRunCostsNoRequest) {
+  if (std::system("command -v mpirun >/dev/null") != 0) {
+    GTEST_SKIP() << "needs mpirun (openmpi-bin)";
+  }
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  const std::string role = GetParam();
+  const std::string base =
+      ::testing::TempDir() + "/mpirun_kill_" + role + "_" + std::to_string(::getpid());
+  Placement both;
+  both.workers = 2;
+  for (int e = 0; e < 8; ++e) both.replicas.push_back({{0, 0.5}, {1, 0.5}});
+  std::ofstream(base + ".placement.json") << both.to_json().dump();
+  // Open MPI leaks at exit: no leak checking for this job (as TwoHostTest).
+  const std::string cmd =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
+      "timeout -k 10 120 mpirun -x ASAN_OPTIONS --oversubscribe --enable-recovery --mca btl "
+      "self,tcp -np 5 " +
+      kBinary + " bench serve --offline --model " + dir +
+      " --attention-workers 2 --expert-workers 2 --placement " + base +
+      ".placement.json --resubmit --num-prompts 6 --input-len 8 --output-len 100 "
+      "--timeout-ms 5000 --json > " +
+      base + ".out 2> " + base + ".err";
+  int rc = -1;
+  std::thread job([&] { rc = std::system(cmd.c_str()); });
+  // The victim's pid from the router's list of ranks, then a second of steps.
+  const std::string who = role + " worker 1: rank ";
+  pid_t victim = -1;
+  std::vector<pid_t> ranks;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (victim < 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(90)) {
+    std::stringstream e;
+    e << std::ifstream(base + ".err").rdbuf();
+    const std::string text = e.str();
+    if (text.find("msinfer bench serve: disaggregated") != std::string::npos) {
+      std::istringstream lines(text);
+      std::string line;
+      while (std::getline(lines, line)) {
+        const size_t at = line.find(", pid ");
+        if (line.find(": rank ") == std::string::npos || at == std::string::npos) continue;
+        const pid_t p = static_cast<pid_t>(std::atol(line.c_str() + at + 6));
+        ranks.push_back(p);
+        if (line.rfind(who, 0) == 0) victim = p;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GT(victim, 0) << "no " << who << "line";
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  ::kill(victim, SIGKILL);
+  job.join();
+  std::stringstream e, o;
+  e << std::ifstream(base + ".err").rdbuf();
+  o << std::ifstream(base + ".out").rdbuf();
+  EXPECT_EQ(rc, 0) << e.str();
+  auto j = parse_json(o.str(), "bench serve --json");
+  ASSERT_TRUE(j.ok()) << o.str().substr(0, 300) << "\n" << e.str();
+  EXPECT_EQ((*j)["generated_tokens"].get<int64_t>(), 600) << e.str();
+  EXPECT_NE(e.str().find("closed its connection"), std::string::npos) << e.str();
+  EXPECT_NE(e.str().find(role == "expert" ? "its experts' rows go to their replicas"
+                                          : "its requests are resubmitted"),
+            std::string::npos)
+      << e.str();
+  EXPECT_EQ(ranks.size(), 4u);
+  for (pid_t p : ranks) {
+    EXPECT_NE(::kill(p, 0), 0) << "rank pid " << p << " is still running";
+    ::kill(p, SIGKILL);  // none is left behind, even when the test fails
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Roles, MpirunFailureTest, ::testing::Values("attention", "expert"));
 
 // Two expert workers of four die one after the other, each dropped in place:
 // the even experts live on workers 0 and 2, the odd ones on 1 and 3, so
