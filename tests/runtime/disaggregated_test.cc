@@ -252,6 +252,16 @@ std::vector<int32_t> colocated_tokens(const std::string& dir, const GenerationRe
   return t;
 }
 
+// A router for `c`, its placement written to a file of the test's own.
+StatusOr<std::unique_ptr<Router>> start_router(const WorkerConfig& c) {
+  static int files = 0;
+  const std::string placement = ::testing::TempDir() + "/failure_placement_" +
+                                std::to_string(::getpid()) + "_" + std::to_string(files++) +
+                                ".json";
+  std::ofstream(placement) << c.placement.to_json().dump();
+  return Router::start(c, kBinary, placement);
+}
+
 // `victim` ("attention" or "expert", index) is SIGKILLed after `kill_after`
 // steps, or, with `kill_after_ms` >= 0, that long after the first step began
 // (from another thread: mid-step, wherever the exchange is).
@@ -259,12 +269,7 @@ FailureRun run_with_kill(const WorkerConfig& c, const std::vector<GenerationRequ
                          const std::string& victim_role, int victim, int kill_after,
                          int kill_after_ms = -1) {
   FailureRun run;
-  static int files = 0;
-  const std::string placement = ::testing::TempDir() + "/failure_placement_" +
-                                std::to_string(::getpid()) + "_" + std::to_string(files++) +
-                                ".json";
-  std::ofstream(placement) << c.placement.to_json().dump();
-  auto started = Router::start(c, kBinary, placement);
+  auto started = start_router(c);
   EXPECT_TRUE(started.ok()) << started.status().to_string();
   if (!started.ok()) return run;
   std::unique_ptr<Router> router = std::move(started).value();
@@ -548,12 +553,7 @@ TEST(ExpertFailureTest, TwoDeathsInPlaceLeaveEveryExpertOnOneReplica) {
   c.placement = p;
   FailureRun run;
   {
-    static int files = 0;
-    const std::string placement = ::testing::TempDir() + "/two_deaths_" +
-                                  std::to_string(::getpid()) + "_" + std::to_string(files++) +
-                                  ".json";
-    std::ofstream(placement) << c.placement.to_json().dump();
-    auto router = Router::start(c, kBinary, placement);
+    auto router = start_router(c);
     ASSERT_TRUE(router.ok()) << router.status().to_string();
     for (const char* role : {"attention", "expert"}) {
       for (int i = 0; i < (std::string(role) == "expert" ? 4 : 1); ++i) {
@@ -610,12 +610,9 @@ TEST(ExpertFailureTest, ARespawnedReplacementJoinsTheRunningDeployment) {
   WorkerConfig c = failure_config(dir, 2, 3, /*resubmit=*/false);
   c.placement = two_replicas_each(3);
   c.respawn = true;
-  const std::string placement =
-      ::testing::TempDir() + "/join_" + std::to_string(::getpid()) + ".json";
-  std::ofstream(placement) << c.placement.to_json().dump();
   std::map<std::string, pid_t> pids;
   {
-    auto started = Router::start(c, kBinary, placement);
+    auto started = start_router(c);
     ASSERT_TRUE(started.ok()) << started.status().to_string();
     Router& router = **started;
     for (int a = 0; a < 2; ++a)
