@@ -94,128 +94,126 @@ StatusOr<Router::Worker> Router::fork_worker(int rank, const std::string& placem
   const WorkerConfig& c = c_;
   const std::string& exe = exe_;
   const int A = c.attention_workers, N = c.expert_workers, P = c.processes();
-  {
-    Worker w;
-    const Role role = role_of(c, rank);
-    w.role = role.name();
-    w.index = role.index;
-    w.tp_rank = role.tp_rank;
-    int to_child[2] = {-1, -1}, from_child[2] = {-1, -1};
-    if (::pipe2(to_child, O_CLOEXEC) != 0 || ::pipe2(from_child, O_CLOEXEC) != 0) {
-      return internal_error("router: pipe failed");
-    }
-    std::vector<std::string> args = {exe,
-                                     "worker",
-                                     "--role",
-                                     w.role,
-                                     "--index",
-                                     std::to_string(w.index),
-                                     "--model",
-                                     c.model_dir,
-                                     "--attention-workers",
-                                     std::to_string(A),
-                                     "--expert-workers",
-                                     std::to_string(N),
-                                     "--micro-batches",
-                                     std::to_string(c.micro_batches),
-                                     "--kv-cache-mb",
-                                     std::to_string(c.kv_cache_bytes >> 20),
-                                     "--fabric-provider",
-                                     c.provider,
-                                     "--timeout-ms",
-                                     std::to_string(c.timeout_ms),
-                                     "--weights",
-                                     kernels::cpu::weight_format_name(c.weights),
-                                     "--attention-device",
-                                     c.attention_device,
-                                     "--expert-device",
-                                     c.expert_device,
-                                     "--tp-expert",
-                                     std::to_string(c.tp_expert),
-                                     "--tp-expert-reduce",
-                                     expert_reduce_name(c.tp_expert_reduce),
-                                     "--tp-attention",
-                                     std::to_string(c.tp_attention),
-                                     "--tp-rank",
-                                     std::to_string(w.tp_rank)};
-    if (c.attention_cost_per_token > 0 || c.attention_cost_per_position > 0) {
-      char cost[64];
-      std::snprintf(cost, sizeof cost, "%.17g,%.17g", c.attention_cost_per_token,
-                    c.attention_cost_per_position);
-      args.push_back("--attention-cost");
-      args.push_back(cost);
-    }
-    if (!placement_file.empty()) {
-      args.push_back("--placement");
-      args.push_back(placement_file);
-    }
-    // Share the cores: each worker gets nproc / workers OpenMP threads that
-    // sleep when idle (spinning OpenMP threads of one process starve another
-    // process's M2N polling; measured 100 ms per step instead of ~1 ms).
-    // Explicit settings in the environment win.
-    const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
-    std::map<std::string, std::string> env;
-    for (char** e = environ; *e != nullptr; ++e) {
-      const char* eq = std::strchr(*e, '=');
-      if (eq != nullptr) env[std::string(*e, static_cast<size_t>(eq - *e))] = eq + 1;
-    }
-    env.emplace("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / P)));
-    env.emplace("OMP_WAIT_POLICY", "PASSIVE");
-    if (join) {
-      env.erase("MSINFER_BOOTSTRAP");
-      env["MSINFER_JOIN"] = "1";
-    } else {
-      env["MSINFER_BOOTSTRAP"] = server_->address();
-      env["MSINFER_JOB_SECRET"] = server_->secret();  // as NCCL hands out its unique id
-      env.erase("MSINFER_JOIN");
-    }
-    env["MSINFER_RANK"] = std::to_string(rank);
-    env["MSINFER_WORLD_SIZE"] = std::to_string(P);
-    std::vector<std::string> env_lines;
-    for (const auto& [k, v] : env) env_lines.push_back(k + "=" + v);
-    // Everything the child needs is built here: between fork and exec it only
-    // makes system calls (the bootstrap server's thread may hold the
-    // allocator's lock at the fork).
-    std::vector<char*> argv, envp;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    for (auto& e : env_lines) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    const pid_t parent = ::getpid();
-    const pid_t pid = ::fork();
-    if (pid < 0) return internal_error("router: fork failed");
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphans if the router dies
-      if (::getppid() != parent) ::_exit(1);
-      // Commands and answers use fds 3 and 4, so nothing a library prints on
-      // stdout (sent to stderr here) can corrupt the protocol. A source may
-      // already sit on a target number, or on another target's (with stdin
-      // closed, fd 0 goes to the bootstrap listener and the first pipe end
-      // is fd 3: dup2(3, 3) does nothing and leaves close-on-exec set), so
-      // every source is first moved above the targets, then put in place;
-      // dup2 from another fd clears close-on-exec.
-      const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-      int sources[4] = {devnull, 2, to_child[0], from_child[1]};
-      for (int& fd : sources) fd = fd >= 0 ? ::fcntl(fd, F_DUPFD_CLOEXEC, 10) : -1;
-      if (sources[1] < 0) sources[1] = sources[0];  // no stderr: stdout to /dev/null
-      const int targets[4] = {0, 1, 3, 4};
-      for (int i = 0; i < 4; ++i) {
-        if (sources[i] < 0 || ::dup2(sources[i], targets[i]) < 0) ::_exit(126);
-      }
-      ::execve(exe.c_str(), argv.data(), envp.data());
-      ::_exit(127);
-    }
-    w.pid = pid;
-    // The router waits for an answer or any child's exit at once (pidfd,
-    // Linux 5.3); without one it looks at the children every 50 ms.
-    w.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-    if (w.pidfd >= 0) ::fcntl(w.pidfd, F_SETFD, FD_CLOEXEC);
-    ::close(to_child[0]);
-    ::close(from_child[1]);
-    w.in = to_child[1];
-    w.out = from_child[0];
-    return w;
+  Worker w;
+  const Role role = role_of(c, rank);
+  w.role = role.name();
+  w.index = role.index;
+  w.tp_rank = role.tp_rank;
+  int to_child[2] = {-1, -1}, from_child[2] = {-1, -1};
+  if (::pipe2(to_child, O_CLOEXEC) != 0 || ::pipe2(from_child, O_CLOEXEC) != 0) {
+    return internal_error("router: pipe failed");
   }
+  std::vector<std::string> args = {exe,
+                                   "worker",
+                                   "--role",
+                                   w.role,
+                                   "--index",
+                                   std::to_string(w.index),
+                                   "--model",
+                                   c.model_dir,
+                                   "--attention-workers",
+                                   std::to_string(A),
+                                   "--expert-workers",
+                                   std::to_string(N),
+                                   "--micro-batches",
+                                   std::to_string(c.micro_batches),
+                                   "--kv-cache-mb",
+                                   std::to_string(c.kv_cache_bytes >> 20),
+                                   "--fabric-provider",
+                                   c.provider,
+                                   "--timeout-ms",
+                                   std::to_string(c.timeout_ms),
+                                   "--weights",
+                                   kernels::cpu::weight_format_name(c.weights),
+                                   "--attention-device",
+                                   c.attention_device,
+                                   "--expert-device",
+                                   c.expert_device,
+                                   "--tp-expert",
+                                   std::to_string(c.tp_expert),
+                                   "--tp-expert-reduce",
+                                   expert_reduce_name(c.tp_expert_reduce),
+                                   "--tp-attention",
+                                   std::to_string(c.tp_attention),
+                                   "--tp-rank",
+                                   std::to_string(w.tp_rank)};
+  if (c.attention_cost_per_token > 0 || c.attention_cost_per_position > 0) {
+    char cost[64];
+    std::snprintf(cost, sizeof cost, "%.17g,%.17g", c.attention_cost_per_token,
+                  c.attention_cost_per_position);
+    args.push_back("--attention-cost");
+    args.push_back(cost);
+  }
+  if (!placement_file.empty()) {
+    args.push_back("--placement");
+    args.push_back(placement_file);
+  }
+  // Share the cores: each worker gets nproc / workers OpenMP threads that
+  // sleep when idle (spinning OpenMP threads of one process starve another
+  // process's M2N polling; measured 100 ms per step instead of ~1 ms).
+  // Explicit settings in the environment win.
+  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (eq != nullptr) env[std::string(*e, static_cast<size_t>(eq - *e))] = eq + 1;
+  }
+  env.emplace("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / P)));
+  env.emplace("OMP_WAIT_POLICY", "PASSIVE");
+  if (join) {
+    env.erase("MSINFER_BOOTSTRAP");
+    env["MSINFER_JOIN"] = "1";
+  } else {
+    env["MSINFER_BOOTSTRAP"] = server_->address();
+    env["MSINFER_JOB_SECRET"] = server_->secret();  // as NCCL hands out its unique id
+    env.erase("MSINFER_JOIN");
+  }
+  env["MSINFER_RANK"] = std::to_string(rank);
+  env["MSINFER_WORLD_SIZE"] = std::to_string(P);
+  std::vector<std::string> env_lines;
+  for (const auto& [k, v] : env) env_lines.push_back(k + "=" + v);
+  // Everything the child needs is built here: between fork and exec it only
+  // makes system calls (the bootstrap server's thread may hold the
+  // allocator's lock at the fork).
+  std::vector<char*> argv, envp;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& e : env_lines) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) return internal_error("router: fork failed");
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphans if the router dies
+    if (::getppid() != parent) ::_exit(1);
+    // Commands and answers use fds 3 and 4, so nothing a library prints on
+    // stdout (sent to stderr here) can corrupt the protocol. A source may
+    // already sit on a target number, or on another target's (with stdin
+    // closed, fd 0 goes to the bootstrap listener and the first pipe end
+    // is fd 3: dup2(3, 3) does nothing and leaves close-on-exec set), so
+    // every source is first moved above the targets, then put in place;
+    // dup2 from another fd clears close-on-exec.
+    const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    int sources[4] = {devnull, 2, to_child[0], from_child[1]};
+    for (int& fd : sources) fd = fd >= 0 ? ::fcntl(fd, F_DUPFD_CLOEXEC, 10) : -1;
+    if (sources[1] < 0) sources[1] = sources[0];  // no stderr: stdout to /dev/null
+    const int targets[4] = {0, 1, 3, 4};
+    for (int i = 0; i < 4; ++i) {
+      if (sources[i] < 0 || ::dup2(sources[i], targets[i]) < 0) ::_exit(126);
+    }
+    ::execve(exe.c_str(), argv.data(), envp.data());
+    ::_exit(127);
+  }
+  w.pid = pid;
+  // The router waits for an answer or any child's exit at once (pidfd,
+  // Linux 5.3); without one it looks at the children every 50 ms.
+  w.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (w.pidfd >= 0) ::fcntl(w.pidfd, F_SETFD, FD_CLOEXEC);
+  ::close(to_child[0]);
+  ::close(from_child[1]);
+  w.in = to_child[1];
+  w.out = from_child[0];
+  return w;
 }
 
 // Every worker says "ready" (with its resident memory) once its weights are
@@ -251,9 +249,9 @@ Status Router::send_command(Worker& w, const std::string& command) {
 // everything stopped, or it dropped or the deployment restarted) instead. A
 // negative timeout waits as long as it takes. The wait ends at the answer or
 // at the exit of any forked worker (its pidfd), and the children are looked
-// at then and every 50 ms: a dead worker the others wait for holds them up
-// about a millisecond before they are told to drop it (docs/BENCHMARKS.md;
-// 50 ms without pidfds, 200 ms before that).
+// at then and every 50 ms: a worker's death is noticed as it happens, not
+// at the next look (docs/BENCHMARKS.md: an expert worker dropped in place
+// costs a client 12-15 ms; 50 ms with looks alone).
 StatusOr<std::string> Router::read_answer(Worker& w, std::chrono::milliseconds timeout,
                                           StatusCode code, const std::string& late) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
