@@ -419,6 +419,65 @@ TEST_F(ServeTest, ADeadAttentionWorkerFailsOnlyItsOwnStream) {
   }
 }
 
+// An expert worker whose experts all have replicas dies under serve with
+// --respawn: the stream in flight finishes without an error and with the
+// greedy text of the same request before the death (the worker is dropped in
+// place, the step it was in runs again), /health stays 200, and a
+// replacement joins the running workers.
+TEST_F(ServeTest, ADeadExpertWorkerWithReplicasFailsNoStream) {
+  const std::string placement =
+      ::testing::TempDir() + "/serve_both_" + std::to_string(::getpid()) + ".json";
+  {
+    Json experts = Json::array();
+    for (int e = 0; e < 8; ++e) experts.push_back(Json::array({{0, 0.5}, {1, 0.5}}));
+    std::ofstream(placement) << Json{{"expert_workers", 2}, {"experts", experts}}.dump();
+  }
+  Server s("--attention-workers 1 --expert-workers 2 --micro-batches 2 --respawn --placement " +
+           placement);
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  const std::string err = s.stderr_text();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(err, m, std::regex("expert worker 1: pid ([0-9]+)"))) << err;
+  const pid_t victim = std::stoi(m[1]);
+  const std::string req = R"("prompt": "Hello", "max_tokens": 300, "ignore_eos": true)";
+  const HttpResult plain = post(s, "/v1/completions", "{" + req + "}");
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  const std::string want = Json::parse(plain.body)["choices"][0]["text"].get<std::string>();
+  const int fd = testing::send_request(
+      s.port(), testing::post_request("/v1/completions", "{" + req + R"(, "stream": true})"));
+  ASSERT_GE(fd, 0);
+  std::string stream = testing::read_from(fd, std::chrono::seconds(30), "\"text\"");
+  ASSERT_NE(stream.find("\"text\""), std::string::npos) << stream;
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  stream += testing::read_from(fd, std::chrono::seconds(60), "[DONE]");
+  ::close(fd);
+  EXPECT_EQ(stream.find("\"error\""), std::string::npos) << stream;
+  std::istringstream lines(stream.substr(stream.find("\r\n\r\n") + 4));
+  std::string line, got;
+  bool done = false;
+  while (std::getline(lines, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.rfind("data: ", 0) != 0) continue;
+    if (line == "data: [DONE]") {
+      done = true;
+      continue;
+    }
+    got += Json::parse(line.substr(6))["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_TRUE(done) << stream;
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(curl(s.url() + "/health").status, 200);
+  // The replacement joins between steps of the next requests.
+  for (int i = 0; i < 50 && s.stderr_text().find("expert worker 1 is back") == std::string::npos;
+       ++i) {
+    EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 8})").status, 200);
+  }
+  EXPECT_NE(s.stderr_text().find("expert worker 1 is back"), std::string::npos) << s.stderr_text();
+  EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
+  EXPECT_NE(::kill(victim, 0), 0);
+  if (HasFailure()) ADD_FAILURE() << "server stderr:\n" << s.stderr_text();
+}
+
 // --stream-interval N: the stream's text arrives in chunks of N tokens (the
 // last may be shorter), and adds up to the same greedy text as one JSON answer.
 TEST_F(ServeTest, StreamIntervalGroupsTokens) {
