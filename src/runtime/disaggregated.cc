@@ -307,15 +307,19 @@ class RemoteExperts : public ExpertBackend {
   // (`mid_step`) its answers for this step may be lost: the step finishes
   // with empty rows in their place, and discard_step() has the engine run it
   // again. The workers keep their numbers (Placement::emptied).
-  Status drop_expert_worker(int w, bool mid_step) {
+  // With `keep_placement` (its experts have no replica: the router runs no
+  // step until a replacement joins) the routing stays as it was.
+  Status drop_expert_worker(int w, bool mid_step, bool keep_placement) {
     if (w < 0 || w >= c_.expert_workers || c_.tp_expert != 1) {
       return invalid_argument("attention worker " + std::to_string(index_) +
                               ": cannot drop expert worker " + std::to_string(w));
     }
-    MSI_ASSIGN_OR_RETURN(Placement p, placement_.emptied(w));
+    if (!keep_placement) {
+      MSI_ASSIGN_OR_RETURN(Placement p, placement_.emptied(w));
+      set_placement(p);
+    }
     combine_.drop_sender(w);
     dispatch_.drop_receiver(w);
-    set_placement(p);
     discard_ = discard_ || mid_step;
     return ok_status();
   }
@@ -1137,11 +1141,11 @@ Status run_attention_worker(const WorkerConfig& c, int index, int tp_rank, comm:
   bool exit_mid_step = false;
   auto drop_expert = [&](const Json& cmd, bool mid_step) -> Status {
     const int w = cmd.value("worker", -1);
-    MSI_RETURN_IF_ERROR(experts->drop_expert_worker(w, mid_step));
-    std::fprintf(stderr,
-                 "msinfer: attention worker %d: expert worker %d is gone; its experts' rows go "
-                 "to their replicas%s\n",
-                 index, w, mid_step ? " (the step in flight runs again)" : "");
+    const bool keep = cmd.value("keep_placement", false);
+    MSI_RETURN_IF_ERROR(experts->drop_expert_worker(w, mid_step, keep));
+    std::fprintf(stderr, "msinfer: attention worker %d: expert worker %d is gone; %s%s\n", index, w,
+                 keep ? "waiting for its replacement" : "its experts' rows go to their replicas",
+                 mid_step ? " (the step in flight runs again)" : "");
     return ok_status();
   };
   experts->set_between_polls([&]() -> Status {

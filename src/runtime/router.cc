@@ -533,6 +533,10 @@ Status Router::check_children() {
       drop_expert_worker(w, who);
       continue;
     }
+    if (w.role == "expert" && code != StatusCode::kInvalidArgument && awaits_replacement(w)) {
+      suspend_for_replacement(w, who);
+      continue;
+    }
     if (code != StatusCode::kInvalidArgument && can_recover(w)) {
       // The caller's operation ends here; the public call that made it
       // restarts the deployment (recover()) and goes on.
@@ -595,6 +599,7 @@ Status Router::recover() {
     }
     experts_lost_ = 0;
     to_replace_.clear();  // the restart starts every worker
+    awaited_.clear();
     before_loss_.reset();
     // The workers read their placement from a file: this router's own.
     const char* tmp = std::getenv("TMPDIR");
@@ -676,6 +681,58 @@ void Router::drop_expert_worker(Worker& w, const std::string& why) {
                  "msinfer: router: online rebalancing stops (it would place experts on "
                  "every expert worker, the lost one too)\n");
   }
+}
+
+bool Router::awaits_replacement(const Worker& w) const {
+  return c_.respawn && !exe_.empty() && w.where.empty() && serving_ && !switching_ &&
+         c_.tp_attention == 1 && c_.tp_expert == 1 &&
+         (c_.provider == "direct" || c_.provider == "socket") &&
+         replacements_ + static_cast<int>(to_replace_.size()) < kMaxRestarts;
+}
+
+void Router::suspend_for_replacement(Worker& w, const std::string& why) {
+  w.dead = true;
+  w.close_channel();
+  if (experts_lost_ == 0) before_loss_ = c_.placement;
+  ++experts_lost_;
+  to_replace_.insert(to_replace_.begin(), w.index);
+  awaited_.push_back(w.index);
+  std::fprintf(stderr,
+               "msinfer: router: %s; some of its experts have no replica: serving pauses until "
+               "its replacement joins, and a step it was in runs again\n",
+               why.c_str());
+  // The attention workers stop sending to it and waiting for it, but route
+  // as before: no step runs until it is back.
+  const std::string drop =
+      Json{{"op", "drop_expert"}, {"worker", w.index}, {"keep_placement", true}}.dump();
+  for (int a = 0; a < c_.attention_workers; ++a) {
+    if (!lead(a).dead) write_line(lead(a).in, drop);
+  }
+}
+
+// step() while an expert worker without replicas is being replaced: the
+// join's steps until it is back; a replacement that is given up restarts
+// the deployment (recover()) instead.
+Status Router::wait_for_replacement() {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!awaited_.empty()) {
+    MSI_RETURN_IF_ERROR(join_tick());
+    if (awaited_.empty()) break;
+    MSI_RETURN_IF_ERROR(check_children());
+    if (!joining_ && to_replace_.empty()) {
+      restart_why_ =
+          "expert worker " + std::to_string(awaited_.front()) + "'s replacement did not join";
+      restart_without_ = -1;
+      shutdown(/*graceful=*/false);
+      return Status(StatusCode::kUnavailable, restart_why_ + "; the deployment restarts");
+    }
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(300) && joining_) {
+      abandon_join("not ready within 300 s");
+      continue;
+    }
+    ::usleep(2000);
+  }
+  return ok_status();
 }
 
 int Router::live_attention_workers() const {
@@ -853,7 +910,7 @@ int64_t Router::preemptions() const {
 
 StatusOr<std::vector<TokenEvent>> Router::step() {
   std::vector<TokenEvent> events;
-  Status s = step_once(&events);
+  Status s = awaited_.empty() ? step_once(&events) : wait_for_replacement();
   if (s.ok()) s = rebalance_tick();
   if (s.ok()) s = join_tick();
   if (!s.ok()) {
@@ -1054,6 +1111,7 @@ Status Router::join_tick() {
     c_.placement = c_.placement.with_worker(w, shares).value();
     --experts_lost_;
     ++joined_;
+    awaited_.erase(std::remove(awaited_.begin(), awaited_.end(), w), awaited_.end());
     const std::string add =
         Json{{"op", "add_expert"}, {"worker", w}, {"card", card}, {"shares", shares}}.dump();
     for (int a = 0; a < A; ++a) {

@@ -684,7 +684,10 @@ TEST(ExpertFailureTest, ARespawnedReplacementJoinsTheRunningDeployment) {
   msinfer::testing::expect_workers_gone(pids, /*no_shm=*/true);
 }
 
-// Without replicas, --respawn restarts the deployment with a replacement.
+// Without replicas, --respawn: serving pauses while a replacement loads the
+// dead worker's experts and joins; the step it was in runs again. No
+// restart: the attention workers and the other expert worker are the same
+// processes, their KV caches intact, and no request fails.
 TEST(ExpertFailureTest, RespawnReplacesAnExpertWorkerWithoutReplicas) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
   const auto reqs = failure_requests(4, 12);
@@ -693,7 +696,15 @@ TEST(ExpertFailureTest, RespawnReplacesAnExpertWorkerWithoutReplicas) {
   const FailureRun run = run_with_kill(c, reqs, "expert", 0, /*kill_after=*/4);
   expect_all_finished_right(run, reqs, dir);
   EXPECT_EQ(run.expert_workers, 2);
-  EXPECT_EQ(run.restarts, 1);
+  EXPECT_EQ(run.restarts, 0);
+  EXPECT_EQ(run.lost_experts, 0);  // back
+  EXPECT_EQ(run.steps_rerun, 2);
+  EXPECT_EQ(run.placement.to_json(), c.placement.to_json());
+  for (const char* who : {"attention0", "attention1", "expert1"}) {
+    EXPECT_EQ(run.pids.at(std::string(who) + " (now)"), run.pids.at(who)) << who;
+  }
+  ASSERT_EQ(run.pids.count("expert0 (now)"), 1u);
+  EXPECT_NE(run.pids.at("expert0 (now)"), run.pids.at("expert0"));
   msinfer::testing::expect_workers_gone(run.pids, /*no_shm=*/true);
 }
 

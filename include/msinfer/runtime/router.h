@@ -195,6 +195,13 @@ class Router {
   // go to their replicas (Placement::emptied), the attention workers are told.
   void drop_expert_worker(Worker& w, const std::string& why);
   bool tolerates_expert_loss(const Worker& w) const;
+  // Expert worker `w` died, some of its experts have no replica, and
+  // --respawn: it is dropped as above but keeps its experts, and serving
+  // pauses (step() waits) until its replacement joins; a replacement that
+  // fails falls back to a restart.
+  bool awaits_replacement(const Worker& w) const;
+  void suspend_for_replacement(Worker& w, const std::string& why);
+  Status wait_for_replacement();
   // Sends `r` to the live attention worker with the least load.
   Status submit(const GenerationRequest& r);
   // Resubmits the requests of dropped workers (lost_), or fails them into
@@ -229,6 +236,7 @@ class Router {
   int steps_rerun_ = 0;
   std::optional<Placement> before_loss_;  // the placement when the first was dropped
   std::vector<int> to_replace_;           // dropped expert workers, under --respawn
+  std::vector<int> awaited_;              // of those, the ones serving waits for
   struct Joining {
     Worker w;
     int stage = 0;  // allgathers answered
