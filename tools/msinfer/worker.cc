@@ -38,13 +38,13 @@ void add_deployment_flags(FlagSet& flags) {
                  "when an attention worker dies, resubmit its requests to another one (prompt\n"
                  "plus the tokens delivered; greedy output unchanged) instead of failing them");
   flags.add_bool("respawn",
-                 "when a worker dies and the deployment cannot go on without it, restart the\n"
-                 "workers with a replacement and resubmit every request in flight (at most 3\n"
-                 "restarts); an expert worker whose experts all have replicas elsewhere is\n"
-                 "dropped in place instead (the replicas take its rows, the step it was in\n"
-                 "runs again; local deployments on the direct transport, without tp), and\n"
-                 "with this flag a replacement joins the running workers and takes its\n"
-                 "experts back");
+                 "when an expert worker dies, start a replacement that joins the running\n"
+                 "workers and takes its experts back (serving pauses meanwhile if some of\n"
+                 "them have no replica; local deployments on the direct or socket transport,\n"
+                 "without tp); when any other worker dies and the deployment cannot go on\n"
+                 "without it, restart the workers with a replacement and resubmit every\n"
+                 "request in flight (at most 3 of each). Without this flag an expert worker\n"
+                 "whose experts all have replicas is still dropped in place");
   flags.add_int("rebalance-every", 0, 0, 1000000000,
                 "online rebalancing: every STEPS steps look at the rows routed since the last\n"
                 "look, compute a placement with replicas (as msinfer balance does) and, when\n"

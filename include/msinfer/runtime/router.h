@@ -23,7 +23,8 @@
 // transport): the attention workers route its experts' rows to the replicas,
 // and a step that lost its answers is discarded and run again; no request
 // fails, no worker restarts; with WorkerConfig::respawn a replacement then
-// joins the running workers. Otherwise a deployment this router forked
+// joins the running workers (also for an expert worker without replicas:
+// serving pauses until it has joined). Otherwise a deployment this router forked
 // survives an expert worker's death with replicas, and any death with
 // WorkerConfig::respawn, by restarting its workers (without the dead one, or
 // with a replacement) and resubmitting every request in flight the same way
