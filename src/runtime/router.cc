@@ -529,12 +529,9 @@ Status Router::check_children() {
       drop_attention_worker(w.index, who);
       continue;
     }
-    if (w.role == "expert" && code != StatusCode::kInvalidArgument && tolerates_expert_loss(w)) {
-      drop_expert_worker(w, who);
-      continue;
-    }
-    if (w.role == "expert" && code != StatusCode::kInvalidArgument && awaits_replacement(w)) {
-      suspend_for_replacement(w, who);
+    if (w.role == "expert" && code != StatusCode::kInvalidArgument &&
+        (tolerates_expert_loss(w) || awaits_replacement(w))) {
+      drop_expert_worker(w, who, /*keep_placement=*/!tolerates_expert_loss(w));
       continue;
     }
     if (code != StatusCode::kInvalidArgument && can_recover(w)) {
@@ -561,6 +558,20 @@ bool Router::can_recover(const Worker& w) const {
   if (exe_.empty() || !w.where.empty() || restarts_ >= kMaxRestarts) return false;
   if (c_.respawn) return true;
   return w.role == "expert" && c_.expert_workers > 1 && c_.placement.without(w.index).ok();
+}
+
+// The workers read their placement from a file: this router's own,
+// $TMPDIR/msinfer-router-<pid>-<name>.json (removed when the router goes).
+StatusOr<std::string> Router::write_placement_file(const std::string& name,
+                                                   const Placement& p) const {
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string path = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
+                           "/msinfer-router-" + std::to_string(::getpid()) + "-" + name + ".json";
+  std::ofstream f(path, std::ios::trunc);
+  f << p.to_json().dump() << "\n";
+  f.close();
+  if (!f) return unavailable("cannot write " + path);
+  return path;
 }
 
 Status Router::recover() {
@@ -602,14 +613,9 @@ Status Router::recover() {
     awaited_.clear();
     before_loss_.reset();
     // The workers read their placement from a file: this router's own.
-    const char* tmp = std::getenv("TMPDIR");
-    placement_file_ = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
-                      "/msinfer-router-" + std::to_string(::getpid()) + "-placement.json";
-    own_placement_file_ = placement_file_;
-    std::ofstream f(placement_file_, std::ios::trunc);
-    f << c_.placement.to_json().dump() << "\n";
-    f.close();
-    if (!f) return give_up(why, "cannot write " + placement_file_);
+    auto file = write_placement_file("placement", c_.placement);
+    if (!file.ok()) return give_up(why, file.status().message());
+    placement_file_ = own_placement_file_ = *file;
     std::fprintf(
         stderr, "msinfer: router: %s; restarting the deployment %s (restart %d of at most %d)\n",
         why.c_str(),
@@ -651,62 +657,63 @@ bool Router::tolerates_attention_loss() const {
 // `direct` one's writes to a dead process land in its shared memory
 // harmlessly, the `socket` one forgets a dead peer (tolerate_peer_loss),
 // where a libfabric connection to it fails in the attention workers'
-// progress first; no placement switch half done; and a replica elsewhere of
-// every expert it held.
-bool Router::tolerates_expert_loss(const Worker& w) const {
+// progress first; and no placement switch half done.
+bool Router::can_drop_expert_in_place() const {
   return serving_ && !switching_ && c_.tp_attention == 1 && c_.tp_expert == 1 &&
-         (c_.provider == "direct" || c_.provider == "socket") && c_.placement.emptied(w.index).ok();
+         (c_.provider == "direct" || c_.provider == "socket");
 }
 
-void Router::drop_expert_worker(Worker& w, const std::string& why) {
+// A replacement can be started for `w`: --respawn, and a worker this router forked.
+bool Router::replaceable(const Worker& w) const {
+  return c_.respawn && !exe_.empty() && w.where.empty();
+}
+
+// ... and every expert it held has a replica elsewhere.
+bool Router::tolerates_expert_loss(const Worker& w) const {
+  return can_drop_expert_in_place() && c_.placement.emptied(w.index).ok();
+}
+
+// ... or, without one, a replacement can be waited for.
+bool Router::awaits_replacement(const Worker& w) const {
+  return can_drop_expert_in_place() && replaceable(w) &&
+         replacements_ + static_cast<int>(to_replace_.size()) < kMaxRestarts;
+}
+
+void Router::drop_expert_worker(Worker& w, const std::string& why, bool keep_placement) {
   w.dead = true;
   w.close_channel();
   if (experts_lost_ == 0) before_loss_ = c_.placement;
-  c_.placement = c_.placement.emptied(w.index).value();  // tolerates_expert_loss checked it
   ++experts_lost_;
-  if (c_.respawn && !exe_.empty() && w.where.empty()) to_replace_.push_back(w.index);
-  std::fprintf(stderr,
-               "msinfer: router: %s; its experts' rows go to their replicas on the other expert "
-               "workers, a step it was in runs again\n",
-               why.c_str());
+  if (keep_placement) {
+    // Its replacement is awaited first: serving waits for it.
+    to_replace_.insert(to_replace_.begin(), w.index);
+    awaited_.push_back(w.index);
+    std::fprintf(stderr,
+                 "msinfer: router: %s; some of its experts have no replica: serving pauses until "
+                 "its replacement joins, and a step it was in runs again\n",
+                 why.c_str());
+  } else {
+    c_.placement = c_.placement.emptied(w.index).value();  // tolerates_expert_loss checked it
+    if (replaceable(w)) to_replace_.push_back(w.index);
+    std::fprintf(stderr,
+                 "msinfer: router: %s; its experts' rows go to their replicas on the other expert "
+                 "workers, a step it was in runs again\n",
+                 why.c_str());
+  }
   // An attention worker reads it mid-step (waiting for the dead worker's
   // answer) or before its next command; a closed pipe here is its own death,
-  // which the next check reports.
-  const std::string drop = Json{{"op", "drop_expert"}, {"worker", w.index}}.dump();
+  // which the next check reports. With keep_placement it routes as before:
+  // no step runs until the replacement is back.
+  Json drop{{"op", "drop_expert"}, {"worker", w.index}};
+  if (keep_placement) drop["keep_placement"] = true;
+  const std::string line = drop.dump();
   for (int a = 0; a < c_.attention_workers; ++a) {
-    if (!lead(a).dead) write_line(lead(a).in, drop);
+    if (!lead(a).dead) write_line(lead(a).in, line);
   }
   if (c_.rebalance_every > 0 && experts_lost_ == 1) {
     std::fprintf(stderr,
                  "msinfer: router: online rebalancing stops (it would place experts on "
                  "every expert worker, the lost one too)\n");
-  }
-}
-
-bool Router::awaits_replacement(const Worker& w) const {
-  return c_.respawn && !exe_.empty() && w.where.empty() && serving_ && !switching_ &&
-         c_.tp_attention == 1 && c_.tp_expert == 1 &&
-         (c_.provider == "direct" || c_.provider == "socket") &&
-         replacements_ + static_cast<int>(to_replace_.size()) < kMaxRestarts;
-}
-
-void Router::suspend_for_replacement(Worker& w, const std::string& why) {
-  w.dead = true;
-  w.close_channel();
-  if (experts_lost_ == 0) before_loss_ = c_.placement;
-  ++experts_lost_;
-  to_replace_.insert(to_replace_.begin(), w.index);
-  awaited_.push_back(w.index);
-  std::fprintf(stderr,
-               "msinfer: router: %s; some of its experts have no replica: serving pauses until "
-               "its replacement joins, and a step it was in runs again\n",
-               why.c_str());
-  // The attention workers stop sending to it and waiting for it, but route
-  // as before: no step runs until it is back.
-  const std::string drop =
-      Json{{"op", "drop_expert"}, {"worker", w.index}, {"keep_placement", true}}.dump();
-  for (int a = 0; a < c_.attention_workers; ++a) {
-    if (!lead(a).dead) write_line(lead(a).in, drop);
   }
 }
 
@@ -1006,17 +1013,13 @@ Status Router::join_tick() {
     }
     // It reads the placement from before the loss (a valid one: every worker
     // holds experts), of which it loads its own experts.
-    const char* tmp = std::getenv("TMPDIR");
-    join_placement_file_ = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
-                           "/msinfer-router-" + std::to_string(::getpid()) + "-join.json";
-    std::ofstream f(join_placement_file_, std::ios::trunc);
-    f << before_loss_->to_json().dump() << "\n";
-    f.close();
-    if (!f) {
-      std::fprintf(stderr, "msinfer: router: no replacement: cannot write %s\n",
-                   join_placement_file_.c_str());
+    auto file = write_placement_file("join", *before_loss_);
+    if (!file.ok()) {
+      std::fprintf(stderr, "msinfer: router: no replacement: %s\n",
+                   file.status().message().c_str());
       return ok_status();
     }
+    join_placement_file_ = *file;
     auto forked = fork_worker(c_.attention_processes() + w, join_placement_file_, /*join=*/true);
     if (!forked.ok()) {
       std::fprintf(stderr, "msinfer: router: no replacement for expert worker %d: %s\n", w,

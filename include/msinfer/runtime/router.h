@@ -194,15 +194,17 @@ class Router {
   bool tolerates_attention_loss() const;
   // Expert worker `w` died (`why`) and tolerates_expert_loss(w): its experts
   // go to their replicas (Placement::emptied), the attention workers are told.
-  void drop_expert_worker(Worker& w, const std::string& why);
+  // With `keep_placement` (awaits_replacement(w): some of its experts have
+  // no replica, and --respawn) it keeps its experts and serving pauses
+  // (step() waits) until its replacement joins; a replacement that fails
+  // falls back to a restart.
+  void drop_expert_worker(Worker& w, const std::string& why, bool keep_placement);
+  bool can_drop_expert_in_place() const;
+  bool replaceable(const Worker& w) const;
   bool tolerates_expert_loss(const Worker& w) const;
-  // Expert worker `w` died, some of its experts have no replica, and
-  // --respawn: it is dropped as above but keeps its experts, and serving
-  // pauses (step() waits) until its replacement joins; a replacement that
-  // fails falls back to a restart.
   bool awaits_replacement(const Worker& w) const;
-  void suspend_for_replacement(Worker& w, const std::string& why);
   Status wait_for_replacement();
+  StatusOr<std::string> write_placement_file(const std::string& name, const Placement& p) const;
   // Sends `r` to the live attention worker with the least load.
   Status submit(const GenerationRequest& r);
   // Resubmits the requests of dropped workers (lost_), or fails them into
