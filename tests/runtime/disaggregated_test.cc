@@ -708,6 +708,25 @@ TEST(ExpertFailureTest, RespawnReplacesAnExpertWorkerWithoutReplicas) {
   msinfer::testing::expect_workers_gone(run.pids, /*no_shm=*/true);
 }
 
+// What cannot be dropped or replaced in place is restarted under --respawn:
+// here the only attention worker dies. Every worker starts again (from the
+// router's own placement file), every request in flight is resubmitted from
+// prompt + delivered tokens, and none fails.
+TEST(ExpertFailureTest, TheLastAttentionWorkerIsRestartedWithTheDeployment) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  const auto reqs = failure_requests(3, 12);
+  WorkerConfig c = failure_config(dir, 1, 2, /*resubmit=*/false);
+  c.respawn = true;
+  const FailureRun run = run_with_kill(c, reqs, "attention", 0, /*kill_after=*/4);
+  expect_all_finished_right(run, reqs, dir);
+  EXPECT_EQ(run.restarts, 1);
+  EXPECT_EQ(run.expert_workers, 2);
+  ASSERT_EQ(run.pids.count("attention0 (now)"), 1u);
+  EXPECT_NE(run.pids.at("attention0 (now)"), run.pids.at("attention0"));
+  EXPECT_NE(run.pids.at("expert0 (now)"), run.pids.at("expert0"));  // restarted too
+  msinfer::testing::expect_workers_gone(run.pids, /*no_shm=*/true);
+}
+
 // Seeded SIGKILLs at random moments (mid-step, from another thread) of a random
 // worker, over many runs, on 3 attention + 3 expert workers with every expert
 // on two of them: an attention worker's death costs only its requests (none
