@@ -205,11 +205,7 @@ StatusOr<Placement> Placement::with_worker(
 
 std::vector<int> Placement::experts_on(int worker) const {
   std::vector<int> out;
-  for (int e = 0; e < static_cast<int>(replicas.size()); ++e) {
-    for (auto [w, share] : replicas[e]) {
-      if (w == worker) out.push_back(e);
-    }
-  }
+  for (auto [e, share] : shares_on(worker)) out.push_back(e);
   return out;
 }
 
