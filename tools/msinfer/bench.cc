@@ -31,14 +31,16 @@ namespace {
 int run_bench_kernels(int argc, char** argv) {
   FlagSet flags("bench kernels",
                 "Measures this machine's fp32 FMA peak, bf16 peak (AVX512-BF16 only) and memory\n"
-                "read bandwidth, then the expert FFN (bf16 and int8 weights) for 1..1024 tokens\n"
-                "per expert and decode attention over 128..4096 tokens of context at the\n"
-                "small-mixtral shapes, each as a fraction of its roofline, at the active CPU\n"
-                "kernel level (MSINFER_ISA or --isa to force a lower one).");
+                "read bandwidth, then the expert FFN (bf16 and int8 weights; w8a8 on request)\n"
+                "for 1..1024 tokens per expert and decode attention over 128..4096 tokens of\n"
+                "context at the small-mixtral shapes, each as a fraction of its roofline, at\n"
+                "the active CPU kernel level (MSINFER_ISA or --isa to force a lower one).");
   flags.add_bool("json", "print one JSON object");
   flags.add_bool("quick", "shorter measurements (noisier)");
   flags.add_string("isa", "", "CPU kernel level: generic|avx2|avx512|avx512bf16|amx (default: best)");
-  flags.add_string("weights", "bf16,int8", "expert weight formats to measure: bf16, int8 or both");
+  flags.add_string("weights", "bf16,int8",
+                   "expert weight formats to measure, comma-separated: bf16, int8, w8a8 (w8a8's\n"
+                   "compute roofline is the fp32 FMA peak too: its fraction may pass 1)");
   flags.add_string("tokens", "", "tokens per expert, comma-separated (default 1,2,4,...,1024)");
   flags.add_int("kv-block-size", runtime::KvCache::kDefaultBlockSize, 1, 4096,
                 "token slots per KV block in the decode attention runs (the engine's default)");

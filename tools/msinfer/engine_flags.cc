@@ -17,8 +17,10 @@ void add_engine_flags(FlagSet& flags) {
                    "MSINFER_ISA, else the best this CPU runs); inherited by the workers this\n"
                    "command starts");
   flags.add_string("weights", "bf16",
-                   "GEMM weight format: bf16, or int8 (quantised at load, symmetric per output\n"
-                   "channel; router and embedding stay bf16)",
+                   "GEMM weight format: bf16; int8 (quantised at load, symmetric per output\n"
+                   "channel; router and embedding stay bf16); or w8a8 (the same int8 weights,\n"
+                   "and each activation row quantised to int8 at run time: integer dot\n"
+                   "products, faster for batches on CPUs without bf16 dot products)",
                    "MSINFER_WEIGHTS");
   flags.add_int("threads", 0, 0, 4096,
                 "compute threads of the engine's kernels (0: OMP_NUM_THREADS, else one per\n"

@@ -65,6 +65,24 @@ struct V {
   static reg min(reg a, reg b) { return _mm256_min_ps(a, b); }
   static reg round(reg x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   static reg fnma(reg a, reg b, reg c) { return _mm256_fnmadd_ps(a, b, c); }  // c - a * b
+  // w8a8's integer operations (simd.inc, w8a8_direct).
+  using ireg = __m256i;
+  static ireg izero() { return _mm256_setzero_si256(); }
+  static ireg iload(const int8_t* p) {
+    return _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  static ireg iloadu(const int32_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  static void istoreu(int32_t* p, ireg v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+  static ireg ibcast(const int32_t* p) { return _mm256_set1_epi32(*p); }
+  static ireg iabs8(ireg w) { return _mm256_abs_epi8(w); }
+  static ireg isign8(ireg x, ireg w) { return _mm256_sign_epi8(x, w); }  // x * sign(w)
+  // acc + the sums of each 4 u x s byte products (u unsigned, s signed).
+  static ireg idot(ireg acc, ireg u, ireg s) {
+    return _mm256_add_epi32(acc,
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+  }
   // 2^n for integral n in [-126, 127], built in the exponent bits.
   static reg pow2(reg n) {
     return _mm256_castsi256_ps(
@@ -76,6 +94,10 @@ struct V {
 // the 16 ymm registers.
 constexpr int64_t kRows = 6;
 constexpr int kAccRegs = 12;
+// w8a8: 4 rows x 16 columns, 8 int32 accumulators; the two weight vectors,
+// their absolute values, the broadcast, the ones and two temporaries take the
+// other 8 ymm registers.
+constexpr int64_t kW8Rows = 4;
 
 constexpr bool kDotBf16 = false;  // no vdpbf16ps at this level
 

@@ -27,6 +27,7 @@ namespace msinfer::kernels::cpu::internal::avx512 {
 // 12 rows x 32 columns: 24 accumulators of the 32 zmm registers.
 constexpr int64_t kRows = 12;
 constexpr int kAccRegs = 24;
+constexpr int64_t kW8Rows = 12;  // w8a8: 24 int32 accumulators (8 zmm for the rest)
 
 constexpr bool kDotBf16 = false;  // no vdpbf16ps at this level
 

@@ -32,6 +32,7 @@ namespace msinfer::kernels::cpu::internal::avx512bf16::simd {
 // clang-format on
 constexpr int64_t kRows = 12;
 constexpr int kAccRegs = 24;
+constexpr int64_t kW8Rows = 12;  // w8a8: 24 int32 accumulators (8 zmm for the rest)
 constexpr bool kDotBf16 = true;
 #include "../internal/simd.inc"
 }  // namespace msinfer::kernels::cpu::internal::avx512bf16::simd
@@ -107,6 +108,7 @@ Status pack_pairs(const W* src, int64_t n, int64_t k, GemmWeights* out) {
 }
 
 Status pack(const bf16* w, int64_t n, int64_t k, WeightFormat format, GemmWeights* out) {
+  if (format == WeightFormat::kW8A8) return simd::pack(w, n, k, format, out);  // avx512's w8a8
   out->format = format;
   if (format == WeightFormat::kBf16) return pack_pairs(w, n, k, out);
   std::vector<int8_t> q(static_cast<size_t>(n * k));
@@ -255,6 +257,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void forward_w(c
 #pragma GCC pop_options
 
 void forward(const GemmWeights& w, const float* x, int64_t m, float* y) {
+  if (w.format == WeightFormat::kW8A8) return simd::forward(w, x, m, y);
   if (w.format == WeightFormat::kInt8) return forward_w<int8_t>(w, x, m, y);
   forward_w<bf16>(w, x, m, y);
 }
@@ -265,7 +268,7 @@ void forward(const GemmWeights& w, const float* x, int64_t m, float* y) {
 // int8 weights take the avx512bf16 level's pairs kernel (AMX CPUs have
 // AVX512-BF16).
 Status amx_pack(const bf16* w, int64_t n, int64_t k, WeightFormat format, GemmWeights* out) {
-  if (format == WeightFormat::kInt8) return dp::pack(w, n, k, format, out);
+  if (format != WeightFormat::kBf16) return dp::pack(w, n, k, format, out);
   return onednn_pack(w, n, k, out);
 }
 

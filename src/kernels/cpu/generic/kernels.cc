@@ -20,10 +20,12 @@ namespace {
 constexpr int64_t kPanel = 16;
 
 Status pack(const bf16* w, int64_t n, int64_t k, WeightFormat format, GemmWeights* out) {
+  if (format == WeightFormat::kW8A8) return pack_w8a8_panels(w, n, k, kPanel, out);
   return pack_panels(w, n, k, format, kPanel, out);
 }
 
 void forward(const GemmWeights& w, const float* x, int64_t m, float* y) {
+  if (w.format == WeightFormat::kW8A8) return w8a8_forward_portable(w, x, m, y);
   thread_local std::vector<float> xr;
   xr.assign(x, x + m * w.k);
   round_bf16_inplace(xr.data(), m * w.k);

@@ -26,7 +26,8 @@ struct FreeDeleter {
 // [k][panel] elements (bf16 or int8), zero-padded past row n; scale [n padded
 // to panels] for int8. avx512bf16's panels, bf16 and int8, are
 // [ceil(k / 2)][panel][2] (pairs of k, avx512bf16/kernels.cc). amx: onednn
-// holds oneDNN's packed bf16 memory; its int8 is avx512bf16's.
+// holds oneDNN's packed bf16 memory; its int8 is avx512bf16's. w8a8, every
+// level: [ceil(k / 4)][panel][4] int8 (pack_w8a8_panels).
 struct GemmWeights {
   IsaLevel level = IsaLevel::kGeneric;
   WeightFormat format = WeightFormat::kBf16;
@@ -53,6 +54,16 @@ Status alloc_weight_data(size_t bytes, GemmWeights* out);
 // Packs W [n, k] into panels of `panel` columns (shared by every panel level).
 Status pack_panels(const bf16* w, int64_t n, int64_t k, WeightFormat format, int64_t panel,
                    GemmWeights* out);
+
+// w8a8 (every level): W [n, k] quantised per row (quantize_int8_rows) into
+// panels of `panel` columns as [ceil(k / 4)][panel][4] int8, zero-padded past
+// row n and past k; scale [n padded to panels].
+Status pack_w8a8_panels(const bf16* w, int64_t n, int64_t k, int64_t panel, GemmWeights* out);
+
+// w8a8's activations: each row of x [m, k] quantised (quantize_int8_activations)
+// into q [m][ceil(k / 4)] words of four int8 (zero-padded past k), scale [m].
+void quantize_w8a8_rows(const float* x, int64_t m, int64_t k, std::vector<int32_t>* q,
+                        std::vector<float>* scale);
 
 struct LevelKernels {
   IsaLevel level;
