@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <random>
+#include <tuple>
 
 #include "msinfer/runtime/engine.h"
 #include "test_models.h"
@@ -63,7 +64,8 @@ Run run(const std::string& dir, WeightFormat format, const std::vector<std::vect
   return r;
 }
 
-void check(const std::string& name, const std::string& dir, int64_t vocab, bool enforce) {
+void check(const std::string& name, const std::string& dir, int64_t vocab, WeightFormat format,
+           bool enforce) {
   std::mt19937_64 rng(11);
   std::vector<std::vector<int32_t>> prompts(kPrompts);
   for (auto& p : prompts) {
@@ -71,7 +73,7 @@ void check(const std::string& name, const std::string& dir, int64_t vocab, bool 
     for (int i = 0; i < len; ++i) p.push_back(static_cast<int32_t>(rng() % vocab));
   }
   const Run ref = run(dir, WeightFormat::kBf16, prompts);
-  const Run q = run(dir, WeightFormat::kInt8, prompts);
+  const Run q = run(dir, format, prompts);
   double max_d = 0, sum_d = 0, sum_sq = 0, sum_v = 0;
   int64_t n = 0, agree = 0, total = 0;
   for (int i = 0; i < kPrompts; ++i) {
@@ -96,35 +98,48 @@ void check(const std::string& name, const std::string& dir, int64_t vocab, bool 
   const double mean_v = sum_v / n, sd = std::sqrt(sum_sq / n - mean_v * mean_v);
   const double rel_max = max_d / sd, rel_mean = sum_d / n / sd;
   const double agreement = static_cast<double>(agree) / total;
-  std::printf("[ int8 ] %s (%s): logits |d| max %.4f, mean %.5f (logit std %.3f: %.2f%% / %.3f%%); "
-              "greedy agreement %.1f%% (%lld of %lld tokens before the first divergence)\n",
-              name.c_str(), kernels::cpu::isa_name(kernels::cpu::active_isa()), max_d, sum_d / n,
-              sd, 100 * rel_max, 100 * rel_mean, 100 * agreement, static_cast<long long>(agree),
-              static_cast<long long>(total));
+  std::printf(
+      "[ %s ] %s (%s): logits |d| max %.4f, mean %.5f (logit std %.3f: %.2f%% / %.3f%%); "
+      "greedy agreement %.1f%% (%lld of %lld tokens before the first divergence)\n",
+      kernels::cpu::weight_format_name(format), name.c_str(),
+      kernels::cpu::isa_name(kernels::cpu::active_isa()), max_d, sum_d / n, sd, 100 * rel_max,
+      100 * rel_mean, 100 * agreement, static_cast<long long>(agree),
+      static_cast<long long>(total));
   if (!enforce) return;
   EXPECT_LE(rel_mean, 0.02) << name;
   EXPECT_LE(rel_max, 0.40) << name;
   EXPECT_GE(agreement, 0.60) << name;
 }
 
-class Int8AccuracyTest : public ::testing::TestWithParam<std::string> {};
+class Int8AccuracyTest : public ::testing::TestWithParam<std::tuple<std::string, WeightFormat>> {};
 
 TEST_P(Int8AccuracyTest, LogitsAndGreedyTokensStayCloseToBf16) {
-  const std::string dir = testing::test_model_dir(GetParam());
+  const auto& [preset, format] = GetParam();
+  const std::string dir = testing::test_model_dir(preset);
   auto c = load_model_config(dir);
   ASSERT_TRUE(c.ok());
-  check(GetParam(), dir, c->vocab, true);
+  check(preset, dir, c->vocab, format, true);
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyPresets, Int8AccuracyTest,
-                         ::testing::Values("tiny-mixtral", "tiny-qwen3moe"));
+                         ::testing::Combine(::testing::Values("tiny-mixtral", "tiny-qwen3moe"),
+                                            ::testing::Values(WeightFormat::kInt8,
+                                                              WeightFormat::kW8A8)),
+                         [](const ::testing::TestParamInfo<Int8AccuracyTest::ParamType>& info) {
+                           std::string name =
+                               std::get<0>(info.param) + "_" +
+                               kernels::cpu::weight_format_name(std::get<1>(info.param));
+                           for (char& ch : name) ch = ch == '-' ? '_' : ch;
+                           return name;
+                         });
 
 TEST(Int8AccuracyCheck, OtherModelFromTheEnvironment) {
   const char* dir = std::getenv("MSINFER_INT8_CHECK_MODEL");
   if (dir == nullptr) GTEST_SKIP() << "MSINFER_INT8_CHECK_MODEL not set";
   auto c = load_model_config(dir);
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  check(dir, dir, c->vocab, false);
+  for (WeightFormat f : {WeightFormat::kInt8, WeightFormat::kW8A8})
+    check(dir, dir, c->vocab, f, false);
 }
 
 }  // namespace
