@@ -94,10 +94,12 @@ struct V {
 // the 16 ymm registers.
 constexpr int64_t kRows = 6;
 constexpr int kAccRegs = 12;
-// w8a8: 4 rows x 16 columns, 8 int32 accumulators; the two weight vectors,
-// their absolute values, the broadcast, the ones and two temporaries take the
-// other 8 ymm registers.
-constexpr int64_t kW8Rows = 4;
+// w8a8: 3 rows x 16 columns, 6 int32 accumulators; the two weight vectors,
+// their absolute values, the broadcast, the ones and temporaries take the
+// rest. At 4 rows GCC 12 kept two accumulators on the stack (a load and a
+// store per step each), and 3 rows measured as fast or faster
+// (docs/BENCHMARKS.md).
+constexpr int64_t kW8Rows = 3;
 
 constexpr bool kDotBf16 = false;  // no vdpbf16ps at this level
 
