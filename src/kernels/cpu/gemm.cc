@@ -132,10 +132,14 @@ Status pack_w8a8_panels(const bf16* w, int64_t n, int64_t k, int64_t panel, Gemm
   std::vector<int8_t> q(static_cast<size_t>(n * k));
   out->scale.assign(static_cast<size_t>(out->panels * panel), 0.f);
   quantize_int8_rows(w, n, k, q.data(), out->scale.data());
+  out->colsum.assign(static_cast<size_t>(out->panels * panel), 0);
   int8_t* dst = reinterpret_cast<int8_t*>(out->data.get());
   for (int64_t j = 0; j < n; ++j) {
     const int64_t p = j / panel, c = j % panel;
-    for (int64_t t = 0; t < k; ++t) dst[((p * k4 + t / 4) * panel + c) * 4 + t % 4] = q[j * k + t];
+    for (int64_t t = 0; t < k; ++t) {
+      dst[((p * k4 + t / 4) * panel + c) * 4 + t % 4] = q[j * k + t];
+      out->colsum[j] += q[j * k + t];
+    }
   }
   return ok_status();
 }

@@ -48,8 +48,11 @@ IsaLevel detect() {
   if (!avx512) return IsaLevel::kAvx2;
   unsigned a71 = 0, b71, c71, d71;
   if (a7 >= 1) __cpuid_count(7, 1, a71, b71, c71, d71);
-  const bool bf16 = bit(a71, 5);
-  if (!bf16) return IsaLevel::kAvx512;
+  // avx512bf16 also uses AVX512-VNNI (w8a8's vpdpbusd): every CPU with
+  // AVX512-BF16 so far has it (Cooper Lake, Sapphire Rapids, Zen 4 and 5);
+  // one without it gets avx512.
+  const bool bf16 = bit(a71, 5), vnni = bit(c7, 11);
+  if (!bf16 || !vnni) return IsaLevel::kAvx512;
   const bool amx = bit(d7, 24) /*AMX-TILE*/ && bit(d7, 22) /*AMX-BF16*/ &&
                    (xcr0 & 0x60000) == 0x60000 /*XTILECFG, XTILEDATA*/;
   if (amx && request_amx_permission()) return IsaLevel::kAmx;

@@ -8,7 +8,8 @@
 //   generic     portable C++, no intrinsics; the reference every level is tested against
 //   avx2        AVX2 + FMA + F16C (Haswell, Zen 1-3): own bf16/int8 panel kernels
 //   avx512      AVX-512 F/BW/VL/DQ without BF16 (Skylake-X, Ice Lake): own panel kernels
-//   avx512bf16  + AVX512-BF16 (Cooper Lake, Zen 4/5): oneDNN's packed bf16 GEMMs
+//   avx512bf16  + AVX512-BF16 and AVX512-VNNI (Cooper Lake, Zen 4/5): own vdpbf16ps
+//               GEMMs (bf16, int8), vpdpbusd (w8a8)
 //   amx         + AMX-TILE/AMX-BF16 (Sapphire Rapids): oneDNN with AMX
 // MSINFER_ISA=<level> (inherited by worker processes; `--isa` on the commands
 // that run the engine sets it) caps the process at a lower level: nothing above

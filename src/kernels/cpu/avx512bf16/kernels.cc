@@ -1,5 +1,6 @@
-// The avx512bf16 level: bf16 and int8 GEMMs as vdpbf16ps over weights packed
-// in pairs of K (below); every other kernel is the avx512 level's, except
+// The avx512bf16 level (AVX512-BF16 and AVX512-VNNI): bf16 and int8 GEMMs as
+// vdpbf16ps over weights packed in pairs of K (below); w8a8 as vpdpbusd; every
+// other kernel is the avx512 level's, except
 // attention scores as bf16 dot products; floats to bf16 with
 // vcvtneps2bf16 (round to nearest even, as float_to_bf16). The amx level runs
 // the same kernels but its bf16 GEMMs through oneDNN, which uses AMX tiles
@@ -16,14 +17,18 @@
 
 #include "../internal/level.h"
 
-// Attention scores q.K as bf16 dot products: internal/simd.inc instantiated
-// for AVX-512 with kDotBf16 (its other kernels are the avx512 level's, which
-// this level takes; only paged_attention is used from here).
+// Attention scores q.K as bf16 dot products and w8a8 with vpdpbusd:
+// internal/simd.inc instantiated for AVX-512 with kDotBf16 and
+// MSINFER_W8A8_VNNI (its other kernels are the avx512 level's, which this
+// level takes; only paged_attention and w8a8's pack and forward are used from
+// here).
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,avx512bf16")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,avx512bf16,avx512vnni")
 // GCC 12 warns inside its own AVX-512 intrinsics (their _mm512_undefined_*).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
+// w8a8 with vpdpbusd (isa.cc gives this level only to CPUs with AVX512-VNNI).
+#define MSINFER_W8A8_VNNI 1
 namespace msinfer::kernels::cpu::internal::avx512bf16::simd {
 // portable.inc first, as in the other level files.
 // clang-format off
@@ -32,10 +37,11 @@ namespace msinfer::kernels::cpu::internal::avx512bf16::simd {
 // clang-format on
 constexpr int64_t kRows = 12;
 constexpr int kAccRegs = 24;
-constexpr int64_t kW8Rows = 12;  // w8a8: 24 int32 accumulators (8 zmm for the rest)
+constexpr int64_t kW8Rows = 8;  // w8a8 (vpdpbusd): 16 int32 accumulators (12 measured the same)
 constexpr bool kDotBf16 = true;
 #include "../internal/simd.inc"
 }  // namespace msinfer::kernels::cpu::internal::avx512bf16::simd
+#undef MSINFER_W8A8_VNNI
 #pragma GCC pop_options
 
 namespace msinfer::kernels::cpu::internal::avx512bf16 {

@@ -36,10 +36,16 @@ struct GemmWeights {
   std::unique_ptr<uint8_t, FreeDeleter> data;  // 64-byte aligned
   size_t data_bytes = 0;
   std::vector<float> scale;
+  // w8a8: each column's sum of its int8 weights [n padded to panels] (the
+  // VNNI kernel multiplies x + 128 and takes 128 times this off).
+  std::vector<int32_t> colsum;
   std::shared_ptr<void> onednn;
   size_t onednn_bytes = 0;
 
-  size_t bytes() const { return data_bytes + scale.size() * sizeof(float) + onednn_bytes; }
+  size_t bytes() const {
+    return data_bytes + scale.size() * sizeof(float) + colsum.size() * sizeof(int32_t) +
+           onednn_bytes;
+  }
   const bf16* bf16_panel(int64_t p) const {
     return reinterpret_cast<const bf16*>(data.get()) + p * k * panel;
   }
@@ -57,7 +63,7 @@ Status pack_panels(const bf16* w, int64_t n, int64_t k, WeightFormat format, int
 
 // w8a8 (every level): W [n, k] quantised per row (quantize_int8_rows) into
 // panels of `panel` columns as [ceil(k / 4)][panel][4] int8, zero-padded past
-// row n and past k; scale [n padded to panels].
+// row n and past k; scale and colsum [n padded to panels].
 Status pack_w8a8_panels(const bf16* w, int64_t n, int64_t k, int64_t panel, GemmWeights* out);
 
 // w8a8's activations: each row of x [m, k] quantised (quantize_int8_activations)
