@@ -27,7 +27,8 @@ namespace {
 
 const std::string kBinary = MSINFER_BINARY;
 
-std::vector<int32_t> tokens_of(const std::string& args) {
+// generate's token ids; its stderr into *stderr_text when given.
+std::vector<int32_t> tokens_of(const std::string& args, std::string* stderr_text = nullptr) {
   const std::string err =
       ::testing::TempDir() + "/disaggregated_test_stderr_" + std::to_string(::getpid()) + ".txt";
   const std::string out =
@@ -36,6 +37,7 @@ std::vector<int32_t> tokens_of(const std::string& args) {
   std::stringstream e;
   e << std::ifstream(err).rdbuf();
   EXPECT_TRUE(j.ok()) << args << "\nstdout: " << out.substr(0, 300) << "\nstderr: " << e.str();
+  if (stderr_text != nullptr) *stderr_text = e.str();
   return j.ok() ? (*j)["token_ids"].get<std::vector<int32_t>>() : std::vector<int32_t>{};
 }
 
@@ -67,6 +69,34 @@ TEST_P(DisaggregatedTest, SameTokensAsTheColocatedEngine) {
         "--attention-workers 3 --expert-workers 8 --micro-batches 2 --placement " + replicated}) {
     EXPECT_EQ(tokens_of(prompt + " " + d), ref) << GetParam() << " " << d;
   }
+}
+
+// --weights w8a8 reaches the workers (each quantises its own experts or
+// attention weights at load: the expert workers report fewer bytes than
+// bf16's, about half, printed to 0.1 MiB) and gives the co-located w8a8
+// engine's tokens.
+TEST_P(DisaggregatedTest, W8A8WeightsSameTokensAsTheColocatedW8A8Engine) {
+  const std::string dir = testing::test_model_dir(GetParam());
+  const std::string prompt =
+      "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 16 --ignore-eos";
+  const std::string d = " --attention-workers 2 --expert-workers 3 --micro-batches 2";
+  const auto ref = tokens_of(prompt + " --weights w8a8");
+  ASSERT_EQ(ref.size(), 16u);
+  EXPECT_EQ(tokens_of(prompt + " --weights w8a8" + d), ref) << GetParam();
+  // One expert worker with every expert: enough bytes to tell the formats apart.
+  const std::string one = " --attention-workers 1 --expert-workers 1 --micro-batches 1";
+  std::string err_w8a8, err_bf16;
+  EXPECT_EQ(tokens_of(prompt + " --weights w8a8" + one, &err_w8a8), ref) << GetParam();
+  tokens_of(prompt + one, &err_bf16);
+  // "expert worker 0 ready (pid P): experts ...; RSS R MiB (expert weights W MiB)"
+  auto expert_mib = [](const std::string& err) {
+    const size_t at = err.find("(expert weights ");
+    return at == std::string::npos ? -1.0 : std::stod(err.substr(at + 16));
+  };
+  const double w8 = expert_mib(err_w8a8), bf = expert_mib(err_bf16);
+  ASSERT_GT(w8, 0) << err_w8a8;
+  ASSERT_GT(bf, 0) << err_bf16;
+  EXPECT_LT(w8, bf) << "w8a8 " << w8 << " MiB, bf16 " << bf << " MiB";
 }
 
 TEST_P(DisaggregatedTest, SeededSamplingIsReproducible) {
