@@ -5,8 +5,8 @@
 # An instruction the emulated CPU lacks raises SIGILL there, so this catches a
 # kernel, probe or library path that assumes the build machine's CPU. Checks
 # for each: the detected level, every kernel of every level it runs against
-# generic, and that generate gives the tokens the native binary gives when
-# forced to the same level. Exit 77 (skipped) without qemu-x86_64.
+# generic, and that generate (bf16 and w8a8 weights) gives the tokens the
+# native binary gives when forced to the same level. Exit 77 (skipped) without qemu-x86_64.
 # Usage: foreign_cpu_test.sh MSINFER_BINARY LEVELS_TEST_BINARY MODEL_DIR
 set -euo pipefail
 msinfer=$1 levels_test=$2 model=$3
@@ -21,14 +21,16 @@ for pair in EPYC-Milan:avx2 qemu64:generic; do
   out=$(qemu-x86_64 -cpu "$cpu" "$levels_test" 2>&1) || { echo "$out"; echo "FAIL: levels test on $cpu"; exit 1; }
   grep -q "(CPU: $want)" <<<"$out" || { echo "$out"; echo "FAIL: $cpu detected as something other than $want"; exit 1; }
   grep -q "PASSED" <<<"$out"
-  emulated=$(qemu-x86_64 -cpu "$cpu" "$msinfer" generate --model "$model" --prompt "Hello, experts" \
-               --max-tokens 8 --json 2>/dev/null | tokens)
-  native=$("$msinfer" generate --model "$model" --prompt "Hello, experts" --max-tokens 8 --json \
-             --isa "$want" 2>/dev/null | tokens)
-  echo "emulated: $emulated"
-  echo "native:   $native"
-  [ "$emulated" = "$native" ] || { echo "FAIL: generate on $cpu differs from native --isa $want"; exit 1; }
-  [ "${emulated%% *}" = "$want" ] || { echo "FAIL: generate on $cpu ran at ${emulated%% *}"; exit 1; }
+  for weights in bf16 w8a8; do
+    emulated=$(qemu-x86_64 -cpu "$cpu" "$msinfer" generate --model "$model" --prompt "Hello, experts" \
+                 --max-tokens 8 --weights $weights --json 2>/dev/null | tokens)
+    native=$("$msinfer" generate --model "$model" --prompt "Hello, experts" --max-tokens 8 --json \
+               --weights $weights --isa "$want" 2>/dev/null | tokens)
+    echo "emulated ($weights): $emulated"
+    echo "native   ($weights): $native"
+    [ "$emulated" = "$native" ] || { echo "FAIL: generate $weights on $cpu differs from native --isa $want"; exit 1; }
+    [ "${emulated%% *}" = "$want" ] || { echo "FAIL: generate on $cpu ran at ${emulated%% *}"; exit 1; }
+  done
 done
 echo "== bench kernels on EPYC-Milan"
 out=$(qemu-x86_64 -cpu EPYC-Milan "$msinfer" bench kernels --quick --tokens 1 --weights int8 --json 2>&1)
