@@ -374,6 +374,12 @@ TEST(CliHardeningTest, FlagsAreCheckedBeforeAnyExpensiveWork) {
   expect_refused(g + "--attention-workers 2",
                  "needs both --attention-workers and --expert-workers");
   expect_refused(g, "--model /nonexistent/m: no such model directory");
+  // int8 / w8a8 are CPU kernels: refused where every GEMM would run on a GPU
+  // (a check of the flags alone: a machine without a GPU refuses it the same way).
+  const std::string t = "generate --model " + tiny_model() + " --prompt hi ";
+  expect_refused(t + "--weights w8a8 --device cuda", "--weights w8a8 is for the CPU engine");
+  expect_refused(t + "--weights int8 --device cuda:0", "--weights int8 is for the CPU engine");
+  expect_refused(t + "--weights w4", "--weights: unknown weight format 'w4'");
   const std::string p = "profile --model " + tiny_model() + " ";
   expect_refused(p + "--seconds -1", "--seconds: -1 is out of range");
   expect_refused(p + "--out /nonexistent/p.json", "directory /nonexistent does not exist");

@@ -81,9 +81,23 @@ StatusOr<kernels::cpu::WeightFormat> apply_engine_flags(const FlagSet& flags) {
   for (const char* f : {"device", "attention-device", "expert-device"}) {
     MSI_RETURN_IF_ERROR(runtime::check_device(flags.get_string(f)).with_context(std::string("--") + f));
   }
-  MSI_RETURN_IF_ERROR(parse_attention_cost(flags.get_string("attention-cost")).status());
   auto format = kernels::cpu::parse_weight_format(flags.get_string("weights"));
   if (!format.ok()) return format.status().with_context("--weights");
+  // int8 and w8a8 are CPU kernels: where nothing computes on the CPU they
+  // would be ignored silently (the GPU backend multiplies the bf16 weights).
+  const std::string device = flags.get_string("device");
+  auto on_cpu = [&](const char* f) {
+    const std::string d = flags.get_string(f);
+    return runtime::is_cpu_device(d.empty() ? device : d);
+  };
+  if (*format != kernels::cpu::WeightFormat::kBf16 && !runtime::is_cpu_device(device) &&
+      !on_cpu("attention-device") && !on_cpu("expert-device")) {
+    return invalid_argument(std::string("--weights ") + kernels::cpu::weight_format_name(*format) +
+                            " is for the CPU engine; with --device " + device +
+                            " every GEMM runs on the GPU in bf16 (drop --weights, or put the "
+                            "experts or attention on the CPU)");
+  }
+  MSI_RETURN_IF_ERROR(parse_attention_cost(flags.get_string("attention-cost")).status());
   return *format;
 }
 
