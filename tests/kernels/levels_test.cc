@@ -229,6 +229,21 @@ TEST_F(LevelsTest, GemmW8A8IsTheExactIntegerProductAtEveryLevel) {
   }
 }
 
+// Past kW8A8MaxK the int32 sums could wrap: packing refuses, at every level.
+TEST_F(LevelsTest, GemmW8A8RefusesAKWhoseSumsCouldOverflow) {
+  std::vector<bf16> w(kW8A8MaxK + 1, float_to_bf16(1.0f));
+  std::vector<IsaLevel> levels = {IsaLevel::kGeneric};
+  for (IsaLevel l : higher_levels()) levels.push_back(l);
+  for (IsaLevel level : levels) {
+    auto bad = PackedLinear::pack(w.data(), 1, kW8A8MaxK + 1, WeightFormat::kW8A8, level);
+    ASSERT_FALSE(bad.ok()) << isa_name(level);
+    EXPECT_NE(bad.status().message().find("could overflow"), std::string::npos)
+        << bad.status().message();
+    EXPECT_TRUE(PackedLinear::pack(w.data(), 1, kW8A8MaxK, WeightFormat::kW8A8, level).ok())
+        << isa_name(level);
+  }
+}
+
 // What w8a8 costs against the bf16 GEMM on Gaussian data: one activation and
 // one weight quantisation per product: 1.2% of the largest output here (a
 // fixed seed; K = 1024 sums ~32 quantisation errors of each side); bar 2%.

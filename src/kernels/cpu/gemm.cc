@@ -122,6 +122,13 @@ Status pack_panels(const bf16* w, int64_t n, int64_t k, WeightFormat format, int
 }
 
 Status pack_w8a8_panels(const bf16* w, int64_t n, int64_t k, int64_t panel, GemmWeights* out) {
+  // The kernels' int32 sums are exact up to K = 2^31 / (255 * 127) = 66,311
+  // (the VNNI form multiplies x + 128); past that they could wrap.
+  if (k > kW8A8MaxK) {
+    return invalid_argument("w8a8: K = " + std::to_string(k) + " is above " +
+                            std::to_string(kW8A8MaxK) +
+                            ", where the int32 sums could overflow (use --weights int8)");
+  }
   out->format = WeightFormat::kW8A8;
   out->n = n;
   out->k = k;

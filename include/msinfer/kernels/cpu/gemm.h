@@ -36,8 +36,9 @@
 namespace msinfer::kernels::cpu {
 
 // kInt8: int8 weights, activations as for bf16. kW8A8: int8 weights and int8
-// activations (quantised per row on each call).
+// activations (quantised per row on each call), for K up to kW8A8MaxK.
 enum class WeightFormat { kBf16 = 0, kInt8 = 1, kW8A8 = 2 };
+constexpr int64_t kW8A8MaxK = 65536;
 const char* weight_format_name(WeightFormat f);  // "bf16" | "int8" | "w8a8"
 StatusOr<WeightFormat> parse_weight_format(std::string_view name);
 
