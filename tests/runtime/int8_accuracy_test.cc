@@ -17,11 +17,17 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <ostream>
 #include <random>
 #include <tuple>
 
 #include "msinfer/runtime/engine.h"
 #include "test_models.h"
+
+namespace msinfer::kernels::cpu {
+// The test's parameter as googletest (and so ctest's test names) print it.
+void PrintTo(WeightFormat f, std::ostream* os) { *os << weight_format_name(f); }
+}  // namespace msinfer::kernels::cpu
 
 namespace msinfer::runtime {
 namespace {
