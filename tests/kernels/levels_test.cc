@@ -43,6 +43,15 @@ std::vector<IsaLevel> higher_levels() {
   return out;
 }
 
+// Every level this CPU runs, generic included.
+std::vector<IsaLevel> levels_here() {
+  std::vector<IsaLevel> out;
+  for (IsaLevel l : all_isa_levels()) {
+    if (isa_supported(l)) out.push_back(l);
+  }
+  return out;
+}
+
 // The level's attention output `l` against generic's `g` or, where the level
 // rounds q for the scores (attention_bf16_qk), against `rounded_ref()`: the
 // double-precision reference with q rounded the same way.
@@ -192,14 +201,12 @@ TEST_F(LevelsTest, GemmW8A8IsTheExactIntegerProductAtEveryLevel) {
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},    {7, 13},   {17, 33},
                                                            {33, 300}, {130, 67}, {20, 4400}};
   const std::vector<int64_t> ms = {1, 2, 3, 4, 5, 7, 12, 13, 17, 25, 64, 65, 200};
-  std::vector<IsaLevel> levels = {IsaLevel::kGeneric};
-  for (IsaLevel l : higher_levels()) levels.push_back(l);
   for (auto [n, k] : shapes) {
     auto w = randn_bf16(n * k, 11 + n + k);
     std::vector<int8_t> qw(n * k);
     std::vector<float> sw(n);
     quantize_int8_rows(w.data(), n, k, qw.data(), sw.data());
-    for (IsaLevel level : levels) {
+    for (IsaLevel level : levels_here()) {
       auto lv = PackedLinear::pack(w.data(), n, k, WeightFormat::kW8A8, level);
       ASSERT_TRUE(lv.ok()) << isa_name(level) << ": " << lv.status().to_string();
       EXPECT_EQ(lv->level(), level);
@@ -232,9 +239,7 @@ TEST_F(LevelsTest, GemmW8A8IsTheExactIntegerProductAtEveryLevel) {
 // Past kW8A8MaxK the int32 sums could wrap: packing refuses, at every level.
 TEST_F(LevelsTest, GemmW8A8RefusesAKWhoseSumsCouldOverflow) {
   std::vector<bf16> w(kW8A8MaxK + 1, float_to_bf16(1.0f));
-  std::vector<IsaLevel> levels = {IsaLevel::kGeneric};
-  for (IsaLevel l : higher_levels()) levels.push_back(l);
-  for (IsaLevel level : levels) {
+  for (IsaLevel level : levels_here()) {
     auto bad = PackedLinear::pack(w.data(), 1, kW8A8MaxK + 1, WeightFormat::kW8A8, level);
     ASSERT_FALSE(bad.ok()) << isa_name(level);
     EXPECT_NE(bad.status().message().find("could overflow"), std::string::npos)
