@@ -9,17 +9,23 @@ namespace msinfer::runtime {
 
 bool is_cpu_device(const std::string& device) { return device.empty() || device == "cpu"; }
 
-Status check_device(const std::string& device) {
+Status check_device_name(const std::string& device) {
   if (is_cpu_device(device)) return ok_status();
-  // "cuda" or "cuda:N" with N a decimal index; checked the same in every build.
+  // "cuda" or "cuda:N" with N a decimal index.
   bool ok = device == "cuda";
   if (!ok && device.rfind("cuda:", 0) == 0 && device.size() > 5 && device.size() <= 9) {
     ok = device.find_first_not_of("0123456789", 5) == std::string::npos;
   }
   if (!ok) return invalid_argument("device '" + device + "': expected cpu, cuda or cuda:N");
+  return ok_status();
+}
+
+Status check_device(const std::string& device) {
+  MSI_RETURN_IF_ERROR(check_device_name(device));
 #ifdef MSINFER_WITH_CUDA
   return ok_status();
 #else
+  if (is_cpu_device(device)) return ok_status();
   return unimplemented("device '" + device +
                        "': this msinfer was built without the CUDA backend (configure with "
                        "-DMSINFER_CUDA=on where a CUDA toolkit is installed)");

@@ -78,8 +78,12 @@ StatusOr<kernels::cpu::WeightFormat> apply_engine_flags(const FlagSet& flags) {
     // Worker processes read it when their OpenMP starts.
     ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
   }
-  for (const char* f : {"device", "attention-device", "expert-device"}) {
-    MSI_RETURN_IF_ERROR(runtime::check_device(flags.get_string(f)).with_context(std::string("--") + f));
+  // Spelling and the flags' combination first, then whether this build has
+  // the backend: a conflict is reported the same in every build.
+  const char* const kDeviceFlags[] = {"device", "attention-device", "expert-device"};
+  for (const char* f : kDeviceFlags) {
+    MSI_RETURN_IF_ERROR(
+        runtime::check_device_name(flags.get_string(f)).with_context(std::string("--") + f));
   }
   auto format = kernels::cpu::parse_weight_format(flags.get_string("weights"));
   if (!format.ok()) return format.status().with_context("--weights");
@@ -96,6 +100,10 @@ StatusOr<kernels::cpu::WeightFormat> apply_engine_flags(const FlagSet& flags) {
                             " is for the CPU engine; with --device " + device +
                             " every GEMM runs on the GPU in bf16 (drop --weights, or put the "
                             "experts or attention on the CPU)");
+  }
+  for (const char* f : kDeviceFlags) {
+    MSI_RETURN_IF_ERROR(
+        runtime::check_device(flags.get_string(f)).with_context(std::string("--") + f));
   }
   MSI_RETURN_IF_ERROR(parse_attention_cost(flags.get_string("attention-cost")).status());
   return *format;

@@ -15,8 +15,11 @@
 
 namespace msinfer::runtime {
 
-// OK for "cpu", "cuda", "cuda:N"; INVALID_ARGUMENT for anything else;
-// UNIMPLEMENTED for a CUDA device in a build without the CUDA backend.
+// OK for "cpu", "cuda", "cuda:N"; INVALID_ARGUMENT for anything else. The
+// same in every build.
+Status check_device_name(const std::string& device);
+// check_device_name, then UNIMPLEMENTED for a CUDA device in a build without
+// the CUDA backend.
 Status check_device(const std::string& device);
 bool is_cpu_device(const std::string& device);
 
