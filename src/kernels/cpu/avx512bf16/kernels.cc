@@ -220,45 +220,38 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void forward_w(c
     }
   }
   const bool direct = m <= kRows;
-  const int64_t chunks = direct ? 1 : (m + kChunkRows - 1) / kChunkRows;
-  const int64_t items = w.panels * chunks;
   const W* data = reinterpret_cast<const W*>(w.data.get());
   constexpr int64_t kb = kKBlock<W>;
   const uint32_t* xtiles = xp.data();  // xp is this thread's; the team reads it
-  simd::team(items > 1, [&] {
-    alignas(64) float cbuf[kChunkRows * kPanel];
-#pragma omp for schedule(static)
-    for (int64_t item = 0; item < items; ++item) {
-      const int64_t p = item / chunks, m0 = (item % chunks) * kChunkRows;
-      const int64_t rows = std::min(direct ? m : kChunkRows, m - m0);
-      const W* panel = data + p * kp * kPanel * 2;
-      const int64_t cols = std::min(kPanel, N - p * kPanel);
-      if (direct) {
-        block_n(rows, panel, kp, xtiles, xs, cbuf, true);
-      } else {
-        for (int64_t t0 = 0; t0 < kp; t0 += kb) {
-          const int64_t nb = std::min(kb, kp - t0);
-          for (int64_t r = 0; r < rows; r += kRows) {
-            const uint32_t* xt = xtiles + ((m0 + r) / kRows * kp + t0) * kRows;
-            block_n(std::min(kRows, rows - r), panel + t0 * kPanel * 2, nb, xt, kRows,
-                    cbuf + r * kPanel, t0 == 0);
+  simd::for_each_panel_chunk<float, kChunkRows, kPanel>(
+      w.panels, m, [&](int64_t p, int64_t m0, int64_t rows, float* cbuf) {
+        const W* panel = data + p * kp * kPanel * 2;
+        const int64_t cols = std::min(kPanel, N - p * kPanel);
+        if (direct) {
+          block_n(rows, panel, kp, xtiles, xs, cbuf, true);
+        } else {
+          for (int64_t t0 = 0; t0 < kp; t0 += kb) {
+            const int64_t nb = std::min(kb, kp - t0);
+            for (int64_t r = 0; r < rows; r += kRows) {
+              const uint32_t* xt = xtiles + ((m0 + r) / kRows * kp + t0) * kRows;
+              block_n(std::min(kRows, rows - r), panel + t0 * kPanel * 2, nb, xt, kRows,
+                      cbuf + r * kPanel, t0 == 0);
+            }
           }
         }
-      }
-      if constexpr (std::is_same_v<W, int8_t>) {
-        const __m512 s0 = _mm512_loadu_ps(w.scale.data() + p * kPanel);
-        const __m512 s1 = _mm512_loadu_ps(w.scale.data() + p * kPanel + 16);
-        for (int64_t r = 0; r < rows; ++r) {
-          float* cr = cbuf + r * kPanel;
-          _mm512_storeu_ps(cr, _mm512_mul_ps(_mm512_loadu_ps(cr), s0));
-          _mm512_storeu_ps(cr + 16, _mm512_mul_ps(_mm512_loadu_ps(cr + 16), s1));
+        if constexpr (std::is_same_v<W, int8_t>) {
+          const __m512 s0 = _mm512_loadu_ps(w.scale.data() + p * kPanel);
+          const __m512 s1 = _mm512_loadu_ps(w.scale.data() + p * kPanel + 16);
+          for (int64_t r = 0; r < rows; ++r) {
+            float* cr = cbuf + r * kPanel;
+            _mm512_storeu_ps(cr, _mm512_mul_ps(_mm512_loadu_ps(cr), s0));
+            _mm512_storeu_ps(cr + 16, _mm512_mul_ps(_mm512_loadu_ps(cr + 16), s1));
+          }
         }
-      }
-      for (int64_t r = 0; r < rows; ++r) {
-        std::memcpy(y + (m0 + r) * N + p * kPanel, cbuf + r * kPanel, sizeof(float) * cols);
-      }
-    }
-  });
+        for (int64_t r = 0; r < rows; ++r) {
+          std::memcpy(y + (m0 + r) * N + p * kPanel, cbuf + r * kPanel, sizeof(float) * cols);
+        }
+      });
 }
 #pragma GCC pop_options
 
