@@ -182,9 +182,11 @@ class Session : public std::enable_shared_from_this<Session> {
     // The usual stream chunk (text, no logprobs, no finish) around its text;
     // made once (text_chunk).
     std::string chunk_prefix, chunk_suffix;
-    // Streamed text waiting for --stream-interval tokens.
+    // Streamed text waiting for --stream-interval tokens (the first text
+    // goes out at once: the interval never delays the first token).
     std::string held_text;
     int64_t held_tokens = 0;
+    bool sent_text = false;
   };
 
   // Hands tokens from the engine thread to this connection's loop.
@@ -605,14 +607,17 @@ class Session : public std::enable_shared_from_this<Session> {
       Json d = g.req.chat ? Json{{"content", delta}} : Json(delta);
       out += sse(stream_chunk(g, d, logprobs, Json(nullptr)));
     } else {
-      // One chunk per stream_interval tokens (and at the end): fewer writes.
+      // The first text at once, then one chunk per stream_interval tokens
+      // (and at the end): fewer writes, and the time to the first token as
+      // without the interval.
       g.held_text += delta;
       g.held_tokens += static_cast<int64_t>(events.size());
       if (!g.held_text.empty() &&
-          (g.held_tokens >= srv_.options.stream_interval || !finish.empty())) {
+          (!g.sent_text || g.held_tokens >= srv_.options.stream_interval || !finish.empty())) {
         out += text_chunk(g, g.held_text);
         g.held_text.clear();
         g.held_tokens = 0;
+        g.sent_text = true;
       }
     }
     if (!finish.empty()) {

@@ -478,8 +478,10 @@ TEST_F(ServeTest, ADeadExpertWorkerWithReplicasFailsNoStream) {
   if (HasFailure()) ADD_FAILURE() << "server stderr:\n" << s.stderr_text();
 }
 
-// --stream-interval N: the stream's text arrives in chunks of N tokens (the
-// last may be shorter), and adds up to the same greedy text as one JSON answer.
+// --stream-interval N: the first text arrives at once (the time to the first
+// token does not wait for the interval), the rest in chunks of N tokens (the
+// last may be shorter), and it adds up to the same greedy text as one JSON
+// answer.
 TEST_F(ServeTest, StreamIntervalGroupsTokens) {
   Server s("--stream-interval 4");
   ASSERT_GT(s.port(), 0) << s.stderr_text();
@@ -488,10 +490,22 @@ TEST_F(ServeTest, StreamIntervalGroupsTokens) {
   const HttpResult plain = post(s, "/v1/completions", "{" + req + "}");
   ASSERT_EQ(plain.status, 200) << plain.body;
   const std::string want = Json::parse(plain.body)["choices"][0]["text"].get<std::string>();
+  // The greedy answer's first text: the shortest prefix of tokens that makes
+  // any (a token may be part of a UTF-8 character).
+  std::string first_text;
+  for (int k = 1; k <= 4 && first_text.empty(); ++k) {
+    const HttpResult r = post(s, "/v1/completions",
+                              R"({"prompt": "Hello, experts", "temperature": 0, "ignore_eos": true,
+                                  "max_tokens": )" +
+                                  std::to_string(k) + "}");
+    ASSERT_EQ(r.status, 200) << r.body;
+    first_text = Json::parse(r.body)["choices"][0]["text"].get<std::string>();
+  }
+  ASSERT_FALSE(first_text.empty());
   const HttpResult streamed = post(s, "/v1/completions", "{" + req + R"(, "stream": true})");
   ASSERT_EQ(streamed.status, 200) << streamed.body;
   std::istringstream lines(streamed.body);
-  std::string line, got;
+  std::string line, got, first_chunk;
   int text_chunks = 0;
   bool done = false;
   while (std::getline(lines, line)) {
@@ -502,14 +516,16 @@ TEST_F(ServeTest, StreamIntervalGroupsTokens) {
     }
     const Json j = Json::parse(line.substr(6));
     const std::string t = j["choices"][0]["text"].get<std::string>();
-    if (!t.empty()) ++text_chunks;
+    if (!t.empty() && text_chunks++ == 0) first_chunk = t;
     got += t;
   }
   EXPECT_TRUE(done);
   EXPECT_EQ(got, want);
-  // 18 tokens: at most ceil(18 / 4) = 5 chunks with text (one per step, so
-  // fewer only if some tokens made no text yet), at least 2.
-  EXPECT_LE(text_chunks, 5);
+  EXPECT_EQ(first_chunk, first_text);
+  // 18 tokens: the first (or first few, until they make text) at once, the
+  // rest in at most ceil(17 / 4) = 5 chunks (fewer only if some tokens made
+  // no text yet), at least 2 in all.
+  EXPECT_LE(text_chunks, 6);
   EXPECT_GE(text_chunks, 2);
   EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
 }
