@@ -408,6 +408,13 @@ class Session : public std::enable_shared_from_this<Session> {
       if (!get) return method_not_allowed("GET");
       Metrics::Gauges g;
       g.connections = srv_.connections.load();
+      // This runs on the loop's thread: its own CPU clock, in ns (what
+      // scripts/bench-serve-overhead reads; /proc counts 10 ms ticks).
+      timespec cpu{};
+      if (::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0) {
+        g.http_loop_cpu_s =
+            static_cast<double>(cpu.tv_sec) + 1e-9 * static_cast<double>(cpu.tv_nsec);
+      }
       if (Scheduler* s = srv_.scheduler.load()) {
         auto snap = s->snapshot();
         g.running = snap.running;

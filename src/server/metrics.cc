@@ -112,6 +112,11 @@ std::string Metrics::render(const Gauges& g) const {
   gauge("msinfer:kv_cache_usage_perc", "Fraction of the KV cache's blocks in use (0..1).",
         g.kv_usage);
   gauge("msinfer:http_connections", "Open HTTP connections.", static_cast<double>(g.connections));
+  if (g.http_loop_cpu_s >= 0) {
+    counter("msinfer:http_loop_cpu_seconds_total",
+            "CPU time of the HTTP event loop thread: parsing, JSON, SSE and socket writes.",
+            g.http_loop_cpu_s);
+  }
   counter("msinfer:num_preemptions_total", "Requests preempted to free KV blocks (recomputed).",
           static_cast<double>(g.preemptions));
   counter("msinfer:prompt_tokens_total", "Prompt tokens of admitted requests.",

@@ -288,9 +288,13 @@ TEST_F(ServeTest, OpenAiClientCoLocatedGreedyEqualsGenerate) {
             5);
   EXPECT_GE(metric(m, "msinfer:generation_tokens_total{"), 4 * 12 + 1);
   EXPECT_GE(metric(m, "msinfer:time_to_first_token_seconds_count{"), 5);
+  // The loop's own CPU time: some after five requests, never going back.
+  const double loop_cpu = metric(m, "msinfer:http_loop_cpu_seconds_total{");
+  EXPECT_GT(loop_cpu, 0);
   // The routing window reaches /metrics (refreshed about once a second).
   EXPECT_TRUE(wait_for_metric(s, "msinfer:expert_balance{"));
   m = parse_metrics(curl(s.url() + "/metrics").body);
+  EXPECT_GE(metric(m, "msinfer:http_loop_cpu_seconds_total{"), loop_cpu);
   EXPECT_GE(metric(m, "msinfer:expert_balance{"), 1.0);
   EXPECT_GT(metric(m, "msinfer:expert_window_tokens{"), -1);
   EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);

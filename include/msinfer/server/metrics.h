@@ -46,6 +46,7 @@ class Metrics {
   struct Gauges {
     int64_t running = 0, waiting = 0, preemptions = 0;
     int64_t connections = 0;  // open HTTP connections
+    double http_loop_cpu_s = -1;  // the HTTP event loop thread's CPU time; < 0: not shown
     double kv_usage = 0;
     std::vector<Json> workers;  // WorkerStats of a disaggregated deployment
     Json routing;               // runtime::RoutingStats::to_json of the recent window, or null
