@@ -13,6 +13,7 @@
 // reference gives ~1.5e-3 here.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -34,21 +35,19 @@ using testing::rel_err;
 
 constexpr double kTol = 1e-5;
 
-// Levels above generic that this CPU runs (may be empty).
-std::vector<IsaLevel> higher_levels() {
-  std::vector<IsaLevel> out;
-  for (IsaLevel l : all_isa_levels()) {
-    if (l != IsaLevel::kGeneric && isa_supported(l)) out.push_back(l);
-  }
-  return out;
-}
-
 // Every level this CPU runs, generic included.
 std::vector<IsaLevel> levels_here() {
   std::vector<IsaLevel> out;
   for (IsaLevel l : all_isa_levels()) {
     if (isa_supported(l)) out.push_back(l);
   }
+  return out;
+}
+
+// Levels above generic that this CPU runs (may be empty).
+std::vector<IsaLevel> higher_levels() {
+  std::vector<IsaLevel> out = levels_here();
+  out.erase(std::remove(out.begin(), out.end(), IsaLevel::kGeneric), out.end());
   return out;
 }
 
