@@ -11,6 +11,7 @@
 #include <list>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "msinfer/core/logging.h"
@@ -100,31 +101,70 @@ struct HttpServer::Impl {
   std::optional<net::signal_set> signals;
   std::list<std::weak_ptr<Session>> sessions;  // event-loop thread only
   std::time_t created = std::time(nullptr);
-  // Tokens and errors from the engine thread wait here and run on the loop
-  // as one batch: one post (one wake-up of the loop) per engine step, not one
-  // per request.
-  std::mutex deliveries_mu;
-  std::vector<std::function<void()>> deliveries;  // GUARDED_BY(deliveries_mu)
+  // Tokens and errors from the engine thread go to the loop a round (one
+  // engine step) at a time: one post, one wake-up of the loop and no
+  // allocation per request. The engine thread gathers a round into
+  // `gathering`; end_round() hands it over; run_rounds() runs on the loop.
+  struct Delivery {
+    std::weak_ptr<Session> session;
+    int64_t id = 0;
+    size_t begin = 0, end = 0;  // its events in the round's `events`
+    std::optional<Status> error;
+  };
+  struct Round {
+    std::vector<runtime::TokenEvent> events;
+    std::vector<Delivery> deliveries;
+  };
+  class Batch final : public SinkBatch {
+   public:
+    explicit Batch(Impl& srv) : srv_(srv) {}
+    void end_round() override { srv_.end_round(); }
+
+   private:
+    Impl& srv_;
+  };
+  Batch batch{*this};
+  Round gathering;  // engine thread only
+  std::mutex rounds_mu;
+  std::vector<Round> ready;    // GUARDED_BY(rounds_mu): handed over, not yet run
+  std::vector<Round> spare;    // GUARDED_BY(rounds_mu): run, emptied, capacity kept
+  bool posted = false;         // GUARDED_BY(rounds_mu): run_rounds() will take `ready`
+  std::vector<Round> running;  // event-loop thread only
 
   void accept();
-  // Any thread: runs `f` on the loop after what was delivered before it.
-  void deliver(std::function<void()> f) {
-    bool first;
-    {
-      std::lock_guard<std::mutex> l(deliveries_mu);
-      first = deliveries.empty();
-      deliveries.push_back(std::move(f));
-    }
-    if (first) net::post(ioc, [this] { run_deliveries(); });
+  // Engine thread: one request's tokens (moved from) or failure, this round.
+  void gather(const std::weak_ptr<Session>& s, int64_t id, std::span<runtime::TokenEvent> events) {
+    Delivery& d = gathering.deliveries.emplace_back();
+    d.session = s;
+    d.id = id;
+    d.begin = gathering.events.size();
+    for (auto& ev : events) gathering.events.push_back(std::move(ev));
+    d.end = gathering.events.size();
   }
-  void run_deliveries() {
-    std::vector<std::function<void()>> batch;
-    {
-      std::lock_guard<std::mutex> l(deliveries_mu);
-      batch.swap(deliveries);
-    }
-    for (auto& f : batch) f();
+  void gather_error(const std::weak_ptr<Session>& s, int64_t id, const Status& st) {
+    Delivery& d = gathering.deliveries.emplace_back();
+    d.session = s;
+    d.id = id;
+    d.error = st;
   }
+  // Engine thread: the round goes to the loop, after the rounds before it.
+  void end_round() {
+    if (gathering.deliveries.empty()) return;
+    bool post;
+    {
+      std::lock_guard<std::mutex> l(rounds_mu);
+      ready.push_back(std::move(gathering));
+      gathering = Round{};
+      if (!spare.empty()) {
+        gathering = std::move(spare.back());
+        spare.pop_back();
+      }
+      post = !posted;
+      posted = true;
+    }
+    if (post) net::post(ioc, [this] { run_rounds(); });
+  }
+  void run_rounds();
 };
 
 // One client connection. Lives on the event loop's thread; kept alive by the
@@ -167,6 +207,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
  private:
+  friend struct HttpServer::Impl;  // run_rounds() delivers on_tokens and on_error
+
   // One generation request in flight on this connection.
   struct Generation {
     int64_t id = 0;
@@ -189,21 +231,15 @@ class Session : public std::enable_shared_from_this<Session> {
     bool sent_text = false;
   };
 
-  // Hands tokens from the engine thread to this connection's loop.
+  // Hands tokens from the engine thread to this connection's loop, gathered
+  // with every other request's of the same step (Impl::end_round).
   class Sink final : public RequestSink {
    public:
     Sink(std::weak_ptr<Session> s, HttpServer::Impl& srv, int64_t id)
         : s_(std::move(s)), srv_(srv), id_(id) {}
-    void on_tokens(std::vector<runtime::TokenEvent> events) override {
-      srv_.deliver([s = s_, id = id_, ev = std::move(events)]() mutable {
-        if (auto p = s.lock()) p->on_tokens(id, std::move(ev));
-      });
-    }
-    void on_error(const Status& st) override {
-      srv_.deliver([s = s_, id = id_, st]() {
-        if (auto p = s.lock()) p->on_error(id, st);
-      });
-    }
+    void on_tokens(std::span<runtime::TokenEvent> events) override { srv_.gather(s_, id_, events); }
+    void on_error(const Status& st) override { srv_.gather_error(s_, id_, st); }
+    SinkBatch* batch() override { return &srv_.batch; }
 
    private:
     std::weak_ptr<Session> s_;
@@ -579,7 +615,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
-  void on_tokens(int64_t id, std::vector<runtime::TokenEvent> events) {
+  void on_tokens(int64_t id, std::span<const runtime::TokenEvent> events) {
     if (closed_ || !gen_ || gen_->id != id || gen_->done) return;
     // gen_ is reset when the response ends; `keep` holds the generation until
     // this handler is done with it.
@@ -695,6 +731,35 @@ class Session : public std::enable_shared_from_this<Session> {
   bool reading_ = false, watching_ = false, writing_ = false;
   bool response_done_ = true, keep_alive_ = true, closed_ = false;
 };
+
+void HttpServer::Impl::run_rounds() {
+  {
+    std::lock_guard<std::mutex> l(rounds_mu);
+    running.swap(ready);
+    posted = false;
+  }
+  for (Round& r : running) {
+    for (Delivery& d : r.deliveries) {
+      auto p = d.session.lock();
+      if (!p) continue;  // the connection is gone
+      if (d.error) {
+        p->on_error(d.id, *d.error);
+      } else {
+        p->on_tokens(
+            d.id, std::span<const runtime::TokenEvent>(r.events.data() + d.begin, d.end - d.begin));
+      }
+    }
+    r.events.clear();
+    r.deliveries.clear();
+  }
+  // Emptied rounds keep their capacity for the engine thread's next ones (a
+  // few: a burst's backlog is let go).
+  std::lock_guard<std::mutex> l(rounds_mu);
+  for (Round& r : running) {
+    if (spare.size() < 4) spare.push_back(std::move(r));
+  }
+  running.clear();
+}
 
 void HttpServer::Impl::accept() {
   acceptor.async_accept([this](beast::error_code ec, tcp::socket sock) {

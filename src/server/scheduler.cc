@@ -83,14 +83,39 @@ void Scheduler::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void Scheduler::note_batch(RequestSink& sink) {
+  SinkBatch* b = sink.batch();
+  if (b == nullptr) return;
+  // Usually one batch (the HTTP server's) for every sink: the last one noted.
+  if (std::find(round_batches_.rbegin(), round_batches_.rend(), b) == round_batches_.rend()) {
+    round_batches_.push_back(b);
+  }
+}
+
+void Scheduler::send_tokens(Entry& e, std::span<runtime::TokenEvent> events) {
+  e.sink->on_tokens(events);
+  note_batch(*e.sink);
+}
+
+void Scheduler::send_error(const std::shared_ptr<RequestSink>& sink, const Status& s) {
+  sink->on_error(s);
+  note_batch(*sink);
+}
+
+void Scheduler::end_round() {
+  for (SinkBatch* b : round_batches_) b->end_round();
+  round_batches_.clear();
+}
+
 void Scheduler::fail_all(const Status& s) {
   std::deque<Entry> inbox;
   {
     std::lock_guard<std::mutex> l(mu_);
     inbox.swap(inbox_);
   }
-  for (auto& e : inbox) e.sink->on_error(s);
-  for (auto& [id, e] : active_) e.sink->on_error(s);
+  for (auto& e : inbox) send_error(e.sink, s);
+  for (auto& [id, e] : active_) send_error(e.sink, s);
+  end_round();
   const int64_t n = static_cast<int64_t>(inbox.size() + active_.size());
   for (int64_t i = 0; i < n; ++i) metrics_->request_aborted();
   active_.clear();
@@ -176,7 +201,7 @@ void Scheduler::loop() {
     for (auto& e : admitted) {
       Status s = backend_->add(e.req);
       if (!s.ok()) {
-        e.sink->on_error(s);
+        send_error(e.sink, s);
         metrics_->request_aborted();
         ++ended;
         continue;
@@ -205,17 +230,26 @@ void Scheduler::loop() {
         fail_backend(events.status());
       } else {
         const auto now = clock::now();
-        std::map<int64_t, std::vector<runtime::TokenEvent>> by_request;
-        for (auto& ev : *events) by_request[ev.request_id].push_back(std::move(ev));
+        // Each request's events of the step, together and in order (a
+        // request may have several: a disaggregated step, a resumed one).
+        std::vector<runtime::TokenEvent>& all = *events;
+        std::stable_sort(all.begin(), all.end(),
+                         [](const runtime::TokenEvent& a, const runtime::TokenEvent& b) {
+                           return a.request_id < b.request_id;
+                         });
         int64_t tokens = 0;
-        for (auto& [id, evs] : by_request) {
+        for (size_t begin = 0, end = 0; begin < all.size(); begin = end) {
+          const int64_t id = all[begin].request_id;
+          end = begin + 1;
+          while (end < all.size() && all[end].request_id == id) ++end;
+          const std::span<runtime::TokenEvent> evs(all.data() + begin, end - begin);
           auto it = active_.find(id);
           if (it == active_.end()) continue;  // cancelled meanwhile
           Entry& e = it->second;
           if (evs.back().finish_reason == "error") {
             // The deployment lost it (a dead attention worker, not
             // resubmitted): this request fails, the others go on.
-            e.sink->on_error(Status(StatusCode::kUnavailable, evs.back().error));
+            send_error(e.sink, Status(StatusCode::kUnavailable, evs.back().error));
             metrics_->request_aborted();
             active_.erase(it);
             ++ended;
@@ -231,12 +265,12 @@ void Scheduler::loop() {
             e.last_token = now;
           }
           tokens += static_cast<int64_t>(evs.size());
+          // Read before the sink, which may move from the events.
           const bool finished = evs.back().finished;
-          const std::string reason = evs.back().finish_reason;
-          e.sink->on_tokens(std::move(evs));
+          const bool length = evs.back().finish_reason == "length";
+          send_tokens(e, evs);
           if (finished) {
-            metrics_->request_finished(reason == "length" ? "length" : "stop",
-                                       seconds(now - e.arrival));
+            metrics_->request_finished(length ? "length" : "stop", seconds(now - e.arrival));
             active_.erase(it);
             ++ended;
           }
@@ -244,6 +278,7 @@ void Scheduler::loop() {
         metrics_->add_generation_tokens(tokens);
       }
     }
+    end_round();  // this iteration's tokens and failures, handed over at once
     // Publish the gauges (and now and then the workers' stats).
     Snapshot s;
     s.running = backend_->running();

@@ -3,7 +3,8 @@
 // right tokens; the queue bound answers RESOURCE_EXHAUSTED; cancel takes a
 // request out; a failing backend fails every request and turns unhealthy;
 // draining refuses new work and waits for the running ones; a backend that
-// stops outside a step (while adding, or idle) turns unhealthy too. Waits are
+// stops outside a step (while adding, or idle) turns unhealthy too; sinks that
+// gather into one SinkBatch are handed over once per step. Waits are
 // on the sinks' events with timeouts (one poll of the snapshot, with a
 // deadline, where no event exists).
 #include "msinfer/server/scheduler.h"
@@ -91,7 +92,7 @@ class FakeBackend final : public GenerationBackend {
 // Collects one request's tokens; wait() blocks until it ended or `limit`.
 class Collect final : public RequestSink {
  public:
-  void on_tokens(std::vector<runtime::TokenEvent> events) override {
+  void on_tokens(std::span<runtime::TokenEvent> events) override {
     std::lock_guard<std::mutex> l(mu_);
     for (const auto& e : events) {
       tokens_.push_back(e.token);
@@ -211,6 +212,102 @@ TEST(SchedulerTest, BackendFailureFailsEveryRequest) {
   EXPECT_FALSE(sched.snapshot().healthy);
   auto late = std::make_shared<Collect>();
   EXPECT_EQ(sched.submit(request(sched.next_id(), 3), late).code(), StatusCode::kUnavailable);
+}
+
+// Sinks that gather into one SinkBatch (as the HTTP server's do) get one
+// hand-over per step: every call of a step comes before that step's
+// end_round(), each request at most once in a round, a round holds the whole
+// step (its largest = the backend's largest batch), none is empty, and no call
+// is left without its end_round(), a lost request's error included.
+class RoundLog final : public SinkBatch {
+ public:
+  struct Call {
+    int64_t id;
+    int32_t token;  // -1: on_error
+    bool last;
+  };
+  void add(Call c) {
+    std::lock_guard<std::mutex> l(mu_);
+    pending_.push_back(c);
+  }
+  void end_round() override {
+    std::lock_guard<std::mutex> l(mu_);
+    rounds_.push_back(std::move(pending_));
+    pending_.clear();
+    for (const Call& c : rounds_.back()) ended_ += c.last ? 1 : 0;
+    cv_.notify_all();
+  }
+  bool wait_ended(int n, std::chrono::milliseconds limit) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, limit, [&] { return ended_ >= n; });
+  }
+  std::vector<std::vector<Call>> rounds() {
+    std::lock_guard<std::mutex> l(mu_);
+    return rounds_;
+  }
+  size_t pending() {
+    std::lock_guard<std::mutex> l(mu_);
+    return pending_.size();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Call> pending_;
+  std::vector<std::vector<Call>> rounds_;
+  int ended_ = 0;
+};
+
+class Gathered final : public RequestSink {
+ public:
+  Gathered(RoundLog& log, int64_t id) : log_(log), id_(id) {}
+  void on_tokens(std::span<runtime::TokenEvent> events) override {
+    for (const auto& e : events) log_.add({id_, e.token, e.finished});
+  }
+  void on_error(const Status&) override { log_.add({id_, -1, true}); }
+  SinkBatch* batch() override { return &log_; }
+
+ private:
+  RoundLog& log_;
+  int64_t id_;
+};
+
+TEST(SchedulerTest, SinksOfOneBatchAreHandedOverOncePerStep) {
+  Metrics metrics("m");
+  RoundLog log;
+  auto backend = std::make_unique<FakeBackend>(0, /*lose_id=*/3);
+  FakeBackend* fake = backend.get();
+  Scheduler sched(std::move(backend), SchedulerOptions{}, &metrics);
+  constexpr int kRequests = 8;
+  for (int i = 0; i < kRequests; ++i) {
+    const int64_t id = sched.next_id();
+    ASSERT_TRUE(sched.submit(request(id, 6 + i), std::make_shared<Gathered>(log, id)).ok());
+  }
+  ASSERT_TRUE(log.wait_ended(kRequests, 10s));
+  EXPECT_TRUE(sched.wait_idle(std::chrono::steady_clock::now() + 10s));
+  EXPECT_EQ(log.pending(), 0u);
+  std::map<int64_t, std::vector<int32_t>> tokens;
+  size_t largest = 0;
+  for (const auto& round : log.rounds()) {
+    EXPECT_FALSE(round.empty());
+    largest = std::max(largest, round.size());
+    std::set<int64_t> seen;
+    for (const auto& c : round) {
+      EXPECT_TRUE(seen.insert(c.id).second) << "request " << c.id << " twice in a round";
+      tokens[c.id].push_back(c.token);
+    }
+  }
+  EXPECT_EQ(largest, static_cast<size_t>(fake->max_batch_.load()));
+  EXPECT_GT(largest, 1u);
+  ASSERT_EQ(tokens.size(), static_cast<size_t>(kRequests));
+  for (const auto& [id, t] : tokens) {
+    if (id == 3) {
+      EXPECT_EQ(t, (std::vector<int32_t>{0, 1, -1}));  // two tokens, then the error
+      continue;
+    }
+    ASSERT_EQ(t.size(), static_cast<size_t>(6 + (id - 1))) << id;
+    for (size_t k = 0; k < t.size(); ++k) EXPECT_EQ(t[k], static_cast<int32_t>(k)) << id;
+  }
 }
 
 // A request the deployment lost (an error event) fails alone: the others

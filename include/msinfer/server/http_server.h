@@ -5,7 +5,8 @@
 // Built on Boost.Asio + Boost.Beast (Debian libboost-dev): one event-loop
 // thread serves every connection asynchronously, so a thousand streaming
 // clients cost a thousand sockets and small buffers, not a thousand threads.
-// The Scheduler's engine thread hands tokens over by posting to that loop.
+// The Scheduler's engine thread hands each step's tokens, every request's
+// together, to that loop in one post.
 // Bounded memory: request bodies and headers have limits (413 / 431), a
 // request must arrive within request_timeout (slow senders are cut off), and a
 // reader slower than the tokens it is sent loses its connection (and its

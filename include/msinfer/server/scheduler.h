@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -56,15 +57,30 @@ std::unique_ptr<GenerationBackend> engine_backend(std::unique_ptr<runtime::Engin
 std::unique_ptr<GenerationBackend> router_backend(std::unique_ptr<runtime::Router> r, int layers,
                                                   int experts);
 
+// Gathers the calls of many RequestSinks to hand them to another thread at
+// once. Called on the engine thread.
+class SinkBatch {
+ public:
+  virtual ~SinkBatch() = default;
+  // The round's calls are all made (every request's tokens of one step, or the
+  // failures of every request): hand them over now, one hand-over per round
+  // instead of one per request.
+  virtual void end_round() = 0;
+};
+
 // Receives one request's tokens. Called on the engine thread: implementations
 // hand the work to their own thread and return at once.
 class RequestSink {
  public:
   virtual ~RequestSink() = default;
-  // The request's tokens of one step; the last one has finished set.
-  virtual void on_tokens(std::vector<runtime::TokenEvent> events) = 0;
+  // The request's tokens of one step, in order; the last one has finished set.
+  // The sink may move from them.
+  virtual void on_tokens(std::span<runtime::TokenEvent> events) = 0;
   // The request failed (a worker died, the server is stopping); nothing follows.
   virtual void on_error(const Status& s) = 0;
+  // Where this sink gathers its calls, if it does: the scheduler calls
+  // end_round() on it once the round's calls are made. Null: nothing to do.
+  virtual SinkBatch* batch() { return nullptr; }
 };
 
 struct SchedulerOptions {
@@ -115,6 +131,11 @@ class Scheduler {
     int64_t generated = 0;
   };
   void loop();
+  // The round's calls to `e`'s sink; end_round() hands every batch noted over.
+  void send_tokens(Entry& e, std::span<runtime::TokenEvent> events);
+  void send_error(const std::shared_ptr<RequestSink>& sink, const Status& s);
+  void note_batch(RequestSink& sink);
+  void end_round();
   void fail_all(const Status& s);
   // The backend failed: the server turns unhealthy (/health 503, submit
   // refused) and every request in flight fails with `s`.
@@ -132,6 +153,7 @@ class Scheduler {
   int64_t in_flight_ = 0;                                 // GUARDED_BY(mu_): inbox + active
   int64_t next_id_ = 1;                                   // GUARDED_BY(mu_)
   std::map<int64_t, Entry> active_;                       // engine thread only
+  std::vector<SinkBatch*> round_batches_;                 // engine thread only
   std::thread thread_;
 };
 
