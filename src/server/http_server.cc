@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "msinfer/core/logging.h"
@@ -106,8 +107,7 @@ struct HttpServer::Impl {
   // allocation per request. The engine thread gathers a round into
   // `gathering`; end_round() hands it over; run_rounds() runs on the loop.
   struct Delivery {
-    std::weak_ptr<Session> session;
-    int64_t id = 0;
+    int64_t id = 0;  // the request's; its connection is in `streams`
     size_t begin = 0, end = 0;  // its events in the round's `events`
     std::optional<Status> error;
   };
@@ -130,20 +130,22 @@ struct HttpServer::Impl {
   std::vector<Round> spare;    // GUARDED_BY(rounds_mu): run, emptied, capacity kept
   bool posted = false;         // GUARDED_BY(rounds_mu): run_rounds() will take `ready`
   std::vector<Round> running;  // event-loop thread only
+  // The connection of each request in flight, by request id (event-loop thread
+  // only): deliveries name the request, so the engine thread touches no
+  // connection's reference count.
+  std::unordered_map<int64_t, std::weak_ptr<Session>> streams;
 
   void accept();
   // Engine thread: one request's tokens (moved from) or failure, this round.
-  void gather(const std::weak_ptr<Session>& s, int64_t id, std::span<runtime::TokenEvent> events) {
+  void gather(int64_t id, std::span<runtime::TokenEvent> events) {
     Delivery& d = gathering.deliveries.emplace_back();
-    d.session = s;
     d.id = id;
     d.begin = gathering.events.size();
     for (auto& ev : events) gathering.events.push_back(std::move(ev));
     d.end = gathering.events.size();
   }
-  void gather_error(const std::weak_ptr<Session>& s, int64_t id, const Status& st) {
+  void gather_error(int64_t id, const Status& st) {
     Delivery& d = gathering.deliveries.emplace_back();
-    d.session = s;
     d.id = id;
     d.error = st;
   }
@@ -183,7 +185,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (closed_) return;
     closed_ = true;
     if (gen_ && !gen_->done) {
-      gen_->done = true;
+      end_generation(*gen_);
       if (Scheduler* s = srv_.scheduler.load()) s->cancel(gen_->id);
     }
     beast::error_code ec;
@@ -235,14 +237,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // with every other request's of the same step (Impl::end_round).
   class Sink final : public RequestSink {
    public:
-    Sink(std::weak_ptr<Session> s, HttpServer::Impl& srv, int64_t id)
-        : s_(std::move(s)), srv_(srv), id_(id) {}
-    void on_tokens(std::span<runtime::TokenEvent> events) override { srv_.gather(s_, id_, events); }
-    void on_error(const Status& st) override { srv_.gather_error(s_, id_, st); }
+    Sink(HttpServer::Impl& srv, int64_t id) : srv_(srv), id_(id) {}
+    void on_tokens(std::span<runtime::TokenEvent> events) override { srv_.gather(id_, events); }
+    void on_error(const Status& st) override { srv_.gather_error(id_, st); }
     SinkBatch* batch() override { return &srv_.batch; }
 
    private:
-    std::weak_ptr<Session> s_;
     HttpServer::Impl& srv_;
     int64_t id_;
   };
@@ -512,8 +512,7 @@ class Session : public std::enable_shared_from_this<Session> {
     r.id = gen->id;
     r.prompt = gen->req.prompt;
     r.sampling = gen->req.sampling;
-    Status s =
-        sched->submit(std::move(r), std::make_shared<Sink>(weak_from_this(), srv_, gen->id));
+    Status s = sched->submit(std::move(r), std::make_shared<Sink>(srv_, gen->id));
     if (!s.ok()) {
       if (s.code() == StatusCode::kResourceExhausted) {
         return respond_error(error_of(429, "rate_limit_error", s.message()), false,
@@ -522,6 +521,7 @@ class Session : public std::enable_shared_from_this<Session> {
       return respond_error(error_of(503, "service_unavailable", s.message()));
     }
     gen_ = gen;
+    srv_.streams[gen->id] = weak_from_this();
     response_done_ = false;
     if (gen->req.stream) {
       srv_.metrics->http_response(200);
@@ -672,13 +672,20 @@ class Session : public std::enable_shared_from_this<Session> {
         out += sse(u);
       }
       out += "data: [DONE]\n\n";
-      g.done = true;
+      end_generation(g);
       response_done_ = true;
       queue_write(chunk(out) + "0\r\n\r\n");
       gen_.reset();
       return;
     }
     if (!out.empty()) queue_write(chunk(out));
+  }
+
+  // The generation's response is complete (or abandoned): nothing more is
+  // delivered to it.
+  void end_generation(Generation& g) {
+    g.done = true;
+    srv_.streams.erase(g.id);
   }
 
   void finish_plain(Generation& g, const std::string& finish) {
@@ -693,7 +700,7 @@ class Session : public std::enable_shared_from_this<Session> {
     choice["finish_reason"] = finish;
     j["choices"] = Json::array({choice});
     j["usage"] = usage_json(static_cast<int64_t>(g.req.prompt.size()), g.completion_tokens);
-    g.done = true;
+    end_generation(g);
     gen_.reset();
     respond_json(200, j);
   }
@@ -704,7 +711,7 @@ class Session : public std::enable_shared_from_this<Session> {
     // this handler is done with it.
     const std::shared_ptr<Generation> keep = gen_;
     Generation& g = *keep;
-    g.done = true;
+    end_generation(g);
     ApiError e = error_of(
         st.code() == StatusCode::kInvalidArgument ? 400 : 503,
         st.code() == StatusCode::kInvalidArgument ? "invalid_request_error" : "service_unavailable",
@@ -740,8 +747,13 @@ void HttpServer::Impl::run_rounds() {
   }
   for (Round& r : running) {
     for (Delivery& d : r.deliveries) {
-      auto p = d.session.lock();
-      if (!p) continue;  // the connection is gone
+      auto it = streams.find(d.id);
+      if (it == streams.end()) continue;  // its response ended (cancelled, stopped)
+      auto p = it->second.lock();
+      if (!p) {  // the connection is gone
+        streams.erase(it);
+        continue;
+      }
       if (d.error) {
         p->on_error(d.id, *d.error);
       } else {
