@@ -107,7 +107,7 @@ struct HttpServer::Impl {
   // allocation per request. The engine thread gathers a round into
   // `gathering`; end_round() hands it over; run_rounds() runs on the loop.
   struct Delivery {
-    int64_t id = 0;  // the request's; its connection is in `streams`
+    int64_t id = 0;             // the request's; its connection is in `streams`
     size_t begin = 0, end = 0;  // its events in the round's `events`
     std::optional<Status> error;
   };
