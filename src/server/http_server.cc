@@ -114,6 +114,12 @@ struct HttpServer::Impl {
   struct Round {
     std::vector<runtime::TokenEvent> events;
     std::vector<Delivery> deliveries;
+    // Streams send their held text at this round (every stream_interval-th
+    // round, for all streams together).
+    bool flush = false;
+    // Something in it cannot wait for the next flush round: a stream's first
+    // tokens, an end, an error, a stream with logprobs.
+    bool urgent = false;
   };
   class Batch final : public SinkBatch {
    public:
@@ -124,7 +130,8 @@ struct HttpServer::Impl {
     Impl& srv_;
   };
   Batch batch{*this};
-  Round gathering;  // engine thread only
+  Round gathering;      // engine thread only
+  uint64_t rounds = 0;  // engine thread only: rounds handed over
   std::mutex rounds_mu;
   std::vector<Round> ready;    // GUARDED_BY(rounds_mu): handed over, not yet run
   std::vector<Round> spare;    // GUARDED_BY(rounds_mu): run, emptied, capacity kept
@@ -137,7 +144,8 @@ struct HttpServer::Impl {
 
   void accept();
   // Engine thread: one request's tokens (moved from) or failure, this round.
-  void gather(int64_t id, std::span<runtime::TokenEvent> events) {
+  void gather(int64_t id, std::span<runtime::TokenEvent> events, bool urgent) {
+    gathering.urgent |= urgent || events.back().finished;
     Delivery& d = gathering.deliveries.emplace_back();
     d.id = id;
     d.begin = gathering.events.size();
@@ -145,24 +153,34 @@ struct HttpServer::Impl {
     d.end = gathering.events.size();
   }
   void gather_error(int64_t id, const Status& st) {
+    gathering.urgent = true;
     Delivery& d = gathering.deliveries.emplace_back();
     d.id = id;
     d.error = st;
   }
   // Engine thread: the round goes to the loop, after the rounds before it.
+  // The loop is woken for a flush round or an urgent one only: with
+  // --stream-interval N, once per N steps while streams just decode (waking
+  // an idle loop's cpu costs this thread, docs/BENCHMARKS.md); rounds between
+  // wait in `ready`, at most kMaxWaitingRounds of them (a bound on memory
+  // for large N).
+  static constexpr size_t kMaxWaitingRounds = 16;
   void end_round() {
     if (gathering.deliveries.empty()) return;
+    gathering.flush = ++rounds % static_cast<uint64_t>(options.stream_interval) == 0;
     bool post;
     {
       std::lock_guard<std::mutex> l(rounds_mu);
+      const bool wake =
+          gathering.flush || gathering.urgent || ready.size() + 1 >= kMaxWaitingRounds;
       ready.push_back(std::move(gathering));
       gathering = Round{};
       if (!spare.empty()) {
         gathering = std::move(spare.back());
         spare.pop_back();
       }
-      post = !posted;
-      posted = true;
+      post = wake && !posted;
+      posted = posted || wake;
     }
     if (post) net::post(ioc, [this] { run_rounds(); });
   }
@@ -229,7 +247,6 @@ class Session : public std::enable_shared_from_this<Session> {
     // Streamed text waiting for --stream-interval tokens (the first text
     // goes out at once: the interval never delays the first token).
     std::string held_text;
-    int64_t held_tokens = 0;
     bool sent_text = false;
   };
 
@@ -237,14 +254,22 @@ class Session : public std::enable_shared_from_this<Session> {
   // with every other request's of the same step (Impl::end_round).
   class Sink final : public RequestSink {
    public:
-    Sink(HttpServer::Impl& srv, int64_t id) : srv_(srv), id_(id) {}
-    void on_tokens(std::span<runtime::TokenEvent> events) override { srv_.gather(id_, events); }
+    // every_step: the client sees each step (a stream with logprobs).
+    Sink(HttpServer::Impl& srv, int64_t id, bool every_step)
+        : srv_(srv), id_(id), every_step_(every_step) {}
+    void on_tokens(std::span<runtime::TokenEvent> events) override {
+      // The first tokens go out at once (the time to the first token).
+      srv_.gather(id_, events, every_step_ || !started_);
+      started_ = true;
+    }
     void on_error(const Status& st) override { srv_.gather_error(id_, st); }
     SinkBatch* batch() override { return &srv_.batch; }
 
    private:
     HttpServer::Impl& srv_;
     int64_t id_;
+    bool every_step_;
+    bool started_ = false;  // engine thread only
   };
 
   // ---- reading requests ----
@@ -512,7 +537,8 @@ class Session : public std::enable_shared_from_this<Session> {
     r.id = gen->id;
     r.prompt = gen->req.prompt;
     r.sampling = gen->req.sampling;
-    Status s = sched->submit(std::move(r), std::make_shared<Sink>(srv_, gen->id));
+    Status s = sched->submit(
+        std::move(r), std::make_shared<Sink>(srv_, gen->id, gen->req.stream && gen->req.logprobs));
     if (!s.ok()) {
       if (s.code() == StatusCode::kResourceExhausted) {
         return respond_error(error_of(429, "rate_limit_error", s.message()), false,
@@ -615,7 +641,8 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
-  void on_tokens(int64_t id, std::span<const runtime::TokenEvent> events) {
+  // flush: the round where held stream text goes out (every stream_interval-th).
+  void on_tokens(int64_t id, std::span<const runtime::TokenEvent> events, bool flush) {
     if (closed_ || !gen_ || gen_->id != id || gen_->done) return;
     // gen_ is reset when the response ends; `keep` holds the generation until
     // this handler is done with it.
@@ -654,12 +681,9 @@ class Session : public std::enable_shared_from_this<Session> {
       // (and at the end): fewer writes, and the time to the first token as
       // without the interval.
       g.held_text += delta;
-      g.held_tokens += static_cast<int64_t>(events.size());
-      if (!g.held_text.empty() &&
-          (!g.sent_text || g.held_tokens >= srv_.options.stream_interval || !finish.empty())) {
+      if (!g.held_text.empty() && (!g.sent_text || flush || !finish.empty())) {
         out += text_chunk(g, g.held_text);
         g.held_text.clear();
-        g.held_tokens = 0;
         g.sent_text = true;
       }
     }
@@ -758,7 +782,8 @@ void HttpServer::Impl::run_rounds() {
         p->on_error(d.id, *d.error);
       } else {
         p->on_tokens(
-            d.id, std::span<const runtime::TokenEvent>(r.events.data() + d.begin, d.end - d.begin));
+            d.id, std::span<const runtime::TokenEvent>(r.events.data() + d.begin, d.end - d.begin),
+            r.flush);
       }
     }
     r.events.clear();
@@ -768,7 +793,8 @@ void HttpServer::Impl::run_rounds() {
   // few: a burst's backlog is let go).
   std::lock_guard<std::mutex> l(rounds_mu);
   for (Round& r : running) {
-    if (spare.size() < 4) spare.push_back(std::move(r));
+    r.flush = r.urgent = false;
+    if (spare.size() < kMaxWaitingRounds + 2) spare.push_back(std::move(r));
   }
   running.clear();
 }

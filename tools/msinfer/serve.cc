@@ -60,8 +60,9 @@ int run_serve(int argc, char** argv) {
   flags.add_double("request-timeout", 30, "seconds a client has to send a whole request");
   flags.add_int("max-body-kb", 4096, "request body size limit (413 beyond)");
   flags.add_int("stream-interval", 1, 1, 4096,
-                "a stream's first text goes out at once, then every N tokens (and at its\n"
-                "end): fewer socket writes per token when steps are short; 1: every token");
+                "a stream's first text goes out at once, then every N engine steps, all\n"
+                "streams together (and at its end): fewer socket writes and wake-ups of\n"
+                "the HTTP loop per token when steps are short; 1: every token");
   flags.add_int("kv-cache-mb", 256, "KV cache budget in MiB (per attention worker)",
                 "MSINFER_KV_CACHE_MB");
   add_engine_flags(flags);

@@ -35,7 +35,10 @@ struct ServerOptions {
   int64_t max_header_bytes = 16 << 10;
   int64_t max_pending_bytes = 1 << 20;  // queued for one slow reader before it is cut off
   int64_t max_connections = 4096;
-  // A stream's text goes out every this many tokens (1: every token).
+  // Streams' text goes out every this many engine steps, all streams at the
+  // same steps (the first text and the end at once; 1: every token). The loop
+  // is woken only at those steps, or for a first token, an end, an error or a
+  // stream with logprobs.
   int64_t stream_interval = 1;
   std::chrono::milliseconds request_timeout{30000};
 };
