@@ -244,8 +244,9 @@ class Session : public std::enable_shared_from_this<Session> {
     // The usual stream chunk (text, no logprobs, no finish) around its text;
     // made once (text_chunk).
     std::string chunk_prefix, chunk_suffix;
-    // Streamed text waiting for --stream-interval tokens (the first text
-    // goes out at once: the interval never delays the first token).
+    // Streamed text waiting for the next flush round (every --stream-interval
+    // steps; the first text goes out at once: the interval never delays the
+    // first token).
     std::string held_text;
     bool sent_text = false;
   };
@@ -677,9 +678,9 @@ class Session : public std::enable_shared_from_this<Session> {
       Json d = g.req.chat ? Json{{"content", delta}} : Json(delta);
       out += sse(stream_chunk(g, d, logprobs, Json(nullptr)));
     } else {
-      // The first text at once, then one chunk per stream_interval tokens
-      // (and at the end): fewer writes, and the time to the first token as
-      // without the interval.
+      // The first text at once, then one chunk per flush round (every
+      // stream_interval steps) and at the end: fewer writes, and the time to
+      // the first token as without the interval.
       g.held_text += delta;
       if (!g.held_text.empty() && (!g.sent_text || flush || !finish.empty())) {
         out += text_chunk(g, g.held_text);

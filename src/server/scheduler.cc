@@ -92,14 +92,14 @@ void Scheduler::note_batch(RequestSink& sink) {
   }
 }
 
-void Scheduler::send_tokens(Entry& e, std::span<runtime::TokenEvent> events) {
-  e.sink->on_tokens(events);
-  note_batch(*e.sink);
+void Scheduler::send_tokens(RequestSink& sink, std::span<runtime::TokenEvent> events) {
+  sink.on_tokens(events);
+  note_batch(sink);
 }
 
-void Scheduler::send_error(const std::shared_ptr<RequestSink>& sink, const Status& s) {
-  sink->on_error(s);
-  note_batch(*sink);
+void Scheduler::send_error(RequestSink& sink, const Status& s) {
+  sink.on_error(s);
+  note_batch(sink);
 }
 
 void Scheduler::end_round() {
@@ -113,8 +113,8 @@ void Scheduler::fail_all(const Status& s) {
     std::lock_guard<std::mutex> l(mu_);
     inbox.swap(inbox_);
   }
-  for (auto& e : inbox) send_error(e.sink, s);
-  for (auto& [id, e] : active_) send_error(e.sink, s);
+  for (auto& e : inbox) send_error(*e.sink, s);
+  for (auto& [id, e] : active_) send_error(*e.sink, s);
   end_round();
   const int64_t n = static_cast<int64_t>(inbox.size() + active_.size());
   for (int64_t i = 0; i < n; ++i) metrics_->request_aborted();
@@ -201,7 +201,7 @@ void Scheduler::loop() {
     for (auto& e : admitted) {
       Status s = backend_->add(e.req);
       if (!s.ok()) {
-        send_error(e.sink, s);
+        send_error(*e.sink, s);
         metrics_->request_aborted();
         ++ended;
         continue;
@@ -249,7 +249,7 @@ void Scheduler::loop() {
           if (evs.back().finish_reason == "error") {
             // The deployment lost it (a dead attention worker, not
             // resubmitted): this request fails, the others go on.
-            send_error(e.sink, Status(StatusCode::kUnavailable, evs.back().error));
+            send_error(*e.sink, Status(StatusCode::kUnavailable, evs.back().error));
             metrics_->request_aborted();
             active_.erase(it);
             ++ended;
@@ -268,7 +268,7 @@ void Scheduler::loop() {
           // Read before the sink, which may move from the events.
           const bool finished = evs.back().finished;
           const bool length = evs.back().finish_reason == "length";
-          send_tokens(e, evs);
+          send_tokens(*e.sink, evs);
           if (finished) {
             metrics_->request_finished(length ? "length" : "stop", seconds(now - e.arrival));
             active_.erase(it);

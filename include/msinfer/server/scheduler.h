@@ -131,9 +131,9 @@ class Scheduler {
     int64_t generated = 0;
   };
   void loop();
-  // The round's calls to `e`'s sink; end_round() hands every batch noted over.
-  void send_tokens(Entry& e, std::span<runtime::TokenEvent> events);
-  void send_error(const std::shared_ptr<RequestSink>& sink, const Status& s);
+  // The round's calls to a sink; end_round() hands every batch noted over.
+  void send_tokens(RequestSink& sink, std::span<runtime::TokenEvent> events);
+  void send_error(RequestSink& sink, const Status& s);
   void note_batch(RequestSink& sink);
   void end_round();
   void fail_all(const Status& s);
