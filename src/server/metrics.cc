@@ -67,9 +67,11 @@ void Metrics::add_prompt_tokens(int64_t n) {
   std::lock_guard<std::mutex> l(mu_);
   prompt_tokens_ += n;
 }
-void Metrics::add_generation_tokens(int64_t n) {
+void Metrics::observe_step(std::span<const double> ttft_s, std::span<const double> itl_s) {
   std::lock_guard<std::mutex> l(mu_);
-  generation_tokens_ += n;
+  for (double s : ttft_s) ttft_.observe(s);
+  for (double s : itl_s) itl_.observe(s);
+  generation_tokens_ += static_cast<int64_t>(ttft_s.size() + itl_s.size());
 }
 void Metrics::request_finished(const std::string& reason, double e2e_s) {
   std::lock_guard<std::mutex> l(mu_);
@@ -79,14 +81,6 @@ void Metrics::request_finished(const std::string& reason, double e2e_s) {
 void Metrics::request_aborted() {
   std::lock_guard<std::mutex> l(mu_);
   ++aborted_;
-}
-void Metrics::observe_ttft(double s) {
-  std::lock_guard<std::mutex> l(mu_);
-  ttft_.observe(s);
-}
-void Metrics::observe_itl(double s) {
-  std::lock_guard<std::mutex> l(mu_);
-  itl_.observe(s);
 }
 void Metrics::http_response(int status) {
   std::lock_guard<std::mutex> l(mu_);

@@ -99,8 +99,8 @@ TEST(TextStreamTest, StopStringAcrossTokensIsNeverEmitted) {
 TEST(MetricsTest, PrometheusText) {
   Metrics m("m");
   m.add_prompt_tokens(5);
-  m.add_generation_tokens(7);
-  m.observe_ttft(0.03);
+  const std::vector<double> ttft = {0.03, 0.5}, itl = {0.01, 0.01, 0.02, 0.3, 0.001};
+  m.observe_step(ttft, itl);
   m.request_finished("length", 1.2);
   Metrics::Gauges g;
   g.running = 2;
@@ -115,6 +115,16 @@ TEST(MetricsTest, PrometheusText) {
   EXPECT_NE(t.find("msinfer:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"0.04\"} 1\n"),
             std::string::npos);
   EXPECT_NE(t.find("msinfer:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"0.02\"} 0\n"),
+            std::string::npos);
+  // One step's observations: every token counted once, each in its histogram.
+  EXPECT_NE(t.find("msinfer:generation_tokens_total{model_name=\"m\"} 7\n"), std::string::npos);
+  EXPECT_NE(t.find("msinfer:time_to_first_token_seconds_count{model_name=\"m\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("msinfer:inter_token_latency_seconds_bucket{model_name=\"m\",le=\"0.01\"} 3\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("msinfer:inter_token_latency_seconds_bucket{model_name=\"m\",le=\"0.025\"} 4\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("msinfer:inter_token_latency_seconds_count{model_name=\"m\"} 5\n"),
             std::string::npos);
   EXPECT_NE(t.find("# TYPE msinfer:e2e_request_latency_seconds histogram\n"), std::string::npos);
   EXPECT_EQ(t.find("msinfer:expert_balance"), std::string::npos);  // no routing window: none

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,11 +36,12 @@ class Metrics {
   explicit Metrics(std::string model_name);
 
   void add_prompt_tokens(int64_t n);
-  void add_generation_tokens(int64_t n);
+  // One engine step's tokens under one lock: each generated token is a
+  // request's first (its time to first token) or a later one (the gap since
+  // its previous token); the generation counter grows by their sum.
+  void observe_step(std::span<const double> ttft_s, std::span<const double> itl_s);
   void request_finished(const std::string& finished_reason, double e2e_s);  // a success
   void request_aborted();
-  void observe_ttft(double s);
-  void observe_itl(double s);
   void http_response(int status);
 
   // The gauges the scheduler knows at scrape time.

@@ -154,6 +154,8 @@ class Scheduler {
   int64_t next_id_ = 1;                                   // GUARDED_BY(mu_)
   std::map<int64_t, Entry> active_;                       // engine thread only
   std::vector<SinkBatch*> round_batches_;                 // engine thread only
+  // A step's latencies, handed to Metrics at once; engine thread only.
+  std::vector<double> step_ttft_, step_itl_;
   std::thread thread_;
 };
 
