@@ -2,7 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
 
 namespace msinfer::runtime {
 namespace {
@@ -18,6 +22,33 @@ TEST(SamplingTest, GreedyTopKOneAndTinyTopPPickTheArgmax) {
   p.top_k = 0;
   p.top_p = 1e-6f;
   for (int i = 0; i < 20; ++i) EXPECT_EQ(sample_token(l.data(), 4, p, rng), 1);
+}
+
+// The two-pass argmax against std::max_element (the first largest): sizes
+// around the lane count, ties (many equal maxima, signed zeros), all-negative
+// and infinite values, a NaN that must not win.
+TEST(SamplingTest, ArgmaxIsTheFirstLargest) {
+  std::mt19937_64 rng(7);
+  std::uniform_int_distribution<int> small(-3, 3);
+  std::normal_distribution<float> normal(0.f, 4.f);
+  for (int64_t n : {1, 2, 15, 16, 17, 31, 32, 33, 390, 1000, 32000}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> x(n);
+      for (auto& v : x) v = trial % 2 ? static_cast<float>(small(rng)) : normal(rng) - 100.f;
+      if (trial == 4) x[n / 2] = std::numeric_limits<float>::infinity();
+      const int64_t want = std::max_element(x.begin(), x.end()) - x.begin();
+      EXPECT_EQ(argmax(x.data(), n), want) << "n " << n << " trial " << trial;
+    }
+  }
+  std::vector<float> z = {-0.f, 0.f, -1.f};  // equal under ==: the first
+  EXPECT_EQ(argmax(z.data(), 3), 0);
+  std::vector<float> nan(40, -5.f);
+  nan[3] = std::nanf("");
+  nan[37] = -4.f;
+  EXPECT_EQ(argmax(nan.data(), 40), 37);
+  std::vector<float> all(20, std::nanf(""));
+  EXPECT_EQ(argmax(all.data(), 20), 0);
+  EXPECT_EQ(argmax(all.data(), 0), 0);
 }
 
 TEST(SamplingTest, FrequenciesFollowTheTemperatureSoftmax) {

@@ -27,7 +27,6 @@ struct SamplingParams {
   Status validate() const;
 };
 
-// Picks a token from logits[vocab]; `rng` is the request's own generator.
 // Applies the frequency and presence penalties for `generated` (the request's
 // tokens so far, prompt excluded) to logits[vocab] in place.
 void apply_penalties(float* logits, int64_t vocab, const SamplingParams& p,
@@ -38,6 +37,11 @@ void apply_penalties(float* logits, int64_t vocab, const SamplingParams& p,
 float token_logprob(const float* logits, int64_t vocab, int32_t token, int top,
                     std::vector<std::pair<int32_t, float>>* top_out);
 
+// The index of the largest of x[n], the first on ties (as std::max_element);
+// NaNs are never chosen (all NaN, or n == 0: 0).
+int64_t argmax(const float* x, int64_t n);
+
+// Picks a token from logits[vocab]; `rng` is the request's own generator.
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p,
                      std::mt19937_64& rng);
 
