@@ -232,11 +232,18 @@ void Scheduler::loop() {
         const auto now = clock::now();
         // Each request's events of the step, together and in order (a
         // request may have several: a disaggregated step, a resumed one).
+        // Sorted as (id, index) pairs: moving the events themselves through
+        // a stable sort took ~3 us a step for 64 (~1% of tiny-mixtral's);
+        // they move once, and only when the order changes.
         std::vector<runtime::TokenEvent>& all = *events;
-        std::stable_sort(all.begin(), all.end(),
-                         [](const runtime::TokenEvent& a, const runtime::TokenEvent& b) {
-                           return a.request_id < b.request_id;
-                         });
+        step_order_.resize(all.size());
+        for (size_t i = 0; i < all.size(); ++i) step_order_[i] = {all[i].request_id, i};
+        if (!std::is_sorted(step_order_.begin(), step_order_.end())) {
+          std::sort(step_order_.begin(), step_order_.end());
+          step_sorted_.clear();
+          for (const auto& [id, i] : step_order_) step_sorted_.push_back(std::move(all[i]));
+          all.swap(step_sorted_);
+        }
         for (size_t begin = 0, end = 0; begin < all.size(); begin = end) {
           const int64_t id = all[begin].request_id;
           end = begin + 1;

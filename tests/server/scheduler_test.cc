@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <map>
@@ -62,6 +63,27 @@ class FakeBackend final : public GenerationBackend {
       out.push_back(ev);
       it = ev.finished ? running_.erase(it) : std::next(it);
     }
+    if (scatter_) {
+      // Two tokens per request, its pair split apart and the requests in
+      // descending id order, as several workers' answers may interleave.
+      std::vector<runtime::TokenEvent> second;
+      for (auto& ev : out) {
+        if (ev.finished || ev.token < 0) continue;
+        auto& r = running_.at(ev.request_id);
+        runtime::TokenEvent next;
+        next.request_id = ev.request_id;
+        next.token = static_cast<int32_t>(r.second++);
+        next.finished = r.second == r.first;
+        if (next.finished) {
+          next.finish_reason = "length";
+          running_.erase(ev.request_id);
+        }
+        second.push_back(next);
+      }
+      std::reverse(out.begin(), out.end());
+      std::reverse(second.begin(), second.end());
+      out.insert(out.end(), second.begin(), second.end());
+    }
     max_batch_ = std::max<int64_t>(max_batch_, static_cast<int64_t>(out.size()));
     return out;
   }
@@ -81,6 +103,7 @@ class FakeBackend final : public GenerationBackend {
 
   std::atomic<int64_t> max_batch_{0};
   std::atomic<bool> stopped_{false};
+  bool scatter_ = false;  // set before the scheduler starts
   std::atomic<int64_t> stop_at_add_{0};
 
  private:
@@ -170,6 +193,49 @@ TEST(SchedulerTest, ManyClientsShareTheBatch) {
   EXPECT_NE(
       text.find("msinfer:request_success_total{model_name=\"m\",finished_reason=\"length\"} 64"),
       std::string::npos);
+}
+
+// A step's events out of request order, a request's two tokens apart: each
+// sink still gets its tokens in order, both of a step in one call.
+TEST(SchedulerTest, AStepsEventsReachEachSinkGroupedAndInOrder) {
+  Metrics metrics("m");
+  auto backend = std::make_unique<FakeBackend>();
+  backend->scatter_ = true;
+  SchedulerOptions o;
+  o.max_num_seqs = 8;
+  Scheduler sched(std::move(backend), o, &metrics);
+  struct Calls final : RequestSink {
+    void on_tokens(std::span<runtime::TokenEvent> events) override {
+      std::lock_guard<std::mutex> l(mu);
+      sizes.push_back(events.size());
+      for (const auto& e : events) tokens.push_back(e.token);
+      done = done || events.back().finished;
+    }
+    void on_error(const Status&) override {}
+    std::mutex mu;
+    std::vector<size_t> sizes;
+    std::vector<int32_t> tokens;
+    bool done = false;
+  };
+  std::vector<std::shared_ptr<Calls>> sinks;
+  for (int i = 0; i < 8; ++i) {
+    sinks.push_back(std::make_shared<Calls>());
+    ASSERT_TRUE(sched.submit(request(sched.next_id(), 6 + (i % 2)), sinks.back()).ok());
+  }
+  ASSERT_TRUE(sched.wait_idle(std::chrono::steady_clock::now() + 30s));
+  for (int i = 0; i < 8; ++i) {
+    std::lock_guard<std::mutex> l(sinks[i]->mu);
+    const size_t n = 6 + (i % 2);
+    ASSERT_EQ(sinks[i]->tokens.size(), n) << i;
+    for (size_t k = 0; k < n; ++k) EXPECT_EQ(sinks[i]->tokens[k], static_cast<int32_t>(k)) << i;
+    EXPECT_TRUE(sinks[i]->done);
+    // Two tokens a step (the last step of an odd count: one).
+    for (size_t c = 0; c < sinks[i]->sizes.size(); ++c) {
+      EXPECT_EQ(sinks[i]->sizes[c], c + 1 < sinks[i]->sizes.size() || n % 2 == 0 ? 2u : 1u) << i;
+    }
+  }
+  const std::string text = metrics.render({});
+  EXPECT_NE(text.find("msinfer:generation_tokens_total{model_name=\"m\"} 52\n"), std::string::npos);
 }
 
 TEST(SchedulerTest, QueueBoundCancelAndDrain) {

@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "msinfer/core/json.h"
@@ -156,6 +157,10 @@ class Scheduler {
   std::vector<SinkBatch*> round_batches_;                 // engine thread only
   // A step's latencies, handed to Metrics at once; engine thread only.
   std::vector<double> step_ttft_, step_itl_;
+  // A step's events grouped by request: (request id, index) sorted, and the
+  // events in that order when it differs. Engine thread only.
+  std::vector<std::pair<int64_t, size_t>> step_order_;
+  std::vector<runtime::TokenEvent> step_sorted_;
   std::thread thread_;
 };
 
