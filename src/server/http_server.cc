@@ -483,6 +483,8 @@ class Session : public std::enable_shared_from_this<Session> {
         g.waiting = snap.waiting;
         g.kv_usage = snap.kv_usage;
         g.preemptions = snap.preemptions;
+        g.engine_busy_s = snap.engine_busy_s;
+        g.engine_step_s = snap.engine_step_s;
         g.workers = std::move(snap.workers);
         g.routing = std::move(snap.routing);
       }

@@ -111,6 +111,13 @@ std::string Metrics::render(const Gauges& g) const {
             "CPU time of the HTTP event loop thread: parsing, JSON, SSE and socket writes.",
             g.http_loop_cpu_s);
   }
+  counter("msinfer:engine_busy_seconds_total",
+          "Engine thread: wall time of the scheduler's iterations that stepped the engine.",
+          g.engine_busy_s);
+  counter("msinfer:engine_step_seconds_total",
+          "Engine thread: the part of engine_busy_seconds_total inside the engine's step; the "
+          "rest is the server's own work on that thread.",
+          g.engine_step_s);
   counter("msinfer:num_preemptions_total", "Requests preempted to free KV blocks (recomputed).",
           static_cast<double>(g.preemptions));
   counter("msinfer:prompt_tokens_total", "Prompt tokens of admitted requests.",

@@ -164,6 +164,8 @@ void Scheduler::loop() {
       fail_all(Status(StatusCode::kUnavailable, "the server is shutting down"));
       return;
     }
+    const auto iteration_start = clock::now();
+    double step_s = -1;  // the backend's step() this iteration; < 0: none
     int64_t ended = 0;
     Status failed = ok_status();  // the backend's failure, found by a cancel
     for (const auto& [id, reason] : cancels) {
@@ -225,7 +227,9 @@ void Scheduler::loop() {
       healthy = false;
     }
     if (healthy && !backend_->idle()) {
+      const auto step_start = clock::now();
       auto events = backend_->step();
+      step_s = seconds(clock::now() - step_start);
       if (!events.ok()) {
         fail_backend(events.status());
       } else {
@@ -309,6 +313,10 @@ void Scheduler::loop() {
     if (now_idle && !was_idle) ::malloc_trim(0);
     was_idle = now_idle;
     std::lock_guard<std::mutex> l(mu_);
+    if (step_s >= 0) {
+      snap_.engine_busy_s += seconds(clock::now() - iteration_start);
+      snap_.engine_step_s += step_s;
+    }
     snap_.running = s.running;
     snap_.waiting = backend_->waiting() + static_cast<int64_t>(inbox_.size());
     snap_.kv_usage = s.kv_usage;

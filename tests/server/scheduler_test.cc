@@ -189,6 +189,10 @@ TEST(SchedulerTest, ManyClientsShareTheBatch) {
   EXPECT_GT(fake->max_batch_.load(), 1);   // shared steps
   EXPECT_LE(fake->max_batch_.load(), 16);  // never more than max_num_seqs
   EXPECT_TRUE(sched.wait_idle(std::chrono::steady_clock::now() + 10s));
+  // The engine thread's time: steps inside the iterations that made them.
+  const auto snap = sched.snapshot();
+  EXPECT_GT(snap.engine_step_s, 0);
+  EXPECT_GE(snap.engine_busy_s, snap.engine_step_s);
   const std::string text = metrics.render({});
   EXPECT_NE(
       text.find("msinfer:request_success_total{model_name=\"m\",finished_reason=\"length\"} 64"),

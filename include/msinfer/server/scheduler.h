@@ -111,6 +111,11 @@ class Scheduler {
   struct Snapshot {
     int64_t running = 0, waiting = 0, preemptions = 0;
     double kv_usage = 0;
+    // The engine thread's wall time in iterations that stepped the backend
+    // (admission, the step, handing its tokens to the sinks, the gauges),
+    // and the part of it inside the backend's step(): the difference is
+    // the server's own cost on the engine thread.
+    double engine_busy_s = 0, engine_step_s = 0;
     bool healthy = true;
     std::string failure;
     std::vector<Json> workers;
