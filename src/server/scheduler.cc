@@ -229,11 +229,11 @@ void Scheduler::loop() {
     if (healthy && !backend_->idle()) {
       const auto step_start = clock::now();
       auto events = backend_->step();
-      step_s = seconds(clock::now() - step_start);
+      const auto now = clock::now();  // the step's end: its tokens' time
+      step_s = seconds(now - step_start);
       if (!events.ok()) {
         fail_backend(events.status());
       } else {
-        const auto now = clock::now();
         // Each request's events of the step, together and in order (a
         // request may have several: a disaggregated step, a resumed one).
         // Sorted as (id, index) pairs: moving the events themselves through
