@@ -136,7 +136,10 @@ void Scheduler::fail_backend(const Status& s) {
 void Scheduler::loop() {
   ::pthread_setname_np(::pthread_self(), "msinfer-engine");
   auto last_stats = clock::now() - options_.stats_interval;
-  bool was_idle = true;
+  // The last busy iteration; with `trim_pending`, freed heap pages go back
+  // at last_busy + trim_after_idle (nothing to trim before the first request).
+  auto last_busy = clock::now();
+  bool trim_pending = false;
   for (;;) {
     std::vector<std::pair<int64_t, std::string>> cancels;
     std::vector<Entry> admitted;
@@ -145,7 +148,13 @@ void Scheduler::loop() {
       std::unique_lock<std::mutex> l(mu_);
       // Sleep while nothing runs; a disaggregated deployment's workers also
       // rest (the router steps them only with requests in flight).
-      cv_.wait_for(l, options_.stats_interval, [&] {
+      auto wait = options_.stats_interval;
+      if (trim_pending) {
+        wait = std::min(wait, std::chrono::ceil<std::chrono::milliseconds>(
+                                  std::max(last_busy + options_.trim_after_idle - clock::now(),
+                                           clock::duration::zero())));
+      }
+      cv_.wait_for(l, wait, [&] {
         return stop_ || !cancels_.empty() || (!inbox_.empty() && snap_.healthy) ||
                (!backend_->idle() && snap_.healthy);
       });
@@ -307,11 +316,17 @@ void Scheduler::loop() {
       if (r.ok()) routing = std::move(r).value();
       last_stats = clock::now();
     }
-    // Back to idle: hand freed heap pages back to the system, so a burst of
-    // connections does not leave the process larger than before it.
-    const bool now_idle = backend_->idle() && active_.empty();
-    if (now_idle && !was_idle) ::malloc_trim(0);
-    was_idle = now_idle;
+    // Idle for trim_after_idle: hand freed heap pages back to the system, so
+    // a burst of connections does not leave the process larger than before
+    // it. (Trimming at once cost the engine thread up to 2 ms a burst, and
+    // the next burst faulted the pages back in.)
+    if (!backend_->idle() || !active_.empty()) {
+      last_busy = clock::now();
+      trim_pending = true;
+    } else if (trim_pending && clock::now() - last_busy >= options_.trim_after_idle) {
+      ::malloc_trim(0);
+      trim_pending = false;
+    }
     std::lock_guard<std::mutex> l(mu_);
     if (step_s >= 0) {
       snap_.engine_busy_s += seconds(clock::now() - iteration_start);

@@ -89,6 +89,10 @@ struct SchedulerOptions {
   int64_t max_queue = 1024;
   // How often the engine thread refreshes the workers' stats for /metrics.
   std::chrono::milliseconds stats_interval{1000};
+  // Once the engine has been idle this long, its freed heap pages go back to
+  // the system (malloc_trim). Not at once: back-to-back bursts would each
+  // pay the trim on the engine thread and fault the pages back in.
+  std::chrono::milliseconds trim_after_idle{2000};
 };
 
 class Scheduler {
