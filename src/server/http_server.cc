@@ -101,6 +101,8 @@ struct HttpServer::Impl {
   std::optional<net::steady_timer> stop_timer;
   std::optional<net::signal_set> signals;
   std::list<std::weak_ptr<Session>> sessions;  // event-loop thread only
+  size_t prune_sessions_at = 64;               // event-loop thread only
+  int nodelay_inherited = -1;                  // event-loop thread only: -1 not yet known
   std::time_t created = std::time(nullptr);
   // Tokens and errors from the engine thread go to the loop a round (one
   // engine step) at a time: one post, one wake-up of the loop and no
@@ -811,9 +813,22 @@ void HttpServer::Impl::accept() {
         sock.close(ignored);  // over the limit: refuse at once
       } else {
         beast::error_code ignored;
-        sock.set_option(tcp::no_delay(true), ignored);
+        // TCP_NODELAY is set on the listening socket, and Linux hands it on
+        // to the sockets it accepts: checked on the first, set on each only
+        // where it is not (a system call per connection saved).
+        if (nodelay_inherited < 0) {
+          tcp::no_delay nd;
+          sock.get_option(nd, ignored);
+          nodelay_inherited = !ignored && nd.value() ? 1 : 0;
+        }
+        if (nodelay_inherited == 0) sock.set_option(tcp::no_delay(true), ignored);
         auto s = std::make_shared<Session>(*this, std::move(sock));
-        sessions.remove_if([](const std::weak_ptr<Session>& w) { return w.expired(); });
+        // Forget closed connections now and then, not on every accept (a
+        // scan of every connection per accept: quadratic in a burst).
+        if (sessions.size() >= prune_sessions_at) {
+          sessions.remove_if([](const std::weak_ptr<Session>& w) { return w.expired(); });
+          prune_sessions_at = 2 * sessions.size() + 64;
+        }
         sessions.push_back(s);
         s->start();
       }
@@ -838,6 +853,7 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::start(const ServerOptions& o, 
   const std::string where = o.host + ":" + std::to_string(o.port);
   impl->acceptor.open(ep.protocol(), ec);
   if (!ec) impl->acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) impl->acceptor.set_option(tcp::no_delay(true), ec);
   if (!ec) impl->acceptor.bind(ep, ec);
   if (!ec) impl->acceptor.listen(net::socket_base::max_listen_connections, ec);
   if (ec)
