@@ -257,13 +257,19 @@ void Scheduler::loop() {
           for (const auto& [id, i] : step_order_) step_sorted_.push_back(std::move(all[i]));
           all.swap(step_sorted_);
         }
+        // The requests in id order too: one walk through `active_` beside
+        // the events, not a lookup per request (a std::map find follows ~6
+        // nodes, which the step has evicted from the cache: at contexts of
+        // 1,024 the hand-over took 20-38 us a step of 64).
+        auto next = active_.begin();
         for (size_t begin = 0, end = 0; begin < all.size(); begin = end) {
           const int64_t id = all[begin].request_id;
           end = begin + 1;
           while (end < all.size() && all[end].request_id == id) ++end;
           const std::span<runtime::TokenEvent> evs(all.data() + begin, end - begin);
-          auto it = active_.find(id);
-          if (it == active_.end()) continue;  // cancelled meanwhile
+          while (next != active_.end() && next->first < id) ++next;
+          if (next == active_.end() || next->first != id) continue;  // cancelled meanwhile
+          const auto it = next++;
           Entry& e = it->second;
           if (evs.back().finish_reason == "error") {
             // The deployment lost it (a dead attention worker, not

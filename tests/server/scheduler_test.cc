@@ -48,7 +48,22 @@ class FakeBackend final : public GenerationBackend {
       return Status(StatusCode::kUnavailable, "expert worker 1 was killed by signal 9");
     }
     std::vector<runtime::TokenEvent> out;
+    ++steps_;
+    if (alternate_) {
+      // Tokens of requests nobody submitted (cancelled meanwhile), before
+      // and after every real id.
+      for (int64_t stray : {int64_t{-5}, int64_t{1} << 40}) {
+        runtime::TokenEvent ev;
+        ev.request_id = stray;
+        ev.token = 7;
+        out.push_back(ev);
+      }
+    }
     for (auto it = running_.begin(); it != running_.end();) {
+      if (alternate_ && (it->first + steps_) % 2 != 0) {
+        ++it;  // its micro-batch answers next step
+        continue;
+      }
       runtime::TokenEvent ev;
       ev.request_id = it->first;
       ev.token = static_cast<int32_t>(it->second.second++);
@@ -104,6 +119,11 @@ class FakeBackend final : public GenerationBackend {
   std::atomic<int64_t> max_batch_{0};
   std::atomic<bool> stopped_{false};
   bool scatter_ = false;  // set before the scheduler starts
+  // Set before the scheduler starts: each step answers half the requests
+  // (odd and even ids in turn, as micro-batches do) and adds two tokens of
+  // requests that are not running.
+  bool alternate_ = false;
+  int64_t steps_ = 0;
   std::atomic<int64_t> stop_at_add_{0};
 
  private:
@@ -238,6 +258,33 @@ TEST(SchedulerTest, AStepsEventsReachEachSinkGroupedAndInOrder) {
       EXPECT_EQ(sinks[i]->sizes[c], c + 1 < sinks[i]->sizes.size() || n % 2 == 0 ? 2u : 1u) << i;
     }
   }
+  const std::string text = metrics.render({});
+  EXPECT_NE(text.find("msinfer:generation_tokens_total{model_name=\"m\"} 52\n"), std::string::npos);
+}
+
+// Steps that answer some requests, not all, and name requests the scheduler
+// does not know: each sink still gets every token of its own, in order.
+TEST(SchedulerTest, StepsThatAnswerSomeRequestsReachTheRightSinks) {
+  Metrics metrics("m");
+  auto backend = std::make_unique<FakeBackend>();
+  backend->alternate_ = true;
+  SchedulerOptions o;
+  o.max_num_seqs = 8;
+  Scheduler sched(std::move(backend), o, &metrics);
+  std::vector<std::shared_ptr<Collect>> sinks;
+  for (int i = 0; i < 8; ++i) {
+    sinks.push_back(std::make_shared<Collect>());
+    ASSERT_TRUE(sched.submit(request(sched.next_id(), 3 + i), sinks.back()).ok());
+  }
+  ASSERT_TRUE(sched.wait_idle(std::chrono::steady_clock::now() + 30s));
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE(sinks[i]->wait(1s)) << i;
+    EXPECT_EQ(sinks[i]->error(), "") << i;
+    std::vector<int32_t> want(static_cast<size_t>(3 + i));
+    for (size_t k = 0; k < want.size(); ++k) want[k] = static_cast<int32_t>(k);
+    EXPECT_EQ(sinks[i]->tokens(), want) << i;
+  }
+  // 3 + 4 + ... + 10 generated, the strays not counted.
   const std::string text = metrics.render({});
   EXPECT_NE(text.find("msinfer:generation_tokens_total{model_name=\"m\"} 52\n"), std::string::npos);
 }

@@ -135,10 +135,12 @@ class Scheduler {
 
  private:
   struct Entry {
-    runtime::GenerationRequest req;
+    // What every step reads first, next to the map node's links: one cache
+    // line a request for the step's hand-over.
     std::shared_ptr<RequestSink> sink;
     std::chrono::steady_clock::time_point arrival, last_token;
     int64_t generated = 0;
+    runtime::GenerationRequest req;
   };
   void loop();
   // The round's calls to a sink; end_round() hands every batch noted over.
