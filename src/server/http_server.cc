@@ -4,6 +4,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <pthread.h>
+#include <sched.h>
 
 #include <csignal>
 #include <ctime>
@@ -25,6 +26,13 @@ namespace http = beast::http;
 using tcp = net::ip::tcp;
 
 namespace {
+
+// The calling thread's CPU time (the HTTP loop's, for /metrics).
+double thread_cpu_s() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
 
 const char* reason_phrase(int status) {
   switch (status) {
@@ -138,6 +146,8 @@ struct HttpServer::Impl {
   std::vector<Round> ready;    // GUARDED_BY(rounds_mu): handed over, not yet run
   std::vector<Round> spare;    // GUARDED_BY(rounds_mu): run, emptied, capacity kept
   bool posted = false;         // GUARDED_BY(rounds_mu): run_rounds() will take `ready`
+  bool polling = false;        // GUARDED_BY(rounds_mu): the loop takes `ready` itself
+  double poll_wait_cpu_s = 0;  // event-loop thread only: CPU time spent polling idle
   std::vector<Round> running;  // event-loop thread only
   // The connection of each request in flight, by request id (event-loop thread
   // only): deliveries name the request, so the engine thread touches no
@@ -181,12 +191,18 @@ struct HttpServer::Impl {
         gathering = std::move(spare.back());
         spare.pop_back();
       }
-      post = wake && !posted;
-      posted = posted || wake;
+      post = wake && !posted && !polling;
+      posted = posted || post;
     }
     if (post) net::post(ioc, [this] { run_rounds(); });
   }
   void run_rounds();
+  // The loop takes what is ready without a post (busy poll); true if any.
+  bool poll_rounds();
+  void deliver(std::vector<Round>& rounds);
+  // The event loop: io_context::run(), or with options.busy_poll, polling
+  // while streams are in flight.
+  void run_loop();
 };
 
 // One client connection. Lives on the event loop's thread; kept alive by the
@@ -474,11 +490,8 @@ class Session : public std::enable_shared_from_this<Session> {
       g.connections = srv_.connections.load();
       // This runs on the loop's thread: its own CPU clock, in ns (what
       // scripts/bench-serve-overhead reads; /proc counts 10 ms ticks).
-      timespec cpu{};
-      if (::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0) {
-        g.http_loop_cpu_s =
-            static_cast<double>(cpu.tv_sec) + 1e-9 * static_cast<double>(cpu.tv_nsec);
-      }
+      // Less the time --busy-poll-us spent waiting for a round.
+      g.http_loop_cpu_s = thread_cpu_s() - srv_.poll_wait_cpu_s;
       if (Scheduler* s = srv_.scheduler.load()) {
         auto snap = s->snapshot();
         g.running = snap.running;
@@ -774,7 +787,70 @@ void HttpServer::Impl::run_rounds() {
     running.swap(ready);
     posted = false;
   }
-  for (Round& r : running) {
+  deliver(running);
+}
+
+bool HttpServer::Impl::poll_rounds() {
+  {
+    std::lock_guard<std::mutex> l(rounds_mu);
+    if (ready.empty()) return false;
+    running.swap(ready);
+  }
+  deliver(running);
+  return true;
+}
+
+void HttpServer::Impl::run_loop() {
+  if (options.busy_poll.count() <= 0) {
+    ioc.run();
+    return;
+  }
+  using poll_clock = std::chrono::steady_clock;
+  while (!ioc.stopped()) {
+    if (streams.empty()) {
+      ioc.run_one();  // sleeps until there is something to do
+      continue;
+    }
+    // Streams in flight: the engine thread leaves its rounds in `ready`
+    // without a post while `polling` is set, and this loop takes them; it
+    // also runs the sockets' handlers without blocking. After busy_poll
+    // with nothing to do, it sleeps again (a long step, or no stream left).
+    {
+      std::lock_guard<std::mutex> l(rounds_mu);
+      polling = true;
+    }
+    auto last_work = poll_clock::now();
+    double idle_since_cpu = -1;  // CPU clock at the start of an idle stretch
+    bool idle = false;
+    while (!streams.empty() && !ioc.stopped()) {
+      const bool worked = ioc.poll() > 0 || poll_rounds();
+      const auto now = poll_clock::now();
+      if (worked) {
+        if (idle_since_cpu >= 0) poll_wait_cpu_s += thread_cpu_s() - idle_since_cpu;
+        idle_since_cpu = -1;
+        last_work = now;
+        continue;
+      }
+      if (idle_since_cpu < 0) idle_since_cpu = thread_cpu_s();
+      if (now - last_work > options.busy_poll) {
+        idle = true;
+        break;
+      }
+      ::sched_yield();  // a process sharing this cpu (a local client) runs
+    }
+    if (idle_since_cpu >= 0) poll_wait_cpu_s += thread_cpu_s() - idle_since_cpu;
+    {
+      std::lock_guard<std::mutex> l(rounds_mu);
+      polling = false;
+    }
+    // What came before `polling` was cleared (later rounds post).
+    if (!ioc.stopped()) poll_rounds();
+    if (idle) ioc.run_one();
+  }
+}
+
+void HttpServer::Impl::deliver(std::vector<Round>& rounds) {
+  for (Round& r : rounds) {
     for (Delivery& d : r.deliveries) {
       auto it = streams.find(d.id);
       if (it == streams.end()) continue;  // its response ended (cancelled, stopped)
@@ -797,11 +873,11 @@ void HttpServer::Impl::run_rounds() {
   // Emptied rounds keep their capacity for the engine thread's next ones (a
   // few: a burst's backlog is let go).
   std::lock_guard<std::mutex> l(rounds_mu);
-  for (Round& r : running) {
+  for (Round& r : rounds) {
     r.flush = r.urgent = false;
     if (spare.size() < kMaxWaitingRounds + 2) spare.push_back(std::move(r));
   }
-  running.clear();
+  rounds.clear();
 }
 
 void HttpServer::Impl::accept() {
@@ -868,7 +944,7 @@ void HttpServer::run() {
   // Named so that tools (top -H, scripts/bench-serve-overhead) can tell the
   // HTTP loop's CPU time from the engine's.
   ::pthread_setname_np(::pthread_self(), "msinfer-http");
-  impl_->ioc.run();
+  impl_->run_loop();
 }
 
 void HttpServer::set_scheduler(Scheduler* s) { impl_->scheduler = s; }

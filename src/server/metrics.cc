@@ -108,7 +108,8 @@ std::string Metrics::render(const Gauges& g) const {
   gauge("msinfer:http_connections", "Open HTTP connections.", static_cast<double>(g.connections));
   if (g.http_loop_cpu_s >= 0) {
     counter("msinfer:http_loop_cpu_seconds_total",
-            "CPU time of the HTTP event loop thread: parsing, JSON, SSE and socket writes.",
+            "CPU time of the HTTP event loop thread: parsing, JSON, SSE and socket writes "
+            "(not --busy-poll-us waiting).",
             g.http_loop_cpu_s);
   }
   counter("msinfer:engine_busy_seconds_total",

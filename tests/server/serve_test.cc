@@ -534,6 +534,58 @@ TEST_F(ServeTest, StreamIntervalGroupsTokens) {
   EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
 }
 
+// --busy-poll-us: while streams are in flight the loop takes the engine's
+// rounds by polling (the engine thread does not wake it), and after the
+// window with nothing to do it sleeps again. With a long window (it polls
+// through every step) and a 1 us one (it falls asleep between rounds, and a
+// round can come as it stops polling): every stream gets all its text,
+// many at once too, a stream cut off is cancelled, SIGTERM stops it.
+TEST_F(ServeTest, BusyPollLosesNothingAndStops) {
+  for (const char* window : {"5000", "1"}) {
+    SCOPED_TRACE(std::string("--busy-poll-us ") + window);
+    Server s(std::string("--busy-poll-us ") + window);
+    ASSERT_GT(s.port(), 0) << s.stderr_text();
+    const std::string req = R"("prompt": "Hello, experts", "max_tokens": 24, "ignore_eos": true,
+                              "temperature": 0)";
+    const HttpResult plain = post(s, "/v1/completions", "{" + req + "}");
+    ASSERT_EQ(plain.status, 200) << plain.body;
+    const HttpResult streamed = post(s, "/v1/completions", "{" + req + R"(, "stream": true})");
+    ASSERT_EQ(streamed.status, 200) << streamed.body;
+    std::istringstream lines(streamed.body);
+    std::string line, got;
+    bool done = false;
+    while (std::getline(lines, line)) {
+      if (line == "data: [DONE]") done = true;
+      if (line.rfind("data: {", 0) != 0) continue;
+      got += Json::parse(line.substr(6))["choices"][0]["text"].get<std::string>();
+    }
+    EXPECT_TRUE(done);
+    EXPECT_EQ(got, Json::parse(plain.body)["choices"][0]["text"].get<std::string>());
+    const std::string out = testing::run_capture(
+        kBin + " bench serve --base-url " + s.url() +
+        " --num-prompts 16 --max-concurrency 16 --input-len 8 --output-len 32 --json 2>/dev/null");
+    ASSERT_FALSE(out.empty());
+    const Json j = Json::parse(out);
+    EXPECT_EQ(j["completed"], 16) << j.dump();
+    EXPECT_EQ(j["total_output_tokens"], 16 * 32) << j.dump();
+    // A stream cut off after its first text.
+    const int fd = testing::send_request(
+        s.port(),
+        testing::post_request("/v1/completions", R"({"prompt": "Hello", "max_tokens": 4000,
+                                                               "ignore_eos": true, "stream": true})"));
+    ASSERT_GE(fd, 0);
+    const std::string first = testing::read_from(fd, std::chrono::seconds(30), "\"text\"");
+    EXPECT_NE(first.find("\"text\""), std::string::npos) << first;
+    linger l{1, 0};  // RST: abrupt
+    ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+    ::close(fd);
+    EXPECT_TRUE(wait_drained(s, std::chrono::seconds(30)));
+    EXPECT_EQ(curl(s.url() + "/health").status, 200);
+    EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
+    if (HasFailure()) ADD_FAILURE() << "server stderr:\n" << s.stderr_text();
+  }
+}
+
 TEST_F(ServeTest, ErrorStatusesWithOpenAiBodies) {
   Server s("--max-body-kb 64");
   ASSERT_GT(s.port(), 0) << s.stderr_text();

@@ -63,6 +63,11 @@ int run_serve(int argc, char** argv) {
                 "a stream's first text goes out at once, then every N engine steps, all\n"
                 "streams together (and at its end): fewer socket writes and wake-ups of\n"
                 "the HTTP loop per token when steps are short; 1: every token");
+  flags.add_int("busy-poll-us", 0, 0, 1000000,
+                "while streams are in flight, the HTTP loop polls for the engine's next\n"
+                "step for up to this many microseconds before it sleeps, so that the\n"
+                "engine thread need not wake it (on a VM ~16 us a step); its core spins\n"
+                "meanwhile. For short steps (small models); 0: the loop sleeps");
   flags.add_int("kv-cache-mb", 256, "KV cache budget in MiB (per attention worker)",
                 "MSINFER_KV_CACHE_MB");
   add_engine_flags(flags);
@@ -154,6 +159,7 @@ int run_serve(int argc, char** argv) {
   so.api_key = flags.get_string("api-key");
   so.max_body_bytes = flags.get_int("max-body-kb") << 10;
   so.stream_interval = flags.get_int("stream-interval");
+  so.busy_poll = std::chrono::microseconds(flags.get_int("busy-poll-us"));
   so.request_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(flags.get_double("request-timeout") * 1000));
   server::Metrics metrics(name);
