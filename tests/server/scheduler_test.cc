@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -219,15 +220,22 @@ TEST(SchedulerTest, ManyClientsShareTheBatch) {
       std::string::npos);
 }
 
+// A scheduler with 8 seats over a FakeBackend that `setup` configures.
+std::unique_ptr<Scheduler> eight_seats(Metrics* metrics,
+                                       const std::function<void(FakeBackend&)>& setup) {
+  auto backend = std::make_unique<FakeBackend>();
+  setup(*backend);
+  SchedulerOptions o;
+  o.max_num_seqs = 8;
+  return std::make_unique<Scheduler>(std::move(backend), o, metrics);
+}
+
 // A step's events out of request order, a request's two tokens apart: each
 // sink still gets its tokens in order, both of a step in one call.
 TEST(SchedulerTest, AStepsEventsReachEachSinkGroupedAndInOrder) {
   Metrics metrics("m");
-  auto backend = std::make_unique<FakeBackend>();
-  backend->scatter_ = true;
-  SchedulerOptions o;
-  o.max_num_seqs = 8;
-  Scheduler sched(std::move(backend), o, &metrics);
+  auto sched_ptr = eight_seats(&metrics, [](FakeBackend& b) { b.scatter_ = true; });
+  Scheduler& sched = *sched_ptr;
   struct Calls final : RequestSink {
     void on_tokens(std::span<runtime::TokenEvent> events) override {
       std::lock_guard<std::mutex> l(mu);
@@ -266,11 +274,8 @@ TEST(SchedulerTest, AStepsEventsReachEachSinkGroupedAndInOrder) {
 // does not know: each sink still gets every token of its own, in order.
 TEST(SchedulerTest, StepsThatAnswerSomeRequestsReachTheRightSinks) {
   Metrics metrics("m");
-  auto backend = std::make_unique<FakeBackend>();
-  backend->alternate_ = true;
-  SchedulerOptions o;
-  o.max_num_seqs = 8;
-  Scheduler sched(std::move(backend), o, &metrics);
+  auto sched_ptr = eight_seats(&metrics, [](FakeBackend& b) { b.alternate_ = true; });
+  Scheduler& sched = *sched_ptr;
   std::vector<std::shared_ptr<Collect>> sinks;
   for (int i = 0; i < 8; ++i) {
     sinks.push_back(std::make_shared<Collect>());
