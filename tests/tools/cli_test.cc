@@ -752,11 +752,14 @@ TEST(CliBalanceTest, BadRouterSkewIsRefused) {
 // --rebalance-every through the CLI: bench serve's deployment (16 streams,
 // 32 rows per step and layer, so a decision every ~8 steps) ends with a
 // placement the router computed online from the skew, which the routing
-// document reports; the flags are refused where they cannot apply.
+// document reports; the flags are refused where they cannot apply. The
+// expert processes load their new experts while serving and the switch
+// waits for them: 128 tokens leave ~120 steps for that (with 32, a CI
+// machine running other tests beside it once ended the run first).
 TEST(CliBalanceTest, RebalanceEveryMovesExpertsWhileServing) {
   CliRun b = run("bench serve --offline --model " + skewed_model() +
                  " --attention-workers 1 --expert-workers 2 --num-prompts 16 --input-len 8"
-                 " --output-len 32 --rebalance-every 2 --rebalance-slots 5 --json");
+                 " --output-len 128 --rebalance-every 2 --rebalance-slots 5 --json");
   ASSERT_EQ(b.code, 0) << b.err;
   EXPECT_NE(b.err.find("msinfer: router: rebalanced"), std::string::npos) << b.err;
   EXPECT_GE(parse(b.out)["routing"]["placement_switches"].get<int>(), 1);
