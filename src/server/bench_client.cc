@@ -7,6 +7,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 
 namespace msinfer::server {
@@ -97,13 +98,17 @@ namespace {
 
 struct Run;
 
-// One streaming request on its own connection.
+// One streaming request, on a kept-alive connection from the run's pool when
+// one is idle, else on a new one.
 class Call : public std::enable_shared_from_this<Call> {
  public:
-  Call(Run& run, size_t index);
+  Call(Run& run, size_t index, std::optional<tcp::socket> pooled);
   void start();
 
  private:
+  void connect();
+  void send();
+  void on_response(beast::error_code ec);
   void fail(const std::string& what);
   void finish();
   size_t on_chunk(beast::string_view data);
@@ -112,6 +117,7 @@ class Call : public std::enable_shared_from_this<Call> {
   Run& run_;
   size_t index_;
   tcp::socket sock_;
+  bool reused_;  // sock_ came from the pool: the server may have closed it meanwhile
   beast::flat_buffer buf_;
   // The parser keeps a reference to its chunk callback: it lives here.
   std::function<size_t(uint64_t, beast::string_view, beast::error_code&)> chunk_cb_;
@@ -126,6 +132,14 @@ struct Run {
   const OnlineBenchOptions& o;
   net::io_context ioc{1};
   tcp::endpoint endpoint;
+  // Connections whose last response ended with the server keeping them open:
+  // the next request goes out on one of them (HTTP/1.1 keep-alive, as the
+  // OpenAI clients and vLLM's benchmark do).
+  std::vector<tcp::socket> idle;
+  int64_t opened = 0;  // connections opened during the current phase
+
+  // The current phase (the warm-up, then the measured run).
+  const std::vector<BenchPrompt>* prompts = nullptr;
   bench_clock::time_point t0;
   std::vector<RequestResult> results;
   std::deque<size_t> ready;  // arrived, waiting for a concurrency slot
@@ -139,7 +153,12 @@ struct Run {
     }
     ++in_flight;
     max_in_flight = std::max(max_in_flight, in_flight);
-    std::make_shared<Call>(*this, i)->start();
+    std::optional<tcp::socket> pooled;
+    if (!idle.empty()) {
+      pooled.emplace(std::move(idle.back()));
+      idle.pop_back();
+    }
+    std::make_shared<Call>(*this, i, std::move(pooled))->start();
   }
   void completed() {
     --in_flight;
@@ -151,11 +170,18 @@ struct Run {
     }
     if (done == static_cast<int64_t>(results.size())) ioc.stop();
   }
+  // Runs `ps` to the end (or the timeout): all at once, or at the arrival
+  // times of o.request_rate and o.burstiness when `timed`.
+  void run_phase(const std::vector<BenchPrompt>& ps, bool timed);
 };
 
-Call::Call(Run& run, size_t index) : run_(run), index_(index), sock_(run.ioc) {
+Call::Call(Run& run, size_t index, std::optional<tcp::socket> pooled)
+    : run_(run),
+      index_(index),
+      sock_(pooled ? std::move(*pooled) : tcp::socket(run.ioc)),
+      reused_(pooled.has_value()) {
   parser_.body_limit(boost::none);
-  const BenchPrompt& p = run.o.prompts[index];
+  const BenchPrompt& p = (*run.prompts)[index];
   const bool chat = run.o.endpoint.find("chat") != std::string::npos;
   Json body{{"max_tokens", p.output_len},
             {"ignore_eos", true},
@@ -170,7 +196,7 @@ Call::Call(Run& run, size_t index) : run_(run), index_(index), sock_(run.ioc) {
   }
   const std::string b = body.dump();
   request_ = "POST " + run.o.endpoint + " HTTP/1.1\r\nHost: " + run.o.host + "\r\n" +
-             "Content-Type: application/json\r\nConnection: close\r\n" +
+             "Content-Type: application/json\r\n" +
              (run.o.api_key.empty() ? "" : "Authorization: Bearer " + run.o.api_key + "\r\n") +
              "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b;
   chunk_cb_ = [this](uint64_t, beast::string_view data, beast::error_code&) {
@@ -182,30 +208,53 @@ Call::Call(Run& run, size_t index) : run_(run), index_(index), sock_(run.ioc) {
 void Call::start() {
   sent_ = last_ = bench_clock::now();
   run_.results[index_].send_s = std::chrono::duration<double>(sent_ - run_.t0).count();
-  auto self = shared_from_this();
-  sock_.async_connect(run_.endpoint, [self](beast::error_code ec) {
+  if (reused_) {
+    send();
+  } else {
+    connect();
+  }
+}
+
+void Call::connect() {
+  ++run_.opened;
+  sock_.async_connect(run_.endpoint, [self = shared_from_this()](beast::error_code ec) {
     if (ec) return self->fail("connect: " + ec.message());
     beast::error_code ignored;
     self->sock_.set_option(tcp::no_delay(true), ignored);
-    net::async_write(
-        self->sock_, net::buffer(self->request_), [self](beast::error_code ec, size_t) {
-          if (ec) return self->fail("write: " + ec.message());
-          http::async_read(self->sock_, self->buf_, self->parser_,
-                           [self](beast::error_code ec, size_t) {
-                             RequestResult& r = self->run_.results[self->index_];
-                             r.http_status = static_cast<int>(self->parser_.get().result_int());
-                             if (ec && !(ec == http::error::end_of_stream && self->done_)) {
-                               return self->fail("read: " + ec.message());
-                             }
-                             if (r.http_status != 200) {
-                               return self->fail("HTTP " + std::to_string(r.http_status) + ": " +
-                                                 self->parser_.get().body().substr(0, 200));
-                             }
-                             if (!self->done_) return self->fail("the stream ended without [DONE]");
-                             self->finish();
-                           });
-        });
+    self->send();
   });
+}
+
+void Call::send() {
+  auto self = shared_from_this();
+  net::async_write(sock_, net::buffer(request_), [self](beast::error_code ec, size_t) {
+    if (ec) return self->on_response(ec);
+    http::async_read(self->sock_, self->buf_, self->parser_,
+                     [self](beast::error_code ec, size_t) { self->on_response(ec); });
+  });
+}
+
+void Call::on_response(beast::error_code ec) {
+  if (ec && reused_ && !parser_.got_some()) {
+    // A kept-alive connection the server closed while it sat in the pool
+    // (its idle timeout): nothing of the request was answered, so it goes
+    // again, once, on a new connection.
+    reused_ = false;
+    beast::error_code ignored;
+    sock_.close(ignored);
+    sock_ = tcp::socket(run_.ioc);
+    buf_.clear();
+    return connect();
+  }
+  RequestResult& r = run_.results[index_];
+  r.http_status = static_cast<int>(parser_.get().result_int());
+  if (ec && !(ec == http::error::end_of_stream && done_)) return fail("read: " + ec.message());
+  if (r.http_status != 200) {
+    return fail("HTTP " + std::to_string(r.http_status) + ": " +
+                parser_.get().body().substr(0, 200));
+  }
+  if (!done_) return fail("the stream ended without [DONE]");
+  finish();
 }
 
 size_t Call::on_chunk(beast::string_view data) {
@@ -263,9 +312,43 @@ void Call::finish() {
   RequestResult& r = run_.results[index_];
   r.e2e_s = std::chrono::duration<double>(bench_clock::now() - sent_).count();
   r.ok = r.error.empty();
-  beast::error_code ignored;
-  sock_.close(ignored);
+  if (parser_.is_done() && parser_.keep_alive() && buf_.size() == 0) {
+    run_.idle.push_back(std::move(sock_));
+  } else {
+    beast::error_code ignored;
+    sock_.close(ignored);
+  }
   run_.completed();
+}
+
+void Run::run_phase(const std::vector<BenchPrompt>& ps, bool timed) {
+  prompts = &ps;
+  results.assign(ps.size(), RequestResult{});
+  ready.clear();
+  timers.clear();
+  in_flight = max_in_flight = done = opened = 0;
+  // Arrival times: gamma gaps with shape `burstiness` and mean 1/rate (vLLM's).
+  std::mt19937_64 rng(o.seed);
+  const bool at_once = !timed || !(o.request_rate > 0) || std::isinf(o.request_rate);
+  std::gamma_distribution<double> gap(o.burstiness,
+                                      at_once ? 1.0 : 1.0 / (o.request_rate * o.burstiness));
+  ioc.restart();
+  t0 = bench_clock::now();
+  double t = 0;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (i > 0 && !at_once) t += gap(rng);
+    auto timer = std::make_unique<net::steady_timer>(
+        ioc,
+        t0 + std::chrono::duration_cast<bench_clock::duration>(std::chrono::duration<double>(t)));
+    timer->async_wait([this, i](beast::error_code e) {
+      if (!e) launch(i);
+    });
+    timers.push_back(std::move(timer));
+  }
+  ioc.run_for(o.timeout);
+  for (auto& r : results) {
+    if (!r.ok && r.error.empty()) r.error = "did not finish within the timeout";
+  }
 }
 
 }  // namespace
@@ -273,37 +356,27 @@ void Call::finish() {
 StatusOr<OnlineBenchReport> run_online_bench(const OnlineBenchOptions& o) {
   if (o.prompts.empty()) return invalid_argument("no prompts");
   if (!(o.burstiness > 0)) return invalid_argument("--burstiness must be > 0");
+  if (o.num_warmups < 0) return invalid_argument("--num-warmups must be >= 0");
   Run run{o};
   beast::error_code ec;
   const auto addr = net::ip::make_address(o.host, ec);
   if (ec) return invalid_argument("--base-url: '" + o.host + "' is not an IP address");
   run.endpoint = tcp::endpoint(addr, static_cast<unsigned short>(o.port));
-  run.results.resize(o.prompts.size());
-  // Arrival times: gamma gaps with shape `burstiness` and mean 1/rate (vLLM's).
-  std::mt19937_64 rng(o.seed);
-  const bool at_once = !(o.request_rate > 0) || std::isinf(o.request_rate);
-  std::gamma_distribution<double> gap(o.burstiness,
-                                      at_once ? 1.0 : 1.0 / (o.request_rate * o.burstiness));
-  run.t0 = bench_clock::now();
-  double t = 0;
-  for (size_t i = 0; i < o.prompts.size(); ++i) {
-    if (i > 0 && !at_once) t += gap(rng);
-    auto timer = std::make_unique<net::steady_timer>(
-        run.ioc, run.t0 + std::chrono::duration_cast<bench_clock::duration>(
-                              std::chrono::duration<double>(t)));
-    timer->async_wait([&run, i](beast::error_code e) {
-      if (!e) run.launch(i);
-    });
-    run.timers.push_back(std::move(timer));
-  }
-  run.ioc.run_for(o.timeout);
   OnlineBenchReport rep;
+  if (o.num_warmups > 0) {
+    // vLLM's warm-up: the first prompt, num_warmups times, under the same
+    // concurrency limit; discarded. Its connections stay open for the run.
+    run.run_phase(std::vector<BenchPrompt>(static_cast<size_t>(o.num_warmups), o.prompts[0]),
+                  false);
+    for (const auto& r : run.results) {
+      if (!r.ok) return unavailable("a warm-up request failed: " + r.error);
+    }
+  }
+  run.run_phase(o.prompts, true);
   rep.duration_s = std::chrono::duration<double>(bench_clock::now() - run.t0).count();
   rep.max_in_flight = run.max_in_flight;
+  rep.connections_opened = run.opened;
   rep.results = std::move(run.results);
-  for (auto& r : rep.results) {
-    if (!r.ok && r.error.empty()) r.error = "did not finish within the timeout";
-  }
   return rep;
 }
 

@@ -827,6 +827,17 @@ TEST_F(ServeTest, OnlineBenchAgainstTheServer) {
     EXPECT_GT(j[k]["p50"].get<double>(), 0) << k;
     EXPECT_GE(j[k]["p99"].get<double>(), j[k]["p50"].get<double>()) << k;
   }
+  EXPECT_LE(j["connections_opened"].get<int>(), 4);  // the server keeps streams' connections
+  // Warm-ups open the run's connections: the measured requests reuse them.
+  const std::string warm =
+      testing::run_capture(kBin + " bench serve --base-url " + s.url() +
+                           " --num-prompts 8 --max-concurrency 4 --num-warmups 4 --input-len 6 "
+                           "--output-len 5 --json 2>/dev/null");
+  ASSERT_FALSE(warm.empty());
+  const Json w = Json::parse(warm);
+  EXPECT_EQ(w["completed"], 8);
+  EXPECT_EQ(w["total_output_tokens"], 8 * 5);
+  EXPECT_EQ(w["connections_opened"], 0);
   // The chat endpoint too.
   const std::string chat = testing::run_capture(kBin + " bench serve --base-url " + s.url() +
                                                 " --endpoint /v1/chat/completions --num-prompts 3 "

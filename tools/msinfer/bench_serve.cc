@@ -129,6 +129,10 @@ int run_bench_serve(int argc, char** argv) {
                    "online: gamma shape of the arrival gaps (1 = Poisson)");
   flags.add_int("max-concurrency", 0, 0, 1000000,
                 "online: requests in flight at most (0: no limit)");
+  flags.add_int("num-warmups", 0, 0, 100000,
+                "online: requests sent and discarded before the measured run (vLLM's): the\n"
+                "first prompt, under --max-concurrency; the connections they open are kept\n"
+                "alive for the run, as clients that reuse connections see the server");
   flags.add_string("dataset", "random",
                    "online: random, or a JSON-lines file of {\"prompt\", \"output_len\"}");
   flags.add_string("goodput", "",

@@ -154,6 +154,7 @@ int run_bench_serve_online(const FlagSet& flags) {
   o.burstiness = flags.get_double("burstiness");
   o.max_concurrency = flags.get_int("max-concurrency");
   o.seed = static_cast<uint64_t>(flags.get_int("seed"));
+  o.num_warmups = flags.get_int("num-warmups");
   raise_fd_limit();
   auto rep = server::run_online_bench(o);
   if (!rep.ok()) return report_error("bench serve", rep.status());
@@ -202,6 +203,8 @@ int run_bench_serve_online(const FlagSet& flags) {
          {"output_throughput", out_tokens / d},
          {"total_token_throughput", (in_tokens + out_tokens) / d},
          {"max_in_flight", rep->max_in_flight},
+         {"num_warmups", o.num_warmups},
+         {"connections_opened", rep->connections_opened},
          {"ttft_ms", summary(ttft)},
          {"tpot_ms", summary(tpot)},
          {"itl_ms", summary(itl)},
@@ -225,6 +228,9 @@ int run_bench_serve_online(const FlagSet& flags) {
   std::printf("%-40s %.2f\n", "Total token throughput (tok/s):", (in_tokens + out_tokens) / d);
   std::printf("%-40s %lld\n",
               "Max concurrent requests:", static_cast<long long>(rep->max_in_flight));
+  std::printf("%-40s %lld (warm-up requests: %lld)\n",
+              "Connections opened:", static_cast<long long>(rep->connections_opened),
+              static_cast<long long>(o.num_warmups));
   for (const auto& [name, key] : {std::pair{"Time to First Token", "ttft_ms"},
                                   {"Time per Output Token (excl. 1st token)", "tpot_ms"},
                                   {"Inter-token Latency", "itl_ms"},

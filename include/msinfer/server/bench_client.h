@@ -2,7 +2,9 @@
 // requests to an OpenAI-compatible server at Poisson (gamma, with burstiness)
 // arrival times, at most max_concurrency at once, each timed from its send to
 // its first token, between tokens and to its end. One Asio event loop drives
-// every connection, so a thousand concurrent streams need one thread.
+// every connection, so a thousand concurrent streams need one thread. A
+// connection the server keeps alive carries the next request; one it closed
+// while idle is replaced and the request sent again, once.
 #pragma once
 
 #include <chrono>
@@ -33,7 +35,11 @@ struct OnlineBenchOptions {
   double burstiness = 1.0;           // gamma shape; 1 = Poisson
   int64_t max_concurrency = 0;       // 0: no limit
   uint64_t seed = 0;
-  std::chrono::seconds timeout{600};  // the whole run
+  // Requests sent (the first prompt each, all at once under max_concurrency)
+  // and discarded before the measured run, as vLLM's --num-warmups: the
+  // connections they open stay open for it.
+  int64_t num_warmups = 0;
+  std::chrono::seconds timeout{600};  // each phase (warm-up, run)
 };
 
 struct RequestResult {
@@ -50,9 +56,11 @@ struct OnlineBenchReport {
   std::vector<RequestResult> results;
   double duration_s = 0;
   int64_t max_in_flight = 0;
+  int64_t connections_opened = 0;  // during the measured run (the rest were kept alive)
 };
 
-// INVALID_ARGUMENT for bad options; the run itself always reports per request.
+// INVALID_ARGUMENT for bad options, UNAVAILABLE when a warm-up request fails;
+// the measured run itself always reports per request.
 StatusOr<OnlineBenchReport> run_online_bench(const OnlineBenchOptions& o);
 
 // What one SSE `data:` payload of an OpenAI completions or chat stream tells
