@@ -130,9 +130,11 @@ int run_bench_serve(int argc, char** argv) {
   flags.add_int("max-concurrency", 0, 0, 1000000,
                 "online: requests in flight at most (0: no limit)");
   flags.add_int("num-warmups", 0, 0, 100000,
-                "online: requests sent and discarded before the measured run (vLLM's): the\n"
-                "first prompt, under --max-concurrency; the connections they open are kept\n"
-                "alive for the run, as clients that reuse connections see the server");
+                "requests run and discarded before the measured run (vLLM's): the first\n"
+                "prompt, N times. Online: under --max-concurrency, and the connections they\n"
+                "open are kept alive for the run, as clients that reuse connections see the\n"
+                "server. Offline: the run finds the engine warm, as a running server's is\n"
+                "(the co-located engine's routing figures then include the warm-ups)");
   flags.add_string("dataset", "random",
                    "online: random, or a JSON-lines file of {\"prompt\", \"output_len\"}");
   flags.add_string("goodput", "",
@@ -238,9 +240,9 @@ int run_bench_serve(int argc, char** argv) {
   std::mt19937_64 rng(static_cast<uint64_t>(flags.get_int("seed")));
   std::uniform_int_distribution<int32_t> token(0, model->vocab - 1);
   using clock = std::chrono::steady_clock;
-  const auto t0 = clock::now();
   const double ratio = flags.get_double("random-range-ratio");
   int64_t total_in = 0, total_out = 0;
+  std::vector<runtime::GenerationRequest> reqs;
   for (int64_t i = 0; i < P; ++i) {
     runtime::GenerationRequest req;
     req.id = i + 1;
@@ -250,9 +252,36 @@ int run_bench_serve(int argc, char** argv) {
     total_in += in;
     total_out += out;
     req.sampling.ignore_eos = true;
+    reqs.push_back(std::move(req));
+  }
+  // Warm-ups (as online): the first prompt --num-warmups times, run to the end
+  // and discarded, so the measured run finds the engine's memory (KV pages,
+  // allocator arenas) touched, as a server that has been running does.
+  const int64_t warmups = flags.get_int("num-warmups");
+  for (int64_t w = 0; w < warmups; ++w) {
+    runtime::GenerationRequest req = reqs[0];
+    req.id = P + 1 + w;
+    s = router ? router->add(req) : engine->add(req);
+    if (!s.ok()) return report_error("bench serve", s.with_context("warm-up request"));
+  }
+  while (warmups > 0 && (router ? !router->idle() : !engine->idle())) {
+    auto events = router ? router->step() : engine->step();
+    if (!events.ok()) return report_error("bench serve", events.status().with_context("warm-up"));
+    for (const auto& ev : *events) {
+      if (ev.finish_reason == "error")
+        return report_error("bench serve",
+                            Status(StatusCode::kUnavailable, "warm-up: " + ev.error));
+    }
+  }
+  if (warmups > 0 && router) {
+    auto st = router->stats(/*reset=*/true);
+    if (!st.ok()) return report_error("bench serve", st.status());
+  }
+  const auto t0 = clock::now();
+  for (const auto& req : reqs) {
     s = router ? router->add(req) : engine->add(req);
     if (!s.ok())
-      return report_error("bench serve", s.with_context("request " + std::to_string(i + 1)));
+      return report_error("bench serve", s.with_context("request " + std::to_string(req.id)));
   }
   std::map<int64_t, std::vector<double>> times;  // request -> token times (s since t0)
   int64_t first_tokens = 0, decode_tokens = 0;
@@ -326,6 +355,7 @@ int run_bench_serve(int argc, char** argv) {
            {"random_range_ratio", ratio},
            {"input_tokens", total_in},
            {"steps", steps},
+           {"num_warmups", warmups},
            {"seconds", end},
            {"generated_tokens", generated},
            {"output_tokens_per_s", generated / end},
