@@ -134,19 +134,32 @@ class Scheduler {
   void stop();
 
  private:
+  // A submitted request, until the backend has it.
   struct Entry {
-    // What every step reads first, next to the map node's links: one cache
-    // line a request for the step's hand-over.
     std::shared_ptr<RequestSink> sink;
-    std::chrono::steady_clock::time_point arrival, last_token;
-    int64_t generated = 0;
+    std::chrono::steady_clock::time_point arrival;
     runtime::GenerationRequest req;
   };
+  // A request in the backend: what each step reads, one cache line, kept in
+  // id order in a vector (a step walks them beside its events, sorted by id:
+  // contiguous, where a std::map's nodes, evicted by the step, cost a cache
+  // miss each).
+  struct Active {
+    int64_t id = 0;
+    std::shared_ptr<RequestSink> sink;
+    SinkBatch* batch = nullptr;  // sink->batch(), asked once
+    std::chrono::steady_clock::time_point arrival, last_token;
+    int64_t generated = 0;
+    bool ended = false;  // this step: removed after the walk
+  };
+  // Into active_, in id order (usually at the end: ids grow with submission).
+  void admit(Entry&& e);
+  // The running request `id`, or active_.end().
+  std::vector<Active>::iterator find_active(int64_t id);
   void loop();
   // The round's calls to a sink; end_round() hands every batch noted over.
-  void send_tokens(RequestSink& sink, std::span<runtime::TokenEvent> events);
   void send_error(RequestSink& sink, const Status& s);
-  void note_batch(RequestSink& sink);
+  void note_batch(SinkBatch* b);
   void end_round();
   void fail_all(const Status& s);
   // The backend failed: the server turns unhealthy (/health 503, submit
@@ -164,7 +177,7 @@ class Scheduler {
   Snapshot snap_;                                         // GUARDED_BY(mu_)
   int64_t in_flight_ = 0;                                 // GUARDED_BY(mu_): inbox + active
   int64_t next_id_ = 1;                                   // GUARDED_BY(mu_)
-  std::map<int64_t, Entry> active_;                       // engine thread only
+  std::vector<Active> active_;                            // engine thread only, by id
   std::vector<SinkBatch*> round_batches_;                 // engine thread only
   // A step's latencies, handed to Metrics at once; engine thread only.
   std::vector<double> step_ttft_, step_itl_;
