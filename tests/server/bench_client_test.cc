@@ -136,46 +136,38 @@ void expect_all_complete(const OnlineBenchReport& rep, size_t n) {
   }
 }
 
-TEST(BenchClientTest, KeptAliveConnectionsCarryTheNextRequests) {
-  ScriptedServer s(Mode::kKeepAlive);
-  auto rep = run_online_bench(options(s, 6, 2, 0));
+// A run of `prompts` requests, 2 at a time, after `warmups`, against a
+// server in `mode`: every request completes, and the run opened, and the
+// server accepted and answered, as many connections and requests as said.
+struct Expected {
+  int64_t opened;  // connections opened by the measured run
+  int accepted, requests;
+};
+void expect_run(Mode mode, int prompts, int warmups, Expected want) {
+  ScriptedServer s(mode);
+  auto rep = run_online_bench(options(s, prompts, 2, warmups));
   ASSERT_TRUE(rep.ok()) << rep.status().to_string();
-  expect_all_complete(*rep, 6);
-  EXPECT_EQ(rep->connections_opened, 2);  // two at once, each then reused
-  EXPECT_EQ(s.accepted(), 2);
-  EXPECT_EQ(s.requests(), 6);
+  expect_all_complete(*rep, static_cast<size_t>(prompts));  // the warm-ups are not in it
+  EXPECT_EQ(rep->connections_opened, want.opened);
+  EXPECT_EQ(s.accepted(), want.accepted);
+  EXPECT_EQ(s.requests(), want.requests);
+}
+
+TEST(BenchClientTest, KeptAliveConnectionsCarryTheNextRequests) {
+  expect_run(Mode::kKeepAlive, 6, 0, {2, 2, 6});  // two at once, each then reused
 }
 
 TEST(BenchClientTest, WarmUpsOpenTheRunsConnections) {
-  ScriptedServer s(Mode::kKeepAlive);
-  auto rep = run_online_bench(options(s, 6, 2, 4));
-  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
-  expect_all_complete(*rep, 6);  // the warm-ups are not in the report
-  EXPECT_EQ(rep->connections_opened, 0);
-  EXPECT_EQ(s.accepted(), 2);
-  EXPECT_EQ(s.requests(), 4 + 6);
+  expect_run(Mode::kKeepAlive, 6, 4, {0, 2, 4 + 6});
 }
 
+// Every request after the first two finds its pooled connection closed and
+// goes again on a new one: each is answered once.
 TEST(BenchClientTest, AConnectionClosedWhileIdleIsReplaced) {
-  ScriptedServer s(Mode::kCloseWhenIdle);
-  auto rep = run_online_bench(options(s, 6, 2, 2));
-  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
-  expect_all_complete(*rep, 6);
-  // Every request after the first two found its pooled connection closed and
-  // went again on a new one: each answered once.
-  EXPECT_EQ(rep->connections_opened, 6);
-  EXPECT_EQ(s.accepted(), 2 + 6);
-  EXPECT_EQ(s.requests(), 2 + 6);
+  expect_run(Mode::kCloseWhenIdle, 6, 2, {6, 2 + 6, 2 + 6});
 }
 
-TEST(BenchClientTest, ConnectionCloseIsHonoured) {
-  ScriptedServer s(Mode::kSayClose);
-  auto rep = run_online_bench(options(s, 5, 2, 0));
-  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
-  expect_all_complete(*rep, 5);
-  EXPECT_EQ(rep->connections_opened, 5);
-  EXPECT_EQ(s.accepted(), 5);
-}
+TEST(BenchClientTest, ConnectionCloseIsHonoured) { expect_run(Mode::kSayClose, 5, 0, {5, 5, 5}); }
 
 TEST(BenchClientTest, AFailedWarmUpStopsTheRun) {
   ScriptedServer s(Mode::kRefuse);

@@ -270,17 +270,19 @@ TEST(SchedulerTest, AStepsEventsReachEachSinkGroupedAndInOrder) {
   EXPECT_NE(text.find("msinfer:generation_tokens_total{model_name=\"m\"} 52\n"), std::string::npos);
 }
 
-// Steps that answer some requests, not all, and name requests the scheduler
-// does not know: each sink still gets every token of its own, in order.
-TEST(SchedulerTest, StepsThatAnswerSomeRequestsReachTheRightSinks) {
-  Metrics metrics("m");
-  auto sched_ptr = eight_seats(&metrics, [](FakeBackend& b) { b.alternate_ = true; });
+// Eight requests of 3..10 tokens, submitted in `order`, on a backend whose
+// steps answer every other request and name requests the scheduler does not
+// know: each sink gets every token of its own, in order.
+void expect_each_sink_gets_its_tokens(Metrics* metrics, const std::vector<int>& order) {
+  auto sched_ptr = eight_seats(metrics, [](FakeBackend& b) { b.alternate_ = true; });
   Scheduler& sched = *sched_ptr;
+  std::vector<int64_t> ids;
   std::vector<std::shared_ptr<Collect>> sinks;
   for (int i = 0; i < 8; ++i) {
+    ids.push_back(sched.next_id());
     sinks.push_back(std::make_shared<Collect>());
-    ASSERT_TRUE(sched.submit(request(sched.next_id(), 3 + i), sinks.back()).ok());
   }
+  for (int i : order) ASSERT_TRUE(sched.submit(request(ids[i], 3 + i), sinks[i]).ok());
   ASSERT_TRUE(sched.wait_idle(std::chrono::steady_clock::now() + 30s));
   for (int i = 0; i < 8; ++i) {
     ASSERT_TRUE(sinks[i]->wait(1s)) << i;
@@ -289,6 +291,11 @@ TEST(SchedulerTest, StepsThatAnswerSomeRequestsReachTheRightSinks) {
     for (size_t k = 0; k < want.size(); ++k) want[k] = static_cast<int32_t>(k);
     EXPECT_EQ(sinks[i]->tokens(), want) << i;
   }
+}
+
+TEST(SchedulerTest, StepsThatAnswerSomeRequestsReachTheRightSinks) {
+  Metrics metrics("m");
+  expect_each_sink_gets_its_tokens(&metrics, {0, 1, 2, 3, 4, 5, 6, 7});
   // 3 + 4 + ... + 10 generated, the strays not counted.
   const std::string text = metrics.render({});
   EXPECT_NE(text.find("msinfer:generation_tokens_total{model_name=\"m\"} 52\n"), std::string::npos);
@@ -299,23 +306,7 @@ TEST(SchedulerTest, StepsThatAnswerSomeRequestsReachTheRightSinks) {
 // order all the same, so each step's tokens reach their own sinks.
 TEST(SchedulerTest, RequestsSubmittedOutOfIdOrderGetTheirOwnTokens) {
   Metrics metrics("m");
-  auto sched_ptr = eight_seats(&metrics, [](FakeBackend& b) { b.alternate_ = true; });
-  Scheduler& sched = *sched_ptr;
-  std::vector<int64_t> ids;
-  for (int i = 0; i < 8; ++i) ids.push_back(sched.next_id());
-  std::vector<std::shared_ptr<Collect>> sinks;
-  for (int i = 0; i < 8; ++i) sinks.push_back(std::make_shared<Collect>());
-  for (int i : {7, 2, 5, 0, 6, 1, 4, 3}) {
-    ASSERT_TRUE(sched.submit(request(ids[i], 3 + i), sinks[i]).ok());
-  }
-  ASSERT_TRUE(sched.wait_idle(std::chrono::steady_clock::now() + 30s));
-  for (int i = 0; i < 8; ++i) {
-    ASSERT_TRUE(sinks[i]->wait(1s)) << i;
-    EXPECT_EQ(sinks[i]->error(), "") << i;
-    std::vector<int32_t> want(static_cast<size_t>(3 + i));
-    for (size_t k = 0; k < want.size(); ++k) want[k] = static_cast<int32_t>(k);
-    EXPECT_EQ(sinks[i]->tokens(), want) << i;
-  }
+  expect_each_sink_gets_its_tokens(&metrics, {7, 2, 5, 0, 6, 1, 4, 3});
 }
 
 TEST(SchedulerTest, QueueBoundCancelAndDrain) {
