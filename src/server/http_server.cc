@@ -500,6 +500,7 @@ class Session : public std::enable_shared_from_this<Session> {
         g.preemptions = snap.preemptions;
         g.engine_busy_s = snap.engine_busy_s;
         g.engine_step_s = snap.engine_step_s;
+        g.engine_steps = snap.engine_steps;
         g.workers = std::move(snap.workers);
         g.routing = std::move(snap.routing);
       }

@@ -119,6 +119,10 @@ std::string Metrics::render(const Gauges& g) const {
           "Engine thread: the part of engine_busy_seconds_total inside the engine's step; the "
           "rest is the server's own work on that thread.",
           g.engine_step_s);
+  counter("msinfer:engine_steps_total",
+          "Engine thread: the engine's steps (a step makes at most one token per running "
+          "request; generation_tokens_total / engine_steps_total is the mean decode batch).",
+          static_cast<double>(g.engine_steps));
   counter("msinfer:num_preemptions_total", "Requests preempted to free KV blocks (recomputed).",
           static_cast<double>(g.preemptions));
   counter("msinfer:prompt_tokens_total", "Prompt tokens of admitted requests.",

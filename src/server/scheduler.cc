@@ -356,6 +356,7 @@ void Scheduler::loop() {
     if (step_s >= 0) {
       snap_.engine_busy_s += seconds(clock::now() - iteration_start);
       snap_.engine_step_s += step_s;
+      ++snap_.engine_steps;
     }
     snap_.running = s.running;
     snap_.waiting = backend_->waiting() + static_cast<int64_t>(inbox_.size());

@@ -107,10 +107,12 @@ TEST(MetricsTest, PrometheusText) {
   g.kv_usage = 0.5;
   g.engine_busy_s = 2.5;
   g.engine_step_s = 2.25;
+  g.engine_steps = 17;
   const std::string t = m.render(g);
   EXPECT_NE(t.find("msinfer:engine_busy_seconds_total{model_name=\"m\"} 2.5\n"), std::string::npos);
   EXPECT_NE(t.find("msinfer:engine_step_seconds_total{model_name=\"m\"} 2.25\n"),
             std::string::npos);
+  EXPECT_NE(t.find("msinfer:engine_steps_total{model_name=\"m\"} 17\n"), std::string::npos);
   EXPECT_NE(t.find("msinfer:num_requests_running{model_name=\"m\"} 2\n"), std::string::npos);
   EXPECT_NE(t.find("msinfer:kv_cache_usage_perc{model_name=\"m\"} 0.5\n"), std::string::npos);
   EXPECT_NE(t.find("msinfer:prompt_tokens_total{model_name=\"m\"} 5\n"), std::string::npos);

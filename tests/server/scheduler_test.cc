@@ -214,6 +214,12 @@ TEST(SchedulerTest, ManyClientsShareTheBatch) {
   const auto snap = sched.snapshot();
   EXPECT_GT(snap.engine_step_s, 0);
   EXPECT_GE(snap.engine_busy_s, snap.engine_step_s);
+  // At most 16 of the 64 requests (5..11 tokens each) in a step: at least
+  // total / 16 steps, and no more steps than tokens.
+  int64_t total = 0;
+  for (int i = 0; i < 64; ++i) total += 5 + i % 7;
+  EXPECT_GE(snap.engine_steps, total / 16);
+  EXPECT_LE(snap.engine_steps, total);
   const std::string text = metrics.render({});
   EXPECT_NE(
       text.find("msinfer:request_success_total{model_name=\"m\",finished_reason=\"length\"} 64"),

@@ -49,8 +49,9 @@ class Metrics {
     int64_t running = 0, waiting = 0, preemptions = 0;
     int64_t connections = 0;  // open HTTP connections
     double http_loop_cpu_s = -1;  // the HTTP event loop thread's CPU time; < 0: not shown
-    // Scheduler::Snapshot's engine_busy_s and engine_step_s.
+    // Scheduler::Snapshot's engine_busy_s, engine_step_s and engine_steps.
     double engine_busy_s = 0, engine_step_s = 0;
+    int64_t engine_steps = 0;
     double kv_usage = 0;
     std::vector<Json> workers;  // WorkerStats of a disaggregated deployment
     Json routing;               // runtime::RoutingStats::to_json of the recent window, or null

@@ -120,6 +120,7 @@ class Scheduler {
     // and the part of it inside the backend's step(): the difference is
     // the server's own cost on the engine thread.
     double engine_busy_s = 0, engine_step_s = 0;
+    int64_t engine_steps = 0;  // the backend's step() calls
     bool healthy = true;
     std::string failure;
     std::vector<Json> workers;
