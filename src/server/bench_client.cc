@@ -108,7 +108,8 @@ class Call : public std::enable_shared_from_this<Call> {
  private:
   void connect();
   void send();
-  void on_response(beast::error_code ec);
+  // `what` names the operation that failed ("write" or "read").
+  void on_response(beast::error_code ec, const char* what);
   void fail(const std::string& what);
   void finish();
   size_t on_chunk(beast::string_view data);
@@ -228,13 +229,13 @@ void Call::connect() {
 void Call::send() {
   auto self = shared_from_this();
   net::async_write(sock_, net::buffer(request_), [self](beast::error_code ec, size_t) {
-    if (ec) return self->on_response(ec);
+    if (ec) return self->on_response(ec, "write");
     http::async_read(self->sock_, self->buf_, self->parser_,
-                     [self](beast::error_code ec, size_t) { self->on_response(ec); });
+                     [self](beast::error_code ec, size_t) { self->on_response(ec, "read"); });
   });
 }
 
-void Call::on_response(beast::error_code ec) {
+void Call::on_response(beast::error_code ec, const char* what) {
   if (ec && reused_ && !parser_.got_some()) {
     // A kept-alive connection the server closed while it sat in the pool
     // (its idle timeout): nothing of the request was answered, so it goes
@@ -248,7 +249,9 @@ void Call::on_response(beast::error_code ec) {
   }
   RequestResult& r = run_.results[index_];
   r.http_status = static_cast<int>(parser_.get().result_int());
-  if (ec && !(ec == http::error::end_of_stream && done_)) return fail("read: " + ec.message());
+  if (ec && !(ec == http::error::end_of_stream && done_)) {
+    return fail(std::string(what) + ": " + ec.message());
+  }
   if (r.http_status != 200) {
     return fail("HTTP " + std::to_string(r.http_status) + ": " +
                 parser_.get().body().substr(0, 200));
