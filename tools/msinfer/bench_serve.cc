@@ -254,6 +254,16 @@ int run_bench_serve(int argc, char** argv) {
     req.sampling.ignore_eos = true;
     reqs.push_back(std::move(req));
   }
+  // One step of the deployment; a lost request fails it (a benchmark with a
+  // lost request has no figures).
+  auto checked_step = [&]() -> StatusOr<std::vector<runtime::TokenEvent>> {
+    auto events = router ? router->step() : engine->step();
+    if (!events.ok()) return events.status();
+    for (const auto& ev : *events) {
+      if (ev.finish_reason == "error") return Status(StatusCode::kUnavailable, ev.error);
+    }
+    return events;
+  };
   // Warm-ups (as online): the first prompt --num-warmups times, run to the end
   // and discarded, so the measured run finds the engine's memory (KV pages,
   // allocator arenas) touched, as a server that has been running does.
@@ -265,13 +275,8 @@ int run_bench_serve(int argc, char** argv) {
     if (!s.ok()) return report_error("bench serve", s.with_context("warm-up request"));
   }
   while (warmups > 0 && (router ? !router->idle() : !engine->idle())) {
-    auto events = router ? router->step() : engine->step();
+    auto events = checked_step();
     if (!events.ok()) return report_error("bench serve", events.status().with_context("warm-up"));
-    for (const auto& ev : *events) {
-      if (ev.finish_reason == "error")
-        return report_error("bench serve",
-                            Status(StatusCode::kUnavailable, "warm-up: " + ev.error));
-    }
   }
   if (warmups > 0 && router) {
     auto st = router->stats(/*reset=*/true);
@@ -289,13 +294,10 @@ int run_bench_serve(int argc, char** argv) {
   std::vector<Json> workers;
   int64_t steps = 0;
   while (router ? !router->idle() : !engine->idle()) {
-    auto events = router ? router->step() : engine->step();
+    auto events = checked_step();
     if (!events.ok()) return report_error("bench serve", events.status());
     const double now = std::chrono::duration<double>(clock::now() - t0).count();
     for (const auto& ev : *events) {
-      if (ev.finish_reason == "error") {  // a benchmark with a lost request has no figures
-        return report_error("bench serve", Status(StatusCode::kUnavailable, ev.error));
-      }
       auto& t = times[ev.request_id];
       if (t.empty())
         ++first_tokens;
