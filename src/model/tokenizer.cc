@@ -64,15 +64,42 @@ std::string utf8_encode(uint32_t cp) {
 
 // GPT-2's reversible byte <-> printable character map.
 struct ByteMap {
+  static constexpr uint32_t kCodePoints = 256 + 68;  // the map's characters are below this
   std::string to_char[256];
-  std::unordered_map<std::string, uint8_t> to_byte;
+  int16_t byte_of[kCodePoints];  // the byte a character stands for, by code point; -1: none
   ByteMap() {
+    std::fill(std::begin(byte_of), std::end(byte_of), int16_t{-1});
     int n = 0;
     for (int b = 0; b < 256; ++b) {
       bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
       uint32_t cp = printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++);
       to_char[b] = utf8_encode(cp);
-      to_byte[to_char[b]] = static_cast<uint8_t>(b);
+      byte_of[cp] = static_cast<int16_t>(b);
+    }
+  }
+  // Appends the bytes that token text `s` stands for: each character of the
+  // map as its byte, anything else (an added token's text, invalid UTF-8)
+  // as it is; one character at a time as utf8_chars() splits them, without
+  // a string per character (decode runs for every streamed token).
+  void decode_into(std::string_view s, std::string& out) const {
+    for (size_t i = 0; i < s.size();) {
+      const auto c0 = static_cast<unsigned char>(s[i]);
+      const size_t n = std::min(utf8_len(c0), s.size() - i);
+      int b = -1;
+      if (n == 1) {
+        if (c0 < 0x80) b = byte_of[c0];
+      } else if (n == 2) {
+        const auto c1 = static_cast<unsigned char>(s[i + 1]);
+        const uint32_t cp = (static_cast<uint32_t>(c0 & 0x1f) << 6) | (c1 & 0x3f);
+        // The map's keys are shortest encodings: anything else is no key.
+        if ((c1 & 0xc0) == 0x80 && cp >= 0x80 && cp < kCodePoints) b = byte_of[cp];
+      }
+      if (b >= 0) {
+        out += static_cast<char>(b);
+      } else {
+        out.append(s.data() + i, n);
+      }
+      i += n;
     }
   }
 };
@@ -191,6 +218,7 @@ struct Tokenizer::Impl {
   std::vector<PreTokenizer> pre_tokenizers;
   std::vector<Decoder> decoders;
   std::vector<std::pair<std::string, int32_t>> added;  // longest first
+  std::vector<bool> is_added;                          // by id: one of `added`
   std::vector<bool> special;
   std::vector<int32_t> prefix_ids, suffix_ids;  // post-processor's single template
   bool byte_level_input = false;
@@ -653,6 +681,8 @@ StatusOr<Tokenizer> Tokenizer::from_json(const Json& j, const Json* config,
   m.id_to_token.assign(max_id + 1, "");
   for (const auto& [tok, id] : m.vocab) m.id_to_token[id] = tok;
   m.special.resize(max_id + 1, false);
+  m.is_added.assign(max_id + 1, false);
+  for (const auto& a : m.added) m.is_added[a.second] = true;
 
   MSI_RETURN_IF_ERROR(parse_normalizer(top.has("normalizer") ? j["normalizer"] : Json(),
                                        source + ": normalizer", m.normalizers));
@@ -755,9 +785,7 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
     if (id < 0 || id >= static_cast<int32_t>(m.id_to_token.size())) continue;
     if (skip_special_tokens && m.special[id]) continue;
     toks.push_back(m.id_to_token[id]);
-    bool is_added = false;
-    for (const auto& a : m.added) is_added |= a.second == id;
-    added.push_back(is_added);
+    added.push_back(m.is_added[id]);
   }
   for (const Decoder& d : m.decoders) {
     switch (d.kind) {
@@ -765,12 +793,8 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
         for (size_t i = 0; i < toks.size(); ++i) {
           if (added[i]) continue;
           std::string bytes;
-          for (const std::string& ch : utf8_chars(toks[i])) {
-            auto it = byte_map().to_byte.find(ch);
-            if (it != byte_map().to_byte.end()) bytes += static_cast<char>(it->second);
-            else bytes += ch;
-          }
-          toks[i] = bytes;
+          byte_map().decode_into(toks[i], bytes);
+          toks[i] = std::move(bytes);
         }
         break;
       case Decoder::kReplace:

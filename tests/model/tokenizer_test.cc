@@ -46,6 +46,32 @@ TEST(TokenizerTest, ByteLevelBpeMergesByRank) {
   EXPECT_EQ(t->vocab_size(), 101);
 }
 
+// The byte-level decoder maps each of GPT-2's 256 characters back to its byte
+// (U+0100..U+0143 are the unprintable bytes, U+0143 the last of them) and
+// passes any other character through; an added token's text is not mapped.
+TEST(TokenizerTest, ByteLevelDecodeMapsEveryByteAndNothingElse) {
+  Json vocab = Json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_level_char(static_cast<uint8_t>(b))] = b;
+  vocab["\xc5\x84"] = 256;           // U+0144, just past the map
+  vocab["\xe2\x82\xac"] = 257;       // U+20AC, three bytes
+  vocab["a\xc4\xa0\xc5\x83"] = 258;  // "a" + U+0120 (space) + U+0143 (0xad)
+  Json j{{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", Json::array()}}},
+         {"decoder", {{"type", "ByteLevel"}}},
+         {"added_tokens", {{{"id", 300}, {"content", "\xc4\xa0<x>"}, {"special", false}}}}};
+  auto t = Tokenizer::from_json(j, nullptr, "test");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  std::vector<int32_t> all(256);
+  std::string bytes;
+  for (int b = 0; b < 256; ++b) {
+    all[b] = b;
+    bytes += static_cast<char>(b);
+  }
+  EXPECT_EQ(t->decode(all), bytes);
+  EXPECT_EQ(t->decode({256, 257}), "\xc5\x84\xe2\x82\xac");
+  EXPECT_EQ(t->decode({258}), "a \xad");
+  EXPECT_EQ(t->decode({300, 258}), "\xc4\xa0<x>a \xad");
+}
+
 TEST(TokenizerTest, MalformedFilesAreErrors) {
   Json j = byte_level_tokenizer();
   j["model"]["type"] = "WordPiece";
