@@ -254,6 +254,11 @@ int run_bench_serve(int argc, char** argv) {
     req.sampling.ignore_eos = true;
     reqs.push_back(std::move(req));
   }
+  // The deployment's calls: the router's or the co-located engine's.
+  auto add = [&](const runtime::GenerationRequest& r) {
+    return router ? router->add(r) : engine->add(r);
+  };
+  auto busy = [&] { return router ? !router->idle() : !engine->idle(); };
   // One step of the deployment; a lost request fails it (a benchmark with a
   // lost request has no figures).
   auto checked_step = [&]() -> StatusOr<std::vector<runtime::TokenEvent>> {
@@ -271,10 +276,10 @@ int run_bench_serve(int argc, char** argv) {
   for (int64_t w = 0; w < warmups; ++w) {
     runtime::GenerationRequest req = reqs[0];
     req.id = P + 1 + w;
-    s = router ? router->add(req) : engine->add(req);
+    s = add(req);
     if (!s.ok()) return report_error("bench serve", s.with_context("warm-up request"));
   }
-  while (warmups > 0 && (router ? !router->idle() : !engine->idle())) {
+  while (warmups > 0 && busy()) {
     auto events = checked_step();
     if (!events.ok()) return report_error("bench serve", events.status().with_context("warm-up"));
   }
@@ -284,7 +289,7 @@ int run_bench_serve(int argc, char** argv) {
   }
   const auto t0 = clock::now();
   for (const auto& req : reqs) {
-    s = router ? router->add(req) : engine->add(req);
+    s = add(req);
     if (!s.ok())
       return report_error("bench serve", s.with_context("request " + std::to_string(req.id)));
   }
@@ -293,7 +298,7 @@ int run_bench_serve(int argc, char** argv) {
   double decode_from = 0;
   std::vector<Json> workers;
   int64_t steps = 0;
-  while (router ? !router->idle() : !engine->idle()) {
+  while (busy()) {
     auto events = checked_step();
     if (!events.ok()) return report_error("bench serve", events.status());
     const double now = std::chrono::duration<double>(clock::now() - t0).count();
