@@ -4,6 +4,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cstdio>
 
 namespace msinfer::server {
 
@@ -125,14 +126,17 @@ void Scheduler::end_round() {
   round_batches_.clear();
 }
 
-void Scheduler::fail_all(const Status& s) {
+int64_t Scheduler::fail_all(const Status& s) {
   std::deque<Entry> inbox;
   {
     std::lock_guard<std::mutex> l(mu_);
     inbox.swap(inbox_);
   }
   for (auto& e : inbox) send_error(*e.sink, s);
-  for (auto& a : active_) send_error(*a.sink, s);
+  for (auto& a : active_) {
+    a.sink->on_error(s);
+    note_batch(a.batch);
+  }
   end_round();
   const int64_t n = static_cast<int64_t>(inbox.size() + active_.size());
   for (int64_t i = 0; i < n; ++i) metrics_->request_aborted();
@@ -140,6 +144,7 @@ void Scheduler::fail_all(const Status& s) {
   std::lock_guard<std::mutex> l(mu_);
   in_flight_ -= n;
   idle_cv_.notify_all();
+  return n;
 }
 
 void Scheduler::fail_backend(const Status& s) {
@@ -148,7 +153,13 @@ void Scheduler::fail_backend(const Status& s) {
     snap_.healthy = false;
     snap_.failure = s.message();
   }
-  fail_all(s);
+  const int64_t failed = fail_all(s);
+  // Once, for the operator: the clients see it in their error bodies, the
+  // scraper in /health, and the server's log said nothing before.
+  std::fprintf(stderr,
+               "msinfer: server: serving stopped: %s; /health answers 503 and new requests are "
+               "refused (%lld request(s) in flight failed)\n",
+               s.message().c_str(), static_cast<long long>(failed));
 }
 
 void Scheduler::loop() {

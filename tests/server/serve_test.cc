@@ -351,6 +351,11 @@ TEST_F(ServeTest, OpenAiClientDisaggregatedGreedyEqualsGenerate) {
   EXPECT_NE(stream.find("data: [DONE]"), std::string::npos);
   EXPECT_EQ(curl(s.url() + "/health").status, 503);
   EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})").status, 503);
+  // The operator reads why in the server's log, once, with the stream it failed.
+  const std::string log = s.stderr_text();
+  EXPECT_NE(log.find("server: serving stopped: expert worker 1"), std::string::npos) << log;
+  EXPECT_NE(log.find("(1 request(s) in flight failed)"), std::string::npos) << log;
+  EXPECT_EQ(log.find("serving stopped"), log.rfind("serving stopped")) << log;
   // SIGTERM: exit 0, no worker left, no shared-memory object left.
   const pid_t server_pid = s.pid();
   EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
@@ -416,6 +421,12 @@ TEST_F(ServeTest, ADeadAttentionWorkerFailsOnlyItsOwnStream) {
       }
       EXPECT_EQ(health.status, 503);
       EXPECT_NE(health.body.find("expert worker 0"), std::string::npos) << health.body;
+      const std::string log = s.stderr_text();
+      EXPECT_NE(log.find("server: serving stopped: expert worker 0"), std::string::npos) << log;
+      EXPECT_NE(log.find("(0 request(s) in flight failed)"), std::string::npos) << log;
+    } else {
+      // One attention worker's death is not the deployment's.
+      EXPECT_EQ(s.stderr_text().find("serving stopped"), std::string::npos) << s.stderr_text();
     }
     EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
     EXPECT_NE(::kill(victim, 0), 0);

@@ -162,7 +162,8 @@ class Scheduler {
   void send_error(RequestSink& sink, const Status& s);
   void note_batch(SinkBatch* b);
   void end_round();
-  void fail_all(const Status& s);
+  // Returns how many requests it failed.
+  int64_t fail_all(const Status& s);
   // The backend failed: the server turns unhealthy (/health 503, submit
   // refused) and every request in flight fails with `s`.
   void fail_backend(const Status& s);
