@@ -99,9 +99,9 @@ void Scheduler::note_batch(SinkBatch* b) {
   }
 }
 
-void Scheduler::send_error(RequestSink& sink, const Status& s) {
+void Scheduler::send_error(RequestSink& sink, SinkBatch* batch, const Status& s) {
   sink.on_error(s);
-  note_batch(sink.batch());
+  note_batch(batch);
 }
 
 void Scheduler::admit(Entry&& e) {
@@ -132,11 +132,8 @@ int64_t Scheduler::fail_all(const Status& s) {
     std::lock_guard<std::mutex> l(mu_);
     inbox.swap(inbox_);
   }
-  for (auto& e : inbox) send_error(*e.sink, s);
-  for (auto& a : active_) {
-    a.sink->on_error(s);
-    note_batch(a.batch);
-  }
+  for (auto& e : inbox) send_error(*e.sink, e.sink->batch(), s);
+  for (auto& a : active_) send_error(*a.sink, a.batch, s);
   end_round();
   const int64_t n = static_cast<int64_t>(inbox.size() + active_.size());
   for (int64_t i = 0; i < n; ++i) metrics_->request_aborted();
@@ -154,8 +151,8 @@ void Scheduler::fail_backend(const Status& s) {
     snap_.failure = s.message();
   }
   const int64_t failed = fail_all(s);
-  // Once, for the operator: the clients see it in their error bodies, the
-  // scraper in /health, and the server's log said nothing before.
+  // Once (the scheduler stays unhealthy), for the operator: the clients read
+  // the cause in their error bodies, a scraper in /health, the log here.
   std::fprintf(stderr,
                "msinfer: server: serving stopped: %s; /health answers 503 and new requests are "
                "refused (%lld request(s) in flight failed)\n",
@@ -241,7 +238,7 @@ void Scheduler::loop() {
     for (auto& e : admitted) {
       Status s = backend_->add(e.req);
       if (!s.ok()) {
-        send_error(*e.sink, s);
+        send_error(*e.sink, e.sink->batch(), s);
         metrics_->request_aborted();
         ++ended;
         continue;
@@ -302,7 +299,7 @@ void Scheduler::loop() {
           if (evs.back().finish_reason == "error") {
             // The deployment lost it (a dead attention worker, not
             // resubmitted): this request fails, the others go on.
-            send_error(*a.sink, Status(StatusCode::kUnavailable, evs.back().error));
+            send_error(*a.sink, a.batch, Status(StatusCode::kUnavailable, evs.back().error));
             metrics_->request_aborted();
             a.ended = any_ended = true;
             ++ended;

@@ -159,7 +159,9 @@ class Scheduler {
   std::vector<Active>::iterator find_active(int64_t id);
   void loop();
   // The round's calls to a sink; end_round() hands every batch noted over.
-  void send_error(RequestSink& sink, const Status& s);
+  // `batch`: the sink's (a running request's record keeps it; sink.batch()
+  // for one not admitted).
+  void send_error(RequestSink& sink, SinkBatch* batch, const Status& s);
   void note_batch(SinkBatch* b);
   void end_round();
   // Returns how many requests it failed.
