@@ -45,6 +45,7 @@ class FakeBackend final : public GenerationBackend {
     return ok_status();
   }
   StatusOr<std::vector<runtime::TokenEvent>> step() override {
+    while (held_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     if (fail_when_ > 0 && running_.size() >= fail_when_) {
       return Status(StatusCode::kUnavailable, "expert worker 1 was killed by signal 9");
     }
@@ -118,6 +119,7 @@ class FakeBackend final : public GenerationBackend {
   }
 
   std::atomic<int64_t> max_batch_{0};
+  std::atomic<bool> held_{false};  // step() waits while set
   std::atomic<bool> stopped_{false};
   bool scatter_ = false;  // set before the scheduler starts
   // Set before the scheduler starts: each step answers half the requests
@@ -422,10 +424,15 @@ TEST(SchedulerTest, SinksOfOneBatchAreHandedOverOncePerStep) {
   FakeBackend* fake = backend.get();
   Scheduler sched(std::move(backend), SchedulerOptions{}, &metrics);
   constexpr int kRequests = 8;
+  // Steps wait until every request is in: on a busy machine the engine
+  // thread finished each request before the next was submitted, and no step
+  // had two.
+  fake->held_ = true;
   for (int i = 0; i < kRequests; ++i) {
     const int64_t id = sched.next_id();
     ASSERT_TRUE(sched.submit(request(id, 6 + i), std::make_shared<Gathered>(log, id)).ok());
   }
+  fake->held_ = false;
   ASSERT_TRUE(log.wait_ended(kRequests, 10s));
   EXPECT_TRUE(sched.wait_idle(std::chrono::steady_clock::now() + 10s));
   EXPECT_EQ(log.pending(), 0u);
