@@ -6,7 +6,9 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <ctime>
 #include <functional>
 #include <list>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "msinfer/core/logging.h"
+#include "msinfer/server/batch_send.h"
 
 namespace msinfer::server {
 
@@ -130,6 +133,8 @@ struct HttpServer::Impl {
     // Something in it cannot wait for the next flush round: a stream's first
     // tokens, an end, an error, a stream with logprobs.
     bool urgent = false;
+    // When the engine thread handed it over (end_round).
+    std::chrono::steady_clock::time_point at;
   };
   class Batch final : public SinkBatch {
    public:
@@ -147,12 +152,37 @@ struct HttpServer::Impl {
   std::vector<Round> spare;    // GUARDED_BY(rounds_mu): run, emptied, capacity kept
   bool posted = false;         // GUARDED_BY(rounds_mu): run_rounds() will take `ready`
   bool polling = false;        // GUARDED_BY(rounds_mu): the loop takes `ready` itself
+  int64_t wakeups = 0;         // GUARDED_BY(rounds_mu): posts that woke the loop for rounds
   double poll_wait_cpu_s = 0;  // event-loop thread only: CPU time spent polling idle
+  // Anticipation (the loop without busy_poll; event-loop thread only): the
+  // rounds that wake the loop come at the engine's pace, so the loop sleeps
+  // on a timer until just before the next is due and then polls for it; the
+  // engine thread hands it over without a wake-up (~16 us of its time on a
+  // VM, where waking a sleeping cpu goes through the hypervisor). The pace:
+  // a moving average of the gaps between those rounds.
+  std::chrono::steady_clock::time_point last_round_at{};
+  std::chrono::nanoseconds round_gap{0};
+  uint64_t rounds_delivered = 0;
+  bool alarm_rang = false;
+  void anticipate_loop();
   std::vector<Round> running;  // event-loop thread only
   // The connection of each request in flight, by request id (event-loop thread
   // only): deliveries name the request, so the engine thread touches no
   // connection's reference count.
   std::unordered_map<int64_t, std::weak_ptr<Session>> streams;
+  // The writes of the rounds deliver() runs go out together, one io_uring
+  // submit for every stream written (BatchSend); null: a send() each (the
+  // kernel refused io_uring, or ServerOptions::io_uring is off). Event-loop
+  // thread only.
+  std::unique_ptr<BatchSend> sender;
+  bool batching = false;  // inside deliver(): Session::flush() joins `batched`
+  std::vector<std::shared_ptr<Session>> batched;
+  std::vector<BatchSend::Item> batch_items;
+  std::vector<long> batch_results;
+  int64_t batched_writes = 0;
+  int64_t batch_submits_before = 0;  // a sender's submits, kept when it is let go
+  // Sends `batched` and hands each session its result.
+  void send_batch();
 
   void accept();
   // Engine thread: one request's tokens (moved from) or failure, this round.
@@ -185,6 +215,7 @@ struct HttpServer::Impl {
       std::lock_guard<std::mutex> l(rounds_mu);
       const bool wake =
           gathering.flush || gathering.urgent || ready.size() + 1 >= kMaxWaitingRounds;
+      gathering.at = std::chrono::steady_clock::now();
       ready.push_back(std::move(gathering));
       gathering = Round{};
       if (!spare.empty()) {
@@ -193,12 +224,17 @@ struct HttpServer::Impl {
       }
       post = wake && !posted && !polling;
       posted = posted || post;
+      wakeups += post ? 1 : 0;
     }
     if (post) net::post(ioc, [this] { run_rounds(); });
   }
   void run_rounds();
   // The loop takes what is ready without a post (busy poll); true if any.
   bool poll_rounds();
+  bool rounds_waiting() {
+    std::lock_guard<std::mutex> l(rounds_mu);
+    return !ready.empty();
+  }
   void deliver(std::vector<Round>& rounds);
   // The event loop: io_context::run(), or with options.busy_poll, polling
   // while streams are in flight.
@@ -397,6 +433,14 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void queue_write(std::string data) {
     if (closed_) return;
+    if (batched_) {
+      // In this deliver()'s batch, not yet offered to the kernel: one write
+      // for every round it runs. (The limit is on what waits behind a write
+      // the client has not taken: a loop late by many rounds is no slow
+      // reader.)
+      out_writing_ += data;
+      return;
+    }
     out_queue_ += data;
     if (static_cast<int64_t>(out_queue_.size()) > srv_.options.max_pending_bytes) {
       close();  // a reader slower than its tokens: cut off, request cancelled
@@ -409,9 +453,36 @@ class Session : public std::enable_shared_from_this<Session> {
     writing_ = true;
     out_writing_.swap(out_queue_);
     out_queue_.clear();
+    if (srv_.batching) {
+      batched_ = true;
+      srv_.batched.push_back(shared_from_this());
+      return;
+    }
+    start_write();
+  }
+
+  void start_write() {
     net::async_write(
         sock_, net::buffer(out_writing_),
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); });
+  }
+
+  // This session's part of a batch (send_batch).
+  BatchSend::Item batch_item() {
+    return {closed_ ? -1 : sock_.native_handle(), out_writing_.data(), out_writing_.size()};
+  }
+
+  // res: what BatchSend returned for batch_item(): bytes sent or -errno.
+  void on_batch_sent(long res) {
+    batched_ = false;
+    if (closed_ || res == static_cast<long>(out_writing_.size())) return on_write({});
+    if (res >= 0 || res == -EAGAIN) {
+      // The socket took part (or none) of it: the rest as any write, when
+      // the client has read enough.
+      out_writing_.erase(0, static_cast<size_t>(std::max(res, 0L)));
+      return start_write();
+    }
+    on_write(beast::error_code(static_cast<int>(-res), boost::system::system_category()));
   }
 
   void on_write(beast::error_code ec) {
@@ -492,6 +563,12 @@ class Session : public std::enable_shared_from_this<Session> {
       // scripts/bench-serve-overhead reads; /proc counts 10 ms ticks).
       // Less the time --busy-poll-us spent waiting for a round.
       g.http_loop_cpu_s = thread_cpu_s() - srv_.poll_wait_cpu_s;
+      g.http_batched_writes = srv_.batched_writes;
+      {
+        std::lock_guard<std::mutex> l(srv_.rounds_mu);
+        g.http_loop_wakeups = srv_.wakeups;
+      }
+      g.http_batch_submits = srv_.sender ? srv_.sender->submits() : srv_.batch_submits_before;
       if (Scheduler* s = srv_.scheduler.load()) {
         auto snap = s->snapshot();
         g.running = snap.running;
@@ -779,6 +856,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string out_queue_, out_writing_;
   std::shared_ptr<Generation> gen_;
   bool reading_ = false, watching_ = false, writing_ = false;
+  bool batched_ = false;  // in srv_.batched: out_writing_ not yet sent
   bool response_done_ = true, keep_alive_ = true, closed_ = false;
 };
 
@@ -801,9 +879,74 @@ bool HttpServer::Impl::poll_rounds() {
   return true;
 }
 
+void HttpServer::Impl::anticipate_loop() {
+  using poll_clock = std::chrono::steady_clock;
+  net::steady_timer alarm(ioc);
+  while (!ioc.stopped()) {
+    if (streams.empty() || round_gap.count() == 0) {
+      ioc.run_one();
+      continue;
+    }
+    const uint64_t seen = rounds_delivered;
+    const auto due = last_round_at + round_gap;
+    const auto wake_at = due - round_gap / 8;
+    const auto give_up = due + round_gap / 2;
+    if (poll_clock::now() > give_up) {
+      // Late (a long step, or none coming): the engine thread posts it.
+      while (rounds_delivered == seen && !streams.empty() && !ioc.stopped()) ioc.run_one();
+      continue;
+    }
+    if (poll_clock::now() < wake_at) {
+      // Sleep until then; sockets and early rounds are served meanwhile.
+      alarm_rang = false;
+      alarm.expires_at(wake_at);
+      alarm.async_wait([this](beast::error_code) { alarm_rang = true; });
+      while (!alarm_rang && rounds_delivered == seen && !ioc.stopped()) ioc.run_one();
+      if (!alarm_rang) {
+        alarm.cancel();
+        while (!alarm_rang && !ioc.stopped()) ioc.run_one();  // its handler, cancelled
+      }
+      if (rounds_delivered != seen) continue;  // it came early
+    }
+    {
+      std::lock_guard<std::mutex> l(rounds_mu);
+      polling = true;
+    }
+    // The spinning counts as waiting, not as the loop's work (its CPU
+    // counter); socket handlers run meanwhile count as work.
+    double idle_from = thread_cpu_s();
+    bool got = false;
+    while (!ioc.stopped() && !streams.empty()) {
+      const double c = thread_cpu_s();
+      if (rounds_waiting()) {
+        poll_wait_cpu_s += c - idle_from;
+        poll_rounds();
+        got = true;
+        break;
+      }
+      if (ioc.poll() > 0) {
+        poll_wait_cpu_s += c - idle_from;
+        idle_from = thread_cpu_s();
+      }
+      if (poll_clock::now() > give_up) break;
+      ::sched_yield();  // a process sharing this cpu (a local client) runs
+    }
+    if (!got) poll_wait_cpu_s += thread_cpu_s() - idle_from;
+    {
+      std::lock_guard<std::mutex> l(rounds_mu);
+      polling = false;
+    }
+    if (!ioc.stopped()) poll_rounds();  // what came before `polling` was cleared
+  }
+}
+
 void HttpServer::Impl::run_loop() {
   if (options.busy_poll.count() <= 0) {
-    ioc.run();
+    if (options.anticipate) {
+      anticipate_loop();
+    } else {
+      ioc.run();
+    }
     return;
   }
   using poll_clock = std::chrono::steady_clock;
@@ -851,7 +994,19 @@ void HttpServer::Impl::run_loop() {
 }
 
 void HttpServer::Impl::deliver(std::vector<Round>& rounds) {
+  batching = sender != nullptr;
   for (Round& r : rounds) {
+    if (r.flush || r.urgent) {
+      if (last_round_at.time_since_epoch().count() != 0) {
+        const auto gap = r.at - last_round_at;
+        // Gaps of an idle engine (none in flight) are not its pace.
+        if (gap > std::chrono::nanoseconds(0) && gap < std::chrono::milliseconds(100)) {
+          round_gap = round_gap.count() == 0 ? gap : (3 * round_gap + gap) / 4;
+        }
+      }
+      last_round_at = r.at;
+    }
+    ++rounds_delivered;
     for (Delivery& d : r.deliveries) {
       auto it = streams.find(d.id);
       if (it == streams.end()) continue;  // its response ended (cancelled, stopped)
@@ -871,6 +1026,8 @@ void HttpServer::Impl::deliver(std::vector<Round>& rounds) {
     r.events.clear();
     r.deliveries.clear();
   }
+  batching = false;
+  send_batch();
   // Emptied rounds keep their capacity for the engine thread's next ones (a
   // few: a burst's backlog is let go).
   std::lock_guard<std::mutex> l(rounds_mu);
@@ -879,6 +1036,27 @@ void HttpServer::Impl::deliver(std::vector<Round>& rounds) {
     if (spare.size() < kMaxWaitingRounds + 2) spare.push_back(std::move(r));
   }
   rounds.clear();
+}
+
+void HttpServer::Impl::send_batch() {
+  if (batched.empty()) return;
+  batch_items.clear();
+  for (auto& s : batched) batch_items.push_back(s->batch_item());
+  sender->send_all(batch_items, &batch_results);
+  batched_writes += static_cast<int64_t>(batched.size());
+  // The sessions' next writes (a partial one's rest, the next request's
+  // answer) go the usual way: this batch is over.
+  std::vector<std::shared_ptr<Session>> sent;
+  sent.swap(batched);
+  for (size_t i = 0; i < sent.size(); ++i) sent[i]->on_batch_sent(batch_results[i]);
+  sent.clear();
+  batched.swap(sent);  // its capacity, for the next batch
+  if (!sender->broken().empty()) {
+    std::fprintf(stderr, "msinfer: server: %s; the streams' writes go one send() each from now\n",
+                 sender->broken().c_str());
+    batch_submits_before = sender->submits();
+    sender.reset();
+  }
 }
 
 void HttpServer::Impl::accept() {
@@ -935,6 +1113,14 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::start(const ServerOptions& o, 
   if (!ec) impl->acceptor.listen(net::socket_base::max_listen_connections, ec);
   if (ec)
     return Status(StatusCode::kUnavailable, "cannot listen on " + where + ": " + ec.message());
+  if (o.io_uring) {
+    std::string why;
+    impl->sender = BatchSend::create(256, &why);
+    if (!impl->sender) {
+      std::fprintf(stderr, "msinfer: server: no io_uring (%s): one send() per stream and step\n",
+                   why.c_str());
+    }
+  }
   impl->accept();
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
 }

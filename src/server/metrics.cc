@@ -112,6 +112,17 @@ std::string Metrics::render(const Gauges& g) const {
             "(not --busy-poll-us waiting).",
             g.http_loop_cpu_s);
   }
+  counter("msinfer:http_batched_writes_total",
+          "Socket writes of the HTTP loop sent together, an engine step's in one io_uring "
+          "submit (the rest: a send() each).",
+          static_cast<double>(g.http_batched_writes));
+  counter("msinfer:http_batch_submits_total",
+          "io_uring submits (system calls) that sent http_batched_writes_total.",
+          static_cast<double>(g.http_batch_submits));
+  counter("msinfer:http_loop_wakeups_total",
+          "Engine steps whose tokens the engine thread had to wake the HTTP loop for (the "
+          "rest it took while polling for them).",
+          static_cast<double>(g.http_loop_wakeups));
   counter("msinfer:engine_busy_seconds_total",
           "Engine thread: wall time of the scheduler's iterations that stepped the engine.",
           g.engine_busy_s);

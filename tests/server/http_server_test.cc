@@ -69,7 +69,10 @@ std::string post(const std::string& body) {
          std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
-TEST(HttpServerTest, ConcurrentClientsStreamingAndDisconnecting) {
+// io_uring: the loop sends a round's writes in one io_uring submit (else a
+// send() each). anticipate: the loop polls for rounds when they are due (else
+// the engine thread wakes it for each).
+void concurrent_clients_streaming_and_disconnecting(bool io_uring, bool anticipate) {
   Metrics metrics("m");
   ApiContext ctx;
   ctx.served_model_name = "m";
@@ -77,6 +80,8 @@ TEST(HttpServerTest, ConcurrentClientsStreamingAndDisconnecting) {
   ctx.max_model_len = 1 << 20;
   ServerOptions so;
   so.port = 0;
+  so.io_uring = io_uring;
+  so.anticipate = anticipate;
   auto server = HttpServer::start(so, ctx, &metrics);
   ASSERT_TRUE(server.ok()) << server.status().message();
   HttpServer& http = **server;
@@ -128,6 +133,11 @@ TEST(HttpServerTest, ConcurrentClientsStreamingAndDisconnecting) {
   const std::string m =
       exchange(http.port(), "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   EXPECT_NE(m.find("msinfer:request_aborted_total{model_name=\"m\"} 16"), std::string::npos) << m;
+  if (!io_uring) {
+    EXPECT_NE(m.find("msinfer:http_batched_writes_total{model_name=\"m\"} 0\n"), std::string::npos)
+        << m;
+  }
+  EXPECT_NE(m.find("msinfer:http_loop_wakeups_total{model_name=\"m\"} "), std::string::npos) << m;
   http.set_draining();
   sched->start_draining();
   EXPECT_NE(exchange(http.port(), post(R"({"prompt": [1], "max_tokens": 2})")).find(" 503 "),
@@ -136,6 +146,14 @@ TEST(HttpServerTest, ConcurrentClientsStreamingAndDisconnecting) {
   http.stop();
   loop.join();
   sched.reset();
+}
+
+TEST(HttpServerTest, ConcurrentClientsStreamingAndDisconnecting) {
+  concurrent_clients_streaming_and_disconnecting(true, true);
+}
+
+TEST(HttpServerTest, ConcurrentClientsStreamingAndDisconnectingWithASendEachAndWakeUps) {
+  concurrent_clients_streaming_and_disconnecting(false, false);
 }
 
 }  // namespace

@@ -771,6 +771,135 @@ TEST_F(ServeTest, DisconnectsCancelAndFreeKvBlocks) {
   EXPECT_EQ(curl(s.url() + "/health").status, 200);
 }
 
+// A client that stops reading is cut off once --max-pending-kb is queued for
+// it (its request cancelled, its connection closed) while another client's
+// stream goes on to its end: with an engine step's writes sent together
+// through io_uring (the full socket's write fails with EAGAIN there and is
+// finished by itself) and with a send() each.
+void check_slow_reader_is_cut_off(const std::string& flags) {
+  // 256 KiB: more than the other client's whole stream (~60 KB), so that a
+  // busy machine delaying it cannot get it cut off too.
+  Server s("--max-pending-kb 256 " + flags);
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  // The slow reader: a small receive buffer, and it reads nothing.
+  const int slow = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(slow, 0);
+  const int small = 4096;
+  ::setsockopt(slow, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(s.port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(slow, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  // Chat with 20 log-probabilities a token: ~1.7 KB a token, so that 3900
+  // tokens (~6.5 MB) outgrow what the kernel buffers for a connection (its
+  // send buffer grows to net.ipv4.tcp_wmem's 4 MB) and the server's queue
+  // fills.
+  const std::string req = testing::post_request(
+      "/v1/chat/completions",
+      R"({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3900, "ignore_eos": true, "stream": true, "logprobs": true, "top_logprobs": 20})");
+  ASSERT_EQ(::send(slow, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  // A reader that keeps up gets its whole stream meanwhile.
+  const HttpResult r = post(
+      s, "/v1/completions",
+      R"({"prompt": "Hello", "max_tokens": 300, "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}})");
+  EXPECT_EQ(r.status, 200) << r.body.substr(0, 300) << s.stderr_text();
+  EXPECT_NE(r.body.find("\"completion_tokens\":300"), std::string::npos) << r.body.substr(0, 300);
+  EXPECT_NE(r.body.find("data: [DONE]"), std::string::npos);
+  // The slow one is cut off before its tokens are out.
+  const auto deadline = clock_type::now() + std::chrono::seconds(60);
+  double aborted = 0;
+  while (clock_type::now() < deadline) {
+    aborted =
+        metric(parse_metrics(curl(s.url() + "/metrics").body), "msinfer:request_aborted_total{");
+    if (aborted >= 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(aborted, 1);
+  EXPECT_TRUE(wait_drained(s, std::chrono::seconds(30)));
+  bool closed = false;
+  const std::string got = testing::read_from(slow, std::chrono::seconds(30), "", SIZE_MAX, &closed);
+  ::close(slow);
+  EXPECT_TRUE(closed);
+  EXPECT_NE(got.find(" 200 OK"), std::string::npos) << got.substr(0, 200);
+  EXPECT_EQ(got.find("[DONE]"), std::string::npos);
+  auto m = parse_metrics(curl(s.url() + "/metrics").body);
+  EXPECT_EQ(metric(m, "msinfer:request_success_total{model_name=\"" +
+                          model_dir().filename().string() + "\",finished_reason=\"length\"}"),
+            1);
+  const double batched = metric(m, "msinfer:http_batched_writes_total{");
+  const double submits = metric(m, "msinfer:http_batch_submits_total{");
+  if (flags.find("--no-io-uring") != std::string::npos) {
+    EXPECT_EQ(batched, 0);
+    EXPECT_EQ(submits, 0);
+  } else if (s.stderr_text().find("no io_uring") != std::string::npos) {
+    // The kernel refused it (the server said so): a send() each.
+    EXPECT_EQ(batched, 0);
+  } else {
+    // The streams' writes after their headers went in batches (the loop
+    // folds the rounds it is late for into one write a stream).
+    EXPECT_GE(batched, 1);
+    EXPECT_GE(submits, 1);
+    EXPECT_LE(submits, batched);
+  }
+  EXPECT_EQ(curl(s.url() + "/health").status, 200);
+}
+
+// A reader that is slow but reads on gets every byte of its stream, in order:
+// the writes the kernel takes only part of (or none of) are finished later.
+void check_slow_reader_gets_every_byte(const std::string& flags) {
+  Server s("--max-pending-kb 65536 " + flags);
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  const int small = 4096;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(s.port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string req = testing::post_request(
+      "/v1/chat/completions",
+      R"({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3000, "ignore_eos": true, "stream": true, "logprobs": true, "top_logprobs": 20})");
+  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  // Not reading while the tokens come: the socket fills, the server queues.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const std::string got = testing::read_from(fd, std::chrono::seconds(60), "data: [DONE]");
+  ::close(fd);
+  ASSERT_NE(got.find("data: [DONE]"), std::string::npos) << got.size() << " bytes";
+  // One entry with its top_logprobs per token, each once, in one piece.
+  size_t entries = 0;
+  for (size_t at = got.find("\"top_logprobs\":["); at != std::string::npos;
+       at = got.find("\"top_logprobs\":[", at + 1)) {
+    ++entries;
+  }
+  EXPECT_EQ(entries, 3000u);
+  EXPECT_NE(got.find("\"finish_reason\":\"length\""), std::string::npos);
+  // Every SSE event is whole JSON.
+  size_t events = 0;
+  for (size_t at = got.find("data: {"); at != std::string::npos; at = got.find("data: {", at + 1)) {
+    const size_t end = got.find("\n\n", at);
+    ASSERT_NE(end, std::string::npos);
+    EXPECT_TRUE(Json::accept(got.substr(at + 6, end - at - 6))) << got.substr(at, 200);
+    ++events;
+  }
+  EXPECT_GE(events, 3000u);
+  EXPECT_TRUE(wait_drained(s, std::chrono::seconds(30)));
+}
+
+TEST_F(ServeTest, ASlowReaderIsCutOffAndStallsNoOne) { check_slow_reader_is_cut_off(""); }
+
+TEST_F(ServeTest, ASlowReaderIsCutOffAndStallsNoOneWithASendEach) {
+  check_slow_reader_is_cut_off("--no-io-uring");
+}
+
+TEST_F(ServeTest, ASlowReaderThatReadsOnGetsEveryByte) { check_slow_reader_gets_every_byte(""); }
+
+TEST_F(ServeTest, ASlowReaderThatReadsOnGetsEveryByteWithASendEach) {
+  check_slow_reader_gets_every_byte("--no-io-uring");
+}
+
 TEST_F(ServeTest, FullQueueGets429AndApiKeyIsEnforced) {
   Server s("--max-num-seqs 1 --max-queue 0 --api-key sekrit");
   ASSERT_GT(s.port(), 0) << s.stderr_text();

@@ -68,6 +68,20 @@ int run_serve(int argc, char** argv) {
                 "step for up to this many microseconds before it sleeps, so that the\n"
                 "engine thread need not wake it (on a VM ~16 us a step); its core spins\n"
                 "meanwhile. For short steps (small models); 0: the loop sleeps");
+  flags.add_int("max-pending-kb", 1024, 1, 1 << 20,
+                "bytes queued for one client that reads slower than its tokens come,\n"
+                "beyond what the kernel's socket buffers hold, before the server closes\n"
+                "that connection (its request is cancelled; the others are not slowed)");
+  flags.add_bool("no-io-uring",
+                 "send each stream's writes with a send() apiece; by default the writes\n"
+                 "of an engine step go to the kernel together, in one io_uring submit\n"
+                 "(where the kernel refuses io_uring the server says so and does this)");
+  flags.add_bool("no-anticipate",
+                 "the HTTP loop sleeps until the engine thread wakes it with each step's\n"
+                 "tokens; by default, while streams are in flight and steps come at a\n"
+                 "steady pace, it sleeps on a timer until just before the next step is\n"
+                 "due and polls for it (~1/8 of a step), so that the engine thread need\n"
+                 "not wake it (on a VM ~16 us a step). --busy-poll-us overrides both");
   flags.add_int("kv-cache-mb", 256, "KV cache budget in MiB (per attention worker)",
                 "MSINFER_KV_CACHE_MB");
   add_engine_flags(flags);
@@ -158,8 +172,11 @@ int run_serve(int argc, char** argv) {
   so.port = static_cast<int>(flags.get_int("port"));
   so.api_key = flags.get_string("api-key");
   so.max_body_bytes = flags.get_int("max-body-kb") << 10;
+  so.max_pending_bytes = flags.get_int("max-pending-kb") << 10;
   so.stream_interval = flags.get_int("stream-interval");
   so.busy_poll = std::chrono::microseconds(flags.get_int("busy-poll-us"));
+  so.io_uring = !flags.get_bool("no-io-uring");
+  so.anticipate = !flags.get_bool("no-anticipate");
   so.request_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(flags.get_double("request-timeout") * 1000));
   server::Metrics metrics(name);

@@ -45,7 +45,16 @@ struct ServerOptions {
   // the engine thread hands rounds over without waking it (a wake-up costs
   // the waker ~16 us on a VM; the loop's core spins instead). 0: it sleeps.
   std::chrono::microseconds busy_poll{0};
+  // Without busy_poll: while streams are in flight and the engine's steps
+  // come at a steady pace, the loop sleeps on a timer until just before the
+  // next step's tokens are due and polls for them (an eighth of a step or so
+  // of spinning), so that the engine thread need not wake it. false: it
+  // sleeps until woken.
+  bool anticipate = true;
   std::chrono::milliseconds request_timeout{30000};
+  // The writes of an engine step go to the kernel in one io_uring submit
+  // (not a send() per stream) where the kernel allows; false: a send() each.
+  bool io_uring = true;
 };
 
 class HttpServer {
