@@ -561,7 +561,7 @@ class Session : public std::enable_shared_from_this<Session> {
       g.connections = srv_.connections.load();
       // This runs on the loop's thread: its own CPU clock, in ns (what
       // scripts/bench-serve-overhead reads; /proc counts 10 ms ticks).
-      // Less the time --busy-poll-us spent waiting for a round.
+      // Less the time spent polling for a round (--busy-poll-us, anticipation).
       g.http_loop_cpu_s = thread_cpu_s() - srv_.poll_wait_cpu_s;
       g.http_batched_writes = srv_.batched_writes;
       {

@@ -109,7 +109,7 @@ std::string Metrics::render(const Gauges& g) const {
   if (g.http_loop_cpu_s >= 0) {
     counter("msinfer:http_loop_cpu_seconds_total",
             "CPU time of the HTTP event loop thread: parsing, JSON, SSE and socket writes "
-            "(not --busy-poll-us waiting).",
+            "(not its polling for the engine's steps: --busy-poll-us, anticipation).",
             g.http_loop_cpu_s);
   }
   counter("msinfer:http_batched_writes_total",

@@ -15,10 +15,12 @@
 
 namespace msinfer::testing {
 
-// A connected socket to 127.0.0.1:port, or -1.
-inline int connect_loopback(int port) {
+// A connected socket to 127.0.0.1:port, or -1. rcvbuf > 0: its receive
+// buffer (set before connecting, so the window it offers stays that small).
+inline int connect_loopback(int port, int rcvbuf = 0) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return -1;
+  if (rcvbuf > 0) ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));

@@ -771,6 +771,24 @@ TEST_F(ServeTest, DisconnectsCancelAndFreeKvBlocks) {
   EXPECT_EQ(curl(s.url() + "/health").status, 200);
 }
 
+// Starts a chat stream of max_tokens with 20 log-probabilities a token
+// (~1.7 KB a token) on a connection with a 4 KiB receive window that reads
+// nothing yet; its socket, or -1.
+int start_heavy_stream(const Server& s, int max_tokens) {
+  const int fd = testing::connect_loopback(s.port(), 4096);
+  if (fd < 0) return -1;
+  const std::string req = testing::post_request(
+      "/v1/chat/completions",
+      R"({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": )" +
+          std::to_string(max_tokens) +
+          R"(, "ignore_eos": true, "stream": true, "logprobs": true, "top_logprobs": 20})");
+  if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 // A client that stops reading is cut off once --max-pending-kb is queued for
 // it (its request cancelled, its connection closed) while another client's
 // stream goes on to its end: with an engine step's writes sent together
@@ -781,24 +799,11 @@ void check_slow_reader_is_cut_off(const std::string& flags) {
   // busy machine delaying it cannot get it cut off too.
   Server s("--max-pending-kb 256 " + flags);
   ASSERT_GT(s.port(), 0) << s.stderr_text();
-  // The slow reader: a small receive buffer, and it reads nothing.
-  const int slow = ::socket(AF_INET, SOCK_STREAM, 0);
+  // The slow reader reads nothing: 3900 tokens (~6.5 MB) outgrow what the
+  // kernel buffers for a connection (its send buffer grows to
+  // net.ipv4.tcp_wmem's 4 MB), and the server's queue fills.
+  const int slow = start_heavy_stream(s, 3900);
   ASSERT_GE(slow, 0);
-  const int small = 4096;
-  ::setsockopt(slow, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(s.port()));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(slow, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  // Chat with 20 log-probabilities a token: ~1.7 KB a token, so that 3900
-  // tokens (~6.5 MB) outgrow what the kernel buffers for a connection (its
-  // send buffer grows to net.ipv4.tcp_wmem's 4 MB) and the server's queue
-  // fills.
-  const std::string req = testing::post_request(
-      "/v1/chat/completions",
-      R"({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3900, "ignore_eos": true, "stream": true, "logprobs": true, "top_logprobs": 20})");
-  ASSERT_EQ(::send(slow, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
   // A reader that keeps up gets its whole stream meanwhile.
   const HttpResult r = post(
       s, "/v1/completions",
@@ -850,19 +855,8 @@ void check_slow_reader_is_cut_off(const std::string& flags) {
 void check_slow_reader_gets_every_byte(const std::string& flags) {
   Server s("--max-pending-kb 65536 " + flags);
   ASSERT_GT(s.port(), 0) << s.stderr_text();
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = start_heavy_stream(s, 3000);
   ASSERT_GE(fd, 0);
-  const int small = 4096;
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(s.port()));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  const std::string req = testing::post_request(
-      "/v1/chat/completions",
-      R"({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3000, "ignore_eos": true, "stream": true, "logprobs": true, "top_logprobs": 20})");
-  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
   // Not reading while the tokens come: the socket fills, the server queues.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const std::string got = testing::read_from(fd, std::chrono::seconds(60), "data: [DONE]");
