@@ -17,9 +17,12 @@ struct BatchSend::Ring {
 
 std::unique_ptr<BatchSend> BatchSend::create(unsigned depth, std::string* why) {
   auto r = std::make_unique<Ring>();
-  // No SQPOLL thread (it would spin on a core), no flags: the submitting
-  // thread runs the sends itself, as send() would.
-  const int rc = io_uring_queue_init(depth, &r->ring, 0);
+  // No SQPOLL thread (it would spin on a core): the submitting thread runs
+  // the sends itself, as send() would. SUBMIT_ALL (Linux 5.18): a request
+  // that fails early does not stop the ones after it from being submitted;
+  // older kernels stop there, which send_all handles too.
+  int rc = io_uring_queue_init(depth, &r->ring, IORING_SETUP_SUBMIT_ALL);
+  if (rc == -EINVAL) rc = io_uring_queue_init(depth, &r->ring, 0);
   if (rc < 0) {
     if (why != nullptr) *why = std::string("io_uring_queue_init: ") + std::strerror(-rc);
     return nullptr;
@@ -37,7 +40,12 @@ void BatchSend::send_all(std::span<const Item> items, std::vector<long>* results
   io_uring* ring = &ring_->ring;
   for (size_t begin = 0; begin < items.size(); begin += depth_) {
     const size_t end = std::min(items.size(), begin + depth_);
+    unsigned want = 0;
     for (size_t i = begin; i < end; ++i) {
+      if (items[i].fd < 0) {
+        (*results)[i] = -EBADF;  // no request for it
+        continue;
+      }
       io_uring_sqe* sqe = io_uring_get_sqe(ring);
       MSI_CHECK(sqe != nullptr);  // the ring holds depth_ and is empty here
       // MSG_DONTWAIT: a full socket fails the request with -EAGAIN at once
@@ -45,26 +53,44 @@ void BatchSend::send_all(std::span<const Item> items, std::vector<long>* results
       io_uring_prep_send(sqe, items[i].fd, items[i].data, items[i].size,
                          MSG_NOSIGNAL | MSG_DONTWAIT);
       io_uring_sqe_set_data64(sqe, i);
+      ++want;
     }
-    const unsigned want = static_cast<unsigned>(end - begin);
-    // The sends complete during the submit (or fail with -EAGAIN): the wait
-    // returns at once.
-    int rc;
-    int tries = 0;
-    do {
-      rc = io_uring_submit_and_wait(ring, want);
-    } while ((rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) && ++tries < 100);
+    if (want == 0) continue;
+    // One system call: the sends complete during the submit (or fail with
+    // -EAGAIN), so the wait for their completions returns at once. Where the
+    // kernel stops submitting early it returns without waiting; the rest go
+    // in further submits.
+    unsigned submitted = 0;
+    int rc = io_uring_submit_and_wait(ring, want);
     ++submits_;
-    if (rc < 0) {
-      // The kernel took none of them (it has not seen them: without SQPOLL
-      // only a submit hands them over, and none follows). The ring is not
-      // used again; these writes fail, and their connections with them.
-      broken_ = std::string("io_uring_submit: ") + std::strerror(-rc);
-      for (size_t i = begin; i < items.size(); ++i) (*results)[i] = -EIO;
-      return;
+    for (int tries = 0; submitted < want; ++tries) {
+      if (rc > 0) {
+        submitted += static_cast<unsigned>(rc);
+        tries = 0;
+      }
+      if (submitted >= want) break;
+      if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) break;
+      if (tries >= 100) break;
+      rc = io_uring_submit(ring);
+      ++submits_;
     }
-    unsigned got = 0;
-    while (got < want) {
+    if (submitted < want) {
+      // The kernel will not take the rest (they wait in the ring, which is
+      // not used again: without SQPOLL only a submit hands them over).
+      // Those writes fail, and their connections with them.
+      broken_ = std::string("io_uring_submit: ") + (rc < 0 ? std::strerror(-rc) : "no progress");
+      unsigned skip = submitted;
+      for (size_t i = begin; i < items.size(); ++i) {
+        if (i >= end) {
+          (*results)[i] = -EIO;
+        } else if (items[i].fd >= 0 && skip > 0) {
+          --skip;  // submitted: its completion below
+        } else if (items[i].fd >= 0) {
+          (*results)[i] = -EIO;
+        }
+      }
+    }
+    for (unsigned got = 0; got < submitted;) {
       io_uring_cqe* cqe = nullptr;
       const int w = io_uring_wait_cqe(ring, &cqe);
       if (w == -EINTR) continue;
@@ -73,6 +99,7 @@ void BatchSend::send_all(std::span<const Item> items, std::vector<long>* results
       io_uring_cqe_seen(ring, cqe);
       ++got;
     }
+    if (!broken_.empty()) return;
   }
 }
 

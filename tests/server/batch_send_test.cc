@@ -154,17 +154,26 @@ TEST(BatchSendTest, ErrorsComeBackPerWriteWithoutSigpipe) {
   // The first write to a closed peer may still be accepted (the RST comes
   // back with it): two rounds, the second fails.
   std::vector<long> res;
+  // A closed descriptor (-1: a connection closed meanwhile) in the middle
+  // does not keep the write after it from going.
+  const int bad = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(bad, 0);
+  ::close(bad);  // a descriptor number nothing has open
   std::vector<BatchSend::Item> items{{ps[0].first, m.data(), m.size()},
-                                     {ps[1].first, m.data(), m.size()},
-                                     {-1, m.data(), m.size()}};
+                                     {-1, m.data(), m.size()},
+                                     {bad, m.data(), m.size()},
+                                     {ps[1].first, m.data(), m.size()}};
   b->send_all(items, &res);
   EXPECT_EQ(res[0], static_cast<long>(m.size()));
+  EXPECT_EQ(res[1], -EBADF);
   EXPECT_EQ(res[2], -EBADF);
   b->send_all(items, &res);  // a SIGPIPE would end the test binary here
   EXPECT_EQ(res[0], static_cast<long>(m.size()));
-  EXPECT_TRUE(res[1] == -EPIPE || res[1] == -ECONNRESET) << res[1];
+  EXPECT_EQ(res[1], -EBADF);
   EXPECT_EQ(res[2], -EBADF);
+  EXPECT_TRUE(res[3] == -EPIPE || res[3] == -ECONNRESET) << res[3];
   EXPECT_EQ(read_exactly(ps[0].second, 2 * m.size()), m + m);
+  EXPECT_TRUE(b->broken().empty());
   close(ps[0].first);
   close(ps[0].second);
   close(ps[1].first);
