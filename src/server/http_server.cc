@@ -171,16 +171,15 @@ struct HttpServer::Impl {
   // connection's reference count.
   std::unordered_map<int64_t, std::weak_ptr<Session>> streams;
   // The writes of the rounds deliver() runs go out together, one io_uring
-  // submit for every stream written (BatchSend); null: a send() each (the
-  // kernel refused io_uring, or ServerOptions::io_uring is off). Event-loop
-  // thread only.
+  // submit for every stream written (BatchSend); null or broken(): a send()
+  // each (the kernel refused io_uring, a submit failed, or
+  // ServerOptions::io_uring is off). Event-loop thread only.
   std::unique_ptr<BatchSend> sender;
   bool batching = false;  // inside deliver(): Session::flush() joins `batched`
   std::vector<std::shared_ptr<Session>> batched;
   std::vector<BatchSend::Item> batch_items;
   std::vector<long> batch_results;
   int64_t batched_writes = 0;
-  int64_t batch_submits_before = 0;  // a sender's submits, kept when it is let go
   // Sends `batched` and hands each session its result.
   void send_batch();
 
@@ -568,7 +567,7 @@ class Session : public std::enable_shared_from_this<Session> {
         std::lock_guard<std::mutex> l(srv_.rounds_mu);
         g.http_loop_wakeups = srv_.wakeups;
       }
-      g.http_batch_submits = srv_.sender ? srv_.sender->submits() : srv_.batch_submits_before;
+      g.http_batch_submits = srv_.sender ? srv_.sender->submits() : 0;
       if (Scheduler* s = srv_.scheduler.load()) {
         auto snap = s->snapshot();
         g.running = snap.running;
@@ -994,7 +993,7 @@ void HttpServer::Impl::run_loop() {
 }
 
 void HttpServer::Impl::deliver(std::vector<Round>& rounds) {
-  batching = sender != nullptr;
+  batching = sender != nullptr && sender->broken().empty();
   for (Round& r : rounds) {
     if (r.flush || r.urgent) {
       if (last_round_at.time_since_epoch().count() != 0) {
@@ -1054,8 +1053,6 @@ void HttpServer::Impl::send_batch() {
   if (!sender->broken().empty()) {
     std::fprintf(stderr, "msinfer: server: %s; the streams' writes go one send() each from now\n",
                  sender->broken().c_str());
-    batch_submits_before = sender->submits();
-    sender.reset();
   }
 }
 
