@@ -234,6 +234,30 @@ struct HttpServer::Impl {
     std::lock_guard<std::mutex> l(rounds_mu);
     return !ready.empty();
   }
+  // While set, the engine thread leaves its rounds in `ready` without a post
+  // and the loop takes them itself; clearing it takes what came meanwhile
+  // (later rounds post).
+  void set_polling(bool on) {
+    {
+      std::lock_guard<std::mutex> l(rounds_mu);
+      polling = on;
+    }
+    if (!on && !ioc.stopped()) poll_rounds();
+  }
+  // The loop's CPU time in stretches of polling with nothing to do, added to
+  // poll_wait_cpu_s (what its CPU counter leaves out): idle() when a pass
+  // found nothing, work() before or after one that did.
+  struct IdleStretch {
+    Impl& srv;
+    double since = -1;
+    void idle() {
+      if (since < 0) since = thread_cpu_s();
+    }
+    void work() {
+      if (since >= 0) srv.poll_wait_cpu_s += thread_cpu_s() - since;
+      since = -1;
+    }
+  };
   void deliver(std::vector<Round>& rounds);
   // The event loop: io_context::run(), or with options.busy_poll, polling
   // while streams are in flight.
@@ -907,35 +931,25 @@ void HttpServer::Impl::anticipate_loop() {
       }
       if (rounds_delivered != seen) continue;  // it came early
     }
-    {
-      std::lock_guard<std::mutex> l(rounds_mu);
-      polling = true;
-    }
-    // The spinning counts as waiting, not as the loop's work (its CPU
-    // counter); socket handlers run meanwhile count as work.
-    double idle_from = thread_cpu_s();
-    bool got = false;
+    // Until the round comes; socket handlers run meanwhile.
+    set_polling(true);
+    IdleStretch stretch{*this};
     while (!ioc.stopped() && !streams.empty()) {
-      const double c = thread_cpu_s();
       if (rounds_waiting()) {
-        poll_wait_cpu_s += c - idle_from;
+        stretch.work();
         poll_rounds();
-        got = true;
         break;
       }
       if (ioc.poll() > 0) {
-        poll_wait_cpu_s += c - idle_from;
-        idle_from = thread_cpu_s();
+        stretch.work();
+      } else {
+        stretch.idle();
       }
       if (poll_clock::now() > give_up) break;
       ::sched_yield();  // a process sharing this cpu (a local client) runs
     }
-    if (!got) poll_wait_cpu_s += thread_cpu_s() - idle_from;
-    {
-      std::lock_guard<std::mutex> l(rounds_mu);
-      polling = false;
-    }
-    if (!ioc.stopped()) poll_rounds();  // what came before `polling` was cleared
+    stretch.work();
+    set_polling(false);
   }
 }
 
@@ -954,40 +968,30 @@ void HttpServer::Impl::run_loop() {
       ioc.run_one();  // sleeps until there is something to do
       continue;
     }
-    // Streams in flight: the engine thread leaves its rounds in `ready`
-    // without a post while `polling` is set, and this loop takes them; it
-    // also runs the sockets' handlers without blocking. After busy_poll
-    // with nothing to do, it sleeps again (a long step, or no stream left).
-    {
-      std::lock_guard<std::mutex> l(rounds_mu);
-      polling = true;
-    }
+    // Streams in flight: the loop takes the engine's rounds itself and runs
+    // the sockets' handlers without blocking. After busy_poll with nothing
+    // to do, it sleeps again (a long step, or no stream left).
+    set_polling(true);
     auto last_work = poll_clock::now();
-    double idle_since_cpu = -1;  // CPU clock at the start of an idle stretch
+    IdleStretch stretch{*this};
     bool idle = false;
     while (!streams.empty() && !ioc.stopped()) {
       const bool worked = ioc.poll() > 0 || poll_rounds();
       const auto now = poll_clock::now();
       if (worked) {
-        if (idle_since_cpu >= 0) poll_wait_cpu_s += thread_cpu_s() - idle_since_cpu;
-        idle_since_cpu = -1;
+        stretch.work();
         last_work = now;
         continue;
       }
-      if (idle_since_cpu < 0) idle_since_cpu = thread_cpu_s();
+      stretch.idle();
       if (now - last_work > options.busy_poll) {
         idle = true;
         break;
       }
       ::sched_yield();  // a process sharing this cpu (a local client) runs
     }
-    if (idle_since_cpu >= 0) poll_wait_cpu_s += thread_cpu_s() - idle_since_cpu;
-    {
-      std::lock_guard<std::mutex> l(rounds_mu);
-      polling = false;
-    }
-    // What came before `polling` was cleared (later rounds post).
-    if (!ioc.stopped()) poll_rounds();
+    stretch.work();
+    set_polling(false);
     if (idle) ioc.run_one();
   }
 }
