@@ -240,37 +240,14 @@ TEST_P(AttentionTpTorchTest, TpLogitsMatchPyTorch) {
   auto e =
       Engine::create(std::shared_ptr<const model::ModelWeights>(load_rank(dir, 0, tp, true)), o);
   ASSERT_TRUE(e.ok()) << e.status().to_string();
-  std::vector<std::vector<float>> logits;
-  std::vector<int32_t> tokens;
-  (*e)->set_logits_observer(
-      [&](int64_t, const float* l, int64_t v) { logits.emplace_back(l, l + v); });
-  GenerationRequest req{1, prompt, {}};
-  req.sampling.max_tokens = kSteps;
-  req.sampling.ignore_eos = true;
-  ASSERT_TRUE((*e)->add(req).ok());
-  while (!(*e)->idle()) {
-    auto events = (*e)->step();
-    ASSERT_TRUE(events.ok());
-    for (const auto& ev : *events) tokens.push_back(ev.token);
-  }
+  const testing::GreedyRun run = testing::run_greedy(**e, prompt, kSteps);
   EXPECT_GT(peers.calls(), 0);
-  EXPECT_EQ(tokens, ref_tokens);
-  ASSERT_EQ(logits.size(), ref_logits.size());
-  double worst = 0, sum = 0;
-  size_t n = 0;
-  for (size_t s = 0; s < logits.size(); ++s) {
-    ASSERT_EQ(logits[s].size(), ref_logits[s].size());
-    for (size_t v = 0; v < logits[s].size(); ++v) {
-      const double d = std::fabs(double(logits[s][v]) - ref_logits[s][v]);
-      worst = std::max(worst, d);
-      sum += d;
-      ++n;
-    }
-  }
-  EXPECT_LE(worst, 1e-2) << preset << " tp " << tp;
-  EXPECT_LE(sum / n, 1e-3) << preset << " tp " << tp;
+  EXPECT_EQ(run.tokens, ref_tokens);
+  const testing::LogitError err = testing::logit_error(run.logits, ref_logits);
+  EXPECT_LE(err.max, testing::kMaxLogitError) << preset << " tp " << tp;
+  EXPECT_LE(err.mean, testing::kMeanLogitError) << preset << " tp " << tp;
   std::printf("[ attention tp ] %s, tp %d vs PyTorch: |dlogit| max %.3g, mean %.3g\n",
-              preset.c_str(), tp, worst, sum / n);
+              preset.c_str(), tp, err.max, err.mean);
 }
 
 // Without its peers the engine refuses tp weights (it would compute half the heads).

@@ -200,36 +200,13 @@ TEST_P(ExpertTpTorchTest, ShardedLogitsMatchPyTorch) {
   auto e = Engine::create(std::shared_ptr<const model::ModelWeights>(std::move(w).value()), o,
                           std::make_unique<ShardedExperts>(std::move(shards)));
   ASSERT_TRUE(e.ok()) << e.status().to_string();
-  std::vector<std::vector<float>> logits;
-  std::vector<int32_t> tokens;
-  (*e)->set_logits_observer(
-      [&](int64_t, const float* l, int64_t v) { logits.emplace_back(l, l + v); });
-  GenerationRequest req{1, prompt, {}};
-  req.sampling.max_tokens = kSteps;
-  req.sampling.ignore_eos = true;
-  ASSERT_TRUE((*e)->add(req).ok());
-  while (!(*e)->idle()) {
-    auto events = (*e)->step();
-    ASSERT_TRUE(events.ok());
-    for (const auto& ev : *events) tokens.push_back(ev.token);
-  }
-  EXPECT_EQ(tokens, ref_tokens);
-  ASSERT_EQ(logits.size(), ref_logits.size());
-  double worst = 0, sum = 0;
-  size_t n = 0;
-  for (size_t s = 0; s < logits.size(); ++s) {
-    ASSERT_EQ(logits[s].size(), ref_logits[s].size());
-    for (size_t v = 0; v < logits[s].size(); ++v) {
-      const double d = std::fabs(double(logits[s][v]) - ref_logits[s][v]);
-      worst = std::max(worst, d);
-      sum += d;
-      ++n;
-    }
-  }
-  EXPECT_LE(worst, 1e-2) << GetParam();
-  EXPECT_LE(sum / n, 1e-3) << GetParam();
+  const testing::GreedyRun run = testing::run_greedy(**e, prompt, kSteps);
+  EXPECT_EQ(run.tokens, ref_tokens);
+  const testing::LogitError err = testing::logit_error(run.logits, ref_logits);
+  EXPECT_LE(err.max, testing::kMaxLogitError) << GetParam();
+  EXPECT_LE(err.mean, testing::kMeanLogitError) << GetParam();
   std::printf("[ expert tp ] %s, tp 2 shards vs PyTorch: |dlogit| max %.3g, mean %.3g\n",
-              GetParam().c_str(), worst, sum / n);
+              GetParam().c_str(), err.max, err.mean);
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyPresets, ExpertTpTorchTest,

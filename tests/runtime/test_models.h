@@ -3,7 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -32,6 +35,38 @@ inline std::string test_model_dir(const std::string& preset, uint64_t seed = 0) 
   EXPECT_TRUE(s.ok()) << s.to_string();
   made[key] = dir;
   return dir;
+}
+
+// |logit - reference| over every step and vocabulary entry of two runs: the
+// largest and the mean. The exactness bars (why these: exactness_test.cc) are
+// kMaxLogitError and kMeanLogitError; runs of other shapes are a test
+// failure, with an infinite error.
+constexpr double kMaxLogitError = 1e-2, kMeanLogitError = 1e-3;
+struct LogitError {
+  double max = 0, mean = 0;
+  size_t count = 0;  // logits compared
+};
+inline LogitError logit_error(const std::vector<std::vector<float>>& got,
+                              const std::vector<std::vector<float>>& ref) {
+  LogitError e;
+  bool same_shape = got.size() == ref.size();
+  EXPECT_EQ(got.size(), ref.size()) << "steps";
+  double sum = 0;
+  for (size_t s = 0; same_shape && s < ref.size(); ++s) {
+    same_shape = got[s].size() == ref[s].size();
+    EXPECT_EQ(got[s].size(), ref[s].size()) << "logits at step " << s;
+    for (size_t v = 0; same_shape && v < ref[s].size(); ++v) {
+      const double d = std::fabs(double(got[s][v]) - ref[s][v]);
+      e.max = std::max(e.max, d);
+      sum += d;
+      ++e.count;
+    }
+  }
+  if (!same_shape)
+    e.max = e.mean = std::numeric_limits<double>::infinity();
+  else if (e.count > 0)
+    e.mean = sum / static_cast<double>(e.count);
+  return e;
 }
 
 #ifdef MSINFER_SOURCE_DIR

@@ -26,7 +26,7 @@
 namespace msinfer::runtime::testing {
 
 // The exactness test's max |dlogit| bar (tests/runtime/exactness_test.cc).
-constexpr double kNearTie = 1e-2;
+constexpr double kNearTie = kMaxLogitError;
 
 struct Generated {
   std::vector<int32_t> tokens;
@@ -53,6 +53,30 @@ inline Generated generate(const std::string& args) {
   return g;
 }
 
+// One request (`prompt`) alone on `e`, greedy, to `steps` tokens: its tokens
+// and each step's logits.
+struct GreedyRun {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;
+};
+inline GreedyRun run_greedy(Engine& e, const std::vector<int32_t>& prompt, int steps) {
+  GreedyRun run;
+  e.set_logits_observer(
+      [&](int64_t, const float* l, int64_t v) { run.logits.emplace_back(l, l + v); });
+  GenerationRequest r{1, prompt, {}};
+  r.sampling.max_tokens = steps;
+  r.sampling.ignore_eos = true;
+  EXPECT_TRUE(e.add(r).ok());
+  while (!e.idle()) {
+    auto events = e.step();
+    EXPECT_TRUE(events.ok()) << events.status().to_string();
+    if (!events.ok()) break;
+    for (const auto& ev : *events) run.tokens.push_back(ev.token);
+  }
+  e.set_logits_observer(nullptr);
+  return run;
+}
+
 // Logits of each greedy step of the co-located engine (in this process).
 inline std::vector<std::vector<float>> colocated_logits(
     const std::string& dir, const std::vector<int32_t>& prompt, int steps,
@@ -64,15 +88,7 @@ inline std::vector<std::vector<float>> colocated_logits(
   auto e = Engine::create(std::shared_ptr<const model::ModelWeights>(std::move(w).value()),
                           EngineOptions{});
   EXPECT_TRUE(e.ok());
-  std::vector<std::vector<float>> logits;
-  (*e)->set_logits_observer(
-      [&](int64_t, const float* l, int64_t v) { logits.emplace_back(l, l + v); });
-  GenerationRequest r{1, prompt, {}};
-  r.sampling.max_tokens = steps;
-  r.sampling.ignore_eos = true;
-  EXPECT_TRUE((*e)->add(r).ok());
-  while (!(*e)->idle()) EXPECT_TRUE((*e)->step().ok());
-  return logits;
+  return run_greedy(**e, prompt, steps).logits;
 }
 
 // Greedy tokens `got` of a tp run equal the co-located engine's `ref`; where
