@@ -25,7 +25,7 @@
 
 namespace msinfer::runtime::testing {
 
-// The exactness test's max |dlogit| bar (tests/runtime/exactness_test.cc).
+// A near-tie: within the exactness test's max |dlogit| bar (test_models.h).
 constexpr double kNearTie = kMaxLogitError;
 
 struct Generated {
