@@ -245,16 +245,21 @@ struct HttpServer::Impl {
     if (!on && !ioc.stopped()) poll_rounds();
   }
   // The loop's CPU time in stretches of polling with nothing to do, added to
-  // poll_wait_cpu_s (what its CPU counter leaves out): idle() when a pass
-  // found nothing, work() before or after one that did.
+  // poll_wait_cpu_s (what its CPU counter leaves out): idle() at the end of
+  // a pass that found nothing, work() once a pass did (or the polling ends).
+  // The stretch ends where the last empty pass did, so the working pass's
+  // own CPU (the handlers it ran, the rounds it delivered) counts as work:
+  // ending it at work() counted that as waiting, and the loop's counter
+  // left out part of its work.
   struct IdleStretch {
     Impl& srv;
-    double since = -1;
+    double since = -1, last = -1;  // CPU clock at the first and latest empty pass's end
     void idle() {
-      if (since < 0) since = thread_cpu_s();
+      last = thread_cpu_s();
+      if (since < 0) since = last;
     }
     void work() {
-      if (since >= 0) srv.poll_wait_cpu_s += thread_cpu_s() - since;
+      if (since >= 0) srv.poll_wait_cpu_s += last - since;
       since = -1;
     }
   };
