@@ -274,8 +274,12 @@ class DirectTransport : public Transport {
     }
     auto it = p.regions.find(dst.key);
     if (it == p.regions.end()) {
-      MSI_ASSIGN_OR_RETURN(Mapping m, map_object(region_name(p.mailbox_name, dst.key), 0));
-      it = p.regions.emplace(dst.key, m).first;
+      auto m = map_object(region_name(p.mailbox_name, dst.key), 0);
+      // A dead peer's objects may already be gone (any new endpoint on the
+      // machine removes them): name the peer, not the missing object.
+      if (!m.ok() && !shm_owner_alive(p.mailbox_name)) return peer_gone(peer);
+      if (!m.ok()) return m.status();
+      it = p.regions.emplace(dst.key, *m).first;
     }
     // dst comes from the peer's bootstrap blob: no sum that can wrap.
     if (dst.base > it->second.n || !range_within(offset, len, it->second.n - dst.base)) {
@@ -288,10 +292,7 @@ class DirectTransport : public Transport {
     // the receiver stopped taking them.
     const auto deadline = std::chrono::steady_clock::now() + write_timeout_;
     while (!try_post(p.link, &p.head_seen, imm)) {
-      if (!shm_owner_alive(p.mailbox_name)) {
-        return Status(StatusCode::kUnavailable,
-                      "direct: peer " + std::to_string(peer) + " (pid " + std::to_string(p.pid) + ") is gone");
-      }
+      if (!shm_owner_alive(p.mailbox_name)) return peer_gone(peer);
       if (std::chrono::steady_clock::now() > deadline) {
         return Status(StatusCode::kUnavailable,
                       "direct: peer " + std::to_string(peer) + " took no immediate for " +
@@ -335,6 +336,10 @@ class DirectTransport : public Transport {
   }
 
  private:
+  Status peer_gone(int peer) const {
+    return Status(StatusCode::kUnavailable, "direct: peer " + std::to_string(peer) + " (pid " +
+                                                std::to_string(peers_[peer].pid) + ") is gone");
+  }
   static std::string region_name(const std::string& mailbox, uint64_t n) {
     return mailbox + "-r" + std::to_string(n);
   }
