@@ -27,6 +27,7 @@ namespace msinfer::comm {
 namespace {
 
 using msinfer::testing::shm_objects_of;
+using msinfer::testing::shm_objects_removed;
 
 std::unique_ptr<Transport> open_direct(int timeout_ms = 5000) {
   FabricOptions o;
@@ -245,7 +246,7 @@ TEST(DirectTransportTest, ADeadPeerIsNamedAndItsObjectsAreRemoved) {
   EXPECT_NE(s.to_string().find("gone"), std::string::npos) << s.to_string();
 
   auto next = open_direct();  // a new endpoint clears what the dead one left
-  EXPECT_TRUE(shm_objects_of(child.pid).empty());
+  EXPECT_TRUE(shm_objects_removed(child.pid));
 }
 
 // Any new endpoint on the machine removes a dead peer's objects, perhaps
@@ -259,7 +260,7 @@ TEST(DirectTransportTest, ADeadPeerWhoseObjectsWereRemovedIsNamed) {
   ASSERT_TRUE(peer.ok()) << peer.status().to_string();
   kill_and_reap(child.pid);
   auto next = open_direct();
-  ASSERT_TRUE(shm_objects_of(child.pid).empty());
+  ASSERT_TRUE(shm_objects_removed(child.pid));
 
   const Status s = write_until_refused(*a, *peer, child.region);
   EXPECT_EQ(s.code(), StatusCode::kUnavailable);
