@@ -239,7 +239,12 @@ class DirectTransport : public Transport {
                               "' is not a direct-transport address (direct:<pid>:<mailbox>)");
     }
     const pid_t pid = static_cast<pid_t>(std::atoll(address.substr(a + 1, b - a - 1).c_str()));
-    MSI_ASSIGN_OR_RETURN(Mailbox * m, map_mailbox(address.substr(b + 1), false));
+    auto mapped = map_mailbox(address.substr(b + 1), false);
+    if (!mapped.ok() && !shm_owner_alive(address.substr(b + 1))) {
+      return Status(StatusCode::kUnavailable, "direct: the endpoint at " + address + " is gone (" +
+                                                  mapped.status().message() + ")");
+    }
+    MSI_ASSIGN_OR_RETURN(Mailbox * m, std::move(mapped));
     if (m->pid != pid) {
       ::munmap(m, sizeof(Mailbox));
       return Status(StatusCode::kUnavailable, "direct: mailbox of " + address + " belongs to pid " +

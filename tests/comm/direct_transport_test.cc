@@ -266,6 +266,11 @@ TEST(DirectTransportTest, ADeadPeerWhoseObjectsWereRemovedIsNamed) {
   EXPECT_EQ(s.code(), StatusCode::kUnavailable);
   EXPECT_NE(s.to_string().find("peer 0"), std::string::npos) << s.to_string();
   EXPECT_NE(s.to_string().find("gone"), std::string::npos) << s.to_string();
+  // And one who connects only now is told the same.
+  auto late = next->connect(child.address);
+  EXPECT_EQ(late.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(late.status().to_string().find(child.address + " is gone"), std::string::npos)
+      << late.status().to_string();
 }
 
 // Containers that share /dev/shm but not a PID namespace: a live owner there
