@@ -240,7 +240,7 @@ class DirectTransport : public Transport {
     }
     const pid_t pid = static_cast<pid_t>(std::atoll(address.substr(a + 1, b - a - 1).c_str()));
     auto mapped = map_mailbox(address.substr(b + 1), false);
-    if (!mapped.ok() && !shm_owner_alive(address.substr(b + 1))) {
+    if (!mapped.ok() && owner_gone(address.substr(b + 1))) {
       return Status(StatusCode::kUnavailable, "direct: the endpoint at " + address + " is gone (" +
                                                   mapped.status().message() + ")");
     }
@@ -282,7 +282,7 @@ class DirectTransport : public Transport {
       auto m = map_object(region_name(p.mailbox_name, dst.key), 0);
       // A dead peer's objects may already be gone (any new endpoint on the
       // machine removes them): name the peer, not the missing object.
-      if (!m.ok() && !shm_owner_alive(p.mailbox_name)) return peer_gone(peer);
+      if (!m.ok() && owner_gone(p.mailbox_name)) return peer_gone(peer);
       if (!m.ok()) return m.status();
       it = p.regions.emplace(dst.key, *m).first;
     }
@@ -341,6 +341,13 @@ class DirectTransport : public Transport {
   }
 
  private:
+  // Whether the owner of the mailbox `mailbox` is dead or its objects are
+  // being removed. A cleaner holds a dead owner's lock while it unlinks the
+  // objects (the lock last), so in that moment the lock reads as held; but a
+  // live owner unlinks its mailbox only as it closes.
+  static bool owner_gone(const std::string& mailbox) {
+    return !shm_owner_alive(mailbox) || ::access(("/dev/shm/" + mailbox).c_str(), F_OK) != 0;
+  }
   Status peer_gone(int peer) const {
     return Status(StatusCode::kUnavailable, "direct: peer " + std::to_string(peer) + " (pid " +
                                                 std::to_string(peers_[peer].pid) + ") is gone");

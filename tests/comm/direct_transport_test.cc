@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -271,6 +272,35 @@ TEST(DirectTransportTest, ADeadPeerWhoseObjectsWereRemovedIsNamed) {
   EXPECT_EQ(late.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(late.status().to_string().find(child.address + " is gone"), std::string::npos)
       << late.status().to_string();
+}
+
+// The same while its objects are being removed and its lock still reads as
+// held: a cleaner holds a dead owner's lock while it unlinks the objects
+// (the lock last), and an owner that closes unlinks them before its lock.
+// Here the child lives on (so no other test's cleaner touches its objects)
+// and the test unlinks them as either would.
+TEST(DirectTransportTest, APeerWhoseObjectsAreBeingRemovedIsNamed) {
+  HoldingChild child = start_holding_child();
+  ASSERT_FALSE(child.address.empty()) << "the child did not start";
+  auto a = open_direct(300);
+  auto peer = a->connect(child.address);
+  ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+  size_t unlinked = 0;
+  for (const std::string& name : shm_objects_of(child.pid)) {
+    if (name.find(".live") == std::string::npos)
+      unlinked += ::shm_unlink(("/" + name).c_str()) == 0;
+  }
+  EXPECT_EQ(unlinked, 2u) << "its mailbox and its region";
+  const Status s = write_until_refused(*a, *peer, child.region);
+  auto late = a->connect(child.address);
+  kill_and_reap(child.pid);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_NE(s.to_string().find("peer 0"), std::string::npos) << s.to_string();
+  EXPECT_NE(s.to_string().find("gone"), std::string::npos) << s.to_string();
+  EXPECT_NE(late.status().to_string().find(child.address + " is gone"), std::string::npos)
+      << late.status().to_string();
+  auto next = open_direct();
+  EXPECT_TRUE(shm_objects_removed(child.pid));
 }
 
 // Containers that share /dev/shm but not a PID namespace: a live owner there
