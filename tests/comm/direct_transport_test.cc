@@ -175,76 +175,101 @@ TEST(DirectTransportTest, ASenderKilledMidWriteBlocksOnlyItself) {
 }
 
 // A child process that opens a direct endpoint, allocates and registers a
-// region, and waits to be killed, holding its objects.
-struct HoldingChild {
+// region, and waits to be killed, holding its objects; killed and reaped by
+// kill() or, whatever a test does, when it goes out of scope.
+class HoldingChild {
+ public:
+  HoldingChild() {
+    int fds[2];
+    if (::pipe(fds) != 0) return;
+    pid = ::fork();
+    if (pid == 0) {
+      ::close(fds[0]);
+      auto t = open_direct();
+      auto mem = t->allocate(4096);
+      if (!mem.ok()) ::_exit(1);
+      auto r = t->register_memory((*mem)->data(), 64);
+      if (!r.ok()) ::_exit(1);
+      const std::string msg = t->address() + "\n" + r->encode();
+      if (::write(fds[1], msg.data(), msg.size()) != static_cast<ssize_t>(msg.size())) ::_exit(1);
+      while (true) ::pause();  // until killed, holding its objects
+    }
+    ::close(fds[1]);
+    char buf[512];
+    const ssize_t n = ::read(fds[0], buf, sizeof(buf));
+    ::close(fds[0]);
+    if (n <= 25) return;
+    const std::string msg(buf, static_cast<size_t>(n));
+    const size_t nl = msg.find('\n');
+    auto r = RemoteRegion::decode(msg.substr(nl + 1));
+    if (!r.ok()) return;
+    address = msg.substr(0, nl);
+    region = *r;
+  }
+  HoldingChild(const HoldingChild&) = delete;
+  HoldingChild& operator=(const HoldingChild&) = delete;
+  ~HoldingChild() { kill(); }
+  void kill() {
+    if (pid <= 0 || reaped) return;
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    reaped = true;
+  }
+
   pid_t pid = -1;
-  std::string address;
+  std::string address;  // empty if it did not start
   RemoteRegion region;
+
+ private:
+  bool reaped = false;
 };
 
-HoldingChild start_holding_child() {
-  HoldingChild h;
-  int fds[2];
-  if (::pipe(fds) != 0) return h;
-  const pid_t child = ::fork();
-  if (child == 0) {
-    ::close(fds[0]);
-    auto t = open_direct();
-    auto mem = t->allocate(4096);
-    if (!mem.ok()) ::_exit(1);
-    auto r = t->register_memory((*mem)->data(), 64);
-    if (!r.ok()) ::_exit(1);
-    const std::string msg = t->address() + "\n" + r->encode();
-    if (::write(fds[1], msg.data(), msg.size()) != static_cast<ssize_t>(msg.size())) ::_exit(1);
-    while (true) ::pause();  // until killed, holding its objects
+// A writer (300 ms write timeout) connected to `child` as its peer 0.
+struct Writer {
+  std::unique_ptr<Transport> t;
+  int peer = -1;
+};
+Writer connect_writer(const HoldingChild& child) {
+  Writer w;
+  if (child.address.empty()) {
+    ADD_FAILURE() << "the child did not start";
+    return w;
   }
-  ::close(fds[1]);
-  char buf[512];
-  const ssize_t n = ::read(fds[0], buf, sizeof(buf));
-  ::close(fds[0]);
-  h.pid = child;
-  if (n <= 25) return h;
-  const std::string msg(buf, static_cast<size_t>(n));
-  const size_t nl = msg.find('\n');
-  auto region = RemoteRegion::decode(msg.substr(nl + 1));
-  if (!region.ok()) return h;
-  h.address = msg.substr(0, nl);
-  h.region = *region;
-  return h;
-}
-
-void kill_and_reap(pid_t pid) {
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, nullptr, 0);
+  w.t = open_direct(300);
+  auto peer = w.t->connect(child.address);
+  if (!peer.ok()) ADD_FAILURE() << peer.status().to_string();
+  w.peer = peer.ok() ? *peer : -1;
+  return w;
 }
 
 // Writes into a dead peer until one fails; the status of that one.
-Status write_until_refused(Transport& t, int peer, const RemoteRegion& region) {
+Status write_until_refused(Writer& w, const RemoteRegion& region) {
   uint8_t byte = 1;
   Status s;
-  for (int i = 0; i < 1000 && s.ok(); ++i) s = t.write(peer, &byte, 1, region, 0, 0, 0);
+  for (int i = 0; i < 1000 && s.ok(); ++i) s = w.t->write(w.peer, &byte, 1, region, 0, 0, 0);
   return s;
 }
 
+void expect_peer_0_named_gone(const Status& s) {
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.to_string();
+  EXPECT_NE(s.to_string().find("peer 0"), std::string::npos) << s.to_string();
+  EXPECT_NE(s.to_string().find("gone"), std::string::npos) << s.to_string();
+}
+
 TEST(DirectTransportTest, ADeadPeerIsNamedAndItsObjectsAreRemoved) {
-  HoldingChild child = start_holding_child();
-  ASSERT_FALSE(child.address.empty()) << "the child did not start";
-  auto a = open_direct(300);
-  auto peer = a->connect(child.address);
-  ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+  HoldingChild child;
+  Writer a = connect_writer(child);
+  ASSERT_GE(a.peer, 0);
   EXPECT_EQ(shm_objects_of(child.pid).size(), 3u) << "its mailbox, its region and its lock";
   // One write while it lives maps its region here, so that what follows does
   // not depend on whether another process has removed its objects yet.
   uint8_t byte = 1;
-  ASSERT_TRUE(a->write(*peer, &byte, 1, child.region, 0, 0, 0).ok());
-  kill_and_reap(child.pid);
+  ASSERT_TRUE(a.t->write(a.peer, &byte, 1, child.region, 0, 0, 0).ok());
+  child.kill();
 
   // Like an RDMA write, a write into a dead peer's memory goes through; once
   // its link is full, the writer looks and names it.
-  const Status s = write_until_refused(*a, *peer, child.region);
-  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
-  EXPECT_NE(s.to_string().find("peer 0"), std::string::npos) << s.to_string();
-  EXPECT_NE(s.to_string().find("gone"), std::string::npos) << s.to_string();
+  expect_peer_0_named_gone(write_until_refused(a, child.region));
 
   auto next = open_direct();  // a new endpoint clears what the dead one left
   EXPECT_TRUE(shm_objects_removed(child.pid));
@@ -254,19 +279,14 @@ TEST(DirectTransportTest, ADeadPeerIsNamedAndItsObjectsAreRemoved) {
 // before anyone wrote into its region: the writer still names the peer, not
 // the object it could not open.
 TEST(DirectTransportTest, ADeadPeerWhoseObjectsWereRemovedIsNamed) {
-  HoldingChild child = start_holding_child();
-  ASSERT_FALSE(child.address.empty()) << "the child did not start";
-  auto a = open_direct(300);
-  auto peer = a->connect(child.address);
-  ASSERT_TRUE(peer.ok()) << peer.status().to_string();
-  kill_and_reap(child.pid);
+  HoldingChild child;
+  Writer a = connect_writer(child);
+  ASSERT_GE(a.peer, 0);
+  child.kill();
   auto next = open_direct();
   ASSERT_TRUE(shm_objects_removed(child.pid));
 
-  const Status s = write_until_refused(*a, *peer, child.region);
-  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
-  EXPECT_NE(s.to_string().find("peer 0"), std::string::npos) << s.to_string();
-  EXPECT_NE(s.to_string().find("gone"), std::string::npos) << s.to_string();
+  expect_peer_0_named_gone(write_until_refused(a, child.region));
   // And one who connects only now is told the same.
   auto late = next->connect(child.address);
   EXPECT_EQ(late.status().code(), StatusCode::kUnavailable);
@@ -280,25 +300,20 @@ TEST(DirectTransportTest, ADeadPeerWhoseObjectsWereRemovedIsNamed) {
 // Here the child lives on (so no other test's cleaner touches its objects)
 // and the test unlinks them as either would.
 TEST(DirectTransportTest, APeerWhoseObjectsAreBeingRemovedIsNamed) {
-  HoldingChild child = start_holding_child();
-  ASSERT_FALSE(child.address.empty()) << "the child did not start";
-  auto a = open_direct(300);
-  auto peer = a->connect(child.address);
-  ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+  HoldingChild child;
+  Writer a = connect_writer(child);
+  ASSERT_GE(a.peer, 0);
   size_t unlinked = 0;
   for (const std::string& name : shm_objects_of(child.pid)) {
     if (name.find(".live") == std::string::npos)
       unlinked += ::shm_unlink(("/" + name).c_str()) == 0;
   }
   EXPECT_EQ(unlinked, 2u) << "its mailbox and its region";
-  const Status s = write_until_refused(*a, *peer, child.region);
-  auto late = a->connect(child.address);
-  kill_and_reap(child.pid);
-  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
-  EXPECT_NE(s.to_string().find("peer 0"), std::string::npos) << s.to_string();
-  EXPECT_NE(s.to_string().find("gone"), std::string::npos) << s.to_string();
+  expect_peer_0_named_gone(write_until_refused(a, child.region));
+  auto late = a.t->connect(child.address);
   EXPECT_NE(late.status().to_string().find(child.address + " is gone"), std::string::npos)
       << late.status().to_string();
+  child.kill();
   auto next = open_direct();
   EXPECT_TRUE(shm_objects_removed(child.pid));
 }
