@@ -212,7 +212,9 @@ TEST(ShmEndpointTest, ObjectsOfKilledProcessesAreNoObstacleAndAreRemoved) {
   const bool opened = ::read(ready[0], &c, 1) == 1;
   ::close(ready[0]);
   std::remove(("/dev/shm/" + std::to_string(child) + ":0:0").c_str());
-  if (opened) EXPECT_EQ(shm_objects_of(child).size(), 2u) << "its endpoint's object and lock";
+  if (opened) {
+    EXPECT_EQ(shm_objects_of(child).size(), 2u) << "its endpoint's object and lock";
+  }
   ::kill(child, SIGKILL);
   ASSERT_EQ(::waitpid(child, nullptr, 0), child);
   ASSERT_TRUE(opened) << "the endpoint did not open next to a stale object";
