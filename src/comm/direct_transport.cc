@@ -282,8 +282,7 @@ class DirectTransport : public Transport {
       auto m = map_object(region_name(p.mailbox_name, dst.key), 0);
       // A dead peer's objects may already be gone (any new endpoint on the
       // machine removes them): name the peer, not the missing object.
-      if (!m.ok() && owner_gone(p.mailbox_name)) return peer_gone(peer);
-      if (!m.ok()) return m.status();
+      if (!m.ok()) return owner_gone(p.mailbox_name) ? peer_gone(peer) : m.status();
       it = p.regions.emplace(dst.key, *m).first;
     }
     // dst comes from the peer's bootstrap blob: no sum that can wrap.
