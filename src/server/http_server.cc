@@ -1,12 +1,14 @@
 #include "msinfer/server/http_server.h"
 
-#include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 #include <cerrno>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <ctime>
@@ -153,6 +155,13 @@ struct HttpServer::Impl {
   bool posted = false;         // GUARDED_BY(rounds_mu): run_rounds() will take `ready`
   bool polling = false;        // GUARDED_BY(rounds_mu): the loop takes `ready` itself
   int64_t wakeups = 0;         // GUARDED_BY(rounds_mu): posts that woke the loop for rounds
+  // The engine thread is never more than options.max_rounds_ahead rounds
+  // ahead of the loop: end_round() waits for the loop to take them
+  // (rounds_taken).
+  std::condition_variable rounds_taken;
+  bool engine_waiting = false;  // GUARDED_BY(rounds_mu)
+  int64_t engine_waits = 0;     // GUARDED_BY(rounds_mu): rounds after which the engine waited
+  bool loop_ended = false;      // GUARDED_BY(rounds_mu): run() returned; nobody takes rounds
   double poll_wait_cpu_s = 0;  // event-loop thread only: CPU time spent polling idle
   // Anticipation (the loop without busy_poll; event-loop thread only): the
   // rounds that wake the loop come at the engine's pace, so the loop sleeps
@@ -203,17 +212,17 @@ struct HttpServer::Impl {
   // The loop is woken for a flush round or an urgent one only: with
   // --stream-interval N, once per N steps while streams just decode (waking
   // an idle loop's cpu costs this thread, docs/BENCHMARKS.md); rounds between
-  // wait in `ready`, at most kMaxWaitingRounds of them (a bound on memory
-  // for large N).
+  // wait in `ready`, at most kMaxWaitingRounds of them before one wakes it.
+  // A loop that is woken but short of cpu gets at most
+  // options.max_rounds_ahead rounds behind: then the engine thread waits.
   static constexpr size_t kMaxWaitingRounds = 16;
   void end_round() {
     if (gathering.deliveries.empty()) return;
     gathering.flush = ++rounds % static_cast<uint64_t>(options.stream_interval) == 0;
-    bool post;
+    bool post, behind;
     {
       std::lock_guard<std::mutex> l(rounds_mu);
-      const bool wake =
-          gathering.flush || gathering.urgent || ready.size() + 1 >= kMaxWaitingRounds;
+      const bool urgent = gathering.urgent, flush = gathering.flush;
       gathering.at = std::chrono::steady_clock::now();
       ready.push_back(std::move(gathering));
       gathering = Round{};
@@ -221,11 +230,39 @@ struct HttpServer::Impl {
         gathering = std::move(spare.back());
         spare.pop_back();
       }
+      behind = ready.size() >= rounds_ahead_limit() && !loop_ended;
+      // (Behind: the loop must come for them.)
+      const bool wake = flush || urgent || ready.size() >= kMaxWaitingRounds || behind;
       post = wake && !posted && !polling;
       posted = posted || post;
       wakeups += post ? 1 : 0;
     }
     if (post) net::post(ioc, [this] { run_rounds(); });
+    if (behind) wait_for_loop();
+  }
+  size_t rounds_ahead_limit() const {
+    return static_cast<size_t>(std::max<int64_t>(options.max_rounds_ahead, 1));
+  }
+  void wait_for_loop() {
+    std::unique_lock<std::mutex> l(rounds_mu);
+    ++engine_waits;
+    engine_waiting = true;
+    rounds_taken.wait(l, [this] { return ready.size() < rounds_ahead_limit() || loop_ended; });
+    engine_waiting = false;
+  }
+  // Loop: `ready` was taken; an engine thread waiting for that goes on.
+  void took_rounds(std::unique_lock<std::mutex>& l) {
+    const bool waiting = engine_waiting;
+    l.unlock();
+    if (waiting) rounds_taken.notify_one();
+  }
+  // Loop: run() returns; an engine thread waiting for it goes on.
+  void end_loop() {
+    {
+      std::lock_guard<std::mutex> l(rounds_mu);
+      loop_ended = true;
+    }
+    rounds_taken.notify_all();
   }
   void run_rounds();
   // The loop takes what is ready without a post (busy poll); true if any.
@@ -595,6 +632,7 @@ class Session : public std::enable_shared_from_this<Session> {
       {
         std::lock_guard<std::mutex> l(srv_.rounds_mu);
         g.http_loop_wakeups = srv_.wakeups;
+        g.http_engine_waits = srv_.engine_waits;
       }
       g.http_batch_submits = srv_.sender ? srv_.sender->submits() : 0;
       if (Scheduler* s = srv_.scheduler.load()) {
@@ -890,18 +928,20 @@ class Session : public std::enable_shared_from_this<Session> {
 
 void HttpServer::Impl::run_rounds() {
   {
-    std::lock_guard<std::mutex> l(rounds_mu);
+    std::unique_lock<std::mutex> l(rounds_mu);
     running.swap(ready);
     posted = false;
+    took_rounds(l);
   }
   deliver(running);
 }
 
 bool HttpServer::Impl::poll_rounds() {
   {
-    std::lock_guard<std::mutex> l(rounds_mu);
+    std::unique_lock<std::mutex> l(rounds_mu);
     if (ready.empty()) return false;
     running.swap(ready);
+    took_rounds(l);
   }
   deliver(running);
   return true;
@@ -1138,6 +1178,7 @@ void HttpServer::run() {
   // HTTP loop's CPU time from the engine's.
   ::pthread_setname_np(::pthread_self(), "msinfer-http");
   impl_->run_loop();
+  impl_->end_loop();
 }
 
 void HttpServer::set_scheduler(Scheduler* s) { impl_->scheduler = s; }

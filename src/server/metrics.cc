@@ -123,6 +123,11 @@ std::string Metrics::render(const Gauges& g) const {
           "Engine steps whose tokens the engine thread had to wake the HTTP loop for (the "
           "rest it took while polling for them).",
           static_cast<double>(g.http_loop_wakeups));
+  counter("msinfer:http_engine_waits_total",
+          "Engine steps after which the engine thread waited for the HTTP loop, hundreds of "
+          "steps' tokens behind (a loop short of CPU slows the engine rather than the tokens "
+          "pile up in memory).",
+          static_cast<double>(g.http_engine_waits));
   counter("msinfer:engine_busy_seconds_total",
           "Engine thread: wall time of the scheduler's iterations that stepped the engine.",
           g.engine_busy_s);

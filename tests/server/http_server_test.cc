@@ -10,7 +10,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <csignal>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "../common/loopback_http.h"
@@ -22,6 +26,11 @@ using namespace std::chrono_literals;
 
 class OneTokenPerStep final : public GenerationBackend {
  public:
+  // steps: the steps that made a token, counted for any thread to read;
+  // each such step takes step_time at least.
+  explicit OneTokenPerStep(std::atomic<int64_t>* steps = nullptr,
+                           std::chrono::microseconds step_time = 0us)
+      : steps_(steps), step_time_(step_time) {}
   Status add(const runtime::GenerationRequest& r) override {
     left_[r.id] = r.sampling.max_tokens;
     return ok_status();
@@ -37,6 +46,10 @@ class OneTokenPerStep final : public GenerationBackend {
       out.push_back(ev);
       it = ev.finished ? left_.erase(it) : std::next(it);
     }
+    if (!out.empty()) {
+      if (step_time_.count() > 0) std::this_thread::sleep_for(step_time_);
+      if (steps_ != nullptr) ++*steps_;
+    }
     return out;
   }
   Status cancel(int64_t id) override {
@@ -51,6 +64,8 @@ class OneTokenPerStep final : public GenerationBackend {
 
  private:
   std::map<int64_t, int64_t> left_;
+  std::atomic<int64_t>* steps_;
+  std::chrono::microseconds step_time_;
 };
 
 // Sends a request; reads until the server closes or `stop_after` bytes came.
@@ -69,15 +84,21 @@ std::string post(const std::string& body) {
          std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
+// What the server serves: model "m", its token ids below 100.
+ApiContext model_m() {
+  ApiContext ctx;
+  ctx.served_model_name = "m";
+  ctx.vocab = 100;
+  ctx.max_model_len = 1 << 20;
+  return ctx;
+}
+
 // io_uring: the loop sends a round's writes in one io_uring submit (else a
 // send() each). anticipate: the loop polls for rounds when they are due (else
 // the engine thread wakes it for each).
 void concurrent_clients_streaming_and_disconnecting(bool io_uring, bool anticipate) {
   Metrics metrics("m");
-  ApiContext ctx;
-  ctx.served_model_name = "m";
-  ctx.vocab = 100;
-  ctx.max_model_len = 1 << 20;
+  const ApiContext ctx = model_m();
   ServerOptions so;
   so.port = 0;
   so.io_uring = io_uring;
@@ -154,6 +175,100 @@ TEST(HttpServerTest, ConcurrentClientsStreamingAndDisconnecting) {
 
 TEST(HttpServerTest, ConcurrentClientsStreamingAndDisconnectingWithASendEachAndWakeUps) {
   concurrent_clients_streaming_and_disconnecting(false, false);
+}
+
+// A loop that falls behind holds the engine back: with the loop stuck (the
+// test holds it in a signal handler it runs), the engine makes at most
+// max_rounds_ahead more steps and waits; let go, the loop takes them and the
+// engine goes on.
+TEST(HttpServerTest, TheEngineWaitsForALoopFarBehind) {
+  Metrics metrics("m");
+  const ApiContext ctx = model_m();
+  ServerOptions so;
+  so.port = 0;
+  so.max_rounds_ahead = 32;
+  auto server = HttpServer::start(so, ctx, &metrics);
+  ASSERT_TRUE(server.ok()) << server.status().message();
+  HttpServer& http = **server;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool hold = true, held = false;
+  http.on_signal([&](int) {
+    std::unique_lock<std::mutex> l(mu);
+    held = true;
+    cv.notify_all();
+    cv.wait(l, [&] { return !hold; });
+  });
+  std::thread loop([&] { http.run(); });
+  std::atomic<int64_t> steps{0};
+  SchedulerOptions o;
+  auto sched =
+      std::make_unique<Scheduler>(std::make_unique<OneTokenPerStep>(&steps, 100us), o, &metrics);
+  http.set_scheduler(sched.get());
+  auto release = [&] {
+    std::lock_guard<std::mutex> l(mu);
+    hold = false;
+    cv.notify_all();
+  };
+  // Whatever fails below, the loop is let go and everything stops.
+  struct Cleanup {
+    std::function<void()> f;
+    ~Cleanup() { f(); }
+  } cleanup{[&] {
+    release();
+    sched->stop();
+    http.stop();
+    loop.join();
+  }};
+
+  // A stream that would run for a million steps (100 s; its tokens' text is
+  // empty: its events carry nothing until the end), once it runs.
+  const int fd = testing::send_request(
+      http.port(), post(R"({"prompt": [1], "max_tokens": 1000000, "stream": true})"));
+  ASSERT_GE(fd, 0);
+  ASSERT_NE(testing::read_from(fd, 30s, " 200 OK").find(" 200 OK"), std::string::npos);
+  const auto running_by = std::chrono::steady_clock::now() + 30s;
+  while (steps.load() < 10 && std::chrono::steady_clock::now() < running_by) {
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_GE(steps.load(), 10);
+  ASSERT_EQ(::kill(::getpid(), SIGTERM), 0);
+  {
+    std::unique_lock<std::mutex> l(mu);
+    ASSERT_TRUE(cv.wait_for(l, 30s, [&] { return held; }));
+  }
+  // The engine stops: no step for 200 ms (a deadline in case it never does).
+  const int64_t at_hold = steps.load();
+  int64_t last = at_hold;
+  auto quiet_since = std::chrono::steady_clock::now();
+  const auto deadline = quiet_since + 30s;
+  while (std::chrono::steady_clock::now() < deadline &&
+         std::chrono::steady_clock::now() - quiet_since < 200ms) {
+    std::this_thread::sleep_for(5ms);
+    const int64_t now = steps.load();
+    if (now != last) {
+      last = now;
+      quiet_since = std::chrono::steady_clock::now();
+    }
+  }
+  // At most the 32 rounds the loop may be behind, and the one the engine was
+  // making as the loop stopped.
+  EXPECT_LE(last - at_hold, 33) << "the engine ran on without the loop";
+  release();
+  // The loop takes the rounds; the engine goes on.
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (steps.load() <= last + 100 && std::chrono::steady_clock::now() < until) {
+    testing::read_from(fd, 10ms);
+  }
+  EXPECT_GT(steps.load(), last + 100);
+  ::close(fd);
+  EXPECT_TRUE(sched->wait_idle(std::chrono::steady_clock::now() + 30s));
+  const std::string m =
+      exchange(http.port(), "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string waits = "msinfer:http_engine_waits_total{model_name=\"m\"} ";
+  const size_t at = m.find(waits);
+  ASSERT_NE(at, std::string::npos) << m;
+  EXPECT_GE(std::stod(m.substr(at + waits.size())), 1) << m;
 }
 
 }  // namespace

@@ -801,7 +801,11 @@ void check_slow_reader_is_cut_off(const std::string& flags) {
   ASSERT_GT(s.port(), 0) << s.stderr_text();
   // The slow reader reads nothing: 3900 tokens (~6.5 MB) outgrow what the
   // kernel buffers for a connection (its send buffer grows to
-  // net.ipv4.tcp_wmem's 4 MB), and the server's queue fills.
+  // net.ipv4.tcp_wmem's 4 MB), and the server's queue fills. The engine
+  // (~13,000 tokens/s here) is at most 256 steps ahead of the HTTP loop, so
+  // a loop short of cpu finds the reader slow while its request runs (the
+  // kernel takes ~2,000 tokens, the queue ~150 more): before that bound, a
+  // loop starved for a fifth of a second let the request finish.
   const int slow = start_heavy_stream(s, 3900);
   ASSERT_GE(slow, 0);
   // A reader that keeps up gets its whole stream meanwhile.

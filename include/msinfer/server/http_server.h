@@ -51,6 +51,11 @@ struct ServerOptions {
   // of spinning), so that the engine thread need not wake it. false: it
   // sleeps until woken.
   bool anticipate = true;
+  // The engine thread waits while this many steps' tokens wait for the loop
+  // to take them: a loop short of cpu slows the engine rather than the
+  // tokens pile up in memory, and a reader that stops reading is found slow
+  // (and cut off, max_pending_bytes) while its request still runs.
+  int64_t max_rounds_ahead = 256;
   std::chrono::milliseconds request_timeout{30000};
   // The writes of an engine step go to the kernel in one io_uring submit
   // (not a send() per stream) where the kernel allows; false: a send() each.

@@ -52,6 +52,7 @@ class Metrics {
     int64_t http_batched_writes = 0;  // socket writes sent through io_uring batches
     int64_t http_batch_submits = 0;   // the io_uring submits (system calls) that sent them
     int64_t http_loop_wakeups = 0;    // rounds for which the engine thread woke the loop
+    int64_t http_engine_waits = 0;    // rounds after which the engine thread waited for the loop
     // Scheduler::Snapshot's engine_busy_s, engine_step_s and engine_steps.
     double engine_busy_s = 0, engine_step_s = 0;
     int64_t engine_steps = 0;
