@@ -237,13 +237,17 @@ TEST(HttpServerTest, TheEngineWaitsForALoopFarBehind) {
     std::unique_lock<std::mutex> l(mu);
     ASSERT_TRUE(cv.wait_for(l, 30s, [&] { return held; }));
   }
-  // The engine stops: no step for 200 ms (a deadline in case it never does).
+  // The engine stops: no step for 200 ms, a second after the hold at the
+  // earliest (its 32 steps take 3 ms; a machine busy with other tests may
+  // keep it off its cpu for a while), a deadline in case it never stops.
   const int64_t at_hold = steps.load();
   int64_t last = at_hold;
-  auto quiet_since = std::chrono::steady_clock::now();
-  const auto deadline = quiet_since + 30s;
+  const auto held_at = std::chrono::steady_clock::now();
+  auto quiet_since = held_at;
+  const auto deadline = held_at + 30s;
   while (std::chrono::steady_clock::now() < deadline &&
-         std::chrono::steady_clock::now() - quiet_since < 200ms) {
+         (std::chrono::steady_clock::now() - held_at < 1s ||
+          std::chrono::steady_clock::now() - quiet_since < 200ms)) {
     std::this_thread::sleep_for(5ms);
     const int64_t now = steps.load();
     if (now != last) {
