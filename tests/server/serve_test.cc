@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "../common/loopback_http.h"
+#include "../common/prometheus_text.h"
 #include "../common/shm_objects.h"
 #include "../common/subprocess.h"
 #include "msinfer/core/json.h"
@@ -173,27 +174,8 @@ std::string raw_exchange(int port, const std::string& bytes, std::chrono::millis
   return got;
 }
 
-// The Prometheus text format: "name{labels} value" per sample.
-std::map<std::string, double> parse_metrics(const std::string& text) {
-  std::map<std::string, double> m;
-  std::istringstream in(text);
-  std::string line;
-  const std::regex sample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? ([-+0-9.eEinfaINF]+)$)");
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    std::smatch s;
-    EXPECT_TRUE(std::regex_match(line, s, sample)) << "not a sample line: " << line;
-    if (s.size() == 4) m[s[1].str() + s[2].str()] = std::stod(s[3]);
-  }
-  return m;
-}
-
-double metric(const std::map<std::string, double>& m, const std::string& prefix) {
-  for (const auto& [k, v] : m) {
-    if (k.rfind(prefix, 0) == 0) return v;
-  }
-  return -1;
-}
+using testing::metric;
+using testing::parse_metrics;
 
 // Waits (polling /metrics, up to 15 s) until a sample whose name starts with `prefix` appears.
 bool wait_for_metric(const Server& s, const std::string& prefix) {
