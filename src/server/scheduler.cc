@@ -134,12 +134,14 @@ int64_t Scheduler::fail_all(const Status& s) {
   }
   for (auto& e : inbox) send_error(*e.sink, e.sink->batch(), s);
   for (auto& a : active_) send_error(*a.sink, a.batch, s);
-  end_round();
   const int64_t n = static_cast<int64_t>(inbox.size() + active_.size());
   for (int64_t i = 0; i < n; ++i) metrics_->request_aborted();
   active_.clear();
-  std::lock_guard<std::mutex> l(mu_);
-  in_flight_ -= n;
+  {
+    std::lock_guard<std::mutex> l(mu_);  // seats free before the answers go out, as in loop()
+    in_flight_ -= n;
+  }
+  end_round();
   idle_cv_.notify_all();
   return n;
 }
@@ -333,6 +335,14 @@ void Scheduler::loop() {
         step_itl_.clear();
       }
     }
+    // The ended requests' seats are free before their answers go out: a
+    // client that sends its next request on reading one finds its seat
+    // (given back after the hand-over, a fast client got 429 from a server
+    // with a free seat).
+    if (ended > 0) {
+      std::lock_guard<std::mutex> l(mu_);
+      in_flight_ -= ended;
+    }
     end_round();  // this iteration's tokens and failures, handed over at once
     // Publish the gauges (and now and then the workers' stats).
     Snapshot s;
@@ -372,8 +382,7 @@ void Scheduler::loop() {
     snap_.preemptions = s.preemptions;
     if (refresh && !workers.empty()) snap_.workers = std::move(workers);
     if (refresh && !routing.is_null()) snap_.routing = std::move(routing);
-    in_flight_ -= ended;
-    if (in_flight_ == 0) idle_cv_.notify_all();
+    if (ended > 0 && in_flight_ == 0) idle_cv_.notify_all();
   }
 }
 

@@ -460,6 +460,86 @@ TEST(SchedulerTest, SinksOfOneBatchAreHandedOverOncePerStep) {
   }
 }
 
+// A client that sends its next request as soon as its answer is handed over
+// (an HTTP client reading its response) finds the seat that answer freed:
+// with one seat and no queue, none of a chain of requests, each submitted
+// from the hand-over of the one before, is refused. (The seat was given back
+// after the hand-over, and a fast client got 429 for a free server.)
+class Chain final : public SinkBatch {
+ public:
+  Chain(Scheduler& sched, int length) : sched_(sched), left_(length) {}
+  void start() {
+    std::lock_guard<std::mutex> l(mu_);
+    submit_next();
+  }
+  void end_round() override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!answered_) return;
+    answered_ = false;
+    submit_next();
+  }
+  void answered() {
+    std::lock_guard<std::mutex> l(mu_);
+    answered_ = true;
+  }
+  bool wait_done(std::chrono::milliseconds limit) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, limit, [&] { return done_; });
+  }
+  std::vector<std::string> refusals() {
+    std::lock_guard<std::mutex> l(mu_);
+    return refusals_;
+  }
+
+ private:
+  class Sink final : public RequestSink {
+   public:
+    explicit Sink(Chain& c) : c_(c) {}
+    void on_tokens(std::span<runtime::TokenEvent> events) override {
+      if (events.back().finished) c_.answered();
+    }
+    void on_error(const Status&) override { c_.answered(); }
+    SinkBatch* batch() override { return &c_; }
+
+   private:
+    Chain& c_;
+  };
+  void submit_next() {  // under mu_
+    if (left_ == 0) {
+      done_ = true;
+      cv_.notify_all();
+      return;
+    }
+    --left_;
+    const Status s = sched_.submit(request(sched_.next_id(), 2), std::make_shared<Sink>(*this));
+    if (!s.ok()) {
+      refusals_.push_back(s.message());
+      submit_next();  // the next one goes on from here
+    }
+  }
+  Scheduler& sched_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int left_;
+  bool answered_ = false;
+  bool done_ = false;
+  std::vector<std::string> refusals_;
+};
+
+TEST(SchedulerTest, AnAnswerHandedOverHasFreedItsSeat) {
+  Metrics metrics("m");
+  SchedulerOptions o;
+  o.max_num_seqs = 1;
+  o.max_queue = 0;
+  Scheduler sched(std::make_unique<FakeBackend>(), o, &metrics);
+  Chain chain(sched, 20);
+  chain.start();
+  ASSERT_TRUE(chain.wait_done(10s));
+  EXPECT_TRUE(chain.refusals().empty())
+      << chain.refusals().size() << " of 20 refused; the first: " << chain.refusals().front();
+  EXPECT_TRUE(sched.wait_idle(std::chrono::steady_clock::now() + 10s));
+}
+
 // A request the deployment lost (an error event) fails alone: the others
 // finish, the server stays healthy and takes new requests.
 TEST(SchedulerTest, ALostRequestFailsAloneAndTheServerStaysHealthy) {

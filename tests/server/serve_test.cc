@@ -899,6 +899,12 @@ TEST_F(ServeTest, FullQueueGets429AndApiKeyIsEnforced) {
       s.port(), testing::post_request("/v1/completions", body, "Authorization: Bearer sekrit\r\n"));
   ASSERT_GE(fd, 0);
   ASSERT_TRUE(testing::readable_within(fd, std::chrono::seconds(30)));
+  // It has the seat: the seat of the request answered just before was free
+  // when that answer went out (it was once given back after it, and a
+  // client as quick as this one got 429 here).
+  char head[13] = {};
+  ASSERT_EQ(::recv(fd, head, 12, MSG_PEEK), 12);
+  ASSERT_STREQ(head, "HTTP/1.1 200");
   // The second request goes out at once over a raw socket (a curl process
   // could start after the first stream ended on a loaded machine).
   const int busy_fd = testing::send_request(
