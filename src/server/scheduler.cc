@@ -42,9 +42,11 @@ Status Scheduler::submit(runtime::GenerationRequest r, std::shared_ptr<RequestSi
   if (draining_ || stop_) return Status(StatusCode::kUnavailable, "the server is shutting down");
   const int64_t free_seats = std::max<int64_t>(
       0, options_.max_num_seqs - static_cast<int64_t>(in_flight_ - inbox_.size()));
-  if (static_cast<int64_t>(inbox_.size()) >= options_.max_queue + free_seats) {
-    return resource_exhausted("the server is at capacity: " + std::to_string(inbox_.size()) +
-                              " requests are waiting (--max-queue " +
+  const int64_t queued = static_cast<int64_t>(inbox_.size());  // the free seats' first
+  if (queued >= options_.max_queue + free_seats) {
+    return resource_exhausted("the server is at capacity: every seat is taken (--max-num-seqs " +
+                              std::to_string(options_.max_num_seqs) + ") and " +
+                              std::to_string(queued - free_seats) + " requests wait (--max-queue " +
                               std::to_string(options_.max_queue) + "); retry later");
   }
   Entry e;
