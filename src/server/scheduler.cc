@@ -123,6 +123,13 @@ std::vector<Scheduler::Active>::iterator Scheduler::find_active(int64_t id) {
   return it != active_.end() && it->id == id ? it : active_.end();
 }
 
+void Scheduler::publish_gauges(const Snapshot& s) {
+  snap_.running = s.running;
+  snap_.waiting = backend_->waiting() + static_cast<int64_t>(inbox_.size());
+  snap_.kv_usage = s.kv_usage;
+  snap_.preemptions = s.preemptions;
+}
+
 void Scheduler::end_round() {
   for (SinkBatch* b : round_batches_) b->end_round();
   round_batches_.clear();
@@ -337,20 +344,22 @@ void Scheduler::loop() {
         step_itl_.clear();
       }
     }
-    // The ended requests' seats are free before their answers go out: a
-    // client that sends its next request on reading one finds its seat
-    // (given back after the hand-over, a fast client got 429 from a server
-    // with a free seat).
-    if (ended > 0) {
-      std::lock_guard<std::mutex> l(mu_);
-      in_flight_ -= ended;
-    }
-    end_round();  // this iteration's tokens and failures, handed over at once
-    // Publish the gauges (and now and then the workers' stats).
+    // The gauges, published below (and now and then the workers' stats).
     Snapshot s;
     s.running = backend_->running();
     s.kv_usage = backend_->kv_usage();
     s.preemptions = backend_->preemptions();
+    // The ended requests' seats are free, and the gauges count them no
+    // more, before their answers go out: a client that sends its next
+    // request on reading one finds its seat (given back after the
+    // hand-over, a fast client got 429 from a server with a free seat), and
+    // one that reads /metrics then does not find its request running.
+    if (ended > 0) {
+      std::lock_guard<std::mutex> l(mu_);
+      in_flight_ -= ended;
+      publish_gauges(s);
+    }
+    end_round();  // this iteration's tokens and failures, handed over at once
     const bool refresh = clock::now() - last_stats >= options_.stats_interval;
     std::vector<Json> workers;
     Json routing;
@@ -378,10 +387,7 @@ void Scheduler::loop() {
       snap_.engine_step_s += step_s;
       ++snap_.engine_steps;
     }
-    snap_.running = s.running;
-    snap_.waiting = backend_->waiting() + static_cast<int64_t>(inbox_.size());
-    snap_.kv_usage = s.kv_usage;
-    snap_.preemptions = s.preemptions;
+    publish_gauges(s);
     if (refresh && !workers.empty()) snap_.workers = std::move(workers);
     if (refresh && !routing.is_null()) snap_.routing = std::move(routing);
     if (ended > 0 && in_flight_ == 0) idle_cv_.notify_all();

@@ -461,7 +461,8 @@ TEST(SchedulerTest, SinksOfOneBatchAreHandedOverOncePerStep) {
 }
 
 // A client that sends its next request as soon as its answer is handed over
-// (an HTTP client reading its response) finds the seat that answer freed:
+// (an HTTP client reading its response) finds the seat that answer freed, and
+// the running gauge no longer counts it:
 // with one seat and no queue, none of a chain of requests, each submitted
 // from the hand-over of the one before, is refused. (The seat was given back
 // after the hand-over, and a fast client got 429 for a free server.)
@@ -476,6 +477,9 @@ class Chain final : public SinkBatch {
     std::lock_guard<std::mutex> l(mu_);
     if (!answered_) return;
     answered_ = false;
+    // The gauges do not count the answered request either.
+    const int64_t running = sched_.snapshot().running;
+    if (running != 0) stale_gauges_.push_back(running);
     submit_next();
   }
   void answered() {
@@ -489,6 +493,10 @@ class Chain final : public SinkBatch {
   std::vector<std::string> refusals() {
     std::lock_guard<std::mutex> l(mu_);
     return refusals_;
+  }
+  std::vector<int64_t> stale_gauges() {
+    std::lock_guard<std::mutex> l(mu_);
+    return stale_gauges_;
   }
 
  private:
@@ -524,6 +532,7 @@ class Chain final : public SinkBatch {
   bool answered_ = false;
   bool done_ = false;
   std::vector<std::string> refusals_;
+  std::vector<int64_t> stale_gauges_;  // `running` seen at a hand-over, when not 0
 };
 
 TEST(SchedulerTest, AnAnswerHandedOverHasFreedItsSeat) {
@@ -537,6 +546,8 @@ TEST(SchedulerTest, AnAnswerHandedOverHasFreedItsSeat) {
   ASSERT_TRUE(chain.wait_done(10s));
   EXPECT_TRUE(chain.refusals().empty())
       << chain.refusals().size() << " of 20 refused; the first: " << chain.refusals().front();
+  EXPECT_TRUE(chain.stale_gauges().empty())
+      << chain.stale_gauges().size() << " of 20 answers went out while still counted running";
   EXPECT_TRUE(sched.wait_idle(std::chrono::steady_clock::now() + 10s));
 }
 

@@ -164,6 +164,9 @@ class Scheduler {
   void send_error(RequestSink& sink, SinkBatch* batch, const Status& s);
   void note_batch(SinkBatch* b);
   void end_round();
+  // The backend's gauges `s` (running, KV usage, preemptions) and the
+  // waiting count into snap_; under mu_.
+  void publish_gauges(const Snapshot& s);
   // Returns how many requests it failed.
   int64_t fail_all(const Status& s);
   // The backend failed: the server turns unhealthy (/health 503, submit
