@@ -23,6 +23,8 @@
 #include <regex>
 #include <sstream>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "../common/loopback_http.h"
 #include "../common/prometheus_text.h"
@@ -1061,13 +1063,38 @@ TEST_F(ServeTest, SigtermDrainsRunningRequests) {
 }
 
 TEST_F(ServeTest, BadFlagsExitTwo) {
-  const std::string m = "--model " + model_dir().string();
-  for (const std::string& args :
-       std::vector<std::string>{"", "--model /nonexistent", m + " --port 70000",
-                                m + " --max-num-seqs 0", m + " --no-such-flag"}) {
-    const int st = std::system((kBin + " serve " + args + " >/dev/null 2>&1").c_str());
-    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2) << args;
+  const std::string m = "--port 0 --model " + model_dir().string();
+  // tiny-qwen3moe: 768 bytes of KV a token, so 1 MiB holds 1,360 of its 4,096.
+  const fs::path qwen =
+      fs::path(::testing::TempDir()) / ("msinfer-serve-qwen-" + std::to_string(::getpid()));
+  ASSERT_EQ(std::system((kBin + " make-model --preset tiny-qwen3moe --out " + qwen.string() +
+                         " >/dev/null 2>&1")
+                            .c_str()),
+            0);
+  const std::string q = "--port 0 --model " + qwen.string();
+  // Each is refused before the server starts, with exit 2 and its reason (a
+  // server that starts instead is stopped by `timeout`: exit 124).
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"", "--model is required"},
+      {"--port 0 --model /nonexistent", "/nonexistent"},
+      {"--model " + model_dir().string() + " --port 70000", "--port must be in 0..65535"},
+      {m + " --max-num-seqs 0", "--max-num-seqs must be >= 1"},
+      {m + " --no-such-flag", "--no-such-flag"},
+      {m + " --max-model-len -3", "--max-model-len: -3 is out of range"},
+      // More than the model's context: refused, not silently capped.
+      {m + " --max-model-len 999999",
+       "--max-model-len 999999 is beyond the model's context (max_position_embeddings 4096"},
+      {q + " --kv-cache-mb 1 --max-model-len 4096",
+       "--max-model-len 4096 does not fit the KV cache: --kv-cache-mb 1 holds 1360 tokens"},
+  };
+  for (const auto& [args, reason] : cases) {
+    const std::string out =
+        testing::run_capture("timeout -k 5 20 " + kBin + " serve " + args + " 2>&1; echo rc=$?");
+    EXPECT_NE(out.find(reason), std::string::npos) << args << ": " << out;
+    EXPECT_NE(out.find("rc=2"), std::string::npos) << args << ": " << out;
+    EXPECT_EQ(out.find("ready at"), std::string::npos) << args << ": " << out;
   }
+  fs::remove_all(qwen);
 }
 
 }  // namespace

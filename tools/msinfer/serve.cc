@@ -5,17 +5,19 @@
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "commands.h"
-#include "msinfer/runtime/device_backend.h"
 #include "msinfer/core/flags.h"
 #include "msinfer/kernels/cpu/threads.h"
 #include "msinfer/model/tokenizer.h"
+#include "msinfer/runtime/device_backend.h"
 #include "msinfer/runtime/engine.h"
 #include "msinfer/runtime/kv_cache.h"
 #include "msinfer/server/http_server.h"
@@ -54,8 +56,9 @@ int run_serve(int argc, char** argv) {
   flags.add_int("max-num-seqs", 256, "requests in the batch at most");
   flags.add_int("max-queue", 1024,
                 "requests waiting for a place in the batch at most; beyond: 429");
-  flags.add_int("max-model-len", 0,
-                "prompt + max_tokens at most (0: the model's context, capped by the KV cache)");
+  flags.add_int("max-model-len", 0, 0, std::numeric_limits<int32_t>::max(),
+                "prompt + max_tokens at most (0: the model's context, capped by the KV cache);\n"
+                "more than the model's context or than the KV cache holds is refused");
   flags.add_double("drain-timeout", 30, "seconds running requests get to finish after SIGTERM");
   flags.add_double("request-timeout", 30, "seconds a client has to send a whole request");
   flags.add_int("max-body-kb", 4096, "request body size limit (413 beyond)");
@@ -164,8 +167,27 @@ int run_serve(int argc, char** argv) {
   const int64_t kv_tokens =
       (flags.get_int("kv-cache-mb") << 20) / runtime::KvCache::bytes_per_token(*config) / 16 * 16;
   ctx.max_model_len = std::min<int64_t>(config->max_position_embeddings, kv_tokens);
-  if (flags.get_int("max-model-len") > 0)
-    ctx.max_model_len = std::min<int64_t>(ctx.max_model_len, flags.get_int("max-model-len"));
+  // Asked for explicitly, a length the model or the cache cannot serve is an
+  // error, not a silent cap: a client would otherwise meet the smaller limit
+  // only as 400s.
+  if (const int64_t asked = flags.get_int("max-model-len"); asked > 0) {
+    const std::string what = "--max-model-len " + std::to_string(asked);
+    if (asked > config->max_position_embeddings) {
+      return report_error(
+          "serve",
+          invalid_argument(what + " is beyond the model's context (max_position_embeddings " +
+                           std::to_string(config->max_position_embeddings) + " in " + dir +
+                           "/config.json)"));
+    }
+    if (asked > kv_tokens) {
+      return report_error(
+          "serve", invalid_argument(what + " does not fit the KV cache: --kv-cache-mb " +
+                                    std::to_string(flags.get_int("kv-cache-mb")) + " holds " +
+                                    std::to_string(kv_tokens) +
+                                    " tokens; raise --kv-cache-mb or lower --max-model-len"));
+    }
+    ctx.max_model_len = asked;
+  }
 
   server::ServerOptions so;
   so.host = flags.get_string("host");
