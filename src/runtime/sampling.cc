@@ -9,7 +9,7 @@ namespace msinfer::runtime {
 
 Status SamplingParams::validate() const {
   if (!(temperature >= 0) || !std::isfinite(temperature)) {
-    return invalid_argument("temperature must be >= 0");
+    return invalid_argument("temperature must be a finite number >= 0");
   }
   if (top_k < 0) return invalid_argument("top_k must be >= 0");
   if (!(top_p > 0 && top_p <= 1)) return invalid_argument("top_p must be in (0, 1]");

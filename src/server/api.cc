@@ -285,7 +285,9 @@ std::optional<ApiError> parse_request(const std::string& body, bool chat, const 
   sp.max_tokens = static_cast<int>(max_tokens);
   double temperature = 1.0, top_p = 1.0, fp = 0, pp = 0;
   if (auto f = get_number(j, "temperature", &temperature)) return f;
-  if (temperature < 0) return bad_request("'temperature' must be >= 0", "temperature");
+  // A float sampler: beyond FLT_MAX the temperature would be infinite.
+  if (!(temperature >= 0 && temperature <= std::numeric_limits<float>::max()))
+    return bad_request("'temperature' must be a finite number >= 0", "temperature");
   if (auto f = get_number(j, "top_p", &top_p)) return f;
   if (!(top_p > 0 && top_p <= 1)) return bad_request("'top_p' must be in (0, 1]", "top_p");
   int64_t top_k = -1;

@@ -83,6 +83,8 @@ TEST(SamplingTest, SeededAndValidated) {
   SamplingParams bad;
   bad.temperature = -1;
   EXPECT_FALSE(bad.validate().ok());
+  bad.temperature = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(bad.validate().ok());
   bad = SamplingParams{};
   bad.max_tokens = 0;
   EXPECT_FALSE(bad.validate().ok());

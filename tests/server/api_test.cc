@@ -66,6 +66,15 @@ TEST(ParseRequest, Refusals) {
     EXPECT_EQ(e->http_status, c.status) << c.body;
     EXPECT_EQ(e->body()["error"]["code"], c.status);
   }
+  // A temperature a float cannot hold is named as the bad field (it used to
+  // reach the sampler's own check, which names no field).
+  auto hot = parse_request(R"({"prompt": [1], "temperature": 1e308})", false, ctx(), &r);
+  ASSERT_TRUE(hot.has_value());
+  EXPECT_EQ(hot->http_status, 400);
+  EXPECT_EQ(hot->param, "temperature");
+  EXPECT_FALSE(
+      parse_request(R"({"prompt": [1], "max_tokens": 2, "temperature": 3e38})", false, ctx(), &r)
+          .has_value());
   auto chat = parse_request(R"({"messages": [{"role": "user", "content": "x"}]})", true, ctx(), &r);
   ASSERT_TRUE(chat.has_value());  // no chat template in this context
   EXPECT_EQ(chat->param, "messages");
