@@ -10,6 +10,8 @@
 #include <optional>
 #include <random>
 
+#include "msinfer/server/http_server.h"
+
 namespace msinfer::server {
 
 namespace net = boost::asio;
@@ -24,8 +26,20 @@ Status parse_base_url(const std::string& url, std::string* host, int* port) {
     return invalid_argument("--base-url must start with http:// (got '" + url + "')");
   std::string rest = url.substr(scheme.size());
   rest = rest.substr(0, rest.find('/'));
-  const size_t colon = rest.rfind(':');
+  // An IPv6 address is in brackets ("[::1]:8000"); its colons are not the port's.
+  size_t host_end = 0;
+  if (!rest.empty() && rest[0] == '[') {
+    host_end = rest.find(']');
+    if (host_end == std::string::npos)
+      return invalid_argument("--base-url: no ']' after the IPv6 address in '" + url + "'");
+  }
+  size_t colon = rest.find(':', host_end);
   *host = colon == std::string::npos ? rest : rest.substr(0, colon);
+  if (host_end > 0) {
+    if (host_end + 1 != host->size())
+      return invalid_argument("--base-url: bad port in '" + url + "'");
+    *host = host->substr(1, host_end - 1);
+  }
   *port = 80;
   if (colon != std::string::npos) {
     char* end = nullptr;
@@ -196,7 +210,8 @@ Call::Call(Run& run, size_t index, std::optional<tcp::socket> pooled)
     body["prompt"] = p.prompt;
   }
   const std::string b = body.dump();
-  request_ = "POST " + run.o.endpoint + " HTTP/1.1\r\nHost: " + run.o.host + "\r\n" +
+  request_ = "POST " + run.o.endpoint +
+             " HTTP/1.1\r\nHost: " + url_authority(run.o.host, run.o.port) + "\r\n" +
              "Content-Type: application/json\r\n" +
              (run.o.api_key.empty() ? "" : "Authorization: Bearer " + run.o.api_key + "\r\n") +
              "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b;
@@ -362,9 +377,9 @@ StatusOr<OnlineBenchReport> run_online_bench(const OnlineBenchOptions& o) {
   if (o.num_warmups < 0) return invalid_argument("--num-warmups must be >= 0");
   Run run{o};
   beast::error_code ec;
-  const auto addr = net::ip::make_address(o.host, ec);
-  if (ec) return invalid_argument("--base-url: '" + o.host + "' is not an IP address");
-  run.endpoint = tcp::endpoint(addr, static_cast<unsigned short>(o.port));
+  auto ip = resolve_host(o.host);
+  if (!ip.ok()) return ip.status().with_context("--base-url");
+  run.endpoint = tcp::endpoint(net::ip::make_address(*ip), static_cast<unsigned short>(o.port));
   OnlineBenchReport rep;
   if (o.num_warmups > 0) {
     // vLLM's warm-up: the first prompt, num_warmups times, under the same

@@ -1,5 +1,7 @@
 #include "msinfer/server/http_server.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
 #include <pthread.h>
 #include <sched.h>
 
@@ -1148,10 +1150,10 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::start(const ServerOptions& o, 
   impl->ctx = std::move(ctx);
   impl->metrics = metrics;
   beast::error_code ec;
-  const auto addr = net::ip::make_address(o.host, ec);
-  if (ec) return invalid_argument("--host '" + o.host + "' is not an IP address");
-  const tcp::endpoint ep(addr, static_cast<unsigned short>(o.port));
-  const std::string where = o.host + ":" + std::to_string(o.port);
+  auto ip = resolve_host(o.host);
+  if (!ip.ok()) return ip.status().with_context("--host");
+  const tcp::endpoint ep(net::ip::make_address(*ip), static_cast<unsigned short>(o.port));
+  const std::string where = url_authority(*ip, o.port);
   impl->acceptor.open(ep.protocol(), ec);
   if (!ec) impl->acceptor.set_option(net::socket_base::reuse_address(true), ec);
   if (!ec) impl->acceptor.set_option(tcp::no_delay(true), ec);
@@ -1172,6 +1174,40 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::start(const ServerOptions& o, 
 }
 
 int HttpServer::port() const { return impl_->acceptor.local_endpoint().port(); }
+
+StatusOr<std::string> resolve_host(const std::string& host) {
+  if (host.empty()) return invalid_argument("no host given");
+  beast::error_code ec;
+  if (net::ip::make_address(host, ec); !ec) return host;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found); rc != 0) {
+    return invalid_argument("'" + host + "' is neither an IP address nor a name this machine " +
+                            "resolves (" + ::gai_strerror(rc) + ")");
+  }
+  std::string first4, first6;
+  char text[INET6_ADDRSTRLEN];
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET && first4.empty()) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+      if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text)) first4 = text;
+    } else if (a->ai_family == AF_INET6 && first6.empty()) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
+      if (::inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text)) first6 = text;
+    }
+  }
+  ::freeaddrinfo(found);
+  if (!first4.empty()) return first4;
+  if (!first6.empty()) return first6;
+  return invalid_argument("'" + host + "' resolves to no IP address");
+}
+
+std::string url_authority(const std::string& host, int port) {
+  const bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
 
 void HttpServer::run() {
   // Named so that tools (top -H, scripts/bench-serve-overhead) can tell the

@@ -3,6 +3,7 @@
 // closed while idle is replaced and its request sent again, and a server that
 // says `Connection: close` gets a new connection per request. Against a small
 // scripted HTTP server on loopback, so that each behaviour can be forced.
+// And how --base-url names its server (names, IPv6 in brackets).
 #include "msinfer/server/bench_client.h"
 
 #include <gtest/gtest.h>
@@ -13,6 +14,8 @@
 #include <boost/beast/http.hpp>
 #include <mutex>
 #include <thread>
+
+#include "msinfer/server/http_server.h"
 
 namespace msinfer::server {
 namespace {
@@ -151,6 +154,33 @@ void expect_run(Mode mode, int prompts, int warmups, Expected want) {
   EXPECT_EQ(rep->connections_opened, want.opened);
   EXPECT_EQ(s.accepted(), want.accepted);
   EXPECT_EQ(s.requests(), want.requests);
+}
+
+TEST(BaseUrlTest, HostsPortsAndIpv6Brackets) {
+  std::string host;
+  int port = 0;
+  ASSERT_TRUE(parse_base_url("http://[::1]:8000/v1", &host, &port).ok());
+  EXPECT_EQ(host, "::1");
+  EXPECT_EQ(port, 8000);
+  ASSERT_TRUE(parse_base_url("http://[fe80::1]", &host, &port).ok());
+  EXPECT_EQ(host, "fe80::1");
+  EXPECT_EQ(port, 80);
+  ASSERT_TRUE(parse_base_url("http://localhost:8001", &host, &port).ok());
+  EXPECT_EQ(host, "localhost");
+  EXPECT_EQ(port, 8001);
+  EXPECT_FALSE(parse_base_url("http://[::1:8000", &host, &port).ok());
+  EXPECT_FALSE(parse_base_url("http://[::1]x:8000", &host, &port).ok());
+  EXPECT_FALSE(parse_base_url("http://::1:8000", &host, &port).ok());  // brackets needed
+  EXPECT_FALSE(parse_base_url("http://localhost:0", &host, &port).ok());
+  EXPECT_EQ(url_authority("::1", 8000), "[::1]:8000");
+  EXPECT_EQ(url_authority("127.0.0.1", 80), "127.0.0.1:80");
+  // Addresses pass as they are; a name resolves (its IPv4 address first).
+  EXPECT_EQ(resolve_host("::1").value(), "::1");
+  EXPECT_EQ(resolve_host("10.1.2.3").value(), "10.1.2.3");
+  const auto local = resolve_host("localhost");
+  ASSERT_TRUE(local.ok()) << local.status().message();
+  EXPECT_TRUE(*local == "127.0.0.1" || *local == "::1") << *local;
+  EXPECT_FALSE(resolve_host("").ok());
 }
 
 TEST(BenchClientTest, KeptAliveConnectionsCarryTheNextRequests) {

@@ -88,8 +88,9 @@ class Server {
         continue;
       }
       std::smatch m;
-      if (std::regex_search(line, m, std::regex("ready at http://127.0.0.1:([0-9]+)"))) {
-        port_ = std::stoi(m[1]);
+      if (std::regex_search(line, m, std::regex("ready at (http://[^ ]+:([0-9]+))"))) {
+        url_ = m[1];
+        port_ = std::stoi(m[2]);
         break;
       }
       line.clear();
@@ -121,7 +122,8 @@ class Server {
   }
   int port() const { return port_; }
   pid_t pid() const { return pid_; }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  // As the ready line prints it (http://127.0.0.1:PORT unless --host says).
+  std::string url() const { return url_; }
   std::string stderr_text() const {
     std::ifstream f(err_path_);
     return std::string(std::istreambuf_iterator<char>(f), {});
@@ -131,6 +133,7 @@ class Server {
   static inline int counter_ = 0;
   pid_t pid_ = -1;
   int out_ = -1, port_ = 0, exit_status_ = -1;
+  std::string url_;
   fs::path err_path_;
 };
 
@@ -1060,6 +1063,36 @@ TEST_F(ServeTest, SigtermDrainsRunningRequests) {
   EXPECT_NE(stream.find("\"finish_reason\":\"length\""), std::string::npos);
   EXPECT_NE(stream.find("data: [DONE]"), std::string::npos);
   EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(60)), 0);
+}
+
+// --host and --base-url take names and IPv6 addresses, as vLLM users write
+// them: the ready line's URL works with curl and with bench serve.
+void expect_served_at(const Server& s, const std::string& url) {
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  EXPECT_EQ(s.url(), url + ":" + std::to_string(s.port()));
+  EXPECT_EQ(testing::run_capture("curl -s -g " + s.url() + "/health"), R"({"status":"ok"})");
+  const std::string out = testing::run_capture(kBin + " bench serve --base-url " + s.url() +
+                                               " --num-prompts 3 --input-len 4 --output-len 3 "
+                                               "--json 2>&1");
+  const Json j = Json::parse(out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << out;
+  EXPECT_EQ(j["completed"], 3) << out;
+  EXPECT_EQ(j["total_output_tokens"], 9) << out;
+}
+
+TEST_F(ServeTest, HostNamesAndIpv6) {
+  Server named("--host localhost");
+  expect_served_at(named, "http://localhost");
+  // IPv6 loopback where the machine has it (a container may not).
+  const int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  const bool v6 = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  if (fd >= 0) ::close(fd);
+  if (!v6) GTEST_SKIP() << "no IPv6 loopback here";
+  Server six("--host ::1");
+  expect_served_at(six, "http://[::1]");
 }
 
 TEST_F(ServeTest, BadFlagsExitTwo) {

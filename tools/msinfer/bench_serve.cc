@@ -120,8 +120,9 @@ int run_bench_serve(int argc, char** argv) {
   flags.add_string("model", "", "model directory");
   flags.add_bool("offline", "all prompts submitted at once to a deployment this command starts");
   flags.add_string("base-url", "",
-                   "online mode: the server to load, e.g. http://127.0.0.1:8000 "
-                   "(streaming requests; no --model needed)");
+                   "online mode: the server to load, e.g. http://127.0.0.1:8000,\n"
+                   "http://localhost:8000 or http://[::1]:8000 (streaming requests; no --model\n"
+                   "needed)");
   flags.add_string("endpoint", "/v1/completions",
                    "online: /v1/completions or /v1/chat/completions");
   flags.add_double("request-rate", 0, 0, 1e6, "online: requests per second (0: all at once)");

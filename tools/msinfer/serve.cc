@@ -47,7 +47,9 @@ int run_serve(int argc, char** argv) {
                 "drains: new requests get 503, running ones finish (up to --drain-timeout),\n"
                 "then every worker is stopped.");
   flags.add_string("model", "", "model directory (config.json, *.safetensors, tokenizer files)");
-  flags.add_string("host", "127.0.0.1", "address to listen on");
+  flags.add_string("host", "127.0.0.1",
+                   "address to listen on: IPv4, IPv6 (::1, ::), or a name such as localhost\n"
+                   "(bound to its first IPv4 address, else its first IPv6 one)");
   flags.add_int("port", 8000, "port to listen on (0: any free port, printed when ready)");
   flags.add_string("api-key", "", "require 'Authorization: Bearer KEY' on /v1/*",
                    "MSINFER_API_KEY");
@@ -269,8 +271,8 @@ int run_serve(int argc, char** argv) {
   sched_options.max_queue = flags.get_int("max-queue");
   auto scheduler = std::make_unique<server::Scheduler>(std::move(backend), sched_options, &metrics);
   http->set_scheduler(scheduler.get());
-  std::printf("msinfer serve: ready at http://%s:%d (model '%s', max_model_len %lld)\n",
-              so.host.c_str(), http->port(), name.c_str(),
+  std::printf("msinfer serve: ready at http://%s (model '%s', max_model_len %lld)\n",
+              server::url_authority(so.host, http->port()).c_str(), name.c_str(),
               static_cast<long long>(ctx.max_model_len));
   std::fflush(stdout);
 

@@ -94,4 +94,13 @@ class HttpServer {
   std::unique_ptr<Impl> impl_;
 };
 
+// The IP address (text) that `host` names, for the server's --host and the
+// client's --base-url: an IPv4 or IPv6 address as it is; a name ("localhost")
+// resolved by the system (/etc/hosts, DNS) to its first IPv4 address, else its
+// first IPv6 one (the server binds one address; both sides pick the same).
+StatusOr<std::string> resolve_host(const std::string& host);
+
+// "host:port" as a URL writes it: an IPv6 address in brackets.
+std::string url_authority(const std::string& host, int port);
+
 }  // namespace msinfer::server
