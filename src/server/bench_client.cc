@@ -376,7 +376,6 @@ StatusOr<OnlineBenchReport> run_online_bench(const OnlineBenchOptions& o) {
   if (!(o.burstiness > 0)) return invalid_argument("--burstiness must be > 0");
   if (o.num_warmups < 0) return invalid_argument("--num-warmups must be >= 0");
   Run run{o};
-  beast::error_code ec;
   auto ip = resolve_host(o.host);
   if (!ip.ok()) return ip.status().with_context("--base-url");
   run.endpoint = tcp::endpoint(net::ip::make_address(*ip), static_cast<unsigned short>(o.port));
