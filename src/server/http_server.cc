@@ -1,7 +1,5 @@
 #include "msinfer/server/http_server.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
 #include <pthread.h>
 #include <sched.h>
 
@@ -1179,27 +1177,20 @@ StatusOr<std::string> resolve_host(const std::string& host) {
   if (host.empty()) return invalid_argument("no host given");
   beast::error_code ec;
   if (net::ip::make_address(host, ec); !ec) return host;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found); rc != 0) {
+  // No flags: unlike asio's default (address_configured), a name's IPv6
+  // address counts even where only loopback has IPv6.
+  net::io_context ioc;
+  const auto found = tcp::resolver(ioc).resolve(host, "", tcp::resolver::flags(), ec);
+  if (ec) {
     return invalid_argument("'" + host + "' is neither an IP address nor a name this machine " +
-                            "resolves (" + ::gai_strerror(rc) + ")");
+                            "resolves (" + ec.message() + ")");
   }
-  std::string first4, first6;
-  char text[INET6_ADDRSTRLEN];
-  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    if (a->ai_family == AF_INET && first4.empty()) {
-      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
-      if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text)) first4 = text;
-    } else if (a->ai_family == AF_INET6 && first6.empty()) {
-      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
-      if (::inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text)) first6 = text;
-    }
+  std::string first6;
+  for (const auto& entry : found) {
+    const net::ip::address a = entry.endpoint().address();
+    if (a.is_v4()) return a.to_string();
+    if (first6.empty()) first6 = a.to_string();
   }
-  ::freeaddrinfo(found);
-  if (!first4.empty()) return first4;
   if (!first6.empty()) return first6;
   return invalid_argument("'" + host + "' resolves to no IP address");
 }
