@@ -6,6 +6,7 @@
 #include <unicode/unistr.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <filesystem>
 #include <mutex>
@@ -201,6 +202,12 @@ struct Decoder {
   std::string prepend_scheme = "always";
 };
 
+// When a tokenization must give up (Tokenizer::encode with a deadline).
+struct Deadline {
+  std::chrono::steady_clock::time_point at;
+  bool passed() const { return std::chrono::steady_clock::now() > at; }
+};
+
 struct Piece {
   std::string text;
   int32_t added_id = -1;  // >= 0: an added token, passed through as is
@@ -222,12 +229,22 @@ struct Tokenizer::Impl {
   std::vector<bool> special;
   std::vector<int32_t> prefix_ids, suffix_ids;  // post-processor's single template
   bool byte_level_input = false;
+  // Words already split into ids. Bounded in bytes, not entries: only words
+  // up to kCacheWordBytes are kept (a prompt that is one long word, as a
+  // Metaspace pre-tokenizer without split makes it, is not), and the whole
+  // cache is dropped when its keys and ids pass kCacheBytes.
+  static constexpr size_t kCacheWordBytes = 256;
+  static constexpr size_t kCacheBytes = 16 << 20;
   mutable std::mutex mu;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache;  // GUARDED_BY(mu)
+  mutable size_t cache_bytes = 0;                                        // GUARDED_BY(mu)
 
   std::string normalize(std::string s) const;
   std::vector<std::string> pre_tokenize(const std::string& s, bool first_section) const;
-  void bpe(const std::string& word, std::vector<int32_t>& out) const;
+  // false: the deadline passed before the word was split (out unchanged).
+  bool bpe(const std::string& word, std::vector<int32_t>& out, const Deadline* deadline) const;
+  StatusOr<std::vector<int32_t>> encode(std::string_view text, bool add_special_tokens,
+                                        const Deadline* deadline) const;
 };
 
 std::string Tokenizer::Impl::normalize(std::string s) const {
@@ -378,14 +395,16 @@ std::vector<std::string> Tokenizer::Impl::pre_tokenize(const std::string& s,
   return parts;
 }
 
-void Tokenizer::Impl::bpe(const std::string& word, std::vector<int32_t>& out) const {
-  if (word.empty()) return;
-  {
+bool Tokenizer::Impl::bpe(const std::string& word, std::vector<int32_t>& out,
+                          const Deadline* deadline) const {
+  if (word.empty()) return true;
+  const bool cacheable = word.size() <= kCacheWordBytes;
+  if (cacheable) {
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(word);
     if (it != cache.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
+      return true;
     }
   }
   std::vector<int32_t> ids;
@@ -394,7 +413,15 @@ void Tokenizer::Impl::bpe(const std::string& word, std::vector<int32_t>& out) co
     ids.push_back(direct->second);
   } else {
     std::vector<std::string> sym = utf8_chars(word);
+    // Each merge pass scans the word: a long word costs its length squared,
+    // so long ones look at the clock now and then.
+    size_t since_check = 0;
     while (sym.size() > 1) {
+      since_check += sym.size();
+      if (deadline != nullptr && since_check > (1u << 16)) {
+        since_check = 0;
+        if (deadline->passed()) return false;
+      }
       int best_rank = INT_MAX;
       size_t best = 0;
       for (size_t i = 0; i + 1 < sym.size(); ++i) {
@@ -451,8 +478,16 @@ void Tokenizer::Impl::bpe(const std::string& word, std::vector<int32_t>& out) co
     }
   }
   out.insert(out.end(), ids.begin(), ids.end());
+  if (!cacheable) return true;
+  // Keys, ids and a node's overhead, roughly.
+  const size_t bytes = word.size() + ids.size() * sizeof(int32_t) + 64;
   std::lock_guard<std::mutex> lock(mu);
-  if (cache.size() < 100000) cache.emplace(word, std::move(ids));
+  if (cache_bytes + bytes > kCacheBytes) {
+    cache.clear();
+    cache_bytes = 0;
+  }
+  if (cache.emplace(word, std::move(ids)).second) cache_bytes += bytes;
+  return true;
 }
 
 Tokenizer::Tokenizer() : impl_(std::make_unique<Impl>()) {}
@@ -478,8 +513,19 @@ StatusOr<std::string> pattern_of(const Json& j, const std::string& where, bool* 
   return invalid_argument(where + ": 'pattern' must be {\"String\": ..} or {\"Regex\": ..}");
 }
 
-Status parse_normalizer(const Json& j, const std::string& where, std::vector<Normalizer>& out) {
+// A Sequence inside a Sequence this deep is refused (the parsers recurse;
+// real tokenizers nest one level).
+constexpr int kMaxSequenceDepth = 16;
+
+Status too_deep(const std::string& where) {
+  return invalid_argument(where + ": Sequences nested more than " +
+                          std::to_string(kMaxSequenceDepth) + " deep");
+}
+
+Status parse_normalizer(const Json& j, const std::string& where, std::vector<Normalizer>& out,
+                        int depth = 0) {
   if (j.is_null()) return ok_status();
+  if (depth > kMaxSequenceDepth) return too_deep(where);
   JsonFields f(j, where);
   MSI_ASSIGN_OR_RETURN(std::string type, f.string("type"));
   if (type == "Sequence") {
@@ -488,7 +534,8 @@ Status parse_normalizer(const Json& j, const std::string& where, std::vector<Nor
     }
     for (size_t i = 0; i < j.at("normalizers").size(); ++i) {
       MSI_RETURN_IF_ERROR(parse_normalizer(j.at("normalizers")[i],
-                                           where + ".normalizers[" + std::to_string(i) + "]", out));
+                                           where + ".normalizers[" + std::to_string(i) + "]", out,
+                                           depth + 1));
     }
   } else if (type == "NFC") {
     out.push_back({Normalizer::kNfc, "", ""});
@@ -512,8 +559,9 @@ Status parse_normalizer(const Json& j, const std::string& where, std::vector<Nor
 }
 
 Status parse_pre_tokenizer(const Json& j, const std::string& where,
-                           std::vector<PreTokenizer>& out) {
+                           std::vector<PreTokenizer>& out, int depth = 0) {
   if (j.is_null()) return ok_status();
+  if (depth > kMaxSequenceDepth) return too_deep(where);
   JsonFields f(j, where);
   MSI_ASSIGN_OR_RETURN(std::string type, f.string("type"));
   PreTokenizer p;
@@ -522,8 +570,9 @@ Status parse_pre_tokenizer(const Json& j, const std::string& where,
       return f.field_error("pretokenizers", "must be a list");
     }
     for (size_t i = 0; i < j.at("pretokenizers").size(); ++i) {
-      MSI_RETURN_IF_ERROR(parse_pre_tokenizer(
-          j.at("pretokenizers")[i], where + ".pretokenizers[" + std::to_string(i) + "]", out));
+      MSI_RETURN_IF_ERROR(parse_pre_tokenizer(j.at("pretokenizers")[i],
+                                              where + ".pretokenizers[" + std::to_string(i) + "]",
+                                              out, depth + 1));
     }
     return ok_status();
   }
@@ -564,8 +613,10 @@ Status parse_pre_tokenizer(const Json& j, const std::string& where,
   return ok_status();
 }
 
-Status parse_decoder(const Json& j, const std::string& where, std::vector<Decoder>& out) {
+Status parse_decoder(const Json& j, const std::string& where, std::vector<Decoder>& out,
+                     int depth = 0) {
   if (j.is_null()) return ok_status();
+  if (depth > kMaxSequenceDepth) return too_deep(where);
   JsonFields f(j, where);
   MSI_ASSIGN_OR_RETURN(std::string type, f.string("type"));
   if (type == "Sequence") {
@@ -573,8 +624,9 @@ Status parse_decoder(const Json& j, const std::string& where, std::vector<Decode
       return f.field_error("decoders", "must be a list");
     }
     for (size_t i = 0; i < j.at("decoders").size(); ++i) {
-      MSI_RETURN_IF_ERROR(
-          parse_decoder(j.at("decoders")[i], where + ".decoders[" + std::to_string(i) + "]", out));
+      MSI_RETURN_IF_ERROR(parse_decoder(j.at("decoders")[i],
+                                        where + ".decoders[" + std::to_string(i) + "]", out,
+                                        depth + 1));
     }
     return ok_status();
   }
@@ -742,7 +794,21 @@ StatusOr<Tokenizer> Tokenizer::load(const std::string& path) {
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
-  const Impl& m = *impl_;
+  auto ids = impl_->encode(text, add_special_tokens, nullptr);
+  return std::move(ids).value();  // no deadline: always done
+}
+
+StatusOr<std::vector<int32_t>> Tokenizer::encode(std::string_view text, bool add_special_tokens,
+                                                 std::chrono::steady_clock::time_point deadline)
+    const {
+  const Deadline d{deadline};
+  return impl_->encode(text, add_special_tokens, &d);
+}
+
+StatusOr<std::vector<int32_t>> Tokenizer::Impl::encode(std::string_view text,
+                                                       bool add_special_tokens,
+                                                       const Deadline* deadline) const {
+  const Impl& m = *this;
   // 1. Added tokens first (longest match at each position).
   std::vector<Piece> pieces;
   std::string cur;
@@ -769,7 +835,12 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
     if (p.added_id >= 0) {
       ids.push_back(p.added_id);
     } else {
-      for (const std::string& word : m.pre_tokenize(m.normalize(p.text), first)) m.bpe(word, ids);
+      for (const std::string& word : m.pre_tokenize(m.normalize(p.text), first)) {
+        if (!m.bpe(word, ids, deadline) || (deadline != nullptr && deadline->passed())) {
+          return Status(StatusCode::kDeadlineExceeded,
+                        "tokenizing the text took longer than its deadline");
+        }
+      }
     }
     first = false;
   }

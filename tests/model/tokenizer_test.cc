@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include "../common/subprocess.h"
+#include <malloc.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -86,6 +88,75 @@ TEST(TokenizerTest, MalformedFilesAreErrors) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("regex does not compile"), std::string::npos);
   EXPECT_FALSE(Tokenizer::load("/nonexistent/tokenizer.json").ok());
+}
+
+// Sequences nest as deep as the file says; the parsers recursed without a
+// bound, and 20,000 levels were a stack overflow (issue 43).
+TEST(TokenizerTest, DeeplyNestedSequencesAreAnErrorNotACrash) {
+  for (const char* key : {"normalizer", "pre_tokenizer", "decoder"}) {
+    const std::string list = std::string(key) == "normalizer"      ? "normalizers"
+                             : std::string(key) == "pre_tokenizer" ? "pretokenizers"
+                                                                   : "decoders";
+    Json inner = Json(nullptr);
+    for (int i = 0; i < 20000; ++i) {
+      Json seq{{"type", "Sequence"}, {list, Json::array()}};
+      if (!inner.is_null()) seq[list].push_back(std::move(inner));
+      inner = std::move(seq);
+    }
+    Json j = byte_level_tokenizer();
+    j[key] = std::move(inner);
+    auto t = Tokenizer::from_json(j, nullptr, "t.json");
+    ASSERT_FALSE(t.ok()) << key;
+    EXPECT_NE(t.status().message().find("nested more than"), std::string::npos)
+        << t.status().message();
+    // A nesting of three, as real files have at most, still loads.
+    Json ok = byte_level_tokenizer();
+    ok[key] = {{"type", "Sequence"},
+               {list, {{{"type", "Sequence"}, {list, {{{"type", "Sequence"}, {list, Json::array()}}}}}}}};
+    EXPECT_TRUE(Tokenizer::from_json(ok, nullptr, "t.json").ok()) << key;
+  }
+}
+
+// A client's prompt is tokenized against a deadline: one long word costs its
+// length squared, and a server must be able to give up on it.
+TEST(TokenizerTest, EncodeGivesUpAtItsDeadline) {
+  auto t = Tokenizer::from_json(byte_level_tokenizer(), nullptr, "test");
+  ASSERT_TRUE(t.ok());
+  std::string word;
+  for (int i = 0; word.size() < (1 << 20); ++i) word += "hellowrd"[i * 7 % 8];
+  const auto past = std::chrono::steady_clock::now() - std::chrono::seconds(1);
+  auto late = t->encode(word, true, past);
+  EXPECT_EQ(late.status().code(), StatusCode::kDeadlineExceeded);
+  auto in_time = t->encode("hello world", true, std::chrono::steady_clock::now() + std::chrono::hours(1));
+  ASSERT_TRUE(in_time.ok());
+  EXPECT_EQ(*in_time, t->encode("hello world"));
+}
+
+// The word cache is bounded in bytes: distinct long words (a Metaspace
+// tokenizer without split makes a whole prompt one word) are not kept. 150
+// prompts of 128 KiB used to leave ~94 MiB behind.
+TEST(TokenizerTest, TheWordCacheDoesNotKeepLongWords) {
+  Json j = byte_level_tokenizer();
+  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}};
+  auto t = Tokenizer::from_json(j, nullptr, "test");
+  ASSERT_TRUE(t.ok());
+  auto rss = [] {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
+    }
+    return 0ll;
+  };
+  std::string word(128 << 10, 'h');
+  const long long before = rss();
+  for (int i = 0; i < 150; ++i) {
+    for (size_t k = 0; k < word.size(); k += 97) word[k] = "helowrd"[(i + k) % 7];
+    (void)t->encode(word);
+  }
+  ::malloc_trim(0);
+  const long long after = rss();
+  EXPECT_LT(after - before, 16ll << 20) << "RSS grew from " << before << " to " << after;
 }
 
 // The post_processor is optional and loosely shaped in real files; what the

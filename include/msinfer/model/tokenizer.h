@@ -6,9 +6,11 @@
 // ByteLevel, Metaspace, Sequence; decoders: ByteLevel, Replace, ByteFallback,
 // Fuse, Strip, Metaspace, Sequence; post-processor TemplateProcessing (BOS).
 //
-// encode() is thread-safe (a mutex guards the word cache).
+// encode() is thread-safe (a mutex guards the word cache, which is bounded
+// in bytes).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -37,6 +39,11 @@ class Tokenizer {
 
   // add_special_tokens applies the post-processor (e.g. Llama's leading <s>).
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const;
+  // The same, giving up with DEADLINE_EXCEEDED once `deadline` has passed
+  // (checked between words and inside a long word's merges): for text from
+  // clients, where one long word costs its length squared.
+  StatusOr<std::vector<int32_t>> encode(std::string_view text, bool add_special_tokens,
+                                        std::chrono::steady_clock::time_point deadline) const;
   // Raw bytes of the decoded ids (may end inside a UTF-8 character).
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const;
 
