@@ -1853,8 +1853,8 @@ StatusOr<ChatTemplateConfig> read_chat_template_config(const std::string& model_
     c.source = t.get<std::string>();
   } else if (t.is_array()) {
     for (const auto& e : t) {
-      if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
-          e["template"].is_string()) {
+      if (e.is_object() && e.contains("name") && e["name"] == "default" &&
+          e.contains("template") && e["template"].is_string()) {
         c.source = e["template"].get<std::string>();
       }
     }

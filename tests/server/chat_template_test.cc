@@ -169,3 +169,30 @@ TEST(ChatTemplate, ErrorsAreStatusesNotCrashes) {
 
 }  // namespace
 }  // namespace msinfer::server
+
+namespace msinfer::server {
+namespace {
+
+// tokenizer_config.json is the model's, but a malformed one must be an error
+// (or be passed over), never an abort: a non-string `name` in the list of
+// templates threw nlohmann::type_error out of `serve` (exit 134, issue 43).
+TEST(ChatTemplateConfig, MistypedEntriesAreSkippedOrRefused) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("msinfer-tc-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto write = [&](const std::string& text) {
+    std::ofstream(dir / "tokenizer_config.json") << text;
+    return read_chat_template_config(dir.string());
+  };
+  auto named = write(R"({"chat_template": [{"name": 5, "template": "a"},
+                                           {"name": "default", "template": "b"}]})");
+  ASSERT_TRUE(named.ok()) << named.status().message();
+  EXPECT_EQ(named->source, "b");
+  auto none = write(R"({"chat_template": [{"name": null, "template": "a"}, 3, []]})");
+  EXPECT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("no 'default' entry"), std::string::npos);
+  EXPECT_FALSE(write(R"({"chat_template": 7})").ok());
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace msinfer::server
