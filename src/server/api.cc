@@ -1,6 +1,7 @@
 #include "msinfer/server/api.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 
@@ -47,6 +48,12 @@ const char* type_name(const Json& v) {
 
 ApiError wrong_type(const std::string& key, const char* expected, const Json& v) {
   return bad_request("'" + key + "' must be " + expected + ", got " + type_name(v), key);
+}
+
+// A field that is there and not null (null means "the default" everywhere).
+bool present(const Json& j, const std::string& key) {
+  auto it = j.find(key);
+  return it != j.end() && !it->is_null();
 }
 
 // Optional fields: absent or null leaves *out alone.
@@ -105,7 +112,16 @@ Fail token_ids(const Json& a, const std::string& key, int64_t vocab, std::vector
   return std::nullopt;
 }
 
-Fail completion_prompt(const Json& j, const ApiContext& ctx, std::vector<int32_t>* out) {
+ApiError prompt_too_long_in_bytes(size_t bytes, const ApiContext& ctx, const char* param) {
+  return bad_request("the prompt is " + std::to_string(bytes) +
+                         " bytes; this server takes at most " +
+                         std::to_string(ctx.max_prompt_bytes) + " bytes (--max-prompt-bytes)",
+                     param);
+}
+
+// The prompt of a completion: token ids as they are, text kept for
+// resolve_prompt() (tokenized there, off the HTTP thread).
+Fail completion_prompt(const Json& j, const ApiContext& ctx, ApiRequest* out) {
   auto it = j.find("prompt");
   if (it == j.end() || it->is_null()) return bad_request("'prompt' is required", "prompt");
   const Json& p = *it;
@@ -113,19 +129,22 @@ Fail completion_prompt(const Json& j, const ApiContext& ctx, std::vector<int32_t
     if (ctx.tokenizer == nullptr) {
       return bad_request("this model has no tokenizer: give the prompt as token ids", "prompt");
     }
-    *out = ctx.tokenizer->encode(s, /*add_special_tokens=*/true);
+    if (ctx.max_prompt_bytes > 0 && static_cast<int64_t>(s.size()) > ctx.max_prompt_bytes) {
+      return prompt_too_long_in_bytes(s.size(), ctx, "prompt");
+    }
+    out->prompt_text = s;
     return std::nullopt;
   };
-  if (p.is_string()) return text(p.get<std::string>());
+  if (p.is_string()) return text(p.get_ref<const std::string&>());
   if (!p.is_array()) return wrong_type("prompt", "a string or an array", p);
   if (p.empty()) return bad_request("'prompt' is empty", "prompt");
-  if (p[0].is_number_integer()) return token_ids(p, "prompt", ctx.vocab, out);
+  if (p[0].is_number_integer()) return token_ids(p, "prompt", ctx.vocab, &out->prompt);
   if (p.size() > 1) {
     return bad_request("only one prompt per request is supported (send one request each)",
                        "prompt");
   }
-  if (p[0].is_string()) return text(p[0].get<std::string>());
-  if (p[0].is_array()) return token_ids(p[0], "prompt", ctx.vocab, out);
+  if (p[0].is_string()) return text(p[0].get_ref<const std::string&>());
+  if (p[0].is_array()) return token_ids(p[0], "prompt", ctx.vocab, &out->prompt);
   return wrong_type("prompt", "a string, an array of strings or of token ids", p);
 }
 
@@ -144,18 +163,21 @@ Fail message_content(const Json& m, size_t i, Json* content) {
   if (!it->is_array()) return wrong_type(where, "a string or an array of parts", *it);
   std::string text;
   for (const auto& part : *it) {
-    if (!part.is_object() || part.value("type", std::string()) != "text" ||
-        !part.contains("text") || !part["text"].is_string()) {
+    const Json* type = part.is_object() && part.contains("type") ? &part["type"] : nullptr;
+    const Json* t = part.is_object() && part.contains("text") ? &part["text"] : nullptr;
+    if (type == nullptr || *type != "text" || t == nullptr || !t->is_string()) {
       return bad_request(where + ": only {\"type\": \"text\", \"text\": ...} parts are supported",
                          where);
     }
-    text += part["text"].get<std::string>();
+    text += t->get_ref<const std::string&>();
   }
   *content = text;
   return std::nullopt;
 }
 
-Fail chat_prompt(const Json& j, const ApiContext& ctx, std::vector<int32_t>* out) {
+// The conversation of a chat completion, checked and kept for
+// resolve_prompt() (rendered and tokenized there).
+Fail chat_messages(const Json& j, const ApiContext& ctx, ApiRequest* out) {
   auto it = j.find("messages");
   if (it == j.end() || it->is_null()) return bad_request("'messages' is required", "messages");
   if (!it->is_array()) return wrong_type("messages", "an array", *it);
@@ -167,6 +189,7 @@ Fail chat_prompt(const Json& j, const ApiContext& ctx, std::vector<int32_t>* out
         "messages");
   }
   Json messages = Json::array();
+  size_t bytes = 0;
   for (size_t i = 0; i < it->size(); ++i) {
     const Json& m = (*it)[i];
     const std::string where = "messages[" + std::to_string(i) + "]";
@@ -186,26 +209,21 @@ Fail chat_prompt(const Json& j, const ApiContext& ctx, std::vector<int32_t>* out
     Json content;
     if (auto f = message_content(m, i, &content)) return f;
     if (content.is_null() && r != "assistant") content = "";
+    if (content.is_string()) bytes += content.get_ref<const std::string&>().size();
     messages.push_back(Json{{"role", r == "developer" ? "system" : r}, {"content", content}});
   }
-  bool add_generation_prompt = true;
-  if (auto f = get_bool(j, "add_generation_prompt", &add_generation_prompt)) return f;
-  Json context{{"messages", messages},
-               {"bos_token", ctx.bos_token},
-               {"eos_token", ctx.eos_token},
-               {"add_generation_prompt", add_generation_prompt}};
-  auto text = ctx.chat_template->render(context);
-  if (!text.ok()) return bad_request("chat template: " + text.status().message(), "messages");
-  // The template writes the special tokens itself (BOS included).
-  *out = ctx.tokenizer->encode(*text, /*add_special_tokens=*/false);
-  if (out->empty()) return bad_request("the rendered conversation is empty", "messages");
+  if (ctx.max_prompt_bytes > 0 && static_cast<int64_t>(bytes) > ctx.max_prompt_bytes) {
+    return prompt_too_long_in_bytes(bytes, ctx, "messages");
+  }
+  if (auto f = get_bool(j, "add_generation_prompt", &out->add_generation_prompt)) return f;
+  out->messages = std::move(messages);
   return std::nullopt;
 }
 
 }  // namespace
 
-std::optional<ApiError> parse_request(const std::string& body, bool chat, const ApiContext& ctx,
-                                      ApiRequest* out) {
+std::optional<ApiError> parse_request_fields(const std::string& body, bool chat,
+                                             const ApiContext& ctx, ApiRequest* out) {
   Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return bad_request("the body is not valid JSON");
   if (!j.is_object()) return bad_request("the body must be a JSON object");
@@ -245,44 +263,24 @@ std::optional<ApiError> parse_request(const std::string& body, bool chat, const 
     if (!it->empty()) return bad_request("logit_bias is not supported", "logit_bias");
   }
   if (auto it = j.find("response_format"); it != j.end() && !it->is_null()) {
-    if (!it->is_object() || it->value("type", std::string()) != "text") {
+    if (!it->is_object() || !it->contains("type") || (*it)["type"] != "text") {
       return bad_request("only response_format {\"type\": \"text\"} is supported",
                          "response_format");
     }
   }
-  // The prompt.
-  if (auto f = chat ? chat_prompt(j, ctx, &r.prompt) : completion_prompt(j, ctx, &r.prompt)) {
-    return f;
-  }
-  if (r.prompt.empty()) return bad_request("the prompt is empty", chat ? "messages" : "prompt");
-  const int64_t plen = static_cast<int64_t>(r.prompt.size());
-  if (plen >= ctx.max_model_len) {
-    return bad_request("the prompt has " + std::to_string(plen) +
-                           " tokens; this model's maximum context length is " +
-                           std::to_string(ctx.max_model_len) + " tokens",
-                       chat ? "messages" : "prompt");
-  }
+  // The prompt (token ids here; text and conversations in resolve_prompt()).
+  if (auto f = chat ? chat_messages(j, ctx, &r) : completion_prompt(j, ctx, &r)) return f;
+  if (!chat && !r.prompt_text && r.prompt.empty()) return bad_request("the prompt is empty", "prompt");
   // Sampling.
   runtime::SamplingParams& sp = r.sampling;
-  int64_t max_tokens = -1;
-  if (auto f = get_int(j, "max_tokens", &max_tokens)) return f;
-  if (chat) {
-    if (auto f = get_int(j, "max_completion_tokens", &max_tokens)) return f;
+  // max_tokens (max_completion_tokens for chat): checked against the
+  // prompt's length in resolve_prompt(); absent or null, the length left.
+  r.max_tokens_key = chat && present(j, "max_completion_tokens") ? "max_completion_tokens"
+                                                                   : "max_tokens";
+  if (auto f = get_int(j, r.max_tokens_key, &r.max_tokens_asked)) return f;
+  if (present(j, r.max_tokens_key) && r.max_tokens_asked < 1) {
+    return bad_request("'" + r.max_tokens_key + "' must be >= 1", r.max_tokens_key);
   }
-  const char* max_key =
-      chat && j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-  if (max_tokens == -1 && !j.contains(max_key)) {
-    max_tokens = ctx.max_model_len - plen;
-  } else if (max_tokens < 1) {
-    return bad_request(std::string("'") + max_key + "' must be >= 1", max_key);
-  } else if (plen + max_tokens > ctx.max_model_len) {
-    return bad_request("this model's maximum context length is " +
-                           std::to_string(ctx.max_model_len) + " tokens; the prompt has " +
-                           std::to_string(plen) + " and " + max_key + " asks for " +
-                           std::to_string(max_tokens),
-                       max_key);
-  }
-  sp.max_tokens = static_cast<int>(max_tokens);
   double temperature = 1.0, top_p = 1.0, fp = 0, pp = 0;
   if (auto f = get_number(j, "temperature", &temperature)) return f;
   // A float sampler: beyond FLT_MAX the temperature would be infinite.
@@ -357,10 +355,72 @@ std::optional<ApiError> parse_request(const std::string& body, bool chat, const 
       return f;
     }
   }
+  // What validate() checks that depends on max_tokens waits for it.
+  sp.max_tokens = 1;
   Status v = sp.validate();
   if (!v.ok()) return bad_request(v.message());
   *out = std::move(r);
   return std::nullopt;
+}
+
+std::optional<ApiError> resolve_prompt(const ApiContext& ctx, ApiRequest* r,
+                                       std::chrono::steady_clock::time_point deadline) {
+  const char* param = r->chat ? "messages" : "prompt";
+  auto tokenize = [&](const std::string& text, bool add_special) -> Fail {
+    auto ids = ctx.tokenizer->encode(text, add_special, deadline);
+    if (ids.status().code() == StatusCode::kDeadlineExceeded) {
+      return bad_request("tokenizing the prompt took longer than this server allows " +
+                             std::string("(--tokenize-timeout); send a shorter prompt"),
+                         param);
+    }
+    if (!ids.ok()) return bad_request(ids.status().message(), param);
+    r->prompt = std::move(ids).value();
+    return std::nullopt;
+  };
+  if (r->chat) {
+    Json context{{"messages", std::move(r->messages)},
+                 {"bos_token", ctx.bos_token},
+                 {"eos_token", ctx.eos_token},
+                 {"add_generation_prompt", r->add_generation_prompt}};
+    r->messages = Json();
+    auto text = ctx.chat_template->render(context);
+    if (!text.ok()) return bad_request("chat template: " + text.status().message(), param);
+    // The template writes the special tokens itself (BOS included).
+    if (auto f = tokenize(*text, /*add_special=*/false)) return f;
+    if (r->prompt.empty()) return bad_request("the rendered conversation is empty", param);
+  } else if (r->prompt_text) {
+    if (auto f = tokenize(*r->prompt_text, /*add_special=*/true)) return f;
+    r->prompt_text.reset();
+  }
+  if (r->prompt.empty()) return bad_request("the prompt is empty", param);
+  const int64_t plen = static_cast<int64_t>(r->prompt.size());
+  if (plen >= ctx.max_model_len) {
+    return bad_request("the prompt has " + std::to_string(plen) +
+                           " tokens; this model's maximum context length is " +
+                           std::to_string(ctx.max_model_len) + " tokens",
+                       param);
+  }
+  const int64_t left = ctx.max_model_len - plen;
+  if (r->max_tokens_asked == -1) {
+    r->sampling.max_tokens = static_cast<int>(left);
+  } else if (r->max_tokens_asked > left) {
+    return bad_request("this model's maximum context length is " +
+                           std::to_string(ctx.max_model_len) + " tokens; the prompt has " +
+                           std::to_string(plen) + " and " + r->max_tokens_key + " asks for " +
+                           std::to_string(r->max_tokens_asked),
+                       r->max_tokens_key);
+  } else {
+    r->sampling.max_tokens = static_cast<int>(r->max_tokens_asked);
+  }
+  return std::nullopt;
+}
+
+bool needs_tokenizer(const ApiRequest& r) { return r.chat || r.prompt_text.has_value(); }
+
+std::optional<ApiError> parse_request(const std::string& body, bool chat, const ApiContext& ctx,
+                                      ApiRequest* out) {
+  if (auto e = parse_request_fields(body, chat, ctx, out)) return e;
+  return resolve_prompt(ctx, out, std::chrono::steady_clock::time_point::max());
 }
 
 std::string openai_finish_reason(const std::string& engine_reason) {

@@ -7,8 +7,11 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <malloc.h>
+
 #include <cerrno>
 #include <condition_variable>
+#include <deque>
 #include <csignal>
 #include <cstdio>
 #include <ctime>
@@ -17,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -91,6 +95,86 @@ ApiError error_of(int status, std::string type, std::string message) {
   return e;
 }
 
+// Threads that render chat templates and tokenize prompts for the event loop
+// (a long prompt must not hold up other connections or /health). Jobs run in
+// the order given; the destructor drops jobs not yet started and joins.
+class PromptPool {
+ public:
+  explicit PromptPool(int threads) {
+    for (int i = 0; i < std::max(threads, 1); ++i) {
+      threads_.emplace_back([this] {
+        ::pthread_setname_np(::pthread_self(), "msinfer-prompt");
+        work();
+      });
+    }
+  }
+  ~PromptPool() {
+    std::deque<std::function<void()>> dropped;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+      dropped.swap(jobs_);
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  void run(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [this] { return stop_ || !jobs_.empty(); });
+        if (stop_) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;  // GUARDED_BY(mu_)
+  bool stop_ = false;                       // GUARDED_BY(mu_)
+  std::vector<std::thread> threads_;
+};
+
+// Compares in time that does not depend on where the strings differ (an
+// API key must not be found a byte at a time by timing the answers).
+bool equal_constant_time(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+// "Authorization: Bearer KEY" with the scheme in any case (RFC 9110: auth
+// schemes are case-insensitive) and the key compared in constant time.
+bool bearer_matches(beast::string_view field, const std::string& key) {
+  std::string_view header(field.data(), field.size());
+  constexpr std::string_view kScheme = "bearer ";
+  if (header.size() < kScheme.size() ||
+      !beast::iequals(beast::string_view(header.data(), kScheme.size()),
+                      beast::string_view(kScheme.data(), kScheme.size()))) {
+    return false;
+  }
+  header.remove_prefix(kScheme.size());
+  while (!header.empty() && header.front() == ' ') header.remove_prefix(1);
+  return equal_constant_time(header, key);
+}
+
 Json byte_array(const std::string& s) {
   Json a = Json::array();
   for (unsigned char c : s) a.push_back(static_cast<int>(c));
@@ -117,6 +201,23 @@ struct HttpServer::Impl {
   size_t prune_sessions_at = 64;               // event-loop thread only
   int nodelay_inherited = -1;                  // event-loop thread only: -1 not yet known
   std::time_t created = std::time(nullptr);
+  // Connections per client address (event-loop thread only).
+  std::unordered_map<std::string, int64_t> per_client;
+  // A connection that read much (a large body, a header flood) was closed:
+  // freed heap pages go back to the system a little later, once (event-loop
+  // thread only). The engine thread does the same after requests.
+  std::optional<net::steady_timer> trim_timer;
+  void trim_soon() {
+    if (trim_timer) return;
+    trim_timer.emplace(ioc, std::chrono::seconds(2));
+    trim_timer->async_wait([this](beast::error_code ec) {
+      trim_timer.reset();
+      if (!ec) ::malloc_trim(0);
+    });
+  }
+  // Closes the longest-idle connection that waits for a request (none in
+  // progress), to make room for a new one at max_connections; false if none.
+  bool evict_idle();
   // Tokens and errors from the engine thread go to the loop a round (one
   // engine step) at a time: one post, one wake-up of the loop and no
   // allocation per request. The engine thread gathers a round into
@@ -184,6 +285,8 @@ struct HttpServer::Impl {
   // each (the kernel refused io_uring, a submit failed, or
   // ServerOptions::io_uring is off). Event-loop thread only.
   std::unique_ptr<BatchSend> sender;
+  // Declared after ioc: destroyed (its threads joined) before it.
+  std::unique_ptr<PromptPool> prompts;
   bool batching = false;  // inside deliver(): Session::flush() joins `batched`
   std::vector<std::shared_ptr<Session>> batched;
   std::vector<BatchSend::Item> batch_items;
@@ -310,17 +413,30 @@ struct HttpServer::Impl {
 // handlers of its pending operations.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(HttpServer::Impl& srv, tcp::socket sock)
-      : srv_(srv), sock_(std::move(sock)), timer_(srv.ioc) {}
+  Session(HttpServer::Impl& srv, tcp::socket sock, std::string client)
+      : srv_(srv), sock_(std::move(sock)), timer_(srv.ioc), client_(std::move(client)) {}
 
   void start() {
     ++srv_.connections;
+    ++srv_.per_client[client_];
     do_read();
+  }
+
+  // Waiting for a request that has not begun: no byte of it read, nothing in
+  // progress or being written (what evict_idle() may close).
+  bool idle() const {
+    return !closed_ && reading_ && header_bytes_ == 0 && buf_.size() == 0 && !gen_ &&
+           !preparing_ && !writing_ && out_queue_.empty();
   }
 
   void close() {
     if (closed_) return;
     closed_ = true;
+    if (auto it = srv_.per_client.find(client_); it != srv_.per_client.end() && --it->second <= 0) {
+      srv_.per_client.erase(it);
+    }
+    // Much read (a large body, a header flood): its buffers' pages go back.
+    if (bytes_read_ + static_cast<int64_t>(buf_.capacity()) > (32 << 10)) srv_.trim_soon();
     if (gen_ && !gen_->done) {
       end_generation(*gen_);
       if (Scheduler* s = srv_.scheduler.load()) s->cancel(gen_->id);
@@ -405,9 +521,31 @@ class Session : public std::enable_shared_from_this<Session> {
       // A request that does not arrive in time (slowloris, idle keep-alive).
       if (!ec && self->reading_) self->close();
     });
-    http::async_read_header(
-        sock_, buf_, *parser_,
-        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+    header_bytes_ = 0;
+    read_header_part();
+  }
+
+  // The header a piece at a time, counting what the parser took: Beast's
+  // header_limit bounds one field, not their sum (25,000 short fields passed
+  // it), so the sum is bounded here.
+  void read_header_part() {
+    http::async_read_some(sock_, buf_, *parser_,
+                          [self = shared_from_this()](beast::error_code ec, size_t n) {
+                            self->on_header_part(ec, n);
+                          });
+  }
+
+  void on_header_part(beast::error_code ec, size_t n) {
+    header_bytes_ += static_cast<int64_t>(n);
+    bytes_read_ += static_cast<int64_t>(n);
+    if (!ec && !parser_->is_header_done()) {
+      if (header_bytes_ > srv_.options.max_header_bytes) {
+        ec = http::error::header_limit;
+      } else {
+        return read_header_part();
+      }
+    }
+    on_header(ec);
   }
 
   bool read_failed(beast::error_code ec) {
@@ -448,20 +586,55 @@ class Session : public std::enable_shared_from_this<Session> {
                     true);
       return;
     }
-    if (beast::iequals(h[http::field::expect], "100-continue")) {
-      beast::error_code wec;
-      net::write(sock_, net::buffer(std::string_view("HTTP/1.1 100 Continue\r\n\r\n")), wec);
+    if (beast::iequals(h[http::field::expect], "100-continue") && !parser_->is_done()) {
+      // Queued like any answer (after what this connection still has to
+      // write): a client that does not read cannot block the loop.
+      queue_write("HTTP/1.1 100 Continue\r\n\r\n");
+      if (closed_) return;
     }
-    http::async_read(
-        sock_, buf_, *parser_,
-        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+    http::async_read(sock_, buf_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t n) {
+                       self->bytes_read_ += static_cast<int64_t>(n);
+                       self->on_read(ec);
+                     });
   }
 
   void on_read(beast::error_code ec) {
     if (read_failed(ec)) return;
     reading_ = false;
     timer_.cancel();
-    handle(parser_->release());
+    guarded("handling the request", [&] { handle(parser_->release()); });
+  }
+
+  // Runs f; an exception that escapes it is this request's 500 (logged),
+  // never the process's end.
+  template <typename F>
+  void guarded(const char* what, F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      internal_failure(what, e.what());
+    } catch (...) {
+      internal_failure(what, "unknown exception");
+    }
+  }
+
+  void internal_failure(const char* what, const char* why) {
+    std::fprintf(stderr, "msinfer: server: %s failed: %s\n", what, why);
+    if (closed_) return;
+    preparing_ = false;
+    if (gen_) {
+      if (!gen_->done) {
+        end_generation(*gen_);
+        if (Scheduler* s = srv_.scheduler.load()) s->cancel(gen_->id);
+      }
+      // A stream's status line may be out: nothing sensible can follow.
+      if (gen_->req.stream) return close();
+      gen_.reset();
+    }
+    respond_error(
+        error_of(500, "internal_error", std::string("internal error while ") + what + ": " + why),
+        true);
   }
 
   // Watches for the client going away while its request runs: the only read
@@ -487,7 +660,7 @@ class Session : public std::enable_shared_from_this<Session> {
       close();
       return;
     }
-    if (gen_ && !gen_->done) {
+    if ((gen_ && !gen_->done) || preparing_) {
       watch();
     } else if (response_done_ && !writing_) {
       do_read();
@@ -657,7 +830,7 @@ class Session : public std::enable_shared_from_this<Session> {
                                     "no route " + std::string(req.method_string()) + " " + target));
     }
     if (!srv_.options.api_key.empty() &&
-        req[http::field::authorization] != "Bearer " + srv_.options.api_key) {
+        !bearer_matches(req[http::field::authorization], srv_.options.api_key)) {
       ApiError e = error_of(401, "authentication_error",
                             "missing or wrong API key (Authorization: Bearer KEY)");
       return respond_error(e, false, "WWW-Authenticate: Bearer\r\n");
@@ -687,8 +860,57 @@ class Session : public std::enable_shared_from_this<Session> {
                    sched == nullptr ? "the model is loading" : "the server is shutting down"));
     }
     auto gen = std::make_shared<Generation>();
-    if (auto err = parse_request(req.body(), chat, srv_.ctx, &gen->req)) {
+    if (auto err = parse_request_fields(req.body(), chat, srv_.ctx, &gen->req)) {
       return respond_error(*err);
+    }
+    if (!needs_tokenizer(gen->req)) {
+      // Token ids: only the lengths are left to check, here.
+      if (auto err = resolve_prompt(srv_.ctx, &gen->req, std::chrono::steady_clock::time_point::max())) {
+        return respond_error(*err);
+      }
+      return submit(std::move(gen));
+    }
+    // The template and the tokenizer run on the prompt pool; the answer
+    // comes back to this loop (prepared). Meanwhile the connection is
+    // watched: a client that leaves is noticed.
+    preparing_ = true;
+    response_done_ = false;
+    watch();
+    const auto deadline = std::chrono::steady_clock::now() + srv_.options.tokenize_timeout;
+    srv_.prompts->run([self = shared_from_this(), gen, deadline] {
+      std::optional<ApiError> err;
+      try {
+        err = resolve_prompt(self->srv_.ctx, &gen->req, deadline);
+      } catch (const std::exception& e) {
+        err = error_of(500, "internal_error", std::string("internal error: ") + e.what());
+      }
+      net::post(self->srv_.ioc, [self, gen, err = std::move(err)]() mutable {
+        self->guarded("handling the request", [&] { self->prepared(std::move(gen), err); });
+      });
+    });
+  }
+
+  // Loop: the prompt pool is done with gen's prompt.
+  void prepared(std::shared_ptr<Generation> gen, const std::optional<ApiError>& err) {
+    preparing_ = false;
+    if (closed_) return;
+    if (err) {
+      if (err->http_status >= 500) {
+        std::fprintf(stderr, "msinfer: server: %s\n", err->message.c_str());
+      }
+      return respond_error(*err);
+    }
+    submit(std::move(gen));
+  }
+
+  // Hands a parsed request to the scheduler and starts its answer.
+  void submit(std::shared_ptr<Generation> gen) {
+    const bool chat = gen->req.chat;
+    Scheduler* sched = srv_.scheduler.load();
+    if (sched == nullptr || srv_.draining || srv_.stopping) {
+      return respond_error(
+          error_of(503, "service_unavailable",
+                   sched == nullptr ? "the model is loading" : "the server is shutting down"));
     }
     gen->id = sched->next_id();
     gen->text.emplace(srv_.ctx.tokenizer, gen->req.stop);
@@ -921,6 +1143,10 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   std::string out_queue_, out_writing_;
   std::shared_ptr<Generation> gen_;
+  std::string client_;         // the peer's address: per-client connection counts
+  int64_t header_bytes_ = 0;   // of the request being read
+  int64_t bytes_read_ = 0;     // on this connection
+  bool preparing_ = false;     // a request's prompt is with the prompt pool
   bool reading_ = false, watching_ = false, writing_ = false;
   bool batched_ = false;  // in srv_.batched: out_writing_ not yet sent
   bool response_done_ = true, keep_alive_ = true, closed_ = false;
@@ -1063,13 +1289,16 @@ void HttpServer::Impl::deliver(std::vector<Round>& rounds) {
         streams.erase(it);
         continue;
       }
-      if (d.error) {
-        p->on_error(d.id, *d.error);
-      } else {
-        p->on_tokens(
-            d.id, std::span<const runtime::TokenEvent>(r.events.data() + d.begin, d.end - d.begin),
-            r.flush);
-      }
+      p->guarded("delivering tokens", [&] {
+        if (d.error) {
+          p->on_error(d.id, *d.error);
+        } else {
+          p->on_tokens(d.id,
+                       std::span<const runtime::TokenEvent>(r.events.data() + d.begin,
+                                                            d.end - d.begin),
+                       r.flush);
+        }
+      });
     }
     r.events.clear();
     r.deliveries.clear();
@@ -1109,9 +1338,15 @@ void HttpServer::Impl::accept() {
   acceptor.async_accept([this](beast::error_code ec, tcp::socket sock) {
     if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
     if (!ec) {
-      if (connections.load() >= options.max_connections) {
-        beast::error_code ignored;
-        sock.close(ignored);  // over the limit: refuse at once
+      beast::error_code ignored;
+      const auto peer = sock.remote_endpoint(ignored);
+      std::string client = ignored ? std::string() : peer.address().to_string();
+      auto it = per_client.find(client);
+      const int64_t from_client = it == per_client.end() ? 0 : it->second;
+      if ((options.max_connections_per_client > 0 &&
+           from_client >= options.max_connections_per_client) ||
+          (connections.load() >= options.max_connections && !evict_idle())) {
+        sock.close(ignored);  // over a limit: refuse at once
       } else {
         beast::error_code ignored;
         // TCP_NODELAY is set on the listening socket, and Linux hands it on
@@ -1123,7 +1358,7 @@ void HttpServer::Impl::accept() {
           nodelay_inherited = !ignored && nd.value() ? 1 : 0;
         }
         if (nodelay_inherited == 0) sock.set_option(tcp::no_delay(true), ignored);
-        auto s = std::make_shared<Session>(*this, std::move(sock));
+        auto s = std::make_shared<Session>(*this, std::move(sock), std::move(client));
         // Forget closed connections now and then, not on every accept (a
         // scan of every connection per accept: quadratic in a burst).
         if (sessions.size() >= prune_sessions_at) {
@@ -1136,6 +1371,24 @@ void HttpServer::Impl::accept() {
     }
     accept();
   });
+}
+
+bool HttpServer::Impl::evict_idle() {
+  // Oldest first: sessions is in the order of acceptance.
+  for (auto it = sessions.begin(); it != sessions.end();) {
+    auto s = it->lock();
+    if (!s) {
+      it = sessions.erase(it);
+      continue;
+    }
+    if (s->idle()) {
+      s->close();
+      sessions.erase(it);
+      return true;
+    }
+    ++it;
+  }
+  return false;
 }
 
 HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -1167,6 +1420,7 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::start(const ServerOptions& o, 
                    why.c_str());
     }
   }
+  impl->prompts = std::make_unique<PromptPool>(o.tokenizer_threads);
   impl->accept();
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
 }

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include "msinfer/server/bench_client.h"
 #include "msinfer/server/metrics.h"
 
@@ -35,6 +37,90 @@ TEST(ParseRequest, DefaultsAndLimits) {
   EXPECT_TRUE(r.stream && r.include_usage && r.logprobs);
   EXPECT_EQ(r.sampling.logprobs, 2);
   EXPECT_FLOAT_EQ(r.sampling.frequency_penalty, 0.5f);
+}
+
+// A tokenizer of the 256 bytes (byte-level, no merges) and a chat template.
+const model::Tokenizer& byte_tokenizer() {
+  static const model::Tokenizer t = [] {
+    Json vocab = Json::object();
+    for (int b = 0; b < 256; ++b) vocab[model::byte_level_char(static_cast<uint8_t>(b))] = b;
+    Json tj{{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", Json::array()}}},
+            {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
+            {"decoder", {{"type", "ByteLevel"}}}};
+    return std::move(model::Tokenizer::from_json(tj, nullptr, "t")).value();
+  }();
+  return t;
+}
+
+const ChatTemplate& simple_template() {
+  static const ChatTemplate t =
+      std::move(ChatTemplate::parse("{% for m in messages %}{{ m.content }}{% endfor %}")).value();
+  return t;
+}
+
+// Every JSON type in the fields that take objects: a 400 naming the field,
+// never an exception (a content part's `"type": 1` aborted the server).
+TEST(ParseRequest, WrongJsonTypesAreNamedNeverThrown) {
+  ApiRequest r;
+  ApiContext chat_ctx = ctx();
+  chat_ctx.vocab = 256;
+  chat_ctx.tokenizer = &byte_tokenizer();
+  chat_ctx.chat_template = &simple_template();
+  for (const char* v : {"1", "null", "[]", "{}", "true", "\"json_object\""}) {
+    const std::string body = std::string(R"({"prompt": [1], "response_format": {"type": )") + v + "}}";
+    auto e = parse_request(body, false, ctx(), &r);
+    ASSERT_TRUE(e.has_value()) << body;
+    EXPECT_EQ(e->param, "response_format") << body;
+    const std::string chat = std::string(R"({"messages": [{"role": "user", "content": [{"type": )") +
+                             v + R"(, "text": "x"}]}]})";
+    e = parse_request_fields(chat, true, chat_ctx, &r);
+    ASSERT_TRUE(e.has_value()) << chat;
+    EXPECT_EQ(e->param, "messages[0].content") << chat;
+  }
+  EXPECT_FALSE(parse_request(R"({"prompt": [1], "response_format": {"type": "text"}})", false,
+                             ctx(), &r));
+  ASSERT_FALSE(parse_request(
+      R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]})", true,
+      chat_ctx, &r));
+  EXPECT_EQ(r.prompt, (std::vector<int32_t>{'h', 'i'}));
+  // null is the default, for max_tokens as for every other field.
+  ASSERT_FALSE(parse_request(R"({"prompt": [1, 2], "max_tokens": null})", false, ctx(), &r));
+  EXPECT_EQ(r.sampling.max_tokens, 62);
+  // Beyond the context without overflowing prompt + max_tokens (UBSan).
+  auto e = parse_request(R"({"prompt": [1], "max_tokens": 9223372036854775807})", false, ctx(), &r);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->param, "max_tokens");
+}
+
+// The HTTP thread runs only parse_request_fields(): text is kept, not
+// tokenized, and refused beyond max_prompt_bytes; resolve_prompt() tokenizes
+// it (on the prompt pool) against a deadline.
+TEST(ParseRequest, TextIsTokenizedOnlyByResolvePrompt) {
+  ApiContext c = ctx();
+  c.vocab = 256;
+  c.tokenizer = &byte_tokenizer();
+  c.max_prompt_bytes = 40;
+  ApiRequest r;
+  ASSERT_FALSE(parse_request_fields(R"({"prompt": "abc", "max_tokens": 5})", false, c, &r));
+  EXPECT_TRUE(needs_tokenizer(r));
+  EXPECT_TRUE(r.prompt.empty());
+  ASSERT_FALSE(resolve_prompt(c, &r, std::chrono::steady_clock::now() + std::chrono::hours(1)));
+  EXPECT_EQ(r.prompt, (std::vector<int32_t>{'a', 'b', 'c'}));
+  EXPECT_EQ(r.sampling.max_tokens, 5);
+  // Beyond the byte cap: refused before any tokenization.
+  auto big = parse_request_fields("{\"prompt\": \"" + std::string(41, 'x') + "\"}", false, c, &r);
+  ASSERT_TRUE(big.has_value());
+  EXPECT_EQ(big->param, "prompt");
+  EXPECT_NE(big->message.find("--max-prompt-bytes"), std::string::npos);
+  // A deadline that has passed: refused, naming the prompt.
+  ASSERT_FALSE(parse_request_fields(R"({"prompt": "abc"})", false, c, &r));
+  auto late = resolve_prompt(c, &r, std::chrono::steady_clock::now() - std::chrono::seconds(1));
+  ASSERT_TRUE(late.has_value());
+  EXPECT_EQ(late->param, "prompt");
+  EXPECT_NE(late->message.find("--tokenize-timeout"), std::string::npos);
+  // Token ids need no tokenizer.
+  ASSERT_FALSE(parse_request_fields(R"({"prompt": [1, 2]})", false, c, &r));
+  EXPECT_FALSE(needs_tokenizer(r));
 }
 
 TEST(ParseRequest, Refusals) {

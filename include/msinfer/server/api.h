@@ -6,6 +6,7 @@
 // ({"error": {"message", "type", "param", "code"}}).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -36,6 +37,9 @@ struct ApiContext {
   std::string bos_token, eos_token;             // for the chat template
   int64_t vocab = 0;
   int64_t max_model_len = 0;  // prompt + max_tokens must not exceed it
+  // > 0: a text prompt (or the contents of a conversation) longer than this
+  // many bytes is refused before it is tokenized.
+  int64_t max_prompt_bytes = 0;
 };
 
 // One parsed request: the prompt's token ids and everything that shapes the
@@ -48,14 +52,39 @@ struct ApiRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;       // report logprobs (sampling.logprobs = how many top)
+
+  // Between parse_request_fields() and resolve_prompt(): the prompt still to
+  // be tokenized (a completion's text, or a chat's messages for the
+  // template), and max_tokens as asked (-1: absent or null).
+  std::optional<std::string> prompt_text;
+  Json messages;  // chat: [{role, content}], roles and contents checked
+  bool add_generation_prompt = true;
+  int64_t max_tokens_asked = -1;
+  std::string max_tokens_key = "max_tokens";
 };
 
 // Parses a POST body of /v1/completions (chat = false) or
 // /v1/chat/completions (chat = true). Unknown fields are ignored; fields that
 // would change the output and are not supported (n > 1, echo, best_of,
-// logit_bias, tools, suffix, a non-text response_format) are refused.
+// logit_bias, tools, suffix, a non-text response_format) are refused. Every
+// field of a wrong JSON type is a 400 naming it; nothing here throws.
+// = parse_request_fields() then resolve_prompt() without a deadline.
 std::optional<ApiError> parse_request(const std::string& body, bool chat, const ApiContext& ctx,
                                       ApiRequest* out);
+
+// The cheap half, bounded by the body's size (for the HTTP thread): every
+// field checked; a text prompt or a conversation is kept (refused beyond
+// ctx.max_prompt_bytes), not tokenized.
+std::optional<ApiError> parse_request_fields(const std::string& body, bool chat,
+                                             const ApiContext& ctx, ApiRequest* out);
+// Whether resolve_prompt() has a template to render or text to tokenize (the
+// server runs it off its event loop then).
+bool needs_tokenizer(const ApiRequest& r);
+// The other half: renders the chat template and tokenizes (400 naming the
+// prompt when that is not done by `deadline`), then checks the prompt's
+// length and max_tokens against ctx.max_model_len.
+std::optional<ApiError> resolve_prompt(const ApiContext& ctx, ApiRequest* r,
+                                       std::chrono::steady_clock::time_point deadline);
 
 // Maps the engine's finish reasons ("eos", "stop", "length") to OpenAI's.
 std::string openai_finish_reason(const std::string& engine_reason);

@@ -7,10 +7,15 @@
 // clients cost a thousand sockets and small buffers, not a thousand threads.
 // The Scheduler's engine thread hands each step's tokens, every request's
 // together, to that loop in one post.
-// Bounded memory: request bodies and headers have limits (413 / 431), a
-// request must arrive within request_timeout (slow senders are cut off), and a
-// reader slower than the tokens it is sent loses its connection (and its
-// request) once max_pending_bytes are queued for it.
+// Bounded memory: request bodies and headers have limits (413 / 431; the
+// header limit counts every byte of every field), a request must arrive
+// within request_timeout (slow senders are cut off), a reader slower than the
+// tokens it is sent loses its connection (and its request) once
+// max_pending_bytes are queued for it, and connections are capped in all and
+// per client address.
+// Nothing a client sends runs long on the event loop: prompts are tokenized on
+// a pool of threads, every write is asynchronous, and an exception that
+// escapes a request's handling is that request's 500, never the process's end.
 #pragma once
 
 #include <atomic>
@@ -34,7 +39,17 @@ struct ServerOptions {
   int64_t max_body_bytes = 4 << 20;
   int64_t max_header_bytes = 16 << 10;
   int64_t max_pending_bytes = 1 << 20;  // queued for one slow reader before it is cut off
+  // Connections open at once. At the cap a new connection takes the place of
+  // the longest-idle kept-alive one (no request in progress), or is refused.
   int64_t max_connections = 4096;
+  // Connections from one client address at once (0: no limit); beyond it a
+  // new one is closed at once. Behind a proxy every client is one address.
+  int64_t max_connections_per_client = 1024;
+  // Text prompts are tokenized, and chat templates rendered, on this many
+  // threads (not on the event loop); a prompt not tokenized within
+  // tokenize_timeout is refused (400).
+  int tokenizer_threads = 2;
+  std::chrono::milliseconds tokenize_timeout{10000};
   // Streams' text goes out every this many engine steps, all streams at the
   // same steps (the first text and the end at once; 1: every token). The loop
   // is woken only at those steps, or for a first token, an end, an error or a
