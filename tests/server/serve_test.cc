@@ -980,7 +980,20 @@ TEST_F(ServeTest, BadFlagsExitTwo) {
       {"", "--model is required"},
       {"--port 0 --model /nonexistent", "/nonexistent"},
       {"--model " + model_dir().string() + " --port 70000", "--port must be in 0..65535"},
-      {m + " --max-num-seqs 0", "--max-num-seqs must be >= 1"},
+      {m + " --max-num-seqs 0", "--max-num-seqs: 0 is out of range"},
+      // Every limit has a range (issue 43): these used to disable the body
+      // limit, make every POST a 413, close every connection unanswered, or
+      // abort with std::bad_alloc.
+      {m + " --max-body-kb -1", "--max-body-kb: -1 is out of range"},
+      {m + " --max-body-kb 0", "--max-body-kb: 0 is out of range"},
+      {m + " --request-timeout 0.0001", "--request-timeout: 0.0001 is out of range"},
+      {m + " --kv-cache-mb 2147483647", "--kv-cache-mb: 2147483647 is out of range"},
+      {m + " --kv-cache-mb 1048576", "is more than this machine's memory"},
+      {m + " --max-connections 0", "--max-connections: 0 is out of range"},
+      {m + " --max-connections-per-client -1", "--max-connections-per-client: -1 is out of range"},
+      {m + " --tokenize-timeout 0", "--tokenize-timeout: 0 is out of range"},
+      {m + " --max-header-kb 0", "--max-header-kb: 0 is out of range"},
+      {m + " --max-queue -1", "--max-queue: -1 is out of range"},
       {m + " --no-such-flag", "--no-such-flag"},
       {m + " --max-model-len -3", "--max-model-len: -3 is out of range"},
       // More than the model's context: refused, not silently capped.

@@ -34,6 +34,9 @@ void add_engine_flags(FlagSet& flags);
 Status apply_isa_flag(const std::string& level);
 // --attention-cost "PER_TOKEN,PER_POSITION" ("": (0, 0), the model's defaults).
 StatusOr<std::pair<double, double>> parse_attention_cost(const std::string& s);
+// Bad input when `kv_cache_mb` MiB (one attention worker's KV budget) is more
+// than this machine's physical memory (it would end in std::bad_alloc).
+Status check_kv_cache_fits_memory(int64_t kv_cache_mb);
 // Applies --isa and returns the --weights format (bad input for unknown values).
 StatusOr<kernels::cpu::WeightFormat> apply_engine_flags(const FlagSet& flags);
 

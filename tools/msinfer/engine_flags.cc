@@ -1,6 +1,9 @@
 // Flags of every command that runs the CPU engine: the kernel level and the
 // weight format (docs/ENGINE.md, "CPU kernel levels").
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -69,6 +72,17 @@ Status apply_isa_flag(const std::string& level) {
                             kernels::cpu::isa_name(kernels::cpu::detected_isa()));
   }
   return ok_status();
+}
+
+Status check_kv_cache_fits_memory(int64_t kv_cache_mb) {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return ok_status();  // unknown: the allocation decides
+  const double mib = static_cast<double>(pages) * static_cast<double>(page) / (1 << 20);
+  if (static_cast<double>(kv_cache_mb) <= mib) return ok_status();
+  char have[32];
+  std::snprintf(have, sizeof(have), "%.0f", mib);
+  return invalid_argument("--kv-cache-mb " + std::to_string(kv_cache_mb) +
+                          " is more than this machine's memory (" + have + " MiB)");
 }
 
 StatusOr<kernels::cpu::WeightFormat> apply_engine_flags(const FlagSet& flags) {

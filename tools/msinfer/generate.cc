@@ -58,7 +58,8 @@ int run_generate(int argc, char** argv) {
   flags.add_int("seed", 0, 0, INT64_MAX, "sampling seed");
   flags.add_string("stop-ids", "", "comma-separated token ids that end generation");
   flags.add_bool("ignore-eos", "keep going past the end-of-sequence token");
-  flags.add_int("kv-cache-mb", 256, 1, 1 << 20, "KV cache budget in MiB", "MSINFER_KV_CACHE_MB");
+  flags.add_int("kv-cache-mb", 256, 1, 1 << 20,
+                "KV cache budget in MiB (at most this machine's memory)", "MSINFER_KV_CACHE_MB");
   flags.add_bool("json", "print one JSON object (token_ids, text, timings) at the end");
   flags.add_int("logprobs", -1, -1, 20,
                 "N >= 0: report each generated token's log-probability and the N most\n"
@@ -112,6 +113,7 @@ int run_generate(int argc, char** argv) {
     stop_ids = *ids;
   }
   s = check_deployment_flags(flags);
+  if (s.ok()) s = check_kv_cache_fits_memory(flags.get_int("kv-cache-mb"));
   if (s.ok()) s = check_model_dir(flags);
   if (!s.ok()) return report_error("generate", s);
   auto weight_format = apply_engine_flags(flags);
@@ -160,6 +162,9 @@ int run_generate(int argc, char** argv) {
     engine = std::move(e).value();
     s = engine->add(req);
   }
+  // A request that does not fit the context or the KV cache is bad input
+  // (--prompt, --max-tokens, --kv-cache-mb), exit 2, not a run-time failure.
+  if (s.code() == StatusCode::kResourceExhausted) s = invalid_argument(s.message());
   if (!s.ok()) return report_error("generate", s);
   auto step = [&]() { return router ? router->step() : engine->step(); };
   auto idle = [&]() { return router ? router->idle() : engine->idle(); };

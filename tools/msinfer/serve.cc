@@ -55,15 +55,35 @@ int run_serve(int argc, char** argv) {
                    "MSINFER_API_KEY");
   flags.add_string("served-model-name", "",
                    "the model name clients send (default: the directory's name)");
-  flags.add_int("max-num-seqs", 256, "requests in the batch at most");
-  flags.add_int("max-queue", 1024,
+  flags.add_int("max-num-seqs", 256, 1, 1 << 20, "requests in the batch at most");
+  flags.add_int("max-queue", 1024, 0, 1 << 24,
                 "requests waiting for a place in the batch at most; beyond: 429");
   flags.add_int("max-model-len", 0, 0, std::numeric_limits<int32_t>::max(),
                 "prompt + max_tokens at most (0: the model's context, capped by the KV cache);\n"
                 "more than the model's context or than the KV cache holds is refused");
-  flags.add_double("drain-timeout", 30, "seconds running requests get to finish after SIGTERM");
-  flags.add_double("request-timeout", 30, "seconds a client has to send a whole request");
-  flags.add_int("max-body-kb", 4096, "request body size limit (413 beyond)");
+  flags.add_double("drain-timeout", 30, 0, 86400,
+                   "seconds running requests get to finish after SIGTERM");
+  flags.add_double("request-timeout", 30, 1, 86400,
+                   "seconds a client has to send a whole request (headers and body), and\n"
+                   "that a kept-alive connection may wait for its next one");
+  flags.add_int("max-body-kb", 4096, 1, 1 << 20, "request body size limit (413 beyond)");
+  flags.add_int("max-header-kb", 16, 1, 1024,
+                "request header size limit, all fields together (431 beyond)");
+  flags.add_int("max-prompt-bytes", 0, 0, int64_t{1} << 30,
+                "a text prompt (or a chat's contents) longer than this is refused (400)\n"
+                "before it is tokenized (0: 32 bytes per token of --max-model-len, at\n"
+                "least 64 KiB, at most the body limit)");
+  flags.add_double("tokenize-timeout", 10, 0.01, 3600,
+                   "seconds a prompt may take to tokenize (and its chat template to render)\n"
+                   "before the request is refused (400); they run on --tokenizer-threads\n"
+                   "threads, never on the HTTP loop");
+  flags.add_int("tokenizer-threads", 2, 1, 64, "threads that tokenize prompts");
+  flags.add_int("max-connections", 4096, 1, 1 << 20,
+                "client connections at once; at the limit a new one takes the place of\n"
+                "the longest-idle kept-alive connection, or is refused");
+  flags.add_int("max-connections-per-client", 1024, 0, 1 << 20,
+                "connections from one client address at once (0: no limit); behind a\n"
+                "proxy every client has its address: raise it or set 0");
   flags.add_int("stream-interval", 1, 1, 4096,
                 "a stream's first text goes out at once, then every N engine steps, all\n"
                 "streams together (and at its end): fewer socket writes and wake-ups of\n"
@@ -87,7 +107,8 @@ int run_serve(int argc, char** argv) {
                  "steady pace, it sleeps on a timer until just before the next step is\n"
                  "due and polls for it (~1/8 of a step), so that the engine thread need\n"
                  "not wake it (on a VM ~16 us a step). --busy-poll-us overrides both");
-  flags.add_int("kv-cache-mb", 256, "KV cache budget in MiB (per attention worker)",
+  flags.add_int("kv-cache-mb", 256, 1, 1 << 20,
+                "KV cache budget in MiB (per attention worker; at most this machine's memory)",
                 "MSINFER_KV_CACHE_MB");
   add_engine_flags(flags);
   add_deployment_flags(flags);
@@ -108,18 +129,11 @@ int run_serve(int argc, char** argv) {
   }
   const std::string dir = flags.get_string("model");
   if (dir.empty()) return report_error("serve", invalid_argument("--model is required"));
-  if (flags.get_int("kv-cache-mb") < 1)
-    return report_error("serve", invalid_argument("--kv-cache-mb must be >= 1"));
-  if (flags.get_int("max-num-seqs") < 1)
-    return report_error("serve", invalid_argument("--max-num-seqs must be >= 1"));
-  if (flags.get_int("max-queue") < 0)
-    return report_error("serve", invalid_argument("--max-queue must be >= 0"));
   if (flags.get_int("port") < 0 || flags.get_int("port") > 65535) {
     return report_error("serve", invalid_argument("--port must be in 0..65535"));
   }
-  if (!(flags.get_double("drain-timeout") >= 0) || !(flags.get_double("request-timeout") > 0)) {
-    return report_error("serve",
-                        invalid_argument("--drain-timeout must be >= 0 and --request-timeout > 0"));
+  if (Status m = check_kv_cache_fits_memory(flags.get_int("kv-cache-mb")); !m.ok()) {
+    return report_error("serve", m);
   }
   auto weight_format = apply_engine_flags(flags);
   if (!weight_format.ok()) return report_error("serve", weight_format.status());
@@ -196,6 +210,17 @@ int run_serve(int argc, char** argv) {
   so.port = static_cast<int>(flags.get_int("port"));
   so.api_key = flags.get_string("api-key");
   so.max_body_bytes = flags.get_int("max-body-kb") << 10;
+  so.max_header_bytes = flags.get_int("max-header-kb") << 10;
+  so.max_connections = flags.get_int("max-connections");
+  so.max_connections_per_client = flags.get_int("max-connections-per-client");
+  so.tokenizer_threads = static_cast<int>(flags.get_int("tokenizer-threads"));
+  so.tokenize_timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(flags.get_double("tokenize-timeout") * 1000));
+  ctx.max_prompt_bytes = flags.get_int("max-prompt-bytes");
+  if (ctx.max_prompt_bytes == 0) {
+    ctx.max_prompt_bytes =
+        std::min(so.max_body_bytes, std::max<int64_t>(64 << 10, 32 * ctx.max_model_len));
+  }
   so.max_pending_bytes = flags.get_int("max-pending-kb") << 10;
   so.stream_interval = flags.get_int("stream-interval");
   so.busy_poll = std::chrono::microseconds(flags.get_int("busy-poll-us"));
