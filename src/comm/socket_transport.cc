@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -17,6 +18,7 @@
 #include "internal/socket_wire.h"
 #include "msinfer/comm/bootstrap.h"
 #include "msinfer/comm/tcp.h"
+#include "msinfer/core/logging.h"
 
 namespace msinfer::comm {
 namespace {
@@ -43,6 +45,11 @@ class SocketTransport : public Transport {
   Status init(const FabricOptions& o) {
     connect_timeout_ = std::chrono::milliseconds(o.write_timeout_ms);
     tolerate_ = o.tolerate_peer_loss;
+    if (o.hello_timeout_ms <= 0) {
+      return invalid_argument("socket transport: hello_timeout_ms must be > 0, got " +
+                              std::to_string(o.hello_timeout_ms));
+    }
+    hello_timeout_ = std::chrono::milliseconds(o.hello_timeout_ms);
     const std::string host = o.address.empty() ? "127.0.0.1" : o.address;
     int port = 0;
     MSI_ASSIGN_OR_RETURN(listen_fd_, tcp_listen(host, 0, &port));
@@ -175,19 +182,40 @@ class SocketTransport : public Transport {
     return ok_status();
   }
 
-  // Reads from every connection epoll says has data; accepts new ones.
+  // Reads from every connection epoll says has data; accepts new ones
+  // (unless accepting is paused: no fd to spare); closes pending connections
+  // whose hello is late.
   Status pump() {
     epoll_event ev[32];
     const int n = ::epoll_wait(epoll_fd_, ev, 32, 0);
     if (n < 0 && errno != EINTR) return internal_error("socket transport: epoll_wait: " + errno_text(errno));
     for (int i = 0; i < n; ++i) {
       if (ev[i].data.fd == listen_fd_) {
-        MSI_RETURN_IF_ERROR(accept_all());
-      } else {
+        if (Clock::now() >= accept_paused_until_) MSI_RETURN_IF_ERROR(accept_all());
+      } else if (incoming_.count(ev[i].data.fd) != 0) {  // not closed by this round
         MSI_RETURN_IF_ERROR(read_from(ev[i].data.fd));
       }
     }
+    if (!pending_.empty()) close_late_hellos();
     return ok_status();
+  }
+
+  void close_late_hellos() {
+    const auto now = Clock::now();
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      const int fd = it->first;
+      const bool late = it->second <= now;
+      ++it;  // drop() erases fd's entry
+      if (late) drop(fd);
+    }
+  }
+
+  int oldest_pending() const {
+    auto oldest = pending_.begin();  // every deadline is accept time + hello_timeout_
+    for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+      if (it->second < oldest->second) oldest = it;
+    }
+    return oldest->first;
   }
 
   Status watch(int fd, In in) {
@@ -252,18 +280,48 @@ class SocketTransport : public Transport {
     return ok_status();
   }
 
+  // Accepts what the backlog holds. Strangers cost at most
+  // kSocketMaxPendingConnections fds; no fd to spare is never an error
+  // (socket_transport.h).
   Status accept_all() {
     while (true) {
       const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) {
+        const int e = errno;
+        if (e == EAGAIN || e == EWOULDBLOCK) return ok_status();
+        // That connection failed, not the listener (accept(2): Linux hands
+        // pending network errors to accept; retry).
+        if (e == EINTR || e == ECONNABORTED || e == EPROTO || e == ENETDOWN || e == ENOPROTOOPT ||
+            e == EHOSTDOWN || e == ENONET || e == EHOSTUNREACH || e == EOPNOTSUPP ||
+            e == ENETUNREACH) {
+          continue;
+        }
+        if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+          if (!warned_fd_limit_) {
+            MSI_LOG(WARNING) << "socket transport: accept: " << errno_text(e)
+                             << "; closing connections without a hello, else pausing accepts "
+                             << kSocketAcceptBackoffMs << " ms at a time (logged once)";
+            warned_fd_limit_ = true;
+          }
+          if (!pending_.empty()) {
+            drop(oldest_pending());
+            continue;
+          }
+          accept_paused_until_ = Clock::now() + std::chrono::milliseconds(kSocketAcceptBackoffMs);
           return ok_status();
         }
-        return internal_error("socket transport: accept: " + errno_text(errno));
+        return internal_error("socket transport: accept: " + errno_text(e));
+      }
+      if (pending_.size() >= static_cast<size_t>(kSocketMaxPendingConnections)) {
+        drop(oldest_pending());
       }
       In in;
       in.secret = secret_;
-      MSI_RETURN_IF_ERROR(watch(fd, std::move(in)));
+      if (!watch(fd, std::move(in)).ok()) continue;  // closed; a stranger's loss at worst
+      pending_[fd] = Clock::now() + hello_timeout_;
+      // The job's peers send the hello with the connect: read it now, so
+      // that their connection is pending for no longer than that.
+      MSI_RETURN_IF_ERROR(read_from(fd));
     }
   }
 
@@ -271,6 +329,7 @@ class SocketTransport : public Transport {
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
     ::close(fd);
     incoming_.erase(fd);
+    pending_.erase(fd);
     for (auto& p : peers_) {
       if (p.fd == fd) p.fd = kClosed;
     }
@@ -340,6 +399,7 @@ class SocketTransport : public Transport {
         MSI_RETURN_IF_ERROR(
             parsed(fd, in, in.take(staging_.data(), static_cast<size_t>(n), regions_, &imms_)));
         if (incoming_.count(fd) == 0) return ok_status();  // dropped
+        if (!pending_.empty() && in.hello_done()) pending_.erase(fd);
       }
       // Less than asked for: the socket is drained, and epoll (level-
       // triggered) reports it again when more comes; no recv to hear EAGAIN.
@@ -354,6 +414,13 @@ class SocketTransport : public Transport {
   std::string address_, secret_;
   std::chrono::milliseconds connect_timeout_{5000};
   bool tolerate_ = false;  // FabricOptions::tolerate_peer_loss
+  using Clock = std::chrono::steady_clock;
+  std::chrono::milliseconds hello_timeout_{5000};  // FabricOptions::hello_timeout_ms
+  // Accepted connections without a hello yet: fd -> when they are closed.
+  // At most kSocketMaxPendingConnections entries.
+  std::map<int, Clock::time_point> pending_;
+  Clock::time_point accept_paused_until_{};  // after EMFILE with nothing to close
+  bool warned_fd_limit_ = false;
   uint64_t next_key_ = 0;
   internal::RegionTable regions_;
   std::vector<uint32_t> imms_;  // scratch for the parser

@@ -50,6 +50,11 @@ struct FabricOptions {
   // runtime). The direct transport tolerates a dead peer by nature (its
   // writes land in shared memory); libfabric providers do not.
   bool tolerate_peer_loss = false;
+  // socket: a connection that has not presented its hello (the target's
+  // secret, socket_wire.h) this long after it was accepted is closed. The
+  // job's peers send the hello with the connect, so only strays and silent
+  // floods wait this long; socket_transport.h caps how many may wait at once.
+  int hello_timeout_ms = 5000;
 };
 
 StatusOr<std::unique_ptr<Transport>> make_fabric_transport(const FabricOptions& options);

@@ -15,6 +15,14 @@
 // A peer that dies shows as its connection breaking: a write to it, or a
 // read from it cut mid-message, fails naming it. Connections closed between
 // messages are a peer that finished.
+//
+// Strangers cost a bounded number of fds: an accepted connection that has not
+// presented its hello is "pending"; it is closed after
+// FabricOptions::hello_timeout_ms, and at most kSocketMaxPendingConnections
+// are kept (the oldest is closed to make room). Running out of fds at accept
+// (EMFILE, ENFILE) closes the oldest pending connection, or, with none,
+// pauses accepting for kSocketAcceptBackoffMs and logs once; poll() never
+// fails for it. Connections wait in the kernel's backlog meanwhile.
 #pragma once
 
 #include <memory>
@@ -23,8 +31,14 @@
 
 namespace msinfer::comm {
 
+// Accepted connections without a hello yet, at most (see above).
+inline constexpr int kSocketMaxPendingConnections = 64;
+// How long accepting pauses when the process has no fd to spare.
+inline constexpr int kSocketAcceptBackoffMs = 100;
+
 // Listens on options.address (an IPv4 literal; "" = 127.0.0.1, one host);
-// options.write_timeout_ms bounds connecting to a peer.
+// options.write_timeout_ms bounds connecting to a peer; hello_timeout_ms and
+// tolerate_peer_loss are the socket transport's own.
 StatusOr<std::unique_ptr<Transport>> make_socket_transport(const FabricOptions& options);
 
 }  // namespace msinfer::comm
