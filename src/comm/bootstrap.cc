@@ -20,6 +20,8 @@
 
 #include "internal/socket_wire.h"
 #include "msinfer/comm/tcp.h"
+#include "msinfer/comm/transport.h"
+#include "msinfer/core/logging.h"
 
 #ifdef MSINFER_HAVE_MPI
 #include <mpi.h>
@@ -194,10 +196,14 @@ std::string BootstrapServer::address() const { return host_ + ":" + std::to_stri
 // One client connection of the server: it sends two length-prefixed blobs
 // (hello "rank round", then the rank's blob) and waits for the round's answer.
 // Read without blocking, all connections at once, so a silent or slow one
-// delays nobody; each must have sent both within kClientDeadline.
+// delays nobody; each must have sent both within kClientDeadline. At most
+// kMaxClients wait so (further ones are refused); out of fds at accept, the
+// oldest waiting one is closed to make room, or, with none, accepting pauses
+// for kAcceptBackoff: the server never spins on a listener it cannot take from.
 namespace {
 constexpr auto kClientDeadline = std::chrono::seconds(30);
 constexpr size_t kMaxClients = 1024;
+constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
 
 struct Client {
   int fd = -1;
@@ -242,17 +248,34 @@ void BootstrapServer::serve() {
   std::map<int, Round> rounds;
   std::vector<Client> clients;
   std::vector<pollfd> pfds;
+  auto accept_paused_until = std::chrono::steady_clock::time_point{};
+  bool warned_fd_limit = false;
   while (!stop_) {
-    pfds.assign(1, pollfd{listen_fd_, POLLIN, 0});
+    const bool paused = std::chrono::steady_clock::now() < accept_paused_until;
+    pfds.assign(1, pollfd{paused ? -1 : listen_fd_, POLLIN, 0});  // -1: poll skips it
     for (const Client& c : clients) pfds.push_back({c.fd, POLLIN, 0});
-    if (::poll(pfds.data(), pfds.size(), 200) < 0 && errno != EINTR) break;  // then look at stop_
+    if (::poll(pfds.data(), pfds.size(), paused ? 50 : 200) < 0 && errno != EINTR)
+      break;  // then look at stop_
     const auto now = std::chrono::steady_clock::now();
     if (pfds[0].revents & POLLIN) {
       const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      const int e = fd < 0 ? errno : 0;
       if (fd >= 0 && clients.size() >= kMaxClients) {
         ::close(fd);
       } else if (fd >= 0) {
         clients.push_back({fd, now + kClientDeadline, {}});
+      } else if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+        if (!warned_fd_limit) {
+          MSI_LOG(WARNING) << "bootstrap server: accept: " << errno_text(e)
+                           << "; closing the oldest clients without a blob, else pausing accepts "
+                           << kAcceptBackoff.count() << " ms at a time (logged once)";
+          warned_fd_limit = true;
+        }
+        if (!clients.empty()) {
+          clients.front().deadline = now - std::chrono::seconds(1);  // dropped below
+        } else {
+          accept_paused_until = now + kAcceptBackoff;
+        }
       }
     }
     std::vector<Client> next;

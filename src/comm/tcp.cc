@@ -129,6 +129,12 @@ StatusOr<int> tcp_accept(int listen_fd, std::chrono::milliseconds timeout) {
     const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) continue;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // No fd to spare now (the caller may be about to close some): the
+        // connection waits in the backlog; look again shortly, within the timeout.
+        ::usleep(static_cast<useconds_t>(std::min<int64_t>(left, 50) * 1000));
+        continue;
+      }
       return internal_error(std::string("accept: ") + std::strerror(errno));
     }
     int one = 1;

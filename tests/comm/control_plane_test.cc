@@ -7,11 +7,14 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -186,6 +189,106 @@ TEST(BootstrapServerTest, ClientsWithoutTheJobsSecretAreDropped) {
                                   std::chrono::milliseconds(500));
   ASSERT_TRUE(wrong.ok());
   EXPECT_FALSE((*wrong)->allgather("x").ok());
+}
+
+// ---- Issue 43: out of fds at accept is transient, not the end of a listener.
+
+// Lowers this process's soft RLIMIT_NOFILE so that at most `room` more fds
+// can be opened (the kernel hands out the lowest free number; open ones above
+// the limit stay valid). For a child process only.
+bool leave_fds(int room) {
+  const int lowest_free = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (lowest_free < 0) return false;
+  ::close(lowest_free);
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0) return false;
+  r.rlim_cur = static_cast<rlim_t>(lowest_free + room);
+  return ::setrlimit(RLIMIT_NOFILE, &r) == 0;
+}
+
+// tcp_accept with no fd to spare waits out its timeout (DEADLINE_EXCEEDED,
+// what its callers take for "nobody yet") instead of failing: the launched
+// router took "accept: Too many open files" for a fatal error.
+TEST(TcpTest, AcceptOutOfFdsIsADeadlineNotAnError) {
+  int port = 0;
+  auto listener = tcp_listen("127.0.0.1", 0, &port);
+  ASSERT_TRUE(listener.ok());
+  auto client = tcp_connect("127.0.0.1:" + std::to_string(port), std::chrono::seconds(2));
+  ASSERT_TRUE(client.ok());
+  const int rc = run_in_child(
+      [&] {
+        if (!leave_fds(0)) return 3;
+        auto fd = tcp_accept(*listener, std::chrono::milliseconds(300));
+        if (fd.ok()) return 4;  // the limit was not reached
+        return fd.status().code() == StatusCode::kDeadlineExceeded ? 0 : 1;
+      },
+      std::chrono::seconds(20));
+  EXPECT_EQ(rc, 0) << "1: an error other than a deadline; 3: setrlimit; 4: accepted";
+  // The connection waited in the backlog: with fds to spare it is taken.
+  auto fd = tcp_accept(*listener, std::chrono::seconds(5));
+  EXPECT_TRUE(fd.ok()) << fd.status().to_string();
+  if (fd.ok()) ::close(*fd);
+  ::close(*client);
+  ::close(*listener);
+}
+
+// A bootstrap server whose process runs out of fds to silent connections
+// still serves a rank: it closes the oldest silent one to make room, where
+// it used to spin on the listener until their 30 s deadline. The server
+// runs in a child with room for 10 more fds; 40 silent connections come
+// first, then the rank, which must meet within its 10 s timeout.
+TEST(BootstrapServerTest, OutOfFdsTheServerStillServesARank) {
+  int to_parent[2], hold[2];
+  ASSERT_EQ(::pipe2(to_parent, O_CLOEXEC), 0);
+  ASSERT_EQ(::pipe2(hold, O_CLOEXEC), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(to_parent[0]);
+    ::close(hold[1]);
+    auto server = BootstrapServer::start(1);
+    if (!server.ok() || !leave_fds(10)) ::_exit(3);
+    const std::string line = (*server)->address() + " " + (*server)->secret() + "\n";
+    if (::write(to_parent[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+      ::_exit(4);
+    }
+    char c;
+    (void)!::read(hold[0], &c, 1);  // serves until the parent closes its end
+    ::_exit(0);
+  }
+  ::close(to_parent[1]);
+  ::close(hold[0]);
+  struct Reaper {
+    pid_t pid;
+    int hold;
+    ~Reaper() {
+      ::close(hold);
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reaper{child, hold[1]};
+  char buf[256];
+  ssize_t n = 0;
+  pollfd p{to_parent[0], POLLIN, 0};
+  if (::poll(&p, 1, 20000) == 1) n = ::read(to_parent[0], buf, sizeof(buf));
+  ::close(to_parent[0]);
+  ASSERT_GT(n, 0) << "the child's server did not start";
+  std::istringstream words(std::string(buf, static_cast<size_t>(n)));
+  std::string address, secret;
+  words >> address >> secret;
+
+  std::vector<int> silent;
+  for (int i = 0; i < 40; ++i) {
+    auto fd = tcp_connect(address, std::chrono::seconds(5));
+    ASSERT_TRUE(fd.ok()) << fd.status().to_string();
+    silent.push_back(*fd);
+  }
+  auto rank = make_tcp_bootstrap(0, 1, address, secret, std::chrono::seconds(10));
+  ASSERT_TRUE(rank.ok());
+  auto all = (*rank)->allgather("the rank's blob");
+  for (int fd : silent) ::close(fd);
+  ASSERT_TRUE(all.ok()) << all.status().to_string();
+  EXPECT_EQ(*all, std::vector<std::string>{"the rank's blob"});
 }
 
 }  // namespace

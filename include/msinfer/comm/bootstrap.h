@@ -42,7 +42,8 @@ bool is_job_secret(const std::string& presented, const std::string& secret);
 // job's secret (`secret`, or a new one when empty: see secret()) in its
 // first message; a connection that does not is dropped. Clients are read
 // without blocking, all at once: a silent one delays nobody, and is dropped
-// after 30 s.
+// after 30 s. Out of fds at accept (EMFILE), the oldest client that has not
+// sent its blob is closed to make room (bootstrap.cc); the server goes on.
 class BootstrapServer {
  public:
   static StatusOr<std::unique_ptr<BootstrapServer>> start(int world,

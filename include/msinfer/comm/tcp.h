@@ -19,7 +19,9 @@ StatusOr<int> tcp_listen(const std::string& host, int port, int* bound_port);
 // blocking, with TCP_NODELAY set.
 StatusOr<int> tcp_connect(const std::string& host_port, std::chrono::milliseconds timeout);
 
-// Waits up to `timeout` for a connection on a listening socket.
+// Waits up to `timeout` for a connection on a listening socket;
+// DEADLINE_EXCEEDED when none came, or none could be taken because the
+// process is out of fds (EMFILE, ENFILE: transient, never another error).
 StatusOr<int> tcp_accept(int listen_fd, std::chrono::milliseconds timeout);
 
 }  // namespace msinfer::comm
