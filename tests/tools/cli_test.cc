@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/inotify.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -591,7 +594,8 @@ struct Child {
   bool reaped = false;
   int status = 0;
 
-  explicit Child(const std::vector<std::string>& args) {
+  // `program` (looked up in PATH without a slash) runs instead of msinfer.
+  explicit Child(const std::vector<std::string>& args, const char* program = MSINFER_BINARY) {
     int fds[2];
     if (::pipe(fds) != 0) return;
     pid = ::fork();
@@ -599,10 +603,10 @@ struct Child {
       ::dup2(fds[1], 2);
       const int null = ::open("/dev/null", O_WRONLY);
       ::dup2(null, 1);
-      std::vector<char*> argv{const_cast<char*>(MSINFER_BINARY)};
+      std::vector<char*> argv{const_cast<char*>(program)};
       for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
-      ::execv(MSINFER_BINARY, argv.data());
+      ::execvp(program, argv.data());
       ::_exit(127);
     }
     ::close(fds[1]);
@@ -846,6 +850,166 @@ TEST(CliBalanceTest, BalanceWritesAPlacementTheDeploymentRuns) {
   expect_refused("balance --stats " + tmp + "/stats.json --expert-workers 2 --expert-fixed-rows -1",
                  "--expert-fixed-rows");
   std::filesystem::remove_all(tmp);
+}
+
+}  // namespace
+}  // namespace msinfer
+
+// ---- Issue 43 item 2: the signal path removes only objects whose lock this
+// process (or a child) holds.
+namespace msinfer {
+namespace {
+
+bool shm_exists(const std::string& name) {
+  return ::access(("/dev/shm/" + name).c_str(), F_OK) == 0;
+}
+
+std::vector<std::string> shm_names_starting(const std::string& prefix) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(prefix, 0) == 0) out.push_back(n);
+  }
+  return out;
+}
+
+// The live endpoint of another owner whose name carries `pid`, as a process of
+// another PID namespace sharing /dev/shm names its objects: a mailbox, a
+// region and the lock, which this test holds while it lives (as that process
+// would). Removed at the end.
+struct ForeignEndpoint {
+  std::string token;
+  int lock_fd = -1;
+  explicit ForeignEndpoint(long pid) {
+    std::random_device rd;
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%08x%08x", rd(), rd());
+    token = "msinfer-" + std::to_string(pid) + "-" + hex;
+    lock_fd = ::open(("/dev/shm/" + token + ".live").c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC,
+                     0600);
+    if (lock_fd >= 0 && ::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+      ::close(lock_fd);
+      lock_fd = -1;
+    }
+    for (const char* suffix : {"", "-r1"}) {
+      const int fd = ::open(("/dev/shm/" + token + suffix).c_str(),
+                            O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  std::vector<std::string> names() const { return {token, token + "-r1", token + ".live"}; }
+  // Every object still there.
+  bool intact() const {
+    for (const auto& n : names()) {
+      if (!shm_exists(n)) return false;
+    }
+    return lock_fd >= 0;
+  }
+  ~ForeignEndpoint() {
+    for (const auto& n : names()) ::unlink(("/dev/shm/" + n).c_str());
+    if (lock_fd >= 0) ::close(lock_fd);
+  }
+};
+
+// Waits up to `timeout` for process `pid` (a child or not) to exit.
+bool exits_within(pid_t pid, std::chrono::milliseconds timeout) {
+  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0) return errno == ESRCH;
+  pollfd p{fd, POLLIN, 0};
+  const bool gone = ::poll(&p, 1, static_cast<int>(timeout.count())) == 1;
+  ::close(fd);
+  return gone;
+}
+
+// Reads `child`'s stderr until generate's step 16; the worker pids it
+// printed (in the deployment's PID namespace) go to *workers.
+bool wait_for_steps(Child& child, std::set<long>* workers, std::string* all) {
+  char line[4096];
+  while (std::fgets(line, sizeof(line), child.err) != nullptr) {
+    *all += line;
+    char role[32];
+    int idx = 0, pid = 0;
+    if (std::sscanf(line, "%31s worker %d: pid %d", role, &idx, &pid) == 3) workers->insert(pid);
+    if (std::strstr(line, "msinfer: step 16") != nullptr) return true;
+  }
+  return false;
+}
+
+std::vector<std::string> deployment_args() {
+  return {"generate",         "--model", tiny_model(),   "--prompt-ids",        "5,9",
+          "--max-tokens",     "3000",    "--ignore-eos", "--attention-workers", "1",
+          "--expert-workers", "2"};
+}
+
+// Objects whose names carry the router's or a worker's pid, of a live owner
+// that is not them, survive the router's SIGHUP; the workers' own go. (The
+// signal path used to remove every "msinfer-<pid>-..." of its own pid and its
+// children's pids.)
+TEST(CliSignalTest, SighupRemovesOnlyObjectsWhoseLockTheDeploymentHolds) {
+  Child router(deployment_args());
+  ASSERT_GT(router.pid, 0);
+  std::set<long> workers;
+  std::string all;
+  ASSERT_TRUE(wait_for_steps(router, &workers, &all)) << all;
+  ASSERT_EQ(workers.size(), 3u) << all;
+  std::vector<std::string> own;
+  for (long w : workers) {
+    for (const auto& n : shm_names_starting("msinfer-" + std::to_string(w) + "-")) own.push_back(n);
+  }
+  ASSERT_GE(own.size(), 3u) << "the workers own no objects\n" << all;
+  ForeignEndpoint as_router(router.pid), as_worker(*workers.begin());
+  ASSERT_TRUE(as_router.intact() && as_worker.intact());
+
+  ASSERT_EQ(::kill(router.pid, SIGHUP), 0);
+  const int st = router.wait();
+  EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGHUP) << st;
+  for (const auto& n : own) EXPECT_FALSE(shm_exists(n)) << n << " of a worker left behind";
+  EXPECT_TRUE(as_router.intact()) << "another owner's objects named with the router's pid removed";
+  EXPECT_TRUE(as_worker.intact()) << "another owner's objects named with a worker's pid removed";
+}
+
+// The reported case: `msinfer` as pid 1 of its own PID namespace gets SIGHUP
+// while an endpoint of this namespace is named "msinfer-1-...". That endpoint
+// survives, the deployment's objects go, and the router exits (pid 1 ignores
+// the default action of a signal it sends itself).
+TEST(CliSignalTest, SighupToPid1OfAPidNamespaceSparesPid1OfAnother) {
+  if (std::system("unshare --pid --fork --mount-proc true >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "no PID namespace here (unshare --pid needs CAP_SYS_ADMIN)";
+  }
+  std::vector<std::string> args = {"--pid", "--fork", "--mount-proc", "--kill-child",
+                                   MSINFER_BINARY};
+  for (const auto& a : deployment_args()) args.push_back(a);
+  Child ns(args, "unshare");
+  ASSERT_GT(ns.pid, 0);
+  std::set<long> workers;  // pids in the new namespace
+  std::string all;
+  ASSERT_TRUE(wait_for_steps(ns, &workers, &all)) << all;
+  ASSERT_EQ(workers.size(), 3u) << all;
+  // The router is unshare's child: pid 1 in there.
+  long router = -1;
+  {
+    std::ifstream in("/proc/" + std::to_string(ns.pid) + "/task/" + std::to_string(ns.pid) +
+                     "/children");
+    in >> router;
+  }
+  ASSERT_GT(router, 0) << "no child of unshare";
+  std::vector<std::string> own;
+  for (long w : workers) {
+    for (const auto& n : shm_names_starting("msinfer-" + std::to_string(w) + "-")) own.push_back(n);
+  }
+  ASSERT_GE(own.size(), 3u) << "the workers own no objects\n" << all;
+  ForeignEndpoint pid1(1), same_as_worker(*workers.begin());
+  ASSERT_TRUE(pid1.intact() && same_as_worker.intact());
+
+  ASSERT_EQ(::kill(static_cast<pid_t>(router), SIGHUP), 0);
+  ASSERT_TRUE(exits_within(ns.pid, std::chrono::seconds(60))) << "pid 1 did not exit";
+  // At the signal, not at the end of its 3000 tokens; unshare passes the status on.
+  const int st = ns.wait();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGHUP) << "status " << st;
+  for (const auto& n : own) EXPECT_FALSE(shm_exists(n)) << n << " of a worker left behind";
+  EXPECT_TRUE(pid1.intact()) << "objects of this namespace's pid 1 removed by another's";
+  EXPECT_TRUE(same_as_worker.intact()) << "objects of a same-numbered pid removed";
 }
 
 }  // namespace

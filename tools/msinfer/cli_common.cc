@@ -229,29 +229,84 @@ long parent_of(long pid) {
   return ppid;
 }
 
-// Removes the objects "msinfer-<pid>-..." of this process and of its children:
-// worker processes die with it (the router sets PR_SET_PDEATHSIG), often before
-// their own handlers run. Async-signal-safe: raw syscalls, no allocation.
-void remove_own_shm_objects() {
-  const long self = static_cast<long>(::getpid());
-  const int fd = ::open("/dev/shm", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  alignas(8) char buf[4096];
-  for (;;) {
-    const long n = ::syscall(SYS_getdents64, fd, buf, sizeof(buf));
-    if (n <= 0) break;
-    for (long off = 0; off < n;) {
+// Whether the process whose fd directory is `fd_dir` ("/proc/self/fd",
+// "/proc/<pid>/fd") has the file (dev, ino) open.
+bool holds_open(const char* fd_dir, dev_t dev, ino_t ino) {
+  const int dir = ::open(fd_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return false;
+  bool found = false;
+  alignas(8) char buf[2048];
+  for (long n; !found && (n = ::syscall(SYS_getdents64, dir, buf, sizeof(buf))) > 0;) {
+    for (long off = 0; !found && off < n;) {
       const auto* e = reinterpret_cast<const LinuxDirent64*>(buf + off);
       off += e->d_reclen;
-      if (std::strncmp(e->d_name, "msinfer-", 8) != 0) continue;
-      long pid = 0;
-      const char* c = e->d_name + 8;
-      for (; *c >= '0' && *c <= '9'; ++c) pid = pid * 10 + (*c - '0');
-      if (*c != '-' || pid <= 0) continue;
-      if (pid == self || parent_of(pid) == self) ::unlinkat(fd, e->d_name, 0);
+      if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+      struct stat st {};
+      // Follows the link to the open file itself, unlinked or not.
+      found = ::fstatat(dir, e->d_name, &st, 0) == 0 && st.st_dev == dev && st.st_ino == ino;
     }
   }
-  ::close(fd);
+  ::close(dir);
+  return found;
+}
+
+// The length of the token "msinfer-<pid>-<16 hex digits>" that `name` starts
+// with (comm::ShmOwner's names), with its pid in *pid; 0 if it has none.
+size_t token_length(const char* name, long* pid) {
+  if (std::strncmp(name, "msinfer-", 8) != 0) return 0;
+  const char* c = name + 8;
+  *pid = 0;
+  for (; *c >= '0' && *c <= '9' && c - name < 30; ++c) *pid = *pid * 10 + (*c - '0');
+  if (c == name + 8 || *c != '-' || *pid <= 0) return 0;
+  ++c;
+  for (int i = 0; i < 16; ++i, ++c) {
+    if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f') || (*c >= 'A' && *c <= 'F')))
+      return 0;
+  }
+  return static_cast<size_t>(c - name);
+}
+
+// Removes the shared-memory objects of this process and of its children:
+// worker processes die with it (the router sets PR_SET_PDEATHSIG), often
+// before their own handlers run. The rule is remove_dead_shm_endpoints's
+// (comm/fabric_transport.h): the token's lock says whose objects are, not
+// the pid in their name, which a process of another PID namespace sharing
+// /dev/shm may have too. A token is this process's (or a child's) when that
+// process holds the token's "<token>.live" file open. The objects go first,
+// the locks in a second pass. Async-signal-safe: raw syscalls, no allocation.
+void remove_own_shm_objects() {
+  const long self = static_cast<long>(::getpid());
+  const int shm = ::open("/dev/shm", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (shm < 0) return;
+  alignas(8) char buf[4096];
+  for (int pass = 0; pass < 2; ++pass) {
+    if (::lseek(shm, 0, SEEK_SET) != 0) break;
+    for (long n; (n = ::syscall(SYS_getdents64, shm, buf, sizeof(buf))) > 0;) {
+      for (long off = 0; off < n;) {
+        const auto* e = reinterpret_cast<const LinuxDirent64*>(buf + off);
+        off += e->d_reclen;
+        long pid = 0;
+        const size_t len = token_length(e->d_name, &pid);
+        if (len == 0) continue;
+        const bool is_lock = std::strcmp(e->d_name + len, ".live") == 0;
+        if (is_lock != (pass == 1)) continue;
+        // A cheap filter first (the pid is a number in our namespace, or in another).
+        if (pid != self && parent_of(pid) != self) continue;
+        char lock[64];
+        std::memcpy(lock, e->d_name, len);
+        std::memcpy(lock + len, ".live", 6);
+        struct stat st {};
+        if (::fstatat(shm, lock, &st, 0) != 0) continue;  // no lock: nobody vouches for it
+        char fd_dir[48] = "/proc/self/fd";
+        if (pid != self) {
+          size_t p = 6 + put_decimal(pid, fd_dir + 6);
+          std::memcpy(fd_dir + p, "/fd", 4);
+        }
+        if (holds_open(fd_dir, st.st_dev, st.st_ino)) ::unlinkat(shm, e->d_name, 0);
+      }
+    }
+  }
+  ::close(shm);
 }
 
 void on_fatal_signal(int sig) {
@@ -260,6 +315,11 @@ void on_fatal_signal(int sig) {
   errno = saved;
   // SA_RESETHAND restored the default action: die of the same signal once this returns.
   ::kill(::getpid(), sig);
+  // Except as pid 1 of a PID namespace (a container's first process): the
+  // kernel drops the signals init sends itself whose action is the default.
+  // It would run on with its objects removed; it exits as a shell reports a
+  // death by that signal.
+  if (::getpid() == 1) ::_exit(128 + sig);
 }
 
 }  // namespace

@@ -63,11 +63,13 @@ class Progress {
 };
 
 // Installs handlers for SIGINT, SIGTERM, SIGHUP and SIGQUIT that remove this
-// process's msinfer shared-memory objects from /dev/shm (comm names them
-// "msinfer-<pid>-<random>", comm/fabric_transport.h) and then die of the same
-// signal. Async-signal-safe. Objects of a process killed by SIGKILL are removed
-// by the next msinfer process that opens a transport
-// (comm::remove_dead_shm_endpoints).
+// process's and its children's msinfer shared-memory objects from /dev/shm
+// (comm names them "msinfer-<pid>-<random>", comm/fabric_transport.h; whose
+// they are is told by who holds their ".live" lock open, not by the pid,
+// which another PID namespace may share) and then die of the same signal (as
+// pid 1 of a PID namespace: exit 128 + signal). Async-signal-safe. Objects
+// of a process killed by SIGKILL are removed by the next msinfer process that
+// opens a transport (comm::remove_dead_shm_endpoints).
 void install_shm_cleanup_on_signals();
 
 }  // namespace msinfer::cli
