@@ -1,9 +1,11 @@
 #include "msinfer/runtime/router.h"
 
 #include <fcntl.h>
+#include <linux/close_range.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -49,6 +51,22 @@ TokenEvent error_event(int64_t id, std::string why) {
   ev.finish_reason = "error";
   ev.error = std::move(why);
   return ev;
+}
+
+// Sets close-on-exec on every fd from `first` on. Async-signal-safe (only
+// system calls): for a forked child before its exec. close_range (Linux 5.11)
+// in one call; else each fd up to the limit.
+bool close_on_exec_from(int first) {
+  if (::syscall(SYS_close_range, static_cast<unsigned>(first), ~0U, CLOSE_RANGE_CLOEXEC) == 0) {
+    return true;
+  }
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0) return false;
+  const rlim_t end = r.rlim_cur == RLIM_INFINITY ? rlim_t{1} << 20 : r.rlim_cur;
+  for (rlim_t fd = static_cast<rlim_t>(first); fd < end; ++fd) {
+    ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);  // EBADF for the unused: fine
+  }
+  return true;
 }
 
 Role role_of(const WorkerConfig& c, int r) {
@@ -201,6 +219,10 @@ StatusOr<Router::Worker> Router::fork_worker(int rank, const std::string& placem
     for (int i = 0; i < 4; ++i) {
       if (sources[i] < 0 || ::dup2(sources[i], targets[i]) < 0) ::_exit(126);
     }
+    // Fds 0-4 are all a worker gets: whatever else the router holds without
+    // close-on-exec (the HTTP listener of `serve`, which asio opens without
+    // it; a library's files) must not outlive the exec in the worker.
+    if (!close_on_exec_from(5)) ::_exit(126);
     ::execve(exe.c_str(), argv.data(), envp.data());
     ::_exit(127);
   }

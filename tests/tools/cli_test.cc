@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 #include <sstream>
@@ -855,8 +856,8 @@ TEST(CliBalanceTest, BalanceWritesAPlacementTheDeploymentRuns) {
 }  // namespace
 }  // namespace msinfer
 
-// ---- Issue 43 item 2: the signal path removes only objects whose lock this
-// process (or a child) holds.
+// ---- Issue 43 items 2 and 3: the signal path removes only objects whose lock
+// this process (or a child) holds; fds 0-2 and what a worker inherits.
 namespace msinfer {
 namespace {
 
@@ -1010,6 +1011,197 @@ TEST(CliSignalTest, SighupToPid1OfAPidNamespaceSparesPid1OfAnother) {
   for (const auto& n : own) EXPECT_FALSE(shm_exists(n)) << n << " of a worker left behind";
   EXPECT_TRUE(pid1.intact()) << "objects of this namespace's pid 1 removed by another's";
   EXPECT_TRUE(same_as_worker.intact()) << "objects of a same-numbered pid removed";
+}
+
+// fd number -> link target ("socket:[123]", "pipe:[45]", "/dev/null") of `pid`.
+std::map<int, std::string> fds_of(long pid) {
+  std::map<int, std::string> out;
+  std::error_code ec;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/fd";
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const auto target = std::filesystem::read_symlink(e.path(), ec);
+    if (!ec) out[std::atoi(e.path().filename().c_str())] = target.string();
+  }
+  return out;
+}
+
+// The `msinfer worker` children of `pid` (of any of its threads).
+std::vector<long> worker_children(long pid) {
+  std::vector<long> out;
+  std::error_code ec;
+  for (const auto& t :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream in(t.path() / "children");
+    for (long c; in >> c;) {
+      std::ifstream cmd("/proc/" + std::to_string(c) + "/cmdline");
+      std::string argv((std::istreambuf_iterator<char>(cmd)), {});
+      if (argv.find(std::string("\0worker\0", 8)) != std::string::npos) out.push_back(c);
+    }
+  }
+  return out;
+}
+
+// `msinfer serve` of a deployment (1 attention, 2 expert workers) on a free
+// port of 127.0.0.1. With `closed_std`, started with fds 1 and 2 closed; else
+// stdout is a pipe (`out`) and stderr /dev/null. Stopped (SIGTERM, then
+// SIGKILL) and reaped at the end of the test.
+struct Serve {
+  pid_t pid = -1;
+  FILE* out = nullptr;
+  explicit Serve(bool closed_std) {
+    const std::string model = tiny_model();
+    int fds[2] = {-1, -1};
+    if (!closed_std && ::pipe(fds) != 0) return;
+    pid = ::fork();
+    if (pid == 0) {
+      if (closed_std) {
+        ::close(1);
+        ::close(2);
+      } else {
+        ::dup2(fds[1], 1);
+        const int null = ::open("/dev/null", O_WRONLY);
+        ::dup2(null, 2);
+      }
+      const char* argv[] = {
+          MSINFER_BINARY,     "serve",  "--model", model.c_str(),         "--host",
+          "127.0.0.1",        "--port", "0",       "--attention-workers", "1",
+          "--expert-workers", "2",      nullptr};
+      ::execv(MSINFER_BINARY, const_cast<char**>(argv));
+      ::_exit(127);
+    }
+    if (!closed_std) {
+      ::close(fds[1]);
+      out = ::fdopen(fds[0], "r");
+    }
+  }
+  ~Serve() {
+    if (pid > 0) {
+      ::kill(pid, SIGTERM);
+      if (!exits_within(pid, std::chrono::seconds(30))) ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+    if (out != nullptr) std::fclose(out);
+  }
+};
+
+// The three workers of `serve`, once each holds its /dev/shm lock (its
+// transport is open); woken by /dev/shm's creations, with a deadline. Empty
+// if they did not get there.
+std::vector<long> running_workers(pid_t serve) {
+  const int in = ::inotify_init1(IN_CLOEXEC);
+  if (in < 0) return {};
+  ::inotify_add_watch(in, "/dev/shm", IN_CREATE);
+  std::vector<long> workers;
+  bool ready = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!ready && std::chrono::steady_clock::now() < deadline) {
+    if (::kill(serve, 0) != 0) break;
+    workers = worker_children(serve);
+    ready = workers.size() == 3;
+    for (long w : workers) {
+      bool locked = false;
+      for (const auto& [fd, target] : fds_of(w)) {
+        // Its lock file, opened under a temporary name (ShmOwner::create).
+        locked = locked || (target.rfind("/dev/shm/", 0) == 0 &&
+                            target.find("msinfer-") != std::string::npos);
+      }
+      ready = ready && locked;
+    }
+    if (ready) break;
+    pollfd p{in, POLLIN, 0};
+    if (::poll(&p, 1, 500) > 0) {
+      char buf[4096];
+      (void)!::read(in, buf, sizeof(buf));
+    }
+  }
+  ::close(in);
+  return ready ? workers : std::vector<long>{};
+}
+
+// A worker holds no socket or pipe of the router's beyond fd 4 (fds 3 and 4
+// are its command pipes, whose other ends the router holds).
+void expect_nothing_inherited(pid_t router, const std::vector<long>& workers) {
+  std::set<std::string> router_ends;  // sockets and pipes: their targets name their inodes
+  for (const auto& [fd, target] : fds_of(router)) {
+    if (target.rfind("socket:", 0) == 0 || target.rfind("pipe:", 0) == 0) {
+      router_ends.insert(target);
+    }
+  }
+  for (long w : workers) {
+    const std::map<int, std::string> f = fds_of(w);
+    for (int fd : {3, 4}) {
+      EXPECT_EQ((f.count(fd) ? f.at(fd) : "closed").rfind("pipe:", 0), 0u)
+          << "worker " << w << " fd " << fd;
+    }
+    for (const auto& [fd, target] : f) {
+      if (fd < 5) continue;
+      EXPECT_EQ(router_ends.count(target), 0u)
+          << "worker " << w << " inherited fd " << fd << ": " << target;
+    }
+  }
+}
+
+// Started with stdout and stderr closed, `msinfer` has them on /dev/null, in
+// the router and in its workers: no eventfd, epoll or lock file took their
+// numbers (and got the workers' output, or became their stdout and stderr).
+TEST(CliFdTest, ClosedStdoutAndStderrAreDevNullInRouterAndWorkers) {
+  Serve serve(/*closed_std=*/true);
+  ASSERT_GT(serve.pid, 0);
+  const std::vector<long> workers = running_workers(serve.pid);
+  ASSERT_EQ(workers.size(), 3u) << "the workers did not start";
+  const std::map<int, std::string> router = fds_of(serve.pid);
+  EXPECT_EQ(router.count(1) ? router.at(1) : "closed", "/dev/null") << "the router's stdout";
+  EXPECT_EQ(router.count(2) ? router.at(2) : "closed", "/dev/null") << "the router's stderr";
+  for (long w : workers) {
+    const std::map<int, std::string> f = fds_of(w);
+    EXPECT_EQ(f.count(1) ? f.at(1) : "closed", "/dev/null") << "worker " << w << "'s stdout";
+    EXPECT_EQ(f.count(2) ? f.at(2) : "closed", "/dev/null") << "worker " << w << "'s stderr";
+  }
+  expect_nothing_inherited(serve.pid, workers);
+}
+
+// The inode of the TCP socket listening on 127.0.0.1:`port` (/proc/net/tcp),
+// or "".
+std::string listener_inode(int port) {
+  std::ifstream in("/proc/net/tcp");
+  std::string line;
+  std::getline(in, line);  // the header
+  char want[16];
+  std::snprintf(want, sizeof want, "0100007F:%04X", port);
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string sl, local, remote, state, queues, timer, retr, uid, timeout, inode;
+    f >> sl >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
+    if (local == want && state == "0A") return inode;
+  }
+  return "";
+}
+
+// A worker does not hold `serve`'s HTTP listener (nor any other socket or
+// pipe of the router's): the port is the router's alone.
+TEST(CliFdTest, WorkersDoNotHoldTheHttpListener) {
+  Serve serve(/*closed_std=*/false);
+  ASSERT_GT(serve.pid, 0);
+  char line[512] = {};
+  ASSERT_NE(std::fgets(line, sizeof line, serve.out), nullptr) << "serve printed nothing";
+  int port = 0;
+  const char* at = std::strstr(line, "http://127.0.0.1:");
+  ASSERT_TRUE(at != nullptr && std::sscanf(at, "http://127.0.0.1:%d", &port) == 1) << line;
+  const std::string inode = listener_inode(port);
+  ASSERT_FALSE(inode.empty()) << "no listener on port " << port;
+  const std::string listener = "socket:[" + inode + "]";
+  bool router_holds = false;
+  for (const auto& [fd, target] : fds_of(serve.pid))
+    router_holds = router_holds || target == listener;
+  ASSERT_TRUE(router_holds) << listener << " is not the router's";
+  const std::vector<long> workers = running_workers(serve.pid);
+  ASSERT_EQ(workers.size(), 3u) << "the workers did not start";
+  for (long w : workers) {
+    for (const auto& [fd, target] : fds_of(w)) {
+      EXPECT_NE(target, listener) << "worker " << w << " holds the HTTP listener as fd " << fd;
+    }
+  }
+  expect_nothing_inherited(serve.pid, workers);
 }
 
 }  // namespace

@@ -324,6 +324,18 @@ void on_fatal_signal(int sig) {
 
 }  // namespace
 
+void open_closed_standard_fds() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    // The lowest free number, which is fd: those below it are open by now.
+    const int got = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+    if (got >= 0 && got != fd) {
+      ::dup2(got, fd);
+      ::close(got);
+    }
+  }
+}
+
 void install_shm_cleanup_on_signals() {
   struct sigaction sa {};
   sa.sa_handler = on_fatal_signal;

@@ -62,6 +62,12 @@ class Progress {
   bool printed_ = false;
 };
 
+// Opens /dev/null on each of fds 0, 1 and 2 that is closed, so that no file,
+// socket or eventfd the process opens later takes the number of stdin,
+// stdout or stderr (and gets printed into, or handed to workers as their
+// output). main() calls it first.
+void open_closed_standard_fds();
+
 // Installs handlers for SIGINT, SIGTERM, SIGHUP and SIGQUIT that remove this
 // process's and its children's msinfer shared-memory objects from /dev/shm
 // (comm names them "msinfer-<pid>-<random>", comm/fabric_transport.h; whose

@@ -30,6 +30,9 @@ void usage(FILE* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything opens a file: a closed stdout or stderr must not become
+  // the number of an eventfd, a socket or a lock file.
+  msinfer::cli::open_closed_standard_fds();
   if (argc < 2) {
     usage(stderr);
     return 2;
