@@ -363,6 +363,13 @@ class SocketTransport : public Transport {
       uint8_t* to = direct ? in.dst + in.got : staging_.data();
       const size_t want = direct ? in.h.len - in.got : kStaging;
       const ssize_t n = ::recv(fd, to, want, MSG_DONTWAIT);
+      if (n <= 0 && !in.hello_done() &&
+          !(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) {
+        // Closed or reset before its hello: a stranger (a port scan), not a
+        // peer of the job that died.
+        drop(fd);
+        return ok_status();
+      }
       if (n == 0) {
         // The writer closed: between messages that is a peer that finished.
         const bool between = in.between_messages();

@@ -452,5 +452,44 @@ TEST(HostilePeerTest, SocketTransportOutOfFdsKeepsServing) {
   EXPECT_EQ(warnings, 1u) << "the limit must be reached, and logged once:\n" << text;
 }
 
+// A port scan: connections that close, or are reset, before any hello. Not
+// one of the job's peers, so not a peer that died mid-write: nothing to
+// report (without tolerate_peer_loss such a close failed poll(), and the
+// worker with it).
+TEST(HostilePeerTest, SocketConnectionsClosedBeforeTheirHelloAreNoError) {
+  auto target = open_transport("socket");
+  ASSERT_TRUE(target);
+  for (const bool reset : {false, true}) {
+    auto fd = tcp_connect(host_port_of(target->address()), std::chrono::seconds(5));
+    ASSERT_TRUE(fd.ok()) << fd.status().to_string();
+    // Taken in: the transport accepts what is waiting at its next poll.
+    std::vector<Completion> got;
+    ASSERT_TRUE(target->poll(&got, 64).ok());
+    if (reset) {
+      const linger l{1, 0};  // close with an RST
+      ::setsockopt(*fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+    } else {
+      ::send(*fd, "\x05", 1, MSG_NOSIGNAL);  // part of a hello's length, then gone
+    }
+    ::close(*fd);
+    for (int i = 0; i < 100; ++i) {
+      Status s = target->poll(&got, 64);
+      ASSERT_TRUE(s.ok()) << (reset ? "reset: " : "closed: ") << s.to_string();
+    }
+    EXPECT_TRUE(got.empty());
+  }
+  // And the job's peers are still served.
+  auto writer = open_transport("socket");
+  ASSERT_TRUE(writer);
+  std::vector<uint8_t> memory(64, 0), src(64, 0x5a);
+  auto region = target->register_memory(memory.data(), memory.size());
+  ASSERT_TRUE(region.ok());
+  auto peer = writer->connect(target->address());
+  ASSERT_TRUE(peer.ok());
+  ASSERT_TRUE(writer->write(*peer, src.data(), src.size(), *region, 0, 9, 1).ok());
+  EXPECT_TRUE(delivered(*writer, *target, 9));
+  EXPECT_EQ(memory, src);
+}
+
 }  // namespace
 }  // namespace msinfer::comm
