@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <tuple>
 
@@ -105,7 +106,167 @@ Status parse_common_gqa(const JsonFields& f, ModelConfig& m) {
   return parse_numerics(f, m);
 }
 
+// The DeepSeek-V2/V3 fields beyond the shapes: layer pattern, routing, YaRN,
+// FP8 quantisation. Every error names the field.
+Status parse_deepseek(const JsonFields& f, ModelConfig& m) {
+  m.rope_theta = 10000;  // DeepseekV2Config / DeepseekV3Config defaults
+  m.rms_norm_eps = 1e-6;
+  MSI_RETURN_IF_ERROR(parse_numerics(f, m));
+  MSI_ASSIGN_OR_RETURN(int64_t shared, f.integer_or("n_shared_experts", 0));
+  if (shared < 0 || shared > 1024) return f.field_error("n_shared_experts", "must be in 0..1024");
+  m.shared_experts = static_cast<int>(shared);
+  m.shared_expert_ffn = shared * m.expert_ffn;
+  MSI_ASSIGN_OR_RETURN(int64_t first_dense, f.integer_or("first_k_dense_replace", 0));
+  MSI_ASSIGN_OR_RETURN(int64_t freq, f.integer_or("moe_layer_freq", 1));
+  if (freq < 1 || freq > m.layers) return f.field_error("moe_layer_freq", "must be in 1..layers");
+  if (first_dense < 0 || first_dense > m.layers) {
+    return f.field_error("first_k_dense_replace", "must be in 0..num_hidden_layers");
+  }
+  m.first_k_dense_replace = static_cast<int>(first_dense);
+  m.moe_layer_freq = static_cast<int>(freq);
+  m.moe_layers = 0;
+  for (int i = 0; i < m.layers; ++i) {
+    if (m.is_moe_layer(i)) ++m.moe_layers;
+  }
+  if (m.moe_layers < m.layers && m.dense_ffn < 1) {
+    return f.field_error(
+        "intermediate_size",
+        "is needed (>= 1) for the " + std::to_string(m.layers - m.moe_layers) + " dense layers");
+  }
+  MSI_ASSIGN_OR_RETURN(int64_t nextn, f.integer_or("num_nextn_predict_layers", 0));
+  if (nextn < 0 || nextn > 64) return f.field_error("num_nextn_predict_layers", "must be in 0..64");
+  m.nextn_predict_layers = static_cast<int>(nextn);
+
+  const bool v3 = m.architecture == "DeepseekV3ForCausalLM";
+  // HF defaults: DeepseekV2Config norm_topk_prob false, DeepseekV3Config true.
+  MSI_ASSIGN_OR_RETURN(m.norm_topk_prob, f.boolean_or("norm_topk_prob", v3));
+  MSI_ASSIGN_OR_RETURN(m.routed_scaling_factor, f.number_or("routed_scaling_factor", 1.0));
+  if (!(m.routed_scaling_factor > 0 && m.routed_scaling_factor < 1e6)) {
+    return f.field_error("routed_scaling_factor", "must be in (0, 1e6)");
+  }
+  MSI_ASSIGN_OR_RETURN(std::string scoring,
+                       f.string_or("scoring_func", v3 ? "sigmoid" : "softmax"));
+  if (scoring == "softmax") {
+    m.scoring_func = ModelConfig::ScoringFunc::kSoftmax;
+  } else if (scoring == "sigmoid") {
+    m.scoring_func = ModelConfig::ScoringFunc::kSigmoid;
+  } else {
+    return f.field_error("scoring_func", "'" + scoring + "' is not one of softmax, sigmoid");
+  }
+  MSI_ASSIGN_OR_RETURN(std::string topk, f.string_or("topk_method", v3 ? "noaux_tc" : "greedy"));
+  if (topk == "greedy") {
+    m.topk_method = ModelConfig::TopkMethod::kGreedy;
+  } else if (topk == "group_limited_greedy") {
+    m.topk_method = ModelConfig::TopkMethod::kGroupLimitedGreedy;
+  } else if (topk == "noaux_tc") {
+    m.topk_method = ModelConfig::TopkMethod::kNoauxTc;
+  } else {
+    return f.field_error("topk_method",
+                         "'" + topk + "' is not one of greedy, group_limited_greedy, noaux_tc");
+  }
+  MSI_ASSIGN_OR_RETURN(int64_t n_group, f.integer_or("n_group", 1));
+  MSI_ASSIGN_OR_RETURN(int64_t topk_group, f.integer_or("topk_group", 1));
+  if (n_group < 1 || n_group > m.experts)
+    return f.field_error("n_group", "must be in 1..n_routed_experts");
+  if (m.experts % n_group != 0) {
+    return f.field_error("n_group", std::to_string(n_group) +
+                                        " does not divide n_routed_experts (" +
+                                        std::to_string(m.experts) + ")");
+  }
+  if (topk_group < 1 || topk_group > n_group) {
+    return f.field_error("topk_group", std::to_string(topk_group) + " must be in 1..n_group (" +
+                                           std::to_string(n_group) + ")");
+  }
+  m.n_group = static_cast<int>(n_group);
+  m.topk_group = static_cast<int>(topk_group);
+  if (m.topk_method != ModelConfig::TopkMethod::kGreedy) {
+    const int64_t per_group = m.experts / n_group;
+    if (m.top_k > topk_group * per_group) {
+      return f.field_error("num_experts_per_tok",
+                           std::to_string(m.top_k) + " exceeds the experts of topk_group groups (" +
+                               std::to_string(topk_group * per_group) + ")");
+    }
+    if (m.topk_method == ModelConfig::TopkMethod::kNoauxTc && per_group < 2) {
+      return f.field_error("n_group",
+                           "noaux_tc scores a group by its two best experts: needs >= 2 "
+                           "experts per group");
+    }
+  }
+
+  if (f.has("rope_scaling")) {
+    MSI_ASSIGN_OR_RETURN(JsonFields rs, f.object("rope_scaling"));
+    std::string type;
+    if (rs.has("type")) {
+      MSI_ASSIGN_OR_RETURN(type, rs.string("type"));
+    } else {
+      MSI_ASSIGN_OR_RETURN(type, rs.string_or("rope_type", ""));
+    }
+    if (type != "yarn") {
+      return rs.field_error("type", "'" + type + "' is not supported (DeepSeek models: yarn)");
+    }
+    MSI_ASSIGN_OR_RETURN(m.yarn_factor, rs.positive("factor"));
+    if (m.yarn_factor > 1e6) return rs.field_error("factor", "must be <= 1e6");
+    MSI_ASSIGN_OR_RETURN(m.yarn_original_max_position,
+                         rs.integer_at_least("original_max_position_embeddings", 1));
+    MSI_ASSIGN_OR_RETURN(m.yarn_beta_fast, rs.number_or("beta_fast", 32));
+    MSI_ASSIGN_OR_RETURN(m.yarn_beta_slow, rs.number_or("beta_slow", 1));
+    MSI_ASSIGN_OR_RETURN(m.yarn_mscale, rs.number_or("mscale", 1));
+    MSI_ASSIGN_OR_RETURN(m.yarn_mscale_all_dim, rs.number_or("mscale_all_dim", 0));
+    if (!(m.yarn_beta_fast > 0 && m.yarn_beta_slow > 0 && m.yarn_beta_fast >= m.yarn_beta_slow &&
+          m.yarn_beta_fast < 1e6)) {
+      return rs.field_error("beta_fast", "and beta_slow must satisfy 0 < beta_slow <= beta_fast");
+    }
+    for (auto [key, v] :
+         {std::pair{"mscale", m.yarn_mscale}, {"mscale_all_dim", m.yarn_mscale_all_dim}}) {
+      if (!(v >= 0 && v < 1e3)) return rs.field_error(key, "must be in [0, 1e3)");
+    }
+  }
+
+  if (f.has("quantization_config")) {
+    MSI_ASSIGN_OR_RETURN(JsonFields q, f.object("quantization_config"));
+    MSI_ASSIGN_OR_RETURN(std::string method, q.string("quant_method"));
+    if (method != "fp8") {
+      return q.field_error("quant_method", "'" + method + "' is not supported (fp8)");
+    }
+    MSI_ASSIGN_OR_RETURN(std::string fmt, q.string_or("fmt", "e4m3"));
+    if (fmt != "e4m3") return q.field_error("fmt", "'" + fmt + "' is not supported (e4m3)");
+    const Json* bs = q.has("weight_block_size") ? &q.json().at("weight_block_size") : nullptr;
+    if (bs == nullptr || !bs->is_array() || bs->size() != 2 || !(*bs)[0].is_number_integer() ||
+        !(*bs)[1].is_number_integer() || (*bs)[0].get<int64_t>() < 1 ||
+        (*bs)[1].get<int64_t>() < 1 || (*bs)[0].get<int64_t>() > 65536 ||
+        (*bs)[1].get<int64_t>() > 65536) {
+      return q.field_error("weight_block_size",
+                           "must be two block sizes [rows, cols] in 1..65536 (e.g. [128, 128])");
+    }
+    m.fp8_weights = true;
+    m.fp8_block_rows = (*bs)[0].get<int64_t>();
+    m.fp8_block_cols = (*bs)[1].get<int64_t>();
+  }
+  return ok_status();
+}
+
 }  // namespace
+
+bool ModelConfig::is_moe_layer(int i) const {
+  return i >= first_k_dense_replace && i % std::max(moe_layer_freq, 1) == 0;
+}
+
+namespace {
+double yarn_get_mscale(double factor, double m) {
+  return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0;
+}
+}  // namespace
+
+double ModelConfig::yarn_attention_mscale() const {
+  if (yarn_factor == 0 || yarn_mscale_all_dim == 0) return 1.0;
+  return yarn_get_mscale(yarn_factor, yarn_mscale_all_dim);
+}
+
+double ModelConfig::yarn_rope_mscale() const {
+  if (yarn_factor == 0) return 1.0;
+  return yarn_get_mscale(yarn_factor, yarn_mscale) /
+         yarn_get_mscale(yarn_factor, yarn_mscale_all_dim);
+}
 
 double ModelConfig::gqa_group() const {
   return kv_heads > 0 ? static_cast<double>(heads) / kv_heads : 1.0;
@@ -219,6 +380,31 @@ Json ModelConfig::to_json() const {
     j["qk_nope_head_dim"] = qk_nope_head_dim;
     j["qk_rope_head_dim"] = qk_rope_head_dim;
     j["v_head_dim"] = v_head_dim;
+    j["shared_experts"] = shared_experts;
+    j["first_k_dense_replace"] = first_k_dense_replace;
+    j["moe_layer_freq"] = moe_layer_freq;
+    j["nextn_predict_layers"] = nextn_predict_layers;
+    j["scoring_func"] = scoring_func == ScoringFunc::kSigmoid ? "sigmoid" : "softmax";
+    j["topk_method"] = topk_method == TopkMethod::kNoauxTc              ? "noaux_tc"
+                       : topk_method == TopkMethod::kGroupLimitedGreedy ? "group_limited_greedy"
+                                                                        : "greedy";
+    j["n_group"] = n_group;
+    j["topk_group"] = topk_group;
+    j["routed_scaling_factor"] = routed_scaling_factor;
+    if (yarn_factor > 0) {
+      j["rope_scaling"] = Json{{"type", "yarn"},
+                               {"factor", yarn_factor},
+                               {"original_max_position_embeddings", yarn_original_max_position},
+                               {"beta_fast", yarn_beta_fast},
+                               {"beta_slow", yarn_beta_slow},
+                               {"mscale", yarn_mscale},
+                               {"mscale_all_dim", yarn_mscale_all_dim}};
+    }
+    if (fp8_weights) {
+      j["quantization_config"] = Json{{"quant_method", "fp8"},
+                                      {"fmt", "e4m3"},
+                                      {"weight_block_size", {fp8_block_rows, fp8_block_cols}}};
+    }
   }
   return j;
 }
@@ -276,6 +462,21 @@ Status ModelConfig::validate() const {
       return bad(std::string(what) + " must be in 0.." + std::to_string(hi) + ", got " +
                  std::to_string(v));
     }
+  }
+  if (n_group < 1 || n_group > experts || experts % n_group != 0) {
+    return bad("n_group " + std::to_string(n_group) + " must divide the experts (" +
+               std::to_string(experts) + ")");
+  }
+  if (topk_group < 1 || topk_group > n_group) {
+    return bad("topk_group " + std::to_string(topk_group) + " must be in 1..n_group (" +
+               std::to_string(n_group) + ")");
+  }
+  if (!(routed_scaling_factor > 0 && routed_scaling_factor < 1e6)) {
+    return bad("routed_scaling_factor must be in (0, 1e6)");
+  }
+  if (!(yarn_factor >= 0 && yarn_factor <= 1e6)) return bad("YaRN factor must be in [0, 1e6]");
+  if (fp8_weights && (fp8_block_rows < 1 || fp8_block_cols < 1)) {
+    return bad("FP8 weight blocks must be >= 1 x 1");
   }
   if (!(rope_theta > 0 && rope_theta < 1e12)) return bad("rope_theta must be in (0, 1e12)");
   if (!(rms_norm_eps > 0 && rms_norm_eps < 1)) return bad("rms_norm_eps must be in (0, 1)");
@@ -371,16 +572,7 @@ StatusOr<ModelConfig> parse_hf_config(const Json& config, const std::string& sou
     MSI_ASSIGN_OR_RETURN(m.top_k, get_int(f, "num_experts_per_tok"));
     MSI_ASSIGN_OR_RETURN(m.expert_ffn, f.integer_at_least("moe_intermediate_size", 1));
     MSI_ASSIGN_OR_RETURN(m.dense_ffn, f.integer_or("intermediate_size", 0));
-    MSI_ASSIGN_OR_RETURN(int64_t shared, f.integer_or("n_shared_experts", 0));
-    m.shared_expert_ffn = shared * m.expert_ffn;
-    MSI_ASSIGN_OR_RETURN(int64_t first_dense, f.integer_or("first_k_dense_replace", 0));
-    MSI_ASSIGN_OR_RETURN(int64_t freq, f.integer_or("moe_layer_freq", 1));
-    if (freq < 1) return f.field_error("moe_layer_freq", "must be >= 1");
-    if (first_dense < 0) return f.field_error("first_k_dense_replace", "must be >= 0");
-    m.moe_layers = 0;
-    for (int i = 0; i < m.layers; ++i) {
-      if (i >= first_dense && i % freq == 0) ++m.moe_layers;
-    }
+    MSI_RETURN_IF_ERROR(parse_deepseek(f, m));
     MSI_ASSIGN_OR_RETURN(m.q_lora_rank, f.integer_or("q_lora_rank", 0));
     MSI_ASSIGN_OR_RETURN(m.kv_lora_rank, f.integer_at_least("kv_lora_rank", 1));
     MSI_ASSIGN_OR_RETURN(m.qk_nope_head_dim, f.integer_at_least("qk_nope_head_dim", 1));
@@ -442,6 +634,27 @@ StatusOr<ModelConfig> ModelConfig::from_json(const JsonFields& f) {
   MSI_ASSIGN_OR_RETURN(m.qk_nope_head_dim, f.integer_or("qk_nope_head_dim", 0));
   MSI_ASSIGN_OR_RETURN(m.qk_rope_head_dim, f.integer_or("qk_rope_head_dim", 0));
   MSI_ASSIGN_OR_RETURN(m.v_head_dim, f.integer_or("v_head_dim", 0));
+  if (m.kv_lora_rank > 0) {
+    // What to_json() writes for a DeepSeek model: the config.json field names,
+    // so the same parser reads them (the shapes above are already set).
+    MSI_ASSIGN_OR_RETURN(int64_t shared, f.integer_or("shared_experts", 0));
+    const Json& j = f.json();
+    Json ds{{"architectures", {m.architecture}}, {"num_hidden_layers", m.layers},
+            {"n_routed_experts", m.experts},     {"num_experts_per_tok", m.top_k},
+            {"intermediate_size", m.dense_ffn},  {"n_shared_experts", shared}};
+    for (const char* k : {"first_k_dense_replace", "moe_layer_freq", "scoring_func", "topk_method",
+                          "n_group", "topk_group", "routed_scaling_factor", "rope_scaling",
+                          "quantization_config", "norm_topk_prob", "rope_theta", "rms_norm_eps"}) {
+      if (j.contains(k)) ds[k] = j.at(k);
+    }
+    if (j.contains("nextn_predict_layers"))
+      ds["num_nextn_predict_layers"] = j.at("nextn_predict_layers");
+    ModelConfig d = m;
+    MSI_RETURN_IF_ERROR(parse_deepseek(JsonFields(ds, f.where()), d));
+    const int64_t moe_layers = m.moe_layers;
+    m = d;
+    m.moe_layers = static_cast<int>(moe_layers);
+  }
   Status s = m.validate();
   if (!s.ok()) return s.with_context(f.where());
   return m;

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -190,6 +191,200 @@ TEST(HfConfigTest, DeepSeekV3WithMlaDenseLayersAndSharedExpert) {
   EXPECT_EQ(m->dense_ffn, 18432);
   EXPECT_DOUBLE_EQ(m->kv_bytes_per_token_per_layer(), 2.0 * (512 + 64));  // latent cache
   EXPECT_NEAR(m->total_params() / 671e9, 1.0, 0.02);
+}
+
+// deepseek-ai/DeepSeek-V3 config.json as published (the fields msinfer reads,
+// and some it ignores).
+Json deepseek_v3() {
+  return Json::parse(R"({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+    "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+    "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3, "moe_layer_freq": 1, "n_group": 8, "topk_group": 4,
+    "topk_method": "noaux_tc", "scoring_func": "sigmoid", "norm_topk_prob": true,
+    "routed_scaling_factor": 2.5, "aux_loss_alpha": 0.001, "seq_aux": true, "ep_size": 1,
+    "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "max_position_embeddings": 163840, "rms_norm_eps": 1e-06, "rope_theta": 10000,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
+                            "quant_method": "fp8", "weight_block_size": [128, 128]},
+    "vocab_size": 129280, "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16"})");
+}
+
+// deepseek-ai/DeepSeek-V2-Lite config.json as published.
+Json deepseek_v2_lite() {
+  return Json::parse(R"({"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+    "hidden_size": 2048, "intermediate_size": 10944, "moe_intermediate_size": 1408,
+    "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16,
+    "n_routed_experts": 64, "n_shared_experts": 2, "num_experts_per_tok": 6,
+    "first_k_dense_replace": 1, "moe_layer_freq": 1, "n_group": 1, "topk_group": 1,
+    "topk_method": "greedy", "scoring_func": "softmax", "norm_topk_prob": false,
+    "routed_scaling_factor": 1.0, "q_lora_rank": null, "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "max_position_embeddings": 163840, "rms_norm_eps": 1e-06, "rope_theta": 10000,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
+                     "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "vocab_size": 102400, "bos_token_id": 100000, "eos_token_id": 100001,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16"})");
+}
+
+TEST(HfConfigTest, DeepSeekV3EveryField) {
+  auto m = parse_hf_config(deepseek_v3(), "dsv3/config.json");
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->q_lora_rank, 1536);
+  EXPECT_EQ(m->kv_lora_rank, 512);
+  EXPECT_EQ(m->head_dim, 192);
+  EXPECT_EQ(m->shared_experts, 1);
+  EXPECT_EQ(m->first_k_dense_replace, 3);
+  EXPECT_EQ(m->moe_layer_freq, 1);
+  EXPECT_FALSE(m->is_moe_layer(2));
+  EXPECT_TRUE(m->is_moe_layer(3));
+  EXPECT_EQ(m->nextn_predict_layers, 1);
+  EXPECT_EQ(m->scoring_func, ModelConfig::ScoringFunc::kSigmoid);
+  EXPECT_EQ(m->topk_method, ModelConfig::TopkMethod::kNoauxTc);
+  EXPECT_EQ(m->n_group, 8);
+  EXPECT_EQ(m->topk_group, 4);
+  EXPECT_TRUE(m->norm_topk_prob);
+  EXPECT_DOUBLE_EQ(m->routed_scaling_factor, 2.5);
+  EXPECT_DOUBLE_EQ(m->rope_theta, 10000);
+  EXPECT_DOUBLE_EQ(m->rms_norm_eps, 1e-6);
+  EXPECT_EQ(m->max_position_embeddings, 163840);
+  EXPECT_DOUBLE_EQ(m->yarn_factor, 40);
+  EXPECT_EQ(m->yarn_original_max_position, 4096);
+  EXPECT_DOUBLE_EQ(m->yarn_beta_fast, 32);
+  EXPECT_DOUBLE_EQ(m->yarn_beta_slow, 1);
+  EXPECT_DOUBLE_EQ(m->yarn_mscale, 1.0);
+  EXPECT_DOUBLE_EQ(m->yarn_mscale_all_dim, 1.0);
+  // 0.1 * ln(40) + 1
+  EXPECT_NEAR(m->yarn_attention_mscale(), 1.368888, 1e-6);
+  EXPECT_DOUBLE_EQ(m->yarn_rope_mscale(), 1.0);
+  EXPECT_TRUE(m->fp8_weights);
+  EXPECT_EQ(m->fp8_block_rows, 128);
+  EXPECT_EQ(m->fp8_block_cols, 128);
+  EXPECT_EQ(m->bos_token_id, 0);
+  ASSERT_EQ(m->eos_token_ids.size(), 1u);
+  EXPECT_EQ(m->eos_token_ids[0], 1);
+  // Not runnable yet; refused with the reason.
+  Status s = m->check_executable();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("DeepseekV3ForCausalLM"), std::string::npos) << s.message();
+  // A plan file carries the model: every field survives the round trip.
+  Json j = m->to_json();
+  auto back = ModelConfig::from_json(JsonFields(j, "plan.model"));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->to_json(), j);
+  EXPECT_DOUBLE_EQ(back->total_params(), m->total_params());
+}
+
+TEST(HfConfigTest, DeepSeekV2LiteAndV2) {
+  auto m = parse_hf_config(deepseek_v2_lite(), "dsv2lite/config.json");
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->q_lora_rank, 0);  // null: a plain q_proj
+  EXPECT_EQ(m->shared_experts, 2);
+  EXPECT_EQ(m->shared_expert_ffn, 2 * 1408);
+  EXPECT_EQ(m->moe_layers, 26);
+  EXPECT_EQ(m->dense_ffn, 10944);
+  EXPECT_EQ(m->scoring_func, ModelConfig::ScoringFunc::kSoftmax);
+  EXPECT_EQ(m->topk_method, ModelConfig::TopkMethod::kGreedy);
+  EXPECT_FALSE(m->norm_topk_prob);
+  EXPECT_EQ(m->nextn_predict_layers, 0);
+  EXPECT_FALSE(m->fp8_weights);
+  EXPECT_NEAR(m->yarn_attention_mscale(), 0.1 * 0.707 * std::log(40.0) + 1, 1e-12);
+  EXPECT_NEAR(m->total_params() / 15.7e9, 1.0, 0.02);  // "16B": 15.7B published
+
+  // DeepSeek-V2 (236B): group-limited greedy over 8 groups, 3 of them per token.
+  Json j = deepseek_v2_lite();
+  j["topk_method"] = "group_limited_greedy";
+  j["n_group"] = 8;
+  j["topk_group"] = 3;
+  j["n_routed_experts"] = 160;
+  m = parse_hf_config(j, "dsv2/config.json");
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->topk_method, ModelConfig::TopkMethod::kGroupLimitedGreedy);
+  EXPECT_EQ(m->n_group, 8);
+  EXPECT_EQ(m->topk_group, 3);
+
+  // Without the optional fields: the HF defaults of each architecture.
+  j = deepseek_v2_lite();
+  for (const char* k : {"topk_method", "scoring_func", "norm_topk_prob", "n_group", "topk_group",
+                        "routed_scaling_factor", "rope_scaling", "rope_theta", "rms_norm_eps"}) {
+    j.erase(k);
+  }
+  m = parse_hf_config(j, "c.json");
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->topk_method, ModelConfig::TopkMethod::kGreedy);
+  EXPECT_FALSE(m->norm_topk_prob);
+  EXPECT_DOUBLE_EQ(m->yarn_factor, 0);
+  EXPECT_DOUBLE_EQ(m->yarn_attention_mscale(), 1.0);
+  EXPECT_DOUBLE_EQ(m->rope_theta, 10000);
+  j["architectures"] = {"DeepseekV3ForCausalLM"};
+  j["n_group"] = 8;
+  j["topk_group"] = 4;
+  m = parse_hf_config(j, "c.json");
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->topk_method, ModelConfig::TopkMethod::kNoauxTc);
+  EXPECT_EQ(m->scoring_func, ModelConfig::ScoringFunc::kSigmoid);
+  EXPECT_TRUE(m->norm_topk_prob);
+}
+
+TEST(HfConfigTest, BadDeepSeekConfigsNameTheField) {
+  struct Case {
+    const char* key;
+    Json value;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"n_group", 7, "field 'n_group' 7 does not divide n_routed_experts (256)"},
+      {"n_group", 0, "field 'n_group' must be in 1..n_routed_experts"},
+      {"topk_group", 9, "field 'topk_group' 9 must be in 1..n_group (8)"},
+      {"topk_group", 0, "field 'topk_group' 0 must be in 1..n_group (8)"},
+      {"scoring_func", "relu", "field 'scoring_func' 'relu' is not one of softmax, sigmoid"},
+      {"topk_method", "random",
+       "field 'topk_method' 'random' is not one of greedy, group_limited_greedy, noaux_tc"},
+      {"routed_scaling_factor", 0, "field 'routed_scaling_factor' must be in (0, 1e6)"},
+      {"moe_layer_freq", 0, "field 'moe_layer_freq' must be in 1..layers"},
+      {"first_k_dense_replace", -1,
+       "field 'first_k_dense_replace' must be in 0..num_hidden_layers"},
+      {"num_nextn_predict_layers", -1, "field 'num_nextn_predict_layers' must be in 0..64"},
+      {"num_experts_per_tok", 129,
+       "field 'num_experts_per_tok' 129 exceeds the experts of topk_group groups (128)"},
+      {"rope_scaling", Json{{"type", "linear"}, {"factor", 4}},
+       "rope_scaling: field 'type' 'linear' is not supported (DeepSeek models: yarn)"},
+      {"rope_scaling", Json{{"type", "yarn"}, {"factor", 4}},
+       "rope_scaling: field 'original_max_position_embeddings' is missing"},
+      {"rope_scaling",
+       Json{{"type", "yarn"}, {"factor", -1}, {"original_max_position_embeddings", 4096}},
+       "rope_scaling: field 'factor' must be > 0"},
+      {"quantization_config", Json{{"quant_method", "awq"}},
+       "quantization_config: field 'quant_method' 'awq' is not supported (fp8)"},
+      {"quantization_config",
+       Json{{"quant_method", "fp8"}, {"fmt", "e5m2"}, {"weight_block_size", {128, 128}}},
+       "quantization_config: field 'fmt' 'e5m2' is not supported (e4m3)"},
+      {"quantization_config", Json{{"quant_method", "fp8"}, {"weight_block_size", {128}}},
+       "quantization_config: field 'weight_block_size' must be two block sizes"},
+  };
+  for (const Case& c : cases) {
+    Json j = deepseek_v3();
+    j[c.key] = c.value;
+    auto m = parse_hf_config(j, "dsv3/config.json");
+    ASSERT_FALSE(m.ok()) << c.key << " = " << c.value.dump();
+    EXPECT_NE(m.status().message().find(c.message), std::string::npos)
+        << c.key << ": " << m.status().message();
+    EXPECT_EQ(m.status().message().rfind("dsv3/config.json", 0), 0u) << m.status().message();
+  }
+  // Dense layers need their width.
+  Json j = deepseek_v3();
+  j.erase("intermediate_size");
+  auto m = parse_hf_config(j, "dsv3/config.json");
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("field 'intermediate_size' is needed (>= 1) for the 3 dense"),
+            std::string::npos)
+      << m.status().message();
 }
 
 TEST(HfConfigTest, MalformedConfigsGiveClearErrors) {

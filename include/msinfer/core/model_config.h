@@ -44,6 +44,36 @@ struct ModelConfig {
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
 
+  // DeepSeek-V2/V3 layer pattern, routing and position encoding (HF config.json
+  // names in comments). Defaults describe Mixtral / Qwen-MoE: softmax over
+  // all experts, plain top-K, every layer MoE, plain RoPE, bf16 weights.
+  int shared_experts = 0;         // n_shared_experts (each moe_intermediate_size wide)
+  int first_k_dense_replace = 0;  // layers [0, this) are dense
+  int moe_layer_freq = 1;         // layer i >= first_k_dense_replace is MoE iff i % this == 0
+  int nextn_predict_layers = 0;   // num_nextn_predict_layers: MTP layers stored after the
+                                  // decoder layers (model.layers.<layers + j>.*); not run
+  enum class ScoringFunc { kSoftmax, kSigmoid };
+  ScoringFunc scoring_func = ScoringFunc::kSoftmax;  // scoring_func
+  // topk_method: greedy (top-K of all scores); group_limited_greedy (keep the
+  // topk_group groups of n_group with the highest max score, then top-K);
+  // noaux_tc (scores + e_score_correction_bias pick the groups, by the sum of
+  // each group's two best, and the experts; the weights are the unbiased scores).
+  enum class TopkMethod { kGreedy, kGroupLimitedGreedy, kNoauxTc };
+  TopkMethod topk_method = TopkMethod::kGreedy;
+  int n_group = 1;                     // n_group: expert groups (divides experts)
+  int topk_group = 1;                  // topk_group: groups a token may use (<= n_group)
+  double routed_scaling_factor = 1.0;  // routed_scaling_factor: multiplies the routed weights
+  // rope_scaling {"type": "yarn", ...}; yarn_factor == 0: none (plain RoPE).
+  double yarn_factor = 0;                  // factor
+  int64_t yarn_original_max_position = 0;  // original_max_position_embeddings
+  double yarn_beta_fast = 32, yarn_beta_slow = 1;
+  double yarn_mscale = 1, yarn_mscale_all_dim = 0;  // mscale, mscale_all_dim
+  // quantization_config {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size":
+  // [r, c]}: the GEMM weights are float8_e4m3fn with a float32 `<name>_scale_inv`
+  // of ceil(rows/r) x ceil(cols/c) per weight (value = e4m3 * scale_inv per block).
+  bool fp8_weights = false;
+  int64_t fp8_block_rows = 0, fp8_block_cols = 0;
+
   // Numerics the engine needs (defaults are the HF defaults of Mixtral).
   double rope_theta = 1e6;
   double rms_norm_eps = 1e-5;
@@ -52,6 +82,19 @@ struct ModelConfig {
   int64_t max_position_embeddings = 32768;
   int64_t bos_token_id = -1;    // -1: none
   std::vector<int64_t> eos_token_ids;
+
+  // Whether decoder layer `i` (0-based) has routed experts; the others have a
+  // dense FFN of width dense_ffn.
+  bool is_moe_layer(int i) const;
+  // YaRN temperature, as HF's DeepSeek modelling code: with
+  // g(m) = 0.1 m ln(factor) + 1 (1 when factor <= 1 or no YaRN), the softmax
+  // scale of MLA is (qk_nope + qk_rope)^-0.5 * g(mscale_all_dim)^2
+  // (g = 1 when mscale_all_dim is 0), and cos/sin are multiplied by
+  // g(mscale) / g(mscale_all_dim). DeepSeek's reference model scales the
+  // softmax by g(mscale)^2 and leaves cos/sin alone: the same when mscale ==
+  // mscale_all_dim, as in every published config.
+  double yarn_attention_mscale() const;
+  double yarn_rope_mscale() const;
 
   // Query heads per KV head (g in SPEC.md section 4).
   double gqa_group() const;
