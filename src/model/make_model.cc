@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 
+#include "internal/make_model_deepseek.h"
 #include "msinfer/core/bf16.h"
 #include "msinfer/model/tokenizer.h"
 
@@ -294,9 +295,14 @@ StatusOr<double> parse_router_skew(const std::string& value) {
   return s;
 }
 
-std::vector<std::string> model_presets() { return {"tiny-mixtral", "tiny-qwen3moe", "small-mixtral"}; }
+std::vector<std::string> model_presets() {
+  std::vector<std::string> p = {"tiny-mixtral", "tiny-qwen3moe", "small-mixtral"};
+  for (const auto& d : internal::deepseek_presets()) p.push_back(d);
+  return p;
+}
 
 StatusOr<Json> preset_config(const std::string& preset, int64_t vocab) {
+  if (internal::is_deepseek_preset(preset)) return internal::deepseek_preset_config(preset, vocab);
   if (preset == "tiny-mixtral" || preset == "small-mixtral") {
     const bool tiny = preset == "tiny-mixtral";
     return Json{{"architectures", {"MixtralForCausalLM"}},
@@ -348,6 +354,9 @@ StatusOr<Json> preset_config(const std::string& preset, int64_t vocab) {
 }
 
 Status make_model(const MakeModelOptions& o) {
+  if (internal::is_deepseek_preset(o.preset)) {
+    return internal::make_deepseek_model(o, train_tokenizer(kCorpus, 200, /*byte_level=*/true));
+  }
   // Tokenizer first: the vocabulary size comes from it.
   // Chat templates, as the models they imitate ship them: Llama-2-chat's
   // (meta-llama/Llama-2-7b-chat-hf) for the Llama-style tokenizers, ChatML

@@ -16,7 +16,8 @@ StatusOr<DType> parse_dtype(const std::string& s) {
   if (s == "BF16") return DType::kBF16;
   if (s == "F16") return DType::kF16;
   if (s == "F32") return DType::kF32;
-  return invalid_argument("dtype '" + s + "' is not supported (BF16, F16, F32)");
+  if (s == "F8_E4M3") return DType::kF8E4M3;
+  return invalid_argument("dtype '" + s + "' is not supported (BF16, F16, F32, F8_E4M3)");
 }
 
 // Bytes outside printable ASCII as \xNN.
@@ -41,11 +42,20 @@ const char* dtype_name(DType d) {
     case DType::kBF16: return "BF16";
     case DType::kF16: return "F16";
     case DType::kF32: return "F32";
+    case DType::kF8E4M3: return "F8_E4M3";
   }
   return "?";
 }
 
-size_t dtype_size(DType d) { return d == DType::kF32 ? 4 : 2; }
+size_t dtype_size(DType d) {
+  switch (d) {
+    case DType::kF32: return 4;
+    case DType::kF8E4M3: return 1;
+    case DType::kBF16:
+    case DType::kF16: return 2;
+  }
+  return 0;
+}
 
 int64_t TensorView::numel() const {
   int64_t n = 1;

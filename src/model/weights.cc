@@ -1,10 +1,13 @@
 #include "msinfer/model/weights.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <malloc.h>
 #include <set>
+
+#include "msinfer/core/fp8.h"
 
 namespace msinfer::model {
 namespace {
@@ -38,6 +41,9 @@ void append_bf16(const TensorView& t, std::vector<bf16>& out) {
         out[at + i] = float_to_bf16(f);
       }
       break;
+    case DType::kF8E4M3:  // the raw codes, unscaled: callers apply the block scales
+      for (size_t i = 0; i < n; ++i) out[at + i] = float_to_bf16(e4m3_to_float(t.data[i]));
+      break;
   }
 }
 
@@ -50,9 +56,85 @@ std::vector<float> to_float(const TensorView& t) {
   return f;
 }
 
+// Appends rows [r0, r1) x columns [c0, c1) of the [rows, cols] weight `t` as
+// bf16. A float8_e4m3fn weight is dequantised with its block scales (see
+// read_weight_bf16 in weights.h); `scale` is then its checked
+// <name>_scale_inv, else null.
+void append_weight_bf16(const TensorView& t, const TensorView* scale, const ModelConfig& c,
+                        int64_t r0, int64_t r1, int64_t c0, int64_t c1, std::vector<bf16>& out) {
+  const int64_t cols = t.shape[1];
+  if (t.dtype != DType::kF8E4M3) {
+    const size_t elem = dtype_size(t.dtype);
+    for (int64_t r = r0; r < r1; ++r) {
+      TensorView row = t;
+      row.shape = {c1 - c0};
+      row.data = t.data + static_cast<size_t>(r * cols + c0) * elem;
+      append_bf16(row, out);
+    }
+    return;
+  }
+  const int64_t sc = scale->shape[1];
+  size_t at = out.size();
+  out.resize(at + static_cast<size_t>((r1 - r0) * (c1 - c0)));
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = t.data + r * cols;
+    const uint8_t* srow = scale->data + 4 * (r / c.fp8_block_rows) * sc;
+    for (int64_t col = c0; col < c1; ++col) {
+      float s;
+      std::memcpy(&s, srow + 4 * (col / c.fp8_block_cols), 4);
+      out[at++] = float_to_bf16(e4m3_to_float(row[col]) * s);
+    }
+  }
+}
+
+// The block-scale tensor of the float8 weight `t` ([rows, cols]), checked: a
+// float32 [ceil(rows/br), ceil(cols/bc)] of finite positive values.
+StatusOr<const TensorView*> fp8_scale(const Checkpoint& ckpt, const ModelConfig& c,
+                                      const TensorView& t, const std::string& dir) {
+  if (!c.fp8_weights) {
+    return invalid_argument(t.file + ": tensor '" + t.name +
+                            "' is F8_E4M3 but config.json has no fp8 quantization_config");
+  }
+  if (t.shape.size() != 2) {
+    return invalid_argument(t.file + ": F8_E4M3 tensor '" + t.name + "' has shape " +
+                            t.shape_string() + "; block scaling needs a matrix");
+  }
+  const std::string name = fp8_scale_name(t.name);
+  const TensorView* s = ckpt.find(name);
+  if (s == nullptr) {
+    return invalid_argument(dir + ": tensor '" + name + "' (the block scales of F8_E4M3 '" +
+                            t.name + "') is missing");
+  }
+  const int64_t sr = (t.shape[0] + c.fp8_block_rows - 1) / c.fp8_block_rows;
+  const int64_t sc = (t.shape[1] + c.fp8_block_cols - 1) / c.fp8_block_cols;
+  if (s->dtype != DType::kF32) {
+    return invalid_argument(s->file + ": tensor '" + name + "' has dtype " + dtype_name(s->dtype) +
+                            ", expected F32");
+  }
+  if (s->shape != std::vector<int64_t>{sr, sc}) {
+    TensorView want;
+    want.shape = {sr, sc};
+    return invalid_argument(s->file + ": tensor '" + name + "' has " + s->shape_string() +
+                            " blocks, expected " + want.shape_string() + " for " +
+                            t.shape_string() + " in " + std::to_string(c.fp8_block_rows) + "x" +
+                            std::to_string(c.fp8_block_cols) + " blocks");
+  }
+  for (int64_t i = 0; i < sr * sc; ++i) {
+    float v;
+    std::memcpy(&v, s->data + 4 * i, 4);
+    if (!(std::isfinite(v) && v > 0)) {
+      return invalid_argument(s->file + ": tensor '" + name + "' block [" + std::to_string(i / sc) +
+                              ", " + std::to_string(i % sc) + "] has scale " + std::to_string(v) +
+                              "; block scales must be finite and > 0");
+    }
+  }
+  return s;
+}
+
 class Loader {
  public:
-  Loader(const Checkpoint& ckpt, const std::string& dir) : ckpt_(ckpt), dir_(dir) {}
+  Loader(const Checkpoint& ckpt, const std::string& dir, const ModelConfig& config)
+      : ckpt_(ckpt), dir_(dir), config_(config) {}
 
   // The tensor `name` with exactly `shape`, or an error naming file and tensor.
   StatusOr<const TensorView*> get(const std::string& name, std::vector<int64_t> shape) {
@@ -77,7 +159,8 @@ class Loader {
     int64_t n = 0, k = parts.front().second[1];
     for (const auto& [name, shape] : parts) {
       MSI_ASSIGN_OR_RETURN(const TensorView* t, get(name, shape));
-      append_bf16(*t, staging_);
+      MSI_ASSIGN_OR_RETURN(const TensorView* scale, scale_of(*t));
+      append_weight_bf16(*t, scale, config_, 0, shape[0], 0, shape[1], staging_);
       ckpt_.release(*t);
       n += shape[0];
     }
@@ -98,13 +181,8 @@ class Loader {
     const int64_t k = parts.front().c1 - parts.front().c0;
     for (const Block& b : parts) {
       MSI_ASSIGN_OR_RETURN(const TensorView* t, get(b.name, b.shape));
-      const size_t elem = t->bytes / static_cast<size_t>(t->numel());
-      for (int64_t r = b.r0; r < b.r1; ++r) {
-        TensorView row = *t;
-        row.shape = {b.c1 - b.c0};
-        row.data = t->data + (static_cast<size_t>(r * b.shape[1] + b.c0)) * elem;
-        append_bf16(row, staging_);
-      }
+      MSI_ASSIGN_OR_RETURN(const TensorView* scale, scale_of(*t));
+      append_weight_bf16(*t, scale, config_, b.r0, b.r1, b.c0, b.c1, staging_);
       ckpt_.release(*t);
       n += b.r1 - b.r0;
     }
@@ -113,7 +191,19 @@ class Loader {
 
   StatusOr<std::vector<float>> vec(const std::string& name, int64_t n) {
     MSI_ASSIGN_OR_RETURN(const TensorView* t, get(name, {n}));
+    if (t->dtype == DType::kF8E4M3) {
+      return invalid_argument(t->file + ": tensor '" + name +
+                              "' is F8_E4M3; expected a float type");
+    }
     return to_float(*t);
+  }
+
+  // The checked block scales of a float8 weight (marked used), else null.
+  StatusOr<const TensorView*> scale_of(const TensorView& t) {
+    if (t.dtype != DType::kF8E4M3) return static_cast<const TensorView*>(nullptr);
+    MSI_ASSIGN_OR_RETURN(const TensorView* s, fp8_scale(ckpt_, config_, t, dir_));
+    used_.insert(s->name);
+    return s;
   }
 
   void skip(const std::string& name) { used_.insert(name); }
@@ -123,6 +213,7 @@ class Loader {
  private:
   const Checkpoint& ckpt_;
   std::string dir_;
+  const ModelConfig& config_;
   std::set<std::string> used_;
   std::vector<bf16> staging_;
 };
@@ -131,11 +222,33 @@ class Loader {
 
 StatusOr<std::vector<bf16>> read_bf16(const Checkpoint& ckpt, const std::string& name,
                                       const std::vector<int64_t>& shape) {
-  Loader ld(ckpt, "checkpoint");
+  const ModelConfig plain;
+  Loader ld(ckpt, "checkpoint", plain);
   MSI_ASSIGN_OR_RETURN(const TensorView* t, ld.get(name, shape));
+  if (t->dtype == DType::kF8E4M3) {
+    return invalid_argument(t->file + ": tensor '" + name +
+                            "' is F8_E4M3: read it with read_weight_bf16 and the model's config");
+  }
   std::vector<bf16> out;
   append_bf16(*t, out);
   ckpt.release(*t);
+  return out;
+}
+
+std::string fp8_scale_name(const std::string& weight) { return weight + "_scale_inv"; }
+
+StatusOr<std::vector<bf16>> read_weight_bf16(const Checkpoint& ckpt, const ModelConfig& config,
+                                             const std::string& name,
+                                             const std::vector<int64_t>& shape,
+                                             const std::string& dir) {
+  if (shape.size() != 2) {
+    return invalid_argument("read_weight_bf16: '" + name + "' needs a 2-d shape");
+  }
+  Loader ld(ckpt, dir, config);
+  MSI_ASSIGN_OR_RETURN(const TensorView* t, ld.get(name, shape));
+  MSI_ASSIGN_OR_RETURN(const TensorView* scale, ld.scale_of(*t));
+  std::vector<bf16> out;
+  append_weight_bf16(*t, scale, config, 0, shape[0], 0, shape[1], out);
   return out;
 }
 
@@ -190,13 +303,18 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
   w->attention_tp_size_ = static_cast<int>(atp);
   // Ranks > 0 of an attention replica hold only their q/k/v/o slices.
   const bool attention_rest = options.attention && atp_rank == 0;
-  Loader ld(w->checkpoint_, dir);
+  Loader ld(w->checkpoint_, dir, w->config_);
   const kernels::cpu::WeightFormat fmt = options.weights;
   const int64_t h = c.hidden, hd = c.head_dim, H = c.heads, KV = c.kv_heads, F = c.expert_ffn;
   const int64_t E = c.experts, V = c.vocab;
 
   if (attention_rest) {
     MSI_ASSIGN_OR_RETURN(w->embed_view_, ld.get("model.embed_tokens.weight", {V, h}));
+    if (w->embed_view_->dtype == DType::kF8E4M3) {
+      return invalid_argument(
+          w->embed_view_->file +
+          ": tensor 'model.embed_tokens.weight' is F8_E4M3; expected a float type");
+    }
     if (w->embed_view_->dtype != DType::kBF16) append_bf16(*w->embed_view_, w->embed_copy_);
     MSI_ASSIGN_OR_RETURN(w->final_norm_, ld.vec("model.norm.weight", h));
     if (c.tied_embeddings) {

@@ -20,8 +20,10 @@
 
 namespace msinfer::model {
 
-enum class DType { kBF16, kF16, kF32 };
-const char* dtype_name(DType d);  // "BF16", "F16", "F32"
+// kF8E4M3: float8_e4m3fn (msinfer/core/fp8.h), the block-scaled weights of
+// DeepSeek-V3 checkpoints (ModelConfig::fp8_weights); never a GEMM input as is.
+enum class DType { kBF16, kF16, kF32, kF8E4M3 };
+const char* dtype_name(DType d);  // "BF16", "F16", "F32", "F8_E4M3"
 size_t dtype_size(DType d);
 
 struct TensorView {

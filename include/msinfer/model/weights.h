@@ -111,9 +111,30 @@ struct ExpertTensorNames {
   std::string w1, w2, w3;
 };
 // The tensor `name` of `ckpt` as bf16 values (converted from f16/f32), with
-// exactly `shape`; INVALID_ARGUMENT naming file and tensor otherwise.
+// exactly `shape`; INVALID_ARGUMENT naming file and tensor otherwise (also for
+// an F8_E4M3 tensor: those need read_weight_bf16).
 StatusOr<std::vector<bf16>> read_bf16(const Checkpoint& ckpt, const std::string& name,
                                       const std::vector<int64_t>& shape);
+
+// FP8 block-scaled weights (ModelConfig::fp8_weights; DeepSeek-V3 checkpoints):
+// the float32 block scales of float8_e4m3fn weight `weight` are the tensor
+// fp8_scale_name(weight) = weight + "_scale_inv".
+std::string fp8_scale_name(const std::string& weight);
+// The GEMM weight `name` of the checkpoint as bf16 values, row-major with
+// exactly `shape` [rows, cols]: bf16 as stored, f16 / f32 rounded to bf16, and
+// float8_e4m3fn dequantised: w[r][c] = e4m3(q[r][c]) * scale[r / br][c / bc]
+// in float32, rounded to bf16 once (what DeepSeek's weight_dequant stores;
+// br x bc = config.fp8_block_rows x _cols, the last row and column of blocks
+// may be partial). The engine's loader packs weights through the same code.
+// INVALID_ARGUMENT naming the file and tensor: a missing weight or scale
+// tensor, a wrong shape, scales that are not F32 or not ceil(rows/br) x
+// ceil(cols/bc) blocks, a scale that is NaN, infinite, zero or negative, or an
+// F8_E4M3 weight when the config has no fp8 quantization_config. `dir` names
+// the checkpoint in errors about missing tensors.
+StatusOr<std::vector<bf16>> read_weight_bf16(const Checkpoint& ckpt, const ModelConfig& config,
+                                             const std::string& name,
+                                             const std::vector<int64_t>& shape,
+                                             const std::string& dir = "checkpoint");
 
 ExpertTensorNames expert_tensor_names(const ModelConfig& c, int layer, int expert);
 std::string router_tensor_name(const ModelConfig& c, int layer);

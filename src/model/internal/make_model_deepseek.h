@@ -1,0 +1,40 @@
+// make-model presets of the DeepSeek-V2/V3 family (kept apart from
+// make_model.cc, which calls in here for these preset names).
+//
+// tiny-deepseek-v3: DeepseekV3ForCausalLM, hidden 192 (one full and one
+// partial 128-block), 2 decoder layers (layer 0 dense, first_k_dense_replace
+// 1) plus one MTP layer (num_nextn_predict_layers 1, model.layers.2.* with
+// enorm / hnorm / eh_proj / shared_head / embed_tokens as DeepSeek-V3 ships
+// it), MLA with q_lora_rank 96, kv_lora_rank 64, qk_nope 32, qk_rope 16, v 32,
+// 4 heads; 16 routed experts of width 80 in 4 groups, top-4 of the best 2
+// groups by sigmoid + e_score_correction_bias (noaux_tc), routed_scaling_factor
+// 2.5, one shared expert; YaRN factor 4 over 128 original positions. Every
+// GEMM weight of the decoder layers is float8_e4m3fn with a float32
+// weight_scale_inv per 128x128 block (amax / 448 of the block); embedding,
+// norms, router, bias, eh_proj and LM head are bf16 (the bias float32).
+//
+// tiny-deepseek-v2-lite: DeepseekV2ForCausalLM, hidden 64, 3 layers (layer 0
+// dense), MLA without q_lora (plain q_proj), kv_lora_rank 32, qk_nope 16,
+// qk_rope 8, v 16; 8 routed experts of width 48, softmax greedy top-2 without
+// renormalisation, two shared experts; YaRN with mscale 0.707; bf16.
+//
+// Both use the tiny byte-level tokenizer of tiny-qwen3moe.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "msinfer/core/json.h"
+#include "msinfer/core/status.h"
+#include "msinfer/model/make_model.h"
+
+namespace msinfer::model::internal {
+
+std::vector<std::string> deepseek_presets();
+bool is_deepseek_preset(const std::string& preset);
+// The config.json of a DeepSeek preset (vocab from its tokenizer).
+Json deepseek_preset_config(const std::string& preset, int64_t vocab);
+// Writes the preset's directory; `tokenizer` is the tokenizer.json to ship.
+Status make_deepseek_model(const MakeModelOptions& options, const Json& tokenizer);
+
+}  // namespace msinfer::model::internal

@@ -1,0 +1,318 @@
+#include "internal/make_model_deepseek.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "msinfer/core/bf16.h"
+#include "msinfer/core/fp8.h"
+#include "msinfer/model/safetensors.h"
+#include "msinfer/model/tokenizer.h"
+
+namespace msinfer::model::internal {
+namespace {
+
+namespace fs = std::filesystem;
+
+// One tensor to generate: `std` > 0 a normal N(0, std^2); < 0 a norm weight
+// 1 + N(0, 0.1^2). `fp8`: stored as e4m3 with a block-scale tensor.
+struct Spec {
+  std::string name;
+  std::vector<int64_t> shape;
+  double std;
+  bool fp8 = false;
+  bool f32 = false;  // stored as float32 (e_score_correction_bias)
+};
+
+std::vector<Spec> deepseek_specs(const Json& c, bool fp8) {
+  const int64_t h = c["hidden_size"], V = c["vocab_size"];
+  const int64_t L = c["num_hidden_layers"], mtp = c.value("num_nextn_predict_layers", int64_t{0});
+  const int64_t H = c["num_attention_heads"];
+  const int64_t q_lora = c["q_lora_rank"].is_null() ? 0 : c["q_lora_rank"].get<int64_t>();
+  const int64_t kv_lora = c["kv_lora_rank"], nope = c["qk_nope_head_dim"];
+  const int64_t rope = c["qk_rope_head_dim"], vd = c["v_head_dim"];
+  const int64_t E = c["n_routed_experts"], F = c["moe_intermediate_size"];
+  const int64_t S = c["n_shared_experts"], I = c["intermediate_size"];
+  const int64_t first_dense = c["first_k_dense_replace"];
+  const bool bias = c["topk_method"] == "noaux_tc";
+  const double out_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(L));
+  auto fan = [](int64_t in) { return 1.0 / std::sqrt(static_cast<double>(in)); };
+  std::vector<Spec> s;
+  s.push_back({"model.embed_tokens.weight", {V, h}, 1.0});
+  auto mlp = [&](const std::string& p, int64_t width) {
+    s.push_back({p + "gate_proj.weight", {width, h}, fan(h), fp8});
+    s.push_back({p + "up_proj.weight", {width, h}, fan(h), fp8});
+    s.push_back({p + "down_proj.weight", {h, width}, out_scale * fan(width), fp8});
+  };
+  for (int64_t i = 0; i < L + mtp; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    if (i >= L) {  // a multi-token-prediction module, as DeepSeek-V3 stores it
+      s.push_back({p + "embed_tokens.weight", {V, h}, 1.0});
+      s.push_back({p + "enorm.weight", {h}, -1});
+      s.push_back({p + "hnorm.weight", {h}, -1});
+      s.push_back({p + "eh_proj.weight", {h, 2 * h}, fan(2 * h)});
+      s.push_back({p + "shared_head.norm.weight", {h}, -1});
+      s.push_back({p + "shared_head.head.weight", {V, h}, fan(h)});
+    }
+    s.push_back({p + "input_layernorm.weight", {h}, -1});
+    const std::string a = p + "self_attn.";
+    if (q_lora > 0) {
+      s.push_back({a + "q_a_proj.weight", {q_lora, h}, fan(h), fp8});
+      s.push_back({a + "q_a_layernorm.weight", {q_lora}, -1});
+      s.push_back({a + "q_b_proj.weight", {H * (nope + rope), q_lora}, fan(q_lora), fp8});
+    } else {
+      s.push_back({a + "q_proj.weight", {H * (nope + rope), h}, fan(h), fp8});
+    }
+    s.push_back({a + "kv_a_proj_with_mqa.weight", {kv_lora + rope, h}, fan(h), fp8});
+    s.push_back({a + "kv_a_layernorm.weight", {kv_lora}, -1});
+    s.push_back({a + "kv_b_proj.weight", {H * (nope + vd), kv_lora}, fan(kv_lora), fp8});
+    s.push_back({a + "o_proj.weight", {h, H * vd}, out_scale * fan(H * vd), fp8});
+    s.push_back({p + "post_attention_layernorm.weight", {h}, -1});
+    if (i < first_dense) {
+      mlp(p + "mlp.", I);
+      continue;
+    }
+    s.push_back({p + "mlp.gate.weight", {E, h}, fan(h)});
+    if (bias) s.push_back({p + "mlp.gate.e_score_correction_bias", {E}, 0.1, false, true});
+    for (int64_t e = 0; e < E; ++e) mlp(p + "mlp.experts." + std::to_string(e) + ".", F);
+    if (S > 0) mlp(p + "mlp.shared_experts.", S * F);
+  }
+  s.push_back({"model.norm.weight", {h}, -1});
+  s.push_back({"lm_head.weight", {V, h}, fan(h)});
+  return s;
+}
+
+const char* kChatMlTemplate =
+    "{%- for message in messages %}\n"
+    "    {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- '<|im_start|>assistant\\n' }}\n"
+    "{%- endif %}\n";
+
+}  // namespace
+
+std::vector<std::string> deepseek_presets() {
+  return {"tiny-deepseek-v3", "tiny-deepseek-v2-lite"};
+}
+
+bool is_deepseek_preset(const std::string& preset) {
+  const auto p = deepseek_presets();
+  return std::find(p.begin(), p.end(), preset) != p.end();
+}
+
+Json deepseek_preset_config(const std::string& preset, int64_t vocab) {
+  if (preset == "tiny-deepseek-v3") {
+    return Json{{"architectures", {"DeepseekV3ForCausalLM"}},
+                {"model_type", "deepseek_v3"},
+                {"hidden_size", 192},
+                {"intermediate_size", 320},
+                {"moe_intermediate_size", 80},
+                {"num_hidden_layers", 2},
+                {"num_nextn_predict_layers", 1},
+                {"num_attention_heads", 4},
+                {"num_key_value_heads", 4},
+                {"n_routed_experts", 16},
+                {"n_shared_experts", 1},
+                {"num_experts_per_tok", 4},
+                {"n_group", 4},
+                {"topk_group", 2},
+                {"topk_method", "noaux_tc"},
+                {"scoring_func", "sigmoid"},
+                {"norm_topk_prob", true},
+                {"routed_scaling_factor", 2.5},
+                {"first_k_dense_replace", 1},
+                {"moe_layer_freq", 1},
+                {"q_lora_rank", 96},
+                {"kv_lora_rank", 64},
+                {"qk_nope_head_dim", 32},
+                {"qk_rope_head_dim", 16},
+                {"v_head_dim", 32},
+                {"max_position_embeddings", 512},
+                {"rope_theta", 10000},
+                {"rope_scaling",
+                 {{"type", "yarn"},
+                  {"factor", 4},
+                  {"original_max_position_embeddings", 128},
+                  {"beta_fast", 32},
+                  {"beta_slow", 1},
+                  {"mscale", 1.0},
+                  {"mscale_all_dim", 1.0}}},
+                {"quantization_config",
+                 {{"activation_scheme", "dynamic"},
+                  {"fmt", "e4m3"},
+                  {"quant_method", "fp8"},
+                  {"weight_block_size", {128, 128}}}},
+                {"rms_norm_eps", 1e-6},
+                {"vocab_size", vocab},
+                {"tie_word_embeddings", false},
+                {"bos_token_id", Json()},
+                {"eos_token_id", vocab - 3},  // <|endoftext|>
+                {"torch_dtype", "bfloat16"}};
+  }
+  return Json{{"architectures", {"DeepseekV2ForCausalLM"}},
+              {"model_type", "deepseek_v2"},
+              {"hidden_size", 64},
+              {"intermediate_size", 160},
+              {"moe_intermediate_size", 48},
+              {"num_hidden_layers", 3},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 4},
+              {"n_routed_experts", 8},
+              {"n_shared_experts", 2},
+              {"num_experts_per_tok", 2},
+              {"n_group", 1},
+              {"topk_group", 1},
+              {"topk_method", "greedy"},
+              {"scoring_func", "softmax"},
+              {"norm_topk_prob", false},
+              {"routed_scaling_factor", 1.0},
+              {"first_k_dense_replace", 1},
+              {"moe_layer_freq", 1},
+              {"q_lora_rank", Json()},
+              {"kv_lora_rank", 32},
+              {"qk_nope_head_dim", 16},
+              {"qk_rope_head_dim", 8},
+              {"v_head_dim", 16},
+              {"max_position_embeddings", 512},
+              {"rope_theta", 10000},
+              {"rope_scaling",
+               {{"type", "yarn"},
+                {"factor", 4},
+                {"original_max_position_embeddings", 128},
+                {"beta_fast", 32},
+                {"beta_slow", 1},
+                {"mscale", 0.707},
+                {"mscale_all_dim", 0.707}}},
+              {"rms_norm_eps", 1e-6},
+              {"vocab_size", vocab},
+              {"tie_word_embeddings", false},
+              {"bos_token_id", Json()},
+              {"eos_token_id", vocab - 3},
+              {"torch_dtype", "bfloat16"}};
+}
+
+Status make_deepseek_model(const MakeModelOptions& o, const Json& tok_json) {
+  const Json tok_config = {{"add_bos_token", false},
+                           {"eos_token", "<|endoftext|>"},
+                           {"tokenizer_class", "Qwen2Tokenizer"},
+                           {"chat_template", kChatMlTemplate}};
+  auto tok = Tokenizer::from_json(tok_json, &tok_config, "tokenizer.json");
+  if (!tok.ok()) return tok.status();
+  Json config = deepseek_preset_config(o.preset, tok->vocab_size());
+  if (o.shards < 1 || o.shards > 64) return invalid_argument("--shards must be in 1..64");
+  if (o.router_skew_zipf != 0) {
+    return invalid_argument("--router-skew is not supported for " + o.preset);
+  }
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
+  if (ec) return not_found("--out " + o.out_dir + ": cannot create (" + ec.message() + ")");
+
+  const bool fp8 = config.contains("quantization_config");
+  const int64_t br = fp8 ? config["quantization_config"]["weight_block_size"][0].get<int64_t>() : 0;
+  const int64_t bc = fp8 ? config["quantization_config"]["weight_block_size"][1].get<int64_t>() : 0;
+  const std::vector<Spec> specs = deepseek_specs(config, fp8);
+
+  // Tensors of one shard: generated in spec order (so the values do not
+  // depend on the sharding), written widest dtype first so every tensor's
+  // data stays aligned to its element size (as the safetensors library does).
+  struct Out {
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> data;
+  };
+  std::mt19937_64 rng(o.seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const size_t per_shard = (specs.size() + o.shards - 1) / o.shards;
+  Json weight_map = Json::object();
+  for (int s = 0; s < o.shards; ++s) {
+    char file[64];
+    if (o.shards == 1)
+      std::snprintf(file, sizeof(file), "model.safetensors");
+    else
+      std::snprintf(file, sizeof(file), "model-%05d-of-%05d.safetensors", s + 1, o.shards);
+    std::vector<Out> outs;
+    for (size_t i = s * per_shard; i < std::min(specs.size(), (s + 1) * per_shard); ++i) {
+      const Spec& sp = specs[i];
+      int64_t n = 1;
+      for (int64_t d : sp.shape) n *= d;
+      std::vector<float> v(static_cast<size_t>(n));
+      for (float& x : v) {
+        x = sp.std < 0 ? 1.0f + 0.1f * normal(rng) : static_cast<float>(sp.std) * normal(rng);
+      }
+      if (sp.f32) {
+        Out t{sp.name, DType::kF32, sp.shape, std::vector<uint8_t>(4 * n)};
+        std::memcpy(t.data.data(), v.data(), 4 * n);
+        outs.push_back(std::move(t));
+      } else if (sp.fp8) {
+        // Per block: scale_inv = amax / 448, value = e4m3(w / scale_inv).
+        const int64_t rows = sp.shape[0], cols = sp.shape[1];
+        const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+        Out q{sp.name, DType::kF8E4M3, sp.shape, std::vector<uint8_t>(n)};
+        std::vector<float> scale(static_cast<size_t>(sr * sc));
+        for (int64_t bi = 0; bi < sr; ++bi) {
+          for (int64_t bj = 0; bj < sc; ++bj) {
+            float amax = 0;
+            for (int64_t r = bi * br; r < std::min(rows, (bi + 1) * br); ++r) {
+              for (int64_t c = bj * bc; c < std::min(cols, (bj + 1) * bc); ++c) {
+                amax = std::max(amax, std::fabs(v[r * cols + c]));
+              }
+            }
+            const float si = amax > 0 ? amax / 448.0f : 1.0f;
+            scale[bi * sc + bj] = si;
+            for (int64_t r = bi * br; r < std::min(rows, (bi + 1) * br); ++r) {
+              for (int64_t c = bj * bc; c < std::min(cols, (bj + 1) * bc); ++c) {
+                q.data[r * cols + c] = float_to_e4m3(v[r * cols + c] / si);
+              }
+            }
+          }
+        }
+        Out st{
+            sp.name + "_scale_inv", DType::kF32, {sr, sc}, std::vector<uint8_t>(4 * scale.size())};
+        std::memcpy(st.data.data(), scale.data(), st.data.size());
+        outs.push_back(std::move(q));
+        outs.push_back(std::move(st));
+      } else {
+        Out t{sp.name, o.dtype, sp.shape, std::vector<uint8_t>(dtype_size(o.dtype) * n)};
+        for (int64_t k = 0; k < n; ++k) {
+          if (o.dtype == DType::kBF16) {
+            const bf16 b = float_to_bf16(v[k]);
+            std::memcpy(t.data.data() + 2 * k, &b, 2);
+          } else if (o.dtype == DType::kF32) {
+            std::memcpy(t.data.data() + 4 * k, &v[k], 4);
+          } else {
+            const uint16_t hb = float_to_f16(v[k]);
+            std::memcpy(t.data.data() + 2 * k, &hb, 2);
+          }
+        }
+        outs.push_back(std::move(t));
+      }
+    }
+    std::stable_sort(outs.begin(), outs.end(), [](const Out& a, const Out& b) {
+      return dtype_size(a.dtype) > dtype_size(b.dtype);
+    });
+    std::vector<TensorToWrite> tensors;
+    for (const Out& t : outs) {
+      tensors.push_back({t.name, t.dtype, t.shape, t.data.data()});
+      weight_map[t.name] = file;
+    }
+    MSI_RETURN_IF_ERROR(
+        write_safetensors((fs::path(o.out_dir) / file).string(), tensors, {{"format", "pt"}}));
+  }
+  if (o.shards > 1) {
+    MSI_RETURN_IF_ERROR(
+        write_json_file((fs::path(o.out_dir) / "model.safetensors.index.json").string(),
+                        Json{{"metadata", Json::object()}, {"weight_map", weight_map}}));
+  }
+  MSI_RETURN_IF_ERROR(write_json_file((fs::path(o.out_dir) / "config.json").string(), config));
+  MSI_RETURN_IF_ERROR(write_json_file((fs::path(o.out_dir) / "tokenizer.json").string(), tok_json));
+  MSI_RETURN_IF_ERROR(
+      write_json_file((fs::path(o.out_dir) / "tokenizer_config.json").string(), tok_config));
+  return write_json_file((fs::path(o.out_dir) / "generation_config.json").string(),
+                         Json{{"eos_token_id", config["eos_token_id"]}});
+}
+
+}  // namespace msinfer::model::internal
