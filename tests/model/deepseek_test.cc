@@ -1,6 +1,7 @@
 // DeepSeek-V2/V3 checkpoints (issue 45): the make-model presets write the
 // published HF layout, FP8 block-scaled weights dequantise exactly and broken
-// ones fail naming the tensor.
+// ones fail naming the tensor, and DeepSeek's reference implementation runs on
+// both presets through tests/runtime/deepseek_reference.py.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <map>
 #include <set>
 
+#include "../common/subprocess.h"
 #include "msinfer/core/bf16.h"
 #include "msinfer/core/fp8.h"
 #include "msinfer/core/model_config.h"
@@ -279,6 +281,74 @@ TEST(Fp8WeightsTest, BrokenScalesAreLoadErrorsNamingTheTensor) {
   ASSERT_FALSE(b.ok());
   EXPECT_NE(b.status().message().find("is F8_E4M3"), std::string::npos);
 }
+
+// DeepSeek's own inference/model.py on both presets, through the harness:
+// well-formed output, and its absorbed-MLA decode with the latent KV cache
+// agrees with a prefill of the same tokens (float32, so only summation order
+// differs). Skips without torch or without the reference checkout.
+class DeepSeekReferenceTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DeepSeekReferenceTest, RunsOnThePreset) {
+  const bool have_torch = !msinfer::testing::run_capture(
+                               "/usr/bin/python3 -c 'import torch, numpy' 2>/dev/null && echo ok")
+                               .empty();
+  if (!have_torch) GTEST_SKIP() << "/usr/bin/python3 with torch not found";
+  const std::string dir = make(GetParam());
+  const std::string script =
+      std::string(MSINFER_SOURCE_DIR) + "/tests/runtime/deepseek_reference.py";
+  const std::string out = (fs::path(::testing::TempDir()) / "ref.json").string();
+  const std::string err = (fs::path(::testing::TempDir()) / "ref.err").string();
+  auto run = [&](const std::string& ids, int steps, const std::string& dtype) -> Json {
+    const std::string rc = msinfer::testing::run_capture(
+        "cd " + std::string(MSINFER_SOURCE_DIR) + " && /usr/bin/python3 " + script + " " + dir +
+        " " + ids + " " + std::to_string(steps) + " --dtype " + dtype + " > " + out + " 2> " + err +
+        "; echo $?");
+    std::ifstream e(err);
+    const std::string err_text((std::istreambuf_iterator<char>(e)), {});
+    if (rc == "77\n") return Json{{"skip", err_text}};
+    EXPECT_EQ(rc, "0\n") << err_text;
+    auto j = read_json_file(out);
+    EXPECT_TRUE(j.ok()) << err_text;
+    return j.ok() ? *j : Json();
+  };
+  Json bf = run("5,17,42,99,3,250,7", 4, "bf16");
+  if (bf.contains("skip")) GTEST_SKIP() << bf["skip"].get<std::string>();
+  auto c = load_model_config(dir);
+  ASSERT_TRUE(c.ok());
+  ASSERT_EQ(bf["tokens"].size(), 4u);
+  ASSERT_EQ(bf["logits"].size(), 4u);
+  for (const auto& step : bf["logits"]) {
+    ASSERT_EQ(static_cast<int64_t>(step.size()), c->vocab);
+    double sum2 = 0;
+    for (const auto& v : step) {
+      ASSERT_TRUE(std::isfinite(v.get<double>()));
+      sum2 += v.get<double>() * v.get<double>();
+    }
+    const double rms = std::sqrt(sum2 / double(step.size()));
+    EXPECT_GT(rms, 0.2);  // logits of order 1
+    EXPECT_LT(rms, 5.0);
+  }
+  Json f = run("5,17,42,99,3,250,7", 3, "float32");
+  ASSERT_EQ(f["tokens"].size(), 3u);
+  // Prefill of the prompt plus the first two greedy tokens against step 2's decode.
+  const std::string longer = "5,17,42,99,3,250,7," + std::to_string(f["tokens"][0].get<int>()) +
+                             "," + std::to_string(f["tokens"][1].get<int>());
+  Json p = run(longer, 1, "float32");
+  ASSERT_EQ(p["logits"].size(), 1u);
+  double max_diff = 0;
+  for (size_t v = 0; v < p["logits"][0].size(); ++v) {
+    max_diff = std::max(
+        max_diff, std::fabs(p["logits"][0][v].get<double>() - f["logits"][2][v].get<double>()));
+  }
+  EXPECT_LT(max_diff, 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyPresets, DeepSeekReferenceTest,
+                         ::testing::Values("tiny-deepseek-v3", "tiny-deepseek-v2-lite"),
+                         [](const auto& info) {
+                           return info.param == "tiny-deepseek-v3" ? std::string("V3")
+                                                                   : std::string("V2Lite");
+                         });
 
 }  // namespace
 }  // namespace msinfer::model
