@@ -29,6 +29,8 @@ environment around it:
   width); a checkpoint with e_score_correction_bias gets it at any width.
 
 Usage: deepseek_reference.py MODEL_DIR PROMPT_IDS(comma-separated) STEPS [--dtype bf16|float32]
+       deepseek_reference.py --gate E K N_GROUP TOPK_GROUP softmax|sigmoid BIAS SCALE TOKENS SEED
+(the second form: the reference's Gate alone, see gate_cases)
 --dtype: torch's default dtype while the reference runs (its generate.py uses
 bf16; float32 runs the same code on the same weight values in float32).
 Prints JSON {"tokens": [greedy tokens], "logits": [[vocab floats] per step]}:
@@ -282,8 +284,33 @@ def reference_state_dict(tensors, cfg):
     return out
 
 
+def gate_cases(argv):
+    """--gate E K N_GROUP TOPK_GROUP softmax|sigmoid BIAS(0|1) SCALE TOKENS SEED: the
+    reference's Gate alone, in float32, on seeded random router logits (its
+    weight is the identity, so the logits are the input rows), for the
+    engine's routing kernel to be compared with."""
+    E, K, G, TG = (int(v) for v in argv[:4])
+    score, has_bias, scale, T, seed = argv[4], argv[5] == "1", float(argv[6]), int(argv[7]), int(argv[8])
+    ref = import_reference(reference_dir())
+    torch.set_default_dtype(torch.float32)
+    torch.manual_seed(seed)
+    args = ref.ModelArgs(dim=E, n_routed_experts=E, n_activated_experts=K, n_expert_groups=G,
+                         n_limited_groups=TG, score_func=score, route_scale=scale)
+    gate = ref.Gate(args)
+    gate.weight = torch.nn.Parameter(torch.eye(E))
+    bias = torch.randn(E) * 0.3
+    gate.bias = torch.nn.Parameter(bias.clone()) if has_bias else None
+    logits = torch.randn(T, E) * 2
+    with torch.no_grad():
+        weights, experts = gate(logits)
+    print(json.dumps({"bias": bias.tolist() if has_bias else None, "logits": logits.tolist(),
+                      "experts": experts.tolist(), "weights": weights.tolist()}))
+
+
 def main():
     argv = sys.argv[1:]
+    if argv[:1] == ["--gate"]:
+        return gate_cases(argv[1:])
     dtype = torch.bfloat16
     if "--dtype" in argv:
         i = argv.index("--dtype")
