@@ -30,7 +30,9 @@ environment around it:
 
 Usage: deepseek_reference.py MODEL_DIR PROMPT_IDS(comma-separated) STEPS [--dtype bf16|float32]
        deepseek_reference.py --gate E K N_GROUP TOPK_GROUP softmax|sigmoid BIAS SCALE TOKENS SEED
-(the second form: the reference's Gate alone, see gate_cases)
+       deepseek_reference.py --rope DIM BASE FACTOR ORIGINAL MAX_SEQ BETA_FAST BETA_SLOW START TOKENS HEADS SEED
+(the last two: the reference's Gate, or its rotary embedding, alone; see
+gate_cases and rope_cases)
 --dtype: torch's default dtype while the reference runs (its generate.py uses
 bf16; float32 runs the same code on the same weight values in float32).
 Prints JSON {"tokens": [greedy tokens], "logits": [[vocab floats] per step]}:
@@ -307,10 +309,31 @@ def gate_cases(argv):
                       "experts": experts.tolist(), "weights": weights.tolist()}))
 
 
+def rope_cases(argv):
+    """--rope DIM BASE FACTOR ORIGINAL MAX_SEQ BETA_FAST BETA_SLOW START TOKENS HEADS SEED:
+    the reference's precompute_freqs_cis and apply_rotary_emb alone, in float32,
+    on seeded random rows x [TOKENS, HEADS, DIM] at positions START.. (YaRN is
+    active in the reference when MAX_SEQ > ORIGINAL)."""
+    dim, base, factor, orig, max_seq = int(argv[0]), float(argv[1]), float(argv[2]), int(argv[3]), int(argv[4])
+    beta_fast, beta_slow, start, T, H, seed = (float(argv[5]), float(argv[6]), int(argv[7]),
+                                               int(argv[8]), int(argv[9]), int(argv[10]))
+    ref = import_reference(reference_dir())
+    torch.set_default_dtype(torch.float32)
+    torch.manual_seed(seed)
+    args = ref.ModelArgs(qk_rope_head_dim=dim, max_seq_len=max_seq, rope_theta=base, rope_factor=factor,
+                         original_seq_len=orig, beta_fast=beta_fast, beta_slow=beta_slow)
+    freqs_cis = ref.precompute_freqs_cis(args)
+    x = torch.randn(1, T, H, dim)
+    y = ref.apply_rotary_emb(x, freqs_cis[start : start + T])
+    print(json.dumps({"x": x[0].flatten().tolist(), "y": y[0].flatten().tolist()}))
+
+
 def main():
     argv = sys.argv[1:]
     if argv[:1] == ["--gate"]:
         return gate_cases(argv[1:])
+    if argv[:1] == ["--rope"]:
+        return rope_cases(argv[1:])
     dtype = torch.bfloat16
     if "--dtype" in argv:
         i = argv.index("--dtype")
