@@ -348,8 +348,12 @@ StatusOr<Json> preset_config(const std::string& preset, int64_t vocab) {
                 {"eos_token_id", vocab - 3},  // <|endoftext|>
                 {"torch_dtype", "bfloat16"}};
   }
-  std::string known;
-  for (const auto& p : model_presets()) known += (known.empty() ? "" : ", ") + p;
+  if (preset == "demo") {
+    return invalid_argument(
+        "--preset demo is trained, not generated: model/demo_model.h writes it");
+  }
+  std::string known = "demo";
+  for (const auto& p : model_presets()) known += ", " + p;
   return invalid_argument("--preset '" + preset + "' is not one of " + known);
 }
 

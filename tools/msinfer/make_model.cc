@@ -1,4 +1,5 @@
-// msinfer make-model: write a test checkpoint in the real HF layout.
+// msinfer make-model: write a test checkpoint in the real HF layout, or the
+// trained demo model embedded in the binary.
 #include "msinfer/model/make_model.h"
 
 #include <algorithm>
@@ -9,17 +10,20 @@
 
 #include "commands.h"
 #include "msinfer/core/flags.h"
+#include "msinfer/model/demo_model.h"
 #include "planner_flags.h"
 
 namespace msinfer::cli {
 
 int run_make_model(int argc, char** argv) {
-  FlagSet flags("make-model",
-                "Writes a model directory (config.json, *.safetensors, tokenizer.json,\n"
-                "tokenizer_config.json) with seeded random weights, in the layout of the HF\n"
-                "Mixtral / Qwen3-MoE checkpoints, for tests and benchmarks.\n"
-                "presets: tiny-mixtral, tiny-qwen3moe (a few MB), small-mixtral (~1.3 GB).");
-  flags.add_string("preset", "", "tiny-mixtral | tiny-qwen3moe | small-mixtral");
+  FlagSet flags(
+      "make-model",
+      "Writes a model directory (config.json, *.safetensors, tokenizer.json,\n"
+      "tokenizer_config.json) in the layout of the HF Mixtral / Qwen3-MoE checkpoints.\n"
+      "presets: demo (a small Mixtral trained on the King James Bible: it writes\n"
+      "English; 5.4 MB, built into this binary), and, with seeded random weights for\n"
+      "tests and benchmarks, tiny-mixtral, tiny-qwen3moe (a few MB), small-mixtral (~1.3 GB).");
+  flags.add_string("preset", "", "demo | tiny-mixtral | tiny-qwen3moe | small-mixtral");
   flags.add_string("out", "", "output directory (created if missing)");
   flags.add_int("seed", 0, 0, INT64_MAX, "seed of the random weights");
   flags.add_string("dtype", "bf16", "weight dtype: bf16 | f16 | f32");
@@ -32,7 +36,8 @@ int run_make_model(int argc, char** argv) {
                    "ranking, the same in every layer (S in (0, 8]; docs/ENGINE.md)");
   flags.add_bool("json", "print one JSON object (preset, directory, files) instead of a line");
   flags.set_epilog(
-      "examples:\n  msinfer make-model --preset tiny-mixtral --out /tmp/m\n"
+      "examples:\n  msinfer make-model --preset demo --out /tmp/demo\n"
+      "  msinfer make-model --preset tiny-mixtral --out /tmp/m\n"
       "  msinfer make-model --preset small-mixtral --router-skew zipf:1.2 --out /tmp/skewed");
   Status s = flags.parse(argc, argv, 2);
   if (!s.ok()) return report_error("make-model", s);
@@ -53,6 +58,19 @@ int run_make_model(int argc, char** argv) {
   o.progress = [](const std::string& line) { std::fprintf(stderr, "  %s\n", line.c_str()); };
   if (o.preset.empty()) return report_error("make-model", invalid_argument("--preset is required"));
   if (o.out_dir.empty()) return report_error("make-model", invalid_argument("--out is required"));
+  if (o.preset == model::kDemoPreset) {
+    // Trained weights, written as committed: nothing to seed, convert or shard.
+    for (const char* f : {"seed", "dtype", "shards", "tokenizer", "router-skew"}) {
+      if (flags.was_set(f)) {
+        return report_error("make-model",
+                            invalid_argument(std::string("--") + f +
+                                             " does not apply to --preset demo "
+                                             "(trained weights, written as committed)"));
+      }
+    }
+    s = model::write_demo_model(o.out_dir);
+    if (!s.ok()) return report_error("make-model", s);
+  }
   if (flags.was_set("router-skew")) {
     auto skew = model::parse_router_skew(flags.get_string("router-skew"));
     if (!skew.ok()) return report_error("make-model", skew.status());
@@ -63,8 +81,10 @@ int run_make_model(int argc, char** argv) {
   else if (dt == "f16") o.dtype = model::DType::kF16;
   else if (dt == "f32") o.dtype = model::DType::kF32;
   else return report_error("make-model", invalid_argument("--dtype must be bf16, f16 or f32"));
-  s = model::make_model(o);
-  if (!s.ok()) return report_error("make-model", s);
+  if (o.preset != model::kDemoPreset) {
+    s = model::make_model(o);
+    if (!s.ok()) return report_error("make-model", s);
+  }
   if (flags.get_bool("json")) {
     Json files = Json::array();
     std::error_code ec;

@@ -43,6 +43,7 @@ constexpr double kMaxRouterSkew = 8.0;
 // Parses "zipf:S" (S finite, in (0, kMaxRouterSkew]); errors name --router-skew.
 StatusOr<double> parse_router_skew(const std::string& value);
 
+// The generated presets (the trained "demo" preset is model/demo_model.h's).
 std::vector<std::string> model_presets();
 // The HF config.json a preset writes (vocab filled in from its tokenizer).
 StatusOr<Json> preset_config(const std::string& preset, int64_t vocab);
