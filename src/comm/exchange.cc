@@ -22,6 +22,7 @@ std::vector<uint8_t> make_pattern(int channel, int from, int to, int64_t n) {
 }
 
 void fill(uint8_t* p, const std::vector<uint8_t>& pat, int64_t n, int iter) {
+  if (n <= 0) return;  // an empty message: pat.data() may be null (memcpy's UB)
   std::memcpy(p, pat.data(), static_cast<size_t>(n));
   if (n >= 8) {
     const int64_t stamp = iter;
@@ -34,7 +35,8 @@ Status check(const uint8_t* p, const std::vector<uint8_t>& pat, int64_t n, int c
   int64_t stamp = iter;
   const bool stamp_ok = n < 8 || std::memcmp(p, &stamp, 8) == 0;
   const int64_t skip = n >= 8 ? 8 : 0;
-  if (!stamp_ok || std::memcmp(p + skip, pat.data() + skip, static_cast<size_t>(n - skip)) != 0) {
+  if (!stamp_ok ||
+      (n > skip && std::memcmp(p + skip, pat.data() + skip, static_cast<size_t>(n - skip)) != 0)) {
     int64_t i = skip;
     while (i < n && p[i] == pat[i]) ++i;
     return internal_error("exchange: the message from rank " + std::to_string(from) + " to " +

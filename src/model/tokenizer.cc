@@ -513,6 +513,12 @@ StatusOr<std::string> pattern_of(const Json& j, const std::string& where, bool* 
   return invalid_argument(where + ": 'pattern' must be {\"String\": ..} or {\"Regex\": ..}");
 }
 
+// What an absent normalizer, pre-tokenizer or decoder reads as. A reference,
+// so that `has ? j[k] : kNoJson` names j's own node: with a temporary Json()
+// on one side the ternary copied the node, recursively (a stack overflow for
+// a deeply nested one under AddressSanitizer).
+const Json kNoJson;
+
 // A Sequence inside a Sequence this deep is refused (the parsers recurse;
 // real tokenizers nest one level).
 constexpr int kMaxSequenceDepth = 16;
@@ -736,11 +742,11 @@ StatusOr<Tokenizer> Tokenizer::from_json(const Json& j, const Json* config,
   m.is_added.assign(max_id + 1, false);
   for (const auto& a : m.added) m.is_added[a.second] = true;
 
-  MSI_RETURN_IF_ERROR(parse_normalizer(top.has("normalizer") ? j["normalizer"] : Json(),
+  MSI_RETURN_IF_ERROR(parse_normalizer(top.has("normalizer") ? j["normalizer"] : kNoJson,
                                        source + ": normalizer", m.normalizers));
-  MSI_RETURN_IF_ERROR(parse_pre_tokenizer(top.has("pre_tokenizer") ? j["pre_tokenizer"] : Json(),
+  MSI_RETURN_IF_ERROR(parse_pre_tokenizer(top.has("pre_tokenizer") ? j["pre_tokenizer"] : kNoJson,
                                           source + ": pre_tokenizer", m.pre_tokenizers));
-  MSI_RETURN_IF_ERROR(parse_decoder(top.has("decoder") ? j["decoder"] : Json(),
+  MSI_RETURN_IF_ERROR(parse_decoder(top.has("decoder") ? j["decoder"] : kNoJson,
                                     source + ": decoder", m.decoders));
   for (const auto& p : m.pre_tokenizers) m.byte_level_input |= p.kind == PreTokenizer::kByteLevel;
 
