@@ -394,13 +394,15 @@ class RemoteExperts : public ExpertBackend {
           return resource_exhausted("micro-batch too large for one M2N message (" +
                                     std::to_string(at + end - b) + " rows)");
         }
-        std::memcpy(buf + at * row_bytes, r.send.data() + (off + b) * hidden_,
-                    static_cast<size_t>((end - b) * row_bytes));
+        if (end > b) {  // none: r.send may be empty, its data() null (memcpy's UB)
+          std::memcpy(buf + at * row_bytes, r.send.data() + (off + b) * hidden_,
+                      static_cast<size_t>((end - b) * row_bytes));
+        }
         plan[w].push_back({off + b, end - b, at - hdr});
         at += end - b;
       }
       std::memset(buf, 0, static_cast<size_t>(hdr * row_bytes));
-      std::memcpy(buf, counts.data(), counts.size() * 4);
+      if (!counts.empty()) std::memcpy(buf, counts.data(), counts.size() * 4);
       std::memcpy(buf + hdr * row_bytes - 8, &sent_ns, 8);
       for (int r = 0; r < tp; ++r) {
         if (r > 0)
