@@ -1,13 +1,15 @@
 #include "msinfer/model/weights.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <malloc.h>
 #include <set>
 
 #include "msinfer/core/fp8.h"
+#include "msinfer/core/logging.h"
 
 namespace msinfer::model {
 namespace {
@@ -17,6 +19,12 @@ using kernels::cpu::PackedLinear;
 std::string layer_prefix(int i) { return "model.layers." + std::to_string(i) + "."; }
 
 bool is_qwen3(const ModelConfig& c) { return c.architecture == "Qwen3MoeForCausalLM"; }
+bool is_deepseek(const ModelConfig& c) {
+  return c.architecture == "DeepseekV2ForCausalLM" || c.architecture == "DeepseekV3ForCausalLM";
+}
+// Qwen3-MoE and DeepSeek name experts and the router under "mlp."; Mixtral under
+// "block_sparse_moe.".
+bool mlp_names(const ModelConfig& c) { return is_qwen3(c) || is_deepseek(c); }
 
 // Appends the tensor's values as bf16 to out.
 void append_bf16(const TensorView& t, std::vector<bf16>& out) {
@@ -206,6 +214,25 @@ class Loader {
     return s;
   }
 
+  // A float32 vector kept in float32 (DeepSeek's e_score_correction_bias).
+  StatusOr<std::vector<float>> vec_f32(const std::string& name, int64_t n) {
+    MSI_ASSIGN_OR_RETURN(const TensorView* t, get(name, {n}));
+    if (t->dtype != DType::kF32) return to_float(*t);
+    std::vector<float> f(static_cast<size_t>(n));
+    std::memcpy(f.data(), t->data, sizeof(float) * f.size());
+    return f;
+  }
+
+  // A GEMM weight as bf16 values (FP8 dequantised), row-major [rows, cols].
+  StatusOr<std::vector<bf16>> weight(const std::string& name, std::vector<int64_t> shape) {
+    MSI_ASSIGN_OR_RETURN(const TensorView* t, get(name, shape));
+    MSI_ASSIGN_OR_RETURN(const TensorView* scale, scale_of(*t));
+    std::vector<bf16> out;
+    append_weight_bf16(*t, scale, config_, 0, shape[0], 0, shape[1], out);
+    ckpt_.release(*t);
+    return out;
+  }
+
   void skip(const std::string& name) { used_.insert(name); }
   void release_staging() { std::vector<bf16>().swap(staging_); }
   const std::set<std::string>& used() const { return used_; }
@@ -255,7 +282,7 @@ StatusOr<std::vector<bf16>> read_weight_bf16(const Checkpoint& ckpt, const Model
 ExpertTensorNames expert_tensor_names(const ModelConfig& c, int layer, int expert) {
   const std::string p = layer_prefix(layer);
   const std::string e = std::to_string(expert);
-  if (is_qwen3(c)) {
+  if (mlp_names(c)) {
     return {p + "mlp.experts." + e + ".gate_proj.weight", p + "mlp.experts." + e + ".down_proj.weight",
             p + "mlp.experts." + e + ".up_proj.weight"};
   }
@@ -265,8 +292,109 @@ ExpertTensorNames expert_tensor_names(const ModelConfig& c, int layer, int exper
 }
 
 std::string router_tensor_name(const ModelConfig& c, int layer) {
-  return layer_prefix(layer) + (is_qwen3(c) ? "mlp.gate.weight" : "block_sparse_moe.gate.weight");
+  return layer_prefix(layer) + (mlp_names(c) ? "mlp.gate.weight" : "block_sparse_moe.gate.weight");
 }
+
+namespace {
+
+// One DeepSeek-V2/V3 decoder layer: MLA attention, then a dense MLP (layers
+// below first_k_dense_replace) or the router (with e_score_correction_bias when
+// stored), the routed experts and the shared experts. Attention tp is 1.
+Status load_deepseek_layer(Loader& ld, const ModelConfig& c, int i, const LoadOptions& options,
+                           LayerWeights& L) {
+  const std::string p = layer_prefix(i), a = p + "self_attn.";
+  const kernels::cpu::WeightFormat fmt = options.weights;
+  const int64_t h = c.hidden, H = c.heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim,
+                vd = c.v_head_dim, R = c.kv_lora_rank, QL = c.q_lora_rank;
+  const int64_t E = c.experts, F = c.expert_ffn;
+  const bool moe = c.is_moe_layer(i);
+  std::vector<std::string> attention_side = {p + "input_layernorm.weight",
+                                             p + "post_attention_layernorm.weight",
+                                             a + "q_proj.weight",
+                                             a + "q_a_proj.weight",
+                                             a + "q_a_layernorm.weight",
+                                             a + "q_b_proj.weight",
+                                             a + "kv_a_proj_with_mqa.weight",
+                                             a + "kv_a_layernorm.weight",
+                                             a + "kv_b_proj.weight",
+                                             a + "o_proj.weight",
+                                             p + "mlp.gate.weight",
+                                             p + "mlp.gate.e_score_correction_bias"};
+  for (const char* m : {"gate_proj", "up_proj", "down_proj"}) {
+    attention_side.push_back(p + "mlp." + m + ".weight");
+    attention_side.push_back(p + "mlp.shared_experts." + m + ".weight");
+  }
+  if (!options.attention) {
+    for (const auto& n : attention_side) {
+      ld.skip(n);
+      ld.skip(fp8_scale_name(n));
+    }
+  } else {
+    MSI_ASSIGN_OR_RETURN(L.input_norm, ld.vec(p + "input_layernorm.weight", h));
+    MSI_ASSIGN_OR_RETURN(L.post_attn_norm, ld.vec(p + "post_attention_layernorm.weight", h));
+    if (QL > 0) {
+      MSI_ASSIGN_OR_RETURN(L.qkv, ld.pack({{a + "q_a_proj.weight", {QL, h}},
+                                           {a + "kv_a_proj_with_mqa.weight", {R + rope, h}}},
+                                          fmt));
+      MSI_ASSIGN_OR_RETURN(L.q_a_norm, ld.vec(a + "q_a_layernorm.weight", QL));
+      MSI_ASSIGN_OR_RETURN(L.q_b, ld.pack({{a + "q_b_proj.weight", {H * (nope + rope), QL}}}, fmt));
+    } else {
+      MSI_ASSIGN_OR_RETURN(L.qkv, ld.pack({{a + "q_proj.weight", {H * (nope + rope), h}},
+                                           {a + "kv_a_proj_with_mqa.weight", {R + rope, h}}},
+                                          fmt));
+    }
+    MSI_ASSIGN_OR_RETURN(L.kv_a_norm, ld.vec(a + "kv_a_layernorm.weight", R));
+    MSI_ASSIGN_OR_RETURN(std::vector<bf16> kv_b,
+                         ld.weight(a + "kv_b_proj.weight", {H * (nope + vd), R}));
+    L.w_uk.resize(static_cast<size_t>(H * nope * R));
+    L.w_uv.resize(static_cast<size_t>(H * vd * R));
+    for (int64_t hh = 0; hh < H; ++hh) {
+      const bf16* head = kv_b.data() + hh * (nope + vd) * R;
+      std::memcpy(L.w_uk.data() + hh * nope * R, head, sizeof(bf16) * nope * R);
+      std::memcpy(L.w_uv.data() + hh * vd * R, head + nope * R, sizeof(bf16) * vd * R);
+    }
+    MSI_ASSIGN_OR_RETURN(L.o, ld.pack({{a + "o_proj.weight", {h, H * vd}}}, fmt));
+    const std::string ffn = moe ? p + "mlp.shared_experts." : p + "mlp.";
+    const int64_t width = moe ? c.shared_expert_ffn : c.dense_ffn;
+    if (width > 0) {
+      MSI_ASSIGN_OR_RETURN(L.dense_ffn.w13, ld.pack({{ffn + "gate_proj.weight", {width, h}},
+                                                     {ffn + "up_proj.weight", {width, h}}},
+                                                    fmt));
+      MSI_ASSIGN_OR_RETURN(L.dense_ffn.w2, ld.pack({{ffn + "down_proj.weight", {h, width}}}, fmt));
+    }
+    if (moe) {
+      MSI_ASSIGN_OR_RETURN(L.router, ld.pack({{router_tensor_name(c, i), {E, h}}},
+                                             kernels::cpu::WeightFormat::kBf16));
+      if (c.topk_method == ModelConfig::TopkMethod::kNoauxTc) {
+        MSI_ASSIGN_OR_RETURN(L.router_bias, ld.vec_f32(p + "mlp.gate.e_score_correction_bias", E));
+      }
+    }
+  }
+  L.experts.resize(E);
+  if (!moe) return ok_status();
+  const int64_t tp = options.expert_tp_size, tp_rank = options.expert_tp_rank;
+  for (int e = 0; e < E; ++e) {
+    const ExpertTensorNames n = expert_tensor_names(c, i, e);
+    const bool want =
+        options.all_experts ||
+        std::find(options.experts.begin(), options.experts.end(), e) != options.experts.end();
+    if (!want) {
+      for (const auto& s : {n.w1, n.w2, n.w3}) {
+        ld.skip(s);
+        ld.skip(fp8_scale_name(s));
+      }
+      continue;
+    }
+    const int64_t f0 = tp_rank * (F / tp), f1 = f0 + F / tp;
+    MSI_ASSIGN_OR_RETURN(
+        L.experts[e].w13,
+        ld.pack_blocks({{n.w1, {F, h}, f0, f1, 0, h}, {n.w3, {F, h}, f0, f1, 0, h}}, fmt));
+    MSI_ASSIGN_OR_RETURN(L.experts[e].w2, ld.pack_blocks({{n.w2, {h, F}, 0, h, f0, f1}}, fmt));
+  }
+  return ok_status();
+}
+
+}  // namespace
 
 StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& dir,
                                                            const LoadOptions& options) {
@@ -327,10 +455,18 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
       ld.skip(n);
     }
   }
+  const bool mla = c.kv_lora_rank > 0;
+  if (mla && atp > 1) {
+    return unimplemented(dir + ": attention tensor parallelism of latent attention (MLA)");
+  }
   w->layers_.resize(c.layers);
   for (int i = 0; i < c.layers; ++i) {
     LayerWeights& L = w->layers_[i];
     const std::string p = layer_prefix(i);
+    if (mla) {
+      MSI_RETURN_IF_ERROR(load_deepseek_layer(ld, c, i, options, L));
+      continue;
+    }
     const std::vector<std::string> attn_names = {
         p + "input_layernorm.weight", p + "post_attention_layernorm.weight",
         p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
@@ -401,6 +537,26 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
       }
     }
   }
+  // DeepSeek-V3's multi-token-prediction modules follow the decoder layers;
+  // the engine does not run them.
+  if (c.nextn_predict_layers > 0) {
+    const std::string first = layer_prefix(c.layers);
+    int64_t skipped = 0;
+    for (const auto& [name, t] : w->checkpoint_.tensors()) {
+      const std::string rest = name.rfind("model.layers.", 0) == 0 ? name.substr(13) : "";
+      const size_t dot = rest.find('.');
+      if (dot == std::string::npos || dot == 0) continue;
+      const std::string idx = rest.substr(0, dot);
+      if (idx.find_first_not_of("0123456789") != std::string::npos) continue;
+      if (std::stoll(idx) >= c.layers) {
+        ld.skip(name);
+        ++skipped;
+      }
+    }
+    MSI_LOG(INFO) << dir << ": skipped " << skipped << " tensors of " << c.nextn_predict_layers
+                  << " multi-token-prediction layer(s) (model.layers." << c.layers
+                  << ".. ; not run by the engine)";
+  }
   // Return the staging memory and any other free heap pages to the system, so
   // the resident set is the packed weights.
   ld.release_staging();
@@ -444,7 +600,8 @@ void ModelWeights::replace_experts(ModelWeights* added, const std::vector<int>& 
 size_t ModelWeights::packed_bytes() const {
   size_t b = lm_head_.bytes();
   for (const auto& L : layers_) {
-    b += L.qkv.bytes() + L.o.bytes() + L.router.bytes();
+    b += L.qkv.bytes() + L.o.bytes() + L.router.bytes() + L.q_b.bytes() + L.dense_ffn.w13.bytes() +
+         L.dense_ffn.w2.bytes() + 2 * (L.w_uk.size() + L.w_uv.size());
     for (const auto& e : L.experts) b += e.w13.bytes() + e.w2.bytes();
   }
   return b;

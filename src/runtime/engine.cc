@@ -44,6 +44,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mo
   MSI_RETURN_IF_ERROR(check_device(options.device));
   const bool cpu = is_cpu_device(options.device);
   const bool tp = w->attention_tp_size() > 1;
+  if (!cpu && w->config().kv_lora_rank > 0) {
+    return unimplemented("latent attention (DeepSeek) runs on the CPU engine only (--device cpu)");
+  }
   if (tp && (!cpu || options.attention_peers == nullptr || w->attention_tp_rank() != 0)) {
     return unimplemented(
         "attention tensor parallelism runs on the CPU, with the engine on rank 0 and its peers");

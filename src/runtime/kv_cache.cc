@@ -3,6 +3,7 @@
 namespace msinfer::runtime {
 
 int64_t KvCache::bytes_per_token(const ModelConfig& c) {
+  if (c.kv_lora_rank > 0) return 2 /*bf16*/ * (c.kv_lora_rank + c.qk_rope_head_dim) * c.layers;
   return 2 /*K,V*/ * 2 /*bf16*/ * c.kv_heads * c.head_dim * c.layers;
 }
 
@@ -12,9 +13,10 @@ StatusOr<KvCache> KvCache::create(const ModelConfig& c, int64_t budget_bytes, in
   KvCache kv;
   kv.block_size_ = block_size;
   kv.layers_ = c.layers;
-  kv.kv_heads_ = c.kv_heads;
-  kv.head_dim_ = c.head_dim;
-  kv.slot_elems_ = c.kv_heads * c.head_dim;
+  const bool mla = c.kv_lora_rank > 0;
+  kv.kv_heads_ = mla ? 1 : c.kv_heads;
+  kv.head_dim_ = mla ? c.kv_lora_rank + c.qk_rope_head_dim : c.head_dim;
+  kv.slot_elems_ = kv.kv_heads_ * kv.head_dim_;
   kv.num_blocks_ = budget_bytes / (bytes_per_token(c) * block_size);
   if (kv.num_blocks_ < 1) {
     return resource_exhausted("KV cache budget of " + std::to_string(budget_bytes) +
@@ -25,7 +27,7 @@ StatusOr<KvCache> KvCache::create(const ModelConfig& c, int64_t budget_bytes, in
   const size_t n = static_cast<size_t>(c.layers * kv.num_blocks_ * block_size * kv.slot_elems_);
   if (host_pools) {
     kv.k_.resize(n);
-    kv.v_.resize(n);
+    if (!mla) kv.v_.resize(n);
   }
   for (int64_t b = kv.num_blocks_ - 1; b >= 0; --b) kv.free_.push_back(static_cast<int32_t>(b));
   return kv;
@@ -63,8 +65,8 @@ const int32_t* KvCache::block_table(int64_t id) const {
 kernels::cpu::PagedKvLayer KvCache::layer(int l) {
   if (k_.empty()) return kernels::cpu::PagedKvLayer{nullptr, nullptr, block_size_, kv_heads_, head_dim_};
   const size_t off = static_cast<size_t>(l) * num_blocks_ * block_size_ * slot_elems_;
-  return kernels::cpu::PagedKvLayer{k_.data() + off, v_.data() + off, block_size_, kv_heads_,
-                                    head_dim_};
+  return kernels::cpu::PagedKvLayer{k_.data() + off, v_.empty() ? nullptr : v_.data() + off,
+                                    block_size_, kv_heads_, head_dim_};
 }
 
 }  // namespace msinfer::runtime

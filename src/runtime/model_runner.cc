@@ -4,7 +4,10 @@
 #include <cstring>
 
 #include "msinfer/kernels/cpu/attention.h"
+#include "msinfer/kernels/cpu/grouped_topk.h"
+#include "msinfer/kernels/cpu/mla_attention.h"
 #include "msinfer/kernels/cpu/ops.h"
+#include "msinfer/kernels/cpu/yarn_rope.h"
 
 namespace msinfer::runtime {
 
@@ -26,6 +29,7 @@ ModelConfig attention_tp_config(const model::ModelWeights& w) {
 Status AttentionRunner::attention_partial(int l, const TokenBatch& b, KvCache& kv, const float* h,
                                           float* o) {
   const ModelConfig& c = w_.config();
+  if (c.kv_lora_rank > 0) return mla_partial(l, b, kv, h, o);
   const model::LayerWeights& L = w_.layers()[l];
   // This rank's heads, as attention_tp_config gives them (without copying the
   // config on every layer of every step).
@@ -61,6 +65,71 @@ Status AttentionRunner::attention_partial(int l, const TokenBatch& b, KvCache& k
   return ok_status();
 }
 
+Status AttentionRunner::mla_partial(int l, const TokenBatch& b, KvCache& kv, const float* h,
+                                    float* o) {
+  const ModelConfig& c = w_.config();
+  const model::LayerWeights& L = w_.layers()[l];
+  const int64_t T = b.size(), H = c.heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim,
+                vd = c.v_head_dim, R = c.kv_lora_rank, QL = c.q_lora_rank;
+  const int64_t qk = nope + rope;
+  const int64_t first = QL > 0 ? QL : H * qk;  // columns of qkv before the kv_a part
+  const int64_t cols = first + R + rope;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (inv_freq_.empty()) {
+    inv_freq_ = k::yarn_inv_freq(rope, c.rope_theta, c.yarn_factor, c.yarn_original_max_position,
+                                 c.yarn_beta_fast, c.yarn_beta_slow);
+  }
+  const float rope_mscale = static_cast<float>(c.yarn_rope_mscale());
+  qkv_.resize(T * cols);
+  q_.resize(T * H * qk);
+  latent_.resize(T * (R + rope));
+  k_.resize(T * nope * H);
+  q_pe_.resize(T * H * rope);
+  q_lat_.resize(T * H * R);
+  out_lat_.resize(T * H * R);
+  attn_.resize(T * H * vd);
+
+  L.qkv.forward(h, T, qkv_.data());
+  if (QL > 0) {
+    qa_.resize(T * QL);
+    for (int64_t t = 0; t < T; ++t) {
+      k::rms_norm(qkv_.data() + t * cols, L.q_a_norm.data(), 1, QL, eps, qa_.data() + t * QL);
+    }
+    L.q_b.forward(qa_.data(), T, q_.data());
+  } else {
+    for (int64_t t = 0; t < T; ++t) {
+      std::memcpy(q_.data() + t * H * qk, qkv_.data() + t * cols, sizeof(float) * H * qk);
+    }
+  }
+  // The cache row: normed latent, then the roped shared key.
+  for (int64_t t = 0; t < T; ++t) {
+    const float* kv_a = qkv_.data() + t * cols + first;
+    float* row = latent_.data() + t * (R + rope);
+    k::rms_norm(kv_a, L.kv_a_norm.data(), 1, R, eps, row);
+    std::memcpy(row + R, kv_a + R, sizeof(float) * rope);
+    k::rope_interleaved(row + R, b.positions.data() + t, 1, 1, rope, inv_freq_.data(), rope_mscale);
+  }
+  const k::PagedKvLayer layer = kv.layer(l);
+  k::mla_write_latent(layer, latent_.data(), T, b.positions.data(), b.block_tables.data());
+  // Split q per head into its non-positional and roped parts.
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t hh = 0; hh < H; ++hh) {
+      const float* qh = q_.data() + (t * H + hh) * qk;
+      std::memcpy(k_.data() + (t * H + hh) * nope, qh, sizeof(float) * nope);
+      std::memcpy(q_pe_.data() + (t * H + hh) * rope, qh + nope, sizeof(float) * rope);
+    }
+  }
+  k::rope_interleaved(q_pe_.data(), b.positions.data(), T, H, rope, inv_freq_.data(), rope_mscale);
+  k::mla_absorb_query(k_.data(), T, H, nope, R, L.w_uk.data(), q_lat_.data());
+  const double scale = std::pow(static_cast<double>(qk), -0.5) * c.yarn_attention_mscale() *
+                       c.yarn_attention_mscale();
+  k::mla_attention(q_lat_.data(), q_pe_.data(), T, H, R, rope, layer, b.positions.data(),
+                   b.block_tables.data(), static_cast<float>(scale), out_lat_.data());
+  k::mla_value_up(out_lat_.data(), T, H, R, vd, L.w_uv.data(), attn_.data());
+  L.o.forward(attn_.data(), T, o);
+  return ok_status();
+}
+
 Status AttentionRunner::attention_and_gate(int l, const TokenBatch& b, KvCache& kv, float* x,
                                            k::RoutedBatch* routed, const int32_t* expert_dest,
                                            int64_t destinations) {
@@ -81,6 +150,38 @@ Status AttentionRunner::attention_and_gate(int l, const TokenBatch& b, KvCache& 
   k::add_inplace(x, o_.data(), T * h);
 
   k::rms_norm(x, L.post_attn_norm.data(), T, h, eps, h_.data());
+  if (c.kv_lora_rank > 0) {          // DeepSeek
+    if (!L.dense_ffn.w13.empty()) {  // the dense MLP or the shared experts, on every token
+      ffn_.resize(T * h);
+      k::expert_ffn(L.dense_ffn.w13, L.dense_ffn.w2, h_.data(), T, ffn_.data());
+    }
+    if (L.router.empty()) {  // a dense layer: nothing routed
+      routed->topk_expert.clear();
+      routed->topk_weight.clear();
+      k::route_rows(T, c.experts, 0, expert_dest, destinations, h_.data(), h, routed);
+    } else {
+      L.router.forward(h_.data(), T, router_.data());
+      k::GroupedTopK g;
+      g.experts = c.experts;
+      g.top_k = c.top_k;
+      if (c.topk_method != ModelConfig::TopkMethod::kGreedy) {
+        g.n_group = c.n_group;
+        g.topk_group = c.topk_group;
+      }
+      g.sigmoid = c.scoring_func == ModelConfig::ScoringFunc::kSigmoid;
+      g.bias = L.router_bias.empty() ? nullptr : L.router_bias.data();
+      g.group_by_top2 = c.topk_method == ModelConfig::TopkMethod::kNoauxTc;
+      g.normalize = c.norm_topk_prob;
+      g.scale = static_cast<float>(c.routed_scaling_factor);
+      routed->topk_expert.resize(T * c.top_k);
+      routed->topk_weight.resize(T * c.top_k);
+      k::grouped_topk(router_.data(), T, g, routed->topk_expert.data(), routed->topk_weight.data());
+      k::route_rows(T, c.experts, c.top_k, expert_dest, destinations, h_.data(), h, routed);
+    }
+    // After the send rows are copied: the routed results are added by combine.
+    if (!L.dense_ffn.w13.empty()) k::add_inplace(x, ffn_.data(), T * h);
+    return ok_status();
+  }
   L.router.forward(h_.data(), T, router_.data());
   k::fused_gate(router_.data(), T, c.experts, c.top_k, c.norm_topk_prob, expert_dest,
                 destinations, h_.data(), h, routed);

@@ -28,13 +28,19 @@ environment around it:
 - Gate.bias exists in the reference only when dim == 7168 (DeepSeek-V3's
   width); a checkpoint with e_score_correction_bias gets it at any width.
 
-Usage: deepseek_reference.py MODEL_DIR PROMPT_IDS(comma-separated) STEPS [--dtype bf16|float32]
+Usage: deepseek_reference.py MODEL_DIR PROMPT_IDS(comma-separated) STEPS [--dtype bf16|float32|engine]
        deepseek_reference.py --gate E K N_GROUP TOPK_GROUP softmax|sigmoid BIAS SCALE TOKENS SEED
        deepseek_reference.py --rope DIM BASE FACTOR ORIGINAL MAX_SEQ BETA_FAST BETA_SLOW START TOKENS HEADS SEED
 (the last two: the reference's Gate, or its rotary embedding, alone; see
 gate_cases and rope_cases)
 --dtype: torch's default dtype while the reference runs (its generate.py uses
 bf16; float32 runs the same code on the same weight values in float32).
+--dtype engine: float32 with the engine's bf16 roundings (docs/ENGINE.md
+"Numerics", as torch_reference.py models them): every Linear's input is rounded
+to bf16 (fp32 accumulation), and so is what goes into the latent cache (the
+normed latent and the roped shared key); FP8 weights are dequantised to bf16
+as in the bf16 run (the engine holds bf16 weights); the absorbed products with kv_b_proj's
+halves, softmax and everything else stay float32.
 Prints JSON {"tokens": [greedy tokens], "logits": [[vocab floats] per step]}:
 step 0 is the logits after the prompt (one prefill call), step i after feeding
 token i-1 (one decode call at start_pos = prompt + i - 1, the reference's
@@ -254,8 +260,9 @@ MAPPING = {
 }
 
 
-def reference_state_dict(tensors, cfg):
-    """HF checkpoint -> the reference's names, FP8 weights dequantised."""
+def reference_state_dict(tensors, cfg, round_dequant=False):
+    """HF checkpoint -> the reference's names, FP8 weights dequantised (and then
+    rounded to bf16 with round_dequant, as the reference's bf16 run stores them)."""
     n_layers = cfg["num_hidden_layers"]
     qc = cfg.get("quantization_config")
     block = qc["weight_block_size"] if qc else None
@@ -275,6 +282,8 @@ def reference_state_dict(tensors, cfg):
             if scale is None:
                 fail("%s has no %s_scale_inv" % (name, name))
             t = weight_dequant(t, scale[1], block[0])
+            if round_dequant:
+                t = bf(t)
         r = name[len("model."):] if name.startswith("model.") else name
         r = r.replace("self_attn", "attn").replace("mlp", "ffn")
         r = r.replace("e_score_correction_bias", "bias")
@@ -328,6 +337,33 @@ def rope_cases(argv):
     print(json.dumps({"x": x[0].flatten().tolist(), "y": y[0].flatten().tolist()}))
 
 
+def bf(x):
+    """Round to bf16 and back (what a bf16 GEMM input or cache entry holds)."""
+    return x.to(torch.bfloat16).to(x.dtype)
+
+
+def install_engine_rounding(ref, model, args):
+    """--dtype engine: bf16 GEMM inputs and a bf16 latent cache (see the usage)."""
+    plain_linear = ref.linear
+
+    def linear(x, weight, *rest, **kw):
+        return plain_linear(bf(x), weight, *rest, **kw)
+
+    ref.linear = linear  # Linear.forward and Gate.forward look it up in the module
+    if args.n_heads < 2:
+        fail("--dtype engine tells the roped key from q by its single head; n_heads is 1")
+    plain_rope = ref.apply_rotary_emb
+
+    def apply_rotary_emb(x, freqs_cis):
+        y = plain_rope(x, freqs_cis)
+        return bf(y) if x.size(2) == 1 else y  # k_pe [b, s, 1, rope] goes to the cache
+
+    ref.apply_rotary_emb = apply_rotary_emb
+    for layer in model.layers:
+        # In the absorbed MLA, kv_norm's output is exactly what the cache stores.
+        layer.attn.kv_norm.register_forward_hook(lambda m, i, o: bf(o))
+
+
 def main():
     argv = sys.argv[1:]
     if argv[:1] == ["--gate"]:
@@ -335,12 +371,14 @@ def main():
     if argv[:1] == ["--rope"]:
         return rope_cases(argv[1:])
     dtype = torch.bfloat16
+    engine_rounding = False
     if "--dtype" in argv:
         i = argv.index("--dtype")
-        dtype = {"bf16": torch.bfloat16, "float32": torch.float32}[argv[i + 1]]
+        engine_rounding = argv[i + 1] == "engine"
+        dtype = {"bf16": torch.bfloat16, "float32": torch.float32, "engine": torch.float32}[argv[i + 1]]
         del argv[i : i + 2]
     if len(argv) != 3:
-        fail("usage: deepseek_reference.py MODEL_DIR PROMPT_IDS STEPS [--dtype bf16|float32]")
+        fail("usage: deepseek_reference.py MODEL_DIR PROMPT_IDS STEPS [--dtype bf16|float32|engine]")
     model_dir, prompt, steps = argv[0], argv[1], int(argv[2])
     ref = import_reference(reference_dir())
     with open(os.path.join(model_dir, "config.json")) as f:
@@ -351,7 +389,7 @@ def main():
     tensors = load_safetensors(model_dir)
     args = model_args(ref, cfg)
     with torch.no_grad():
-        sd = reference_state_dict(tensors, cfg)
+        sd = reference_state_dict(tensors, cfg, round_dequant=engine_rounding)
         model = ref.Transformer(args)
         if dtype == torch.float32:
             model = model.float()  # Linear.dtype is bf16 for ModelArgs.dtype "bf16"
@@ -370,6 +408,8 @@ def main():
             if tuple(own[k].shape) != tuple(v.shape):
                 fail("tensor %s: checkpoint %s, reference %s" % (k, tuple(v.shape), tuple(own[k].shape)))
             own[k].copy_(v.to(own[k].dtype))
+    if engine_rounding:
+        install_engine_rounding(ref, model, args)
     ids = [int(t) for t in prompt.split(",")]
     if len(ids) + steps > args.max_seq_len:
         fail("prompt + steps exceed max_position_embeddings %d" % args.max_seq_len)

@@ -34,10 +34,31 @@ struct LayerWeights {
   std::vector<float> input_norm;      // [h]
   std::vector<float> post_attn_norm;  // [h]
   std::vector<float> q_norm, k_norm;  // [head_dim], Qwen3 only
-  kernels::cpu::PackedLinear qkv;     // [(heads + 2 kv_heads) head_dim, h]
-  kernels::cpu::PackedLinear o;       // [h, heads head_dim]
-  kernels::cpu::PackedLinear router;  // [E, h]
-  std::vector<ExpertWeights> experts; // [E]; empty entries for experts not loaded
+  // GQA: [(heads + 2 kv_heads) head_dim, h] (q, k, v stacked).
+  // MLA (ModelConfig::kv_lora_rank > 0): the GEMMs that read the normed input,
+  // stacked: q_a_proj [q_lora, h] (or q_proj [heads (nope + rope), h] without
+  // q_lora) then kv_a_proj_with_mqa [kv_lora + rope, h].
+  kernels::cpu::PackedLinear qkv;
+  kernels::cpu::PackedLinear o;       // [h, heads head_dim]; MLA: [h, heads v_head_dim]
+  kernels::cpu::PackedLinear router;  // [E, h]; empty in a dense layer
+  std::vector<ExpertWeights>
+      experts;  // [E]; empty entries for experts not loaded (all in a dense layer)
+
+  // MLA only. q_b_proj [heads (nope + rope), q_lora] (empty without q_lora).
+  kernels::cpu::PackedLinear q_b;
+  std::vector<float> q_a_norm;   // [q_lora] q_a_layernorm
+  std::vector<float> kv_a_norm;  // [kv_lora] kv_a_layernorm
+  // kv_b_proj [heads (nope + v), kv_lora] split per head: w_uk [heads][nope][kv_lora]
+  // (the key half, absorbed into the query) and w_uv [heads][v][kv_lora] (the
+  // value half, applied to the attention-weighted latent).
+  std::vector<bf16> w_uk, w_uv;
+  // The FFN every token of the layer visits, on the attention side: the dense
+  // MLP of a layer below first_k_dense_replace, or the shared experts of a
+  // MoE layer (one SwiGLU of width n_shared_experts x moe_intermediate_size).
+  // Empty when the layer has neither.
+  ExpertWeights dense_ffn;
+  // DeepSeek-V3's gate.e_score_correction_bias [E] in float32 (selection only); else empty.
+  std::vector<float> router_bias;
 };
 
 struct LoadOptions {

@@ -1,6 +1,10 @@
 // Paged KV cache of one attention worker: a fixed budget of bytes split into
 // blocks of `block_size` token slots, shared by all layers' K and V pools
-// (bf16, layout in kernels/cpu/attention.h). Each request owns a block table;
+// (bf16, layout in kernels/cpu/attention.h). With latent attention
+// (kv_lora_rank > 0) there is one pool only (PagedKvLayer::v is null): one row
+// per token and layer of kv_lora_rank + qk_rope_head_dim (the normed latent,
+// then the roped key), shared by all heads (kv_heads 1; kernels/cpu/mla_attention.h).
+// Each request owns a block table;
 // blocks are reserved for its whole lifetime (prompt + max new tokens) when it
 // is admitted, so a running request never runs out of cache.
 // Not thread-safe: owned and used by one engine thread.
@@ -54,7 +58,7 @@ class KvCache {
   int64_t block_size_ = kDefaultBlockSize, num_blocks_ = 0, slot_elems_ = 0, kv_heads_ = 0,
           head_dim_ = 0;
   int layers_ = 0;
-  std::vector<bf16> k_, v_;  // [layers][blocks][block_size][slot]
+  std::vector<bf16> k_, v_;  // [layers][blocks][block_size][slot]; v_ empty for MLA
   std::vector<int32_t> free_;
   std::unordered_map<int64_t, std::vector<int32_t>> tables_;
 };

@@ -91,6 +91,9 @@ class AttentionRunner : public AttentionCompute {
   // KV cache (the batch's K/V are written first); then the post-attention norm
   // of x goes through the router and the fused gate into `routed` (experts
   // grouped by expert_dest[e], or one destination per expert when nullptr).
+  // DeepSeek: latent attention; the gate is grouped_topk (kernels/cpu/
+  // grouped_topk.h) then route_rows; the shared experts' output is added to x
+  // here, and a dense layer adds its MLP here and routes no rows (top_k 0).
   Status attention_and_gate(int l, const TokenBatch& b, KvCache& kv, float* x,
                             kernels::cpu::RoutedBatch* routed, const int32_t* expert_dest = nullptr,
                             int64_t destinations = 0) override;
@@ -105,9 +108,15 @@ class AttentionRunner : public AttentionCompute {
   Status attention_partial(int l, const TokenBatch& b, KvCache& kv, const float* h, float* o);
 
  private:
+  // DeepSeek's latent attention (kv_lora_rank > 0), absorbed: the layer's part
+  // of attention_partial.
+  Status mla_partial(int l, const TokenBatch& b, KvCache& kv, const float* h, float* o);
+
   const model::ModelWeights& w_;
   AttentionPeers* peers_ = nullptr;
   std::vector<float> h_, qkv_, q_, k_, v_, attn_, o_, router_, sel_;
+  std::vector<float> qa_, latent_, q_pe_, q_lat_, out_lat_, ffn_;
+  std::vector<float> inv_freq_;  // MLA's rotary inverse frequencies (YaRN), computed once
 };
 
 // The config a tp rank's KV cache is sized by: heads and KV heads divided by
