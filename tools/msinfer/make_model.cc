@@ -19,11 +19,15 @@ int run_make_model(int argc, char** argv) {
   FlagSet flags(
       "make-model",
       "Writes a model directory (config.json, *.safetensors, tokenizer.json,\n"
-      "tokenizer_config.json) in the layout of the HF Mixtral / Qwen3-MoE checkpoints.\n"
-      "presets: demo (a small Mixtral trained on the King James Bible: it writes\n"
-      "English; 5.4 MB, built into this binary), and, with seeded random weights for\n"
-      "tests and benchmarks, tiny-mixtral, tiny-qwen3moe (a few MB), small-mixtral (~1.3 GB).");
-  flags.add_string("preset", "", "demo | tiny-mixtral | tiny-qwen3moe | small-mixtral");
+      "tokenizer_config.json) in the layout of the HF Mixtral / Qwen3-MoE / DeepSeek\n"
+      "checkpoints. presets: demo (a small Mixtral trained on the King James Bible:\n"
+      "it writes English; 5.4 MB, built into this binary), and, with seeded random\n"
+      "weights for tests and benchmarks, tiny-mixtral, tiny-qwen3moe (a few MB),\n"
+      "small-mixtral (~1.3 GB), tiny-deepseek-v3 (MLA, FP8 block-scaled weights,\n"
+      "grouped sigmoid routing, an MTP layer) and tiny-deepseek-v2-lite.");
+  flags.add_string("preset", "",
+                   "demo | tiny-mixtral | tiny-qwen3moe | small-mixtral | tiny-deepseek-v3 |\n"
+                   "tiny-deepseek-v2-lite");
   flags.add_string("out", "", "output directory (created if missing)");
   flags.add_int("seed", 0, 0, INT64_MAX, "seed of the random weights");
   flags.add_string("dtype", "bf16", "weight dtype: bf16 | f16 | f32");
