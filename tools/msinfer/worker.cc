@@ -144,7 +144,9 @@ Status check_model_dir(const FlagSet& flags) {
   }
   MSI_ASSIGN_OR_RETURN(ModelConfig c, load_model_config(dir));
   MSI_RETURN_IF_ERROR(
-      (deployment_requested(flags) ? c.check_disaggregated_executable() : c.check_executable())
+      (flags.declared("attention-workers") && deployment_requested(flags)
+           ? c.check_disaggregated_executable()
+           : c.check_executable())
           .with_context(dir + "/config.json"));
   // Mapping the files and parsing their headers is cheap; it finds a damaged
   // checkpoint here, the same way for the co-located engine and for workers.

@@ -61,6 +61,8 @@ class FlagSet {
   bool get_bool(const std::string& name) const;
   // True when given on the command line or through its environment variable.
   bool was_set(const std::string& name) const;
+  // True when this command declares the flag (code shared by commands asks).
+  bool declared(const std::string& name) const { return flags_.count(name) != 0; }
   // Where the value came from, for errors about what it names: "--catalog",
   // "MSINFER_CATALOG (environment)", or "--catalog (default)".
   std::string origin(const std::string& name) const;
