@@ -17,10 +17,21 @@ namespace msinfer::testing {
 
 // A connected socket to 127.0.0.1:port, or -1. rcvbuf > 0: its receive
 // buffer (set before connecting, so the window it offers stays that small).
-inline int connect_loopback(int port, int rcvbuf = 0) {
+// from: the source address (another loopback address, 127.0.0.2, is another
+// client to the server), or null for the kernel's choice.
+inline int connect_loopback(int port, int rcvbuf = 0, const char* from = nullptr) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return -1;
   if (rcvbuf > 0) ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+  if (from != nullptr) {
+    sockaddr_in src{};
+    src.sin_family = AF_INET;
+    ::inet_pton(AF_INET, from, &src.sin_addr);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof(src)) != 0) {
+      ::close(fd);
+      return -1;
+    }
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));

@@ -40,28 +40,8 @@ using testing::Server;
 // latency it saw.
 constexpr auto kHealthBound = 1000ms;
 
-// A connection to 127.0.0.1:port from source address `from` (another
-// loopback address is another client), or -1.
-int connect_from(const char* from, int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in src{};
-  src.sin_family = AF_INET;
-  ::inet_pton(AF_INET, from, &src.sin_addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof(src)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
+// A connection to 127.0.0.1:port from source address `from`.
+int connect_from(const char* from, int port) { return testing::connect_loopback(port, 0, from); }
 
 // True when the server closed `fd` within `wait` (nothing else is expected on it).
 bool closed_by_server(int fd, std::chrono::milliseconds wait) {
