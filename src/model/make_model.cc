@@ -378,13 +378,6 @@ Status make_model(const MakeModelOptions& o) {
       "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
       "{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}"
       "{% endif %}{% endfor %}";
-  static const char* kChatMlTemplate =
-      "{%- for message in messages %}\n"
-      "    {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
-      "{%- endfor %}\n"
-      "{%- if add_generation_prompt %}\n"
-      "    {{- '<|im_start|>assistant\\n' }}\n"
-      "{%- endif %}\n";
   Json tok_json, tok_config;
   if (o.preset == "small-mixtral") {
     std::string dir = o.tokenizer_dir.empty() ? ".cache/tokenizers/llama2" : o.tokenizer_dir;
@@ -405,7 +398,7 @@ Status make_model(const MakeModelOptions& o) {
   } else if (o.preset == "tiny-qwen3moe") {
     tok_json = train_tokenizer(kCorpus, 200, /*byte_level=*/true);
     tok_config = {{"add_bos_token", false}, {"eos_token", "<|endoftext|>"},
-                  {"tokenizer_class", "Qwen2Tokenizer"}, {"chat_template", kChatMlTemplate}};
+                  {"tokenizer_class", "Qwen2Tokenizer"}, {"chat_template", internal::kChatMlTemplate}};
   }
   int64_t vocab = 0;
   if (!tok_json.is_null()) {

@@ -84,13 +84,6 @@ std::vector<Spec> deepseek_specs(const Json& c, bool fp8) {
   return s;
 }
 
-const char* kChatMlTemplate =
-    "{%- for message in messages %}\n"
-    "    {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
-    "{%- endfor %}\n"
-    "{%- if add_generation_prompt %}\n"
-    "    {{- '<|im_start|>assistant\\n' }}\n"
-    "{%- endif %}\n";
 
 }  // namespace
 

@@ -30,6 +30,16 @@
 
 namespace msinfer::model::internal {
 
+// The ChatML chat template (Qwen's) that the tiny presets without a real
+// tokenizer write: one definition for make_model.cc and the DeepSeek presets.
+inline constexpr const char* kChatMlTemplate =
+    "{%- for message in messages %}\n"
+    "    {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- '<|im_start|>assistant\\n' }}\n"
+    "{%- endif %}\n";
+
 std::vector<std::string> deepseek_presets();
 bool is_deepseek_preset(const std::string& preset);
 // The config.json of a DeepSeek preset (vocab from its tokenizer).
