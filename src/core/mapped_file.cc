@@ -66,4 +66,37 @@ void MappedFile::release(size_t offset, size_t length) const {
   }
 }
 
+ZeroPages::~ZeroPages() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+}
+
+ZeroPages::ZeroPages(ZeroPages&& o) noexcept : data_(o.data_), size_(o.size_) {
+  o.data_ = nullptr;
+  o.size_ = 0;
+}
+
+ZeroPages& ZeroPages::operator=(ZeroPages&& o) noexcept {
+  if (this != &o) {
+    if (data_ != nullptr) ::munmap(data_, size_);
+    data_ = o.data_;
+    size_ = o.size_;
+    o.data_ = nullptr;
+    o.size_ = 0;
+  }
+  return *this;
+}
+
+StatusOr<ZeroPages> ZeroPages::allocate(size_t bytes) {
+  ZeroPages z;
+  if (bytes == 0) return z;
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    return resource_exhausted("cannot map " + std::to_string(bytes) + " bytes of memory (" +
+                              std::strerror(errno) + ")");
+  }
+  z.data_ = static_cast<uint8_t*>(p);
+  z.size_ = bytes;
+  return z;
+}
+
 }  // namespace msinfer

@@ -26,8 +26,10 @@ StatusOr<KvCache> KvCache::create(const ModelConfig& c, int64_t budget_bytes, in
   }
   const size_t n = static_cast<size_t>(c.layers * kv.num_blocks_ * block_size * kv.slot_elems_);
   if (host_pools) {
-    kv.k_.resize(n);
-    if (!mla) kv.v_.resize(n);
+    MSI_ASSIGN_OR_RETURN(kv.k_, ZeroPages::allocate(n * sizeof(bf16)));
+    if (!mla) {
+      MSI_ASSIGN_OR_RETURN(kv.v_, ZeroPages::allocate(n * sizeof(bf16)));
+    }
   }
   for (int64_t b = kv.num_blocks_ - 1; b >= 0; --b) kv.free_.push_back(static_cast<int32_t>(b));
   return kv;
@@ -65,7 +67,7 @@ const int32_t* KvCache::block_table(int64_t id) const {
 kernels::cpu::PagedKvLayer KvCache::layer(int l) {
   if (k_.empty()) return kernels::cpu::PagedKvLayer{nullptr, nullptr, block_size_, kv_heads_, head_dim_};
   const size_t off = static_cast<size_t>(l) * num_blocks_ * block_size_ * slot_elems_;
-  return kernels::cpu::PagedKvLayer{k_.data() + off, v_.empty() ? nullptr : v_.data() + off,
+  return kernels::cpu::PagedKvLayer{k_.as<bf16>() + off, v_.empty() ? nullptr : v_.as<bf16>() + off,
                                     block_size_, kv_heads_, head_dim_};
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "msinfer/core/bf16.h"
+#include "msinfer/core/mapped_file.h"
 #include "msinfer/core/model_config.h"
 #include "msinfer/core/status.h"
 #include "msinfer/kernels/cpu/attention.h"
@@ -58,7 +59,9 @@ class KvCache {
   int64_t block_size_ = kDefaultBlockSize, num_blocks_ = 0, slot_elems_ = 0, kv_heads_ = 0,
           head_dim_ = 0;
   int layers_ = 0;
-  std::vector<bf16> k_, v_;  // [layers][blocks][block_size][slot]; v_ empty for MLA
+  // [layers][blocks][block_size][slot] bf16, zero until written; v_ empty
+  // for MLA and both empty without host pools.
+  ZeroPages k_, v_;
   std::vector<int32_t> free_;
   std::unordered_map<int64_t, std::vector<int32_t>> tables_;
 };
