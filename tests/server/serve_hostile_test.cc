@@ -277,6 +277,12 @@ TEST_F(ServeHostileTest, OneClientCannotTakeEveryConnection) {
   for (int fd : more) ::close(fd);
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
 TEST_F(ServeHostileTest, HeaderFloodsAre431AndTheirMemoryComesBack) {
   Server s("");
   ASSERT_GT(s.port(), 0) << s.stderr_text();
@@ -316,7 +322,11 @@ TEST_F(ServeHostileTest, HeaderFloodsAre431AndTheirMemoryComesBack) {
               static_cast<long long>(before >> 20), static_cast<long long>(during >> 20),
               static_cast<long long>(after >> 20));
   EXPECT_LT(during, before + (64 << 20));
-  EXPECT_LT(after, before + (16 << 20));
+  // AddressSanitizer keeps freed memory in its quarantine (up to 256 MiB) on
+  // purpose, so there the check is that nothing near 200 x 1.4 MB was kept;
+  // that it all comes back is checked without it (the `plain` run of this
+  // test, tests/server/CMakeLists.txt).
+  EXPECT_LT(after, before + ((kAddressSanitizer ? 64 : 16) << 20));
 }
 
 }  // namespace
