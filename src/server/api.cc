@@ -59,12 +59,10 @@ const std::vector<RequestField>& request_fields() {
       {"function_call", E::kChat, U::kRefused, "\"auto\"", "[\"none\"]"},
       {"audio", E::kChat, U::kRefused, "{\"voice\": \"alloy\"}", "[]"},
       {"modalities", E::kChat, U::kRefused, "[\"audio\"]", "[[\"text\"]]"},
-      {"prediction", E::kChat, U::kRefused, "{\"type\": \"content\", \"content\": \"x\"}",
-       "[]"},
+      {"prediction", E::kChat, U::kRefused, "{\"type\": \"content\", \"content\": \"x\"}", "[]"},
       {"reasoning_effort", E::kChat, U::kRefused, "\"low\"", "[]"},
       {"verbosity", E::kChat, U::kRefused, "\"low\"", "[]"},
-      {"web_search_options", E::kChat, U::kRefused, "{\"search_context_size\": \"low\"}",
-       "[]"},
+      {"web_search_options", E::kChat, U::kRefused, "{\"search_context_size\": \"low\"}", "[]"},
       {"user", E::kBoth, U::kNoEffect, "\"u\"", ""},
       {"metadata", E::kChat, U::kNoEffect, "{\"k\": \"v\"}", ""},
       {"store", E::kChat, U::kNoEffect, "true", ""},
@@ -258,10 +256,10 @@ Fail refused_fields(const Json& j) {
     }
     if (v == nullptr || v->is_null()) continue;
     if (std::find(allowed.begin(), allowed.end(), *v) != allowed.end()) continue;
-    return bad_request("'" + name + "' is not supported by this server" +
-                           (allowed.empty() ? std::string()
-                                            : " (accepted: " + allowed.dump() + ")"),
-                       name);
+    return bad_request(
+        "'" + name + "' is not supported by this server" +
+            (allowed.empty() ? std::string() : " (accepted: " + allowed.dump() + ")"),
+        name);
   }
   return std::nullopt;
 }
@@ -458,9 +456,8 @@ std::optional<ApiError> parse_request_fields(const std::string& body, bool chat,
                           {rep != 1, "repetition_penalty"},
                           {min_tokens != 0, "min_tokens"}}) {
       if (set) {
-        return bad_request(std::string("'") + k +
-                               "' is not supported by a disaggregated deployment yet",
-                           k);
+        return bad_request(
+            std::string("'") + k + "' is not supported by a disaggregated deployment yet", k);
       }
     }
   }

@@ -1,5 +1,4 @@
 #include "msinfer/model/tokenizer.h"
-#include "msinfer/model/make_model.h"
 
 #include <gtest/gtest.h>
 
@@ -12,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include "msinfer/model/make_model.h"
 
 namespace msinfer::model {
 namespace {
@@ -196,7 +197,8 @@ TEST(MakeModelTest, FindsTheLlama2TokenizerOutsideTheRepository) {
   const fs::path fetched = fs::path(MSINFER_SOURCE_DIR) / ".cache/tokenizers/llama2";
   if (!fs::exists(fetched / "tokenizer.json")) GTEST_SKIP() << "run scripts/fetch-tokenizers first";
   const fs::path before = fs::current_path();
-  const fs::path elsewhere = fs::path(::testing::TempDir()) / ("msinfer-cwd-" + std::to_string(::getpid()));
+  const fs::path elsewhere =
+      fs::path(::testing::TempDir()) / ("msinfer-cwd-" + std::to_string(::getpid()));
   fs::create_directories(elsewhere);
   fs::current_path(elsewhere);
   const std::string dir = model::default_llama2_tokenizer_dir();

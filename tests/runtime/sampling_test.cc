@@ -114,24 +114,28 @@ TEST(SamplingTest, PenaltiesAndDistributionMatchTorch) {
     int top_k;
   };
   const std::vector<Case> cases = {
-      {1.0f, 1.f, 0.f, 1.f, 0.f, 0.f, 0},      {0.7f, 1.f, 0.f, 1.3f, 0.f, 0.f, 0},
-      {1.0f, 1.f, 0.f, 0.6f, 0.f, 0.f, 0},     {1.0f, 1.f, 0.f, 1.5f, 0.4f, -0.3f, 0},
-      {1.0f, 1.f, 0.05f, 1.f, 0.f, 0.f, 0},    {1.6f, 1.f, 0.2f, 1.f, 0.f, 0.f, 0},
-      {1.0f, 0.8f, 0.f, 1.f, 0.f, 0.f, 0},     {0.9f, 0.9f, 0.03f, 1.f, 0.f, 0.f, 40},
+      {1.0f, 1.f, 0.f, 1.f, 0.f, 0.f, 0},        {0.7f, 1.f, 0.f, 1.3f, 0.f, 0.f, 0},
+      {1.0f, 1.f, 0.f, 0.6f, 0.f, 0.f, 0},       {1.0f, 1.f, 0.f, 1.5f, 0.4f, -0.3f, 0},
+      {1.0f, 1.f, 0.05f, 1.f, 0.f, 0.f, 0},      {1.6f, 1.f, 0.2f, 1.f, 0.f, 0.f, 0},
+      {1.0f, 0.8f, 0.f, 1.f, 0.f, 0.f, 0},       {0.9f, 0.9f, 0.03f, 1.f, 0.f, 0.f, 40},
       {1.2f, 0.6f, 0.01f, 1.2f, 0.5f, 0.5f, 25},
   };
   Json doc{{"logits", logits}, {"cases", Json::array()}};
   for (const Case& c : cases) {
-    doc["cases"].push_back({{"temperature", c.t},       {"top_k", c.top_k},
-                            {"top_p", c.top_p},         {"min_p", c.min_p},
-                            {"repetition_penalty", c.rep}, {"frequency_penalty", c.freq},
-                            {"presence_penalty", c.pres},  {"prompt", prompt},
+    doc["cases"].push_back({{"temperature", c.t},
+                            {"top_k", c.top_k},
+                            {"top_p", c.top_p},
+                            {"min_p", c.min_p},
+                            {"repetition_penalty", c.rep},
+                            {"frequency_penalty", c.freq},
+                            {"presence_penalty", c.pres},
+                            {"prompt", prompt},
                             {"output", output}});
   }
   const std::string in = ::testing::TempDir() + "/sampling-ref-" + std::to_string(::getpid());
   std::ofstream(in) << doc.dump();
-  const std::string out = msinfer::testing::run_capture("/usr/bin/python3 '" MSINFER_SOURCE_DIR
-                                               "/tests/runtime/sampling_reference.py' < " + in);
+  const std::string out = msinfer::testing::run_capture(
+      "/usr/bin/python3 '" MSINFER_SOURCE_DIR "/tests/runtime/sampling_reference.py' < " + in);
   std::filesystem::remove(in);
   ASSERT_FALSE(out.empty()) << "sampling_reference.py failed";
   const Json ref = Json::parse(out);

@@ -215,8 +215,8 @@ TEST(ParseRequest, VllmSamplingFields) {
   d.sampler_extensions = false;
   for (const auto& [k, v] : std::map<std::string, std::string>{
            {"min_p", "0.5"}, {"repetition_penalty", "1.5"}, {"min_tokens", "2"}}) {
-    auto e = parse_request(R"({"prompt": [1], "max_tokens": 4, ")" + k + "\": " + v + "}",
-                           false, d, &r);
+    auto e =
+        parse_request(R"({"prompt": [1], "max_tokens": 4, ")" + k + "\": " + v + "}", false, d, &r);
     ASSERT_TRUE(e.has_value()) << k;
     EXPECT_EQ(e->param, k);
   }
@@ -251,10 +251,13 @@ TEST(RequestFields, TheDocsTableMatchesTheParser) {
   std::string line;
   bool in_table = false;
   std::set<std::tuple<std::string, std::string, std::string>> doc;
-  const std::regex row(R"(^\| `([a-z_.]+)` \| (both|completions|chat) \| (honoured|no effect|refused) \|)");
+  const std::regex row(
+      R"(^\| `([a-z_.]+)` \| (both|completions|chat) \| (honoured|no effect|refused) \|)");
   while (std::getline(f, line)) {
-    if (line.rfind("### Request fields", 0) == 0) in_table = true;
-    else if (in_table && line.rfind("#", 0) == 0) break;
+    if (line.rfind("### Request fields", 0) == 0)
+      in_table = true;
+    else if (in_table && line.rfind("#", 0) == 0)
+      break;
     std::smatch m;
     if (in_table && std::regex_search(line, m, row)) {
       EXPECT_TRUE(doc.emplace(m[1], m[2], m[3]).second) << "listed twice: " << line;
@@ -284,8 +287,9 @@ TEST(RequestFields, TheDocsTableMatchesTheParser) {
     for (bool chat : {false, true}) {
       if (rf.endpoint == (chat ? FieldEndpoint::kCompletions : FieldEndpoint::kChat)) continue;
       auto body_with = [&](const Json& v) {
-        Json b = chat ? Json{{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"logprobs", true}}
-                      : Json{{"prompt", {1, 2, 3}}};
+        Json b =
+            chat ? Json{{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"logprobs", true}}
+                 : Json{{"prompt", {1, 2, 3}}};
         b["max_tokens"] = 4;
         b["stream"] = true;
         if (const size_t dot = name.find('.'); dot != std::string::npos) {

@@ -524,11 +524,10 @@ TEST_F(ServeTest, OpenAiClientSamplingFields) {
   const std::string fp = r["stop"]["system_fingerprint"];
   EXPECT_TRUE(std::regex_match(fp, std::regex("fp_[0-9a-f]{12}"))) << fp;
   EXPECT_EQ(r["chat_fingerprint"], fp);
-  EXPECT_TRUE(std::regex_match(r["stop"]["id"].get<std::string>(),
-                               std::regex("cmpl-[0-9a-f]{32}")))
+  EXPECT_TRUE(std::regex_match(r["stop"]["id"].get<std::string>(), std::regex("cmpl-[0-9a-f]{32}")))
       << r["stop"]["id"];
-  EXPECT_TRUE(std::regex_match(r["chat_id"].get<std::string>(),
-                               std::regex("chatcmpl-[0-9a-f]{32}")))
+  EXPECT_TRUE(
+      std::regex_match(r["chat_id"].get<std::string>(), std::regex("chatcmpl-[0-9a-f]{32}")))
       << r["chat_id"];
   EXPECT_NE(r["stop"]["id"], r["stop_included"]["id"]);
   EXPECT_EQ(r["model"]["id"], model_dir().filename().string());

@@ -28,7 +28,7 @@ struct MakeModelOptions {
   uint64_t seed = 0;
   DType dtype = DType::kBF16;
   int shards = 1;                 // > 1: model-0000i-of-0000n.safetensors + index
-  std::string tokenizer_dir;      // small-mixtral's tokenizer (default: default_llama2_tokenizer_dir())
+  std::string tokenizer_dir;  // small-mixtral's tokenizer (default: default_llama2_tokenizer_dir())
   // Called with a line after each 10% of the weights of a model over 64 M
   // parameters (may be null): the small preset takes tens of seconds.
   void (*progress)(const std::string&) = nullptr;

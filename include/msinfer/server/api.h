@@ -136,8 +136,7 @@ struct TextStreamOptions {
 
 class TextStream {
  public:
-  TextStream(const model::Tokenizer* t, std::vector<std::string> stop,
-             TextStreamOptions o = {});
+  TextStream(const model::Tokenizer* t, std::vector<std::string> stop, TextStreamOptions o = {});
   // Text made final by this token; sets stopped() when a stop string ended it.
   std::string push(int32_t token);
   // The rest once generation ended without a stop string.
