@@ -357,6 +357,28 @@ StatusOr<Json> preset_config(const std::string& preset, int64_t vocab) {
   return invalid_argument("--preset '" + preset + "' is not one of " + known);
 }
 
+std::string default_llama2_tokenizer_dir() {
+  const fs::path rel = fs::path(".cache") / "tokenizers" / "llama2";
+  auto search_up = [&](fs::path dir) -> std::string {
+    std::error_code ec;
+    for (; !dir.empty(); dir = dir.parent_path()) {
+      if (fs::exists(dir / rel / "tokenizer.json", ec)) return (dir / rel).string();
+      if (dir == dir.root_path()) break;
+    }
+    return "";
+  };
+  std::error_code ec;
+  const fs::path cwd = fs::current_path(ec);
+  if (!ec) {
+    if (auto d = search_up(cwd); !d.empty()) return d;
+  }
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    if (auto d = search_up(exe.parent_path()); !d.empty()) return d;
+  }
+  return rel.string();
+}
+
 Status make_model(const MakeModelOptions& o) {
   if (internal::is_deepseek_preset(o.preset)) {
     return internal::make_deepseek_model(o, train_tokenizer(kCorpus, 200, /*byte_level=*/true));
@@ -380,7 +402,7 @@ Status make_model(const MakeModelOptions& o) {
       "{% endif %}{% endfor %}";
   Json tok_json, tok_config;
   if (o.preset == "small-mixtral") {
-    std::string dir = o.tokenizer_dir.empty() ? ".cache/tokenizers/llama2" : o.tokenizer_dir;
+    std::string dir = o.tokenizer_dir.empty() ? default_llama2_tokenizer_dir() : o.tokenizer_dir;
     auto t = read_json_file(dir + "/tokenizer.json");
     if (!t.ok()) {
       return not_found("small-mixtral needs the Llama-2 tokenizer at " + dir +

@@ -302,10 +302,17 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
     Running& r = running_[owners[j]];
     const float* lg = logits_.data() + j * c.vocab;
     const SamplingParams& sp = r.req.sampling;
-    if (sp.frequency_penalty != 0.f || sp.presence_penalty != 0.f) {
+    // Penalties and min_tokens on a copy: the logits stay as computed.
+    const bool penalise = has_penalties(sp);
+    if (penalise || r.generated < sp.min_tokens) {
       penalised_.assign(lg, lg + c.vocab);
-      apply_penalties(penalised_.data(), c.vocab, sp, r.tokens.data() + r.req.prompt.size(),
-                      r.generated);
+      const int64_t plen = static_cast<int64_t>(r.req.prompt.size());
+      if (penalise) {
+        apply_penalties(penalised_.data(), c.vocab, sp, r.tokens.data(), plen,
+                        r.tokens.data() + plen, r.generated);
+      }
+      suppress_stops(penalised_.data(), c.vocab, sp, c.eos_token_ids.data(),
+                     static_cast<int64_t>(c.eos_token_ids.size()), r.generated);
       lg = penalised_.data();
     }
     if (observer_) observer_(r.req.id, lg, c.vocab);

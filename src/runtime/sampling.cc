@@ -18,13 +18,36 @@ Status SamplingParams::validate() const {
     if (!(v >= -2 && v <= 2)) return invalid_argument("penalties must be in [-2, 2]");
   }
   if (logprobs < -1 || logprobs > 20) return invalid_argument("logprobs must be in 0..20");
+  if (!(min_p >= 0 && min_p <= 1)) return invalid_argument("min_p must be in [0, 1]");
+  if (!(repetition_penalty > 0) || !std::isfinite(repetition_penalty)) {
+    return invalid_argument("repetition_penalty must be a finite number > 0");
+  }
+  if (min_tokens < 0 || min_tokens > max_tokens) {
+    return invalid_argument("min_tokens must be in 0..max_tokens");
+  }
   return ok_status();
 }
 
-void apply_penalties(float* logits, int64_t vocab, const SamplingParams& p,
-                     const int32_t* generated, int64_t n) {
+bool has_penalties(const SamplingParams& p) {
+  return p.frequency_penalty != 0.f || p.presence_penalty != 0.f || p.repetition_penalty != 1.f;
+}
+
+void apply_penalties(float* logits, int64_t vocab, const SamplingParams& p, const int32_t* prompt,
+                     int64_t n_prompt, const int32_t* generated, int64_t n_generated) {
+  if (p.repetition_penalty != 1.f) {
+    // Each token once, whether it appears in the prompt, the output or both.
+    std::vector<int32_t> seen(prompt, prompt + n_prompt);
+    seen.insert(seen.end(), generated, generated + n_generated);
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (int32_t t : seen) {
+      if (t < 0 || t >= vocab) continue;
+      float& l = logits[t];
+      l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+    }
+  }
   if (p.frequency_penalty == 0.f && p.presence_penalty == 0.f) return;
-  std::vector<int32_t> ids(generated, generated + n);
+  std::vector<int32_t> ids(generated, generated + n_generated);
   std::sort(ids.begin(), ids.end());
   for (size_t i = 0; i < ids.size();) {
     size_t j = i;
@@ -34,6 +57,22 @@ void apply_penalties(float* logits, int64_t vocab, const SamplingParams& p,
     }
     i = j;
   }
+}
+
+bool suppress_stops(float* logits, int64_t vocab, const SamplingParams& p, const int64_t* eos,
+                    int64_t n_eos, int64_t generated) {
+  if (generated >= p.min_tokens) return false;
+  bool changed = false;
+  auto drop = [&](int64_t t) {
+    if (t < 0 || t >= vocab) return;
+    logits[t] = -std::numeric_limits<float>::infinity();
+    changed = true;
+  };
+  for (int32_t t : p.stop_token_ids) drop(t);
+  if (!p.ignore_eos) {
+    for (int64_t i = 0; i < n_eos; ++i) drop(eos[i]);
+  }
+  return changed;
 }
 
 float token_logprob(const float* logits, int64_t vocab, int32_t token, int top,
@@ -80,39 +119,83 @@ int64_t argmax(const float* x, int64_t n) {
   return 0;
 }
 
-int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p,
-                     std::mt19937_64& rng) {
-  if (p.temperature == 0.f || p.top_k == 1) return static_cast<int32_t>(argmax(logits, vocab));
-  std::vector<int32_t> idx(vocab);
-  std::iota(idx.begin(), idx.end(), 0);
-  int64_t keep = vocab;
-  if (p.top_k > 0 && p.top_k < vocab) keep = p.top_k;
+namespace {
+
+// The tokens sample_token() draws from, most likely first (ties to the lower
+// id), in idx[0, n), with their weights exp((logit - max) / temperature) in
+// w[0, n) (not normalised); returns n >= 1. Temperature > 0.
+int64_t candidates(const float* logits, int64_t vocab, const SamplingParams& p,
+                   std::vector<int32_t>& idx, std::vector<double>& w) {
+  const double mx = logits[argmax(logits, vocab)];
+  const auto weight = [&](int32_t t) -> double {
+    return std::exp((logits[t] - mx) / p.temperature);
+  };
+  idx.clear();
+  if (p.min_p > 0.f) {
+    // min_p first (a cut relative to the largest probability, so top_k
+    // before or after keeps the same tokens): usually few are left to sort.
+    for (int32_t t = 0; t < static_cast<int32_t>(vocab); ++t) {
+      if (weight(t) >= p.min_p) idx.push_back(t);
+    }
+    if (idx.empty()) idx.push_back(static_cast<int32_t>(argmax(logits, vocab)));
+  } else {
+    idx.resize(vocab);
+    std::iota(idx.begin(), idx.end(), 0);
+  }
+  const int64_t size = static_cast<int64_t>(idx.size());
+  const int64_t keep = p.top_k > 0 && p.top_k < size ? p.top_k : size;
   std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(), [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   });
   idx.resize(keep);
-  std::vector<double> prob(keep);
-  const double mx = logits[idx[0]];
+  w.resize(keep);
   double sum = 0;
-  for (int64_t i = 0; i < keep; ++i) {
-    sum += prob[i] = std::exp((logits[idx[i]] - mx) / p.temperature);
-  }
+  for (int64_t i = 0; i < keep; ++i) sum += w[i] = weight(idx[i]);
   int64_t n = keep;
   if (p.top_p < 1.f) {
     double mass = 0;
     for (n = 0; n < keep;) {
-      mass += prob[n++] / sum;
+      mass += w[n++] / sum;
       if (mass >= p.top_p) break;
     }
-    sum = std::accumulate(prob.begin(), prob.begin() + n, 0.0);
   }
+  // Tokens that cannot be drawn (-infinity: suppressed) are not candidates,
+  // so that rounding at the end of the draw cannot pick one.
+  while (n > 1 && !(w[n - 1] > 0)) --n;
+  return n;
+}
+
+}  // namespace
+
+int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p,
+                     std::mt19937_64& rng) {
+  if (p.temperature == 0.f || p.top_k == 1) return static_cast<int32_t>(argmax(logits, vocab));
+  std::vector<int32_t> idx;
+  std::vector<double> w;
+  const int64_t n = candidates(logits, vocab, p, idx, w);
+  const double sum = std::accumulate(w.begin(), w.begin() + n, 0.0);
   std::uniform_real_distribution<double> u(0.0, sum);
   double r = u(rng), acc = 0;
   for (int64_t i = 0; i < n; ++i) {
-    acc += prob[i];
+    acc += w[i];
     if (r < acc) return idx[i];
   }
   return idx[n - 1];
+}
+
+std::vector<double> sampling_distribution(const float* logits, int64_t vocab,
+                                          const SamplingParams& p) {
+  std::vector<double> out(vocab, 0.0);
+  if (p.temperature == 0.f || p.top_k == 1) {
+    out[argmax(logits, vocab)] = 1.0;
+    return out;
+  }
+  std::vector<int32_t> idx;
+  std::vector<double> w;
+  const int64_t n = candidates(logits, vocab, p, idx, w);
+  const double sum = std::accumulate(w.begin(), w.begin() + n, 0.0);
+  for (int64_t i = 0; i < n; ++i) out[idx[i]] = w[i] / sum;
+  return out;
 }
 
 }  // namespace msinfer::runtime

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <mutex>
+#include <random>
 
 namespace msinfer::server {
 
@@ -21,6 +23,119 @@ ApiError bad_request(std::string message, std::string param) {
   e.message = std::move(message);
   e.param = std::move(param);
   return e;
+}
+
+const std::vector<RequestField>& request_fields() {
+  using E = FieldEndpoint;
+  using U = FieldUse;
+  static const std::vector<RequestField> kFields = {
+      // OpenAI.
+      {"model", E::kBoth, U::kHonoured, "\"m\"", ""},
+      {"prompt", E::kCompletions, U::kHonoured, "\"Hi\"", ""},
+      {"messages", E::kChat, U::kHonoured, "[]", ""},
+      {"max_tokens", E::kBoth, U::kHonoured, "4", ""},
+      {"max_completion_tokens", E::kBoth, U::kHonoured, "4", ""},
+      {"temperature", E::kBoth, U::kHonoured, "0.5", ""},
+      {"top_p", E::kBoth, U::kHonoured, "0.9", ""},
+      {"seed", E::kBoth, U::kHonoured, "7", ""},
+      {"stop", E::kBoth, U::kHonoured, "[\"x\"]", ""},
+      {"frequency_penalty", E::kBoth, U::kHonoured, "0.5", ""},
+      {"presence_penalty", E::kBoth, U::kHonoured, "0.5", ""},
+      {"logprobs", E::kCompletions, U::kHonoured, "2", ""},
+      {"logprobs", E::kChat, U::kHonoured, "true", ""},
+      {"top_logprobs", E::kChat, U::kHonoured, "2", ""},
+      {"stream", E::kBoth, U::kHonoured, "true", ""},
+      {"stream_options", E::kBoth, U::kHonoured, "{\"include_usage\": true}", ""},
+      {"n", E::kBoth, U::kRefused, "2", "[1]"},
+      {"best_of", E::kCompletions, U::kRefused, "2", "[1]"},
+      {"echo", E::kBoth, U::kRefused, "true", "[false]"},
+      {"suffix", E::kCompletions, U::kRefused, "\"x\"", "[]"},
+      {"logit_bias", E::kBoth, U::kRefused, "{\"5\": 1}", "[{}]"},
+      {"response_format", E::kBoth, U::kRefused, "{\"type\": \"json_object\"}",
+       "[{\"type\": \"text\"}]"},
+      {"tools", E::kChat, U::kRefused, "[{\"type\": \"function\"}]", "[[]]"},
+      {"tool_choice", E::kChat, U::kRefused, "\"auto\"", "[\"none\"]"},
+      {"functions", E::kChat, U::kRefused, "[{\"name\": \"f\"}]", "[[]]"},
+      {"function_call", E::kChat, U::kRefused, "\"auto\"", "[\"none\"]"},
+      {"audio", E::kChat, U::kRefused, "{\"voice\": \"alloy\"}", "[]"},
+      {"modalities", E::kChat, U::kRefused, "[\"audio\"]", "[[\"text\"]]"},
+      {"prediction", E::kChat, U::kRefused, "{\"type\": \"content\", \"content\": \"x\"}", "[]"},
+      {"reasoning_effort", E::kChat, U::kRefused, "\"low\"", "[]"},
+      {"verbosity", E::kChat, U::kRefused, "\"low\"", "[]"},
+      {"web_search_options", E::kChat, U::kRefused, "{\"search_context_size\": \"low\"}", "[]"},
+      {"user", E::kBoth, U::kNoEffect, "\"u\"", ""},
+      {"metadata", E::kChat, U::kNoEffect, "{\"k\": \"v\"}", ""},
+      {"store", E::kChat, U::kNoEffect, "true", ""},
+      {"service_tier", E::kChat, U::kNoEffect, "\"auto\"", ""},
+      {"parallel_tool_calls", E::kChat, U::kNoEffect, "true", ""},
+      {"prompt_cache_key", E::kChat, U::kNoEffect, "\"k\"", ""},
+      {"safety_identifier", E::kChat, U::kNoEffect, "\"s\"", ""},
+      // vLLM's extensions.
+      {"top_k", E::kBoth, U::kHonoured, "5", ""},
+      {"min_p", E::kBoth, U::kHonoured, "0.1", ""},
+      {"repetition_penalty", E::kBoth, U::kHonoured, "1.2", ""},
+      {"min_tokens", E::kBoth, U::kHonoured, "2", ""},
+      {"stop_token_ids", E::kBoth, U::kHonoured, "[2]", ""},
+      {"include_stop_str_in_output", E::kBoth, U::kHonoured, "true", ""},
+      {"ignore_eos", E::kBoth, U::kHonoured, "true", ""},
+      {"skip_special_tokens", E::kBoth, U::kHonoured, "false", ""},
+      {"add_special_tokens", E::kBoth, U::kHonoured, "true", ""},
+      {"add_generation_prompt", E::kChat, U::kHonoured, "false", ""},
+      {"request_id", E::kBoth, U::kNoEffect, "\"r\"", ""},
+      {"cache_salt", E::kBoth, U::kNoEffect, "\"s\"", ""},
+      {"use_beam_search", E::kBoth, U::kRefused, "true", "[false]"},
+      {"length_penalty", E::kBoth, U::kRefused, "0.5", "[1]"},
+      {"spaces_between_special_tokens", E::kBoth, U::kRefused, "false", "[true]"},
+      {"truncate_prompt_tokens", E::kBoth, U::kRefused, "2", "[]"},
+      {"prompt_logprobs", E::kBoth, U::kRefused, "1", "[]"},
+      {"allowed_token_ids", E::kBoth, U::kRefused, "[1]", "[]"},
+      {"bad_words", E::kBoth, U::kRefused, "[\"x\"]", "[[]]"},
+      {"logits_processors", E::kBoth, U::kRefused, "[\"p\"]", "[[]]"},
+      {"guided_json", E::kBoth, U::kRefused, "{\"type\": \"object\"}", "[]"},
+      {"guided_regex", E::kBoth, U::kRefused, "\"a+\"", "[]"},
+      {"guided_choice", E::kBoth, U::kRefused, "[\"a\", \"b\"]", "[]"},
+      {"guided_grammar", E::kBoth, U::kRefused, "\"root ::= \\\"a\\\"\"", "[]"},
+      {"guided_decoding_backend", E::kBoth, U::kRefused, "\"xgrammar\"", "[]"},
+      {"guided_whitespace_pattern", E::kBoth, U::kRefused, "\" \"", "[]"},
+      {"structured_outputs", E::kBoth, U::kRefused, "{\"regex\": \"a+\"}", "[]"},
+      {"return_tokens_as_token_ids", E::kBoth, U::kRefused, "true", "[false]"},
+      {"return_token_ids", E::kBoth, U::kRefused, "true", "[false]"},
+      {"priority", E::kBoth, U::kRefused, "1", "[0]"},
+      {"kv_transfer_params", E::kBoth, U::kRefused, "{\"a\": 1}", "[]"},
+      {"vllm_xargs", E::kBoth, U::kRefused, "{\"a\": 1}", "[]"},
+      {"prompt_embeds", E::kCompletions, U::kRefused, "\"AAAA\"", "[]"},
+      {"continue_final_message", E::kChat, U::kRefused, "true", "[false]"},
+      {"chat_template", E::kChat, U::kRefused, "\"{{ messages }}\"", "[]"},
+      {"chat_template_kwargs", E::kChat, U::kRefused, "{\"enable_thinking\": false}", "[{}]"},
+      {"documents", E::kChat, U::kRefused, "[{\"text\": \"x\"}]", "[[]]"},
+      {"mm_processor_kwargs", E::kChat, U::kRefused, "{\"a\": 1}", "[{}]"},
+      {"stream_options.continuous_usage_stats", E::kBoth, U::kRefused, "true", "[false]"},
+  };
+  return kFields;
+}
+
+const char* field_use_name(FieldUse u) {
+  switch (u) {
+    case FieldUse::kHonoured:
+      return "honoured";
+    case FieldUse::kNoEffect:
+      return "no effect";
+    case FieldUse::kRefused:
+      return "refused";
+  }
+  return "?";
+}
+
+uint64_t random_seed() {
+  // One generator seeded from the OS per process (a read of /dev/urandom or
+  // getrandom per request would cost a system call each).
+  static std::mutex mu;
+  static std::mt19937_64 gen = [] {
+    std::random_device rd;
+    return std::mt19937_64((static_cast<uint64_t>(rd()) << 32) ^ rd());
+  }();
+  std::lock_guard<std::mutex> l(mu);
+  return gen();
 }
 
 namespace {
@@ -117,6 +232,36 @@ ApiError prompt_too_long_in_bytes(size_t bytes, const ApiContext& ctx, const cha
                          " bytes; this server takes at most " +
                          std::to_string(ctx.max_prompt_bytes) + " bytes (--max-prompt-bytes)",
                      param);
+}
+
+// The fields request_fields() marks kRefused: a 400 naming the first one set
+// to something other than null or an allowed value.
+Fail refused_fields(const Json& j) {
+  static const std::vector<std::pair<std::string, Json>> kRefused = [] {
+    std::vector<std::pair<std::string, Json>> v;
+    for (const RequestField& f : request_fields()) {
+      if (f.use == FieldUse::kRefused) v.emplace_back(f.name, Json::parse(f.allowed));
+    }
+    return v;
+  }();
+  for (const auto& [name, allowed] : kRefused) {
+    const Json* v = &j;
+    for (size_t at = 0; v != nullptr;) {
+      const size_t dot = name.find('.', at);
+      const std::string key = name.substr(at, dot == std::string::npos ? dot : dot - at);
+      auto it = v->is_object() ? v->find(key) : v->end();
+      v = it == v->end() ? nullptr : &*it;
+      if (dot == std::string::npos) break;
+      at = dot + 1;
+    }
+    if (v == nullptr || v->is_null()) continue;
+    if (std::find(allowed.begin(), allowed.end(), *v) != allowed.end()) continue;
+    return bad_request(
+        "'" + name + "' is not supported by this server" +
+            (allowed.empty() ? std::string() : " (accepted: " + allowed.dump() + ")"),
+        name);
+  }
+  return std::nullopt;
 }
 
 // The prompt of a completion: token ids as they are, text kept for
@@ -251,13 +396,6 @@ std::optional<ApiError> parse_request_fields(const std::string& body, bool chat,
   bool echo = false;
   if (auto f = get_bool(j, "echo", &echo)) return f;
   if (echo) return bad_request("echo is not supported", "echo");
-  for (const char* k : {"suffix", "tools", "functions", "tool_choice", "function_call"}) {
-    auto it = j.find(k);
-    if (it != j.end() && !it->is_null() && !(it->is_array() && it->empty()) &&
-        !(it->is_string() && it->get<std::string>() == "none")) {
-      return bad_request(std::string("'") + k + "' is not supported", k);
-    }
-  }
   if (auto it = j.find("logit_bias"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return wrong_type("logit_bias", "an object", *it);
     if (!it->empty()) return bad_request("logit_bias is not supported", "logit_bias");
@@ -268,15 +406,15 @@ std::optional<ApiError> parse_request_fields(const std::string& body, bool chat,
                          "response_format");
     }
   }
+  if (auto f = refused_fields(j)) return f;
   // The prompt (token ids here; text and conversations in resolve_prompt()).
   if (auto f = chat ? chat_messages(j, ctx, &r) : completion_prompt(j, ctx, &r)) return f;
   if (!chat && !r.prompt_text && r.prompt.empty()) return bad_request("the prompt is empty", "prompt");
   // Sampling.
   runtime::SamplingParams& sp = r.sampling;
-  // max_tokens (max_completion_tokens for chat): checked against the
+  // max_tokens (or max_completion_tokens, which wins): checked against the
   // prompt's length in resolve_prompt(); absent or null, the length left.
-  r.max_tokens_key = chat && present(j, "max_completion_tokens") ? "max_completion_tokens"
-                                                                   : "max_tokens";
+  r.max_tokens_key = present(j, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   if (auto f = get_int(j, r.max_tokens_key, &r.max_tokens_asked)) return f;
   if (present(j, r.max_tokens_key) && r.max_tokens_asked < 1) {
     return bad_request("'" + r.max_tokens_key + "' must be >= 1", r.max_tokens_key);
@@ -297,15 +435,59 @@ std::optional<ApiError> parse_request_fields(const std::string& body, bool chat,
   for (auto [v, k] : {std::pair{fp, "frequency_penalty"}, {pp, "presence_penalty"}}) {
     if (v < -2 || v > 2) return bad_request(std::string("'") + k + "' must be in [-2, 2]", k);
   }
+  // vLLM's sampling extensions.
+  double min_p = 0, rep = 1;
+  if (auto f = get_number(j, "min_p", &min_p)) return f;
+  if (!(min_p >= 0 && min_p <= 1)) return bad_request("'min_p' must be in [0, 1]", "min_p");
+  if (auto f = get_number(j, "repetition_penalty", &rep)) return f;
+  // Beyond FLT_MAX the float would be infinite; below FLT_MIN, 0.
+  if (!(rep >= std::numeric_limits<float>::min() && rep <= std::numeric_limits<float>::max())) {
+    return bad_request("'repetition_penalty' must be a finite number > 0", "repetition_penalty");
+  }
+  int64_t min_tokens = 0;
+  if (auto f = get_int(j, "min_tokens", &min_tokens)) return f;
+  if (min_tokens < 0 || min_tokens > INT32_MAX) {
+    return bad_request("'min_tokens' must be >= 0", "min_tokens");
+  }
+  if (!ctx.sampler_extensions) {
+    // The router's request format for the workers lacks them (the workers'
+    // engine would sample as if they were not set).
+    for (auto [set, k] : {std::pair{min_p != 0, "min_p"},
+                          {rep != 1, "repetition_penalty"},
+                          {min_tokens != 0, "min_tokens"}}) {
+      if (set) {
+        return bad_request(
+            std::string("'") + k + "' is not supported by a disaggregated deployment yet", k);
+      }
+    }
+  }
+  if (auto it = j.find("stop_token_ids"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return wrong_type("stop_token_ids", "an array of token ids", *it);
+    if (it->size() > 256) return bad_request("at most 256 stop_token_ids", "stop_token_ids");
+    if (auto f = token_ids(*it, "stop_token_ids", ctx.vocab, &sp.stop_token_ids)) return f;
+  }
+  if (auto f = get_bool(j, "include_stop_str_in_output", &r.include_stop_str_in_output)) return f;
+  if (auto f = get_bool(j, "skip_special_tokens", &r.skip_special_tokens)) return f;
+  if (present(j, "add_special_tokens")) {
+    bool add = false;
+    if (auto f = get_bool(j, "add_special_tokens", &add)) return f;
+    r.add_special_tokens = add;
+  }
   int64_t seed = 0;
   if (auto f = get_int(j, "seed", &seed)) return f;
+  r.seeded = present(j, "seed");
   if (auto f = get_bool(j, "ignore_eos", &sp.ignore_eos)) return f;
   sp.temperature = static_cast<float>(temperature);
   sp.top_p = static_cast<float>(top_p);
   sp.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);
   sp.frequency_penalty = static_cast<float>(fp);
   sp.presence_penalty = static_cast<float>(pp);
-  sp.seed = static_cast<uint64_t>(seed);
+  sp.min_p = static_cast<float>(min_p);
+  sp.repetition_penalty = static_cast<float>(rep);
+  sp.min_tokens = static_cast<int>(min_tokens);
+  // No seed: a fresh one, so that repeated requests get varied samples (a
+  // seed keeps them reproducible).
+  sp.seed = r.seeded ? static_cast<uint64_t>(seed) : random_seed();
   // Logprobs: completions take an integer (top n), chat a boolean plus top_logprobs.
   if (chat) {
     if (auto f = get_bool(j, "logprobs", &r.logprobs)) return f;
@@ -355,9 +537,12 @@ std::optional<ApiError> parse_request_fields(const std::string& body, bool chat,
       return f;
     }
   }
-  // What validate() checks that depends on max_tokens waits for it.
-  sp.max_tokens = 1;
-  Status v = sp.validate();
+  // What validate() checks that depends on max_tokens waits for it
+  // (resolve_prompt()).
+  runtime::SamplingParams check = sp;
+  check.max_tokens = 1;
+  check.min_tokens = 0;
+  Status v = check.validate();
   if (!v.ok()) return bad_request(v.message());
   *out = std::move(r);
   return std::nullopt;
@@ -386,10 +571,10 @@ std::optional<ApiError> resolve_prompt(const ApiContext& ctx, ApiRequest* r,
     auto text = ctx.chat_template->render(context);
     if (!text.ok()) return bad_request("chat template: " + text.status().message(), param);
     // The template writes the special tokens itself (BOS included).
-    if (auto f = tokenize(*text, /*add_special=*/false)) return f;
+    if (auto f = tokenize(*text, r->add_special_tokens.value_or(false))) return f;
     if (r->prompt.empty()) return bad_request("the rendered conversation is empty", param);
   } else if (r->prompt_text) {
-    if (auto f = tokenize(*r->prompt_text, /*add_special=*/true)) return f;
+    if (auto f = tokenize(*r->prompt_text, r->add_special_tokens.value_or(true))) return f;
     r->prompt_text.reset();
   }
   if (r->prompt.empty()) return bad_request("the prompt is empty", param);
@@ -412,6 +597,12 @@ std::optional<ApiError> resolve_prompt(const ApiContext& ctx, ApiRequest* r,
   } else {
     r->sampling.max_tokens = static_cast<int>(r->max_tokens_asked);
   }
+  if (r->sampling.min_tokens > r->sampling.max_tokens) {
+    return bad_request("'min_tokens' (" + std::to_string(r->sampling.min_tokens) +
+                           ") must not exceed " + r->max_tokens_key + " (" +
+                           std::to_string(r->sampling.max_tokens) + ")",
+                       "min_tokens");
+  }
   return std::nullopt;
 }
 
@@ -427,20 +618,30 @@ std::string openai_finish_reason(const std::string& engine_reason) {
   return engine_reason == "length" ? "length" : "stop";
 }
 
-TextStream::TextStream(const model::Tokenizer* t, std::vector<std::string> stop)
-    : t_(t), stop_(std::move(stop)) {
-  if (t_ != nullptr) decoder_.emplace(*t_);
+TextStream::TextStream(const model::Tokenizer* t, std::vector<std::string> stop,
+                       TextStreamOptions o)
+    : t_(t), stop_(std::move(stop)), o_(o) {
+  if (t_ != nullptr) decoder_.emplace(*t_, o_.skip_special_tokens);
 }
 
 std::string TextStream::push(int32_t token) {
   if (stopped_ || !decoder_) return "";
   held_ += decoder_->push(token);
   if (stop_.empty()) return std::move(held_);
-  // The earliest stop string wins; nothing from it on is emitted.
-  size_t cut = std::string::npos;
-  for (const auto& s : stop_) cut = std::min(cut, held_.find(s));
+  // The earliest stop string wins; nothing after it is emitted, nor the
+  // stop string itself unless include_stop_str. None before min_tokens.
+  size_t cut = std::string::npos, cut_len = 0;
+  if (++pushed_ > o_.min_tokens) {
+    for (const auto& s : stop_) {
+      const size_t at = held_.find(s);
+      if (at < cut) {
+        cut = at;
+        cut_len = s.size();
+      }
+    }
+  }
   if (cut != std::string::npos) {
-    std::string out = held_.substr(0, cut);
+    std::string out = held_.substr(0, cut + (o_.include_stop_str ? cut_len : 0));
     held_.clear();
     stopped_ = true;
     return out;

@@ -19,6 +19,7 @@
 #include <list>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <span>
 #include <thread>
 #include <unordered_map>
@@ -175,6 +176,40 @@ bool bearer_matches(beast::string_view field, const std::string& key) {
   return equal_constant_time(header, key);
 }
 
+// %XX escapes of a URL path segment decoded; anything malformed kept as is.
+std::string percent_decode(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto hex = [](char c) {
+      return c >= '0' && c <= '9'   ? c - '0'
+             : c >= 'a' && c <= 'f' ? c - 'a' + 10
+             : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                    : -1;
+    };
+    if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
+      out += static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2]));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+// "fp_" and 12 hex digits of FNV-1a over what shapes the answers: the served
+// model's name, vocabulary and length, and the deployment's kind.
+std::string fingerprint_of(const ApiContext& ctx) {
+  const std::string what = "msinfer|" + ctx.served_model_name + "|" + std::to_string(ctx.vocab) +
+                           "|" + std::to_string(ctx.max_model_len) + "|" +
+                           (ctx.sampler_extensions ? "co-located" : "disaggregated");
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : what) h = (h ^ c) * 1099511628211ull;
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "fp_%012llx",
+                static_cast<unsigned long long>(h & 0xffffffffffffull));
+  return buf;
+}
+
 Json byte_array(const std::string& s) {
   Json a = Json::array();
   for (unsigned char c : s) a.push_back(static_cast<int>(c));
@@ -201,6 +236,17 @@ struct HttpServer::Impl {
   size_t prune_sessions_at = 64;               // event-loop thread only
   int nodelay_inherited = -1;                  // event-loop thread only: -1 not yet known
   std::time_t created = std::time(nullptr);
+  // Responses' system_fingerprint: this build and the served model's shape
+  // (a client compares it to see whether the backend changed).
+  std::string system_fingerprint;
+  std::mt19937_64 id_rng{std::random_device{}()};  // event-loop thread only
+  // 32 random hex digits (128 bits) for a response id. Event-loop thread only.
+  std::string random_hex() {
+    char buf[33];
+    std::snprintf(buf, sizeof(buf), "%016llx%016llx", static_cast<unsigned long long>(id_rng()),
+                  static_cast<unsigned long long>(id_rng()));
+    return buf;
+  }
   // Connections per client address (event-loop thread only).
   std::unordered_map<std::string, int64_t> per_client;
   // A connection that read much (a large body, a header flood) was closed:
@@ -824,9 +870,12 @@ class Session : public std::enable_shared_from_this<Session> {
       return respond(200, "text/plain; version=0.0.4; charset=utf-8", srv_.metrics->render(g));
     }
     const bool models = target == "/v1/models";
+    const std::string kModelPrefix = "/v1/models/";
+    const bool one_model = target.size() > kModelPrefix.size() &&
+                           target.compare(0, kModelPrefix.size(), kModelPrefix) == 0;
     const bool completions = target == "/v1/completions";
     const bool chat = target == "/v1/chat/completions";
-    if (!models && !completions && !chat) {
+    if (!models && !one_model && !completions && !chat) {
       return respond_error(error_of(404, "NotFoundError",
                                     "no route " + std::string(req.method_string()) + " " + target));
     }
@@ -836,7 +885,7 @@ class Session : public std::enable_shared_from_this<Session> {
                             "missing or wrong API key (Authorization: Bearer KEY)");
       return respond_error(e, false, "WWW-Authenticate: Bearer\r\n");
     }
-    if (models) {
+    if (models || one_model) {
       if (!get) return method_not_allowed("GET");
       Json m{{"id", srv_.ctx.served_model_name},
              {"object", "model"},
@@ -844,7 +893,15 @@ class Session : public std::enable_shared_from_this<Session> {
              {"owned_by", "msinfer"},
              {"root", srv_.ctx.served_model_name},
              {"max_model_len", srv_.ctx.max_model_len}};
-      return respond_json(200, {{"object", "list"}, {"data", Json::array({m})}});
+      if (models) return respond_json(200, {{"object", "list"}, {"data", Json::array({m})}});
+      // GET /v1/models/{id}: the id percent-decoded (an id may hold '/').
+      const std::string id = percent_decode(target.substr(kModelPrefix.size()));
+      if (id == srv_.ctx.served_model_name) return respond_json(200, m);
+      ApiError e = error_of(404, "NotFoundError",
+                            "the model '" + id + "' does not exist (this server serves '" +
+                                srv_.ctx.served_model_name + "')");
+      e.param = "model";
+      return respond_error(e);
     }
     if (!post) return method_not_allowed("POST");
     const std::string ct(req[http::field::content_type]);
@@ -914,10 +971,14 @@ class Session : public std::enable_shared_from_this<Session> {
                    sched == nullptr ? "the model is loading" : "the server is shutting down"));
     }
     gen->id = sched->next_id();
-    gen->text.emplace(srv_.ctx.tokenizer, gen->req.stop);
+    TextStreamOptions to;
+    to.include_stop_str = gen->req.include_stop_str_in_output;
+    to.skip_special_tokens = gen->req.skip_special_tokens;
+    to.min_tokens = gen->req.sampling.min_tokens;
+    gen->text.emplace(srv_.ctx.tokenizer, gen->req.stop, to);
     gen->created = std::time(nullptr);
-    gen->object_id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(gen->created) + "-" +
-                     std::to_string(gen->id);
+    // Random (as vLLM's uuid4 ids): unique across restarts too.
+    gen->object_id = (chat ? "chatcmpl-" : "cmpl-") + srv_.random_hex();
     runtime::GenerationRequest r;
     r.id = gen->id;
     r.prompt = gen->req.prompt;
@@ -957,7 +1018,8 @@ class Session : public std::enable_shared_from_this<Session> {
     return Json{{"id", g.object_id},
                 {"object", object},
                 {"created", static_cast<int64_t>(g.created)},
-                {"model", srv_.ctx.served_model_name}};
+                {"model", srv_.ctx.served_model_name},
+                {"system_fingerprint", srv_.system_fingerprint}};
   }
 
   Json stream_chunk(const Generation& g, const Json& delta_or_text, const Json& logprobs,
@@ -1038,7 +1100,11 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string finish;
     for (const auto& ev : events) {
       ++g.completion_tokens;
-      delta += g.text->push(ev.token);
+      // A token that ended generation as a stop (a stop_token_ids token, EOS)
+      // writes no text unless include_stop_str_in_output, as in vLLM.
+      const bool stop_token =
+          ev.finished && (ev.finish_reason == "stop" || ev.finish_reason == "eos");
+      if (!stop_token || g.req.include_stop_str_in_output) delta += g.text->push(ev.token);
       if (g.req.logprobs) add_logprobs(g, ev, g.req.stream ? &logprobs : &g.logprobs);
       if (g.text->stopped()) {
         finish = "stop";
@@ -1400,6 +1466,7 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::start(const ServerOptions& o, 
   auto impl = std::make_unique<Impl>();
   impl->options = o;
   impl->ctx = std::move(ctx);
+  impl->system_fingerprint = fingerprint_of(impl->ctx);
   impl->metrics = metrics;
   beast::error_code ec;
   auto ip = resolve_host(o.host);

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "msinfer/model/make_model.h"
+
 namespace msinfer::model {
 namespace {
 
@@ -187,6 +189,27 @@ TEST(TokenizerTest, PostProcessorShapes) {
   auto t = Tokenizer::from_json(j, nullptr, "t.json");
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   EXPECT_EQ(t->encode("hello"), (std::vector<int32_t>{100, 11, 100}));
+}
+
+// make-model --preset small-mixtral finds the fetched Llama-2 tokenizer from
+// any working directory, not only the repository's root (issue 47).
+TEST(MakeModelTest, FindsTheLlama2TokenizerOutsideTheRepository) {
+  const fs::path fetched = fs::path(MSINFER_SOURCE_DIR) / ".cache/tokenizers/llama2";
+  if (!fs::exists(fetched / "tokenizer.json")) GTEST_SKIP() << "run scripts/fetch-tokenizers first";
+  const fs::path before = fs::current_path();
+  const fs::path elsewhere =
+      fs::path(::testing::TempDir()) / ("msinfer-cwd-" + std::to_string(::getpid()));
+  fs::create_directories(elsewhere);
+  fs::current_path(elsewhere);
+  const std::string dir = model::default_llama2_tokenizer_dir();
+  fs::current_path(before);
+  fs::remove_all(elsewhere);
+  EXPECT_TRUE(fs::path(dir).is_absolute()) << dir;
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "tokenizer.json")) << dir;
+  // The test binary lives in the build tree under the checkout whose .cache
+  // has it: found through the executable.
+  EXPECT_EQ(fs::canonical(fs::path(dir) / "tokenizer.json"),
+            fs::canonical(fetched / "tokenizer.json"));
 }
 
 TEST(Utf8Test, CompletePrefix) {

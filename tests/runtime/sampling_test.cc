@@ -4,9 +4,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <vector>
+
+#include "../common/subprocess.h"
+#include "msinfer/core/json.h"
+#include "test_models.h"
 
 namespace msinfer::runtime {
 namespace {
@@ -87,6 +93,145 @@ TEST(SamplingTest, SeededAndValidated) {
   EXPECT_FALSE(bad.validate().ok());
   bad = SamplingParams{};
   bad.max_tokens = 0;
+  EXPECT_FALSE(bad.validate().ok());
+}
+
+// The penalties and the distribution sample_token() draws from against
+// tests/runtime/sampling_reference.py (PyTorch, vLLM's definitions) on the
+// same logits: repetition, frequency and presence penalties over a prompt and
+// an output with repeats, min_p, top_k, top_p, alone and together.
+TEST(SamplingTest, PenaltiesAndDistributionMatchTorch) {
+  if (!testing::have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch not found";
+  constexpr int64_t kVocab = 300;
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal(0.f, 2.5f);
+  std::vector<float> logits(kVocab);
+  for (auto& v : logits) v = normal(rng);
+  const std::vector<int32_t> prompt = {3, 17, 17, 250, 42, 7};
+  const std::vector<int32_t> output = {42, 9, 9, 9, 17, 123, 299};
+  struct Case {
+    float t, top_p, min_p, rep, freq, pres;
+    int top_k;
+  };
+  const std::vector<Case> cases = {
+      {1.0f, 1.f, 0.f, 1.f, 0.f, 0.f, 0},        {0.7f, 1.f, 0.f, 1.3f, 0.f, 0.f, 0},
+      {1.0f, 1.f, 0.f, 0.6f, 0.f, 0.f, 0},       {1.0f, 1.f, 0.f, 1.5f, 0.4f, -0.3f, 0},
+      {1.0f, 1.f, 0.05f, 1.f, 0.f, 0.f, 0},      {1.6f, 1.f, 0.2f, 1.f, 0.f, 0.f, 0},
+      {1.0f, 0.8f, 0.f, 1.f, 0.f, 0.f, 0},       {0.9f, 0.9f, 0.03f, 1.f, 0.f, 0.f, 40},
+      {1.2f, 0.6f, 0.01f, 1.2f, 0.5f, 0.5f, 25},
+  };
+  Json doc{{"logits", logits}, {"cases", Json::array()}};
+  for (const Case& c : cases) {
+    doc["cases"].push_back({{"temperature", c.t},
+                            {"top_k", c.top_k},
+                            {"top_p", c.top_p},
+                            {"min_p", c.min_p},
+                            {"repetition_penalty", c.rep},
+                            {"frequency_penalty", c.freq},
+                            {"presence_penalty", c.pres},
+                            {"prompt", prompt},
+                            {"output", output}});
+  }
+  const std::string in = ::testing::TempDir() + "/sampling-ref-" + std::to_string(::getpid());
+  std::ofstream(in) << doc.dump();
+  const std::string out = msinfer::testing::run_capture(
+      "/usr/bin/python3 '" MSINFER_SOURCE_DIR "/tests/runtime/sampling_reference.py' < " + in);
+  std::filesystem::remove(in);
+  ASSERT_FALSE(out.empty()) << "sampling_reference.py failed";
+  const Json ref = Json::parse(out);
+  ASSERT_EQ(ref["cases"].size(), cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SamplingParams p;
+    p.temperature = c.t;
+    p.top_k = c.top_k;
+    p.top_p = c.top_p;
+    p.min_p = c.min_p;
+    p.repetition_penalty = c.rep;
+    p.frequency_penalty = c.freq;
+    p.presence_penalty = c.pres;
+    ASSERT_TRUE(p.validate().ok());
+    std::vector<float> pen = logits;
+    apply_penalties(pen.data(), kVocab, p, prompt.data(), static_cast<int64_t>(prompt.size()),
+                    output.data(), static_cast<int64_t>(output.size()));
+    const auto want_pen = ref["cases"][i]["penalised"].get<std::vector<float>>();
+    const auto want_probs = ref["cases"][i]["probs"].get<std::vector<double>>();
+    const std::vector<double> probs = sampling_distribution(pen.data(), kVocab, p);
+    int kept = 0;
+    for (int64_t t = 0; t < kVocab; ++t) {
+      ASSERT_NEAR(pen[t], want_pen[t], 1e-5f) << "case " << i << " token " << t;
+      ASSERT_NEAR(probs[t], want_probs[t], 1e-6) << "case " << i << " token " << t;
+      // The same tokens are possible, not merely similar probabilities.
+      ASSERT_EQ(probs[t] > 0, want_probs[t] > 0) << "case " << i << " token " << t;
+      kept += probs[t] > 0;
+    }
+    if (c.min_p > 0 || c.top_k > 0 || c.top_p < 1) {
+      EXPECT_LT(kept, kVocab) << "case " << i;
+    }
+  }
+}
+
+// sample_token() draws from sampling_distribution(): frequencies over many
+// seeded draws with min_p, top_k and top_p together.
+TEST(SamplingTest, DrawsFollowTheDistribution) {
+  std::vector<float> l(64);
+  for (int i = 0; i < 64; ++i) l[i] = 3.f * std::sin(i * 0.7f);
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.min_p = 0.1f;
+  p.top_k = 6;
+  p.top_p = 0.9f;
+  const std::vector<double> want = sampling_distribution(l.data(), 64, p);
+  std::vector<int> count(64, 0);
+  std::mt19937_64 rng(5);
+  const int n = 40000;
+  for (int i = 0; i < n; ++i) ++count[sample_token(l.data(), 64, p, rng)];
+  for (int t = 0; t < 64; ++t) {
+    if (want[t] == 0) {
+      EXPECT_EQ(count[t], 0) << t;
+    }
+    EXPECT_NEAR(count[t] / double(n), want[t], 0.01) << t;
+  }
+}
+
+// min_tokens: the stop ids and EOS are impossible until then, exactly; EOS
+// stays possible with ignore_eos (it would not stop anything).
+TEST(SamplingTest, MinTokensSuppressesEosAndStopIds) {
+  std::vector<float> l(10, 0.f);
+  SamplingParams p;
+  p.max_tokens = 8;
+  p.min_tokens = 3;
+  p.stop_token_ids = {4, 7, 99};  // 99: outside this vocabulary, skipped
+  const std::vector<int64_t> eos = {2};
+  for (int64_t generated = 0; generated < 5; ++generated) {
+    std::vector<float> x = l;
+    const bool changed = suppress_stops(x.data(), 10, p, eos.data(), 1, generated);
+    EXPECT_EQ(changed, generated < 3);
+    for (int t = 0; t < 10; ++t) {
+      const bool gone = generated < 3 && (t == 2 || t == 4 || t == 7);
+      EXPECT_EQ(x[t] == -std::numeric_limits<float>::infinity(), gone) << generated << " " << t;
+    }
+    std::mt19937_64 rng(generated);
+    p.temperature = 1.f;
+    for (int i = 0; i < 200 && generated < 3; ++i) {
+      const int32_t tok = sample_token(x.data(), 10, p, rng);
+      EXPECT_TRUE(tok != 2 && tok != 4 && tok != 7) << tok;
+    }
+  }
+  p.ignore_eos = true;
+  std::vector<float> x = l;
+  EXPECT_TRUE(suppress_stops(x.data(), 10, p, eos.data(), 1, 0));
+  EXPECT_EQ(x[2], 0.f);
+  EXPECT_EQ(x[4], -std::numeric_limits<float>::infinity());
+  // Validation of the new fields.
+  SamplingParams bad;
+  bad.min_p = 1.5f;
+  EXPECT_FALSE(bad.validate().ok());
+  bad = SamplingParams{};
+  bad.repetition_penalty = 0.f;
+  EXPECT_FALSE(bad.validate().ok());
+  bad = SamplingParams{};
+  bad.min_tokens = 17;  // > max_tokens (16)
   EXPECT_FALSE(bad.validate().ok());
 }
 

@@ -5,6 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
 
 #include "msinfer/server/bench_client.h"
 #include "msinfer/server/metrics.h"
@@ -164,6 +169,179 @@ TEST(ParseRequest, Refusals) {
   auto chat = parse_request(R"({"messages": [{"role": "user", "content": "x"}]})", true, ctx(), &r);
   ASSERT_TRUE(chat.has_value());  // no chat template in this context
   EXPECT_EQ(chat->param, "messages");
+}
+
+// vLLM's sampling fields reach SamplingParams; each bad value is a 400 naming
+// its field; max_completion_tokens works on /v1/completions too.
+TEST(ParseRequest, VllmSamplingFields) {
+  ApiRequest r;
+  ASSERT_FALSE(parse_request(R"({"prompt": [1, 2], "max_completion_tokens": 9, "min_p": 0.25,
+      "repetition_penalty": 1.3, "min_tokens": 4, "stop_token_ids": [7, 99],
+      "include_stop_str_in_output": true, "skip_special_tokens": false,
+      "add_special_tokens": false})",
+                             false, ctx(), &r));
+  EXPECT_EQ(r.sampling.max_tokens, 9);
+  EXPECT_FLOAT_EQ(r.sampling.min_p, 0.25f);
+  EXPECT_FLOAT_EQ(r.sampling.repetition_penalty, 1.3f);
+  EXPECT_EQ(r.sampling.min_tokens, 4);
+  EXPECT_EQ(r.sampling.stop_token_ids, (std::vector<int32_t>{7, 99}));
+  EXPECT_TRUE(r.include_stop_str_in_output);
+  EXPECT_FALSE(r.skip_special_tokens);
+  EXPECT_EQ(r.add_special_tokens, std::optional<bool>(false));
+  const struct {
+    const char* body;
+    const char* param;
+  } bad[] = {
+      {R"({"prompt": [1], "stop_token_ids": [100]})", "stop_token_ids"},  // beyond the vocabulary
+      {R"({"prompt": [1], "stop_token_ids": [-1]})", "stop_token_ids"},
+      {R"({"prompt": [1], "stop_token_ids": 5})", "stop_token_ids"},
+      {R"({"prompt": [1], "min_p": 1.5})", "min_p"},
+      {R"({"prompt": [1], "repetition_penalty": 0})", "repetition_penalty"},
+      {R"({"prompt": [1], "repetition_penalty": -1})", "repetition_penalty"},
+      {R"({"prompt": [1], "min_tokens": -1})", "min_tokens"},
+      {R"({"prompt": [1], "max_tokens": 3, "min_tokens": 4})", "min_tokens"},
+      {R"({"prompt": [1], "max_completion_tokens": 0})", "max_completion_tokens"},
+      {R"({"prompt": [1], "max_completion_tokens": 64})", "max_completion_tokens"},
+      {R"({"prompt": [1], "include_stop_str_in_output": 1})", "include_stop_str_in_output"},
+  };
+  for (const auto& c : bad) {
+    auto e = parse_request(c.body, false, ctx(), &r);
+    ASSERT_TRUE(e.has_value()) << c.body;
+    EXPECT_EQ(e->http_status, 400) << c.body;
+    EXPECT_EQ(e->param, c.param) << c.body;
+  }
+  // A disaggregated deployment cannot carry three of them to its workers.
+  ApiContext d = ctx();
+  d.sampler_extensions = false;
+  for (const auto& [k, v] : std::map<std::string, std::string>{
+           {"min_p", "0.5"}, {"repetition_penalty", "1.5"}, {"min_tokens", "2"}}) {
+    auto e =
+        parse_request(R"({"prompt": [1], "max_tokens": 4, ")" + k + "\": " + v + "}", false, d, &r);
+    ASSERT_TRUE(e.has_value()) << k;
+    EXPECT_EQ(e->param, k);
+  }
+  EXPECT_FALSE(parse_request(R"({"prompt": [1], "min_p": 0, "repetition_penalty": 1,
+      "min_tokens": 0, "stop_token_ids": [3]})",
+                             false, d, &r));
+}
+
+// Without a seed each request draws a fresh one; a seed is kept.
+TEST(ParseRequest, UnseededRequestsGetFreshSeeds) {
+  std::set<uint64_t> seeds;
+  for (int i = 0; i < 8; ++i) {
+    ApiRequest r;
+    ASSERT_FALSE(parse_request(R"({"prompt": [1]})", false, ctx(), &r));
+    EXPECT_FALSE(r.seeded);
+    seeds.insert(r.sampling.seed);
+  }
+  EXPECT_EQ(seeds.size(), 8u);
+  ApiRequest r;
+  ASSERT_FALSE(parse_request(R"({"prompt": [1], "seed": 0})", false, ctx(), &r));
+  EXPECT_TRUE(r.seeded);
+  EXPECT_EQ(r.sampling.seed, 0u);
+}
+
+// docs/SERVING.md's table of request fields is request_fields(), row for row,
+// and the parser does what each row says: an honoured or no-effect field with
+// its example value parses, a refused one is a 400 naming it (its defaults
+// still parse).
+TEST(RequestFields, TheDocsTableMatchesTheParser) {
+  std::ifstream f(std::string(MSINFER_SOURCE_DIR) + "/docs/SERVING.md");
+  ASSERT_TRUE(f.good());
+  std::string line;
+  bool in_table = false;
+  std::set<std::tuple<std::string, std::string, std::string>> doc;
+  const std::regex row(
+      R"(^\| `([a-z_.]+)` \| (both|completions|chat) \| (honoured|no effect|refused) \|)");
+  while (std::getline(f, line)) {
+    if (line.rfind("### Request fields", 0) == 0)
+      in_table = true;
+    else if (in_table && line.rfind("#", 0) == 0)
+      break;
+    std::smatch m;
+    if (in_table && std::regex_search(line, m, row)) {
+      EXPECT_TRUE(doc.emplace(m[1], m[2], m[3]).second) << "listed twice: " << line;
+    }
+  }
+  const char* kEndpoint[] = {"both", "completions", "chat"};
+  std::set<std::tuple<std::string, std::string, std::string>> code;
+  for (const RequestField& rf : request_fields()) {
+    code.emplace(rf.name, kEndpoint[static_cast<int>(rf.endpoint)], field_use_name(rf.use));
+  }
+  for (const auto& c : code) {
+    EXPECT_TRUE(doc.count(c)) << "docs/SERVING.md lacks the row for " << std::get<0>(c) << " ("
+                              << std::get<1>(c) << ", " << std::get<2>(c) << ")";
+  }
+  for (const auto& d : doc) {
+    EXPECT_TRUE(code.count(d)) << "docs/SERVING.md lists " << std::get<0>(d) << " ("
+                               << std::get<1>(d) << ", " << std::get<2>(d)
+                               << ") but the parser does not";
+  }
+  ApiContext chat_ctx = ctx();
+  chat_ctx.vocab = 256;
+  chat_ctx.tokenizer = &byte_tokenizer();
+  chat_ctx.chat_template = &simple_template();
+  for (const RequestField& rf : request_fields()) {
+    const std::string name = rf.name;
+    if (name == "model" || name == "prompt" || name == "messages") continue;
+    for (bool chat : {false, true}) {
+      if (rf.endpoint == (chat ? FieldEndpoint::kCompletions : FieldEndpoint::kChat)) continue;
+      auto body_with = [&](const Json& v) {
+        Json b =
+            chat ? Json{{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"logprobs", true}}
+                 : Json{{"prompt", {1, 2, 3}}};
+        b["max_tokens"] = 4;
+        b["stream"] = true;
+        if (const size_t dot = name.find('.'); dot != std::string::npos) {
+          b[name.substr(0, dot)][name.substr(dot + 1)] = v;
+        } else {
+          b[name] = v;
+        }
+        return b.dump();
+      };
+      ApiRequest r;
+      auto e = parse_request(body_with(Json::parse(rf.example)), chat, chat ? chat_ctx : ctx(), &r);
+      if (rf.use == FieldUse::kRefused) {
+        ASSERT_TRUE(e.has_value()) << name << " (chat " << chat << ") was accepted";
+        EXPECT_EQ(e->http_status, 400) << name;
+        EXPECT_EQ(e->param, name) << e->message;
+        for (const Json& ok : Json::parse(rf.allowed)) {
+          EXPECT_FALSE(parse_request(body_with(ok), chat, chat ? chat_ctx : ctx(), &r))
+              << name << " = " << ok.dump();
+        }
+      } else {
+        EXPECT_FALSE(e.has_value()) << name << " (chat " << chat << "): " << e->message;
+      }
+    }
+  }
+}
+
+TEST(TextStreamTest, IncludeStopStrAndMinTokens) {
+  Json tj = {{"model",
+              {{"type", "BPE"},
+               {"vocab", {{"a", 0}, {"b", 1}, {"c", 2}, {"d", 3}}},
+               {"merges", Json::array()}}},
+             {"added_tokens", Json::array()}};
+  auto t = model::Tokenizer::from_json(tj, nullptr, "test");
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  TextStreamOptions o;
+  o.include_stop_str = true;
+  TextStream s(&*t, {"bc", "cd"}, o);
+  std::string out = s.push(0);
+  out += s.push(1);
+  out += s.push(2);  // "abc": "bc" ends it, kept
+  EXPECT_TRUE(s.stopped());
+  EXPECT_EQ(out, "abc");
+  EXPECT_EQ(s.push(3), "");
+  // min_tokens 3: the "bc" inside the first three tokens does not stop; the
+  // one that ends with the fifth does.
+  o.include_stop_str = false;
+  o.min_tokens = 3;
+  TextStream m(&*t, {"bc"}, o);
+  std::string mo;
+  for (int32_t id : {0, 1, 2, 1, 2, 3}) mo += m.push(id);
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(mo, "abc");
 }
 
 TEST(TextStreamTest, StopStringAcrossTokensIsNeverEmitted) {

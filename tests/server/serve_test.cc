@@ -21,6 +21,7 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -451,6 +452,112 @@ TEST_F(ServeTest, BusyPollLosesNothingAndStops) {
     EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
     if (HasFailure()) ADD_FAILURE() << "server stderr:\n" << s.stderr_text();
   }
+}
+
+Json run_openai_sampling(const Server& s, const std::string& prompt, const Json& greedy_ids,
+                         const std::string& mode = "") {
+  const std::string out = testing::run_capture(
+      "node " + (source_dir() / "tests" / "server" / "openai_sampling.js").string() + " " +
+      node_modules().string() + " " + s.url() + " " + model_dir().filename().string() + " '" +
+      prompt + "' '" + greedy_ids.dump() + "' " + mode);
+  return out.empty() ? Json() : Json::parse(out);
+}
+
+// Three samples at temperature 1 without a seed: 24 tokens each from a
+// vocabulary of hundreds, so two equal by chance is negligible.
+void check_seeds(const Json& r) {
+  ASSERT_FALSE(r.is_null()) << "the openai client failed";
+  ASSERT_FALSE(r.contains("fatal")) << r["fatal"];
+  for (const char* k : {"unseeded", "chat_unseeded"}) {
+    std::set<std::string> distinct;
+    for (const auto& t : r[k]) distinct.insert(t.get<std::string>());
+    EXPECT_GE(distinct.size(), 2u) << k << ": " << r[k];
+  }
+  EXPECT_EQ(r["seeded"][0], r["seeded"][1]);
+}
+
+// Issue 47 through the official openai client: unseeded sampling varies, a
+// seed repeats; stop_token_ids (the stop token's text left out unless
+// include_stop_str_in_output; an id beyond the vocabulary a 400), min_tokens,
+// include_stop_str_in_output with a stop string, max_completion_tokens on
+// /v1/completions, min_p and repetition_penalty accepted, a refused vLLM
+// field; system_fingerprint, random ids, GET /v1/models/{id}.
+TEST_F(ServeTest, OpenAiClientSamplingFields) {
+  if (!fs::exists(node_modules() / "openai")) GTEST_SKIP() << "run scripts/fetch-js-clients first";
+  const Json gen = generate_json("Hello, experts", 8);
+  ASSERT_FALSE(gen.is_null()) << "msinfer generate failed";
+  Server s("");
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  const Json r = run_openai_sampling(s, "Hello, experts", gen["token_ids"]);
+  check_seeds(r);
+  if (HasFailure()) return;
+  const int k = r["stop_index"].get<int>();
+  // Stopped by the k-th token: k + 1 tokens, the text of the first k.
+  EXPECT_EQ(r["stop"]["finish_reason"], "stop");
+  EXPECT_EQ(r["stop"]["completion_tokens"], k + 1);
+  EXPECT_EQ(r["stop"]["text"], r["greedy_k"]["text"]);
+  EXPECT_EQ(r["stop_included"]["text"], r["greedy_k1"]["text"]);
+  EXPECT_EQ(r["stop_out_of_vocab"]["status"], 400);
+  EXPECT_EQ(r["stop_out_of_vocab"]["param"], "stop_token_ids");
+  // min_tokens: the first token stops at once; with min_tokens 4 it cannot
+  // come before the fifth.
+  EXPECT_EQ(r["stop_first"]["completion_tokens"], 1);
+  EXPECT_EQ(r["stop_first"]["finish_reason"], "stop");
+  EXPECT_GE(r["min_tokens"]["completion_tokens"].get<int>(), 4);
+  if (r["min_tokens"]["finish_reason"] == "stop") {
+    EXPECT_GE(r["min_tokens"]["completion_tokens"].get<int>(), 5);
+  }
+  if (!r["stop_str"].is_null()) {
+    // The text up to and with the first occurrence of the stop string.
+    const std::string text8 = r["text8"], stop = r["stop_str"];
+    EXPECT_EQ(r["stop_str_included"]["text"], text8.substr(0, text8.find(stop) + stop.size()));
+    EXPECT_EQ(r["stop_str_included"]["finish_reason"], "stop");
+  }
+  EXPECT_EQ(r["max_completion_tokens"]["completion_tokens"], 5);
+  EXPECT_EQ(r["max_completion_tokens"]["finish_reason"], "length");
+  EXPECT_EQ(r["min_p"]["completion_tokens"], 6);
+  EXPECT_EQ(r["repetition_penalty"]["completion_tokens"], 6);
+  EXPECT_EQ(r["min_p_refused"], "accepted");
+  EXPECT_EQ(r["guided_json"]["status"], 400);
+  EXPECT_EQ(r["guided_json"]["param"], "guided_json");
+  // Fingerprint and ids.
+  const std::string fp = r["stop"]["system_fingerprint"];
+  EXPECT_TRUE(std::regex_match(fp, std::regex("fp_[0-9a-f]{12}"))) << fp;
+  EXPECT_EQ(r["chat_fingerprint"], fp);
+  EXPECT_TRUE(std::regex_match(r["stop"]["id"].get<std::string>(), std::regex("cmpl-[0-9a-f]{32}")))
+      << r["stop"]["id"];
+  EXPECT_TRUE(
+      std::regex_match(r["chat_id"].get<std::string>(), std::regex("chatcmpl-[0-9a-f]{32}")))
+      << r["chat_id"];
+  EXPECT_NE(r["stop"]["id"], r["stop_included"]["id"]);
+  EXPECT_EQ(r["model"]["id"], model_dir().filename().string());
+  EXPECT_EQ(r["model"]["object"], "model");
+  EXPECT_EQ(r["missing_model"]["status"], 404);
+  // The first answer's id of a restarted server is not the first one's again
+  // (they were "cmpl-<unix time>-1" both, within the same second).
+  const std::string body = R"({"prompt": "Hi", "max_tokens": 1})";
+  const Json first = Json::parse(post(s, "/v1/completions", body).body);
+  EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
+  Server again("");
+  ASSERT_GT(again.port(), 0) << again.stderr_text();
+  const Json second = Json::parse(post(again, "/v1/completions", body).body);
+  EXPECT_TRUE(first.contains("id") && second.contains("id"));
+  EXPECT_NE(first["id"], second["id"]);
+  if (HasFailure()) ADD_FAILURE() << "client output: " << r.dump();
+}
+
+// Disaggregated: unseeded samples vary and seeds repeat there too (the seed
+// is drawn by the server and carried to the attention worker); min_p, which
+// the router cannot carry yet, is refused rather than ignored.
+TEST_F(ServeTest, OpenAiClientSeedsDisaggregated) {
+  if (!fs::exists(node_modules() / "openai")) GTEST_SKIP() << "run scripts/fetch-js-clients first";
+  Server s("--attention-workers 1 --expert-workers 1 --micro-batches 1");
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  const Json r = run_openai_sampling(s, "Hello, experts", Json::array({1}), "seeds-only");
+  check_seeds(r);
+  if (HasFailure()) return;
+  EXPECT_EQ(r["min_p_refused"]["status"], 400);
+  EXPECT_EQ(r["min_p_refused"]["param"], "min_p");
 }
 
 TEST_F(ServeTest, ErrorStatusesWithOpenAiBodies) {

@@ -28,7 +28,7 @@ struct MakeModelOptions {
   uint64_t seed = 0;
   DType dtype = DType::kBF16;
   int shards = 1;                 // > 1: model-0000i-of-0000n.safetensors + index
-  std::string tokenizer_dir;      // small-mixtral's tokenizer (default .cache/tokenizers/llama2)
+  std::string tokenizer_dir;  // small-mixtral's tokenizer (default: default_llama2_tokenizer_dir())
   // Called with a line after each 10% of the weights of a model over 64 M
   // parameters (may be null): the small preset takes tens of seconds.
   void (*progress)(const std::string&) = nullptr;
@@ -42,6 +42,14 @@ struct MakeModelOptions {
 constexpr double kMaxRouterSkew = 8.0;
 // Parses "zipf:S" (S finite, in (0, kMaxRouterSkew]); errors name --router-skew.
 StatusOr<double> parse_router_skew(const std::string& value);
+
+// Where small-mixtral's Llama-2 tokenizer is when no directory is given:
+// .cache/tokenizers/llama2 (scripts/fetch-tokenizers) in the working
+// directory or the nearest directory above it that has one, else in the
+// nearest above the running executable (build/msinfer in a checkout), so that
+// make-model works from any directory. Absolute where found; else the
+// relative default, for the error message.
+std::string default_llama2_tokenizer_dir();
 
 // The generated presets (the trained "demo" preset is model/demo_model.h's).
 std::vector<std::string> model_presets();

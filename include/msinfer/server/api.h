@@ -40,7 +40,32 @@ struct ApiContext {
   // > 0: a text prompt (or the contents of a conversation) longer than this
   // many bytes is refused before it is tokenized.
   int64_t max_prompt_bytes = 0;
+  // False where the backend cannot carry min_p, repetition_penalty and
+  // min_tokens to the engine that samples (a disaggregated deployment: its
+  // router's request format lacks them): such requests are refused (400).
+  bool sampler_extensions = true;
 };
+
+// The OpenAI and vLLM request fields this server knows, and what it does with
+// each: the list docs/SERVING.md's table shows (a test compares them).
+enum class FieldUse {
+  kHonoured,  // changes the answer as OpenAI / vLLM document
+  kNoEffect,  // accepted; changes nothing here (e.g. `user`, `store`)
+  kRefused,   // 400 naming it unless null or one of `allowed` (the defaults)
+};
+enum class FieldEndpoint { kBoth, kCompletions, kChat };
+struct RequestField {
+  const char* name;  // "a.b": field b of object a
+  FieldEndpoint endpoint;
+  FieldUse use;
+  const char* example;  // JSON: a value a client may send (refused, for kRefused)
+  const char* allowed;  // kRefused: JSON array of the values accepted, besides null
+};
+const std::vector<RequestField>& request_fields();
+const char* field_use_name(FieldUse u);  // "honoured", "no effect", "refused"
+
+// A random seed for a request that sets none (thread-safe).
+uint64_t random_seed();
 
 // One parsed request: the prompt's token ids and everything that shapes the
 // answer.
@@ -52,6 +77,14 @@ struct ApiRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;       // report logprobs (sampling.logprobs = how many top)
+  bool seeded = false;         // `seed` given (else sampling.seed is random_seed())
+  // vLLM: the stop string, or the text of a stop_token_ids token or EOS that
+  // ended generation, is part of the answer.
+  bool include_stop_str_in_output = false;
+  bool skip_special_tokens = true;  // vLLM: special tokens left out of the text
+  // vLLM: the tokenizer adds BOS etc. to the prompt (default: true for a
+  // completion's text, false for a chat, whose template writes them).
+  std::optional<bool> add_special_tokens;
 
   // Between parse_request_fields() and resolve_prompt(): the prompt still to
   // be tokenized (a completion's text, or a chat's messages for the
@@ -64,10 +97,11 @@ struct ApiRequest {
 };
 
 // Parses a POST body of /v1/completions (chat = false) or
-// /v1/chat/completions (chat = true). Unknown fields are ignored; fields that
-// would change the output and are not supported (n > 1, echo, best_of,
-// logit_bias, tools, suffix, a non-text response_format) are refused. Every
-// field of a wrong JSON type is a 400 naming it; nothing here throws.
+// /v1/chat/completions (chat = true). The fields of request_fields() marked
+// kRefused (n > 1, echo, best_of, logit_bias, tools, guided decoding, ...)
+// are a 400 naming them unless null or a default; fields outside that list
+// are ignored, as vLLM does. Without `seed`, the request gets random_seed().
+// Every field of a wrong JSON type is a 400 naming it; nothing here throws.
 // = parse_request_fields() then resolve_prompt() without a deadline.
 std::optional<ApiError> parse_request(const std::string& body, bool chat, const ApiContext& ctx,
                                       ApiRequest* out);
@@ -92,9 +126,17 @@ std::string openai_finish_reason(const std::string& engine_reason);
 // Incremental text of one request: turns token ids into text deltas, holding
 // back text that may be the start of a stop string, and ends the request
 // when one appears (the stop string and what follows are never emitted).
+struct TextStreamOptions {
+  bool include_stop_str = false;    // a stop string that ends the text is kept
+  bool skip_special_tokens = true;  // special tokens write no text
+  // Stop strings are looked for only once this many tokens were pushed (as
+  // vLLM does with min_tokens).
+  int64_t min_tokens = 0;
+};
+
 class TextStream {
  public:
-  TextStream(const model::Tokenizer* t, std::vector<std::string> stop);
+  TextStream(const model::Tokenizer* t, std::vector<std::string> stop, TextStreamOptions o = {});
   // Text made final by this token; sets stopped() when a stop string ended it.
   std::string push(int32_t token);
   // The rest once generation ended without a stop string.
@@ -107,6 +149,8 @@ class TextStream {
   const model::Tokenizer* t_;
   std::optional<model::StreamingDecoder> decoder_;
   std::vector<std::string> stop_;
+  TextStreamOptions o_;
+  int64_t pushed_ = 0;
   std::string held_;
   bool stopped_ = false;
 };
