@@ -96,7 +96,10 @@ const char* kFields[] = {
     "top_k", "n", "best_of", "echo", "suffix", "tools", "functions", "tool_choice", "function_call",
     "logit_bias", "response_format", "frequency_penalty", "presence_penalty", "seed",
     "ignore_eos", "logprobs", "top_logprobs", "stop", "stream", "stream_options",
-    "add_generation_prompt", "role", "content", "type", "text", "tool_calls", "include_usage"};
+    "add_generation_prompt", "role", "content", "type", "text", "tool_calls", "include_usage",
+    // vLLM's sampling extensions (issue 47)
+    "stop_token_ids", "min_p", "repetition_penalty", "min_tokens", "include_stop_str_in_output",
+    "skip_special_tokens", "add_special_tokens"};
 
 // Every object and array node of j, depth first.
 void nodes(Json& j, std::vector<Json*>* out) {
