@@ -1225,6 +1225,9 @@ Status run_attention_worker(const WorkerConfig& c, int index, int tp_rank, comm:
       sp.stop_token_ids = cmd->value("stop_token_ids", std::vector<int32_t>{});
       sp.frequency_penalty = cmd->value("frequency_penalty", 0.0f);
       sp.presence_penalty = cmd->value("presence_penalty", 0.0f);
+      sp.min_p = cmd->value("min_p", 0.0f);
+      sp.repetition_penalty = cmd->value("repetition_penalty", 1.0f);
+      sp.min_tokens = cmd->value("min_tokens", 0);
       sp.logprobs = cmd->value("logprobs", -1);
       Status s = engine->add(r);
       write_line(out_fd, s.ok() ? Json{{"added", r.id}}.dump()

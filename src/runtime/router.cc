@@ -871,6 +871,9 @@ Status Router::submit(const GenerationRequest& r) {
          {"stop_token_ids", r.sampling.stop_token_ids},
          {"frequency_penalty", r.sampling.frequency_penalty},
          {"presence_penalty", r.sampling.presence_penalty},
+         {"min_p", r.sampling.min_p},
+         {"repetition_penalty", r.sampling.repetition_penalty},
+         {"min_tokens", r.sampling.min_tokens},
          {"logprobs", r.sampling.logprobs}};
   auto line = ask(lead(best), j.dump(), std::chrono::milliseconds(-1), "");
   if (!line.ok()) {

@@ -449,18 +449,6 @@ std::optional<ApiError> parse_request_fields(const std::string& body, bool chat,
   if (min_tokens < 0 || min_tokens > INT32_MAX) {
     return bad_request("'min_tokens' must be >= 0", "min_tokens");
   }
-  if (!ctx.sampler_extensions) {
-    // The router's request format for the workers lacks them (the workers'
-    // engine would sample as if they were not set).
-    for (auto [set, k] : {std::pair{min_p != 0, "min_p"},
-                          {rep != 1, "repetition_penalty"},
-                          {min_tokens != 0, "min_tokens"}}) {
-      if (set) {
-        return bad_request(
-            std::string("'") + k + "' is not supported by a disaggregated deployment yet", k);
-      }
-    }
-  }
   if (auto it = j.find("stop_token_ids"); it != j.end() && !it->is_null()) {
     if (!it->is_array()) return wrong_type("stop_token_ids", "an array of token ids", *it);
     if (it->size() > 256) return bad_request("at most 256 stop_token_ids", "stop_token_ids");

@@ -36,17 +36,7 @@ class RouterBackend final : public GenerationBackend {
  public:
   RouterBackend(std::unique_ptr<runtime::Router> r, int layers, int experts)
       : r_(std::move(r)), layers_(layers), experts_(experts) {}
-  Status add(const runtime::GenerationRequest& r) override {
-    // The router's request format for the attention workers lacks these: a
-    // request with them would be sampled as if they were not set.
-    const runtime::SamplingParams& sp = r.sampling;
-    if (sp.min_p != 0.f || sp.repetition_penalty != 1.f || sp.min_tokens != 0) {
-      return invalid_argument("request " + std::to_string(r.id) +
-                              ": min_p, repetition_penalty and min_tokens are not supported by a "
-                              "disaggregated deployment yet");
-    }
-    return r_->add(r);
-  }
+  Status add(const runtime::GenerationRequest& r) override { return r_->add(r); }
   StatusOr<std::vector<runtime::TokenEvent>> step() override { return r_->step(); }
   Status cancel(int64_t id) override { return r_->cancel(id); }
   bool idle() const override { return r_->idle(); }

@@ -201,7 +201,7 @@ std::string percent_decode(const std::string& s) {
 std::string fingerprint_of(const ApiContext& ctx) {
   const std::string what = "msinfer|" + ctx.served_model_name + "|" + std::to_string(ctx.vocab) +
                            "|" + std::to_string(ctx.max_model_len) + "|" +
-                           (ctx.sampler_extensions ? "co-located" : "disaggregated");
+                           (ctx.disaggregated ? "disaggregated" : "co-located");
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : what) h = (h ^ c) * 1099511628211ull;
   char buf[16];

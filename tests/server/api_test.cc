@@ -210,19 +210,15 @@ TEST(ParseRequest, VllmSamplingFields) {
     EXPECT_EQ(e->http_status, 400) << c.body;
     EXPECT_EQ(e->param, c.param) << c.body;
   }
-  // A disaggregated deployment cannot carry three of them to its workers.
+  // A disaggregated deployment takes them like the co-located engine.
   ApiContext d = ctx();
-  d.sampler_extensions = false;
-  for (const auto& [k, v] : std::map<std::string, std::string>{
-           {"min_p", "0.5"}, {"repetition_penalty", "1.5"}, {"min_tokens", "2"}}) {
-    auto e =
-        parse_request(R"({"prompt": [1], "max_tokens": 4, ")" + k + "\": " + v + "}", false, d, &r);
-    ASSERT_TRUE(e.has_value()) << k;
-    EXPECT_EQ(e->param, k);
-  }
-  EXPECT_FALSE(parse_request(R"({"prompt": [1], "min_p": 0, "repetition_penalty": 1,
-      "min_tokens": 0, "stop_token_ids": [3]})",
+  d.disaggregated = true;
+  EXPECT_FALSE(parse_request(R"({"prompt": [1], "max_tokens": 4, "min_p": 0.5,
+      "repetition_penalty": 1.5, "min_tokens": 2, "stop_token_ids": [3]})",
                              false, d, &r));
+  EXPECT_FLOAT_EQ(r.sampling.min_p, 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.repetition_penalty, 1.5f);
+  EXPECT_EQ(r.sampling.min_tokens, 2);
 }
 
 // Without a seed each request draws a fresh one; a seed is kept.

@@ -38,6 +38,14 @@ async function refused(extra) {
     out.chat_unseeded.push(c.choices[0].message.content);
   }
   out.min_p_refused = await refused({ min_p: 0.1 });
+  // The extensions that reach the sampler (also run by a disaggregated
+  // deployment, whose answers the test compares with the co-located ones).
+  out.min_p = await completion({ max_tokens: 6, temperature: 1, min_p: 0.2, seed: 3 });
+  out.repetition_penalty = await completion({ temperature: 0, max_tokens: 16,
+                                              repetition_penalty: 1.5 });
+  out.sampled = await completion({ max_tokens: 6, temperature: 1, seed: 3 });
+  out.min_tokens = await completion({ temperature: 0, max_tokens: 6,
+                                      stop_token_ids: [greedyIds[0]], min_tokens: 4 });
   if (mode === 'seeds-only') {
     process.stdout.write(JSON.stringify(out));
     return;
@@ -55,8 +63,6 @@ async function refused(extra) {
   out.stop_out_of_vocab = await refused({ stop_token_ids: [1 << 30] });
   // min_tokens: the first greedy token as a stop id ends at once without it.
   out.stop_first = await completion({ ...greedy, max_tokens: 6, stop_token_ids: [greedyIds[0]] });
-  out.min_tokens = await completion({ ...greedy, max_tokens: 6, stop_token_ids: [greedyIds[0]],
-                                      min_tokens: 4 });
   // A stop string with include_stop_str_in_output: the text ends with it.
   const text8 = (await completion({ ...greedy, max_tokens: 8 })).text;
   out.text8 = text8;
@@ -67,9 +73,6 @@ async function refused(extra) {
   }
   // max_completion_tokens on /v1/completions, no max_tokens.
   out.max_completion_tokens = await completion({ ...greedy, max_completion_tokens: 5 });
-  // min_p and repetition_penalty are accepted and sample.
-  out.min_p = await completion({ max_tokens: 6, temperature: 1, min_p: 0.2, seed: 3 });
-  out.repetition_penalty = await completion({ ...greedy, max_tokens: 6, repetition_penalty: 1.5 });
   out.guided_json = await refused({ guided_json: { type: 'object' } });
   // GET /v1/models/{id}.
   out.model = await client.models.retrieve(model);

@@ -516,7 +516,7 @@ TEST_F(ServeTest, OpenAiClientSamplingFields) {
   EXPECT_EQ(r["max_completion_tokens"]["completion_tokens"], 5);
   EXPECT_EQ(r["max_completion_tokens"]["finish_reason"], "length");
   EXPECT_EQ(r["min_p"]["completion_tokens"], 6);
-  EXPECT_EQ(r["repetition_penalty"]["completion_tokens"], 6);
+  EXPECT_EQ(r["repetition_penalty"]["completion_tokens"], 16);
   EXPECT_EQ(r["min_p_refused"], "accepted");
   EXPECT_EQ(r["guided_json"]["status"], 400);
   EXPECT_EQ(r["guided_json"]["param"], "guided_json");
@@ -547,17 +547,35 @@ TEST_F(ServeTest, OpenAiClientSamplingFields) {
 }
 
 // Disaggregated: unseeded samples vary and seeds repeat there too (the seed
-// is drawn by the server and carried to the attention worker); min_p, which
-// the router cannot carry yet, is refused rather than ignored.
+// is drawn by the server and carried to the attention worker), and min_p,
+// repetition_penalty and min_tokens reach the attention worker's sampler:
+// the greedy answers with them equal the co-located server's.
 TEST_F(ServeTest, OpenAiClientSeedsDisaggregated) {
   if (!fs::exists(node_modules() / "openai")) GTEST_SKIP() << "run scripts/fetch-js-clients first";
+  const Json gen = generate_json("Hello, experts", 8);
+  ASSERT_FALSE(gen.is_null()) << "msinfer generate failed";
+  Json colocated;
+  {
+    Server c("");
+    ASSERT_GT(c.port(), 0) << c.stderr_text();
+    colocated = run_openai_sampling(c, "Hello, experts", gen["token_ids"], "seeds-only");
+  }
   Server s("--attention-workers 1 --expert-workers 1 --micro-batches 1");
   ASSERT_GT(s.port(), 0) << s.stderr_text();
-  const Json r = run_openai_sampling(s, "Hello, experts", Json::array({1}), "seeds-only");
+  const Json r = run_openai_sampling(s, "Hello, experts", gen["token_ids"], "seeds-only");
   check_seeds(r);
   if (HasFailure()) return;
-  EXPECT_EQ(r["min_p_refused"]["status"], 400);
-  EXPECT_EQ(r["min_p_refused"]["param"], "min_p");
+  ASSERT_FALSE(colocated.is_null() || colocated.contains("fatal")) << colocated;
+  EXPECT_EQ(r["min_p_refused"], "accepted");
+  EXPECT_EQ(r["min_p"]["completion_tokens"], 6);
+  EXPECT_EQ(r["repetition_penalty"]["text"], colocated["repetition_penalty"]["text"]);
+  // The same seed samples the same text on both (the same logits), and
+  // min_p changes it, so a min_p left behind by the router shows.
+  EXPECT_EQ(r["min_p"]["text"], colocated["min_p"]["text"]);
+  EXPECT_NE(colocated["min_p"]["text"], colocated["sampled"]["text"]);
+  EXPECT_EQ(r["min_tokens"]["text"], colocated["min_tokens"]["text"]);
+  EXPECT_EQ(r["min_tokens"]["completion_tokens"], colocated["min_tokens"]["completion_tokens"]);
+  EXPECT_GE(r["min_tokens"]["completion_tokens"].get<int>(), 4);
 }
 
 TEST_F(ServeTest, ErrorStatusesWithOpenAiBodies) {

@@ -179,9 +179,7 @@ int run_serve(int argc, char** argv) {
   ctx.bos_token = tc.bos_token;
   ctx.eos_token = tc.eos_token;
   ctx.vocab = config->vocab;
-  // A deployment's router does not carry min_p, repetition_penalty and
-  // min_tokens to its attention workers: requests with them are refused.
-  ctx.sampler_extensions = !deployment_requested(flags);
+  ctx.disaggregated = deployment_requested(flags);
   // A request must fit the context and, alone, the KV cache.
   const int64_t kv_tokens =
       (flags.get_int("kv-cache-mb") << 20) / runtime::KvCache::bytes_per_token(*config) / 16 * 16;

@@ -40,10 +40,9 @@ struct ApiContext {
   // > 0: a text prompt (or the contents of a conversation) longer than this
   // many bytes is refused before it is tokenized.
   int64_t max_prompt_bytes = 0;
-  // False where the backend cannot carry min_p, repetition_penalty and
-  // min_tokens to the engine that samples (a disaggregated deployment: its
-  // router's request format lacks them): such requests are refused (400).
-  bool sampler_extensions = true;
+  // A disaggregated deployment (attention and expert workers) rather than the
+  // co-located engine: part of system_fingerprint.
+  bool disaggregated = false;
 };
 
 // The OpenAI and vLLM request fields this server knows, and what it does with
