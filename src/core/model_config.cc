@@ -412,8 +412,8 @@ Json ModelConfig::to_json() const {
 Status ModelConfig::check_executable() const {
   auto no = [&](const std::string& why) {
     return unimplemented("model '" + name + "' (" + architecture + "): " + why +
-                         "; the engine runs MixtralForCausalLM, Qwen3MoeForCausalLM and "
-                         "(co-located only) DeepseekV2ForCausalLM / DeepseekV3ForCausalLM");
+                         "; the engine runs MixtralForCausalLM, Qwen3MoeForCausalLM, "
+                         "DeepseekV2ForCausalLM and DeepseekV3ForCausalLM");
   };
   if (architecture == "DeepseekV2ForCausalLM" || architecture == "DeepseekV3ForCausalLM") {
     if (kv_lora_rank == 0) return no("DeepSeek without latent attention (kv_lora_rank 0)");
@@ -426,17 +426,6 @@ Status ModelConfig::check_executable() const {
   if (shared_expert_ffn != 0) return no("shared experts are not supported yet");
   if (kv_lora_rank != 0) return no("latent attention is not supported yet");
   return validate();
-}
-
-Status ModelConfig::check_disaggregated_executable() const {
-  MSI_RETURN_IF_ERROR(check_executable());
-  if (kv_lora_rank > 0) {
-    return unimplemented("model '" + name + "' (" + architecture +
-                         "): the disaggregated runtime (attention / expert workers) does not run "
-                         "latent attention, dense layers or shared experts yet; run it co-located "
-                         "(without --attention-workers, --expert-workers or --plan)");
-  }
-  return ok_status();
 }
 
 Status ModelConfig::validate() const {

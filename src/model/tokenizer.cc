@@ -966,7 +966,17 @@ size_t utf8_complete_prefix(std::string_view s) {
   size_t i = 0, last = 0;
   while (i < s.size()) {
     size_t n = utf8_len(static_cast<unsigned char>(s[i]));
-    if (i + n > s.size()) break;
+    if (i + n > s.size()) {
+      // Cut short: it may still complete, unless a byte after the lead is
+      // not a continuation byte (then the lead is an invalid unit of its own,
+      // as decode() leaves it; holding it back lost the text after it).
+      bool may_complete = true;
+      for (size_t k = i + 1; k < s.size(); ++k) {
+        if ((static_cast<unsigned char>(s[k]) & 0xc0) != 0x80) may_complete = false;
+      }
+      if (may_complete) break;
+      n = 1;
+    }
     i += n;
     last = i;
   }

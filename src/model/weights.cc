@@ -299,7 +299,12 @@ namespace {
 
 // One DeepSeek-V2/V3 decoder layer: MLA attention, then a dense MLP (layers
 // below first_k_dense_replace) or the router (with e_score_correction_bias when
-// stored), the routed experts and the shared experts. Attention tp is 1.
+// stored), the routed experts and the shared experts. Attention tp rank r of
+// tp holds query heads [r H/tp, (r+1) H/tp): their rows of q_b_proj (or
+// q_proj), their halves of kv_b_proj, the same columns of o_proj; q_a_proj,
+// kv_a_proj_with_mqa and the two layernorms whole (every rank computes and
+// caches the whole latent: MLA has one latent per token, read by every head).
+// Ranks > 0 hold nothing else of the layer.
 Status load_deepseek_layer(Loader& ld, const ModelConfig& c, int i, const LoadOptions& options,
                            LayerWeights& L) {
   const std::string p = layer_prefix(i), a = p + "self_attn.";
@@ -324,36 +329,55 @@ Status load_deepseek_layer(Loader& ld, const ModelConfig& c, int i, const LoadOp
     attention_side.push_back(p + "mlp." + m + ".weight");
     attention_side.push_back(p + "mlp.shared_experts." + m + ".weight");
   }
+  const int64_t atp = options.attention_tp_size, Hl = H / atp;
+  const int64_t h0 = options.attention_tp_rank * Hl;  // this rank's first head
+  const bool rest = options.attention && options.attention_tp_rank == 0;
   if (!options.attention) {
     for (const auto& n : attention_side) {
       ld.skip(n);
       ld.skip(fp8_scale_name(n));
     }
   } else {
-    MSI_ASSIGN_OR_RETURN(L.input_norm, ld.vec(p + "input_layernorm.weight", h));
-    MSI_ASSIGN_OR_RETURN(L.post_attn_norm, ld.vec(p + "post_attention_layernorm.weight", h));
+    const int64_t qk = nope + rope;
     if (QL > 0) {
       MSI_ASSIGN_OR_RETURN(L.qkv, ld.pack({{a + "q_a_proj.weight", {QL, h}},
                                            {a + "kv_a_proj_with_mqa.weight", {R + rope, h}}},
                                           fmt));
       MSI_ASSIGN_OR_RETURN(L.q_a_norm, ld.vec(a + "q_a_layernorm.weight", QL));
-      MSI_ASSIGN_OR_RETURN(L.q_b, ld.pack({{a + "q_b_proj.weight", {H * (nope + rope), QL}}}, fmt));
+      MSI_ASSIGN_OR_RETURN(
+          L.q_b, ld.pack_blocks({{a + "q_b_proj.weight", {H * qk, QL}, h0 * qk, (h0 + Hl) * qk, 0,
+                                  QL}},
+                                fmt));
     } else {
-      MSI_ASSIGN_OR_RETURN(L.qkv, ld.pack({{a + "q_proj.weight", {H * (nope + rope), h}},
-                                           {a + "kv_a_proj_with_mqa.weight", {R + rope, h}}},
-                                          fmt));
+      MSI_ASSIGN_OR_RETURN(
+          L.qkv,
+          ld.pack_blocks({{a + "q_proj.weight", {H * qk, h}, h0 * qk, (h0 + Hl) * qk, 0, h},
+                          {a + "kv_a_proj_with_mqa.weight", {R + rope, h}, 0, R + rope, 0, h}},
+                         fmt));
     }
     MSI_ASSIGN_OR_RETURN(L.kv_a_norm, ld.vec(a + "kv_a_layernorm.weight", R));
     MSI_ASSIGN_OR_RETURN(std::vector<bf16> kv_b,
                          ld.weight(a + "kv_b_proj.weight", {H * (nope + vd), R}));
-    L.w_uk.resize(static_cast<size_t>(H * nope * R));
-    L.w_uv.resize(static_cast<size_t>(H * vd * R));
-    for (int64_t hh = 0; hh < H; ++hh) {
-      const bf16* head = kv_b.data() + hh * (nope + vd) * R;
+    L.w_uk.resize(static_cast<size_t>(Hl * nope * R));
+    L.w_uv.resize(static_cast<size_t>(Hl * vd * R));
+    for (int64_t hh = 0; hh < Hl; ++hh) {
+      const bf16* head = kv_b.data() + (h0 + hh) * (nope + vd) * R;
       std::memcpy(L.w_uk.data() + hh * nope * R, head, sizeof(bf16) * nope * R);
       std::memcpy(L.w_uv.data() + hh * vd * R, head + nope * R, sizeof(bf16) * vd * R);
     }
-    MSI_ASSIGN_OR_RETURN(L.o, ld.pack({{a + "o_proj.weight", {h, H * vd}}}, fmt));
+    MSI_ASSIGN_OR_RETURN(
+        L.o, ld.pack_blocks({{a + "o_proj.weight", {h, H * vd}, 0, h, h0 * vd, (h0 + Hl) * vd}},
+                            fmt));
+  }
+  if (options.attention && !rest) {  // a rank > 0: nothing but its attention slices
+    for (const auto& n : attention_side) {
+      if (n.find(".self_attn.") != std::string::npos) continue;
+      ld.skip(n);
+      ld.skip(fp8_scale_name(n));
+    }
+  } else if (rest) {
+    MSI_ASSIGN_OR_RETURN(L.input_norm, ld.vec(p + "input_layernorm.weight", h));
+    MSI_ASSIGN_OR_RETURN(L.post_attn_norm, ld.vec(p + "post_attention_layernorm.weight", h));
     const std::string ffn = moe ? p + "mlp.shared_experts." : p + "mlp.";
     const int64_t width = moe ? c.shared_expert_ffn : c.dense_ffn;
     if (width > 0) {
@@ -456,9 +480,6 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
     }
   }
   const bool mla = c.kv_lora_rank > 0;
-  if (mla && atp > 1) {
-    return unimplemented(dir + ": attention tensor parallelism of latent attention (MLA)");
-  }
   w->layers_.resize(c.layers);
   for (int i = 0; i < c.layers; ++i) {
     LayerWeights& L = w->layers_[i];

@@ -84,11 +84,28 @@ std::optional<double> balancedness(const std::vector<double>& x, int layers, int
   return max_sum / mean_sum;
 }
 
+int layers_with_rows(const std::vector<int64_t>& expert_tokens, int layers, int experts) {
+  int n = 0;
+  for (int l = 0; l < layers; ++l) {
+    for (int e = 0; e < experts; ++e) {
+      if (expert_tokens[static_cast<size_t>(l) * experts + e] > 0) {
+        ++n;
+        break;
+      }
+    }
+  }
+  return n;
+}
+
 std::vector<double> predicted_worker_loads(const std::vector<int64_t>& expert_tokens, int layers,
                                            const Placement& p, double fixed_per_replica) {
   const int experts = static_cast<int>(p.replicas.size());
   std::vector<double> w(static_cast<size_t>(layers) * p.workers, 0.0);
   for (int l = 0; l < layers; ++l) {
+    const auto row = expert_tokens.begin() + static_cast<ptrdiff_t>(l) * experts;
+    if (std::all_of(row, row + experts, [](int64_t n) { return n == 0; })) {
+      continue;  // no expert work in this layer
+    }
     for (int e = 0; e < experts; ++e) {
       for (auto [worker, share] : p.replicas[e]) {
         w[static_cast<size_t>(l) * p.workers + worker] +=

@@ -58,6 +58,10 @@ StatusOr<std::unique_ptr<ExpertCompute>> make_expert_compute(const std::string& 
                                                              const std::vector<int>& experts) {
   MSI_RETURN_IF_ERROR(check_device(device));
   if (is_cpu_device(device)) return std::unique_ptr<ExpertCompute>(new ExpertRunner(w));
+  if (w.config().kv_lora_rank > 0) {  // FP8 weights, layers without routed experts
+    return unimplemented("the experts of " + w.config().architecture +
+                         " run on the CPU only (--expert-device cpu)");
+  }
 #ifdef MSINFER_WITH_CUDA
   MSI_ASSIGN_OR_RETURN(auto r, CudaExpertRunner::create(device, w, experts));
   return std::unique_ptr<ExpertCompute>(std::move(r));

@@ -40,9 +40,17 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }
 
 // GEMM FLOPs per token of one layer on rank 0 of an attention replica: its
-// heads' QKV and O, and the router.
+// heads' QKV and O, and the router. DeepSeek (MLA): the latent attention's
+// projections and the router, plus the shared experts, on average over the
+// layers (a dense layer's MLP instead of router and shared experts).
 double attention_layer_flops(const ModelConfig& mc, int tp) {
   const double h = static_cast<double>(mc.hidden), hd = static_cast<double>(mc.head_dim);
+  if (mc.kv_lora_rank > 0) {
+    const double L = mc.layers, moe = mc.moe_layers;
+    const double ffn = moe * (h * mc.experts + 3.0 * h * mc.shared_expert_ffn) +
+                       (L - moe) * 3.0 * h * mc.dense_ffn;
+    return 2.0 * mc.attention_params_per_layer() / tp + 2.0 * ffn / L;
+  }
   const double heads = static_cast<double>(mc.heads) / tp, kv = mc.kv_heads_per_attention_rank(tp);
   return 2.0 * h * (heads + 2.0 * kv) * hd + 2.0 * heads * hd * h + 2.0 * h * mc.experts;
 }

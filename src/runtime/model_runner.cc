@@ -69,7 +69,9 @@ Status AttentionRunner::mla_partial(int l, const TokenBatch& b, KvCache& kv, con
                                     float* o) {
   const ModelConfig& c = w_.config();
   const model::LayerWeights& L = w_.layers()[l];
-  const int64_t T = b.size(), H = c.heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim,
+  // This rank's heads (all of them at attention tp 1); the latent is whole.
+  const int64_t T = b.size(), H = c.heads / w_.attention_tp_size(), nope = c.qk_nope_head_dim,
+                rope = c.qk_rope_head_dim,
                 vd = c.v_head_dim, R = c.kv_lora_rank, QL = c.q_lora_rank;
   const int64_t qk = nope + rope;
   const int64_t first = QL > 0 ? QL : H * qk;  // columns of qkv before the kv_a part

@@ -1186,6 +1186,7 @@ Status Router::init_rebalancing() {
   MSI_ASSIGN_OR_RETURN(ModelConfig mc, load_model_config(c_.model_dir));
   MSI_RETURN_IF_ERROR(check_rebalancing(c_, static_cast<int>(mc.experts)));
   layers_ = static_cast<int>(mc.layers);
+  moe_layers_ = static_cast<int>(mc.moe_layers);
   experts_ = static_cast<int>(mc.experts);
   slots_ = c_.rebalance_slots;
   for (int w = 0; w < c_.placement.workers; ++w) {
@@ -1235,9 +1236,10 @@ Status Router::consider_rebalance() {
   // Decide on enough rows only: a placement fitted to a handful of rows is
   // fitted to their noise (a window of 16 rows per layer moved experts back
   // and forth at every look).
+  // Layers without routed experts (DeepSeek's dense ones) count for nothing.
   int64_t rows = 0;
   for (int64_t n : counts) rows += n;
-  if (rows < kRebalanceMinRows * L * N) return ok_status();
+  if (rows < kRebalanceMinRows * moe_layers_ * N) return ok_status();
   const std::vector<int64_t> window = std::move(counts);
   const int64_t window_steps = routed_steps_;
   counts.assign(window.size(), 0);
@@ -1250,7 +1252,7 @@ Status Router::consider_rebalance() {
   const double fixed = c_.rebalance_fixed_rows * static_cast<double>(window_steps);
   auto before = balancedness(predicted_worker_loads(window, L, c_.placement, fixed), L, N);
   if (!before) return ok_status();  // nothing routed
-  auto candidate = balance_placement(totals, N, slots_, fixed * L);
+  auto candidate = balance_placement(totals, N, slots_, fixed * moe_layers_);
   if (!candidate.ok()) return ok_status();  // e.g. a worker would be left without an expert
   Placement next = std::move(candidate).value();
   next.tp_expert = c_.placement.tp_expert;

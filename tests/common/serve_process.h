@@ -45,16 +45,17 @@ inline fs::path model_dir() {
   return dir;
 }
 
-// A `msinfer serve` child process. The destructor stops it (SIGTERM, then
-// SIGKILL after a grace period) whatever happened in the test.
+// A `msinfer serve` child process of `model` (tiny-mixtral unless given).
+// The destructor stops it (SIGTERM, then SIGKILL after a grace period)
+// whatever happened in the test.
 class Server {
  public:
-  explicit Server(const std::string& args) {
+  explicit Server(const std::string& args, const fs::path& model = model_dir()) {
     err_path_ = fs::path(::testing::TempDir()) / ("msinfer-serve-" + std::to_string(::getpid()) +
                                                   "-" + std::to_string(counter_++) + ".err");
     int out[2];
     if (::pipe(out) != 0) return;
-    const std::string cmd = kBin + " serve --model " + model_dir().string() + " --port 0 " + args +
+    const std::string cmd = kBin + " serve --model " + model.string() + " --port 0 " + args +
                             " 2>" + err_path_.string();
     pid_ = ::fork();
     if (pid_ == 0) {

@@ -217,6 +217,12 @@ TEST(Utf8Test, CompletePrefix) {
   EXPECT_EQ(utf8_complete_prefix("a\xe4\xbd"), 1u);      // 你 cut after 2 of 3 bytes
   EXPECT_EQ(utf8_complete_prefix("\xe4\xbd\xa0"), 3u);   // 你
   EXPECT_EQ(utf8_complete_prefix("\xf0\x9f\x98"), 0u);   // 😀 cut
+  // A lead byte followed by a byte that cannot continue it never completes:
+  // it is a unit of its own (a random model's byte-level tokens made these,
+  // and the streamed text lost the '<' after it).
+  EXPECT_EQ(utf8_complete_prefix("\xe4<"), 2u);
+  EXPECT_EQ(utf8_complete_prefix("a\xe4\xbd<"), 4u);
+  EXPECT_EQ(utf8_complete_prefix("\xe4\xbd\xa0\xf0\x9f"), 3u);  // 你, then 😀 cut
 }
 
 // Real tokenizers fetched by scripts/fetch-tokenizers.

@@ -118,6 +118,21 @@ TEST(BalancePlacementTest, FixedCostPerReplicaUsesASpareSlotOnlyWhenItPays) {
   EXPECT_FALSE(balance_placement({8, 2, 2}, 2, 2, -1.0).ok());
 }
 
+// A layer that routed no rows (DeepSeek's dense first layers) costs no expert
+// work, not even the fixed part, and does not count as a layer with rows.
+TEST(BalancePlacementTest, ALayerWithoutRoutedRowsCostsNothing) {
+  const Placement p = Placement::round_robin(3, 2);
+  const std::vector<int64_t> rows = {0, 0, 0, 8, 2, 2};  // layer 0 dense
+  const auto loads = predicted_worker_loads(rows, 2, p, 1.0);
+  ASSERT_EQ(loads.size(), 4u);
+  EXPECT_DOUBLE_EQ(loads[0], 0);
+  EXPECT_DOUBLE_EQ(loads[1], 0);
+  EXPECT_DOUBLE_EQ(loads[2], 8 + 2 + 2 * 1.0);  // experts 0 and 2
+  EXPECT_DOUBLE_EQ(loads[3], 2 + 1.0);
+  EXPECT_EQ(layers_with_rows(rows, 2, 3), 1);
+  EXPECT_DOUBLE_EQ(*balancedness(loads, 2, 2), 12.0 / 7.5);
+}
+
 TEST(BalancePlacementTest, AtMostOneReplicaPerWorker) {
   // 4 spare slots but only 2 workers: each expert reaches 2 replicas and the
   // other slots stay empty.

@@ -224,6 +224,49 @@ TEST_F(ServeTest, OpenAiClientDisaggregatedGreedyEqualsGenerate) {
   if (HasFailure()) ADD_FAILURE() << "server stderr:\n" << s.stderr_text();
 }
 
+// A DeepSeek preset (MLA, shared experts, a dense layer) served
+// disaggregated: a greedy completion equals the co-located `generate`, and a
+// chat completion through the preset's ChatML template equals `generate` of
+// the rendered prompt. SIGTERM stops the server and its workers.
+TEST_F(ServeTest, DeepSeekDisaggregatedGreedyEqualsGenerate) {
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / ("msinfer-serve-deepseek-" + std::to_string(::getpid()));
+  testing::run_capture(kBin + " make-model --preset tiny-deepseek-v3 --out " + dir.string() +
+                       " >/dev/null 2>&1");
+  ASSERT_TRUE(fs::exists(dir / "config.json")) << "make-model failed";
+  auto generate = [&](const std::string& prompt) {
+    const std::string out = testing::run_capture(kBin + " generate --model " + dir.string() +
+                                                 " --prompt '" + prompt +
+                                                 "' --max-tokens 8 --ignore-eos --json 2>/dev/null");
+    return out.empty() ? Json() : Json::parse(out);
+  };
+  const Json gen = generate("Hello, experts");
+  const Json gen_chat = generate("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n");
+  ASSERT_FALSE(gen.is_null());
+  ASSERT_FALSE(gen_chat.is_null());
+  Server s("--attention-workers 1 --expert-workers 2 --micro-batches 2", dir);
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  HttpResult r = post(s, "/v1/completions",
+                      R"({"prompt": "Hello, experts", "max_tokens": 8, "temperature": 0,
+                          "ignore_eos": true})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  Json j = Json::parse(r.body);
+  EXPECT_EQ(j["choices"][0]["text"], gen["text"]);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], gen["prompt_ids"].size());
+  r = post(s, "/v1/chat/completions",
+           R"({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8,
+               "temperature": 0, "ignore_eos": true})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  j = Json::parse(r.body);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], gen_chat["text"]);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], gen_chat["prompt_ids"].size());
+  EXPECT_EQ(j["usage"]["completion_tokens"], 8);
+  EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
+  if (HasFailure()) ADD_FAILURE() << "server stderr:\n" << s.stderr_text();
+}
+
 // An attention worker dies under serve (docs/RUNTIME.md, "Failures"): the
 // request it held ends with an SSE error event naming it, the other stream
 // finishes, /health stays 200 and new requests are served; with --resubmit

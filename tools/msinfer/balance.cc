@@ -118,7 +118,9 @@ int run_balance(int argc, char** argv) {
                                                     flags.get_string("stats") + " has none)"));
   }
   auto placement = runtime::balance_placement(
-      st->expert_totals(), N, K, fixed_rows * static_cast<double>(st->steps) * st->layers);
+      st->expert_totals(), N, K,
+      fixed_rows * static_cast<double>(st->steps) *
+          runtime::layers_with_rows(st->expert_tokens, st->layers, st->experts));
   if (!placement.ok()) {
     return report_error(
         "balance", placement.status().with_context("--expert-workers " + std::to_string(N) +

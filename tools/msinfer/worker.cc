@@ -143,11 +143,7 @@ Status check_model_dir(const FlagSet& flags) {
                      "msinfer make-model writes one)");
   }
   MSI_ASSIGN_OR_RETURN(ModelConfig c, load_model_config(dir));
-  MSI_RETURN_IF_ERROR(
-      (flags.declared("attention-workers") && deployment_requested(flags)
-           ? c.check_disaggregated_executable()
-           : c.check_executable())
-          .with_context(dir + "/config.json"));
+  MSI_RETURN_IF_ERROR(c.check_executable().with_context(dir + "/config.json"));
   // Mapping the files and parsing their headers is cheap; it finds a damaged
   // checkpoint here, the same way for the co-located engine and for workers.
   auto ckpt = model::Checkpoint::open(dir);

@@ -4,7 +4,7 @@
 // epsilon, routing rule, special tokens). Built in: Mixtral-8x22B, DBRX,
 // Scaled-MoE (SPEC.md section 4); or read from an HF config.json of a Mixtral,
 // Qwen2-MoE, Qwen3-MoE, DBRX or DeepSeek-V2/V3 model. The engine executes
-// Mixtral, Qwen3-MoE and (co-located) DeepSeek-V2/V3 (check_executable()).
+// Mixtral, Qwen3-MoE and DeepSeek-V2/V3 (check_executable()).
 //
 // Shared experts and dense (non-MoE) layers run on the attention side: every
 // token visits them, so they are a dense GEMM with the attention replica's
@@ -141,11 +141,9 @@ struct ModelConfig {
   // OK when the engine can run this model: Mixtral or Qwen3-MoE (every layer
   // MoE, no shared expert, plain GQA attention), or DeepSeek-V2/V3 with latent
   // attention (dense first layers, shared experts, grouped routing) on the
-  // co-located CPU engine.
+  // CPU, co-located or disaggregated (the dense layers and shared experts run
+  // on the attention side; docs/RUNTIME.md, "DeepSeek").
   Status check_executable() const;
-  // check_executable, and the disaggregated runtime (attention and expert
-  // workers) runs it too: not DeepSeek yet.
-  Status check_disaggregated_executable() const;
 };
 
 // Names of the built-in models, e.g. "mixtral-8x22b".

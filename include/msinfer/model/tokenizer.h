@@ -79,7 +79,10 @@ class StreamingDecoder {
   size_t emitted_ = 0;  // bytes of decode(ids_) already returned
 };
 
-// Length of the longest prefix of s that ends on a UTF-8 character boundary.
+// Length of the longest prefix of s that ends on a UTF-8 character boundary:
+// it leaves out only a last character that more bytes could still complete
+// (a lead byte followed by fewer continuation bytes than it needs and nothing
+// else).
 size_t utf8_complete_prefix(std::string_view s);
 // s split into UTF-8 characters (an invalid lead byte stands alone).
 std::vector<std::string> utf8_characters(std::string_view s);

@@ -80,7 +80,10 @@ struct LoadOptions {
   // of o_proj (row-parallel, LayerWeights::o is [h, H head_dim / tp]), whose
   // output is the rank's partial sum. Rank 0 also holds everything else of
   // the attention side (embedding, norms, routers, LM head); ranks > 0 hold
-  // only their q/k/v/o slices (and Qwen3's q/k norms).
+  // only their q/k/v/o slices (and Qwen3's q/k norms). DeepSeek's MLA: rank
+  // r holds its heads' rows of q_b_proj (or q_proj), their halves of
+  // kv_b_proj (w_uk, w_uv) and the same columns of o_proj, and q_a_proj,
+  // kv_a_proj_with_mqa and their norms whole (every rank caches the latent).
   int attention_tp_rank = 0, attention_tp_size = 1;
   // GEMM weight format. int8 quantises every GEMM weight but the routers (the
   // gate's top-K is sensitive and its weight tiny); the embedding stays bf16.

@@ -55,7 +55,11 @@ std::optional<double> layer_balancedness(const std::vector<double>& x, int layer
 
 // Rows each worker would compute per layer under `p`: expert e's rows split
 // over its replicas by share, plus `fixed_per_replica` for every replica the
-// worker holds (the cost of running an expert at all, in rows). [layers * p.workers]
+// worker holds (the cost of running an expert at all, in rows). A layer that
+// routed no rows (a DeepSeek dense layer has no routed experts) costs
+// nothing, fixed part included. [layers * p.workers]
+// Layers of expert_tokens ([layers * experts]) in which some expert got rows.
+int layers_with_rows(const std::vector<int64_t>& expert_tokens, int layers, int experts);
 std::vector<double> predicted_worker_loads(const std::vector<int64_t>& expert_tokens, int layers,
                                            const Placement& p, double fixed_per_replica = 0);
 

@@ -108,7 +108,7 @@ class Router {
   int steps_rerun() const { return steps_rerun_; }
   // Placements switched to by online rebalancing so far.
   int rebalances() const { return rebalances_; }
-  // Rows per expert worker and layer (on average) a rebalancing decision
+  // Rows per expert worker and MoE layer (on average) a rebalancing decision
   // needs; looks add up their rows until there are this many.
   static constexpr int64_t kRebalanceMinRows = 128;
   static constexpr int kMaxRestarts = 3;
@@ -253,6 +253,7 @@ class Router {
   int joined_ = 0;
   // Online rebalancing.
   int layers_ = 0, experts_ = 0;  // of the model
+  int moe_layers_ = 0;            // layers with routed experts
   int slots_ = 0;                 // experts an expert worker may hold
   int64_t steps_since_look_ = 0;
   // Rows per (layer, expert) since the last decision, over routed_steps_ steps.

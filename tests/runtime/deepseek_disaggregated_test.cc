@@ -1,0 +1,160 @@
+// DeepSeek-V2/V3 (MLA, shared experts, dense first layers, grouped routing)
+// on the disaggregated runtime against the co-located engine, through the
+// msinfer binary as a user runs it: the dense layers' MLP and the shared
+// experts run on the attention workers, the routed experts on the expert
+// workers (docs/RUNTIME.md, "DeepSeek"). Few deployments, each short: every
+// start costs seconds under the sanitizers.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <fstream>
+#include <map>
+
+#include "../common/subprocess.h"
+#include "msinfer/runtime/router.h"
+#include "test_models.h"
+#include "tp_checks.h"
+
+namespace msinfer::runtime {
+namespace {
+
+const std::string kBinary = MSINFER_BINARY;
+
+std::string write_file(const std::string& name, const std::string& text) {
+  const std::string p = ::testing::TempDir() + "/" + std::to_string(::getpid()) + "_" + name;
+  std::ofstream(p) << text;
+  return p;
+}
+
+// Expert e of `experts` on workers e % n and (e + 1) % n, half each.
+Placement two_replicas_each(int experts, int n) {
+  Placement p;
+  p.workers = n;
+  for (int e = 0; e < experts; ++e) p.replicas.push_back({{e % n, 0.5}, {(e + 1) % n, 0.5}});
+  return p;
+}
+
+class DeepSeekDisaggregatedTest : public ::testing::TestWithParam<std::string> {};
+
+// Greedy tokens of 1+1, 2+3 with m 2, a placement with replicated experts
+// (under attention tp 2: heads split, the latent cache on every rank) and
+// expert tp 2 equal the co-located engine's; the tp runs up to a near-tie
+// (tp_checks.h: they add o_proj's or the down projection's partial sums in
+// another order).
+TEST_P(DeepSeekDisaggregatedTest, SameTokensAsTheColocatedEngine) {
+  const std::string dir = testing::test_model_dir(GetParam());
+  const ModelConfig mc = load_model_config(dir).value();
+  ASSERT_GT(mc.kv_lora_rank, 0);
+  ASSERT_LT(mc.moe_layers, mc.layers);  // a dense layer: a unit with no rows
+  const std::string replicated =
+      write_file(GetParam() + "_replicas.json", two_replicas_each(mc.experts, 3).to_json().dump());
+  const std::vector<int32_t> prompt = {5, 9, 22, 40, 7, 8, 11};
+  const std::string args =
+      "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 12 --ignore-eos";
+  const auto ref = testing::generate(args).tokens;
+  ASSERT_EQ(ref.size(), 12u);
+  for (const std::string d : {"--attention-workers 1 --expert-workers 1 --micro-batches 1",
+                              "--attention-workers 2 --expert-workers 3 --micro-batches 2"}) {
+    EXPECT_EQ(testing::generate(args + " " + d).tokens, ref) << GetParam() << " " << d;
+  }
+  for (const std::string d :
+       {"--attention-workers 1 --expert-workers 3 --micro-batches 2 --tp-attention 2 "
+        "--placement " + replicated,
+        std::string("--attention-workers 1 --expert-workers 2 --micro-batches 2 --tp-expert 2")}) {
+    const testing::Generated g = testing::generate(args + " " + d);
+    testing::expect_equal_up_to_near_tie(ref, g.tokens, dir, prompt, GetParam() + " " + d);
+    if (d.find("--tp-attention 2") != std::string::npos) {  // each rank holds half the heads
+      EXPECT_NE(g.err.find("attention worker 0 tp rank 1 ready"), std::string::npos) << g.err;
+      EXPECT_NE(g.err.find("heads 2..3"), std::string::npos) << g.err;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyPresets, DeepSeekDisaggregatedTest,
+                         ::testing::Values("tiny-deepseek-v3", "tiny-deepseek-v2-lite"));
+
+// Online rebalancing moves experts of a DeepSeek model (whose dense layer
+// routes nothing: its units are empty and count for no load) and leaves the
+// tokens alone. All 16 experts but two start on worker 0.
+TEST(DeepSeekRebalanceTest, ASkewedPlacementIsRebalancedWithTheSameTokens) {
+  const std::string dir = testing::test_model_dir("tiny-deepseek-v3");
+  const std::string skewed = write_file(
+      "skewed.json",
+      R"({"expert_workers": 2, "experts": [0,0,0,0,0,0,0,0,0,0,0,0,0,0,1,1]})");
+  // The router decides on 128 rows per expert worker and MoE layer: 256 rows
+  // of top-4 routing, 64 tokens.
+  const std::string args =
+      "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 72 --ignore-eos";
+  const auto ref = testing::generate(args).tokens;
+  ASSERT_EQ(ref.size(), 72u);
+  const testing::Generated g =
+      testing::generate(args + " --attention-workers 1 --expert-workers 2 --micro-batches 2 "
+                               "--placement " + skewed + " --rebalance-every 4");
+  EXPECT_EQ(g.tokens, ref);
+  EXPECT_NE(g.err.find("router: rebalanced (1 so far)"), std::string::npos) << g.err;
+  ASSERT_TRUE(g.doc.contains("routing")) << g.doc.dump().substr(0, 300);
+  EXPECT_GE(g.doc["routing"]["placement_switches"].get<int>(), 1);
+}
+
+// An expert worker dies mid-run: its experts' rows go to their replicas, the
+// step that lost its answers runs again, every request finishes with the
+// co-located engine's tokens and no worker is left behind.
+TEST(DeepSeekFailureTest, ADeadExpertWorkersExpertsMoveToTheirReplicas) {
+  const std::string dir = testing::test_model_dir("tiny-deepseek-v3");
+  WorkerConfig c;
+  c.model_dir = dir;
+  c.attention_workers = 1;
+  c.expert_workers = 3;
+  c.micro_batches = 2;
+  c.placement = two_replicas_each(16, 3);
+  c.timeout_ms = 2000;
+  const std::string placement = write_file("failure_placement.json", c.placement.to_json().dump());
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 3; ++i) {
+    GenerationRequest r;
+    r.id = i + 1;
+    r.prompt = {5 + i, 9, 22 + 3 * i, 40, 7 + i, 8};
+    r.sampling.max_tokens = 10;
+    r.sampling.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  std::map<int64_t, std::vector<int32_t>> tokens;
+  std::map<std::string, pid_t> pids;
+  int lost = 0;
+  {
+    auto started = Router::start(c, kBinary, placement);
+    ASSERT_TRUE(started.ok()) << started.status().to_string();
+    std::unique_ptr<Router> router = std::move(started).value();  // stops the workers
+    pids["attention0"] = router->pid_of("attention", 0);
+    for (int e = 0; e < 3; ++e) pids["expert" + std::to_string(e)] = router->pid_of("expert", e);
+    for (const auto& r : reqs) ASSERT_TRUE(router->add(r).ok());
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int step = 0; !router->idle(); ++step) {
+      if (step == 3) ::kill(pids["expert1"], SIGKILL);
+      auto events = router->step();
+      ASSERT_TRUE(events.ok()) << events.status().to_string();
+      for (const auto& ev : *events) {
+        EXPECT_NE(ev.finish_reason, "error") << ev.error;
+        tokens[ev.request_id].push_back(ev.token);
+      }
+      ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(120));
+    }
+    lost = router->lost_expert_workers();
+    EXPECT_EQ(router->restarts(), 0);
+    EXPECT_TRUE(router->placement().experts_on(1).empty());
+  }
+  EXPECT_EQ(lost, 1);
+  auto w = model::ModelWeights::load(dir);
+  ASSERT_TRUE(w.ok());
+  std::shared_ptr<const model::ModelWeights> weights(std::move(w).value());
+  for (const auto& r : reqs) {
+    auto e = Engine::create(weights, EngineOptions{});
+    ASSERT_TRUE(e.ok());
+    EXPECT_EQ(testing::run_greedy(**e, r.prompt, 10).tokens, tokens[r.id]) << "request " << r.id;
+  }
+  msinfer::testing::expect_workers_gone(pids, /*no_shm=*/true);
+}
+
+}  // namespace
+}  // namespace msinfer::runtime
