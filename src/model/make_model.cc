@@ -383,6 +383,9 @@ Status make_model(const MakeModelOptions& o) {
   if (internal::is_deepseek_preset(o.preset)) {
     return internal::make_deepseek_model(o, train_tokenizer(kCorpus, 200, /*byte_level=*/true));
   }
+  if (!o.config_overrides.is_null()) {
+    return invalid_argument("config overrides are supported for the DeepSeek presets only");
+  }
   // Tokenizer first: the vocabulary size comes from it.
   // Chat templates, as the models they imitate ship them: Llama-2-chat's
   // (meta-llama/Llama-2-7b-chat-hf) for the Llama-style tokenizers, ChatML

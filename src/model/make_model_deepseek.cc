@@ -195,6 +195,10 @@ Status make_deepseek_model(const MakeModelOptions& o, const Json& tok_json) {
   auto tok = Tokenizer::from_json(tok_json, &tok_config, "tokenizer.json");
   if (!tok.ok()) return tok.status();
   Json config = deepseek_preset_config(o.preset, tok->vocab_size());
+  if (!o.config_overrides.is_null()) {
+    if (!o.config_overrides.is_object()) return invalid_argument("config overrides must be an object");
+    config.merge_patch(o.config_overrides);
+  }
   if (o.shards < 1 || o.shards > 64) return invalid_argument("--shards must be in 1..64");
   if (o.router_skew_zipf != 0) {
     return invalid_argument("--router-skew is not supported for " + o.preset);

@@ -36,6 +36,11 @@ struct MakeModelOptions {
   // Zipf(router_skew_zipf) over a seeded ranking of the experts, the same in
   // every layer (see RouterSkew in make_model.cc for how the weights do it).
   double router_skew_zipf = 0;
+  // A JSON merge patch (RFC 7396) applied to the preset's config.json before
+  // the weights are drawn, for tests that need other shapes (odd head counts
+  // and ranks, other group counts); DeepSeek presets only. The result must
+  // still be a config the loader accepts.
+  Json config_overrides;
 };
 
 // The largest Zipf exponent make-model accepts for --router-skew.
