@@ -32,7 +32,7 @@ Status write_gantt_svg(const Deployment& d, const SimResult& r, const std::strin
   if (r.intervals.empty()) return invalid_argument("--gantt: the simulation recorded no jobs");
   constexpr int kMaxRowsPerKind = 8;
   const int n_a = std::min(d.attention_nodes, kMaxRowsPerKind);
-  const int E = std::min(d.model.experts, kMaxRowsPerKind);
+  const int E = std::min(d.expert_nodes(), kMaxRowsPerKind);
   struct Row {
     Lane lane;
     int worker;

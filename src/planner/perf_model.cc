@@ -256,8 +256,11 @@ StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& sh
   ca.serial_per_token = std::max(kv_bytes_a / bw_a, flops_score_a / fl_a) + ar_a;
   ca.overhead = ga.efficiency.attention_layer_overhead_s;
 
-  // Expert side, one expert, per layer and micro-batch.
-  const double w_bytes_e = 2.0 * 3.0 * h * model.expert_ffn / tpe;
+  // Expert side, one expert node (x experts), per layer and micro-batch: the
+  // rows it gets are spread over its x experts, so the arithmetic per row is an
+  // expert's and the weights streamed are x experts'; one grouped-GEMM launch.
+  const double x = std::max(shape.experts_per_node, 1);
+  const double w_bytes_e = x * 2.0 * 3.0 * h * model.expert_ffn / tpe;
   const double bw_e = ge.memory_bandwidth * ge.efficiency.memory_bandwidth;
   const double fl_e = ge.bf16_flops * ge.efficiency.compute;
   const double ar_e = allreduce_time(ge, tpe, 2 * h, nic_util);
@@ -299,7 +302,7 @@ StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& sh
   s.attention_nic_bandwidth = ga.nic_bandwidth;
   s.expert_nic_bandwidth = ge.nic_bandwidth;
   s.nic_util = nic_util;
-  s.attention_connections = static_cast<double>(model.experts) * tpe;
+  s.attention_connections = static_cast<double>(model.experts) / x * tpe;
   s.tp_attention = tpa;
 
   if (profile != nullptr) {
@@ -310,7 +313,9 @@ StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& sh
     if (profile->k3) {
       s.k3 = *profile->k3 * se + (overlapped ? 1.5 * ar_e : 0.0) + (to_shard0 ? r0_e : 0.0);
     }
-    if (profile->k4) s.k4 = *profile->k4 * se;
+    // A measured k4 is one expert's weight streaming and launch: a node of x
+    // experts streams x times the weights (its one launch counted x times too).
+    if (profile->k4) s.k4 = *profile->k4 * se * x;
     if (profile->nic_util) {
       // `msinfer bench m2n` keys its curve by the bytes one sender sends over all
       // its receivers at the bench's fan-out: read it at the total, as measured.
@@ -336,7 +341,9 @@ double attention_node_capacity(const GpuSpec& gpu, int tp) {
   return tp * gpu.memory_bytes * gpu.efficiency.memory_usable;
 }
 
-double expert_node_bytes(const ModelConfig& model) { return 2.0 * model.expert_params(); }
+double expert_node_bytes(const ModelConfig& model, int experts_per_node) {
+  return 2.0 * model.expert_params() * std::max(experts_per_node, 1);
+}
 
 double expert_node_capacity(const GpuSpec& gpu, int tp) {
   return tp * gpu.memory_bytes * gpu.efficiency.memory_usable;

@@ -16,6 +16,11 @@ Json deployment_plan_json(const Deployment& d) {
               {"expert_tp_reduction",
                d.shape.tp_expert > 1 ? expert_reduction_name(d.shape.expert_reduction) : "none"},
               {"expert_nodes", d.expert_nodes()},
+              {"experts_per_node", d.experts_per_node()},
+              // Where the work every token visits runs: the engine runs shared
+              // experts and dense layers on the attention side today.
+              {"shared_experts_on", d.model.shared_expert_ffn > 0 ? "attention" : "none"},
+              {"dense_layers_on", d.model.layers > d.model.moe_layers ? "attention" : "none"},
               {"batch_per_micro_batch", d.batch_per_micro_batch},
               {"attention_gpus", d.attention_gpus()},
               {"expert_gpus", d.expert_gpus()},
@@ -33,6 +38,8 @@ Json Prediction::to_json() const {
               {"t_comm_ms", t_comm * 1e3},
               {"tbt_spec_formula_ms", spec_iteration * 1e3},
               {"tokens_per_expert", tokens_per_expert},
+              {"rows_per_expert_node", rows_per_expert_node},
+              {"expert_node_imbalance_uniform_routing", expert_node_imbalance},
               {"expert_gemm_utilization", expert_gemm_utilization}};
 }
 
@@ -63,6 +70,12 @@ Json Plan::to_json() const {
       {"balance",
        {{"t_attention_over_t_expert", p.t_expert > 0 ? p.t_attention / p.t_expert : 0.0},
         {"balance_attention_nodes", balance_attention_nodes}}},
+      {"context",
+       {{"holds", (d.max_context > 0 ? d.max_context : d.seq_len) <=
+                      static_cast<double>(d.model.max_position_embeddings)},
+        {"binds", false},
+        {"max_context", d.max_context > 0 ? d.max_context : d.seq_len},
+        {"limit", d.model.max_position_embeddings}}},
       {"max_gpus",
        {{"holds", max_gpus == 0 || d.gpus() <= max_gpus},
         {"binds", binds("max_gpus")},
@@ -85,6 +98,7 @@ Json plan_document(const SearchOptions& options, const SearchResult& result,
   doc["search"] = {{"objective", objective_name(obj)},
                    {"slo_ms", options.slo * 1e3},
                    {"seq_len", options.seq_len},
+                   {"max_context", options.max_context > 0 ? options.max_context : options.seq_len},
                    {"workload",
                     {{"name", options.workload.name},
                      {"input_len", options.workload.input_len},
@@ -109,6 +123,7 @@ Json plan_document(const SearchOptions& options, const SearchResult& result,
     bases.push_back(j);
   }
   doc["baselines"] = bases;
+  doc["verdict"] = verdict(result, obj).to_json();
   return doc;
 }
 
@@ -145,6 +160,16 @@ StatusOr<Deployment> deployment_from_plan_document(const Json& j, const std::str
     if (!r.ok()) return plan.field_error("expert_tp_reduction", r.status().message());
     d.shape.expert_reduction = *r;
   }
+  // Plans written before experts per node: one expert per node.
+  int64_t x = 1;
+  if (plan.has("experts_per_node")) {
+    MSI_ASSIGN_OR_RETURN(x, plan.integer_in("experts_per_node", 1, d.model.experts));
+    if (d.model.experts % x != 0) {
+      return plan.field_error("experts_per_node", "must divide the model's " +
+                                                      std::to_string(d.model.experts) + " experts");
+    }
+  }
+  d.shape.experts_per_node = static_cast<int>(x);
   d.shape.tp_attention = static_cast<int>(tpa);
   d.shape.tp_expert = static_cast<int>(tpe);
   d.attention_nodes = static_cast<int>(n_a);
@@ -190,6 +215,9 @@ StatusOr<Deployment> deployment_from_plan_document(const Json& j, const std::str
     MSI_ASSIGN_OR_RETURN(JsonFields search, top.object("search"));
     if (search.has("seq_len")) {
       MSI_ASSIGN_OR_RETURN(d.seq_len, search.number_in("seq_len", 0, 1e7, true));
+    }
+    if (search.has("max_context")) {
+      MSI_ASSIGN_OR_RETURN(d.max_context, search.number_in("max_context", 0, 2e7, true));
     }
   }
   return d;

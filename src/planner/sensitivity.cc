@@ -9,6 +9,9 @@ std::string shape_summary(const Deployment& d) {
   return d.shape.attention_gpu.name + " x" + std::to_string(d.attention_nodes) + " (tp " +
          std::to_string(d.shape.tp_attention) + ") + " + d.shape.expert_gpu.name + " x" +
          std::to_string(d.expert_nodes()) + " (tp " + std::to_string(d.shape.tp_expert) +
+         (d.experts_per_node() > 1
+              ? ", " + std::to_string(d.experts_per_node()) + " experts each"
+              : std::string()) +
          (d.shape.tp_expert > 1
               ? std::string(", ") + expert_reduction_name(d.shape.expert_reduction)
               : std::string()) +

@@ -43,22 +43,33 @@ struct Event {
 class Engine {
  public:
   Engine(const Deployment& d, const SimOptions& o)
-      : d_(d), o_(o), rng_(o.seed), n_a_(d.attention_nodes), E_(d.model.experts),
+      : d_(d), o_(o), rng_(o.seed), n_a_(d.attention_nodes), E_(d.expert_nodes()),
         m_(d.micro_batches), L_(d.model.moe_layers) {
     const double b_a = static_cast<double>(d.batch_per_micro_batch);
     t_a_ = d.stage.t_attention(b_a);
     t_c_a_ = d.stage.t_comm_attention_side(b_a);
     const double rows = n_a_ * b_a * d.model.top_k;  // routed rows per (micro-batch, layer)
+    // E_ is the expert nodes (workers); x experts each. k3 is per row, k4 the
+    // weights and launch of x experts.
+    const int x = d.experts_per_node();
     if (o.node_replica_shares.empty()) {
-      shares_ = zipf_expert_shares(E_, d.model.top_k, o.zipf_s);
-      for (int e = 0; e < E_; ++e) t_e_.push_back(d.stage.t_expert(rows * shares_[e]));
+      // Node k holds experts k x .. k x + x - 1 (Zipf: the hottest together).
+      const std::vector<double> expert =
+          zipf_expert_shares(d.model.experts, d.model.top_k, o.zipf_s);
+      for (int e = 0; e < E_; ++e) {
+        double share = 0;
+        for (int i = 0; i < x; ++i) share += expert[e * x + i];
+        shares_.push_back(share);
+        t_e_.push_back(d.stage.t_expert(rows * share));
+      }
     } else {
-      // A placement: a node runs one GEMM per replica it holds.
+      // A placement: a node runs one GEMM per replica it holds (each streams
+      // one expert's weights: k4 / x).
       for (const auto& node : o.node_replica_shares) {
         double share = 0, t = 0;
         for (double f : node) {
           share += f;
-          if (f > 0) t += d.stage.t_expert(rows * f);
+          if (f > 0) t += d.stage.k3 * rows * f + d.stage.k4 / x;
         }
         shares_.push_back(share);
         t_e_.push_back(t);
@@ -363,7 +374,8 @@ Json SimResult::to_json() const {
 
 double simulation_jobs(const Deployment& d, const SimOptions& options) {
   return static_cast<double>(options.iterations) * d.micro_batches * d.model.moe_layers *
-         (2.0 * d.attention_nodes * d.model.experts + 2.0 * (d.attention_nodes + d.model.experts));
+         (2.0 * d.attention_nodes * d.expert_nodes() +
+          2.0 * (d.attention_nodes + d.expert_nodes()));
 }
 
 StatusOr<SimResult> simulate(const Deployment& d, const SimOptions& options) {
@@ -373,11 +385,11 @@ StatusOr<SimResult> simulate(const Deployment& d, const SimOptions& options) {
   }
   if (options.zipf_s < 0) return invalid_argument("--imbalance zipf:S needs S >= 0");
   if (!options.node_replica_shares.empty()) {
-    if (static_cast<int>(options.node_replica_shares.size()) != d.model.experts) {
+    if (static_cast<int>(options.node_replica_shares.size()) != d.expert_nodes()) {
       return invalid_argument("the placement has " +
                               std::to_string(options.node_replica_shares.size()) +
                               " expert workers; the deployment has " +
-                              std::to_string(d.model.experts) + " expert nodes (one per expert)");
+                              std::to_string(d.expert_nodes()) + " expert nodes");
     }
     double total = 0;
     for (const auto& node : options.node_replica_shares) {

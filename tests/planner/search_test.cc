@@ -39,9 +39,12 @@ TEST(SearchTest, BalanceAndLargestBatchOnATinyCatalogue) {
   for (const Plan& p : r->plans) {
     const Deployment& d = p.deployment;
     if (d.shape.tp_attention == 1 && d.shape.tp_expert == 1) {
-      // Balance k1 E / (k3 K) with the k's refitted around this plan's own batch.
+      // Balance k1 n_e / (k3 K) with the k's refitted around this plan's own
+      // batch (n_e = E = 4 with one expert per node; 0 when the expert curve
+      // is flat, k3 = 0, below the ridge of a node holding several experts).
       const StageModel& st = d.stage;
-      EXPECT_NEAR(p.balance_attention_nodes, st.k1 * 4 / (st.k3 * 2), 1e-9);
+      EXPECT_NEAR(p.balance_attention_nodes,
+                  st.k3 > 0 ? st.k1 * d.expert_nodes() / (st.k3 * 2) : 0.0, 1e-9);
       // The refit range is centred on the batch found (b/2 .. 2b), or the search's
       // first range when the refit left the batch where it was.
       EXPECT_LE(st.fit.attention_lo, static_cast<double>(d.batch_per_micro_batch));
@@ -109,7 +112,16 @@ TEST(SearchTest, MaxGpusCapsEveryPlan) {
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   for (const Plan& p : r->plans) EXPECT_LE(p.deployment.gpus(), 8);
   EXPECT_NE(r->plans.front().binding.find("max_gpus"), std::string::npos);
-  o.max_gpus = 4;  // the four experts alone take four GPUs
+  // Four GPUs: one expert per node would take all four, so the plans put two
+  // or four experts on a node.
+  o.max_gpus = 4;
+  r = search_plans(o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  for (const Plan& p : r->plans) {
+    EXPECT_LE(p.deployment.gpus(), 4);
+    EXPECT_GT(p.deployment.experts_per_node(), 1);
+  }
+  o.max_gpus = 1;  // an attention node and an expert node take two at least
   EXPECT_FALSE(search_plans(o).ok());
 }
 

@@ -21,6 +21,8 @@ std::vector<std::string> plan_cells(const Plan& p, int rank) {
               std::to_string(d.shape.tp_attention),
           d.shape.expert_gpu.name + " x" + std::to_string(d.expert_nodes()) + " tp" +
               std::to_string(d.shape.tp_expert) +
+              (d.experts_per_node() > 1 ? " " + std::to_string(d.experts_per_node()) + "e/node"
+                                        : std::string()) +
               (d.shape.tp_expert == 1                                                  ? ""
                : d.shape.expert_reduction == planner::ExpertReduction::kPartialSums    ? " psum"
                : d.shape.expert_reduction == planner::ExpertReduction::kReduceToShard0 ? " r0"
@@ -148,17 +150,68 @@ void print_human(const planner::SearchOptions& o, const planner::SearchResult& r
               "evaluations in %.1f ms\n\n",
               d.stage.source.c_str(), o.gpu_pairs.size(), r.plans.size(),
               static_cast<long long>(r.evaluated), elapsed_ms);
-  std::printf("Best plan: %s, global batch %lld (b_a = %lld per micro-batch)\n",
-              planner::shape_summary(d).c_str(), static_cast<long long>(d.global_batch()),
-              static_cast<long long>(d.batch_per_micro_batch));
+  // The verdict first: a co-located bound that beats every disaggregated plan
+  // under the same objective is the recommendation.
+  const planner::Verdict v = planner::verdict(r, o.objective);
+  const char* per = o.objective == planner::Objective::kCost  ? "per cost unit"
+                    : o.objective == planner::Objective::kGpu ? "per GPU"
+                                                              : "per watt";
+  if (v.colocated_wins) {
+    const planner::Baseline& b = r.baselines[v.best_baseline];
+    std::printf("Best plan: co-located %s, not disaggregation: %.2fx the best disaggregated "
+                "plan's tokens/s %s\n",
+                b.name.c_str(), 1.0 / v.ratio, per);
+    std::printf("  %s\n", b.description.c_str());
+    std::printf("  %d GPUs, batch %lld, %.1f tokens/s per GPU, %.1f per cost unit, %.3f per W, "
+                "TBT %.1f ms\n\n",
+                b.gpus, static_cast<long long>(b.batch), b.per_gpu, b.per_cost, b.per_watt,
+                b.iteration * 1e3);
+    std::printf("Best disaggregated plan (%.2fx of the co-located one): %s, global batch %lld "
+                "(b_a = %lld per micro-batch)\n",
+                v.ratio, planner::shape_summary(d).c_str(),
+                static_cast<long long>(d.global_batch()),
+                static_cast<long long>(d.batch_per_micro_batch));
+  } else {
+    std::printf("Best plan: %s, global batch %lld (b_a = %lld per micro-batch)\n",
+                planner::shape_summary(d).c_str(), static_cast<long long>(d.global_batch()),
+                static_cast<long long>(d.batch_per_micro_batch));
+    if (v.best_baseline >= 0) {
+      std::printf("  disaggregated: %.2fx the best co-located bound (%s) in tokens/s %s\n",
+                  v.ratio, r.baselines[v.best_baseline].name.c_str(), per);
+    } else {
+      std::printf("  disaggregated: no co-located deployment fits these GPUs under the SLO\n");
+    }
+  }
   std::printf("  %d GPUs, %.0f tokens/s, %.1f tokens/s per GPU, %.1f per cost unit, TBT %.1f ms\n",
               d.gpus(), best.predicted.throughput, best.predicted.per_gpu,
               best.predicted.per_cost, best.predicted.iteration * 1e3);
   std::printf("  k1 = %.4g ms/token, k2 = %.4g ms, k3 = %.4g ms/token, k4 = %.4g ms; "
-              "overlap %s (m >= %d needed); binds: %s\n\n",
+              "overlap %s (m >= %d needed); binds: %s\n",
               d.stage.k1 * 1e3, d.stage.k2 * 1e3, d.stage.k3 * 1e3, d.stage.k4 * 1e3,
               best.predicted.full_overlap ? "full" : "partial", best.predicted.min_micro_batches,
               best.binding.c_str());
+
+  if (o.model.shared_expert_ffn > 0 || o.model.layers > o.model.moe_layers) {
+    std::string where;
+    if (o.model.shared_expert_ffn > 0) {
+      where = "shared experts (" + std::to_string(o.model.shared_expert_ffn) +
+              " wide per MoE layer)";
+    }
+    if (o.model.layers > o.model.moe_layers) {
+      where += (where.empty() ? "" : " and ") +
+               std::to_string(o.model.layers - o.model.moe_layers) + " dense layers of " +
+               std::to_string(o.model.layers);
+    }
+    std::printf("  %s run on the attention nodes, where the engine runs them\n", where.c_str());
+  }
+  if (d.experts_per_node() > 1) {
+    std::printf("  %d experts per expert node: %.0f rows per node per micro-batch; busiest node "
+                "%.2fx the mean under uniform random routing (not charged: balanced load "
+                "assumed)\n",
+                d.experts_per_node(), best.predicted.rows_per_expert_node,
+                best.predicted.expert_node_imbalance);
+  }
+  std::printf("\n");
   Table t({"#", "attention", "experts", "m", "B", "b_e", "TBT ms", "T_a ms", "T_e ms", "T_c ms",
            "tok/s", "tok/s/GPU", "tok/s/cost", "tok/s/W", "GEMM util", "binds"});
   for (size_t i = 0; i < r.plans.size() && i <= top; ++i) t.add_row(plan_cells(r.plans[i], i + 1));

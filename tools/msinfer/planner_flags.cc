@@ -108,6 +108,7 @@ StatusOr<SearchSetup> search_setup_from_flags(const FlagSet& flags) {
     o.seq_len = flags.get_double("seq-len");
     if (!(o.seq_len > 0)) return invalid_argument("--seq-len must be > 0");
     o.workload = planner::Workload{"seq-len", o.seq_len, 0};
+    o.max_context = o.seq_len;
   } else {
     MSI_ASSIGN_OR_RETURN(o.workload, planner::workload_preset(flags.get_string("workload")));
     if (flags.was_set("input-len") || flags.was_set("output-len")) o.workload.name = "custom";
@@ -117,6 +118,7 @@ StatusOr<SearchSetup> search_setup_from_flags(const FlagSet& flags) {
     if (!(o.workload.output_len >= 0)) return invalid_argument("--output-len must be >= 0");
     o.seq_len = o.workload.mean_decode_context();
     if (!(o.seq_len > 0)) return invalid_argument("--input-len + --output-len/2 must be > 0");
+    o.max_context = o.workload.input_len + o.workload.output_len;
   }
   if (flags.get_int("max-micro-batches") < 1 || flags.get_int("max-micro-batches") > 64) {
     return invalid_argument("--max-micro-batches must be in 1..64");

@@ -74,8 +74,11 @@ StatusOr<std::vector<std::vector<double>>> placement_node_shares(const FlagSet& 
   return nodes;
 }
 
-StatusOr<planner::Deployment> deployment_from_flags(const FlagSet& flags) {
+// The deployment to simulate and the TBT SLO it is checked against: --slo-ms
+// when given, else the plan document's search.slo_ms, else --slo-ms's default.
+StatusOr<planner::Deployment> deployment_from_flags(const FlagSet& flags, double* slo) {
   planner::Deployment d;
+  *slo = flags.get_double("slo-ms") * 1e-3;
   if (!flags.get_string("plan").empty()) {
     for (const char* f : {"model", "gpu", "expert-gpu", "gpus", "profile", "workload", "input-len",
                           "output-len", "seq-len"}) {
@@ -86,6 +89,11 @@ StatusOr<planner::Deployment> deployment_from_flags(const FlagSet& flags) {
     const std::string& path = flags.get_string("plan");
     MSI_ASSIGN_OR_RETURN(Json j, read_json_file(path));
     MSI_ASSIGN_OR_RETURN(d, planner::deployment_from_plan_document(j, path));
+    if (!flags.was_set("slo-ms") && j.is_object() && j.contains("search") &&
+        j["search"].is_object() && j["search"].contains("slo_ms") &&
+        j["search"]["slo_ms"].is_number() && j["search"]["slo_ms"].get<double>() > 0) {
+      *slo = j["search"]["slo_ms"].get<double>() * 1e-3;
+    }
   } else {
     MSI_ASSIGN_OR_RETURN(SearchSetup setup, search_setup_from_flags(flags));
     MSI_ASSIGN_OR_RETURN(planner::SearchResult r, planner::search_plans(setup.options));
@@ -208,8 +216,23 @@ int run_simulate(int argc, char** argv) {
     s = planner::parse_sweep(flags.get_string("sweep"), &param, &from, &to);
     if (!s.ok()) return report_error("simulate", s);
   }
-  auto d = deployment_from_flags(flags);
+  double slo = 0;
+  auto d = deployment_from_flags(flags, &slo);
   if (!d.ok()) return report_error("simulate", d.status());
+  // One point the user asked for (a plan, maybe with overrides) must hold:
+  // memory, SLO, context length and the batch bound. A sweep marks its points.
+  if (flags.get_string("sweep").empty()) {
+    const planner::Feasibility f = planner::check_deployment(*d, slo);
+    if (!f.ok()) {
+      std::string why;
+      for (const auto& reason : f.reasons) why += (why.empty() ? "" : "; ") + reason;
+      return report_error("simulate",
+                          invalid_argument("the deployment does not hold (" + f.violated() +
+                                           "): " + why + " [" + planner::shape_summary(*d) +
+                                           ", b_a = " +
+                                           std::to_string(d->batch_per_micro_batch) + "]"));
+    }
+  }
   if (!flags.get_string("placement").empty() || !flags.get_string("routing").empty()) {
     if (flags.was_set("imbalance") && !flags.get_string("routing").empty()) {
       return report_error("simulate", invalid_argument("--imbalance and --routing both give the "
@@ -234,10 +257,15 @@ int run_simulate(int argc, char** argv) {
     if (flags.get_bool("json")) {
       Json out{{"parameter", planner::sweep_parameter_name(param)},
                {"batch_per_micro_batch", d->batch_per_micro_batch},
+               {"slo_ms", slo * 1e3},
                {"base_plan", planner::deployment_plan_json(*d)}};
       Json list = Json::array();
       for (const auto& row : *rows) {
         Json j = row.sim.to_json();
+        const planner::Feasibility f = planner::check_deployment(row.deployment, slo);
+        j["feasible"] = f.ok();
+        j["violated"] = f.violated();
+        j["constraints"] = f.to_json();
         j["attention_nodes"] = row.deployment.attention_nodes;
         j["micro_batches"] = row.deployment.micro_batches;
         j["global_batch"] = row.deployment.global_batch();
@@ -260,16 +288,25 @@ int run_simulate(int argc, char** argv) {
                 flags.get_string("sweep").c_str(), planner::shape_summary(*d).c_str(),
                 static_cast<long long>(d->batch_per_micro_batch));
     Table t({planner::sweep_parameter_name(param), "GPUs", "B", "tok/s", "tok/s/GPU",
-             "tok/s/cost", "TBT ms", "TBT p99 ms", "closed-form TBT", "attn busy", "expert busy"});
+             "tok/s/cost", "TBT ms", "TBT p99 ms", "closed-form TBT", "attn busy", "expert busy",
+             "holds"});
+    int broken = 0;
     for (const auto& row : *rows) {
+      const planner::Feasibility f = planner::check_deployment(row.deployment, slo);
+      broken += f.ok() ? 0 : 1;
       t.add_row({std::to_string(row.value), std::to_string(row.deployment.gpus()),
                  std::to_string(row.deployment.global_batch()), fmt(row.sim.throughput, 0),
                  fmt(row.sim.per_gpu, 1), fmt(row.sim.per_cost, 1),
                  fmt(row.sim.tbt_mean * 1e3, 2), fmt(row.sim.tbt_p99 * 1e3, 2),
                  fmt(row.closed_form.iteration * 1e3, 2), fmt_pct(row.sim.attention_busy),
-                 fmt_pct(row.sim.expert_busy)});
+                 fmt_pct(row.sim.expert_busy), f.ok() ? "yes" : "NO: " + f.violated()});
     }
     std::cout << t.to_string();
+    if (broken > 0) {
+      std::printf("\n%d of %zu points break a constraint (SLO %.0f ms, memory, context length "
+                  "or batch bound): their figures are not achievable deployments\n",
+                  broken, rows->size(), slo * 1e3);
+    }
     if (!flags.get_string("plot").empty()) {
       std::printf("\nchart written to %s\n", flags.get_string("plot").c_str());
     }
@@ -297,6 +334,7 @@ int run_simulate(int argc, char** argv) {
              {"predicted", r->to_json()},
              {"closed_form", p.to_json()},
              {"full_overlap", p.full_overlap},
+             {"constraints", planner::check_deployment(*d, slo).to_json()},
              {"expert_load_share", shares},
              {"options",
               {{"iterations", o.iterations}, {"jitter_pct", o.jitter * 100},

@@ -58,6 +58,8 @@ struct FitRange {
 };
 
 struct StageModel {
+  // k3, k4 describe one expert node: T_e(rows) for the rows landing on any of
+  // its experts (with one expert per node, rows = b_e).
   double k1 = 0, k2 = 0, k3 = 0, k4 = 0;
   double dispatch_bytes_per_token = 0;  // bytes one attention GPU sends per token (K*h*2/tp_a)
   double expert_bytes_per_token = 0;    // bytes one expert GPU receives per token (h*2/tp_e)
@@ -71,7 +73,8 @@ struct StageModel {
   FitRange fit;
 
   // Concurrent connections: one attention GPU sends to every expert GPU
-  // (E * tp_e); one expert GPU hears from every attention GPU (n_a * tp_a).
+  // (n_e * tp_e, n_e = E / experts per node); one expert GPU hears from every
+  // attention GPU (n_a * tp_a).
   double attention_connections = 1;
   int tp_attention = 1;
 
@@ -133,6 +136,12 @@ struct DeploymentShape {
   int tp_attention = 1;
   int tp_expert = 1;
   ExpertReduction expert_reduction = ExpertReduction::kAllReduce;  // matters when tp_expert > 1
+  // Routed experts one expert node (a group of tp_expert GPUs) holds, for every
+  // MoE layer; the model's experts divide evenly over E / experts_per_node nodes.
+  // The node runs one grouped GEMM per layer and micro-batch over its experts:
+  // its weights stream x times an expert's, its rows are the top-K rows landing
+  // on any of them (the expert curve's batch is the node's rows, not b_e).
+  int experts_per_node = 1;
 };
 
 // k1..k4 and the transfer model for `shape`, from the roofline or from `profile`.
@@ -164,7 +173,8 @@ double allreduce_time(const GpuSpec& gpu, int tp, double bytes, const UtilCurve&
 double attention_node_bytes(const ModelConfig& model, int m, double b_a, double seq_len,
                             int tp = 1);
 double attention_node_capacity(const GpuSpec& gpu, int tp);  // tp * C * memory_usable
-double expert_node_bytes(const ModelConfig& model);            // one expert's bf16 weights
+// bf16 weights of the routed experts one expert node holds (all MoE layers).
+double expert_node_bytes(const ModelConfig& model, int experts_per_node = 1);
 double expert_node_capacity(const GpuSpec& gpu, int tp);
 
 // Roofline utilisation of an expert GEMM with b_e tokens: min(b_e * W / F, 1).

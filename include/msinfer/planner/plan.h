@@ -22,7 +22,8 @@ StatusOr<Objective> parse_objective(const std::string& s);
 const char* objective_name(Objective o);
 
 // One disaggregated deployment: what the simulator and the runtime need.
-// Each of the E experts lives on its own expert node of tp_expert GPUs.
+// The E routed experts are spread evenly over n_e = E / shape.experts_per_node
+// expert nodes of tp_expert GPUs each (n_e = E: one expert per node).
 struct Deployment {
   ModelConfig model;
   DeploymentShape shape;
@@ -31,10 +32,15 @@ struct Deployment {
   int64_t batch_per_micro_batch = 1;  // b_a: requests in one micro-batch of one attention node
   StageModel stage;
   double seq_len = 0;
+  double max_context = 0;  // longest context a request reaches (0: seq_len)
 
   int64_t global_batch() const { return batch_per_micro_batch * micro_batches * attention_nodes; }
   double tokens_per_expert() const;  // b_e = b_a n_a K / E
-  int expert_nodes() const { return model.experts; }
+  // Rows one expert node gets per micro-batch and layer: b_a n_a K / n_e (the
+  // top-K rows landing on any of its experts, balanced load).
+  double rows_per_expert_node() const;
+  int experts_per_node() const { return shape.experts_per_node > 0 ? shape.experts_per_node : 1; }
+  int expert_nodes() const { return model.experts / experts_per_node(); }  // n_e
   int attention_gpus() const { return attention_nodes * shape.tp_attention; }
   int expert_gpus() const { return expert_nodes() * shape.tp_expert; }
   int gpus() const { return attention_gpus() + expert_gpus(); }
@@ -56,6 +62,12 @@ struct Prediction {
   int min_micro_batches = 1;
   double attention_memory_bytes = 0, attention_memory_capacity = 0;
   double expert_memory_bytes = 0, expert_memory_capacity = 0;
+  double rows_per_expert_node = 0;
+  // Expected busiest expert node over the mean under uniform random top-K
+  // routing of one micro-batch (normal approximation of the hypergeometric node
+  // counts): the straggler a balancer has to remove. Reported, not charged:
+  // the plan assumes balanced load (SPEC.md section 5).
+  double expert_node_imbalance = 1;
 
   double objective(Objective o) const;
   Json to_json() const;  // SPEC.md section 7's `predicted`, plus details
@@ -89,6 +101,9 @@ StatusOr<Workload> workload_preset(const std::string& name);
 
 struct SearchOptions {
   ModelConfig model;
+  // The longest context a request reaches (input + output, or seq_len with
+  // --seq-len); checked against model.max_position_embeddings. 0: seq_len.
+  double max_context = 0;
   std::vector<std::pair<GpuSpec, GpuSpec>> gpu_pairs;  // (attention GPU, expert GPU)
   double slo = 0.150;       // seconds
   double seq_len = 2048;    // mean decode context (Workload::mean_decode_context or --seq-len)
@@ -122,6 +137,34 @@ struct SearchResult {
   std::vector<Baseline> baselines;  // best of each kind over the candidate GPUs
   int64_t evaluated = 0;            // batch-size evaluations made
 };
+
+// The recommendation: the best disaggregated plan, or the best co-located
+// bound when it beats every disaggregated plan under the same objective.
+struct Verdict {
+  bool colocated_wins = false;
+  int best_baseline = -1;      // index into SearchResult::baselines; -1: none fits
+  double ratio = 0;            // disaggregated best / co-located best objective (0: no baseline)
+  std::string recommended;     // "disaggregated" or the baseline's name
+  std::string best_colocated;  // the best baseline's name ("" when none fits)
+  // {recommended, colocated_wins, disaggregated_over_best_colocated, best_colocated}
+  Json to_json() const;
+};
+Verdict verdict(const SearchResult& r, Objective objective);
+
+// Whether a deployment holds under its constraints: memory (attention node:
+// weights + KV at its batch and context; expert node: its experts' weights),
+// the TBT SLO (closed form), the model's context length and the plan
+// format's batch bound (global batch <= kMaxPlanGlobalBatch). `search_plans`
+// only returns deployments that hold; `simulate` checks overrides and sweep
+// points with it.
+struct Feasibility {
+  bool slo = true, attention_memory = true, expert_memory = true, context = true, batch = true;
+  std::vector<std::string> reasons;  // one line per violation, naming the numbers
+  bool ok() const { return reasons.empty(); }
+  std::string violated() const;  // "slo,attention_memory" or ""
+  Json to_json() const;
+};
+Feasibility check_deployment(const Deployment& d, double slo);
 
 StatusOr<SearchResult> search_plans(const SearchOptions& options);
 
@@ -165,6 +208,10 @@ Json deployment_plan_json(const Deployment& d);
 inline constexpr int64_t kMaxPlanAttentionNodes = 100000;
 inline constexpr int64_t kMaxPlanMicroBatches = 64;
 inline constexpr int64_t kMaxPlanGlobalBatch = int64_t{1} << 32;
+// The largest b_a the search tries and simulate accepts for n_a attention
+// nodes and m micro-batches: the global batch stays within kMaxPlanGlobalBatch
+// (and b_a within 2^24), so every plan written can be read back.
+int64_t max_batch_per_micro_batch(int attention_nodes, int micro_batches);
 StatusOr<Deployment> deployment_from_plan_document(const Json& j, const std::string& source);
 
 }  // namespace msinfer::planner

@@ -62,7 +62,7 @@ struct SimResult {
   double attention_bubble = 0;    // idle time of an attention worker per iteration (s)
   double expert_bubble = 0;
   double t_attention = 0, t_expert = 0, t_comm = 0;  // measured means (s)
-  std::vector<double> expert_load_share;  // fraction of routed tokens per expert
+  std::vector<double> expert_load_share;  // fraction of routed tokens per expert node
   std::vector<Interval> intervals;
 
   Json to_json() const;  // SPEC section 7's `predicted` names, plus the simulator's own
