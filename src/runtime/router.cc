@@ -272,7 +272,7 @@ Status Router::send_command(Worker& w, const std::string& command) {
 // negative timeout waits as long as it takes. The wait ends at the answer or
 // at the exit of any forked worker (its pidfd), and the children are looked
 // at then and every 50 ms: a worker's death is noticed as it happens, not
-// at the next look (docs/BENCHMARKS.md: an expert worker dropped in place
+// at the next look (docs/benchmarks-history.md: an expert worker dropped in place
 // costs a client 12-15 ms; 50 ms with looks alone).
 StatusOr<std::string> Router::read_answer(Worker& w, std::chrono::milliseconds timeout,
                                           StatusCode code, const std::string& late) {

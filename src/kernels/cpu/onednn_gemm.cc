@@ -1,6 +1,6 @@
 // bf16 GEMMs through oneDNN's matmul with pre-packed weights: the amx level's
 // GEMM (oneDNN uses AMX tiles there). The avx512bf16 level used it too until
-// its own vdpbf16ps kernel measured faster at small M on Zen 5 (BENCHMARKS.md);
+// its own vdpbf16ps kernel measured faster at small M on Zen 5 (docs/benchmarks-history.md);
 // oneDNN 2.6 has no bf16 matmul on AVX2 and no bf16/f16 weights with f32
 // activations, so the lower levels use msinfer's own panel kernels. Primitives are created per (N,
 // K, M bucket) and cached; M is bucketed and padded so a serving loop creates only a few.

@@ -98,7 +98,7 @@ constexpr int kAccRegs = 12;
 // their absolute values, the broadcast, the ones and temporaries take the
 // rest. At 4 rows GCC 12 kept two accumulators on the stack (a load and a
 // store per step each), and 3 rows measured as fast or faster
-// (docs/BENCHMARKS.md).
+// (docs/benchmarks-history.md).
 constexpr int64_t kW8Rows = 3;
 
 constexpr bool kDotBf16 = false;  // no vdpbf16ps at this level
