@@ -15,7 +15,7 @@ Engine::Engine(std::shared_ptr<const model::ModelWeights> w, KvCache kv, const E
   // layer: a token's projections (QKV, O, router), and per position of its
   // context the score and value FLOPs plus the position's K/V bytes at 8 FLOPs
   // per byte (a CPU's FMA rate over its read bandwidth: 229 GFLOP/s / 26.8
-  // GB/s on the Zen 5 of docs/BENCHMARKS.md; an H200's is ~200, so a GPU
+  // GB/s on the Zen 5 of docs/benchmarks-history.md; an H200's is ~200, so a GPU
   // deployment should set the measured ratio).
   const ModelConfig& c = weights_->config();
   const double h = c.hidden, qn = c.heads * c.head_dim, kn = c.kv_heads * c.head_dim;
