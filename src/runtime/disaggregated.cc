@@ -452,6 +452,7 @@ class RemoteExperts : public ExpertBackend {
       for (int r = 0; r < shards; ++r) {
         const auto* data = reinterpret_cast<const float*>(combine_.data(k, w * shards + r));
         for (const auto& piece : plans_[k][w]) {
+          if (piece.rows == 0) continue;  // (results may be null then)
           float* dst = results + piece.send_row * hidden_;
           const float* src = data + piece.reply_row * hidden_;
           if (r == 0) {

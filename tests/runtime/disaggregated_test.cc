@@ -151,11 +151,15 @@ TEST(DisaggregatedPlanTest, PlanDocumentSetsTheDeployment) {
   for (int e = 0; e < 8; ++e) shifted["experts"].push_back((e + 3) % nodes);
   const std::string placement = write_file("plan_placement.json", shifted.dump());
   EXPECT_EQ(tokens_of(prompt + " --plan " + plan + " --placement " + placement), tokens_of(prompt));
-  const std::string two = write_file(
-      "two_workers.json", R"({"expert_workers": 2, "experts": [0, 1, 0, 1, 0, 1, 0, 1]})");
+  // Another worker count than the plan's expert nodes (the planner may put
+  // several experts on a node, so the plan's count is read, not assumed).
+  const int n_other = nodes < 8 ? nodes + 1 : nodes - 1;
+  Json other{{"expert_workers", n_other}, {"experts", Json::array()}};
+  for (int e = 0; e < 8; ++e) other["experts"].push_back(e % n_other);
+  const std::string mismatched = write_file("other_workers.json", other.dump());
   const std::string refused =
       msinfer::testing::run_capture("sh -c '" + kBinary + " generate " + prompt + " --plan " +
-                                    plan + " --placement " + two + " 2>&1; echo exit=$?'");
+                                    plan + " --placement " + mismatched + " 2>&1; echo exit=$?'");
   EXPECT_NE(refused.find("expert nodes is " + std::to_string(nodes)), std::string::npos) << refused;
   EXPECT_NE(refused.find("exit=2"), std::string::npos) << refused;
   // A plan with attention and expert tensor parallelism runs too (issue 14):
