@@ -354,7 +354,9 @@ TEST_F(ServeTest, ADeadExpertWorkerWithReplicasFailsNoStream) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(err, m, std::regex("expert worker 1: pid ([0-9]+)"))) << err;
   const pid_t victim = std::stoi(m[1]);
-  const std::string req = R"("prompt": "Hello", "max_tokens": 300, "ignore_eos": true)";
+  // Greedy: a request without a seed samples from a fresh one at temperature 1.
+  const std::string req =
+      R"("prompt": "Hello", "max_tokens": 300, "ignore_eos": true, "temperature": 0)";
   const HttpResult plain = post(s, "/v1/completions", "{" + req + "}");
   ASSERT_EQ(plain.status, 200) << plain.body;
   const std::string want = Json::parse(plain.body)["choices"][0]["text"].get<std::string>();
