@@ -54,44 +54,6 @@ GreedyRun reference(const std::string& dir, const std::vector<int32_t>& prompt, 
   return r;
 }
 
-GreedyRun run_engine(const std::string& dir, const std::vector<int32_t>& prompt, int64_t chunk,
-                     const std::vector<std::vector<int32_t>>& others, int micro_batches) {
-  GreedyRun r;
-  auto w = model::ModelWeights::load(dir);
-  EXPECT_TRUE(w.ok()) << w.status().to_string();
-  if (!w.ok()) return r;
-  EngineOptions o;
-  o.kv_cache_bytes = 8 << 20;
-  o.block_size = 4;  // several blocks per request
-  o.max_step_tokens = chunk;
-  o.micro_batches = micro_batches;
-  auto e = Engine::create(std::shared_ptr<const model::ModelWeights>(std::move(w).value()), o);
-  EXPECT_TRUE(e.ok()) << e.status().to_string();
-  if (!e.ok()) return r;
-  (*e)->set_logits_observer([&](int64_t id, const float* l, int64_t v) {
-    if (id == 1) r.logits.emplace_back(l, l + v);
-  });
-  GenerationRequest req{1, prompt, {}};
-  req.sampling.max_tokens = kDecodeSteps + 1;
-  req.sampling.ignore_eos = true;
-  EXPECT_TRUE((*e)->add(req).ok());
-  for (size_t i = 0; i < others.size(); ++i) {
-    GenerationRequest o2{static_cast<int64_t>(i + 2), others[i], {}};
-    o2.sampling.max_tokens = 7;
-    o2.sampling.ignore_eos = true;
-    EXPECT_TRUE((*e)->add(o2).ok());
-  }
-  while (!(*e)->idle()) {
-    auto events = (*e)->step();
-    EXPECT_TRUE(events.ok()) << events.status().to_string();
-    if (!events.ok()) break;
-    for (const auto& ev : *events) {
-      if (ev.request_id == 1) r.tokens.push_back(ev.token);
-    }
-  }
-  return r;
-}
-
 // Prefill and decode of `dir` against the reference, in the three variants
 // above; `label` names the checkpoint in messages.
 void expect_matches_reference(const std::string& dir, const std::string& label) {
@@ -109,7 +71,8 @@ void expect_matches_reference(const std::string& dir, const std::string& label) 
   };
   for (const auto& [chunk, others, mbs] :
        {Variant{256, {}, 1}, Variant{5, {}, 1}, Variant{256, two, 3}}) {
-    const GreedyRun r = run_engine(dir, prompt, chunk, others, mbs);
+    const testing::EngineRun r =
+        testing::run_engine_greedy(dir, prompt, kDecodeSteps + 1, chunk, others, mbs);
     EXPECT_EQ(r.tokens, ref.tokens) << "chunk " << chunk << ", " << others.size() << " others";
     const testing::LogitError err = testing::logit_error(r.logits, ref.logits);
     if (err.max > testing::kMaxLogitError) {  // where it went wrong

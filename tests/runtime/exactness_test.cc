@@ -31,46 +31,6 @@ namespace {
 
 constexpr int kDecodeSteps = 16;
 
-struct EngineRun {
-  std::vector<int32_t> tokens;
-  std::vector<std::vector<float>> logits;
-};
-
-// Runs request 1 (the prompt) greedily; optional `other` requests share its batches.
-EngineRun run_engine(const std::string& dir, const std::vector<int32_t>& prompt,
-                     int64_t max_step_tokens, const std::vector<std::vector<int32_t>>& others = {},
-                     int micro_batches = 1) {
-  auto w = model::ModelWeights::load(dir);
-  EXPECT_TRUE(w.ok()) << w.status().to_string();
-  EngineOptions o;
-  o.kv_cache_bytes = 8 << 20;
-  o.block_size = 4;  // several blocks per request
-  o.max_step_tokens = max_step_tokens;
-  o.micro_batches = micro_batches;
-  auto e = Engine::create(std::shared_ptr<const model::ModelWeights>(std::move(w).value()), o);
-  EXPECT_TRUE(e.ok());
-  EngineRun r;
-  (*e)->set_logits_observer([&](int64_t id, const float* l, int64_t v) {
-    if (id == 1) r.logits.emplace_back(l, l + v);
-  });
-  GenerationRequest req{1, prompt, {}};
-  req.sampling.max_tokens = kDecodeSteps + 1;
-  req.sampling.ignore_eos = true;
-  EXPECT_TRUE((*e)->add(req).ok());
-  for (size_t i = 0; i < others.size(); ++i) {
-    GenerationRequest o2{static_cast<int64_t>(i + 2), others[i], {}};
-    o2.sampling.max_tokens = 7;
-    o2.sampling.ignore_eos = true;
-    EXPECT_TRUE((*e)->add(o2).ok());
-  }
-  while (!(*e)->idle()) {
-    for (const auto& ev : (*e)->step().value()) {
-      if (ev.request_id == 1) r.tokens.push_back(ev.token);
-    }
-  }
-  return r;
-}
-
 class ExactnessTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ExactnessTest, LogitsAndGreedyTokensMatchPyTorch) {
@@ -95,7 +55,8 @@ TEST_P(ExactnessTest, LogitsAndGreedyTokensMatchPyTorch) {
   };
   for (const auto& [chunk, others, mbs] :
        {Variant{256, {}, 1}, Variant{5, {}, 1}, Variant{256, two, 1}, Variant{256, two, 3}}) {
-    EngineRun r = run_engine(dir, prompt, chunk, others, mbs);
+    const testing::EngineRun r =
+        testing::run_engine_greedy(dir, prompt, kDecodeSteps + 1, chunk, others, mbs);
     EXPECT_EQ(r.tokens, ref_tokens) << "chunk " << chunk << ", " << others.size() << " others";
     const testing::LogitError err = testing::logit_error(r.logits, ref_logits);
     EXPECT_LE(err.max, testing::kMaxLogitError) << GetParam() << " chunk " << chunk;

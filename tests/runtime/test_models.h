@@ -16,6 +16,8 @@
 #include "msinfer/core/model_config.h"
 #include "msinfer/kernels/cpu/attention.h"
 #include "msinfer/model/make_model.h"
+#include "msinfer/model/weights.h"
+#include "msinfer/runtime/engine.h"
 
 namespace msinfer::runtime::testing {
 
@@ -70,6 +72,55 @@ inline LogitError logit_error(const std::vector<std::vector<float>>& got,
 }
 
 #ifdef MSINFER_SOURCE_DIR
+// Request 1 (`prompt`) run greedily for `steps` tokens through the CPU engine
+// on the checkpoint in `dir`, with its logits at each step; `others` (7
+// tokens each) share its batches. 8 MiB of KV in blocks of 4 (several blocks
+// per request), prefill in chunks of `max_step_tokens`, `micro_batches`
+// micro-batches in ping-pong order.
+struct EngineRun {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;
+};
+inline EngineRun run_engine_greedy(const std::string& dir, const std::vector<int32_t>& prompt,
+                                   int steps, int64_t max_step_tokens,
+                                   const std::vector<std::vector<int32_t>>& others = {},
+                                   int micro_batches = 1) {
+  EngineRun r;
+  auto w = model::ModelWeights::load(dir);
+  EXPECT_TRUE(w.ok()) << w.status().to_string();
+  if (!w.ok()) return r;
+  EngineOptions o;
+  o.kv_cache_bytes = 8 << 20;
+  o.block_size = 4;
+  o.max_step_tokens = max_step_tokens;
+  o.micro_batches = micro_batches;
+  auto e = Engine::create(std::shared_ptr<const model::ModelWeights>(std::move(w).value()), o);
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  if (!e.ok()) return r;
+  (*e)->set_logits_observer([&](int64_t id, const float* l, int64_t v) {
+    if (id == 1) r.logits.emplace_back(l, l + v);
+  });
+  GenerationRequest req{1, prompt, {}};
+  req.sampling.max_tokens = steps;
+  req.sampling.ignore_eos = true;
+  EXPECT_TRUE((*e)->add(req).ok());
+  for (size_t i = 0; i < others.size(); ++i) {
+    GenerationRequest o2{static_cast<int64_t>(i + 2), others[i], {}};
+    o2.sampling.max_tokens = 7;
+    o2.sampling.ignore_eos = true;
+    EXPECT_TRUE((*e)->add(o2).ok());
+  }
+  while (!(*e)->idle()) {
+    auto events = (*e)->step();
+    EXPECT_TRUE(events.ok()) << events.status().to_string();
+    if (!events.ok()) break;
+    for (const auto& ev : *events) {
+      if (ev.request_id == 1) r.tokens.push_back(ev.token);
+    }
+  }
+  return r;
+}
+
 // The command that runs tests/runtime/torch_reference.py on `dir` for the
 // prompt ids ("1,2,3") and `steps` greedy steps, modelling the active CPU
 // level's numerics: --bf16-qk where its attention rounds q to bf16 for the
