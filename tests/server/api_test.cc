@@ -312,13 +312,18 @@ TEST(RequestFields, TheDocsTableMatchesTheParser) {
   }
 }
 
+// The smallest tokenizer that makes text: one token per letter a, b, c, d.
+StatusOr<model::Tokenizer> abcd_tokenizer() {
+  const Json tj = {{"model",
+                    {{"type", "BPE"},
+                     {"vocab", {{"a", 0}, {"b", 1}, {"c", 2}, {"d", 3}}},
+                     {"merges", Json::array()}}},
+                   {"added_tokens", Json::array()}};
+  return model::Tokenizer::from_json(tj, nullptr, "test");
+}
+
 TEST(TextStreamTest, IncludeStopStrAndMinTokens) {
-  Json tj = {{"model",
-              {{"type", "BPE"},
-               {"vocab", {{"a", 0}, {"b", 1}, {"c", 2}, {"d", 3}}},
-               {"merges", Json::array()}}},
-             {"added_tokens", Json::array()}};
-  auto t = model::Tokenizer::from_json(tj, nullptr, "test");
+  auto t = abcd_tokenizer();
   ASSERT_TRUE(t.ok()) << t.status().message();
   TextStreamOptions o;
   o.include_stop_str = true;
@@ -341,13 +346,7 @@ TEST(TextStreamTest, IncludeStopStrAndMinTokens) {
 }
 
 TEST(TextStreamTest, StopStringAcrossTokensIsNeverEmitted) {
-  // A tokenizer is needed for text; build the smallest one in memory.
-  Json tj = {{"model",
-              {{"type", "BPE"},
-               {"vocab", {{"a", 0}, {"b", 1}, {"c", 2}, {"d", 3}}},
-               {"merges", Json::array()}}},
-             {"added_tokens", Json::array()}};
-  auto t = model::Tokenizer::from_json(tj, nullptr, "test");
+  auto t = abcd_tokenizer();
   ASSERT_TRUE(t.ok()) << t.status().message();
   TextStream s(&*t, {"bc"});
   std::string out = s.push(0);  // a
