@@ -656,8 +656,41 @@ std::string TextStream::finish() {
   return out;
 }
 
-std::string TextStream::token_text(int32_t token) const {
-  return t_ == nullptr ? "" : t_->decode({token}, /*skip_special_tokens=*/false);
+std::string TextStream::token_bytes(int32_t token, int32_t before) const {
+  if (t_ == nullptr) return "";
+  if (before < 0) return t_->decode({token}, /*skip_special_tokens=*/false);
+  // What the pair decodes to beyond what `before` alone does: the context a
+  // decoder needs (Metaspace strips the space of the first token only).
+  const std::string prev = t_->decode({before}, false);
+  const std::string both = t_->decode({before, token}, false);
+  if (both.compare(0, prev.size(), prev) != 0) return t_->decode({token}, false);
+  return both.substr(prev.size());
+}
+
+std::string logprob_token(std::string_view bytes) {
+  if (model::utf8_complete_prefix(bytes) == bytes.size()) {
+    bool whole = true;  // every character complete and well formed
+    for (const std::string& c : model::utf8_characters(bytes)) {
+      const auto lead = static_cast<unsigned char>(c[0]);
+      const size_t want = lead < 0x80 ? 1 : lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 0;
+      if (want != c.size()) whole = false;
+    }
+    if (whole) return std::string(bytes);
+  }
+  std::string out = "bytes:";
+  static const char* hex = "0123456789abcdef";
+  for (unsigned char b : bytes) {
+    out += "\\x";
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  return out;
+}
+
+int64_t text_offset_advance(std::string_view bytes) {
+  int64_t n = 0;
+  for (unsigned char b : bytes) n += (b & 0xC0) != 0x80;
+  return n;
 }
 
 Json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {

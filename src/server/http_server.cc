@@ -520,7 +520,8 @@ class Session : public std::enable_shared_from_this<Session> {
     int64_t completion_tokens = 0;
     std::string content;  // non-streaming: the whole text
     Json logprobs;        // non-streaming: accumulated
-    int64_t text_offset = 0;
+    int64_t text_offset = 0;      // characters of the text before the next logprob token
+    int32_t logprob_before = -1;  // the token before the next logprob token
     bool done = false;
     // The usual stream chunk (text, no logprobs, no finish) around its text;
     // made once (text_chunk).
@@ -1058,18 +1059,29 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // Logprobs of the tokens in `events` in the API's shape; appended to `acc`.
+  // Each token's text is what it adds to the text after the token before it
+  // (TextStream::token_bytes), so the tokens join into the text; the
+  // alternatives are read in the same place.
   void add_logprobs(Generation& g, const runtime::TokenEvent& ev, Json* acc) {
-    const std::string tok = g.text->token_text(ev.token);
+    const std::string bytes = g.text->token_bytes(ev.token, g.logprob_before);
+    const std::string tok = logprob_token(bytes);
+    const int32_t before = g.logprob_before;
+    g.logprob_before = ev.token;
     if (g.req.chat) {
+      // Alternatives that write the same bytes (a byte-fallback token and a
+      // whole one) are listed once, with the higher logprob (the first).
       Json top = Json::array();
+      std::vector<std::string> seen;
       for (const auto& [id, lp] : ev.top_logprobs) {
-        const std::string t = g.text->token_text(id);
-        top.push_back({{"token", t}, {"logprob", lp}, {"bytes", byte_array(t)}});
+        std::string b = g.text->token_bytes(id, before);
+        if (std::find(seen.begin(), seen.end(), b) != seen.end()) continue;
+        top.push_back({{"token", logprob_token(b)}, {"logprob", lp}, {"bytes", byte_array(b)}});
+        seen.push_back(std::move(b));
       }
       if (acc->is_null()) *acc = Json{{"content", Json::array()}};
       (*acc)["content"].push_back({{"token", tok},
                                    {"logprob", ev.logprob},
-                                   {"bytes", byte_array(tok)},
+                                   {"bytes", byte_array(bytes)},
                                    {"top_logprobs", top}});
     } else {
       if (acc->is_null()) {
@@ -1078,13 +1090,18 @@ class Session : public std::enable_shared_from_this<Session> {
                     {"top_logprobs", Json::array()},
                     {"text_offset", Json::array()}};
       }
+      // Two alternatives may write the same text (a byte-fallback token and
+      // a whole one): the key keeps the higher logprob, the first in order.
       Json top = Json::object();
-      for (const auto& [id, lp] : ev.top_logprobs) top[g.text->token_text(id)] = lp;
+      for (const auto& [id, lp] : ev.top_logprobs) {
+        const std::string key = logprob_token(g.text->token_bytes(id, before));
+        if (!top.contains(key)) top[key] = lp;
+      }
       (*acc)["tokens"].push_back(tok);
       (*acc)["token_logprobs"].push_back(ev.logprob);
       (*acc)["top_logprobs"].push_back(top);
       (*acc)["text_offset"].push_back(g.text_offset);
-      g.text_offset += static_cast<int64_t>(tok.size());
+      g.text_offset += text_offset_advance(bytes);
     }
   }
 

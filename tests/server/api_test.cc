@@ -364,6 +364,58 @@ TEST(TextStreamTest, StopStringAcrossTokensIsNeverEmitted) {
   EXPECT_EQ(o2, "bcd");
 }
 
+// Logprob tokens join into the text (issue 47): on a SentencePiece tokenizer
+// with byte fallback (Llama 2: the leading space of every word but the first,
+// characters outside its vocabulary as <0xNN> bytes) and on a byte-level one
+// (Qwen3: a character split across tokens), each token's bytes after the one
+// before it, concatenated, are the text's bytes; a part of a character is
+// written as "bytes:\\xNN" and a whole one as itself.
+TEST(TextStreamTest, LogprobTokensJoinIntoTheText) {
+  const std::string text =
+      "select fabric \xe2\x80\x94 \xf0\x9f\xa6\x8a jumps  over 3.14 \xe4\xb8\xad\xe6\x96\x87!";
+  for (const char* name : {"llama2", "qwen3"}) {
+    const std::string dir = std::string(MSINFER_SOURCE_DIR) + "/.cache/tokenizers/" + name;
+    if (!std::ifstream(dir + "/tokenizer.json")) GTEST_SKIP() << "run scripts/fetch-tokenizers first";
+    auto t = model::Tokenizer::load(dir);
+    ASSERT_TRUE(t.ok()) << t.status().message();
+    const std::vector<int32_t> ids = t->encode(text, /*add_special_tokens=*/false);
+    TextStream s(&*t, {});
+    const std::vector<std::string> chars = model::utf8_characters(text);
+    std::string written, joined;
+    int64_t offset = 0;
+    bool partial = false;
+    int32_t before = -1;
+    for (int32_t id : ids) {
+      written += s.push(id);
+      const std::string bytes = s.token_bytes(id, before);
+      joined += bytes;
+      const std::string tok = logprob_token(bytes);
+      if (tok.rfind("bytes:", 0) == 0) {
+        partial = true;
+        EXPECT_EQ(tok.size(), 6 + 4 * bytes.size()) << name << ": " << tok;
+      } else {
+        EXPECT_EQ(tok, bytes) << name;
+      }
+      // text_offset: a whole token is the text's characters from its offset on.
+      if (tok == bytes) {
+        std::string at;
+        for (int64_t c = offset; c < offset + text_offset_advance(bytes); ++c) at += chars.at(c);
+        EXPECT_EQ(at, bytes) << name << " at " << offset;
+      }
+      offset += text_offset_advance(bytes);
+      before = id;
+    }
+    written += s.finish();
+    EXPECT_EQ(joined, written) << name;
+    EXPECT_EQ(written, text) << name;
+    EXPECT_TRUE(partial) << name << ": the text should split a character across tokens";
+    EXPECT_EQ(offset, static_cast<int64_t>(model::utf8_characters(text).size())) << name;
+  }
+  EXPECT_EQ(logprob_token("\xe2\x80"), "bytes:\\xe2\\x80");
+  EXPECT_EQ(logprob_token("\x80"), "bytes:\\x80");
+  EXPECT_EQ(logprob_token(" \xe2\x80\x94"), " \xe2\x80\x94");
+}
+
 TEST(MetricsTest, PrometheusText) {
   Metrics m("m");
   m.add_prompt_tokens(5);

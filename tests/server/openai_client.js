@@ -41,6 +41,13 @@ async function streamed(it, pick) {
     (ch) => ch.delta && ch.delta.content);
   const stop = await client.completions.create({ ...common, prompt, max_tokens: 1, logprobs: 2 });
   out.logprobs = stop.choices[0].logprobs;
+  // Logprobs of every token, special tokens written into the text too: the
+  // tokens join into the text (completions), the bytes into the content (chat).
+  const lp = await client.completions.create({ ...common, prompt, logprobs: 3, skip_special_tokens: false });
+  out.logprob_completion = { text: lp.choices[0].text, logprobs: lp.choices[0].logprobs };
+  const lpc = await client.chat.completions.create(
+    { ...common, messages, logprobs: true, top_logprobs: 3, skip_special_tokens: false });
+  out.logprob_chat = { text: lpc.choices[0].message.content, logprobs: lpc.choices[0].logprobs };
   const models = await client.models.list();
   out.models = models.data.map((m) => m.id);
   try {

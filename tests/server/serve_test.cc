@@ -85,12 +85,76 @@ Json generate_json(const std::string& prompt, int max_tokens, const std::string&
   return out.empty() ? Json() : Json::parse(out);
 }
 
-Json run_openai(const Server& s, const std::string& prompt, int max_tokens) {
+Json run_openai(const Server& s, const std::string& prompt, int max_tokens,
+                const fs::path& model = model_dir()) {
   const std::string out = testing::run_capture(
       "node " + (source_dir() / "tests" / "server" / "openai_client.js").string() + " " +
-      node_modules().string() + " " + s.url() + " " + model_dir().filename().string() + " '" +
+      node_modules().string() + " " + s.url() + " " + model.filename().string() + " '" +
       prompt + "' " + std::to_string(max_tokens));
   return out.empty() ? Json() : Json::parse(out);
+}
+
+// The bytes a logprob token stands for: "bytes:\\xNN..." or the text itself.
+std::string logprob_token_bytes(const std::string& tok) {
+  if (tok.rfind("bytes:", 0) != 0) return tok;
+  std::string out;
+  for (size_t i = 6; i + 3 < tok.size() + 1; i += 4) {
+    out += static_cast<char>(std::stoi(tok.substr(i + 2, 2), nullptr, 16));
+  }
+  return out;
+}
+
+// Text as the server writes it into JSON (an ill-formed byte becomes U+FFFD).
+std::string as_written(const std::string& bytes) {
+  return Json(bytes).dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+// Logprobs of every token (issue 47): the completion's tokens join into its
+// text and the chat's bytes into its content, as the server writes both;
+// text_offset is where each token's characters start in the text; each
+// token's top_logprobs has up to 3 distinct entries.
+void check_logprobs_join(const Json& r, int max_tokens) {
+  const Json& c = r["logprob_completion"];
+  ASSERT_TRUE(c["logprobs"].is_object()) << c;
+  const Json& tokens = c["logprobs"]["tokens"];
+  ASSERT_EQ(tokens.size(), static_cast<size_t>(max_tokens));
+  std::string joined;
+  for (const Json& t : tokens) joined += logprob_token_bytes(t.get<std::string>());
+  EXPECT_EQ(as_written(joined), as_written(c["text"].get<std::string>())) << c;
+  const std::string text = c["text"].get<std::string>();
+  if (text.find("\xef\xbf\xbd") == std::string::npos) {  // no U+FFFD: offsets by character
+    std::vector<size_t> starts;  // byte index of each character
+    for (size_t i = 0; i < text.size(); ++i) {
+      if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80) starts.push_back(i);
+    }
+    for (size_t k = 0; k < tokens.size(); ++k) {
+      const std::string tok = tokens[k].get<std::string>();
+      const auto off = c["logprobs"]["text_offset"][k].get<size_t>();
+      if (tok.rfind("bytes:", 0) == 0 || tok.empty()) continue;
+      ASSERT_LT(off, starts.size()) << c;
+      EXPECT_EQ(text.compare(starts[off], tok.size(), tok), 0) << "token " << k << ": " << c;
+    }
+  }
+  for (const Json& top : c["logprobs"]["top_logprobs"]) {
+    EXPECT_GE(top.size(), 1u);
+    EXPECT_LE(top.size(), 3u);
+  }
+  const Json& h = r["logprob_chat"];
+  ASSERT_TRUE(h["logprobs"].is_object()) << h;
+  ASSERT_EQ(h["logprobs"]["content"].size(), static_cast<size_t>(max_tokens));
+  std::string bytes;
+  for (const Json& e : h["logprobs"]["content"]) {
+    std::string b;
+    for (const Json& v : e["bytes"]) b += static_cast<char>(v.get<int>());
+    EXPECT_EQ(logprob_token_bytes(e["token"].get<std::string>()), b) << e;
+    bytes += b;
+    std::set<std::string> distinct;
+    for (const Json& alt : e["top_logprobs"]) distinct.insert(alt["token"].get<std::string>());
+    EXPECT_GE(e["top_logprobs"].size(), 1u);
+    EXPECT_LE(e["top_logprobs"].size(), 3u);
+    EXPECT_EQ(distinct.size(), e["top_logprobs"].size()) << e;
+  }
+  EXPECT_EQ(as_written(bytes), as_written(h["text"].get<std::string>())) << h;
 }
 
 void check_openai(const Json& r, const Json& gen, int max_tokens) {
@@ -123,6 +187,7 @@ void check_openai(const Json& r, const Json& gen, int max_tokens) {
   EXPECT_EQ(r["logprobs"]["top_logprobs"][0].size(), 2u);
   EXPECT_EQ(r["models"], Json::array({model_dir().filename().string()}));
   EXPECT_EQ(r["bad_request"]["status"], 400);
+  check_logprobs_join(r, max_tokens);
 }
 
 class ServeTest : public ::testing::Test {
@@ -263,6 +328,12 @@ TEST_F(ServeTest, DeepSeekDisaggregatedGreedyEqualsGenerate) {
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(j["usage"]["prompt_tokens"], gen_chat["prompt_ids"].size());
   EXPECT_EQ(j["usage"]["completion_tokens"], 8);
+  // Logprob tokens join into the text on this byte-level tokenizer too
+  // (tiny-mixtral's is a SentencePiece one: ServeTest.OpenAiClient...).
+  const Json o = run_openai(s, "Hello, experts", 8, dir);
+  ASSERT_FALSE(o.is_null()) << "the openai client failed";
+  ASSERT_FALSE(o.contains("fatal")) << o["fatal"];
+  check_logprobs_join(o, 8);
   EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
   if (HasFailure()) ADD_FAILURE() << "server stderr:\n" << s.stderr_text();
 }

@@ -141,8 +141,12 @@ class TextStream {
   // The rest once generation ended without a stop string.
   std::string finish();
   bool stopped() const { return stopped_; }
-  // The token's own text (for logprobs), without holding anything back.
-  std::string token_text(int32_t token) const;
+  // For logprobs: the bytes `token` adds to the text when it follows
+  // `before` (-1: it starts the text), nothing held back. A SentencePiece
+  // token keeps its leading space except at the start, as the text does, so
+  // the tokens' bytes join into the text's. May be part of a UTF-8 character
+  // (byte fallback, a byte-level token); logprob_token() names such bytes.
+  std::string token_bytes(int32_t token, int32_t before) const;
 
  private:
   const model::Tokenizer* t_;
@@ -153,6 +157,14 @@ class TextStream {
   std::string held_;
   bool stopped_ = false;
 };
+
+// A token's bytes as the API writes a logprob token: the text when it is
+// whole UTF-8 characters, else "bytes:" and each byte as \xNN (OpenAI's
+// form for a part of a character).
+std::string logprob_token(std::string_view bytes);
+// Characters (code points) in `bytes`, a part of a character counted where
+// its first byte is: the advance of a logprob's text_offset.
+int64_t text_offset_advance(std::string_view bytes);
 
 // Usage object: {"prompt_tokens", "completion_tokens", "total_tokens"}.
 Json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
