@@ -123,15 +123,24 @@ bool Engine::cancel(int64_t id) {
 }
 
 // First come, first served: a request is admitted when the blocks of every
-// token it must compute are free, keeping one free block per running request
-// in reserve for their next decode step (else each admission would be
-// preempted again at once by the decodes of those already running).
+// token it must compute are free beyond what the running requests take in the
+// next step (a decode whose token starts a new block; prompts hold theirs
+// from admission) and a watermark of 1% of the pool, as vLLM keeps. (One
+// spare block per running request, as before, left half the cache unused
+// at 128-token blocks.) A later step that runs short preempts the most
+// recently admitted (plan_step).
 void Engine::admit() {
+  if (waiting_.empty()) return;
+  const int64_t watermark = std::max<int64_t>(1, kv_.total_blocks() / 100);
+  int64_t next_step = 0;
+  for (const Running& r : running_) {
+    next_step += std::max<int64_t>(
+        0, kv_.blocks_for(static_cast<int64_t>(r.tokens.size())) - kv_.blocks_held(r.req.id));
+  }
   while (!waiting_.empty()) {
     Running& r = waiting_.front();
     const int64_t need = kv_.blocks_for(static_cast<int64_t>(r.tokens.size()));
-    const int64_t reserve = static_cast<int64_t>(running_.size());
-    if (!running_.empty() && need + reserve > kv_.free_blocks()) break;
+    if (!running_.empty() && need + next_step + watermark > kv_.free_blocks()) break;
     if (!kv_.reserve(r.req.id, static_cast<int64_t>(r.tokens.size())).ok()) break;
     running_.push_back(std::move(r));
     waiting_.pop_front();

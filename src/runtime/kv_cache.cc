@@ -58,6 +58,11 @@ void KvCache::release(int64_t id) {
   tables_.erase(it);
 }
 
+int64_t KvCache::blocks_held(int64_t id) const {
+  auto it = tables_.find(id);
+  return it == tables_.end() ? 0 : static_cast<int64_t>(it->second.size());
+}
+
 const int32_t* KvCache::block_table(int64_t id) const {
   auto it = tables_.find(id);
   MSI_CHECK(it != tables_.end()) << "no KV blocks for request " << id;

@@ -213,6 +213,34 @@ TEST(EngineTest, PreemptionKeepsGreedyOutput) {
   for (const auto& r : reqs) EXPECT_EQ(together[r.id], alone[r.id]) << "request " << r.id;
 }
 
+// Admission fills the cache (issue 47): sixteen requests of one block each
+// (2 prompt + 2 generated tokens at 4 per block) in a 16-block cache run 15
+// at once (a watermark of one block left), where one spare block per running
+// request ran 8; greedy output is what each produces alone.
+TEST(EngineTest, AdmissionFillsTheCache) {
+  auto w = load(testing::test_model_dir("tiny-mixtral"));
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 16; ++i) reqs.push_back(req(i + 1, {1, 10 + i}, 2));
+  std::map<int64_t, std::vector<int32_t>> alone;
+  for (const auto& r : reqs) {
+    auto e = make_engine(w, /*kv_bytes=*/256 * 64, /*block=*/4);
+    ASSERT_TRUE(e->add(r).ok());
+    alone[r.id] = run_all(*e)[r.id];
+  }
+  auto e = make_engine(w, /*kv_bytes=*/256 * 64, /*block=*/4);  // 16 blocks
+  for (const auto& r : reqs) ASSERT_TRUE(e->add(r).ok());
+  std::map<int64_t, std::vector<int32_t>> together;
+  for (const auto& ev : e->step().value()) together[ev.request_id].push_back(ev.token);
+  EXPECT_EQ(e->running(), 15);
+  EXPECT_EQ(e->waiting(), 1);
+  EXPECT_GE(e->kv_usage(), 0.9);
+  for (auto& [id, toks] : run_all(*e)) {
+    together[id].insert(together[id].end(), toks.begin(), toks.end());
+  }
+  EXPECT_EQ(e->preemptions(), 0);
+  for (const auto& r : reqs) EXPECT_EQ(together[r.id], alone[r.id]) << "request " << r.id;
+}
+
 TEST(EngineTest, CancelFreesBlocks) {
   auto w = load(testing::test_model_dir("tiny-mixtral"));
   auto e = make_engine(w);

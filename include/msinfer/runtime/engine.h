@@ -4,7 +4,8 @@
 // a token budget, through one forward pass.
 //
 // KV blocks are taken on demand: a request is admitted (first come, first
-// served) when the blocks of the tokens it must compute are free, and takes
+// served) when the blocks of the tokens it must compute are free beyond the
+// next step's needs of those running and a watermark of 1% of the pool, and takes
 // one more block whenever its tokens cross a block boundary. When the pool runs
 // out, the most recently admitted request is preempted, as vLLM does: its
 // blocks are freed and it goes back to the front of the queue, to recompute

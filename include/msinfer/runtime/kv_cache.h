@@ -52,6 +52,8 @@ class KvCache {
   Status reserve(int64_t id, int64_t tokens);
   void release(int64_t id);
   const int32_t* block_table(int64_t id) const;
+  // Blocks request `id` holds (0 for one that holds none).
+  int64_t blocks_held(int64_t id) const;
 
   kernels::cpu::PagedKvLayer layer(int l);
 
