@@ -1,4 +1,4 @@
-// The plan document (SPEC.md section 7) written by `msinfer plan` and read by
+// The plan document (docs/PLANNER.md, section 7) written by `msinfer plan` and read by
 // `msinfer simulate --plan` (and later `msinfer serve --plan`).
 #include <cmath>
 

@@ -222,7 +222,7 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
     mb.owners.clear();
     mb.fed.clear();
   }
-  // Micro-batches by predicted attention time (SPEC.md section 5), not by
+  // Micro-batches by predicted attention time (docs/RUNTIME.md, "One layer of one micro-batch"), not by
   // token count: a decode token at context 2000 costs far more than one at 20.
   // Longest first, each to the micro-batch with the least predicted time so
   // far (greedy longest-processing-time), so the m micro-batches finish

@@ -30,7 +30,7 @@ TEST(ModelSpecTest, BuiltinsMatchPublishedSizes) {
   EXPECT_EQ(m->experts, 8);
   EXPECT_EQ(m->top_k, 2);
   EXPECT_DOUBLE_EQ(m->gqa_group(), 6.0);
-  // SPEC: KV bytes per token per layer = 4 h / g for GQA with head_dim = h / heads.
+  // docs/PLANNER.md 3b: KV bytes per token per layer = 4 h / g for GQA with head_dim = h / heads.
   EXPECT_DOUBLE_EQ(m->kv_bytes_per_token_per_layer(), 4.0 * 6144 / 6.0);
   auto d = builtin_model("dbrx");
   EXPECT_EQ(d->experts, 16);

@@ -12,7 +12,7 @@ TEST(CatalogTest, DefaultCatalogHasSpecGpus) {
   for (const char* n : {"L20", "L40S", "H20", "A800", "A100", "H800", "H100-SXM", "H200", "B200"}) {
     EXPECT_TRUE(c.find(n).ok()) << n;
   }
-  // SPEC.md section 4's table.
+  // The paper's GPU table (docs/PLANNER.md, defaults).
   auto a100 = c.find("a100");  // alias, case-insensitive
   ASSERT_TRUE(a100.ok());
   EXPECT_EQ(a100->name, "A100-80G");

@@ -285,7 +285,7 @@ TEST(StageModelTest, JsonRoundTrip) {
 
 TEST(MemoryTest, SpecFormula) {
   const ModelConfig m = tiny_model();
-  // SPEC: 4 m b_a s h L / g + 2 P_a, with h = 64, g = 2.
+  // docs/PLANNER.md 3b: 4 m b_a s h L / g + 2 P_a, with h = 64, g = 2.
   const int mb = 3;
   const double b_a = 5, s = 100;
   EXPECT_DOUBLE_EQ(attention_node_bytes(m, mb, b_a, s),
@@ -303,7 +303,7 @@ TEST(RooflineTest, ExpertGemmUtilisation) {
   GpuSpec a100 = ideal_gpu();
   a100.bf16_flops = 312e12;
   a100.memory_bandwidth = 2000e9;
-  // SPEC section 1: an A100 needs ~156 tokens per GEMM to be compute-bound.
+  // docs/PLANNER.md 3b: an A100 needs ~156 tokens per GEMM to be compute-bound.
   EXPECT_NEAR(expert_gemm_utilization(78, a100), 0.5, 1e-12);
   EXPECT_DOUBLE_EQ(expert_gemm_utilization(156, a100), 1.0);
   EXPECT_DOUBLE_EQ(expert_gemm_utilization(1000, a100), 1.0);

@@ -1,5 +1,5 @@
 // msinfer balance: a placement of experts (with replicas of the hot ones) over
-// expert workers from routing statistics (SPEC.md section 5).
+// expert workers from routing statistics (docs/RUNTIME.md, "Routing statistics and balancing").
 #include "msinfer/runtime/balance.h"
 
 #include <cstdio>

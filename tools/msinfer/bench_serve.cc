@@ -28,7 +28,7 @@
 namespace msinfer::cli {
 namespace {
 
-// The planner's prediction (SPEC.md sections 3-4) for this deployment during
+// The planner's prediction (docs/PLANNER.md section 3b) for this deployment during
 // decode, from a measured profile: k1..k4 from `msinfer profile`, the
 // transfer model from `msinfer bench m2n --profile-into`.
 StatusOr<Json> predict(const ModelConfig& mc, const runtime::WorkerConfig& c, int64_t requests,

@@ -3,7 +3,7 @@
 // progress lines on stderr, and the signal handling that removes this process's
 // shared-memory objects.
 //
-// Exit codes (SPEC.md section 6), everywhere: 0 success; 2 bad input (a flag,
+// Exit codes (docs/ARCHITECTURE.md, tools/msinfer), everywhere: 0 success; 2 bad input (a flag,
 // a file or its contents: INVALID_ARGUMENT, NOT_FOUND, OUT_OF_RANGE,
 // UNIMPLEMENTED); 1 a failure at run time (anything else). A failure prints one
 // line "msinfer CMD: message" on stderr; under --json stdout also carries

@@ -51,7 +51,7 @@ Status check_deployment_flags(const FlagSet& flags);
 Status check_model_dir(const FlagSet& flags);
 StatusOr<runtime::WorkerConfig> worker_config_from_flags(const FlagSet& flags,
                                                          const ModelConfig& model);
-// From `--plan FILE` (SPEC section 7 plan document): n_a and m from the plan, one
+// From `--plan FILE` (the plan document, docs/PLANNER.md section 7): n_a and m from the plan, one
 // expert worker per expert; tensor-parallel plans are refused.
 StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
                                                         const ModelConfig& model);

@@ -250,7 +250,7 @@ int run_plan(int argc, char** argv) {
   FlagSet flags("plan",
                 "Searches tp_attention, tp_expert, attention nodes n_a, micro-batches m and the\n"
                 "global batch B for the deployment with the best throughput per cost under a\n"
-                "time-between-tokens SLO (SPEC.md section 4), and predicts two co-located\n"
+                "time-between-tokens SLO (docs/PLANNER.md section 4), and predicts two co-located\n"
                 "baselines with the same model.");
   add_search_flags(flags);
   flags.add_int("top", 5, 0, 1000, "alternatives shown after the best plan");
@@ -258,7 +258,7 @@ int run_plan(int argc, char** argv) {
   flags.add_bool("explain",
                  "show the terms (compute, weight streaming, collectives, T_c, KV memory, SLO) "
                  "that decide between the chosen plan and the best plan of another GPU pair");
-  flags.add_bool("json", "print one JSON object (SPEC.md section 7) instead of tables");
+  flags.add_bool("json", "print one JSON object (docs/PLANNER.md section 7) instead of tables");
   flags.add_string("out", "", "write the plan document to this file (for simulate / serve)");
   flags.set_epilog(
       "examples:\n"

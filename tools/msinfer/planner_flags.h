@@ -1,4 +1,4 @@
-// Flags shared by `msinfer plan` and `msinfer simulate` (SPEC.md section 6:
+// Flags shared by `msinfer plan` and `msinfer simulate` (docs/PLANNER.md section 4:
 // simulate takes "the same flags as plan"), and turning them into SearchOptions.
 #pragma once
 

@@ -17,7 +17,7 @@ int run_profile(int argc, char** argv) {
                 "Measures T_a (one layer of one micro-batch on an attention worker) over\n"
                 "micro-batch sizes at a context length, and T_e (one expert's FFN) over\n"
                 "per-expert batch sizes, fits T_a = k1 b_a + k2 and T_e = k3 b_e + k4\n"
-                "(SPEC.md section 4) and writes the file `msinfer plan --profile` reads.");
+                "(docs/PLANNER.md, section 3b) and writes the file `msinfer plan --profile` reads.");
   flags.add_string("model", "", "model directory");
   flags.add_string("out", "", "write the profile JSON here");
   flags.add_int("seq-len", 512, 1, 1 << 20, "context length of the decoding requests");

@@ -136,7 +136,7 @@ void print_result(const planner::Deployment& d, const planner::SimResult& r,
   t.add_row({"attention bubble (ms/iter)", "", fmt(r.attention_bubble * 1e3, 2)});
   t.add_row({"expert bubble (ms/iter)", "", fmt(r.expert_bubble * 1e3, 2)});
   std::cout << t.to_string();
-  std::printf("\nfull overlap (SPEC section 3, m >= %d and T_c < T_f): %s\n", p.min_micro_batches,
+  std::printf("\nfull overlap (docs/PLANNER.md 3b, m >= %d and T_c < T_f): %s\n", p.min_micro_batches,
               p.full_overlap ? "yes" : "no");
 }
 

@@ -1,5 +1,5 @@
 // `msinfer profile`: measures a model's stage times on this machine and fits
-// SPEC.md section 4's linear model, T_a = k1 b_a + k2 (one layer of one
+// docs/PLANNER.md 3b's linear model, T_a = k1 b_a + k2 (one layer of one
 // micro-batch on an attention worker: norms, QKV, attention over b_a requests of
 // `seq_len` context, O, router, fused gate, combine) and T_e = k3 b_e + k4 (one
 // expert's FFN on b_e tokens). Calls cycle through layers and experts so weights

@@ -4,7 +4,7 @@
 // verbs (InfiniBand/RoCE) and efa on clusters.
 //
 // Things measured on this machine kind that the implementation respects
-// (../shared/MEASUREMENTS.md): remote addresses follow the provider's mr_mode
+// (docs/M2N.md, "libfabric"): remote addresses follow the provider's mr_mode
 // (shm: FI_MR_VIRT_ADDR, virtual addresses; tcp/rxm: offsets into the region);
 // progress is manual, so poll() reads the CQ and write() retries -FI_EAGAIN
 // while progressing; local completions and incoming immediates are told apart

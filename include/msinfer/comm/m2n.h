@@ -1,6 +1,6 @@
 // The M2N library: moves rows of token activations from M senders to N
 // receivers (dispatch, attention -> experts) and, as a second channel, back
-// (combine, N2M), once per layer and micro-batch (SPEC.md section 2 steps 3-5).
+// (combine, N2M), once per layer and micro-batch (docs/RUNTIME.md, "One layer of one micro-batch").
 //
 // Receive layout: each receiver registers one region of
 //   senders x slots x slot_bytes,  slot_bytes = max_rows * row_bytes (+ 8 with checksums)

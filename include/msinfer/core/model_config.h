@@ -2,7 +2,7 @@
 // shape: layer counts and widths, from which it derives parameter counts,
 // FLOPs and KV-cache bytes) and the engine (plus the numerics: RoPE base, norm
 // epsilon, routing rule, special tokens). Built in: Mixtral-8x22B, DBRX,
-// Scaled-MoE (SPEC.md section 4); or read from an HF config.json of a Mixtral,
+// Scaled-MoE (docs/PLANNER.md section 2); or read from an HF config.json of a Mixtral,
 // Qwen2-MoE, Qwen3-MoE, DBRX or DeepSeek-V2/V3 model. The engine executes
 // Mixtral, Qwen3-MoE and DeepSeek-V2/V3 (check_executable()).
 //
@@ -96,12 +96,12 @@ struct ModelConfig {
   double yarn_attention_mscale() const;
   double yarn_rope_mscale() const;
 
-  // Query heads per KV head (g in SPEC.md section 4).
+  // Query heads per KV head (g in docs/PLANNER.md 3b).
   double gqa_group() const;
   // Attention projection parameters of one layer (QKV or MLA, O), without the router.
   double attention_params_per_layer() const;
   // Weights an attention worker holds: attention, norms, routers, embeddings,
-  // LM head, shared experts and dense-layer FFNs (P_a in SPEC.md section 4).
+  // LM head, shared experts and dense-layer FFNs (P_a in docs/PLANNER.md 3b).
   double attention_side_params() const;
   // Weights of one routed expert across all MoE layers.
   double expert_params() const;

@@ -1,4 +1,4 @@
-// The performance model of SPEC.md section 4: per-layer, per-micro-batch stage
+// The performance model of docs/PLANNER.md section 3b: per-layer, per-micro-batch stage
 // times of one deployment shape, and the closed forms of section 3.
 //
 //   T_a(b_a) = k1*b_a + k2     attention worker, one layer, one micro-batch
@@ -168,7 +168,7 @@ double allreduce_time(const GpuSpec& gpu, int tp, double bytes, const UtilCurve&
 
 // Bytes an attention node of tp GPUs needs: bf16 KV cache of m micro-batches
 // of b_a requests at context s (KV heads replicated over tp > kv_heads ranks
-// counted once per rank), plus bf16 weights (SPEC.md section 4's memory
+// counted once per rank), plus bf16 weights (docs/PLANNER.md 3b's memory
 // constraint).
 double attention_node_bytes(const ModelConfig& model, int m, double b_a, double seq_len,
                             int tp = 1);
@@ -180,7 +180,7 @@ double expert_node_capacity(const GpuSpec& gpu, int tp);
 // Roofline utilisation of an expert GEMM with b_e tokens: min(b_e * W / F, 1).
 double expert_gemm_utilization(double b_e, const GpuSpec& gpu);
 
-// Closed forms of SPEC.md section 3, for one micro-batch's stage times.
+// Closed forms of docs/PLANNER.md section 3b, for one micro-batch's stage times.
 struct StageTimes {
   double t_a = 0, t_e = 0, t_c = 0;
   double t_f() const { return t_a > t_e ? t_a : t_e; }
@@ -214,7 +214,7 @@ RuntimeReductionChoice prefer_runtime_expert_reduction(const ModelConfig& model,
                                                        const GpuSpec& host,
                                                        const RuntimeShape& shape,
                                                        const UtilCurve& nic_util);
-// SPEC's T_total = (T_a + T_e + 2T_c) + T_f (mL - 1): exact under full overlap.
+// The paper's T_total = (T_a + T_e + 2T_c) + T_f (mL - 1): exact under full overlap.
 double spec_iteration_time(const StageTimes& t, int m, int layers);
 // Generalised iteration time, equal to spec_iteration_time under full overlap:
 //   R = T_a + T_e + 2T_c (one micro-batch's round trip through a layer)
@@ -222,7 +222,7 @@ double spec_iteration_time(const StageTimes& t, int m, int layers);
 //   P = max(m T_s, R)        (period of one layer for all m micro-batches)
 //   T = R + (L-1) P + (m-1) T_s
 double iteration_time(const StageTimes& t, int m, int layers);
-// Condition (3) of SPEC.md section 3 together with (2): m >= 2(1 + T_c/T_f) and T_c < T_f.
+// The full-overlap conditions of docs/PLANNER.md 3b: m >= 2(1 + T_c/T_f) and T_c < T_f.
 bool full_overlap(const StageTimes& t, int m);
 // The smallest m that satisfies condition (3).
 int min_micro_batches_for_overlap(const StageTimes& t);

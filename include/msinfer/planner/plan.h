@@ -1,4 +1,4 @@
-// Deployment plans and the search of SPEC.md section 4 (Algorithm 1 of the
+// Deployment plans and the search of docs/PLANNER.md section 4 (Algorithm 1 of the
 // MegaScale-Infer paper): for each (attention GPU, expert GPU) pair, tp_e, tp_a,
 // n_a near balance and m <= max, the largest global batch B that meets the SLO
 // and the memory constraint; plans are ranked by throughput per cost, per GPU
@@ -53,7 +53,7 @@ struct Deployment {
 struct Prediction {
   double t_attention = 0, t_expert = 0, t_comm = 0;  // per layer, per micro-batch (s)
   double iteration = 0;         // time between tokens (s)
-  double spec_iteration = 0;    // SPEC's T_total formula (equal under full overlap)
+  double spec_iteration = 0;    // the closed-form T_total (docs/PLANNER.md 3b) (equal under full overlap)
   double throughput = 0;        // tokens/s of the whole deployment
   double per_gpu = 0, per_cost = 0, per_watt = 0;
   double tokens_per_expert = 0;
@@ -66,11 +66,11 @@ struct Prediction {
   // Expected busiest expert node over the mean under uniform random top-K
   // routing of one micro-batch (normal approximation of the hypergeometric node
   // counts): the straggler a balancer has to remove. Reported, not charged:
-  // the plan assumes balanced load (SPEC.md section 5).
+  // the plan assumes balanced load (docs/RUNTIME.md, "Routing statistics and balancing").
   double expert_node_imbalance = 1;
 
   double objective(Objective o) const;
-  Json to_json() const;  // SPEC.md section 7's `predicted`, plus details
+  Json to_json() const;  // the plan document's `predicted` (docs/PLANNER.md section 7), plus details
 };
 Prediction predict(const Deployment& d);
 
@@ -194,10 +194,10 @@ std::vector<Baseline> colocated_baselines(const SearchOptions& options, const Gp
 // Tensor-parallel sizes tried for a GPU: powers of two up to its GPUs per node.
 std::vector<int> tp_candidates(const GpuSpec& gpu);
 
-// The whole plan document of SPEC.md section 7 (plus model, stage model,
+// The whole plan document (docs/PLANNER.md section 7) (plus model, stage model,
 // hardware, alternatives, baselines), as written by `msinfer plan --out`.
 Json plan_document(const SearchOptions& options, const SearchResult& result, size_t alternatives);
-// SPEC.md section 7's `plan` object of a deployment.
+// The plan document's `plan` object of a deployment.
 Json deployment_plan_json(const Deployment& d);
 // Reads a plan document back into a Deployment (for simulate and serve). Every
 // field it uses is range-checked (plan.tp_* 1..kMaxGpusPerNode, attention_nodes

@@ -1,4 +1,4 @@
-// Discrete-event simulator of one disaggregated deployment (SPEC.md sections 2-3):
+// Discrete-event simulator of one disaggregated deployment (docs/PLANNER.md, section 5):
 // n_a attention workers, E expert workers, m micro-batches, L MoE layers, many
 // decoding iterations. Jobs: attention compute, M2N transfer, expert compute,
 // N2M transfer, timed by the plan's stage model. Every worker's compute and each
@@ -6,7 +6,7 @@
 // first served. An attention worker starts iteration t+1 for all its
 // micro-batches once all of them finished iteration t (continuous batching
 // recomposes micro-batches between iterations), so without jitter and with
-// balanced load the iteration time equals SPEC's T_total under full overlap.
+// balanced load the iteration time equals T_total of docs/PLANNER.md section 3b under full overlap.
 // Single-threaded; deterministic for a given seed.
 #pragma once
 
@@ -65,7 +65,7 @@ struct SimResult {
   std::vector<double> expert_load_share;  // fraction of routed tokens per expert node
   std::vector<Interval> intervals;
 
-  Json to_json() const;  // SPEC section 7's `predicted` names, plus the simulator's own
+  Json to_json() const;  // the plan document's `predicted` names (docs/PLANNER.md section 7), plus the simulator's own
 };
 
 // Load share per expert under Zipf(s) skew, capped at 1/K (a token visits an

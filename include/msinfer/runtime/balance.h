@@ -1,4 +1,4 @@
-// Routing statistics and expert placement with replicas (SPEC.md section 5).
+// Routing statistics and expert placement with replicas (docs/RUNTIME.md, "Routing statistics and balancing").
 //
 // RoutingStats is the document `msinfer generate --json` and `msinfer bench
 // serve --json` print under "routing" and `msinfer balance --stats` reads

@@ -1,4 +1,4 @@
-// The disaggregated runtime's worker side (SPEC.md sections 1-3): attention
+// The disaggregated runtime's worker side (docs/RUNTIME.md): attention
 // workers run the engine with RemoteExperts; expert workers hold only their
 // experts' weights and serve (micro-batch slot, layer) units as soon as every
 // attention worker's message for them arrived. Data moves through the M2N

@@ -1,7 +1,7 @@
 // Where a forward pass's experts run. For each layer the engine hands every
 // micro-batch's routed rows to start() and later collects the results with
 // finish(); between the two it computes the other micro-batches, which is the
-// ping-pong of SPEC.md section 3 when the experts are remote.
+// ping-pong of docs/PLANNER.md section 3b when the experts are remote.
 //  - LocalExperts: in this process (the co-located engine); start() computes.
 //  - RemoteExperts (disaggregated.h): start() sends through the M2N library,
 //    finish() waits for the expert workers' answers.

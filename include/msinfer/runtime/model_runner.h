@@ -1,4 +1,4 @@
-// The forward pass split the way disaggregation splits it (SPEC.md section 2):
+// The forward pass split the way disaggregation splits it (docs/RUNTIME.md, "One layer of one micro-batch"):
 // AttentionRunner does everything an attention worker does (embedding,
 // attention over its KV cache, norms, router, fused gate, combine, residual,
 // LM head); ExpertRunner runs one expert's FFN on the rows sent to it. The

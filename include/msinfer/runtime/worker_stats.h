@@ -1,6 +1,6 @@
 // What each worker of a disaggregated deployment measures about itself over a
 // window (reset by the router), for `msinfer bench serve` and for comparing
-// with the planner (SPEC.md sections 3-4):
+// with the planner (docs/PLANNER.md, section 3b):
 //  - busy_s: computing; wait_s: waiting on the network (attention: blocked for
 //    the experts' answers; expert: nothing to serve while a step runs);
 //  - gemm_flops: FLOPs of the worker's GEMMs in the window (attention: QKV, O

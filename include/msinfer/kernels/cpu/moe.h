@@ -1,4 +1,4 @@
-// MoE kernels of the CPU backend: the fused gate kernel of SPEC.md section 2
+// MoE kernels of the CPU backend: the fused gate kernel of docs/RUNTIME.md's layer sequence
 // step 2, the matching combine, and the SwiGLU expert FFN.
 #pragma once
 
