@@ -15,6 +15,7 @@
 #include "msinfer/comm/bootstrap.h"
 #include "msinfer/comm/tcp.h"
 #include "msinfer/core/json.h"
+#include "msinfer/runtime/control.h"
 #include "msinfer/runtime/router.h"
 
 namespace msinfer::runtime {
@@ -62,7 +63,8 @@ TEST(RouterLaunchTest, StrayControlConnectionsDelayNoWorker) {
   c.attention_workers = 1;
   c.expert_workers = 1;
   FakeLauncher launcher(3);
-  auto started = std::async(std::launch::async, [&] { return Router::start_launched(c, launcher); });
+  auto started =
+      std::async(std::launch::async, [&] { return Router::start_launched(c, launcher); });
   std::istringstream blob(launcher.wait_blob());
   std::string bootstrap, control, secret;
   blob >> bootstrap >> control >> secret;
@@ -78,10 +80,11 @@ TEST(RouterLaunchTest, StrayControlConnectionsDelayNoWorker) {
     auto fd = comm::tcp_connect(control, 10s);
     ASSERT_TRUE(fd.ok());
     // Rank 2 describes itself with mistyped fields: named "?", not a crash.
-    const Json hello = rank == 2 ? Json{{"rank", rank}, {"pid", "x"}, {"host", 5}, {"secret", secret}}
-                                 : Json{{"rank", rank}, {"pid", 1}, {"host", "h"}, {"secret", secret}};
+    Json hello = rank == 2 ? Json{{"rank", rank}, {"pid", "x"}, {"host", 5}, {"secret", secret}}
+                           : Json{{"rank", rank}, {"pid", 1}, {"host", "h"}, {"secret", secret}};
+    hello["protocol"] = control::kProtocolVersion;  // checked at the handshake
     send_line(*fd, hello.dump());
-    send_line(*fd, Json{{"ready", true}, {"rss_mb", 1.0}}.dump());
+    send_line(*fd, control::encode(control::Ready{rank - 1, control::kProtocolVersion, 1.0, 0}));
     ranks.push_back(*fd);
   }
   // The old router read hellos one by one, 30 s each: it would still wait here.

@@ -128,14 +128,15 @@ struct WorkerConfig {
   double rebalance_fixed_rows = 0;
 };
 
+// Rows per expert worker and MoE layer (on average) a rebalancing decision
+// needs; the router's looks add up their rows until there are this many.
+inline constexpr int64_t kRebalanceMinRows = 128;
+
 // The rebalancing settings of `c` for a model with `experts` experts:
 // UNIMPLEMENTED on a GPU expert device, INVALID_ARGUMENT for a gain below 1 or
 // rebalance_slots x expert workers < experts. OK when rebalancing is off.
 Status check_rebalancing(const WorkerConfig& c, int experts);
 
-// Joins the deployment (bootstrap ranks: attention processes first, then expert
-// processes) and serves until the router says {"op": "exit"} on `in` or closes
-// it. Errors name the peer.
 // "expert worker 3", or with tp > 1 "expert worker 3 tp rank 1": how errors
 // and the router name one expert process.
 std::string expert_process_name(int worker, int tp_rank, int tp);
@@ -144,26 +145,22 @@ std::string attention_process_name(int worker, int tp_rank, int tp);
 
 // The bootstrap of a replacement expert worker that joins a running
 // deployment (Router, --respawn): each allgather goes to the router over the
-// control pipes ({"allgather": hex blob} on `out`, {"blobs": [hex, ...]} back
-// on `in`), and the router answers with the running workers' cards. Reads
+// control pipes (control::JoinAllgather on `out`, control::JoinBlobs back on
+// `in`), and the router answers with the running workers' cards. Reads
 // byte by byte, so no command after the answer is taken from the pipe.
 std::unique_ptr<comm::Bootstrap> router_pipe_bootstrap(int in_fd, int out_fd, int rank, int size);
 
-// `tp_rank` is the process's shard of expert worker `index` (0 without tensor
-// parallelism).
+// The two kinds of worker process; each reads the router's commands and
+// answers with events (runtime/control.h) on in_fd / out_fd until Exit or
+// the end of the input. Errors name the process and the peer at fault.
+// `tp_rank` is the process's shard of expert worker `index` (0 without
+// tensor parallelism): expert_worker.cc.
 Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bootstrap& boot,
                          int in_fd, int out_fd);
-
-// An attention worker: builds its engine with remote experts, then reads JSON
-// commands from `in` ({"op": "add", ...}, {"op": "step"}, {"op": "cancel", "id"},
-// {"op": "stats", "reset": bool}, {"op": "exit"}) and writes one JSON line per
-// command to `out` ({"events": [...], "running", "kv_usage", "preemptions"},
-// plus "discarded": true for a step that lost an expert worker's answers,
-// {"cancelled": bool}, {"stats": WorkerStats}, or {"error": ...}).
-// {"op": "drop_expert", "worker": w} has no answer; it is read mid-step too.
-// With tp_attention > 1, `tp_rank` > 0 makes the process one of the replica's
-// other ranks: it computes its heads' attention for rank 0 and answers only
-// {"op": "stats"} and {"op": "exit"}.
+// An attention worker (attention_worker.cc): its engine with remote experts.
+// With tp_attention > 1, `tp_rank` > 0 makes the process one of the
+// replica's other ranks: it computes its heads' attention for rank 0 and
+// answers only GetStats and Exit.
 Status run_attention_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bootstrap& boot,
                             int in_fd, int out_fd);
 

@@ -47,9 +47,18 @@
 
 #include "msinfer/comm/bootstrap.h"
 #include "msinfer/runtime/balance.h"
+#include "msinfer/runtime/control.h"
 #include "msinfer/runtime/disaggregated.h"
 
 namespace msinfer::runtime {
+
+namespace internal {
+struct WorkerProcess;
+struct WorkerDeath;
+struct DeploymentState;
+class WorkerSet;
+class Rebalancer;
+}  // namespace internal
 
 class Router {
  public:
@@ -84,8 +93,10 @@ class Router {
   // ...}), attention workers first; call between steps. reset starts a new
   // window.
   StatusOr<std::vector<Json>> stats(bool reset);
-  // The process of attention worker `a` (its rank 0) or expert worker `a`
-  // (shard 0), for tests that kill one; -1 under a launcher or once dead.
+  // The process of attention worker `index` (its rank 0) or expert worker
+  // `index` (shard 0), for tests that kill one; -1 under a launcher or once dead.
+  pid_t pid_of(WorkerRole role, int index) const;
+  // The same by role name (worker_role_name; -1 for another name).
   pid_t pid_of(const std::string& role, int index) const;
   // Attention workers still serving.
   int live_attention_workers() const;
@@ -107,102 +118,72 @@ class Router {
   int replacements_joined() const { return joined_; }
   int steps_rerun() const { return steps_rerun_; }
   // Placements switched to by online rebalancing so far.
-  int rebalances() const { return rebalances_; }
-  // Rows per expert worker and MoE layer (on average) a rebalancing decision
-  // needs; looks add up their rows until there are this many.
-  static constexpr int64_t kRebalanceMinRows = 128;
+  int rebalances() const;
+  static constexpr int64_t kRebalanceMinRows = runtime::kRebalanceMinRows;
   static constexpr int kMaxRestarts = 3;
 
  private:
-  struct Worker {
-    std::string role;
-    int index = 0;
-    int tp_rank = 0;        // the process within its tp group
-    pid_t pid = -1;         // forked here; -1 for a launcher's rank
-    int pidfd = -1;         // readable once the forked process exits (-1: none)
-    std::string where;      // a launcher's rank: "rank R on HOST (pid P)"
-    int in = -1, out = -1;  // commands and answers: pipes, or one TCP socket
-    std::string buf;        // answer bytes read but not yet a whole line
-    int64_t load = 0;
-    double rss_mb = 0;
-    double kv_usage = 0;
-    int64_t preemptions = 0;
-    bool dead = false;  // an attention worker that died and was dropped
-    void close_channel() {
-      if (in >= 0) ::close(in);
-      if (out >= 0 && out != in) ::close(out);
-      in = out = -1;
-    }
-    void reaped() {  // its exit was seen
-      pid = -1;
-      if (pidfd >= 0) ::close(pidfd);
-      pidfd = -1;
-    }
-  };
   // What the router keeps of a request to resubmit it: the request and the
   // tokens delivered so far.
   struct Tracked {
     GenerationRequest request;
     std::vector<int32_t> delivered;
   };
-  Router() = default;
+  struct Joining;  // a replacement expert worker joining (router_join.cc)
+  Router();
+  // Forks this host's workers (placement_file_ when set) and waits for them.
   Status spawn();
+  // Every worker's Ready (its protocol checked, its memory noted).
   Status wait_ready();
-  // Writes one command line to `w`; a closed channel is reported as the
-  // worker's death when it died, else as "gone".
-  Status send_command(Worker& w, const std::string& command);
-  StatusOr<std::string> read_answer(Worker& w, std::chrono::milliseconds timeout, StatusCode code,
-                                    const std::string& late);
-  // send_command, then read_answer (DEADLINE_EXCEEDED with `late`).
-  StatusOr<std::string> ask(Worker& w, const std::string& command,
-                            std::chrono::milliseconds timeout, const std::string& late);
+  // Writes one command to `w`; a closed channel is reported as the worker's
+  // death when it died, else as "gone".
+  Status send_command(internal::WorkerProcess& w, const control::Command& c);
+  // The worker's next event; while waiting, a worker that died is handled
+  // (check_children). A negative timeout waits as long as it takes.
+  StatusOr<control::Event> read_answer(internal::WorkerProcess& w,
+                                       std::chrono::milliseconds timeout, StatusCode code,
+                                       const std::string& late);
+  // send_command, then read_answer (DEADLINE_EXCEEDED with `late`); without a
+  // timeout, the M2N timeout.
+  StatusOr<control::Event> ask(internal::WorkerProcess& w, const control::Command& c,
+                               std::chrono::milliseconds timeout, const std::string& late);
+  StatusOr<control::Event> ask(internal::WorkerProcess& w, const control::Command& c);
+  // Every death seen since the last look, each carried out as the recovery
+  // policy decides (internal::decide_recovery).
   Status check_children();
+  Status on_death(const internal::WorkerDeath& d);
+  internal::DeploymentState deployment_state() const;
   // After a death check_children() chose to recover from (restart_why_ set,
   // every worker stopped): starts the workers again, without the dead expert
   // worker (its experts on their replicas) or, with respawn, as they were,
   // and resubmits every request in flight from prompt + delivered tokens.
   Status recover();
-  bool can_recover(const Worker& w) const;
   template <typename Op>
   auto retried_after_restart(Op op) -> decltype(op());
   Status step_once(std::vector<TokenEvent>* events);
-  StatusOr<Worker> fork_worker(int rank, const std::string& placement_file, bool join);
+  // One attention worker's step answer: its events delivered, its gauges kept.
+  Status take_step(int a, control::Stepped&& s, std::vector<TokenEvent>* events);
   // --respawn after an in-place drop (docs/RUNTIME.md, "Failures"): between
   // steps, starts a replacement for a dropped expert worker, answers its
   // bootstrap with the running workers' cards, and once it is ready adds it
   // to the attention workers; the deployment serves meanwhile. A replacement
   // that fails is given up (logged), the deployment goes on without it.
   Status join_tick();
+  void start_replacement();
+  Status answer_join_allgather(const std::string& blob);
+  Status finish_join(const control::Ready& ready);
   void abandon_join(const std::string& why);
-  // Online rebalancing, after every step (WorkerConfig::rebalance_every):
-  // looks at the routed rows every rebalance_every steps and has the expert
-  // workers prepare a better placement (pending_); once every one of them has
-  // loaded its new experts, switches all workers to it.
-  Status init_rebalancing();  // at start: the model's shape, slots_
-  Status rebalance_tick();
-  Status consider_rebalance();
-  Status switch_when_loaded();
-  // ask() with the M2N timeout, the answer parsed.
-  StatusOr<Json> ask_json(Worker& w, const std::string& command);
-  // Tells every expert process to forget a prepared placement.
-  void abandon_rebalance(const std::string& why);
   Status cancel_once(int64_t id);
   StatusOr<std::vector<Json>> stats_once(bool reset);
   // Attention worker `a` died (`why`): the expert processes stop waiting for
   // it, its requests are queued for resubmission or failed.
   void drop_attention_worker(int a, const std::string& why);
-  bool tolerates_attention_loss() const;
-  // Expert worker `w` died (`why`) and tolerates_expert_loss(w): its experts
-  // go to their replicas (Placement::emptied), the attention workers are told.
-  // With `keep_placement` (awaits_replacement(w): some of its experts have
-  // no replica, and --respawn) it keeps its experts and serving pauses
-  // (step() waits) until its replacement joins; a replacement that fails
-  // falls back to a restart.
-  void drop_expert_worker(Worker& w, const std::string& why, bool keep_placement);
-  bool can_drop_expert_in_place() const;
-  bool replaceable(const Worker& w) const;
-  bool tolerates_expert_loss(const Worker& w) const;
-  bool awaits_replacement(const Worker& w) const;
+  // Expert worker `w` died (`why`): its experts go to their replicas
+  // (Placement::emptied), the attention workers are told. With
+  // `keep_placement` (some of its experts have no replica, and --respawn) it
+  // keeps its experts and serving pauses (step() waits) until its
+  // replacement joins; a replacement that fails falls back to a restart.
+  void drop_expert_worker(internal::WorkerProcess& w, const std::string& why, bool keep_placement);
   Status wait_for_replacement();
   StatusOr<std::string> write_placement_file(const std::string& name, const Placement& p) const;
   // Sends `r` to the live attention worker with the least load.
@@ -214,14 +195,13 @@ class Router {
   // Stops every worker: asks them to exit and waits up to 2 s each, or
   // (graceful false) kills them at once.
   void shutdown(bool graceful = true);
-  std::string name_of(const Worker& w) const;
-  // Rank 0 of attention replica a: the one the router talks to.
-  Worker& lead(int a) { return workers_[static_cast<size_t>(a) * c_.tp_attention]; }
-  const Worker& lead(int a) const { return workers_[static_cast<size_t>(a) * c_.tp_attention]; }
+  std::string name_of(const internal::WorkerProcess& w) const;
+  internal::WorkerProcess& lead(int a);
+  const internal::WorkerProcess& lead(int a) const;
 
   WorkerConfig c_;
-  std::unique_ptr<comm::BootstrapServer> server_;
-  std::vector<Worker> workers_;          // attention workers first
+  std::unique_ptr<internal::WorkerSet> workers_;
+  std::unique_ptr<internal::Rebalancer> rebalancer_;
   std::map<int64_t, int> in_flight_;     // request id -> attention worker
   std::map<int64_t, int64_t> load_of_;   // request id -> its share of the worker's load
   std::map<int64_t, Tracked> requests_;  // every request in flight
@@ -233,34 +213,16 @@ class Router {
   std::string restart_why_;              // a death to recover from, until recover()
   int restart_without_ = -1;             // the dead expert worker to leave out, or -1
   int restarts_ = 0;
-  bool serving_ = false;    // every worker is ready (a death is not a failed start)
-  bool switching_ = false;  // online rebalancing is switching the workers' placement
-  int experts_lost_ = 0;    // expert workers dropped in place
+  bool serving_ = false;  // every worker is ready (a death is not a failed start)
+  int experts_lost_ = 0;  // expert workers dropped in place
   int steps_rerun_ = 0;
   std::optional<Placement> before_loss_;  // the placement when the first was dropped
   std::vector<int> to_replace_;           // dropped expert workers, under --respawn
   std::vector<int> awaited_;              // of those, the ones serving waits for
-  struct Joining {
-    Worker w;
-    int stage = 0;  // allgathers answered
-    std::vector<std::pair<int, double>> shares;
-    std::string card;  // hex
-    std::chrono::steady_clock::time_point since;
-  };
-  std::optional<Joining> joining_;
+  std::unique_ptr<Joining> joining_;
   std::string join_placement_file_;
   int replacements_ = 0;  // started, at most kMaxRestarts
   int joined_ = 0;
-  // Online rebalancing.
-  int layers_ = 0, experts_ = 0;  // of the model
-  int moe_layers_ = 0;            // layers with routed experts
-  int slots_ = 0;                 // experts an expert worker may hold
-  int64_t steps_since_look_ = 0;
-  // Rows per (layer, expert) since the last decision, over routed_steps_ steps.
-  std::vector<int64_t> routed_;
-  int64_t routed_steps_ = 0;
-  std::optional<Placement> pending_;  // being loaded by the expert workers
-  int rebalances_ = 0;
 };
 
 // Ranks 1.. of a launcher's job: takes the role of `launcher`'s rank (ranks

@@ -1,0 +1,304 @@
+// The router <-> worker control protocol (runtime/control.h): every message
+// round-trips, malformed and unknown ones are errors (never exceptions), the
+// version is checked, and a worker's channel answers a line it cannot read
+// with an error event and goes on.
+#include "msinfer/runtime/control.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <set>
+
+#include "gtest/gtest.h"
+
+namespace msinfer::runtime::control {
+namespace {
+
+Placement two_worker_placement() {
+  Placement p;
+  p.workers = 2;
+  p.replicas = {{{0, 1.0}}, {{1, 1.0}}, {{0, 0.25}, {1, 0.75}}, {{1, 1.0}}};
+  p.tp_expert = 2;
+  p.tp_expert_reduce = ExpertReduce::kAllReduce;
+  return p;
+}
+
+// One of every command, no field left at its default.
+std::vector<Command> every_command() {
+  Add add;
+  add.request.id = 42;
+  add.request.prompt = {5, 9, 22};
+  SamplingParams& s = add.request.sampling;
+  s.max_tokens = 7;
+  s.temperature = 0.5f;
+  s.top_k = 3;
+  s.top_p = 0.75f;
+  s.seed = 18446744073709551615ull;
+  s.ignore_eos = true;
+  s.stop_token_ids = {1, 2};
+  s.frequency_penalty = 0.25f;
+  s.presence_penalty = -0.5f;
+  s.min_p = 0.125f;
+  s.repetition_penalty = 1.5f;
+  s.min_tokens = 2;
+  s.logprobs = 4;
+  return {Exit{},
+          Step{},
+          add,
+          Cancel{-3},
+          GetStats{true},
+          DropExpert{3, true},
+          DropAttention{1},
+          GetCard{},
+          AddExpert{2, std::string("\x00\xff card", 7), {{0, 0.5}, {3, 1.0}}},
+          SetPlacement{two_worker_placement()},
+          GetRouted{},
+          Prepare{two_worker_placement()},
+          GetPrepared{},
+          Abandon{},
+          SetUnits{{4, 5, 6}},
+          Switch{},
+          JoinBlobs{{"a", std::string("\x01\x02", 2), ""}}};
+}
+
+std::vector<Event> every_event() {
+  TokenEvent t1;
+  t1.request_id = 42;
+  t1.token = 17;
+  t1.finish_reason = "";
+  TokenEvent t2;
+  t2.request_id = 43;
+  t2.token = 2;
+  t2.finished = true;
+  t2.finish_reason = "eos";
+  t2.logprob = -0.25f;
+  t2.top_logprobs = {{2, -0.25f}, {9, -1.5f}};
+  TokenEvent t3;
+  t3.request_id = 44;
+  t3.finished = true;
+  t3.finish_reason = "error";
+  t3.error = "lost";
+  return {Ready{3, kProtocolVersion, 120.5, 64.25},
+          Stepped{{t1, t2, t3}, 5, 0.5, 2, true},
+          Added{42},
+          Refused{43, "KV budget"},
+          Cancelled{true, 0.25},
+          StatsReport{Json{{"busy_s", 1.5}, {"tokens", 7}}},
+          Error{"expert worker 1: no"},
+          CardInfo{std::string("\x00\x01\x02", 3), {3, 4}},
+          ExpertAdded{1},
+          PlacementSet{},
+          RoutedRows{{0, 3, 9, 1}},
+          Preparing{2},
+          PreparedState{true},
+          Abandoned{},
+          UnitsSet{},
+          Switched{{0, 2}, 300.0, 128.0},
+          JoinAllgather{std::string("\x10\x00\x7f", 3)}};
+}
+
+TEST(ControlTest, EveryCommandRoundTrips) {
+  std::set<size_t> seen;
+  for (const Command& c : every_command()) {
+    seen.insert(c.index());
+    const std::string line = encode(c);
+    auto back = decode_command(line, "test");
+    ASSERT_TRUE(back.ok()) << back.status().message() << ": " << line;
+    EXPECT_EQ(back->index(), c.index()) << line;
+    EXPECT_EQ(encode(*back), line);
+    EXPECT_EQ(line.find('\n'), std::string::npos);
+  }
+  EXPECT_EQ(seen.size(), std::variant_size_v<Command>) << "a command has no round-trip case";
+}
+
+TEST(ControlTest, EveryEventRoundTrips) {
+  std::set<size_t> seen;
+  for (const Event& e : every_event()) {
+    seen.insert(e.index());
+    const std::string line = encode(e);
+    auto back = decode_event(line, "test");
+    ASSERT_TRUE(back.ok()) << back.status().message() << ": " << line;
+    EXPECT_EQ(back->index(), e.index()) << line;
+    EXPECT_EQ(encode(*back), line);
+  }
+  EXPECT_EQ(seen.size(), std::variant_size_v<Event>) << "an event has no round-trip case";
+}
+
+TEST(ControlTest, FieldsSurviveTheRoundTrip) {
+  auto add = decode_command(encode(every_command()[2]), "test");
+  ASSERT_TRUE(add.ok());
+  const GenerationRequest& r = std::get<Add>(*add).request;
+  EXPECT_EQ(r.id, 42);
+  EXPECT_EQ(r.prompt, (std::vector<int32_t>{5, 9, 22}));
+  EXPECT_EQ(r.sampling.seed, 18446744073709551615ull);
+  EXPECT_EQ(r.sampling.logprobs, 4);
+  EXPECT_FLOAT_EQ(r.sampling.presence_penalty, -0.5f);
+  auto prep = decode_command(encode(Prepare{two_worker_placement()}), "test");
+  ASSERT_TRUE(prep.ok());
+  const Placement& p = std::get<Prepare>(*prep).placement;
+  EXPECT_EQ(p.workers, 2);
+  EXPECT_EQ(p.tp_expert, 2);
+  EXPECT_EQ(p.replicas[2], (std::vector<std::pair<int, double>>{{0, 0.25}, {1, 0.75}}));
+  auto card = decode_command(encode(every_command()[8]), "test");
+  ASSERT_TRUE(card.ok());
+  EXPECT_EQ(std::get<AddExpert>(*card).card, std::string("\x00\xff card", 7));
+  auto step = decode_event(encode(every_event()[1]), "test");
+  ASSERT_TRUE(step.ok());
+  const Stepped& s = std::get<Stepped>(*step);
+  ASSERT_EQ(s.events.size(), 3u);
+  EXPECT_EQ(s.events[1].top_logprobs,
+            (std::vector<std::pair<int32_t, float>>{{2, -0.25f}, {9, -1.5f}}));
+  EXPECT_EQ(s.events[2].error, "lost");
+  EXPECT_TRUE(s.discarded);
+}
+
+TEST(ControlTest, AnAddWithOnlyItsIdAndPromptTakesTheSamplingDefaults) {
+  auto c = decode_command(R"({"op": "add", "id": 1, "prompt": [3]})", "test");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  const SamplingParams& s = std::get<Add>(*c).request.sampling;
+  const SamplingParams defaults;
+  EXPECT_EQ(s.max_tokens, defaults.max_tokens);
+  EXPECT_EQ(s.top_p, defaults.top_p);
+  EXPECT_EQ(s.repetition_penalty, defaults.repetition_penalty);
+  EXPECT_EQ(s.logprobs, defaults.logprobs);
+}
+
+TEST(ControlTest, MalformedMessagesAreErrorsNamingTheField) {
+  struct Case {
+    const char* line;
+    const char* says;
+  };
+  const Case commands[] = {
+      {"", "test command"},
+      {"not json", "test command"},
+      {"[1, 2]", "not a JSON object"},
+      {R"({"id": 1})", "no \"op\""},
+      {R"({"op": 7})", "no \"op\""},
+      {R"({"op": "dance"})", "unknown op 'dance'"},
+      {R"({"op": "add", "prompt": [1]})", "'id' is missing"},
+      {R"({"op": "add", "id": "x", "prompt": [1]})", "'id' has the wrong type"},
+      {R"({"op": "add", "id": 1, "prompt": [1.5]})", "'prompt'"},
+      {R"({"op": "add", "id": 1, "prompt": [1], "max_tokens": 4294967296})", "'max_tokens'"},
+      {R"({"op": "add", "id": 1, "prompt": [1], "seed": -1})", "'seed'"},
+      {R"({"op": "drop_expert", "worker": true})", "'worker'"},
+      {R"({"op": "add_expert", "worker": 1, "shares": [], "card": "zz"})", "not hex"},
+      {R"({"op": "add_expert", "worker": 1, "shares": [[1]], "card": ""})", "'shares'"},
+      {R"({"op": "prepare", "placement": 3})", "'placement'"},
+      {R"({"op": "prepare", "placement": {"expert_workers": 0, "experts": []}})", "expert_workers"},
+      {R"({"op": "units", "served": {}})", "'served'"},
+      {R"({"op": "blobs", "blobs": ["0"]})", "not hex"},
+  };
+  for (const Case& c : commands) {
+    auto d = decode_command(c.line, "test");
+    ASSERT_FALSE(d.ok()) << c.line;
+    EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument) << c.line;
+    EXPECT_NE(d.status().message().find(c.says), std::string::npos)
+        << c.line << " -> " << d.status().message();
+  }
+  const Case events[] = {
+      {R"({"ready": 1})", "no \"event\""},
+      {R"({"event": "ready", "index": 0})", "'protocol' is missing"},
+      {R"({"event": "stepped", "events": [{"id": 1, "token": 2, "finished": "no", "reason": ""}]})",
+       "'finished'"},
+      {R"({"event": "stepped", "events": [{"id": 1, "token": 2, "finished": true, "reason": "tired"}]})",
+       "unknown finish reason 'tired'"},
+      {R"({"event": "stepped", "events": 3})", "'events'"},
+      {R"({"event": "stats", "stats": 3})", "'stats'"},
+      {R"({"event": "routed", "rows": [1, "2"]})", "'rows'"},
+      {R"({"event": "nope"})", "unknown event 'nope'"},
+  };
+  for (const Case& c : events) {
+    auto d = decode_event(c.line, "test");
+    ASSERT_FALSE(d.ok()) << c.line;
+    EXPECT_NE(d.status().message().find(c.says), std::string::npos)
+        << c.line << " -> " << d.status().message();
+  }
+}
+
+TEST(ControlTest, TheHandshakeChecksTheProtocolVersion) {
+  Hello h{3, 1234, "node1", "10.0.0.1", "s3cret", kProtocolVersion};
+  auto back = decode_hello(encode(h), "hello");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->rank, 3);
+  EXPECT_EQ(back->secret, "s3cret");
+  EXPECT_TRUE(check_protocol(back->protocol, "rank 3").ok());
+  Status old = check_protocol(0, "expert worker 2");
+  EXPECT_EQ(old.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(old.message().find("expert worker 2 speaks control protocol 0"), std::string::npos)
+      << old.message();
+  // A hello without a version is a rank of an older build: refused at the check.
+  auto unversioned = decode_hello(R"({"rank": 1, "secret": "x", "pid": "?"})", "hello");
+  ASSERT_TRUE(unversioned.ok()) << unversioned.status().message();
+  EXPECT_FALSE(check_protocol(unversioned->protocol, "rank 1").ok());
+  EXPECT_FALSE(decode_hello(R"({"event": "ready", "rank": 1, "secret": "x"})", "hello").ok());
+  EXPECT_FALSE(decode_hello(R"({"rank": 1})", "hello").ok());
+}
+
+TEST(ControlTest, ExpectNamesWhatCameInstead) {
+  auto ok = expect<Added>(Event{Added{5}}, "attention worker 0");
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->id, 5);
+  auto err = expect<Added>(Event{Error{"no memory"}}, "attention worker 0");
+  EXPECT_EQ(err.status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(err.status().message(), "no memory");
+  auto other = expect<Added>(Event{PlacementSet{}}, "attention worker 0");
+  EXPECT_EQ(other.status().code(), StatusCode::kInternal);
+  EXPECT_NE(other.status().message().find("expected the event 'added', got 'placement_set'"),
+            std::string::npos);
+}
+
+TEST(ControlTest, RolesAndFinishReasonsAreEnums) {
+  EXPECT_EQ(parse_worker_role("expert").value(), WorkerRole::kExpert);
+  EXPECT_STREQ(worker_role_name(WorkerRole::kAttention), "attention");
+  EXPECT_FALSE(parse_worker_role("router").ok());
+  for (auto r : {FinishReason::kNone, FinishReason::kEos, FinishReason::kStop,
+                 FinishReason::kLength, FinishReason::kError}) {
+    EXPECT_EQ(parse_finish_reason(finish_reason_name(r)).value(), r);
+  }
+}
+
+// A worker reads its commands through WorkerChannel: a line it cannot read is
+// logged and answered with an error event, and the next command still comes.
+TEST(ControlTest, AWorkerAnswersAMalformedOrUnknownCommandWithAnErrorAndGoesOn) {
+  int to_worker[2], from_worker[2];
+  ASSERT_EQ(::pipe2(to_worker, O_CLOEXEC), 0);
+  ASSERT_EQ(::pipe2(from_worker, O_CLOEXEC), 0);
+  WorkerChannel ch(to_worker[0], from_worker[1], "expert worker 0");
+  const std::string garbage = "{not json\n{\"op\": \"teleport\"}\n{\"op\": \"cancel\"}\n" +
+                              encode(Command{Cancel{9}}) + "\n";
+  ASSERT_EQ(::write(to_worker[1], garbage.data(), garbage.size()),
+            static_cast<ssize_t>(garbage.size()));
+  auto cmd = ch.next(/*timeout_ms=*/1000);
+  ASSERT_TRUE(cmd.has_value());
+  ASSERT_TRUE(std::holds_alternative<Cancel>(*cmd));
+  EXPECT_EQ(std::get<Cancel>(*cmd).id, 9);
+  ::close(from_worker[1]);
+  std::string answers;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(from_worker[0], buf, sizeof buf)) > 0;) answers.append(buf, n);
+  std::vector<std::string> lines;
+  for (size_t at = 0, nl; (nl = answers.find('\n', at)) != std::string::npos; at = nl + 1) {
+    lines.push_back(answers.substr(at, nl - at));
+  }
+  ASSERT_EQ(lines.size(), 3u) << answers;
+  const char* says[] = {"test", "unknown op 'teleport'", "'id' is missing"};
+  for (size_t i = 0; i < 3; ++i) {
+    auto ev = decode_event(lines[i], "worker");
+    ASSERT_TRUE(ev.ok()) << lines[i];
+    ASSERT_TRUE(std::holds_alternative<Error>(*ev)) << lines[i];
+    EXPECT_EQ(std::get<Error>(*ev).message.rfind("expert worker 0: ", 0), 0u) << lines[i];
+    if (i > 0) {
+      EXPECT_NE(std::get<Error>(*ev).message.find(says[i]), std::string::npos) << lines[i];
+    }
+  }
+  // The router closing its end is the end of the commands.
+  ::close(to_worker[1]);
+  bool eof = false;
+  EXPECT_FALSE(ch.next(1000, &eof).has_value());
+  EXPECT_TRUE(eof);
+  ::close(to_worker[0]);
+  ::close(from_worker[0]);
+}
+
+}  // namespace
+}  // namespace msinfer::runtime::control
