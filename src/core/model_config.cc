@@ -16,7 +16,7 @@ std::string lower(std::string s) {
 
 const char* kSupported =
     "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, DbrxForCausalLM, "
-    "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM";
+    "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM";
 
 ModelConfig gqa_model(std::string name, int layers, int64_t h, int64_t ffn, int e, int k, int heads,
                     int kv_heads, int64_t vocab) {
@@ -245,7 +245,95 @@ Status parse_deepseek(const JsonFields& f, ModelConfig& m) {
   return ok_status();
 }
 
+// gpt-oss: attention biases and sinks, alternating sliding-window and full
+// layers, YaRN, clamped SwiGLU experts with biases, MXFP4 expert weights.
+// Defaults are HF's GptOssConfig's. Every error names the field.
+Status parse_gpt_oss(const JsonFields& f, ModelConfig& m) {
+  m.rope_theta = 150000;
+  MSI_RETURN_IF_ERROR(parse_common_gqa(f, m));
+  MSI_ASSIGN_OR_RETURN(m.experts, get_int(f, "num_local_experts"));
+  MSI_ASSIGN_OR_RETURN(m.expert_ffn, f.integer_at_least("intermediate_size", 1));
+  m.moe_layers = m.layers;
+  m.norm_topk_prob = true;  // softmax over the top-K logits
+  m.attention_sinks = true;
+  MSI_ASSIGN_OR_RETURN(m.attention_bias, f.boolean_or("attention_bias", true));
+  MSI_ASSIGN_OR_RETURN(m.swiglu_limit, f.number_or("swiglu_limit", 7.0));
+  if (!(m.swiglu_limit > 0 && m.swiglu_limit < 1e6)) {
+    return f.field_error("swiglu_limit", "must be in (0, 1e6)");
+  }
+  MSI_ASSIGN_OR_RETURN(m.sliding_window, f.integer_or("sliding_window", 128));
+  if (m.sliding_window < 1) return f.field_error("sliding_window", "must be >= 1");
+  if (m.sliding_window > m.max_position_embeddings) {
+    return f.field_error("sliding_window", std::to_string(m.sliding_window) +
+                                               " is larger than the context (" +
+                                               "max_position_embeddings " +
+                                               std::to_string(m.max_position_embeddings) + ")");
+  }
+  m.sliding_layers.assign(m.layers, false);
+  if (f.has("layer_types")) {
+    const Json& a = f.json().at("layer_types");
+    if (!a.is_array() || static_cast<int64_t>(a.size()) != m.layers) {
+      return f.field_error("layer_types", "must be a list of num_hidden_layers (" +
+                                              std::to_string(m.layers) + ") layer types");
+    }
+    for (int i = 0; i < m.layers; ++i) {
+      const std::string t = a[i].is_string() ? a[i].get<std::string>() : "";
+      if (t != "sliding_attention" && t != "full_attention") {
+        return f.field_error("layer_types", "entry " + std::to_string(i) +
+                                                " is not sliding_attention or full_attention");
+      }
+      m.sliding_layers[i] = t == "sliding_attention";
+    }
+  } else {  // GptOssConfig: layers 0, 2, 4, ... slide
+    for (int i = 0; i < m.layers; ++i) m.sliding_layers[i] = i % 2 == 0;
+  }
+  if (f.has("rope_scaling") && !f.json().at("rope_scaling").is_null()) {
+    MSI_ASSIGN_OR_RETURN(JsonFields rs, f.object("rope_scaling"));
+    std::string type;
+    if (rs.has("rope_type")) {
+      MSI_ASSIGN_OR_RETURN(type, rs.string("rope_type"));
+    } else {
+      MSI_ASSIGN_OR_RETURN(type, rs.string_or("type", ""));
+    }
+    if (type != "yarn") {
+      return rs.field_error("rope_type", "'" + type + "' is not supported (gpt-oss: yarn)");
+    }
+    MSI_ASSIGN_OR_RETURN(m.yarn_factor, rs.positive("factor"));
+    if (m.yarn_factor > 1e6) return rs.field_error("factor", "must be <= 1e6");
+    MSI_ASSIGN_OR_RETURN(m.yarn_original_max_position,
+                         rs.integer_at_least("original_max_position_embeddings", 1));
+    MSI_ASSIGN_OR_RETURN(m.yarn_beta_fast, rs.number_or("beta_fast", 32));
+    MSI_ASSIGN_OR_RETURN(m.yarn_beta_slow, rs.number_or("beta_slow", 1));
+    MSI_ASSIGN_OR_RETURN(m.yarn_truncate, rs.boolean_or("truncate", true));
+    if (!(m.yarn_beta_fast > 0 && m.yarn_beta_slow > 0 && m.yarn_beta_fast >= m.yarn_beta_slow &&
+          m.yarn_beta_fast < 1e6)) {
+      return rs.field_error("beta_fast", "and beta_slow must satisfy 0 < beta_slow <= beta_fast");
+    }
+  }
+  if (f.has("quantization_config") && !f.json().at("quantization_config").is_null()) {
+    MSI_ASSIGN_OR_RETURN(JsonFields q, f.object("quantization_config"));
+    MSI_ASSIGN_OR_RETURN(std::string method, q.string("quant_method"));
+    if (method != "mxfp4") {
+      return q.field_error("quant_method", "'" + method + "' is not supported (gpt-oss: mxfp4)");
+    }
+    m.mxfp4_experts = true;
+    for (auto [key, v] :
+         {std::pair{"hidden_size", m.hidden}, {"intermediate_size", m.expert_ffn}}) {
+      if (v % 32 != 0) {
+        return f.field_error(
+            key, std::to_string(v) + " is not a multiple of 32 (MXFP4 blocks of 32 values)");
+      }
+    }
+  }
+  return ok_status();
+}
+
 }  // namespace
+
+int64_t ModelConfig::attention_window(int i) const {
+  return i >= 0 && i < static_cast<int>(sliding_layers.size()) && sliding_layers[i] ? sliding_window
+                                                                                    : 0;
+}
 
 bool ModelConfig::is_moe_layer(int i) const {
   return i >= first_k_dense_replace && i % std::max(moe_layer_freq, 1) == 0;
@@ -413,13 +501,14 @@ Status ModelConfig::check_executable() const {
   auto no = [&](const std::string& why) {
     return unimplemented("model '" + name + "' (" + architecture + "): " + why +
                          "; the engine runs MixtralForCausalLM, Qwen3MoeForCausalLM, "
-                         "DeepseekV2ForCausalLM and DeepseekV3ForCausalLM");
+                         "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM and GptOssForCausalLM");
   };
   if (architecture == "DeepseekV2ForCausalLM" || architecture == "DeepseekV3ForCausalLM") {
     if (kv_lora_rank == 0) return no("DeepSeek without latent attention (kv_lora_rank 0)");
     return validate();
   }
-  if (architecture != "MixtralForCausalLM" && architecture != "Qwen3MoeForCausalLM") {
+  if (architecture != "MixtralForCausalLM" && architecture != "Qwen3MoeForCausalLM" &&
+      architecture != "GptOssForCausalLM") {
     return no("architecture not supported by the engine");
   }
   if (moe_layers != layers) return no("dense (mlp-only) layers are not supported yet");
@@ -483,6 +572,13 @@ Status ModelConfig::validate() const {
   if (fp8_weights && (fp8_block_rows < 1 || fp8_block_cols < 1)) {
     return bad("FP8 weight blocks must be >= 1 x 1");
   }
+  if (sliding_window < 0 || sliding_window > max_position_embeddings) {
+    return bad("sliding_window " + std::to_string(sliding_window) + " must be in 0..the context (" +
+               std::to_string(max_position_embeddings) + ")");
+  }
+  if (!sliding_layers.empty() && static_cast<int>(sliding_layers.size()) != layers) {
+    return bad("layer_types must name every layer");
+  }
   if (!(rope_theta > 0 && rope_theta < 1e12)) return bad("rope_theta must be in (0, 1e12)");
   if (!(rms_norm_eps > 0 && rms_norm_eps < 1)) return bad("rms_norm_eps must be in (0, 1)");
   return ok_status();
@@ -522,6 +618,8 @@ StatusOr<ModelConfig> parse_hf_config(const Json& config, const std::string& sou
     else if (model_type == "dbrx") arch = "DbrxForCausalLM";
     else if (model_type == "deepseek_v2") arch = "DeepseekV2ForCausalLM";
     else if (model_type == "deepseek_v3") arch = "DeepseekV3ForCausalLM";
+    else if (model_type == "gpt_oss")
+      arch = "GptOssForCausalLM";
     else {
       return invalid_argument(source + ": no 'architectures' entry and model_type '" + model_type +
                               "' is not supported; supported: " + std::string(kSupported));
@@ -550,6 +648,8 @@ StatusOr<ModelConfig> parse_hf_config(const Json& config, const std::string& sou
     if (arch == "Qwen2MoeForCausalLM") {
       MSI_ASSIGN_OR_RETURN(m.shared_expert_ffn, f.integer_or("shared_expert_intermediate_size", 0));
     }
+  } else if (arch == "GptOssForCausalLM") {
+    MSI_RETURN_IF_ERROR(parse_gpt_oss(f, m));
   } else if (arch == "DbrxForCausalLM") {
     MSI_ASSIGN_OR_RETURN(m.layers, get_int(f, "n_layers"));
     MSI_ASSIGN_OR_RETURN(m.hidden, f.integer_at_least("d_model", 1));

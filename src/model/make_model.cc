@@ -13,6 +13,7 @@
 #include <set>
 
 #include "internal/make_model_deepseek.h"
+#include "internal/make_model_gpt_oss.h"
 #include "msinfer/core/bf16.h"
 #include "msinfer/model/tokenizer.h"
 
@@ -298,11 +299,13 @@ StatusOr<double> parse_router_skew(const std::string& value) {
 std::vector<std::string> model_presets() {
   std::vector<std::string> p = {"tiny-mixtral", "tiny-qwen3moe", "small-mixtral"};
   for (const auto& d : internal::deepseek_presets()) p.push_back(d);
+  for (const auto& g : internal::gpt_oss_presets()) p.push_back(g);
   return p;
 }
 
 StatusOr<Json> preset_config(const std::string& preset, int64_t vocab) {
   if (internal::is_deepseek_preset(preset)) return internal::deepseek_preset_config(preset, vocab);
+  if (internal::is_gpt_oss_preset(preset)) return internal::gpt_oss_preset_config(preset, vocab);
   if (preset == "tiny-mixtral" || preset == "small-mixtral") {
     const bool tiny = preset == "tiny-mixtral";
     return Json{{"architectures", {"MixtralForCausalLM"}},
@@ -383,8 +386,12 @@ Status make_model(const MakeModelOptions& o) {
   if (internal::is_deepseek_preset(o.preset)) {
     return internal::make_deepseek_model(o, train_tokenizer(kCorpus, 200, /*byte_level=*/true));
   }
+  if (internal::is_gpt_oss_preset(o.preset)) {
+    return internal::make_gpt_oss_model(o, train_tokenizer(kCorpus, 200, /*byte_level=*/true));
+  }
   if (!o.config_overrides.is_null()) {
-    return invalid_argument("config overrides are supported for the DeepSeek presets only");
+    return invalid_argument(
+        "config overrides are supported for the DeepSeek and gpt-oss presets only");
   }
   // Tokenizer first: the vocabulary size comes from it.
   // Chat templates, as the models they imitate ship them: Llama-2-chat's

@@ -17,7 +17,8 @@ StatusOr<DType> parse_dtype(const std::string& s) {
   if (s == "F16") return DType::kF16;
   if (s == "F32") return DType::kF32;
   if (s == "F8_E4M3") return DType::kF8E4M3;
-  return invalid_argument("dtype '" + s + "' is not supported (BF16, F16, F32, F8_E4M3)");
+  if (s == "U8") return DType::kU8;
+  return invalid_argument("dtype '" + s + "' is not supported (BF16, F16, F32, F8_E4M3, U8)");
 }
 
 // Bytes outside printable ASCII as \xNN.
@@ -43,6 +44,7 @@ const char* dtype_name(DType d) {
     case DType::kF16: return "F16";
     case DType::kF32: return "F32";
     case DType::kF8E4M3: return "F8_E4M3";
+    case DType::kU8: return "U8";
   }
   return "?";
 }
@@ -50,7 +52,8 @@ const char* dtype_name(DType d) {
 size_t dtype_size(DType d) {
   switch (d) {
     case DType::kF32: return 4;
-    case DType::kF8E4M3: return 1;
+    case DType::kF8E4M3:
+    case DType::kU8: return 1;
     case DType::kBF16:
     case DType::kF16: return 2;
   }

@@ -58,7 +58,8 @@ StatusOr<std::unique_ptr<ExpertCompute>> make_expert_compute(const std::string& 
                                                              const std::vector<int>& experts) {
   MSI_RETURN_IF_ERROR(check_device(device));
   if (is_cpu_device(device)) return std::unique_ptr<ExpertCompute>(new ExpertRunner(w));
-  if (w.config().kv_lora_rank > 0) {  // FP8 weights, layers without routed experts
+  if (w.config().kv_lora_rank > 0 ||  // FP8 weights, layers without routed experts
+      w.config().swiglu_limit > 0) {  // gpt-oss's biased, clamped experts
     return unimplemented("the experts of " + w.config().architecture +
                          " run on the CPU only (--expert-device cpu)");
   }

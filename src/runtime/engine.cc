@@ -47,6 +47,11 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mo
   if (!cpu && w->config().kv_lora_rank > 0) {
     return unimplemented("latent attention (DeepSeek) runs on the CPU engine only (--device cpu)");
   }
+  if (!cpu && w->config().attention_sinks) {
+    return unimplemented(
+        "gpt-oss (attention sinks, sliding windows, biases) runs on the CPU "
+        "engine only (--device cpu)");
+  }
   if (tp && (!cpu || options.attention_peers == nullptr || w->attention_tp_rank() != 0)) {
     return unimplemented(
         "attention tensor parallelism runs on the CPU, with the engine on rank 0 and its peers");

@@ -7,6 +7,7 @@
 #include "msinfer/kernels/cpu/grouped_topk.h"
 #include "msinfer/kernels/cpu/mla_attention.h"
 #include "msinfer/kernels/cpu/ops.h"
+#include "msinfer/kernels/cpu/window_attention.h"
 #include "msinfer/kernels/cpu/yarn_rope.h"
 
 namespace msinfer::runtime {
@@ -45,6 +46,11 @@ Status AttentionRunner::attention_partial(int l, const TokenBatch& b, KvCache& k
   attn_.resize(T * qn);
 
   L.qkv.forward(h, T, qkv_.data());
+  if (!L.qkv_bias.empty()) {
+    for (int64_t t = 0; t < T; ++t) {
+      k::add_inplace(qkv_.data() + t * (qn + 2 * kn), L.qkv_bias.data(), qn + 2 * kn);
+    }
+  }
   for (int64_t t = 0; t < T; ++t) {
     const float* row = qkv_.data() + t * (qn + 2 * kn);
     std::memcpy(q_.data() + t * qn, row, sizeof(float) * qn);
@@ -55,13 +61,34 @@ Status AttentionRunner::attention_partial(int l, const TokenBatch& b, KvCache& k
     k::rms_norm(q_.data(), L.q_norm.data(), T * H, hd, eps, q_.data());
     k::rms_norm(k_.data(), L.k_norm.data(), T * KV, hd, eps, k_.data());
   }
-  k::rope(q_.data(), b.positions.data(), T, H, hd, c.rope_theta);
-  k::rope(k_.data(), b.positions.data(), T, KV, hd, c.rope_theta);
+  if (c.yarn_factor > 0) {  // gpt-oss: YaRN in the rotate_half layout
+    if (inv_freq_.empty()) {
+      inv_freq_ = k::yarn_inv_freq(hd, c.rope_theta, c.yarn_factor, c.yarn_original_max_position,
+                                   c.yarn_beta_fast, c.yarn_beta_slow, c.yarn_truncate);
+    }
+    const float mscale = static_cast<float>(c.yarn_rope_mscale());
+    k::rope_rotate_half(q_.data(), b.positions.data(), T, H, hd, inv_freq_.data(), mscale);
+    k::rope_rotate_half(k_.data(), b.positions.data(), T, KV, hd, inv_freq_.data(), mscale);
+  } else {
+    k::rope(q_.data(), b.positions.data(), T, H, hd, c.rope_theta);
+    k::rope(k_.data(), b.positions.data(), T, KV, hd, c.rope_theta);
+  }
   const k::PagedKvLayer layer = kv.layer(l);
   k::write_kv(layer, k_.data(), v_.data(), T, b.positions.data(), b.block_tables.data());
-  k::paged_attention(q_.data(), T, H, layer, b.positions.data(), b.block_tables.data(),
-                     1.0f / std::sqrt(static_cast<float>(hd)), attn_.data());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int64_t window = c.attention_window(l);
+  if (window > 0 || !L.sinks.empty()) {
+    k::paged_attention_window(q_.data(), T, H, layer, b.positions.data(), b.block_tables.data(),
+                              scale, window, L.sinks.empty() ? nullptr : L.sinks.data(),
+                              attn_.data());
+  } else {
+    k::paged_attention(q_.data(), T, H, layer, b.positions.data(), b.block_tables.data(), scale,
+                       attn_.data());
+  }
   L.o.forward(attn_.data(), T, o);
+  if (!L.o_bias.empty()) {
+    for (int64_t t = 0; t < T; ++t) k::add_inplace(o + t * c.hidden, L.o_bias.data(), c.hidden);
+  }
   return ok_status();
 }
 
@@ -185,6 +212,17 @@ Status AttentionRunner::attention_and_gate(int l, const TokenBatch& b, KvCache& 
     return ok_status();
   }
   L.router.forward(h_.data(), T, router_.data());
+  if (!L.router_logit_bias.empty()) {  // gpt-oss: softmax over the top-K biased logits
+    for (int64_t t = 0; t < T; ++t) {
+      k::add_inplace(router_.data() + t * c.experts, L.router_logit_bias.data(), c.experts);
+    }
+    routed->topk_expert.resize(T * c.top_k);
+    routed->topk_weight.resize(T * c.top_k);
+    k::topk_softmax(router_.data(), T, c.experts, c.top_k, routed->topk_expert.data(),
+                    routed->topk_weight.data());
+    k::route_rows(T, c.experts, c.top_k, expert_dest, destinations, h_.data(), h, routed);
+    return ok_status();
+  }
   k::fused_gate(router_.data(), T, c.experts, c.top_k, c.norm_topk_prob, expert_dest,
                 destinations, h_.data(), h, routed);
   return ok_status();
@@ -210,6 +248,13 @@ Status AttentionRunner::logits(const std::vector<const float*>& rows, float* out
 void ExpertRunner::forward(int l, int e, const float* rows, int64_t n, float* out) const {
   const model::ExpertWeights& ew = w_.layers()[l].experts[e];
   MSI_CHECK(!ew.w13.empty()) << "expert " << e << " of layer " << l << " is not loaded here";
+  const ModelConfig& c = w_.config();
+  if (c.swiglu_limit > 0) {  // gpt-oss
+    k::expert_ffn_clamped(ew.w13, ew.b13.data(), ew.w2, ew.b2.empty() ? nullptr : ew.b2.data(),
+                          {static_cast<float>(c.swiglu_alpha), static_cast<float>(c.swiglu_limit)},
+                          rows, n, out);
+    return;
+  }
   k::expert_ffn(ew.w13, ew.w2, rows, n, out);
 }
 

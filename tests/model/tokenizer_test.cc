@@ -294,7 +294,7 @@ TEST_P(RealTokenizerTest, StreamingDecodeNeverSplitsACharacter) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fetched, RealTokenizerTest,
-                         ::testing::Values("qwen3", "deepseek_v3", "llama2"));
+                         ::testing::Values("qwen3", "deepseek_v3", "llama2", "gptoss"));
 
 }  // namespace
 }  // namespace msinfer::model

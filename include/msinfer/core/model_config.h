@@ -3,8 +3,8 @@
 // FLOPs and KV-cache bytes) and the engine (plus the numerics: RoPE base, norm
 // epsilon, routing rule, special tokens). Built in: Mixtral-8x22B, DBRX,
 // Scaled-MoE (docs/PLANNER.md section 2); or read from an HF config.json of a Mixtral,
-// Qwen2-MoE, Qwen3-MoE, DBRX or DeepSeek-V2/V3 model. The engine executes
-// Mixtral, Qwen3-MoE and DeepSeek-V2/V3 (check_executable()).
+// Qwen2-MoE, Qwen3-MoE, DBRX, DeepSeek-V2/V3 or gpt-oss model. The engine
+// executes Mixtral, Qwen3-MoE, DeepSeek-V2/V3 and gpt-oss (check_executable()).
 //
 // Shared experts and dense (non-MoE) layers run on the attention side: every
 // token visits them, so they are a dense GEMM with the attention replica's
@@ -74,6 +74,27 @@ struct ModelConfig {
   bool fp8_weights = false;
   int64_t fp8_block_rows = 0, fp8_block_cols = 0;
 
+  // gpt-oss (GptOssForCausalLM; HF config.json names in comments).
+  // attention_bias: q/k/v/o projections have biases (GLM-4.5 too).
+  bool attention_bias = false;       // attention_bias
+  bool attention_sinks = false;      // self_attn.sinks: a learned logit per head in the
+                                     // softmax denominator (no value row)
+  int64_t sliding_window = 0;        // sliding_window: tokens a sliding layer attends to
+                                     // (its own position and the window - 1 before it)
+  std::vector<bool> sliding_layers;  // layer_types[i] == "sliding_attention"; empty: none
+  // swiglu_limit > 0: the experts' clamped SwiGLU of gpt-oss, gate (row 2j of
+  // gate_up_proj) clamped above at the limit, up (row 2j + 1) to [-limit,
+  // limit], act = gate sigmoid(swiglu_alpha gate) (up + 1); the experts and
+  // the router have biases, and the top-K logits are softmaxed.
+  double swiglu_limit = 0;      // swiglu_limit
+  double swiglu_alpha = 1.702;  // fixed in HF's and OpenAI's code
+  bool yarn_truncate = true;    // rope_scaling.truncate: floor/ceil the correction range
+  // quantization_config {"quant_method": "mxfp4"}: every expert's
+  // gate_up_proj / down_proj is `<name>_blocks` (U8 [E, rows, cols / 32, 16],
+  // two e2m1 values a byte, low nibble first) and `<name>_scales` (U8 [E, rows,
+  // cols / 32], e8m0: 2^(s - 127) per 32 values).
+  bool mxfp4_experts = false;
+
   // Numerics the engine needs (defaults are the HF defaults of Mixtral).
   double rope_theta = 1e6;
   double rms_norm_eps = 1e-5;
@@ -86,6 +107,8 @@ struct ModelConfig {
   // Whether decoder layer `i` (0-based) has routed experts; the others have a
   // dense FFN of width dense_ffn.
   bool is_moe_layer(int i) const;
+  // The sliding window of layer `i` in tokens, 0 for full attention.
+  int64_t attention_window(int i) const;
   // YaRN temperature, as HF's DeepSeek modelling code: with
   // g(m) = 0.1 m ln(factor) + 1 (1 when factor <= 1 or no YaRN), the softmax
   // scale of MLA is (qk_nope + qk_rope)^-0.5 * g(mscale_all_dim)^2

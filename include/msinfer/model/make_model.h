@@ -38,7 +38,7 @@ struct MakeModelOptions {
   double router_skew_zipf = 0;
   // A JSON merge patch (RFC 7396) applied to the preset's config.json before
   // the weights are drawn, for tests that need other shapes (odd head counts
-  // and ranks, other group counts); DeepSeek presets only. The result must
+  // and ranks, other group counts); DeepSeek and gpt-oss presets only. The result must
   // still be a config the loader accepts.
   Json config_overrides;
 };

@@ -22,8 +22,10 @@ namespace msinfer::model {
 
 // kF8E4M3: float8_e4m3fn (msinfer/core/fp8.h), the block-scaled weights of
 // DeepSeek-V3 checkpoints (ModelConfig::fp8_weights); never a GEMM input as is.
-enum class DType { kBF16, kF16, kF32, kF8E4M3 };
-const char* dtype_name(DType d);  // "BF16", "F16", "F32", "F8_E4M3"
+// kU8: raw bytes, the MXFP4 blocks and e8m0 scales of gpt-oss experts
+// (ModelConfig::mxfp4_experts); never a float tensor.
+enum class DType { kBF16, kF16, kF32, kF8E4M3, kU8 };
+const char* dtype_name(DType d);  // "BF16", "F16", "F32", "F8_E4M3", "U8"
 size_t dtype_size(DType d);
 
 struct TensorView {

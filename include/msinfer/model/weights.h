@@ -28,6 +28,9 @@ namespace msinfer::model {
 struct ExpertWeights {
   kernels::cpu::PackedLinear w13;  // [2F, h]: rows 0..F-1 gate (w1), F..2F-1 up (w3)
   kernels::cpu::PackedLinear w2;   // [h, F]
+  // gpt-oss: gate_up_proj_bias de-interleaved like w13 [2F] (this shard's F),
+  // down_proj_bias [h] (on expert tp shard 0 only; empty on the others).
+  std::vector<float> b13, b2;
 };
 
 struct LayerWeights {
@@ -59,6 +62,18 @@ struct LayerWeights {
   ExpertWeights dense_ffn;
   // DeepSeek-V3's gate.e_score_correction_bias [E] in float32 (selection only); else empty.
   std::vector<float> router_bias;
+
+  // Attention biases (ModelConfig::attention_bias; else empty): qkv_bias is
+  // this rank's fused row, q then k then v, in qkv's row order, added right
+  // after qkv.forward; o_bias [h] is added once, on attention tp rank 0 (empty
+  // on the others: the ranks' partial o outputs are summed).
+  std::vector<float> qkv_bias;
+  std::vector<float> o_bias;
+  // gpt-oss: self_attn.sinks of this rank's query heads [heads / tp]; and the
+  // router Linear's own bias mlp.router.bias [E], added to the logits before
+  // the top-K (unlike router_bias). Empty for other models.
+  std::vector<float> sinks;
+  std::vector<float> router_logit_bias;
 };
 
 struct LoadOptions {
@@ -159,6 +174,13 @@ StatusOr<std::vector<bf16>> read_weight_bf16(const Checkpoint& ckpt, const Model
                                              const std::string& name,
                                              const std::vector<int64_t>& shape,
                                              const std::string& dir = "checkpoint");
+
+// MXFP4 (gpt-oss's experts, ModelConfig::mxfp4_experts): one block of 32
+// values from its 16 bytes and e8m0 scale byte: value 2i is e2m1(bytes[i] &
+// 15) * 2^(scale - 127), value 2i + 1 the same of the high nibble (e2m1 codes
+// 0..7: 0, 0.5, 1, 1.5, 2, 3, 4, 6; 8..15 their negatives). Exact in bf16 for
+// every scale byte but 255 (e8m0's NaN, which the loader refuses).
+void mxfp4_decode_block(const uint8_t* bytes16, uint8_t scale, bf16* out32);
 
 ExpertTensorNames expert_tensor_names(const ModelConfig& c, int layer, int expert);
 std::string router_tensor_name(const ModelConfig& c, int layer);

@@ -116,7 +116,7 @@ class AttentionRunner : public AttentionCompute {
   AttentionPeers* peers_ = nullptr;
   std::vector<float> h_, qkv_, q_, k_, v_, attn_, o_, router_, sel_;
   std::vector<float> qa_, latent_, q_pe_, q_lat_, out_lat_, ffn_;
-  std::vector<float> inv_freq_;  // MLA's rotary inverse frequencies (YaRN), computed once
+  std::vector<float> inv_freq_;  // YaRN's rotary inverse frequencies (MLA, gpt-oss), computed once
 };
 
 // The config a tp rank's KV cache is sized by: heads and KV heads divided by

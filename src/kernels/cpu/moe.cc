@@ -76,6 +76,29 @@ void fused_gate(const float* logits, int64_t tokens, int64_t experts, int64_t to
   route_rows(tokens, experts, top_k, expert_dest, destinations, x, hidden, out);
 }
 
+void topk_softmax(const float* logits, int64_t tokens, int64_t experts, int64_t top_k,
+                  int32_t* expert, float* weight) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* l = logits + t * experts;
+    int32_t* ids = expert + t * top_k;
+    float* w = weight + t * top_k;
+    for (int64_t k = 0; k < top_k; ++k) {
+      int32_t best = -1;
+      for (int64_t e = 0; e < experts; ++e) {
+        bool taken = false;
+        for (int64_t j = 0; j < k; ++j) taken |= ids[j] == e;
+        if (!taken && (best < 0 || l[e] > l[best])) best = static_cast<int32_t>(e);
+      }
+      ids[k] = best;
+    }
+    const float mx = l[ids[0]];
+    float sum = 0;
+    for (int64_t k = 0; k < top_k; ++k) sum += (w[k] = std::exp(l[ids[k]] - mx));
+    const float inv = 1.0f / sum;
+    for (int64_t k = 0; k < top_k; ++k) w[k] *= inv;
+  }
+}
+
 void route_rows(int64_t tokens, int64_t experts, int64_t top_k, const int32_t* expert_dest,
                 int64_t destinations, const float* x, int64_t hidden, RoutedBatch* out) {
   if (expert_dest == nullptr) destinations = experts;
@@ -192,6 +215,36 @@ void expert_ffn(const PackedLinear& w13, const PackedLinear& w2, const float* x,
   w13.forward(x, rows, gate_up.data());
   silu_mul(gate_up.data(), rows, f, act.data());
   w2.forward(act.data(), rows, y);
+}
+
+void clamped_swiglu(const float* gate_up, int64_t rows, int64_t f, ClampedSwiglu act, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gate_up + r * 2 * f;
+    const float* u = g + f;
+    float* o = out + r * f;
+    for (int64_t j = 0; j < f; ++j) {
+      const float gj = std::min(g[j], act.limit);
+      const float uj = std::clamp(u[j], -act.limit, act.limit);
+      o[j] = gj / (1.0f + std::exp(-act.alpha * gj)) * (uj + 1.0f);
+    }
+  }
+}
+
+void expert_ffn_clamped(const PackedLinear& w13, const float* b13, const PackedLinear& w2,
+                        const float* b2, ClampedSwiglu act, const float* x, int64_t rows,
+                        float* y) {
+  if (rows <= 0) return;
+  const int64_t f = w2.k(), h = w2.n();
+  thread_local std::vector<float> gate_up, a;
+  gate_up.resize(static_cast<size_t>(rows * 2 * f));
+  a.resize(static_cast<size_t>(rows * f));
+  w13.forward(x, rows, gate_up.data());
+  for (int64_t r = 0; r < rows; ++r) add_inplace(gate_up.data() + r * 2 * f, b13, 2 * f);
+  clamped_swiglu(gate_up.data(), rows, f, act, a.data());
+  w2.forward(a.data(), rows, y);
+  if (b2 != nullptr) {
+    for (int64_t r = 0; r < rows; ++r) add_inplace(y + r * h, b2, h);
+  }
 }
 
 void expert_ffn_reference(const bf16* w1, const bf16* w3, const bf16* w2, int64_t f, int64_t h,

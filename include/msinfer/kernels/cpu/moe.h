@@ -39,6 +39,14 @@ void fused_gate(const float* logits, int64_t tokens, int64_t experts, int64_t to
                 bool normalize, const int32_t* expert_dest, int64_t destinations, const float* x,
                 int64_t hidden, RoutedBatch* out);
 
+// gpt-oss's gate (OpenAI's reference: torch.topk of the logits, then softmax
+// over those K values): per token the K largest logits [T, E] (ties to the
+// lower id), in descending order, into expert[t*K..], and their softmax
+// exp(l - l_max) * (1 / sum) (the sum in order, float32) into weight[t*K..].
+// Then route_rows scatters the rows.
+void topk_softmax(const float* logits, int64_t tokens, int64_t experts, int64_t top_k,
+                  int32_t* expert, float* weight);
+
 // The second half of fused_gate, for a gate computed elsewhere (on a GPU):
 // given out->topk_expert and out->topk_weight ([T*K], filled by the caller),
 // fills the counts, offsets, row maps and the send rows from x [T, hidden].
@@ -59,5 +67,20 @@ void expert_ffn(const PackedLinear& w13, const PackedLinear& w2, const float* x,
                 float* y);
 void expert_ffn_reference(const bf16* w1, const bf16* w3, const bf16* w2, int64_t f, int64_t h,
                           const float* x, int64_t rows, float* y);
+
+// gpt-oss's expert (its clamped SwiGLU with biases): gu = x W13^T + b13 with
+// W13 [2F, h] and b13 [2F] gate rows first, then up rows (the loader
+// de-interleaves HF's gate_up_proj); g = min(gu[:F], limit), u =
+// clamp(gu[F:], -limit, limit), a = g sigmoid(alpha g) (u + 1); y = a W2^T +
+// b2 (b2 [h], or null: an expert tp shard other than 0 adds no bias).
+struct ClampedSwiglu {
+  float alpha = 1.702f;
+  float limit = 7.0f;
+};
+void expert_ffn_clamped(const PackedLinear& w13, const float* b13, const PackedLinear& w2,
+                        const float* b2, ClampedSwiglu act, const float* x, int64_t rows, float* y);
+// The activation alone, in place of gate_up [rows, 2F] -> out [rows, F]
+// (b13 already added); plain loops, its own reference.
+void clamped_swiglu(const float* gate_up, int64_t rows, int64_t f, ClampedSwiglu act, float* out);
 
 }  // namespace msinfer::kernels::cpu
