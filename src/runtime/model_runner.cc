@@ -13,6 +13,31 @@ namespace msinfer::runtime {
 
 namespace k = kernels::cpu;
 
+namespace {
+
+// The MoE side of DeepSeek-V2/V3 and GLM-4.5: dense first layers, shared
+// experts, grouped_topk routing (vs. fused_gate's softmax top-K).
+bool deepseek_moe(const ModelConfig& c) {
+  return c.kv_lora_rank > 0 || c.architecture == "Glm4MoeForCausalLM";
+}
+
+// RoPE on the first rd of the hd dims of each head of x[T, heads, hd] (GLM's
+// partial rotary; HF's rotate_half over those rd dims, base theta over rd):
+// gathered into scratch [T, heads, rd], rotated by ops.h's rope, put back.
+void rope_partial(float* x, const int32_t* positions, int64_t T, int64_t heads, int64_t hd,
+                  int64_t rd, double theta, std::vector<float>& scratch) {
+  scratch.resize(T * heads * rd);
+  for (int64_t r = 0; r < T * heads; ++r) {
+    std::memcpy(scratch.data() + r * rd, x + r * hd, sizeof(float) * rd);
+  }
+  k::rope(scratch.data(), positions, T, heads, rd, theta);
+  for (int64_t r = 0; r < T * heads; ++r) {
+    std::memcpy(x + r * hd, scratch.data() + r * rd, sizeof(float) * rd);
+  }
+}
+
+}  // namespace
+
 Status AttentionRunner::embed(const TokenBatch& b, float* x) {
   const int64_t h = w_.config().hidden;
   for (int64_t t = 0; t < b.size(); ++t) w_.embed(b.ids[t], x + t * h);
@@ -45,6 +70,11 @@ Status AttentionRunner::attention_partial(int l, const TokenBatch& b, KvCache& k
   attn_.resize(T * qn);
 
   L.qkv.forward(h, T, qkv_.data());
+  if (!L.qkv_bias.empty()) {  // attention_bias: one row of q, k, v biases
+    for (int64_t t = 0; t < T; ++t) {
+      k::add_inplace(qkv_.data() + t * (qn + 2 * kn), L.qkv_bias.data(), qn + 2 * kn);
+    }
+  }
   for (int64_t t = 0; t < T; ++t) {
     const float* row = qkv_.data() + t * (qn + 2 * kn);
     std::memcpy(q_.data() + t * qn, row, sizeof(float) * qn);
@@ -55,8 +85,13 @@ Status AttentionRunner::attention_partial(int l, const TokenBatch& b, KvCache& k
     k::rms_norm(q_.data(), L.q_norm.data(), T * H, hd, eps, q_.data());
     k::rms_norm(k_.data(), L.k_norm.data(), T * KV, hd, eps, k_.data());
   }
-  k::rope(q_.data(), b.positions.data(), T, H, hd, c.rope_theta);
-  k::rope(k_.data(), b.positions.data(), T, KV, hd, c.rope_theta);
+  if (const int64_t rd = c.rotary_dim(); rd < hd) {  // partial rotary (GLM-4.5)
+    rope_partial(q_.data(), b.positions.data(), T, H, hd, rd, c.rope_theta, rope_);
+    rope_partial(k_.data(), b.positions.data(), T, KV, hd, rd, c.rope_theta, rope_);
+  } else {
+    k::rope(q_.data(), b.positions.data(), T, H, hd, c.rope_theta);
+    k::rope(k_.data(), b.positions.data(), T, KV, hd, c.rope_theta);
+  }
   const k::PagedKvLayer layer = kv.layer(l);
   k::write_kv(layer, k_.data(), v_.data(), T, b.positions.data(), b.block_tables.data());
   k::paged_attention(q_.data(), T, H, layer, b.positions.data(), b.block_tables.data(),
@@ -152,7 +187,7 @@ Status AttentionRunner::attention_and_gate(int l, const TokenBatch& b, KvCache& 
   k::add_inplace(x, o_.data(), T * h);
 
   k::rms_norm(x, L.post_attn_norm.data(), T, h, eps, h_.data());
-  if (c.kv_lora_rank > 0) {          // DeepSeek
+  if (deepseek_moe(c)) {             // DeepSeek, GLM-4.5
     if (!L.dense_ffn.w13.empty()) {  // the dense MLP or the shared experts, on every token
       ffn_.resize(T * h);
       k::expert_ffn(L.dense_ffn.w13, L.dense_ffn.w2, h_.data(), T, ffn_.data());

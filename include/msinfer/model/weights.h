@@ -1,5 +1,6 @@
 // Model weights as the engine uses them, loaded from an HF-layout checkpoint of
-// a Mixtral or Qwen3-MoE model (tensor names as the HF checkpoints).
+// a Mixtral, Qwen3-MoE, DeepSeek-V2/V3 or GLM-4.5 model (tensor names as the
+// HF checkpoints).
 //
 // Every GEMM weight is converted to bf16 if needed and packed for the CPU GEMM
 // of the active kernel level (kernels::cpu::PackedLinear), as bf16 or, with
@@ -33,12 +34,18 @@ struct ExpertWeights {
 struct LayerWeights {
   std::vector<float> input_norm;      // [h]
   std::vector<float> post_attn_norm;  // [h]
-  std::vector<float> q_norm, k_norm;  // [head_dim], Qwen3 only
+  std::vector<float> q_norm, k_norm;  // [head_dim], Qwen3 and GLM with use_qk_norm
   // GQA: [(heads + 2 kv_heads) head_dim, h] (q, k, v stacked).
   // MLA (ModelConfig::kv_lora_rank > 0): the GEMMs that read the normed input,
   // stacked: q_a_proj [q_lora, h] (or q_proj [heads (nope + rope), h] without
   // q_lora) then kv_a_proj_with_mqa [kv_lora + rope, h].
   kernels::cpu::PackedLinear qkv;
+  // ModelConfig::attention_bias (GQA): the q, k and v projections' biases in
+  // float32 (bf16 values), laid out as one row of qkv's output: this rank's
+  // query heads' q_proj.bias, then its KV heads' k_proj.bias, then v_proj.bias
+  // ((heads + 2 kv_heads) head_dim / tp). Added right after L.qkv.forward.
+  // Empty without attention_bias.
+  std::vector<float> qkv_bias;
   kernels::cpu::PackedLinear o;       // [h, heads head_dim]; MLA: [h, heads v_head_dim]
   kernels::cpu::PackedLinear router;  // [E, h]; empty in a dense layer
   std::vector<ExpertWeights>
@@ -57,7 +64,8 @@ struct LayerWeights {
   // MoE layer (one SwiGLU of width n_shared_experts x moe_intermediate_size).
   // Empty when the layer has neither.
   ExpertWeights dense_ffn;
-  // DeepSeek-V3's gate.e_score_correction_bias [E] in float32 (selection only); else empty.
+  // DeepSeek-V3's and GLM-4.5's gate.e_score_correction_bias [E] in float32
+  // (selection only); else empty.
   std::vector<float> router_bias;
 };
 
