@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <ostream>
 
 #include "msinfer/core/json.h"
 #include "msinfer/kernels/cpu/attention.h"
@@ -115,6 +116,9 @@ struct OddShape {
   std::string name;
   Json overrides;
 };
+
+// Names a shape in test names (gtest would print the struct's bytes).
+void PrintTo(const OddShape& s, std::ostream* os) { *os << s.name; }
 
 class Glm4MoeOddShapesTest : public ::testing::TestWithParam<OddShape> {};
 
