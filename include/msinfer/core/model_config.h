@@ -3,9 +3,9 @@
 // FLOPs and KV-cache bytes) and the engine (plus the numerics: RoPE base, norm
 // epsilon, routing rule, special tokens). Built in: Mixtral-8x22B, DBRX,
 // Scaled-MoE (SPEC.md section 4); or read from an HF config.json of a Mixtral,
-// Qwen2-MoE, Qwen3-MoE, DBRX, DeepSeek-V2/V3 or GLM-4.5 (Glm4Moe) model. The
-// engine executes Mixtral, Qwen3-MoE, DeepSeek-V2/V3 and GLM-4.5
-// (check_executable()).
+// Qwen2-MoE, Qwen3-MoE, DBRX or DeepSeek-V2/V3 model. The engine executes
+// Mixtral, Qwen3-MoE, DeepSeek-V2/V3 and GLM-4.5 / 4.6 (Glm4MoeForCausalLM,
+// which config.json may describe too) (check_executable()).
 //
 // Shared experts and dense (non-MoE) layers run on the attention side: every
 // token visits them, so they are a dense GEMM with the attention replica's
@@ -101,7 +101,6 @@ struct ModelConfig {
   // mscale_all_dim, as in every published config.
   double yarn_attention_mscale() const;
   double yarn_rope_mscale() const;
-
   // Dims of each q/k head that RoPE rotates: int(head_dim * partial_rotary_factor),
   // truncated as HF's Python int() does (even: validate() checks it).
   int64_t rotary_dim() const;
