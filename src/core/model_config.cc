@@ -16,7 +16,7 @@ std::string lower(std::string s) {
 
 const char* kSupported =
     "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, DbrxForCausalLM, "
-    "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM";
+    "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM, Glm4MoeForCausalLM";
 
 ModelConfig gqa_model(std::string name, int layers, int64_t h, int64_t ffn, int e, int k, int heads,
                     int kv_heads, int64_t vocab) {
@@ -71,6 +71,7 @@ Status parse_eos(const JsonFields& f, ModelConfig& m) {
   if (v.is_number_integer()) {
     m.eos_token_ids = {v.get<int64_t>()};
   } else if (v.is_array()) {
+    m.eos_token_ids.clear();  // parse_glm4_moe reads the numerics twice
     for (const auto& x : v) {
       if (!x.is_number_integer()) return f.field_error("eos_token_id", "must be integers");
       m.eos_token_ids.push_back(x.get<int64_t>());
@@ -137,8 +138,10 @@ Status parse_deepseek(const JsonFields& f, ModelConfig& m) {
   if (nextn < 0 || nextn > 64) return f.field_error("num_nextn_predict_layers", "must be in 0..64");
   m.nextn_predict_layers = static_cast<int>(nextn);
 
-  const bool v3 = m.architecture == "DeepseekV3ForCausalLM";
-  // HF defaults: DeepseekV2Config norm_topk_prob false, DeepseekV3Config true.
+  // GLM-4.5 routes as DeepSeek-V3 (parse_glm4_moe fixes sigmoid / noaux_tc).
+  const bool v3 =
+      m.architecture == "DeepseekV3ForCausalLM" || m.architecture == "Glm4MoeForCausalLM";
+  // HF defaults: DeepseekV2Config norm_topk_prob false, DeepseekV3Config and Glm4MoeConfig true.
   MSI_ASSIGN_OR_RETURN(m.norm_topk_prob, f.boolean_or("norm_topk_prob", v3));
   MSI_ASSIGN_OR_RETURN(m.routed_scaling_factor, f.number_or("routed_scaling_factor", 1.0));
   if (!(m.routed_scaling_factor > 0 && m.routed_scaling_factor < 1e6)) {
@@ -328,6 +331,65 @@ Status parse_gpt_oss(const JsonFields& f, ModelConfig& m) {
   return ok_status();
 }
 
+// Glm4MoeForCausalLM (GLM-4.5, 4.5-Air, 4.6): GQA attention (head_dim,
+// partial_rotary_factor, use_qk_norm, attention_bias) over DeepSeek-V3's MoE
+// side (dense first layers, shared experts, sigmoid scores with
+// e_score_correction_bias, group-limited noaux_tc, routed_scaling_factor),
+// read by parse_deepseek from a copy of the config with Glm4MoeConfig's
+// defaults filled in. Errors name the field in `f`'s file.
+Status parse_glm4_moe(const JsonFields& f, ModelConfig& m) {
+  MSI_RETURN_IF_ERROR(parse_common_gqa(f, m));
+  MSI_ASSIGN_OR_RETURN(m.experts, get_int(f, "n_routed_experts"));
+  MSI_ASSIGN_OR_RETURN(m.expert_ffn, f.integer_at_least("moe_intermediate_size", 1));
+  MSI_ASSIGN_OR_RETURN(m.dense_ffn, f.integer_or("intermediate_size", 0));
+  if (m.dense_ffn < 0) return f.field_error("intermediate_size", "must be >= 0");
+  MSI_ASSIGN_OR_RETURN(m.qk_norm, f.boolean_or("use_qk_norm", false));
+  MSI_ASSIGN_OR_RETURN(m.attention_bias, f.boolean_or("attention_bias", false));
+  const Json& j = f.json();
+  Json g = j;
+  // Newer transformers write rope_theta and partial_rotary_factor into
+  // rope_parameters; the published configs have them at the top level.
+  if (j.contains("rope_parameters") && !j.at("rope_parameters").is_null()) {
+    MSI_ASSIGN_OR_RETURN(JsonFields rp, f.object("rope_parameters"));
+    MSI_ASSIGN_OR_RETURN(std::string type, rp.string_or("rope_type", "default"));
+    if (type != "default") {
+      return rp.field_error("rope_type", "'" + type + "' is not supported (GLM-4.5: default)");
+    }
+    for (const char* k : {"rope_theta", "partial_rotary_factor"}) {
+      if (rp.has(k) && !g.contains(k)) g[k] = rp.json().at(k);
+    }
+  }
+  if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null()) {
+    return f.field_error("rope_scaling",
+                         "is not supported for Glm4MoeForCausalLM (the published configs: null)");
+  }
+  g.erase("rope_scaling");
+  MSI_ASSIGN_OR_RETURN(m.partial_rotary_factor,
+                       JsonFields(g, f.where()).number_or("partial_rotary_factor", 0.5));
+  if (!(m.partial_rotary_factor > 0 && m.partial_rotary_factor <= 1)) {
+    return f.field_error("partial_rotary_factor", "must be in (0, 1]");
+  }
+  const int64_t rd = m.rotary_dim();
+  if (rd < 2 || rd % 2 != 0) {
+    return f.field_error("partial_rotary_factor",
+                         std::to_string(m.partial_rotary_factor) + " of head_dim " +
+                             std::to_string(m.head_dim) + " gives a rotary dim of " +
+                             std::to_string(rd) + "; RoPE needs an even number >= 2");
+  }
+  // Glm4MoeConfig's defaults; the routing is always sigmoid + noaux_tc.
+  for (const auto& [k, v] : {std::pair<const char*, Json>{"n_shared_experts", 1},
+                             {"first_k_dense_replace", 1},
+                             {"rms_norm_eps", 1e-5},
+                             {"rope_theta", 10000.0},
+                             {"norm_topk_prob", true}}) {
+    if (!g.contains(k)) g[k] = v;
+  }
+  g["scoring_func"] = "sigmoid";
+  g["topk_method"] = "noaux_tc";
+  g.erase("moe_layer_freq");
+  return parse_deepseek(JsonFields(g, f.where()), m);
+}
+
 }  // namespace
 
 int64_t ModelConfig::attention_window(int i) const {
@@ -354,6 +416,10 @@ double ModelConfig::yarn_rope_mscale() const {
   if (yarn_factor == 0) return 1.0;
   return yarn_get_mscale(yarn_factor, yarn_mscale) /
          yarn_get_mscale(yarn_factor, yarn_mscale_all_dim);
+}
+
+int64_t ModelConfig::rotary_dim() const {
+  return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
 }
 
 double ModelConfig::gqa_group() const {
@@ -462,12 +528,16 @@ Json ModelConfig::to_json() const {
   j["rms_norm_eps"] = rms_norm_eps;
   j["norm_topk_prob"] = norm_topk_prob;
   j["qk_norm"] = qk_norm;
-  if (kv_lora_rank > 0) {
-    j["q_lora_rank"] = q_lora_rank;
-    j["kv_lora_rank"] = kv_lora_rank;
-    j["qk_nope_head_dim"] = qk_nope_head_dim;
-    j["qk_rope_head_dim"] = qk_rope_head_dim;
-    j["v_head_dim"] = v_head_dim;
+  if (attention_bias) j["attention_bias"] = true;
+  if (partial_rotary_factor != 1.0) j["partial_rotary_factor"] = partial_rotary_factor;
+  if (kv_lora_rank > 0 || architecture == "Glm4MoeForCausalLM") {
+    if (kv_lora_rank > 0) {
+      j["q_lora_rank"] = q_lora_rank;
+      j["kv_lora_rank"] = kv_lora_rank;
+      j["qk_nope_head_dim"] = qk_nope_head_dim;
+      j["qk_rope_head_dim"] = qk_rope_head_dim;
+      j["v_head_dim"] = v_head_dim;
+    }
     j["shared_experts"] = shared_experts;
     j["first_k_dense_replace"] = first_k_dense_replace;
     j["moe_layer_freq"] = moe_layer_freq;
@@ -501,8 +571,14 @@ Status ModelConfig::check_executable() const {
   auto no = [&](const std::string& why) {
     return unimplemented("model '" + name + "' (" + architecture + "): " + why +
                          "; the engine runs MixtralForCausalLM, Qwen3MoeForCausalLM, "
-                         "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM and GptOssForCausalLM");
+                         "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, GptOssForCausalLM and "
+                         "Glm4MoeForCausalLM");
   };
+  if (architecture == "Glm4MoeForCausalLM") {
+    if (kv_lora_rank != 0) return no("latent attention in a GLM model");
+    if (yarn_factor != 0) return no("rope_scaling");
+    return validate();
+  }
   if (architecture == "DeepseekV2ForCausalLM" || architecture == "DeepseekV3ForCausalLM") {
     if (kv_lora_rank == 0) return no("DeepSeek without latent attention (kv_lora_rank 0)");
     return validate();
@@ -580,6 +656,15 @@ Status ModelConfig::validate() const {
     return bad("layer_types must name every layer");
   }
   if (!(rope_theta > 0 && rope_theta < 1e12)) return bad("rope_theta must be in (0, 1e12)");
+  if (!(partial_rotary_factor > 0 && partial_rotary_factor <= 1)) {
+    return bad("partial_rotary_factor must be in (0, 1]");
+  }
+  if (kv_lora_rank == 0 && partial_rotary_factor != 1.0 &&
+      (rotary_dim() < 2 || rotary_dim() % 2 != 0)) {
+    return bad("partial_rotary_factor " + std::to_string(partial_rotary_factor) + " of head_dim " +
+               std::to_string(head_dim) + " gives a rotary dim of " + std::to_string(rotary_dim()) +
+               "; RoPE needs an even number >= 2");
+  }
   if (!(rms_norm_eps > 0 && rms_norm_eps < 1)) return bad("rms_norm_eps must be in (0, 1)");
   return ok_status();
 }
@@ -620,6 +705,8 @@ StatusOr<ModelConfig> parse_hf_config(const Json& config, const std::string& sou
     else if (model_type == "deepseek_v3") arch = "DeepseekV3ForCausalLM";
     else if (model_type == "gpt_oss")
       arch = "GptOssForCausalLM";
+    else if (model_type == "glm4_moe")
+      arch = "Glm4MoeForCausalLM";
     else {
       return invalid_argument(source + ": no 'architectures' entry and model_type '" + model_type +
                               "' is not supported; supported: " + std::string(kSupported));
@@ -684,6 +771,8 @@ StatusOr<ModelConfig> parse_hf_config(const Json& config, const std::string& sou
     MSI_ASSIGN_OR_RETURN(m.qk_rope_head_dim, f.integer_at_least("qk_rope_head_dim", 1));
     MSI_ASSIGN_OR_RETURN(m.v_head_dim, f.integer_at_least("v_head_dim", 1));
     m.head_dim = m.qk_nope_head_dim + m.qk_rope_head_dim;
+  } else if (arch == "Glm4MoeForCausalLM") {
+    MSI_RETURN_IF_ERROR(parse_glm4_moe(f, m));
   } else {
     return invalid_argument(source + ": architecture '" + arch +
                             "' is not supported; supported: " + std::string(kSupported));
@@ -734,13 +823,15 @@ StatusOr<ModelConfig> ModelConfig::from_json(const JsonFields& f) {
   MSI_ASSIGN_OR_RETURN(m.rms_norm_eps, f.number_or("rms_norm_eps", m.rms_norm_eps));
   MSI_ASSIGN_OR_RETURN(m.norm_topk_prob, f.boolean_or("norm_topk_prob", m.norm_topk_prob));
   MSI_ASSIGN_OR_RETURN(m.qk_norm, f.boolean_or("qk_norm", false));
+  MSI_ASSIGN_OR_RETURN(m.attention_bias, f.boolean_or("attention_bias", false));
+  MSI_ASSIGN_OR_RETURN(m.partial_rotary_factor, f.number_or("partial_rotary_factor", 1.0));
   MSI_ASSIGN_OR_RETURN(m.q_lora_rank, f.integer_or("q_lora_rank", 0));
   MSI_ASSIGN_OR_RETURN(m.kv_lora_rank, f.integer_or("kv_lora_rank", 0));
   MSI_ASSIGN_OR_RETURN(m.qk_nope_head_dim, f.integer_or("qk_nope_head_dim", 0));
   MSI_ASSIGN_OR_RETURN(m.qk_rope_head_dim, f.integer_or("qk_rope_head_dim", 0));
   MSI_ASSIGN_OR_RETURN(m.v_head_dim, f.integer_or("v_head_dim", 0));
-  if (m.kv_lora_rank > 0) {
-    // What to_json() writes for a DeepSeek model: the config.json field names,
+  if (m.kv_lora_rank > 0 || m.architecture == "Glm4MoeForCausalLM") {
+    // What to_json() writes for a DeepSeek or GLM model: the config.json field names,
     // so the same parser reads them (the shapes above are already set).
     MSI_ASSIGN_OR_RETURN(int64_t shared, f.integer_or("shared_experts", 0));
     const Json& j = f.json();

@@ -26,7 +26,72 @@ struct Spec {
   bool f32 = false;  // stored as float32 (e_score_correction_bias)
 };
 
+// GLM-4.5 (Glm4MoeForCausalLM): GQA attention with q/k/v biases and q/k norms
+// when the config asks, DeepSeek-V3's MoE side (dense first layers, router
+// with e_score_correction_bias, routed and shared experts), MTP layers as
+// DeepSeek-V3 stores them; no lm_head with tie_word_embeddings.
+std::vector<Spec> glm4_moe_specs(const Json& c, bool fp8) {
+  const int64_t h = c["hidden_size"], V = c["vocab_size"];
+  const int64_t L = c["num_hidden_layers"], mtp = c.value("num_nextn_predict_layers", int64_t{0});
+  const int64_t H = c["num_attention_heads"], KV = c["num_key_value_heads"];
+  const int64_t hd = c["head_dim"];
+  const int64_t E = c["n_routed_experts"], F = c["moe_intermediate_size"];
+  const int64_t S = c["n_shared_experts"], I = c["intermediate_size"];
+  const int64_t first_dense = c["first_k_dense_replace"];
+  const bool bias = c.value("attention_bias", false), qk_norm = c.value("use_qk_norm", false);
+  const double out_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(L));
+  auto fan = [](int64_t in) { return 1.0 / std::sqrt(static_cast<double>(in)); };
+  std::vector<Spec> s;
+  // Tied: the embedding is the LM head too, drawn at its scale so logits stay ~N(0, 1).
+  const bool tied = c.value("tie_word_embeddings", false);
+  s.push_back({"model.embed_tokens.weight", {V, h}, tied ? fan(h) : 1.0});
+  auto mlp = [&](const std::string& p, int64_t width) {
+    s.push_back({p + "gate_proj.weight", {width, h}, fan(h), fp8});
+    s.push_back({p + "up_proj.weight", {width, h}, fan(h), fp8});
+    s.push_back({p + "down_proj.weight", {h, width}, out_scale * fan(width), fp8});
+  };
+  for (int64_t i = 0; i < L + mtp; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    if (i >= L) {  // a multi-token-prediction module
+      s.push_back({p + "embed_tokens.weight", {V, h}, 1.0});
+      s.push_back({p + "enorm.weight", {h}, -1});
+      s.push_back({p + "hnorm.weight", {h}, -1});
+      s.push_back({p + "eh_proj.weight", {h, 2 * h}, fan(2 * h)});
+      s.push_back({p + "shared_head.norm.weight", {h}, -1});
+      s.push_back({p + "shared_head.head.weight", {V, h}, fan(h)});
+    }
+    s.push_back({p + "input_layernorm.weight", {h}, -1});
+    const std::string a = p + "self_attn.";
+    s.push_back({a + "q_proj.weight", {H * hd, h}, fan(h), fp8});
+    s.push_back({a + "k_proj.weight", {KV * hd, h}, fan(h), fp8});
+    s.push_back({a + "v_proj.weight", {KV * hd, h}, fan(h), fp8});
+    if (bias) {
+      s.push_back({a + "q_proj.bias", {H * hd}, 0.3});
+      s.push_back({a + "k_proj.bias", {KV * hd}, 0.3});
+      s.push_back({a + "v_proj.bias", {KV * hd}, 0.3});
+    }
+    if (qk_norm) {
+      s.push_back({a + "q_norm.weight", {hd}, -1});
+      s.push_back({a + "k_norm.weight", {hd}, -1});
+    }
+    s.push_back({a + "o_proj.weight", {h, H * hd}, out_scale * fan(H * hd), fp8});
+    s.push_back({p + "post_attention_layernorm.weight", {h}, -1});
+    if (i < first_dense) {
+      mlp(p + "mlp.", I);
+      continue;
+    }
+    s.push_back({p + "mlp.gate.weight", {E, h}, fan(h)});
+    s.push_back({p + "mlp.gate.e_score_correction_bias", {E}, 0.1, false, true});
+    for (int64_t e = 0; e < E; ++e) mlp(p + "mlp.experts." + std::to_string(e) + ".", F);
+    if (S > 0) mlp(p + "mlp.shared_experts.", S * F);
+  }
+  s.push_back({"model.norm.weight", {h}, -1});
+  if (!tied) s.push_back({"lm_head.weight", {V, h}, fan(h)});
+  return s;
+}
+
 std::vector<Spec> deepseek_specs(const Json& c, bool fp8) {
+  if (c["architectures"][0] == "Glm4MoeForCausalLM") return glm4_moe_specs(c, fp8);
   const int64_t h = c["hidden_size"], V = c["vocab_size"];
   const int64_t L = c["num_hidden_layers"], mtp = c.value("num_nextn_predict_layers", int64_t{0});
   const int64_t H = c["num_attention_heads"];
@@ -88,7 +153,7 @@ std::vector<Spec> deepseek_specs(const Json& c, bool fp8) {
 }  // namespace
 
 std::vector<std::string> deepseek_presets() {
-  return {"tiny-deepseek-v3", "tiny-deepseek-v2-lite"};
+  return {"tiny-deepseek-v3", "tiny-deepseek-v2-lite", "tiny-glm4-moe"};
 }
 
 bool is_deepseek_preset(const std::string& preset) {
@@ -97,6 +162,39 @@ bool is_deepseek_preset(const std::string& preset) {
 }
 
 Json deepseek_preset_config(const std::string& preset, int64_t vocab) {
+  if (preset == "tiny-glm4-moe") {
+    return Json{{"architectures", {"Glm4MoeForCausalLM"}},
+                {"model_type", "glm4_moe"},
+                {"hidden_size", 80},
+                {"intermediate_size", 144},
+                {"moe_intermediate_size", 48},
+                {"num_hidden_layers", 3},
+                {"num_nextn_predict_layers", 1},
+                {"num_attention_heads", 6},
+                {"num_key_value_heads", 2},
+                {"head_dim", 32},
+                {"partial_rotary_factor", 0.5},
+                {"attention_bias", true},
+                {"use_qk_norm", true},
+                {"n_routed_experts", 12},
+                {"n_shared_experts", 1},
+                {"num_experts_per_tok", 3},
+                {"n_group", 3},
+                {"topk_group", 2},
+                {"norm_topk_prob", true},
+                {"routed_scaling_factor", 2.5},
+                {"first_k_dense_replace", 1},
+                {"hidden_act", "silu"},
+                {"max_position_embeddings", 2048},
+                {"rope_theta", 1000000.0},
+                {"rope_scaling", Json()},
+                {"rms_norm_eps", 1e-5},
+                {"vocab_size", vocab},
+                {"tie_word_embeddings", false},
+                {"pad_token_id", vocab - 3},
+                {"eos_token_id", vocab - 3},  // <|endoftext|>
+                {"torch_dtype", "bfloat16"}};
+  }
   if (preset == "tiny-deepseek-v3") {
     return Json{{"architectures", {"DeepseekV3ForCausalLM"}},
                 {"model_type", "deepseek_v3"},

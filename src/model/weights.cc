@@ -22,9 +22,11 @@ bool is_qwen3(const ModelConfig& c) { return c.architecture == "Qwen3MoeForCausa
 bool is_deepseek(const ModelConfig& c) {
   return c.architecture == "DeepseekV2ForCausalLM" || c.architecture == "DeepseekV3ForCausalLM";
 }
-// Qwen3-MoE and DeepSeek name experts and the router under "mlp."; Mixtral under
-// "block_sparse_moe.".
-bool mlp_names(const ModelConfig& c) { return is_qwen3(c) || is_deepseek(c); }
+// Qwen3-MoE, DeepSeek and GLM-4.5 name experts and the router under "mlp.";
+// Mixtral under "block_sparse_moe.".
+bool mlp_names(const ModelConfig& c) {
+  return is_qwen3(c) || is_deepseek(c) || c.architecture == "Glm4MoeForCausalLM";
+}
 
 // Appends the tensor's values as bf16 to out.
 void append_bf16(const TensorView& t, std::vector<bf16>& out) {
@@ -679,24 +681,51 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
       MSI_RETURN_IF_ERROR(load_gpt_oss_layer(ld, w->checkpoint_, dir, c, i, options, L));
       continue;
     }
+    // GLM-4.5 has DeepSeek's layer pattern: a dense layer's MLP or a MoE
+    // layer's shared experts run on the attention side (rank 0).
+    const bool moe = c.is_moe_layer(i);
+    const std::string ffn = moe ? p + "mlp.shared_experts." : p + "mlp.";
+    const int64_t ffn_width = moe ? c.shared_expert_ffn : c.dense_ffn;
     const std::vector<std::string> attn_names = {
-        p + "input_layernorm.weight", p + "post_attention_layernorm.weight",
         p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
         p + "self_attn.v_proj.weight", p + "self_attn.o_proj.weight",
-        p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight",
-        router_tensor_name(c, i)};
+        p + "self_attn.q_proj.bias",   p + "self_attn.k_proj.bias",
+        p + "self_attn.v_proj.bias",   p + "self_attn.q_norm.weight",
+        p + "self_attn.k_norm.weight"};
+    const std::vector<std::string> rest_names = {
+        p + "input_layernorm.weight", p + "post_attention_layernorm.weight",
+        router_tensor_name(c, i),     p + "mlp.gate.e_score_correction_bias",
+        ffn + "gate_proj.weight",     ffn + "up_proj.weight",
+        ffn + "down_proj.weight"};
     if (options.attention) {
       if (attention_rest) {
         MSI_ASSIGN_OR_RETURN(L.input_norm, ld.vec(p + "input_layernorm.weight", h));
         MSI_ASSIGN_OR_RETURN(L.post_attn_norm, ld.vec(p + "post_attention_layernorm.weight", h));
-        MSI_ASSIGN_OR_RETURN(L.router, ld.pack({{router_tensor_name(c, i), {E, h}}},
-                                               kernels::cpu::WeightFormat::kBf16));
-      } else {
-        for (const auto& n : {p + "input_layernorm.weight", p + "post_attention_layernorm.weight",
-                              router_tensor_name(c, i)}) {
-          ld.skip(n);
+        if (moe) {
+          MSI_ASSIGN_OR_RETURN(L.router, ld.pack({{router_tensor_name(c, i), {E, h}}},
+                                                 kernels::cpu::WeightFormat::kBf16));
+          if (c.topk_method == ModelConfig::TopkMethod::kNoauxTc) {
+            MSI_ASSIGN_OR_RETURN(L.router_bias,
+                                 ld.vec_f32(p + "mlp.gate.e_score_correction_bias", E));
+          }
         }
+        if (ffn_width > 0) {
+          MSI_ASSIGN_OR_RETURN(L.dense_ffn.w13, ld.pack({{ffn + "gate_proj.weight", {ffn_width, h}},
+                                                         {ffn + "up_proj.weight", {ffn_width, h}}},
+                                                        fmt));
+          MSI_ASSIGN_OR_RETURN(L.dense_ffn.w2,
+                               ld.pack({{ffn + "down_proj.weight", {h, ffn_width}}}, fmt));
+        }
+      } else {
+        for (const auto& n : rest_names) ld.skip(n);
       }
+      // Rank atp_rank: its heads' rows of q, k and v (the KV heads its query
+      // heads read: a share, or one replicated head), the same columns of o
+      // (all of them at tp 1).
+      const int64_t q0 = atp_rank * (H / atp) * hd, q1 = q0 + (H / atp) * hd;
+      const int64_t k0 =
+          c.first_kv_head_of_attention_rank(static_cast<int>(atp_rank), static_cast<int>(atp)) * hd;
+      const int64_t k1 = k0 + c.kv_heads_per_attention_rank(static_cast<int>(atp)) * hd;
       if (atp == 1) {
         MSI_ASSIGN_OR_RETURN(L.qkv, ld.pack({{p + "self_attn.q_proj.weight", {H * hd, h}},
                                              {p + "self_attn.k_proj.weight", {KV * hd, h}},
@@ -704,13 +733,6 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
                                             fmt));
         MSI_ASSIGN_OR_RETURN(L.o, ld.pack({{p + "self_attn.o_proj.weight", {h, H * hd}}}, fmt));
       } else {
-        // Rank atp_rank: its heads' rows of q, k and v (the KV heads its query
-        // heads read: a share, or one replicated head), the same columns of o.
-        const int64_t q0 = atp_rank * (H / atp) * hd, q1 = q0 + (H / atp) * hd;
-        const int64_t k0 =
-            c.first_kv_head_of_attention_rank(static_cast<int>(atp_rank), static_cast<int>(atp)) *
-            hd;
-        const int64_t k1 = k0 + c.kv_heads_per_attention_rank(static_cast<int>(atp)) * hd;
         MSI_ASSIGN_OR_RETURN(
             L.qkv, ld.pack_blocks({{p + "self_attn.q_proj.weight", {H * hd, h}, q0, q1, 0, h},
                                    {p + "self_attn.k_proj.weight", {KV * hd, h}, k0, k1, 0, h},
@@ -719,15 +741,24 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
         MSI_ASSIGN_OR_RETURN(
             L.o, ld.pack_blocks({{p + "self_attn.o_proj.weight", {h, H * hd}, 0, h, q0, q1}}, fmt));
       }
+      if (c.attention_bias) {  // the same rows of the biases, in qkv's row order
+        MSI_ASSIGN_OR_RETURN(std::vector<float> qb, ld.vec(p + "self_attn.q_proj.bias", H * hd));
+        MSI_ASSIGN_OR_RETURN(std::vector<float> kb, ld.vec(p + "self_attn.k_proj.bias", KV * hd));
+        MSI_ASSIGN_OR_RETURN(std::vector<float> vb, ld.vec(p + "self_attn.v_proj.bias", KV * hd));
+        L.qkv_bias.assign(qb.begin() + q0, qb.begin() + q1);
+        L.qkv_bias.insert(L.qkv_bias.end(), kb.begin() + k0, kb.begin() + k1);
+        L.qkv_bias.insert(L.qkv_bias.end(), vb.begin() + k0, vb.begin() + k1);
+      }
       if (c.qk_norm) {
         MSI_ASSIGN_OR_RETURN(L.q_norm, ld.vec(p + "self_attn.q_norm.weight", hd));
         MSI_ASSIGN_OR_RETURN(L.k_norm, ld.vec(p + "self_attn.k_norm.weight", hd));
       }
     } else {
       for (const auto& n : attn_names) ld.skip(n);
+      for (const auto& n : rest_names) ld.skip(n);
     }
     L.experts.resize(E);
-    for (int e = 0; e < E; ++e) {
+    for (int e = 0; moe && e < E; ++e) {
       const ExpertTensorNames n = expert_tensor_names(c, i, e);
       const bool want = options.all_experts ||
                         std::find(options.experts.begin(), options.experts.end(), e) !=

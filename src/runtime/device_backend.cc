@@ -45,6 +45,9 @@ StatusOr<std::unique_ptr<AttentionCompute>> make_attention_compute(
     const std::string& device, const model::ModelWeights& w, const KvCache& kv) {
   MSI_RETURN_IF_ERROR(check_device(device));
   if (is_cpu_device(device)) return std::unique_ptr<AttentionCompute>(new AttentionRunner(w));
+  if (w.config().architecture == "Glm4MoeForCausalLM") {  // biases, partial rotary, dense layers
+    return unimplemented(w.config().architecture + " runs on the CPU engine only (--device cpu)");
+  }
 #ifdef MSINFER_WITH_CUDA
   MSI_ASSIGN_OR_RETURN(auto r, CudaAttentionRunner::create(device, w, kv));
   return std::unique_ptr<AttentionCompute>(std::move(r));
@@ -58,8 +61,10 @@ StatusOr<std::unique_ptr<ExpertCompute>> make_expert_compute(const std::string& 
                                                              const std::vector<int>& experts) {
   MSI_RETURN_IF_ERROR(check_device(device));
   if (is_cpu_device(device)) return std::unique_ptr<ExpertCompute>(new ExpertRunner(w));
-  if (w.config().kv_lora_rank > 0 ||  // FP8 weights, layers without routed experts
-      w.config().swiglu_limit > 0) {  // gpt-oss's biased, clamped experts
+  // FP8 weights (DeepSeek), layers without routed experts (DeepSeek, GLM-4.5),
+  // gpt-oss's biased, clamped experts.
+  if (w.config().kv_lora_rank > 0 || w.config().moe_layers < w.config().layers ||
+      w.config().swiglu_limit > 0) {
     return unimplemented("the experts of " + w.config().architecture +
                          " run on the CPU only (--expert-device cpu)");
   }

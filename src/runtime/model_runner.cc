@@ -14,6 +14,31 @@ namespace msinfer::runtime {
 
 namespace k = kernels::cpu;
 
+namespace {
+
+// The MoE side of DeepSeek-V2/V3 and GLM-4.5: dense first layers, shared
+// experts, grouped_topk routing (vs. fused_gate's softmax top-K).
+bool deepseek_moe(const ModelConfig& c) {
+  return c.kv_lora_rank > 0 || c.architecture == "Glm4MoeForCausalLM";
+}
+
+// RoPE on the first rd of the hd dims of each head of x[T, heads, hd] (GLM's
+// partial rotary; HF's rotate_half over those rd dims, base theta over rd):
+// gathered into scratch [T, heads, rd], rotated by ops.h's rope, put back.
+void rope_partial(float* x, const int32_t* positions, int64_t T, int64_t heads, int64_t hd,
+                  int64_t rd, double theta, std::vector<float>& scratch) {
+  scratch.resize(T * heads * rd);
+  for (int64_t r = 0; r < T * heads; ++r) {
+    std::memcpy(scratch.data() + r * rd, x + r * hd, sizeof(float) * rd);
+  }
+  k::rope(scratch.data(), positions, T, heads, rd, theta);
+  for (int64_t r = 0; r < T * heads; ++r) {
+    std::memcpy(x + r * hd, scratch.data() + r * rd, sizeof(float) * rd);
+  }
+}
+
+}  // namespace
+
 Status AttentionRunner::embed(const TokenBatch& b, float* x) {
   const int64_t h = w_.config().hidden;
   for (int64_t t = 0; t < b.size(); ++t) w_.embed(b.ids[t], x + t * h);
@@ -46,7 +71,7 @@ Status AttentionRunner::attention_partial(int l, const TokenBatch& b, KvCache& k
   attn_.resize(T * qn);
 
   L.qkv.forward(h, T, qkv_.data());
-  if (!L.qkv_bias.empty()) {
+  if (!L.qkv_bias.empty()) {  // attention_bias: one row of q, k, v biases
     for (int64_t t = 0; t < T; ++t) {
       k::add_inplace(qkv_.data() + t * (qn + 2 * kn), L.qkv_bias.data(), qn + 2 * kn);
     }
@@ -69,6 +94,9 @@ Status AttentionRunner::attention_partial(int l, const TokenBatch& b, KvCache& k
     const float mscale = static_cast<float>(c.yarn_rope_mscale());
     k::rope_rotate_half(q_.data(), b.positions.data(), T, H, hd, inv_freq_.data(), mscale);
     k::rope_rotate_half(k_.data(), b.positions.data(), T, KV, hd, inv_freq_.data(), mscale);
+  } else if (const int64_t rd = c.rotary_dim(); rd < hd) {  // partial rotary (GLM-4.5)
+    rope_partial(q_.data(), b.positions.data(), T, H, hd, rd, c.rope_theta, rope_);
+    rope_partial(k_.data(), b.positions.data(), T, KV, hd, rd, c.rope_theta, rope_);
   } else {
     k::rope(q_.data(), b.positions.data(), T, H, hd, c.rope_theta);
     k::rope(k_.data(), b.positions.data(), T, KV, hd, c.rope_theta);
@@ -179,7 +207,7 @@ Status AttentionRunner::attention_and_gate(int l, const TokenBatch& b, KvCache& 
   k::add_inplace(x, o_.data(), T * h);
 
   k::rms_norm(x, L.post_attn_norm.data(), T, h, eps, h_.data());
-  if (c.kv_lora_rank > 0) {          // DeepSeek
+  if (deepseek_moe(c)) {             // DeepSeek, GLM-4.5
     if (!L.dense_ffn.w13.empty()) {  // the dense MLP or the shared experts, on every token
       ffn_.resize(T * h);
       k::expert_ffn(L.dense_ffn.w13, L.dense_ffn.w2, h_.data(), T, ffn_.data());

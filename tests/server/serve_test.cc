@@ -289,14 +289,14 @@ TEST_F(ServeTest, OpenAiClientDisaggregatedGreedyEqualsGenerate) {
   if (HasFailure()) ADD_FAILURE() << "server stderr:\n" << s.stderr_text();
 }
 
-// A DeepSeek preset (MLA, shared experts, a dense layer) served
-// disaggregated: a greedy completion equals the co-located `generate`, and a
-// chat completion through the preset's ChatML template equals `generate` of
-// the rendered prompt. SIGTERM stops the server and its workers.
-TEST_F(ServeTest, DeepSeekDisaggregatedGreedyEqualsGenerate) {
-  const fs::path dir =
-      fs::path(::testing::TempDir()) / ("msinfer-serve-deepseek-" + std::to_string(::getpid()));
-  testing::run_capture(kBin + " make-model --preset tiny-deepseek-v3 --out " + dir.string() +
+// A preset served disaggregated: a greedy completion equals the co-located
+// `generate`, and a chat completion through the preset's ChatML template
+// equals `generate` of the rendered prompt. SIGTERM stops the server and its
+// workers.
+void expect_served_disaggregated_equals_generate(const std::string& preset) {
+  const fs::path dir = fs::path(::testing::TempDir()) /
+                       ("msinfer-serve-" + preset + "-" + std::to_string(::getpid()));
+  testing::run_capture(kBin + " make-model --preset " + preset + " --out " + dir.string() +
                        " >/dev/null 2>&1");
   ASSERT_TRUE(fs::exists(dir / "config.json")) << "make-model failed";
   auto generate = [&](const std::string& prompt) {
@@ -335,7 +335,17 @@ TEST_F(ServeTest, DeepSeekDisaggregatedGreedyEqualsGenerate) {
   ASSERT_FALSE(o.contains("fatal")) << o["fatal"];
   check_logprobs_join(o, 8);
   EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
-  if (HasFailure()) ADD_FAILURE() << "server stderr:\n" << s.stderr_text();
+  if (::testing::Test::HasFailure()) ADD_FAILURE() << "server stderr:\n" << s.stderr_text();
+}
+
+// DeepSeek-V3 (MLA, shared experts, a dense layer).
+TEST_F(ServeTest, DeepSeekDisaggregatedGreedyEqualsGenerate) {
+  expect_served_disaggregated_equals_generate("tiny-deepseek-v3");
+}
+
+// GLM-4.5 (GQA with q/k/v biases and partial rotary, shared experts, a dense layer).
+TEST_F(ServeTest, Glm4MoeDisaggregatedGreedyEqualsGenerate) {
+  expect_served_disaggregated_equals_generate("tiny-glm4-moe");
 }
 
 // An attention worker dies under serve (docs/RUNTIME.md, "Failures"): the

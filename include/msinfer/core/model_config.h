@@ -3,8 +3,9 @@
 // FLOPs and KV-cache bytes) and the engine (plus the numerics: RoPE base, norm
 // epsilon, routing rule, special tokens). Built in: Mixtral-8x22B, DBRX,
 // Scaled-MoE (docs/PLANNER.md section 2); or read from an HF config.json of a Mixtral,
-// Qwen2-MoE, Qwen3-MoE, DBRX, DeepSeek-V2/V3 or gpt-oss model. The engine
-// executes Mixtral, Qwen3-MoE, DeepSeek-V2/V3 and gpt-oss (check_executable()).
+// Qwen2-MoE, Qwen3-MoE, DBRX, DeepSeek-V2/V3, gpt-oss or GLM-4.5 model. The
+// engine executes Mixtral, Qwen3-MoE, DeepSeek-V2/V3, gpt-oss and GLM-4.5 / 4.6
+// (check_executable()).
 //
 // Shared experts and dense (non-MoE) layers run on the attention side: every
 // token visits them, so they are a dense GEMM with the attention replica's
@@ -45,7 +46,8 @@ struct ModelConfig {
   int64_t v_head_dim = 0;
 
   // DeepSeek-V2/V3 layer pattern, routing and position encoding (HF config.json
-  // names in comments). Defaults describe Mixtral / Qwen-MoE: softmax over
+  // names in comments; GLM-4.5 has the same layer pattern and routing, fixed
+  // at sigmoid / noaux_tc). Defaults describe Mixtral / Qwen-MoE: softmax over
   // all experts, plain top-K, every layer MoE, plain RoPE, bf16 weights.
   int shared_experts = 0;         // n_shared_experts (each moe_intermediate_size wide)
   int first_k_dense_replace = 0;  // layers [0, this) are dense
@@ -75,7 +77,7 @@ struct ModelConfig {
   int64_t fp8_block_rows = 0, fp8_block_cols = 0;
 
   // gpt-oss (GptOssForCausalLM; HF config.json names in comments).
-  // attention_bias: q/k/v/o projections have biases (GLM-4.5 too).
+  // attention_bias: q/k/v/o projections have biases (GLM-4.5: q/k/v only).
   bool attention_bias = false;       // attention_bias
   bool attention_sinks = false;      // self_attn.sinks: a learned logit per head in the
                                      // softmax denominator (no value row)
@@ -99,7 +101,10 @@ struct ModelConfig {
   double rope_theta = 1e6;
   double rms_norm_eps = 1e-5;
   bool norm_topk_prob = true;   // renormalise the top-K softmax weights (Mixtral: always)
-  bool qk_norm = false;         // RMSNorm on q and k per head before RoPE (Qwen3)
+  bool qk_norm = false;         // RMSNorm on q and k per head before RoPE (Qwen3; GLM use_qk_norm)
+  // partial_rotary_factor (GLM-4.5: 0.5): RoPE (HF rotate_half, base rope_theta
+  // over rotary_dim() dims) on the first rotary_dim() dims of each head only.
+  double partial_rotary_factor = 1.0;
   int64_t max_position_embeddings = 32768;
   int64_t bos_token_id = -1;    // -1: none
   std::vector<int64_t> eos_token_ids;
@@ -118,6 +123,9 @@ struct ModelConfig {
   // mscale_all_dim, as in every published config.
   double yarn_attention_mscale() const;
   double yarn_rope_mscale() const;
+  // Dims of each q/k head that RoPE rotates: int(head_dim * partial_rotary_factor),
+  // truncated as HF's Python int() does (even: validate() checks it).
+  int64_t rotary_dim() const;
 
   // Query heads per KV head (g in docs/PLANNER.md 3b).
   double gqa_group() const;
@@ -163,9 +171,11 @@ struct ModelConfig {
   Status validate() const;
   // OK when the engine can run this model: Mixtral or Qwen3-MoE (every layer
   // MoE, no shared expert, plain GQA attention), or DeepSeek-V2/V3 with latent
-  // attention (dense first layers, shared experts, grouped routing) on the
-  // CPU, co-located or disaggregated (the dense layers and shared experts run
-  // on the attention side; docs/RUNTIME.md, "DeepSeek").
+  // attention (dense first layers, shared experts, grouped routing) or GLM-4.5
+  // (the same MoE side with GQA attention: partial rotary, q/k/v biases,
+  // optional q/k norm) on the CPU, co-located or disaggregated (the dense
+  // layers and shared experts run on the attention side; docs/RUNTIME.md,
+  // "DeepSeek").
   Status check_executable() const;
 };
 

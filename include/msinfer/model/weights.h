@@ -1,5 +1,6 @@
 // Model weights as the engine uses them, loaded from an HF-layout checkpoint of
-// a Mixtral or Qwen3-MoE model (tensor names as the HF checkpoints).
+// a Mixtral, Qwen3-MoE, DeepSeek-V2/V3 or GLM-4.5 model (tensor names as the
+// HF checkpoints).
 //
 // Every GEMM weight is converted to bf16 if needed and packed for the CPU GEMM
 // of the active kernel level (kernels::cpu::PackedLinear), as bf16 or, with
@@ -36,7 +37,7 @@ struct ExpertWeights {
 struct LayerWeights {
   std::vector<float> input_norm;      // [h]
   std::vector<float> post_attn_norm;  // [h]
-  std::vector<float> q_norm, k_norm;  // [head_dim], Qwen3 only
+  std::vector<float> q_norm, k_norm;  // [head_dim], Qwen3 and GLM with use_qk_norm
   // GQA: [(heads + 2 kv_heads) head_dim, h] (q, k, v stacked).
   // MLA (ModelConfig::kv_lora_rank > 0): the GEMMs that read the normed input,
   // stacked: q_a_proj [q_lora, h] (or q_proj [heads (nope + rope), h] without
@@ -60,13 +61,15 @@ struct LayerWeights {
   // MoE layer (one SwiGLU of width n_shared_experts x moe_intermediate_size).
   // Empty when the layer has neither.
   ExpertWeights dense_ffn;
-  // DeepSeek-V3's gate.e_score_correction_bias [E] in float32 (selection only); else empty.
+  // DeepSeek-V3's and GLM-4.5's gate.e_score_correction_bias [E] in float32
+  // (selection only); else empty.
   std::vector<float> router_bias;
 
   // Attention biases (ModelConfig::attention_bias; else empty): qkv_bias is
-  // this rank's fused row, q then k then v, in qkv's row order, added right
-  // after qkv.forward; o_bias [h] is added once, on attention tp rank 0 (empty
-  // on the others: the ranks' partial o outputs are summed).
+  // this rank's fused row in float32 (bf16 values), q then k then v, in qkv's
+  // row order ((heads + 2 kv_heads) head_dim / tp), added right after
+  // qkv.forward; o_bias [h] (gpt-oss; GLM-4.5 has none) is added once, on
+  // attention tp rank 0 (empty on the others: the partial o outputs are summed).
   std::vector<float> qkv_bias;
   std::vector<float> o_bias;
   // gpt-oss: self_attn.sinks of this rank's query heads [heads / tp]; and the

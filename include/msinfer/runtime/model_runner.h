@@ -94,6 +94,7 @@ class AttentionRunner : public AttentionCompute {
   // DeepSeek: latent attention; the gate is grouped_topk (kernels/cpu/
   // grouped_topk.h) then route_rows; the shared experts' output is added to x
   // here, and a dense layer adds its MLP here and routes no rows (top_k 0).
+  // GLM-4.5: GQA attention (q/k/v biases, partial rotary) and DeepSeek's MoE side.
   Status attention_and_gate(int l, const TokenBatch& b, KvCache& kv, float* x,
                             kernels::cpu::RoutedBatch* routed, const int32_t* expert_dest = nullptr,
                             int64_t destinations = 0) override;
@@ -116,6 +117,7 @@ class AttentionRunner : public AttentionCompute {
   AttentionPeers* peers_ = nullptr;
   std::vector<float> h_, qkv_, q_, k_, v_, attn_, o_, router_, sel_;
   std::vector<float> qa_, latent_, q_pe_, q_lat_, out_lat_, ffn_;
+  std::vector<float> rope_;      // partial rotary's gathered dims
   std::vector<float> inv_freq_;  // YaRN's rotary inverse frequencies (MLA, gpt-oss), computed once
 };
 

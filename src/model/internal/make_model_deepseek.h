@@ -1,5 +1,6 @@
-// make-model presets of the DeepSeek-V2/V3 family (kept apart from
-// make_model.cc, which calls in here for these preset names).
+// make-model presets of the DeepSeek-V2/V3 family and of GLM-4.5, which has
+// DeepSeek-V3's MoE side (kept apart from make_model.cc, which calls in here
+// for these preset names).
 //
 // tiny-deepseek-v3: DeepseekV3ForCausalLM, hidden 192 (one full and one
 // partial 128-block), 2 decoder layers (layer 0 dense, first_k_dense_replace
@@ -18,7 +19,15 @@
 // qk_rope 8, v 16; 8 routed experts of width 48, softmax greedy top-2 without
 // renormalisation, two shared experts; YaRN with mscale 0.707; bf16.
 //
-// Both use the tiny byte-level tokenizer of tiny-qwen3moe.
+// tiny-glm4-moe: Glm4MoeForCausalLM (GLM-4.5's layout), hidden 80, 3 layers
+// (layer 0 dense, width 144) plus one MTP layer, GQA with 6 query and 2 KV
+// heads of head_dim 32, RoPE on the first half of each head
+// (partial_rotary_factor 0.5, theta 1e6), q/k/v biases, q/k norms; 12 routed
+// experts of width 48 in 3 groups, top-3 of the best 2 groups by sigmoid +
+// e_score_correction_bias (noaux_tc), routed_scaling_factor 2.5, one shared
+// expert; bf16.
+//
+// All use the tiny byte-level tokenizer of tiny-qwen3moe.
 #pragma once
 
 #include <string>
