@@ -24,11 +24,13 @@ int run_make_model(int argc, char** argv) {
       "it writes English; 5.4 MB, built into this binary), and, with seeded random\n"
       "weights for tests and benchmarks, tiny-mixtral, tiny-qwen3moe (a few MB),\n"
       "small-mixtral (~1.3 GB), tiny-deepseek-v3 (MLA, FP8 block-scaled weights,\n"
-      "grouped sigmoid routing, an MTP layer), tiny-deepseek-v2-lite and tiny-glm4-moe\n"
-      "(GLM-4.5: GQA with partial rotary and q/k/v biases, DeepSeek-V3's MoE side).");
+      "grouped sigmoid routing, an MTP layer), tiny-deepseek-v2-lite, tiny-glm4-moe\n"
+      "(GLM-4.5: GQA with partial rotary and q/k/v biases, DeepSeek-V3's MoE side),\n"
+      "tiny-gpt-oss and small-gpt-oss (gpt-oss: sinks, sliding-window layers, biases,\n"
+      "MXFP4 experts).");
   flags.add_string("preset", "",
                    "demo | tiny-mixtral | tiny-qwen3moe | small-mixtral | tiny-deepseek-v3 |\n"
-                   "tiny-deepseek-v2-lite | tiny-glm4-moe");
+                   "tiny-deepseek-v2-lite | tiny-glm4-moe | tiny-gpt-oss | small-gpt-oss");
   flags.add_string("out", "", "output directory (created if missing)");
   flags.add_int("seed", 0, 0, INT64_MAX, "seed of the random weights");
   flags.add_string("dtype", "bf16", "weight dtype: bf16 | f16 | f32");
