@@ -36,73 +36,16 @@ namespace msinfer::runtime {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr int kDecodeSteps = 16;
-
-struct Reference {
-  std::vector<int32_t> tokens;
-  std::vector<std::vector<float>> logits;
-};
-
-Reference reference(const std::string& dir, const std::vector<int32_t>& prompt, int steps) {
-  std::string ids;
-  for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-  auto c = load_model_config(dir);
-  EXPECT_TRUE(c.ok()) << c.status().to_string();
-  const bool bf16_qk =
-      c.ok() && kernels::cpu::attention_bf16_qk(kernels::cpu::active_isa(), c->head_dim);
-  const std::string out = (fs::path(::testing::TempDir()) / "glm_ref.json").string();
-  const std::string err = (fs::path(::testing::TempDir()) / "glm_ref.err").string();
-  const std::string rc = msinfer::testing::run_capture(
-      "/usr/bin/python3 '" + std::string(MSINFER_SOURCE_DIR) +
-      "/tests/runtime/glm4_moe_reference.py' '" + dir + "' " + ids + " " + std::to_string(steps) +
-      " --dtype engine" + (bf16_qk ? " --bf16-qk" : "") + " > " + out + " 2> " + err + "; echo $?");
-  std::ifstream e(err);
-  const std::string err_text((std::istreambuf_iterator<char>(e)), {});
-  Reference r;
-  EXPECT_EQ(rc, "0\n") << err_text;
-  auto j = read_json_file(out);
-  EXPECT_TRUE(j.ok()) << err_text;
-  if (!j.ok()) return r;
-  r.tokens = (*j)["tokens"].get<std::vector<int32_t>>();
-  r.logits = (*j)["logits"].get<std::vector<std::vector<float>>>();
-  return r;
-}
-
-// Prefill and decode of `dir` against the reference, in the three variants
-// above; `label` names the checkpoint in messages.
+// Prefill and decode of `dir` against the torch program of HF's equations
+// (testing::expect_matches_reference), modelling the active level's bf16 q
+// for the scores (--bf16-qk) as torch_reference.py does; `label` names the
+// checkpoint.
 void expect_matches_reference(const std::string& dir, const std::string& label) {
-  const std::vector<int32_t> prompt = {5, 17, 42, 99, 3, 250, 7, 64, 11, 128, 33, 2};
-  const Reference ref = reference(dir, prompt, kDecodeSteps + 1);
-  ASSERT_EQ(ref.logits.size(), static_cast<size_t>(kDecodeSteps + 1));
-
-  const std::vector<std::vector<int32_t>> two = {{prompt[1], prompt[2]},
-                                                 {prompt[3], prompt[0], prompt[4], prompt[5]}};
-  struct Variant {
-    int64_t chunk;
-    std::vector<std::vector<int32_t>> others;
-    int micro_batches;
-  };
-  for (const auto& [chunk, others, mbs] :
-       {Variant{256, {}, 1}, Variant{5, {}, 1}, Variant{256, two, 3}}) {
-    const testing::EngineRun r =
-        testing::run_engine_greedy(dir, prompt, kDecodeSteps + 1, chunk, others, mbs);
-    EXPECT_EQ(r.tokens, ref.tokens)
-        << label << " chunk " << chunk << ", " << others.size() << " others";
-    const testing::LogitError err = testing::logit_error(r.logits, ref.logits);
-    if (err.max > testing::kMaxLogitError) {  // where it went wrong
-      for (size_t st = 0; st < std::min(r.logits.size(), ref.logits.size()); ++st) {
-        std::printf("  step %zu: |dlogit| max %.3g\n", st,
-                    testing::logit_error({r.logits[st]}, {ref.logits[st]}).max);
-      }
-    }
-    EXPECT_LE(err.max, testing::kMaxLogitError) << label << " chunk " << chunk;
-    EXPECT_LE(err.mean, testing::kMeanLogitError) << label << " chunk " << chunk;
-    std::printf(
-        "[ glm4-moe exactness ] %s, prefill chunk %lld, %zu other requests, %d micro-batches: "
-        "|dlogit| max %.3g, mean %.3g over %zu logits\n",
-        label.c_str(), static_cast<long long>(chunk), others.size(), mbs, err.max, err.mean,
-        err.count);
-  }
+  auto c = load_model_config(dir);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  const bool bf16_qk = kernels::cpu::attention_bf16_qk(kernels::cpu::active_isa(), c->head_dim);
+  testing::expect_matches_reference("glm4_moe_reference.py", "glm4-moe", dir, label,
+                                    bf16_qk ? " --bf16-qk" : "");
 }
 
 TEST(Glm4MoeExactnessTest, TinyPresetMatchesTheReference) {

@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <string>
@@ -167,6 +170,86 @@ inline TorchReference torch_reference(const std::string& dir, const std::vector<
   r.tokens = (*j)["tokens"].get<std::vector<int32_t>>();
   r.logits = (*j)["logits"].get<std::vector<std::vector<float>>>();
   return r;
+}
+// A model's own reference (tests/runtime/<script>, e.g. deepseek_reference.py)
+// run on `dir` with the engine's roundings (--dtype engine, then `extra`): its
+// greedy tokens and logits per step, or `skip`, the script's reason when it
+// exited 77 (the published reference it runs is absent).
+struct ReferenceRun {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;
+  std::string skip;
+};
+
+inline ReferenceRun run_reference_script(const std::string& script, const std::string& dir,
+                                         const std::vector<int32_t>& prompt, int steps,
+                                         const std::string& extra = "") {
+  std::string ids;
+  for (int32_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  const std::string stem = std::filesystem::path(script).stem().string();
+  const std::string out = (std::filesystem::path(::testing::TempDir()) / (stem + ".json")).string();
+  const std::string err = (std::filesystem::path(::testing::TempDir()) / (stem + ".err")).string();
+  const std::string rc = msinfer::testing::run_capture(
+      "cd " + std::string(MSINFER_SOURCE_DIR) + " && /usr/bin/python3 tests/runtime/" + script +
+      " '" + dir + "' " + ids + " " + std::to_string(steps) + " --dtype engine" + extra + " > " +
+      out + " 2> " + err + "; echo $?");
+  std::ifstream e(err);
+  const std::string err_text((std::istreambuf_iterator<char>(e)), {});
+  ReferenceRun r;
+  if (rc == "77\n") {
+    r.skip = err_text;
+    return r;
+  }
+  EXPECT_EQ(rc, "0\n") << err_text;
+  auto j = read_json_file(out);
+  EXPECT_TRUE(j.ok()) << err_text;
+  if (!j.ok()) return r;
+  r.tokens = (*j)["tokens"].get<std::vector<int32_t>>();
+  r.logits = (*j)["logits"].get<std::vector<std::vector<float>>>();
+  return r;
+}
+
+// Prefill and 16 decode steps of `dir` against run_reference_script(script),
+// in three variants: the whole prompt in one step, chunks of 5, and beside two
+// other requests over 3 micro-batches. Greedy tokens equal, logits within
+// kMaxLogitError / kMeanLogitError; `tag` (the model) and `label` (the
+// checkpoint) name the run in messages. Skips when the reference is absent.
+inline void expect_matches_reference(const std::string& script, const std::string& tag,
+                                     const std::string& dir, const std::string& label,
+                                     const std::string& extra = "") {
+  constexpr int kDecodeSteps = 16;
+  const std::vector<int32_t> prompt = {5, 17, 42, 99, 3, 250, 7, 64, 11, 128, 33, 2};
+  const ReferenceRun ref = run_reference_script(script, dir, prompt, kDecodeSteps + 1, extra);
+  if (!ref.skip.empty()) GTEST_SKIP() << ref.skip;
+  ASSERT_EQ(ref.logits.size(), static_cast<size_t>(kDecodeSteps + 1));
+
+  const std::vector<std::vector<int32_t>> two = {{prompt[1], prompt[2]},
+                                                 {prompt[3], prompt[0], prompt[4], prompt[5]}};
+  struct Variant {
+    int64_t chunk;
+    std::vector<std::vector<int32_t>> others;
+    int micro_batches;
+  };
+  for (const auto& [chunk, others, mbs] :
+       {Variant{256, {}, 1}, Variant{5, {}, 1}, Variant{256, two, 3}}) {
+    const EngineRun r = run_engine_greedy(dir, prompt, kDecodeSteps + 1, chunk, others, mbs);
+    EXPECT_EQ(r.tokens, ref.tokens)
+        << label << " chunk " << chunk << ", " << others.size() << " others";
+    const LogitError err = logit_error(r.logits, ref.logits);
+    if (err.max > kMaxLogitError) {  // where it went wrong
+      for (size_t st = 0; st < std::min(r.logits.size(), ref.logits.size()); ++st) {
+        std::printf("  step %zu: |dlogit| max %.3g\n", st,
+                    logit_error({r.logits[st]}, {ref.logits[st]}).max);
+      }
+    }
+    EXPECT_LE(err.max, kMaxLogitError) << label << " chunk " << chunk;
+    EXPECT_LE(err.mean, kMeanLogitError) << label << " chunk " << chunk;
+    std::printf(
+        "[ %s exactness ] %s, prefill chunk %lld, %zu other requests, %d micro-batches: "
+        "|dlogit| max %.3g, mean %.3g over %zu logits\n",
+        tag.c_str(), label.c_str(), static_cast<long long>(chunk), others.size(), mbs, err.max,
+        err.mean, err.count);
+  }
 }
 #endif
 
