@@ -505,6 +505,16 @@ double ModelConfig::attention_score_flops(double seq_len) const {
   return 4.0 * heads * static_cast<double>(head_dim) * seq_len;
 }
 
+double ModelConfig::attended_tokens(double context) const {
+  if (sliding_layers.empty() || layers <= 0) return context;
+  double sum = 0;
+  for (int i = 0; i < layers; ++i) {
+    const int64_t w = attention_window(i);
+    sum += w > 0 ? std::min(context, static_cast<double>(w)) : context;
+  }
+  return sum / layers;
+}
+
 Json ModelConfig::to_json() const {
   Json j{{"name", name},
          {"architecture", architecture},
@@ -524,12 +534,21 @@ Json ModelConfig::to_json() const {
          {"params_attention_side", attention_side_params()},
          {"params_per_expert", expert_params()}};
   j["tied_embeddings"] = tied_embeddings;
+  j["max_position_embeddings"] = max_position_embeddings;
   j["rope_theta"] = rope_theta;
   j["rms_norm_eps"] = rms_norm_eps;
   j["norm_topk_prob"] = norm_topk_prob;
   j["qk_norm"] = qk_norm;
   if (attention_bias) j["attention_bias"] = true;
   if (partial_rotary_factor != 1.0) j["partial_rotary_factor"] = partial_rotary_factor;
+  if (!sliding_layers.empty()) {
+    // config.json's names: a plan keeps the windows its KV figures assumed.
+    j["sliding_window"] = sliding_window;
+    Json types = Json::array();
+    for (bool sliding : sliding_layers)
+      types.push_back(sliding ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+  }
   if (kv_lora_rank > 0 || architecture == "Glm4MoeForCausalLM") {
     if (kv_lora_rank > 0) {
       j["q_lora_rank"] = q_lora_rank;
@@ -819,12 +838,28 @@ StatusOr<ModelConfig> ModelConfig::from_json(const JsonFields& f) {
   MSI_ASSIGN_OR_RETURN(m.dense_ffn, f.integer_or("dense_ffn", 0));
   MSI_ASSIGN_OR_RETURN(m.shared_expert_ffn, f.integer_or("shared_expert_ffn", 0));
   MSI_ASSIGN_OR_RETURN(m.tied_embeddings, f.boolean_or("tied_embeddings", false));
+  MSI_ASSIGN_OR_RETURN(m.max_position_embeddings,
+                       f.integer_or("max_position_embeddings", m.max_position_embeddings));
   MSI_ASSIGN_OR_RETURN(m.rope_theta, f.number_or("rope_theta", m.rope_theta));
   MSI_ASSIGN_OR_RETURN(m.rms_norm_eps, f.number_or("rms_norm_eps", m.rms_norm_eps));
   MSI_ASSIGN_OR_RETURN(m.norm_topk_prob, f.boolean_or("norm_topk_prob", m.norm_topk_prob));
   MSI_ASSIGN_OR_RETURN(m.qk_norm, f.boolean_or("qk_norm", false));
   MSI_ASSIGN_OR_RETURN(m.attention_bias, f.boolean_or("attention_bias", false));
   MSI_ASSIGN_OR_RETURN(m.partial_rotary_factor, f.number_or("partial_rotary_factor", 1.0));
+  if (f.json().contains("layer_types")) {
+    MSI_ASSIGN_OR_RETURN(m.sliding_window, f.integer_at_least("sliding_window", 1));
+    const Json& types = f.json().at("layer_types");
+    if (!types.is_array() || static_cast<int64_t>(types.size()) != m.layers) {
+      return f.field_error("layer_types", "must be an array of one entry per layer (" +
+                                              std::to_string(m.layers) + ")");
+    }
+    for (const Json& t : types) {
+      if (!t.is_string() || (t != "sliding_attention" && t != "full_attention")) {
+        return f.field_error("layer_types", "entries must be sliding_attention or full_attention");
+      }
+      m.sliding_layers.push_back(t == "sliding_attention");
+    }
+  }
   MSI_ASSIGN_OR_RETURN(m.q_lora_rank, f.integer_or("q_lora_rank", 0));
   MSI_ASSIGN_OR_RETURN(m.kv_lora_rank, f.integer_or("kv_lora_rank", 0));
   MSI_ASSIGN_OR_RETURN(m.qk_nope_head_dim, f.integer_or("qk_nope_head_dim", 0));

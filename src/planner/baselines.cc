@@ -133,8 +133,9 @@ std::vector<Baseline> colocated_baselines(const SearchOptions& options, const Gp
       return L * (ca.at(b) + allreduces_a * ar + E * ce.at(b * K / E) + ar);
     };
     auto ok = [&](int64_t b) {
-      double mem = 2.0 * model.total_params() +
-                   model.kv_bytes_per_token_per_layer() * b * options.seq_len * model.layers;
+      double mem = 2.0 * model.total_params() + model.kv_bytes_per_token_per_layer() * b *
+                                                    model.attended_tokens(options.seq_len) *
+                                                    model.layers;
       return mem <= cap && time(static_cast<double>(b)) <= options.slo;
     };
     int64_t b = largest(ok);
@@ -178,7 +179,8 @@ std::vector<Baseline> colocated_baselines(const SearchOptions& options, const Gp
       auto ok = [&](int64_t b) {
         double mem = 2.0 * model.attention_side_params() +
                      experts_per_rank * expert_node_bytes(model) +
-                     model.kv_bytes_per_token_per_layer() * b * options.seq_len * model.layers;
+                     model.kv_bytes_per_token_per_layer() * b *
+                         model.attended_tokens(options.seq_len) * model.layers;
         return mem <= cap && time(static_cast<double>(b)) <= options.slo;
       };
       int64_t b = largest(ok);

@@ -237,10 +237,12 @@ StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& sh
 
   // Attention side, per MoE layer and micro-batch (dense layers and LM head spread over them).
   const double w_bytes_a = 2.0 * model.attention_side_params() / Lm / tpa;
+  // A sliding layer reads its window, not the whole context (gpt-oss).
+  const double attended = model.attended_tokens(seq_len);
   const double kv_bytes_a =
-      model.kv_bytes_per_token_per_layer_per_attention_rank(tpa) * seq_len * (L / Lm);
+      model.kv_bytes_per_token_per_layer_per_attention_rank(tpa) * attended * (L / Lm);
   const double flops_dense_a = model.attention_side_flops_per_token_per_moe_layer() / tpa;
-  const double flops_score_a = model.attention_score_flops(seq_len) * (L / Lm) / tpa;
+  const double flops_score_a = model.attention_score_flops(attended) * (L / Lm) / tpa;
   const double bw_a = ga.memory_bandwidth * ga.efficiency.memory_bandwidth;
   const double fl_a = ga.bf16_flops * ga.efficiency.compute;
   // One all-reduce of the token's hidden state after O-proj per layer, one more
@@ -332,8 +334,8 @@ StageModel build_stage_model(const ModelConfig& model, const DeploymentShape& sh
 }
 
 double attention_node_bytes(const ModelConfig& model, int m, double b_a, double seq_len, int tp) {
-  return model.kv_bytes_per_token_per_layer_per_attention_rank(tp) * tp * m * b_a * seq_len *
-             model.layers +
+  return model.kv_bytes_per_token_per_layer_per_attention_rank(tp) * tp * m * b_a *
+             model.attended_tokens(seq_len) * model.layers +
          2.0 * model.attention_side_params();
 }
 

@@ -156,6 +156,41 @@ TEST(ExpertsPerNodeTest, FineGrainedModelsPlanWithin64Gpus) {
   }
 }
 
+// gpt-oss-120b at 8k-token contexts: half its layers slide over 128 tokens,
+// so a request's KV is about half of full attention's and the attention
+// nodes, bound by KV memory, hold about twice the batch (issue 49).
+TEST(SlidingWindowTest, GptOssPlansTheBatchItsWindowsLeaveRoomFor) {
+  auto catalog = default_catalog();
+  auto h800 = catalog.find("H800");
+  ASSERT_TRUE(h800.ok());
+  auto m = load_model_config(config("gpt-oss-120b"));
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ASSERT_EQ(m->sliding_window, 128);
+  EXPECT_NEAR(m->attended_tokens(8192), (8192 + 128) / 2.0, 1e-9);
+  auto best = [&](const ModelConfig& model) {
+    SearchOptions o;
+    o.model = model;
+    o.gpu_pairs = {{*h800, *h800}};
+    o.seq_len = 8192;
+    o.max_gpus = 64;
+    o.nic_util = catalog.nic_util;
+    auto r = search_plans(o);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    return r.ok() ? r->plans.front().deployment : Deployment{};
+  };
+  ModelConfig full = *m;
+  full.sliding_layers.clear();
+  const Deployment windowed = best(*m), all = best(full);
+  ASSERT_GT(all.attention_gpus(), 0);
+  // Requests per attention GPU.
+  const double per_gpu_windowed =
+      static_cast<double>(windowed.global_batch()) / windowed.attention_gpus();
+  const double per_gpu_all = static_cast<double>(all.global_batch()) / all.attention_gpus();
+  EXPECT_GT(per_gpu_windowed, 1.5 * per_gpu_all)
+      << "windowed " << windowed.global_batch() << " on " << windowed.attention_gpus()
+      << " GPUs, full attention " << all.global_batch() << " on " << all.attention_gpus();
+}
+
 TEST(VerdictTest, TheBetterOfDisaggregatedAndColocatedIsRecommended) {
   SearchOptions o = tiny_options(20e-6);
   auto r = search_plans(o);

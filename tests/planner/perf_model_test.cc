@@ -299,6 +299,42 @@ TEST(MemoryTest, SpecFormula) {
   EXPECT_DOUBLE_EQ(expert_node_bytes(m), 2 * 49152.0);
 }
 
+// gpt-oss's sliding layers (issue 49): a layer with a window of 32 tokens
+// reads and holds at most 32 tokens of KV; with one of the tiny model's two
+// layers sliding, a 100-token context attends to (100 + 32) / 2 = 66 tokens a
+// layer, and a context inside the window to all of it.
+TEST(MemoryTest, SlidingLayersReadAndHoldTheirWindow) {
+  ModelConfig m = tiny_model();
+  const ModelConfig full = m;
+  m.sliding_window = 32;
+  m.sliding_layers = {true, false};
+  EXPECT_DOUBLE_EQ(m.attended_tokens(100), 66.0);
+  EXPECT_DOUBLE_EQ(m.attended_tokens(20), 20.0);
+  EXPECT_DOUBLE_EQ(full.attended_tokens(100), 100.0);
+  const int mb = 3;
+  const double b_a = 5;
+  EXPECT_DOUBLE_EQ(attention_node_bytes(m, mb, b_a, 100),
+                   4.0 * mb * b_a * 66 * 64 * 2 / 2 + 2 * m.attention_side_params());
+  DeploymentShape shape{ideal_gpu(), ideal_gpu(), 1, 1};
+  StageModel s = build_stage_model(m, shape, /*seq_len=*/100, half_util(), nullptr, kAboveRidge);
+  // RooflineCurvesByHand's KV read, over 66 tokens instead of 100.
+  EXPECT_NEAR(s.attention_curve.serial_per_token, 128.0 * 66 / 1e11, 1e-20);
+  // A plan document carries the windows (and the context bound) its figures assumed.
+  m.max_position_embeddings = 4096;
+  auto back = ModelConfig::from_json(JsonFields(m.to_json(), "model"));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->sliding_window, 32);
+  EXPECT_EQ(back->sliding_layers, m.sliding_layers);
+  EXPECT_EQ(back->max_position_embeddings, 4096);
+  EXPECT_DOUBLE_EQ(back->attended_tokens(100), 66.0);
+  Json bad = m.to_json();
+  bad["layer_types"] = Json::array({"sliding_attention"});
+  auto refused = ModelConfig::from_json(JsonFields(bad, "model"));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("layer_types"), std::string::npos)
+      << refused.status().message();
+}
+
 TEST(RooflineTest, ExpertGemmUtilisation) {
   GpuSpec a100 = ideal_gpu();
   a100.bf16_flops = 312e12;

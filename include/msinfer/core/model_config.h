@@ -161,6 +161,11 @@ struct ModelConfig {
   double attention_side_flops_per_token_per_moe_layer() const;
   // Attention-score FLOPs (QK^T and PV) per token per layer at context `seq_len`.
   double attention_score_flops(double seq_len) const;
+  // The tokens a layer attends to at context `context`, averaged over the
+  // layers: `context` on full-attention layers, min(context, window) on
+  // sliding ones (gpt-oss). What a decode step reads per layer, and what a
+  // request's KV holds per layer once a sliding layer keeps only its window.
+  double attended_tokens(double context) const;
   // FLOPs of one token through one routed expert in one layer (three GEMMs).
   double expert_flops_per_token() const { return 6.0 * hidden * expert_ffn; }
 
