@@ -224,6 +224,10 @@ Status Router::fail_deployment(Status why) {
     lead(a).kv_usage = 0;
   }
   recovering_ = false;
+  {
+    std::lock_guard<std::mutex> l(stop_mu_);
+    stop_reason_ = stopped_.message();
+  }
   publish_health();
   return stopped_;
 }
@@ -265,6 +269,10 @@ DeploymentHealth Router::health() const {
   d.expert = role(WorkerRole::kExpert);
   d.recovering = recovering_now_.load(std::memory_order_relaxed);
   d.stopped = stopped_now_.load(std::memory_order_relaxed);
+  if (d.stopped) {
+    std::lock_guard<std::mutex> l(stop_mu_);
+    d.error = stop_reason_;
+  }
   return d;
 }
 

@@ -1558,7 +1558,12 @@ HealthAnswer health_answer(const Scheduler* scheduler, bool draining) {
     body["error"] = h.failure;
     return answer(503, "failed");
   }
-  if (h.workers && h.workers->stopped) return answer(503, "failed");
+  if (h.workers && h.workers->stopped) {
+    // The router stopped; the engine thread is about to find it (the same
+    // failure, in a moment the log line and the error answers).
+    body["error"] = h.workers->error;
+    return answer(503, "failed");
+  }
   if (h.workers && h.workers->recovering) return answer(503, "recovering");
   return answer(200, whole ? "ok" : "degraded");
 }

@@ -396,6 +396,16 @@ void Scheduler::loop() {
       auto r = backend_->routing(workers);
       if (r.ok()) routing = std::move(r).value();
       last_stats = clock::now();
+      // The stats call is where an idle deployment finds a death: one it
+      // cannot recover from fails the server now, not a stats interval later
+      // (its /health says so from the router's side meanwhile).
+      if (Status h = backend_->health(); !h.ok()) {
+        fail_backend(h);
+        healthy = false;
+        workers.clear();
+        s.running = backend_->running();
+        s.kv_usage = backend_->kv_usage();
+      }
     }
     // Idle for trim_after_idle: hand freed heap pages back to the system, so
     // a burst of connections does not leave the process larger than before

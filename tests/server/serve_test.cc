@@ -404,7 +404,13 @@ TEST_F(ServeTest, ADeadAttentionWorkerFailsOnlyItsOwnStream) {
       }
       EXPECT_EQ(health.status, 503);
       EXPECT_NE(health.body.find("expert worker 0"), std::string::npos) << health.body;
-      const std::string log = s.stderr_text();
+      // The log line follows the router's stop by moments (/health may see
+      // the stop first).
+      std::string log = s.stderr_text();
+      for (int i = 0; i < 100 && log.find("serving stopped") == std::string::npos; ++i) {
+        ::usleep(50000);
+        log = s.stderr_text();
+      }
       EXPECT_NE(log.find("server: serving stopped: expert worker 0"), std::string::npos) << log;
       EXPECT_NE(log.find("(0 request(s) in flight failed)"), std::string::npos) << log;
     } else {

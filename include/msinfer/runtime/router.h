@@ -44,6 +44,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -77,7 +78,8 @@ struct DeploymentHealth {
   // Serving waits: for a replacement without which some experts have no
   // worker, or for a restart of every worker.
   bool recovering = false;
-  bool stopped = false;  // the deployment stopped (stopped() says why)
+  bool stopped = false;  // the deployment stopped
+  std::string error;     // why, once stopped (stopped()'s message)
 };
 
 class Router {
@@ -263,6 +265,8 @@ class Router {
   std::atomic<int> live_[2] = {0, 0}, expected_[2] = {0, 0};
   std::atomic<int64_t> deaths_[2] = {0, 0}, worker_restarts_[2] = {0, 0};
   std::atomic<bool> recovering_now_{false}, stopped_now_{false};
+  mutable std::mutex stop_mu_;
+  std::string stop_reason_;  // GUARDED_BY(stop_mu_): stopped_'s message, for health()
 };
 
 // Ranks 1.. of a launcher's job: takes the role of `launcher`'s rank (ranks
