@@ -198,6 +198,14 @@ Status AttentionWorker::handle(control::Command& cmd, bool* exit) {
     channel_.send(CardInfo{experts_->card(), experts_->units()});
   } else if (auto* ae = std::get_if<AddExpert>(&cmd)) {
     MSI_RETURN_IF_ERROR(add_expert(*ae));
+  } else if (auto* u = std::get_if<SetUnits>(&cmd)) {
+    // A replacement (Router, --respawn), before its first step.
+    Status s = experts_->set_units(u->served);
+    if (s.ok()) {
+      channel_.send(UnitsSet{});
+    } else {
+      channel_.send(Error{s.message()});
+    }
   } else if (auto* p = std::get_if<SetPlacement>(&cmd)) {
     // Online rebalancing: the expert workers have switched; route by the
     // new placement from the next step on.

@@ -219,6 +219,9 @@ Json command_json(const GetPrepared&) { return {}; }
 Json command_json(const Abandon&) { return {}; }
 Json command_json(const SetUnits& c) { return Json{{"served", c.served}}; }
 Json command_json(const Switch&) { return {}; }
+Json command_json(const AddAttention& c) {
+  return Json{{"worker", c.worker}, {"card", internal::to_hex(c.card)}};
+}
 Json command_json(const JoinBlobs& c) {
   Json b = Json::array();
   for (const auto& blob : c.blobs) b.push_back(internal::to_hex(blob));
@@ -270,6 +273,11 @@ Status read_command(const Json& j, const std::string& w, AddExpert* c) {
   f.required("worker", &c->worker).required("shares", &c->shares);
   return read_hex(f, "card", &c->card, w);
 }
+Status read_command(const Json& j, const std::string& w, AddAttention* c) {
+  Fields f(j, w);
+  f.required("worker", &c->worker);
+  return read_hex(f, "card", &c->card, w);
+}
 Status read_command(const Json& j, const std::string& w, SetPlacement* c) {
   MSI_ASSIGN_OR_RETURN(c->placement, read_placement(j, w));
   return ok_status();
@@ -300,7 +308,7 @@ Status read_command(const Json& j, const std::string& w, JoinBlobs* c) {
 constexpr const char* kOps[] = {
     "exit",           "step",    "add",        "cancel",    "stats",  "drop_expert",
     "drop_attention", "card",    "add_expert", "placement", "routed", "prepare",
-    "prepared",       "abandon", "units",      "switch",    "blobs"};
+    "prepared",       "abandon", "units",      "switch",    "blobs",  "add_attention"};
 static_assert(std::size(kOps) == std::variant_size_v<Command>);
 
 // ---- events ----
@@ -351,6 +359,7 @@ Json event_json(const Switched& e) {
   return Json{{"experts", e.experts}, {"rss_mb", e.rss_mb}, {"weights_mb", e.weights_mb}};
 }
 Json event_json(const JoinAllgather& e) { return Json{{"blob", internal::to_hex(e.blob)}}; }
+Json event_json(const AttentionAdded& e) { return Json{{"worker", e.worker}}; }
 
 Status read_event(const Json& j, const std::string& w, Ready* e) {
   return Fields(j, w)
@@ -435,6 +444,9 @@ Status read_event(const Json& j, const std::string& w, Switched* e) {
       .optional("weights_mb", &e->weights_mb)
       .status();
 }
+Status read_event(const Json& j, const std::string& w, AttentionAdded* e) {
+  return Fields(j, w).required("worker", &e->worker).status();
+}
 Status read_event(const Json& j, const std::string& w, JoinAllgather* e) {
   Fields f(j, w);
   return read_hex(f, "blob", &e->blob, w);
@@ -443,7 +455,7 @@ Status read_event(const Json& j, const std::string& w, JoinAllgather* e) {
 constexpr const char* kEvents[] = {
     "ready",    "stepped",   "added",        "refused",       "cancelled", "stats",
     "error",    "card",      "expert_added", "placement_set", "routed",    "preparing",
-    "prepared", "abandoned", "units_set",    "switched",      "allgather"};
+    "prepared", "abandoned", "units_set",    "switched",      "allgather", "attention_added"};
 static_assert(std::size(kEvents) == std::variant_size_v<Event>);
 
 // The variant alternative whose name is `name` in `names`, default-made and

@@ -102,6 +102,7 @@ class ExpertWorker {
   std::unique_ptr<comm::M2NSender> combine_, reduce_send_;
   std::unique_ptr<comm::M2NReceiver> reduce_recv_;
   std::unique_ptr<WorkerStats> stats_;
+  std::string card_;  // its dispatch region (comm::PeerCard), for a replacement attention worker
   std::vector<int64_t> served_;  // (slot, layer) units served per slot
   int64_t units_ = 0;            // (slot, layer) units served; a step has M * layers
   std::vector<float> in_, out_;
@@ -155,6 +156,7 @@ Status ExpertWorker::connect(comm::Bootstrap& boot) {
     combine_ = std::make_unique<comm::M2NSender>(internal::shape(c_, mc, 1), answer_index);
   }
   MSI_ASSIGN_OR_RETURN(comm::RemoteRegion region, dispatch_->attach(*ep_));
+  card_ = comm::PeerCard{ep_->transport().address(), region}.encode();
   if (combine_) MSI_RETURN_IF_ERROR(combine_->attach(*ep_));
   // Attention replica a answers from (and is answered at) its rank 0.
   MSI_RETURN_IF_ERROR(
@@ -435,6 +437,37 @@ Status ExpertWorker::command(control::Command& cmd) {
       error("switch before the new experts were loaded");
     } else {
       switch_experts();
+    }
+  } else if (std::holds_alternative<control::GetCard>(cmd)) {
+    channel_.send(control::CardInfo{card_, served_});
+  } else if (auto* aa = std::get_if<control::AddAttention>(&cmd)) {
+    // A replacement for dropped attention worker `worker` (Router,
+    // --respawn), between steps: its dispatch counts again and the answers
+    // go to its combine region, from the next unit on.
+    const int a = aa->worker;
+    auto card = comm::PeerCard::decode(aa->card, "attention worker " + std::to_string(a));
+    if (a < 0 || a >= c_.attention_workers || !dispatch_->dropped(a)) {
+      error("attention worker " + std::to_string(a) + " was not dropped");
+    } else if (!card.ok()) {
+      error(card.status().message());
+    } else {
+      Status s = ok_status();
+      if (combine_) {
+        auto handle = ep_->transport().connect(card->address);
+        if (handle.ok()) {
+          combine_->set_receiver(a, *handle, card->region);
+          combine_->restore_receiver(a);
+        } else {
+          s = handle.status();
+        }
+      }
+      if (s.ok()) {
+        dispatch_->restore_sender(a);
+        std::fprintf(stderr, "msinfer: %s: attention worker %d is back\n", me_.c_str(), a);
+        channel_.send(control::AttentionAdded{a});
+      } else {
+        error(s.message());
+      }
     }
   } else if (auto* d = std::get_if<control::DropAttention>(&cmd)) {
     if (d->worker < 0 || d->worker >= c_.attention_workers) {

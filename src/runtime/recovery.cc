@@ -42,6 +42,12 @@ bool replaceable(const WorkerConfig& c, const DeploymentState& s, const WorkerPr
   return c.respawn && s.forked && w.where.empty();
 }
 
+bool can_replace_attention(const WorkerConfig& c, const DeploymentState& s,
+                           const WorkerProcess& w) {
+  return w.role == WorkerRole::kAttention && replaceable(c, s, w) && c.tp_attention == 1 &&
+         c.tp_expert == 1 && (c.provider == "direct" || c.provider == "socket");
+}
+
 // Only workers the router forked (a launcher's ranks are not its to start):
 // any, with --respawn; an expert worker's, when every expert it held has a
 // replica on another one. At most kMaxRestarts times, so a worker that keeps

@@ -40,6 +40,15 @@ Status RemoteExperts::drop_expert_worker(int w, bool mid_step, bool keep_placeme
   return ok_status();
 }
 
+Status RemoteExperts::set_units(const std::vector<int64_t>& served) {
+  if (!steps_done_.empty() || served.size() != static_cast<size_t>(c_.micro_batches)) {
+    return invalid_argument("attention worker " + std::to_string(index_) + ": units: expected " +
+                            std::to_string(c_.micro_batches) + " counts before the first unit");
+  }
+  for (int k = 0; k < c_.micro_batches; ++k) steps_done_[k] = served[static_cast<size_t>(k)];
+  return ok_status();
+}
+
 Status RemoteExperts::add_expert_worker(int w, const comm::PeerCard& card,
                                         const std::vector<std::pair<int, double>>& shares) {
   if (w < 0 || w >= c_.expert_workers || !dispatch_.dropped(w)) {

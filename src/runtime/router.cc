@@ -52,6 +52,8 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
   r->exe_ = exe;
   r->placement_file_ = placement_file;
   r->workers_ = std::make_unique<internal::WorkerSet>(r->c_);
+  r->expected_[static_cast<int>(WorkerRole::kAttention)] = c.attention_workers;
+  r->expected_[static_cast<int>(WorkerRole::kExpert)] = c.expert_workers;
   Router* self = r.get();
   r->rebalancer_ = std::make_unique<internal::Rebalancer>(
       r->c_, *r->workers_,
@@ -67,6 +69,8 @@ StatusOr<std::unique_ptr<Router>> Router::start_launched(const WorkerConfig& c,
   auto r = std::unique_ptr<Router>(new Router());
   r->c_ = c;
   r->workers_ = std::make_unique<internal::WorkerSet>(r->c_);
+  r->expected_[static_cast<int>(WorkerRole::kAttention)] = c.attention_workers;
+  r->expected_[static_cast<int>(WorkerRole::kExpert)] = c.expert_workers;
   Router* self = r.get();
   r->rebalancer_ = std::make_unique<internal::Rebalancer>(
       r->c_, *r->workers_,
@@ -99,6 +103,7 @@ Status Router::wait_ready() {
     w.rss_mb = ready->rss_mb;
   }
   serving_ = true;
+  publish_health();
   return ok_status();
 }
 
@@ -162,7 +167,8 @@ internal::DeploymentState Router::deployment_state() const {
   s.switching = rebalancer_ && rebalancer_->switching();
   s.forked = !exe_.empty();
   s.restarts = restarts_;
-  s.replacements = replacements_ + static_cast<int>(to_replace_.size());
+  s.replacements = replacements_ + static_cast<int>(to_replace_.size()) +
+                   static_cast<int>(attention_to_replace_.size());
   s.live_attention_workers = workers_->live_attention_workers();
   return s;
 }
@@ -174,15 +180,19 @@ Status Router::check_children() {
 
 Status Router::on_death(const internal::WorkerDeath& d) {
   WorkerProcess& w = workers_->all()[d.slot];
+  ++deaths_[static_cast<int>(w.role)];
   switch (internal::decide_recovery(c_, deployment_state(), w, d.code)) {
     case DeathAction::kDropAttention:
       drop_attention_worker(w.index, d.how);
+      publish_health();
       return ok_status();
     case DeathAction::kDropExpert:
       drop_expert_worker(w, d.how, /*keep_placement=*/false);
+      publish_health();
       return ok_status();
     case DeathAction::kAwaitReplacement:
       drop_expert_worker(w, d.how, /*keep_placement=*/true);
+      publish_health();
       return ok_status();
     case DeathAction::kRestart:
       // The caller's operation ends here; the public call that made it
@@ -190,13 +200,80 @@ Status Router::on_death(const internal::WorkerDeath& d) {
       restart_why_ = d.how;
       restart_without_ = w.role == WorkerRole::kExpert && !c_.respawn ? w.index : -1;
       shutdown(/*graceful=*/false);
+      recovering_ = true;
+      publish_health();
       return Status(StatusCode::kUnavailable, d.how + "; the deployment restarts");
     case DeathAction::kFail:
       break;
   }
+  return fail_deployment(Status(d.code, d.how));
+}
+
+Status Router::fail_deployment(Status why) {
   shutdown();
-  stopped_ = Status(d.code, d.how);
+  stopped_ = std::move(why);
+  // Every request in flight fails with it (the caller's error, or the
+  // scheduler's for the others): none is running and no KV block is held.
+  in_flight_.clear();
+  load_of_.clear();
+  requests_.clear();
+  lost_.clear();
+  failed_.clear();
+  for (int a = 0; a < c_.attention_workers; ++a) {
+    lead(a).load = 0;
+    lead(a).kv_usage = 0;
+  }
+  recovering_ = false;
+  {
+    std::lock_guard<std::mutex> l(stop_mu_);
+    stop_reason_ = stopped_.message();
+  }
+  publish_health();
   return stopped_;
+}
+
+// A worker is live while none of its processes died, was dropped or stopped
+// (a stopped process's channel is closed).
+void Router::publish_health() {
+  std::vector<char> up[2] = {std::vector<char>(static_cast<size_t>(c_.attention_workers), 1),
+                             std::vector<char>(static_cast<size_t>(c_.expert_workers), 1)};
+  if (workers_->all().empty()) {
+    for (auto& v : up) v.assign(v.size(), 0);
+  }
+  for (const WorkerProcess& w : workers_->all()) {
+    auto& v = up[static_cast<int>(w.role)];
+    if (w.index >= 0 && w.index < static_cast<int>(v.size()) && (w.dead || w.in < 0)) {
+      v[static_cast<size_t>(w.index)] = 0;
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    live_[r].store(static_cast<int>(std::count(up[r].begin(), up[r].end(), 1)),
+                   std::memory_order_relaxed);
+  }
+  recovering_now_.store(recovering_ || !awaited_.empty(), std::memory_order_relaxed);
+  stopped_now_.store(!stopped_.ok(), std::memory_order_relaxed);
+}
+
+DeploymentHealth Router::health() const {
+  auto role = [&](WorkerRole r) {
+    const int i = static_cast<int>(r);
+    RoleHealth h;
+    h.live = live_[i].load(std::memory_order_relaxed);
+    h.expected = expected_[i].load(std::memory_order_relaxed);
+    h.deaths = deaths_[i].load(std::memory_order_relaxed);
+    h.restarts = worker_restarts_[i].load(std::memory_order_relaxed);
+    return h;
+  };
+  DeploymentHealth d;
+  d.attention = role(WorkerRole::kAttention);
+  d.expert = role(WorkerRole::kExpert);
+  d.recovering = recovering_now_.load(std::memory_order_relaxed);
+  d.stopped = stopped_now_.load(std::memory_order_relaxed);
+  if (d.stopped) {
+    std::lock_guard<std::mutex> l(stop_mu_);
+    d.error = stop_reason_;
+  }
+  return d;
 }
 
 // The workers read their placement from a file: this router's own,
@@ -216,9 +293,8 @@ StatusOr<std::string> Router::write_placement_file(const std::string& name,
 Status Router::recover() {
   // A recovery that cannot go on stops the deployment with the death's cause.
   auto give_up = [&](const std::string& why, const std::string& because) {
-    shutdown();
-    stopped_ = Status(StatusCode::kUnavailable, why + " (no restart: " + because + ")");
-    return stopped_;
+    return fail_deployment(
+        Status(StatusCode::kUnavailable, why + " (no restart: " + because + ")"));
   };
   while (!restart_why_.empty()) {
     const std::string why = restart_why_;
@@ -247,7 +323,9 @@ Status Router::recover() {
       c_.expert_workers -= 1;
     }
     experts_lost_ = 0;
+    for (int a = 0; a < c_.attention_workers; ++a) preemptions_before_ += lead(a).preemptions;
     to_replace_.clear();  // the restart starts every worker
+    attention_to_replace_.clear();
     awaited_.clear();
     before_loss_.reset();
     // The workers read their placement from a file: this router's own.
@@ -262,10 +340,12 @@ Status Router::recover() {
     Status s = spawn();
     if (!s.ok()) {
       if (!restart_why_.empty()) continue;  // another death while starting
-      shutdown();
-      stopped_ = s.with_context("restarting the deployment after " + why);
-      return stopped_;
+      return fail_deployment(s.with_context("restarting the deployment after " + why));
     }
+    worker_restarts_[static_cast<int>(WorkerRole::kAttention)] += c_.attention_workers;
+    worker_restarts_[static_cast<int>(WorkerRole::kExpert)] += c_.expert_workers;
+    recovering_ = false;
+    publish_health();
     // Every request in flight starts again from prompt + delivered tokens.
     for (const auto& [id, a] : in_flight_) lost_.push_back(id);
     in_flight_.clear();
@@ -327,9 +407,13 @@ void Router::drop_attention_worker(int a, const std::string& why) {
   w.dead = true;
   w.close_channel();
   w.load = 0;
-  std::fprintf(stderr, "msinfer: router: %s; %d attention worker(s) go on%s\n", why.c_str(),
+  w.kv_usage = 0;
+  const bool replace = internal::can_replace_attention(c_, deployment_state(), w);
+  if (replace) attention_to_replace_.push_back(a);
+  std::fprintf(stderr, "msinfer: router: %s; %d attention worker(s) go on%s%s\n", why.c_str(),
                live_attention_workers(),
-               c_.resubmit ? ", its requests are resubmitted to them" : "");
+               c_.resubmit ? ", its requests are resubmitted to them" : "",
+               replace ? "; a replacement joins them" : "");
   // The expert processes stop waiting for it (a closed pipe here is an
   // expert's death, which the next check reports).
   for (WorkerProcess& e : workers_->all()) {
@@ -463,7 +547,7 @@ double Router::kv_usage() const {
 }
 
 int64_t Router::preemptions() const {
-  int64_t s = 0;
+  int64_t s = preemptions_before_;
   for (int a = 0; a < c_.attention_workers; ++a) s += lead(a).preemptions;
   return s;
 }
@@ -475,10 +559,11 @@ StatusOr<std::vector<TokenEvent>> Router::step() {
   Status s = awaited_.empty() ? step_once(&events) : wait_for_replacement();
   if (s.ok()) s = rebalancer_->tick([this] { return experts_lost_; });
   if (s.ok()) s = join_tick();
-  if (!s.ok()) {
-    if (restart_why_.empty()) return s;
-    MSI_RETURN_IF_ERROR(recover());  // the events delivered before the death stand
-  }
+  // A step that fails ends the deployment (its caller cannot go on with it: a
+  // worker that does not answer is as good as dead), unless a death it
+  // recovers from made it fail: then it restarts.
+  if (!s.ok() && !restart_why_.empty()) s = recover();  // the events delivered before stand
+  if (!s.ok()) return stopped_.ok() ? fail_deployment(s) : s;
   for (auto& ev : failed_) events.push_back(std::move(ev));  // lost requests end here
   failed_.clear();
   return events;
@@ -502,9 +587,7 @@ Status Router::step_once(std::vector<TokenEvent>* events) {
     if (!e.ok() && lead(a).dead) continue;  // dropped: its requests are resubmitted or failed below
     MSI_RETURN_IF_ERROR(e.status());
     if (auto* err = std::get_if<control::Error>(&*e)) {
-      shutdown();
-      stopped_ = Status(StatusCode::kUnavailable, err->message);
-      return stopped_;
+      return fail_deployment(Status(StatusCode::kUnavailable, err->message));
     }
     MSI_ASSIGN_OR_RETURN(control::Stepped st,
                          control::expect<control::Stepped>(std::move(e).value(), name_of(lead(a))));
@@ -544,13 +627,23 @@ StatusOr<RoutingStats> Router::routing(const std::vector<Json>& workers, int lay
 }
 
 StatusOr<std::vector<Json>> Router::stats(bool reset) {
+  // An idle deployment steps nothing: a replacement joins here (the server
+  // asks for stats every second) as well as between steps; as there, an
+  // error on the way stops the deployment (or restarts it).
+  Status joined = join_tick();
+  if (!joined.ok() && !restart_why_.empty()) joined = recover();
+  if (!joined.ok()) return stopped_.ok() ? fail_deployment(joined) : joined;
   return retried_after_restart([&] { return stats_once(reset); });
 }
 
 StatusOr<std::vector<Json>> Router::stats_once(bool reset) {
   for (auto& w : workers_->all()) {
     if (w.dead) continue;
-    MSI_RETURN_IF_ERROR(send_command(w, control::GetStats{reset}));
+    // One that died meanwhile is dropped (or the deployment restarts or
+    // stops): the others' answers are read below all the same, so that none
+    // is left in a pipe for the next command to take for its own.
+    Status sent = send_command(w, control::GetStats{reset});
+    if (!sent.ok() && !w.dead) return sent;
   }
   std::vector<Json> out;
   for (auto& w : workers_->all()) {

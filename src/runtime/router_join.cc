@@ -1,5 +1,6 @@
-// A replacement expert worker joins the running deployment (--respawn after
-// an in-place drop; docs/RUNTIME.md, "Failures").
+// A replacement joins the running deployment (--respawn after an in-place
+// drop; docs/RUNTIME.md, "Failures"): an expert worker, or an attention
+// worker.
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -8,6 +9,7 @@
 
 #include "internal/joining.h"
 #include "internal/line_io.h"
+#include "internal/rebalancer.h"
 #include "internal/recovery.h"
 #include "internal/worker_set.h"
 #include "msinfer/runtime/router.h"
@@ -18,8 +20,8 @@ using internal::WorkerProcess;
 
 void Router::abandon_join(const std::string& why) {
   Joining& j = *joining_;
-  std::fprintf(stderr, "msinfer: router: the replacement for expert worker %d is given up: %s\n",
-               j.w.index, why.c_str());
+  std::fprintf(stderr, "msinfer: router: the replacement for %s is given up: %s\n",
+               name_of(j.w).c_str(), why.c_str());
   if (j.w.pid > 0) {
     ::kill(j.w.pid, SIGKILL);
     int st = 0;
@@ -28,6 +30,7 @@ void Router::abandon_join(const std::string& why) {
   j.w.reaped();
   j.w.close_channel();
   joining_.reset();
+  publish_health();
 }
 
 // step() while an expert worker without replicas is being replaced: the
@@ -44,6 +47,8 @@ Status Router::wait_for_replacement() {
           "expert worker " + std::to_string(awaited_.front()) + "'s replacement did not join";
       restart_without_ = -1;
       shutdown(/*graceful=*/false);
+      recovering_ = true;
+      publish_health();
       return Status(StatusCode::kUnavailable, restart_why_ + "; the deployment restarts");
     }
     if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(300) && joining_) {
@@ -81,6 +86,7 @@ void Router::start_replacement() {
     return;
   }
   ++replacements_;
+  ++worker_restarts_[static_cast<int>(WorkerRole::kExpert)];
   joining_ =
       std::make_unique<Joining>(Joining{std::move(forked).value(), 0, before_loss_->shares_on(w),
                                         "", std::chrono::steady_clock::now()});
@@ -90,20 +96,83 @@ void Router::start_replacement() {
                w, joining_->w.pid);
 }
 
-// The first allgather wires its answers to the attention workers' combine
-// regions (a dead one's card is a live one's: nothing is ever sent to it,
-// DropAttention in finish_join); the second is a barrier.
+// An attention worker's replacement, for dropped attention worker
+// attention_to_replace_.front(): it loads the attention weights, then joins
+// as the expert replacement does (its allgathers answered with the expert
+// processes' dispatch cards). Only one replacement joins at a time, expert
+// workers first.
+void Router::start_attention_replacement() {
+  const int a = attention_to_replace_.front();
+  attention_to_replace_.erase(attention_to_replace_.begin());
+  if (replacements_ >= kMaxRestarts) {
+    std::fprintf(stderr,
+                 "msinfer: router: no replacement for attention worker %d (%d started already)\n",
+                 a, replacements_);
+    return;
+  }
+  // A placement every worker holds experts in (the workers' own check): the
+  // one before any expert worker was lost; finish_attention_join drops those.
+  auto file = write_placement_file("join", experts_lost_ > 0 ? *before_loss_ : c_.placement);
+  if (!file.ok()) {
+    std::fprintf(stderr, "msinfer: router: no replacement: %s\n", file.status().message().c_str());
+    return;
+  }
+  join_placement_file_ = *file;
+  auto forked = workers_->fork_worker(a * c_.tp_attention, exe_, join_placement_file_,
+                                      /*join=*/true);
+  if (!forked.ok()) {
+    std::fprintf(stderr, "msinfer: router: no replacement for attention worker %d: %s\n", a,
+                 forked.status().message().c_str());
+    return;
+  }
+  ++replacements_;
+  ++worker_restarts_[static_cast<int>(WorkerRole::kAttention)];
+  joining_ = std::make_unique<Joining>(
+      Joining{std::move(forked).value(), 0, {}, "", std::chrono::steady_clock::now()});
+  std::fprintf(stderr,
+               "msinfer: router: starting a replacement for attention worker %d (pid %d); it "
+               "joins once it has loaded its weights\n",
+               a, joining_->w.pid);
+}
+
+// The first allgather wires the replacement: an expert worker's answers to
+// the attention workers' combine regions (a dead one's card is a live one's:
+// nothing is ever sent to it, DropAttention in finish_join), an attention
+// worker's dispatch to the expert processes' regions (likewise for a dead
+// one: DropExpert in finish_attention_join); the second is a barrier.
 Status Router::answer_join_allgather(const std::string& blob) {
   Joining& j = *joining_;
   const int A = c_.attention_workers, P = c_.processes();
   control::JoinBlobs answer;
   answer.blobs.assign(static_cast<size_t>(P), "");
-  if (j.stage == 0) {
+  if (j.stage == 0 && j.w.role == WorkerRole::kAttention) {
+    j.card = blob;
+    std::string live_card;
+    std::vector<WorkerProcess>& all = workers_->all();
+    for (size_t i = static_cast<size_t>(c_.attention_processes()); i < all.size(); ++i) {
+      if (all[i].dead) continue;
+      auto e = ask(all[i], control::GetCard{});
+      // A death meanwhile that stops or restarts the deployment gave the
+      // replacement up (shutdown): the step ends with it.
+      if (!joining_) return e.ok() ? unavailable("the replacement was given up") : e.status();
+      auto card = e.ok() ? control::expect<control::CardInfo>(std::move(e).value(), name_of(all[i]))
+                         : StatusOr<control::CardInfo>(e.status());
+      if (!card.ok()) {
+        abandon_join(card.status().message());
+        return ok_status();
+      }
+      answer.blobs[i] = live_card = card->card;
+    }
+    for (size_t i = static_cast<size_t>(c_.attention_processes()); i < all.size(); ++i) {
+      if (all[i].dead) answer.blobs[i] = live_card;
+    }
+  } else if (j.stage == 0) {
     j.card = blob;
     std::string live_card;
     for (int a = 0; a < A; ++a) {
       if (lead(a).dead) continue;
       auto e = ask(lead(a), control::GetCard{});
+      if (!joining_) return e.ok() ? unavailable("the replacement was given up") : e.status();
       auto card = e.ok()
                       ? control::expect<control::CardInfo>(std::move(e).value(), name_of(lead(a)))
                       : StatusOr<control::CardInfo>(e.status());
@@ -142,10 +211,12 @@ Status Router::finish_join(const control::Ready& ready) {
   for (int a = 0; a < A && !units; ++a) {
     if (lead(a).dead) continue;
     auto e = ask(lead(a), control::GetCard{});
+    if (!joining_) return e.ok() ? unavailable("the replacement was given up") : e.status();
     if (auto* card = e.ok() ? std::get_if<control::CardInfo>(&*e) : nullptr) units = card->units;
   }
   auto set = units ? ask(j.w, control::SetUnits{*units})
                    : StatusOr<control::Event>(unavailable("no attention worker answered"));
+  if (!joining_) return set.ok() ? unavailable("the replacement was given up") : set.status();
   if (!set.ok() || !std::holds_alternative<control::UnitsSet>(*set)) {
     abandon_join(set.ok() ? control::encode(*set) : set.status().message());
     return ok_status();
@@ -174,6 +245,7 @@ Status Router::finish_join(const control::Ready& ready) {
       return internal_error(name_of(lead(a)) + ": " + control::encode(*e));
     }
   }
+  publish_health();
   std::fprintf(stderr,
                "msinfer: router: expert worker %d is back (pid %d, %.2f s after it was "
                "started): its experts' rows go to it again\n",
@@ -181,20 +253,97 @@ Status Router::finish_join(const control::Ready& ready) {
   return ok_status();
 }
 
+// An attention worker's replacement is ready: it drops the expert workers
+// that are gone (as the others did), continues the sequence numbers from the
+// units exchanged so far, and routes by the placement in effect; then every
+// expert process serves it, and it takes its place: new requests may go to
+// it from the next step on. Its predecessor's requests were resubmitted to
+// the others (--resubmit) or failed when it died.
+Status Router::finish_attention_join(const control::Ready& ready) {
+  Joining& j = *joining_;
+  const int a = j.w.index;
+  Status version = control::check_protocol(ready.protocol, name_of(j.w));
+  if (!version.ok()) {
+    abandon_join(version.message());
+    return ok_status();
+  }
+  for (const WorkerProcess& e : workers_->all()) {
+    if (e.role != WorkerRole::kExpert || !e.dead || e.tp_rank != 0) continue;
+    const bool awaited = std::find(awaited_.begin(), awaited_.end(), e.index) != awaited_.end();
+    internal::write_line(j.w.in, control::encode(control::DropExpert{e.index, awaited}));
+  }
+  std::optional<std::vector<int64_t>> units;
+  for (int b = 0; b < c_.attention_workers && !units; ++b) {
+    if (lead(b).dead) continue;
+    auto e = ask(lead(b), control::GetCard{});
+    if (!joining_) return e.ok() ? unavailable("the replacement was given up") : e.status();
+    if (auto* card = e.ok() ? std::get_if<control::CardInfo>(&*e) : nullptr) units = card->units;
+  }
+  auto set = units ? ask(j.w, control::SetUnits{*units})
+                   : StatusOr<control::Event>(unavailable("no attention worker answered"));
+  if (!joining_) return set.ok() ? unavailable("the replacement was given up") : set.status();
+  if (set.ok() && std::holds_alternative<control::UnitsSet>(*set) && experts_lost_ == 0) {
+    set = ask(j.w, control::SetPlacement{c_.placement});  // a rebalance may have switched
+    if (!joining_) return set.ok() ? unavailable("the replacement was given up") : set.status();
+    if (set.ok() && std::holds_alternative<control::PlacementSet>(*set)) set = control::Event{control::UnitsSet{}};
+  }
+  if (!set.ok() || !std::holds_alternative<control::UnitsSet>(*set)) {
+    abandon_join(set.ok() ? control::encode(*set) : set.status().message());
+    return ok_status();
+  }
+  // From here the expert processes restore it one by one: it must join (or
+  // the deployment stops), since a step needs its messages on those that did.
+  const control::AddAttention add{a, j.card};
+  WorkerProcess& slot = lead(a);
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - j.since).count();
+  preemptions_before_ += slot.preemptions;
+  slot = j.w;  // watched from now on: a death is dropped (or reported) as any worker's
+  slot.dead = false;
+  slot.rss_mb = ready.rss_mb;
+  slot.load = 0;
+  slot.kv_usage = 0;
+  slot.preemptions = 0;
+  joining_.reset();
+  ++joined_;
+  for (WorkerProcess& e : workers_->all()) {
+    if (e.role != WorkerRole::kExpert || e.dead) continue;
+    // An error ends the step, and step() the deployment (or restarts it).
+    auto ev = ask(e, add);
+    if (!ev.ok() && e.dead) continue;  // dropped meanwhile
+    MSI_RETURN_IF_ERROR(ev.status());
+    if (!std::holds_alternative<control::AttentionAdded>(*ev)) {
+      return internal_error(name_of(e) + ": " + control::encode(*ev));
+    }
+  }
+  publish_health();
+  std::fprintf(stderr,
+               "msinfer: router: attention worker %d is back (pid %d, %.2f s after it was "
+               "started): new requests go to it again\n",
+               a, slot.pid, took);
+  return ok_status();
+}
+
 Status Router::join_tick() {
+  if (!stopped_.ok()) return ok_status();  // nothing joins a deployment that stopped
   if (!joining_) {
-    if (!to_replace_.empty() && serving_) start_replacement();
+    if (!to_replace_.empty() && serving_) {
+      start_replacement();
+    } else if (!attention_to_replace_.empty() && serving_ && !rebalancer_->switching()) {
+      start_attention_replacement();
+    }
     return ok_status();
   }
   Joining& j = *joining_;
   int st = 0;
   if (::waitpid(j.w.pid, &st, WNOHANG) == j.w.pid) {
+    ++deaths_[static_cast<int>(j.w.role)];
     j.w.reaped();
     abandon_join("it died while joining");
     return ok_status();
   }
   std::string line;
-  const std::string who = "the replacement for expert worker " + std::to_string(j.w.index);
+  const std::string who = "the replacement for " + name_of(j.w);
   while (joining_ && internal::read_line(joining_->w.out, &joining_->w.buf, &line, 0)) {
     auto e = control::decode_event(line, who);
     if (!e.ok()) {
@@ -205,7 +354,10 @@ Status Router::join_tick() {
       MSI_RETURN_IF_ERROR(answer_join_allgather(g->blob));
       continue;
     }
-    if (auto* r = std::get_if<control::Ready>(&*e)) return finish_join(*r);
+    if (auto* r = std::get_if<control::Ready>(&*e)) {
+      return joining_->w.role == WorkerRole::kAttention ? finish_attention_join(*r)
+                                                        : finish_join(*r);
+    }
     abandon_join(line);
     return ok_status();
   }

@@ -45,6 +45,9 @@ class RouterBackend final : public GenerationBackend {
   double kv_usage() const override { return r_->kv_usage(); }
   int64_t preemptions() const override { return r_->preemptions(); }
   Status health() const override { return r_->stopped(); }
+  std::optional<runtime::DeploymentHealth> deployment_health() const override {
+    return r_->health();
+  }
   StatusOr<std::vector<Json>> worker_stats() override { return r_->stats(/*reset=*/false); }
   StatusOr<Json> routing(const std::vector<Json>& workers) override {
     MSI_ASSIGN_OR_RETURN(auto stats, r_->routing(workers, layers_, experts_));

@@ -834,12 +834,8 @@ class Session : public std::enable_shared_from_this<Session> {
     };
     if (target == "/health") {
       if (!get) return method_not_allowed("GET");
-      Scheduler* s = srv_.scheduler.load();
-      if (s == nullptr) return respond_json(503, {{"status", "loading"}});
-      if (srv_.draining) return respond_json(503, {{"status", "draining"}});
-      auto snap = s->snapshot();
-      if (!snap.healthy) return respond_json(503, {{"status", "failed"}, {"error", snap.failure}});
-      return respond_json(200, {{"status", "ok"}});
+      const HealthAnswer h = health_answer(srv_.scheduler.load(), srv_.draining);
+      return respond_json(h.status, h.body);
     }
     if (target == "/metrics") {
       if (!get) return method_not_allowed("GET");
@@ -867,6 +863,12 @@ class Session : public std::enable_shared_from_this<Session> {
         g.engine_steps = snap.engine_steps;
         g.workers = std::move(snap.workers);
         g.routing = std::move(snap.routing);
+        if (const auto h = s->health().workers) {
+          for (const auto& [role, r] :
+               {std::pair{"attention", h->attention}, std::pair{"expert", h->expert}}) {
+            g.roles.push_back({role, r.live, r.expected, r.deaths, r.restarts});
+          }
+        }
       }
       return respond(200, "text/plain; version=0.0.4; charset=utf-8", srv_.metrics->render(g));
     }
@@ -1534,6 +1536,38 @@ StatusOr<std::string> resolve_host(const std::string& host) {
   return invalid_argument("'" + host + "' resolves to no IP address");
 }
 
+HealthAnswer health_answer(const Scheduler* scheduler, bool draining) {
+  if (scheduler == nullptr) return {503, Json{{"status", "loading"}}};
+  const Scheduler::Health h = scheduler->health();
+  Json body = Json::object();
+  bool whole = true;
+  if (h.workers) {
+    auto role = [&](const runtime::RoleHealth& r) {
+      whole = whole && r.live >= r.expected;
+      return Json{{"live", r.live}, {"expected", r.expected}};
+    };
+    body["workers"] =
+        Json{{"attention", role(h.workers->attention)}, {"expert", role(h.workers->expert)}};
+  }
+  auto answer = [&](int status, const char* what) {
+    body["status"] = what;
+    return HealthAnswer{status, std::move(body)};
+  };
+  if (draining) return answer(503, "draining");
+  if (!h.healthy) {
+    body["error"] = h.failure;
+    return answer(503, "failed");
+  }
+  if (h.workers && h.workers->stopped) {
+    // The router stopped; the engine thread is about to find it (the same
+    // failure, in a moment the log line and the error answers).
+    body["error"] = h.workers->error;
+    return answer(503, "failed");
+  }
+  if (h.workers && h.workers->recovering) return answer(503, "recovering");
+  return answer(200, whole ? "ok" : "degraded");
+}
+
 std::string url_authority(const std::string& host, int port) {
   const bool v6 = host.find(':') != std::string::npos;
   return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
@@ -1553,6 +1587,9 @@ void HttpServer::set_draining() { impl_->draining = true; }
 
 void HttpServer::stop() {
   net::post(impl_->ioc, [impl = impl_.get()] {
+    // What the engine thread handed over before stop() (the errors of the
+    // requests a failure or the drain's end cut off) goes out first.
+    impl->poll_rounds();
     beast::error_code ec;
     impl->acceptor.close(ec);
     if (impl->signals) impl->signals->cancel(ec);

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "msinfer/core/process.h"
+
 namespace msinfer::server {
 
 namespace {
@@ -16,6 +18,32 @@ std::string num(double v) {
 
 void header(std::ostringstream& o, const std::string& name, const char* type, const char* help) {
   o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+}
+
+// The standard process_* family, as the Prometheus client libraries write it
+// (no labels: every exporter's process metrics join on the target's own).
+void render_process(std::ostringstream& o) {
+  auto p = read_process_stats();
+  if (!p.ok()) return;
+  auto one = [&](const char* name, const char* type, const char* help, const std::string& v) {
+    header(o, name, type, help);
+    o << name << " " << v << "\n";
+  };
+  one("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.",
+      num(p->cpu_seconds));
+  one("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",
+      std::to_string(p->resident_bytes));
+  one("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.",
+      std::to_string(p->virtual_bytes));
+  one("process_open_fds", "gauge", "Number of open file descriptors.", std::to_string(p->open_fds));
+  one("process_max_fds", "gauge", "Maximum number of open file descriptors.",
+      p->max_fds < 0 ? std::string("+Inf") : std::to_string(p->max_fds));
+  one("process_start_time_seconds", "gauge",
+      "Start time of the process since unix epoch in seconds.", [&] {
+        char b[64];  // to the tick (%.9g would round to 10 s)
+        std::snprintf(b, sizeof(b), "%.2f", p->start_time_seconds);
+        return std::string(b);
+      }());
 }
 
 }  // namespace
@@ -88,8 +116,10 @@ void Metrics::http_response(int status) {
 }
 
 std::string Metrics::render(const Gauges& g) const {
-  std::lock_guard<std::mutex> lock(mu_);
   std::ostringstream o;
+  // Read before the lock: the engine thread takes it for every step's tokens.
+  if (g.process) render_process(o);
+  std::lock_guard<std::mutex> lock(mu_);
   const std::string& l = labels_;
   auto gauge = [&](const std::string& name, const char* help, double v) {
     header(o, name, "gauge", help);
@@ -163,6 +193,26 @@ std::string Metrics::render(const Gauges& g) const {
   header(o, "msinfer:http_responses_total", "counter", "HTTP responses by status code.");
   for (const auto& [code, n] : http_) {
     o << "msinfer:http_responses_total{" << l << ",code=\"" << code << "\"} " << n << "\n";
+  }
+  if (!g.roles.empty()) {
+    // The deployment's workers by role (docs/RUNTIME.md, "Failures").
+    auto by_role = [&](const std::string& name, const char* type, const char* help,
+                       int64_t Gauges::Role::*field) {
+      header(o, name, type, help);
+      for (const auto& r : g.roles) {
+        o << name << "{" << l << ",role=\"" << r.role << "\"} " << r.*field << "\n";
+      }
+    };
+    by_role("msinfer:worker_deaths_total", "counter",
+            "Workers of the deployment that died (one of their processes exited or was killed).",
+            &Gauges::Role::deaths);
+    by_role("msinfer:worker_restarts_total", "counter",
+            "Workers started in place of dead ones: a replacement (--respawn), or every worker "
+            "of a restart.",
+            &Gauges::Role::restarts);
+    by_role("msinfer:workers_live", "gauge", "Workers serving now.", &Gauges::Role::live);
+    by_role("msinfer:workers_expected", "gauge", "Workers the deployment was started with.",
+            &Gauges::Role::expected);
   }
   if (!g.workers.empty()) {
     // The disaggregated runtime's own, per worker (since the server started);

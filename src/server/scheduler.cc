@@ -73,6 +73,17 @@ Scheduler::Snapshot Scheduler::snapshot() const {
   return snap_;
 }
 
+Scheduler::Health Scheduler::health() const {
+  Health h;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    h.healthy = snap_.healthy;
+    if (!h.healthy) h.failure = snap_.failure;
+  }
+  h.workers = backend_->deployment_health();  // atomics: no lock of ours
+  return h;
+}
+
 void Scheduler::start_draining() {
   std::lock_guard<std::mutex> l(mu_);
   draining_ = true;
@@ -135,14 +146,18 @@ void Scheduler::end_round() {
   round_batches_.clear();
 }
 
-int64_t Scheduler::fail_all(const Status& s) {
+int64_t Scheduler::fail_all(const Status& s, bool in_backend) {
   std::deque<Entry> inbox;
   {
     std::lock_guard<std::mutex> l(mu_);
     inbox.swap(inbox_);
   }
   for (auto& e : inbox) send_error(*e.sink, e.sink->batch(), s);
-  for (auto& a : active_) send_error(*a.sink, a.batch, s);
+  for (auto& a : active_) {
+    // A failed backend may refuse; what it still counts is what it holds.
+    if (in_backend) (void)backend_->cancel(a.id);
+    send_error(*a.sink, a.batch, s);
+  }
   const int64_t n = static_cast<int64_t>(inbox.size() + active_.size());
   for (int64_t i = 0; i < n; ++i) metrics_->request_aborted();
   active_.clear();
@@ -160,14 +175,26 @@ void Scheduler::fail_backend(const Status& s) {
     std::lock_guard<std::mutex> l(mu_);
     snap_.healthy = false;
     snap_.failure = s.message();
+    snap_.workers.clear();  // their stats are of processes that are gone
   }
-  const int64_t failed = fail_all(s);
+  const int64_t failed = fail_all(s, /*in_backend=*/true);
+  // The gauges as they are now: nothing running, the KV cache as the
+  // backend holds it (a stopped deployment: none).
+  {
+    Snapshot now;
+    now.running = backend_->running();
+    now.kv_usage = backend_->kv_usage();
+    now.preemptions = backend_->preemptions();
+    std::lock_guard<std::mutex> l(mu_);
+    publish_gauges(now);
+  }
   // Once (the scheduler stays unhealthy), for the operator: the clients read
   // the cause in their error bodies, a scraper in /health, the log here.
   std::fprintf(stderr,
-               "msinfer: server: serving stopped: %s; /health answers 503 and new requests are "
-               "refused (%lld request(s) in flight failed)\n",
+               "msinfer: server: serving stopped: %s; new requests are refused (%lld request(s) "
+               "in flight failed)\n",
                s.message().c_str(), static_cast<long long>(failed));
+  if (options_.on_failure) options_.on_failure(s);
 }
 
 void Scheduler::loop() {
@@ -369,6 +396,16 @@ void Scheduler::loop() {
       auto r = backend_->routing(workers);
       if (r.ok()) routing = std::move(r).value();
       last_stats = clock::now();
+      // The stats call is where an idle deployment finds a death: one it
+      // cannot recover from fails the server now, not a stats interval later
+      // (its /health says so from the router's side meanwhile).
+      if (Status h = backend_->health(); !h.ok()) {
+        fail_backend(h);
+        healthy = false;
+        workers.clear();
+        s.running = backend_->running();
+        s.kv_usage = backend_->kv_usage();
+      }
     }
     // Idle for trim_after_idle: hand freed heap pages back to the system, so
     // a burst of connections does not leave the process larger than before

@@ -112,6 +112,20 @@ class Server {
     exit_status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     return exit_status_;
   }
+  // Waits up to `limit` for the server to exit by itself: its exit status
+  // (128 + signal when killed), or -1 when it still runs.
+  int wait_exit(std::chrono::seconds limit) {
+    if (pid_ <= 0) return exit_status_;
+    const auto deadline = clock_type::now() + limit;
+    int st = 0;
+    while (::waitpid(pid_, &st, WNOHANG) == 0) {
+      if (clock_type::now() > deadline) return -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    pid_ = -1;
+    exit_status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return exit_status_;
+  }
   int port() const { return port_; }
   pid_t pid() const { return pid_; }
   // As the ready line prints it (http://127.0.0.1:PORT unless --host says).

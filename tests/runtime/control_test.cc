@@ -58,7 +58,8 @@ std::vector<Command> every_command() {
           Abandon{},
           SetUnits{{4, 5, 6}},
           Switch{},
-          JoinBlobs{{"a", std::string("\x01\x02", 2), ""}}};
+          JoinBlobs{{"a", std::string("\x01\x02", 2), ""}},
+          AddAttention{1, std::string("\x00\xfe card", 7)}};
 }
 
 std::vector<Event> every_event() {
@@ -94,7 +95,8 @@ std::vector<Event> every_event() {
           Abandoned{},
           UnitsSet{},
           Switched{{0, 2}, 300.0, 128.0},
-          JoinAllgather{std::string("\x10\x00\x7f", 3)}};
+          JoinAllgather{std::string("\x10\x00\x7f", 3)},
+          AttentionAdded{1}};
 }
 
 TEST(ControlTest, EveryCommandRoundTrips) {

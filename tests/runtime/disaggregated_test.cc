@@ -718,6 +718,96 @@ TEST(ExpertFailureTest, ARespawnedReplacementJoinsTheRunningDeployment) {
   msinfer::testing::expect_workers_gone(pids, /*no_shm=*/true);
 }
 
+// With --respawn an attention worker that dies is replaced in the running
+// deployment (with --resubmit its requests go on on the other one): the
+// replacement loads the attention weights while the other serves, gets the
+// expert processes' cards and the units exchanged so far from the router, and
+// every expert process then serves it. No restart: the other workers are the
+// same processes throughout; every request, before, during and after the
+// join, gets the co-located engine's tokens; the replacement takes requests
+// once it joined; Router::health() counts the death and the restart.
+TEST(AttentionFailureTest, ARespawnedAttentionWorkerJoinsTheRunningDeployment) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  const auto base = failure_requests(4, 16);
+  std::vector<std::vector<int32_t>> ref;
+  for (const auto& r : base) ref.push_back(colocated_tokens(dir, r));
+  WorkerConfig c = failure_config(dir, 2, 2, /*resubmit=*/true);
+  c.respawn = true;
+  std::map<std::string, pid_t> pids;
+  {
+    auto started = start_router(c);
+    ASSERT_TRUE(started.ok()) << started.status().to_string();
+    Router& router = **started;
+    for (int a = 0; a < 2; ++a)
+      pids["attention" + std::to_string(a)] = router.pid_of("attention", a);
+    for (int e = 0; e < 2; ++e) pids["expert" + std::to_string(e)] = router.pid_of("expert", e);
+    int64_t next_id = 1;
+    int rounds_after_join = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int round = 0; rounds_after_join < 2; ++round) {
+      ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60))
+          << "the replacement did not join";
+      const bool joined = router.replacements_joined() == 1;
+      std::map<int64_t, size_t> which;  // request id -> index in base
+      for (size_t i = 0; i < base.size(); ++i) {
+        GenerationRequest r = base[i];
+        r.id = next_id++;
+        which[r.id] = i;
+        ASSERT_TRUE(router.add(r).ok());
+      }
+      std::map<int64_t, std::vector<int32_t>> got;
+      for (int step = 0; !router.idle() && step < 500; ++step) {
+        if (round == 0 && step == 4) ::kill(router.pid_of("attention", 1), SIGKILL);
+        auto events = router.step();
+        ASSERT_TRUE(events.ok()) << events.status().to_string();
+        for (const auto& ev : *events) {
+          ASSERT_NE(ev.finish_reason, "error") << ev.error;
+          got[ev.request_id].push_back(ev.token);
+        }
+      }
+      ASSERT_TRUE(router.idle());
+      for (const auto& [id, i] : which) {
+        testing::expect_equal_up_to_near_tie(
+            ref[i], got[id], dir, base[i].prompt,
+            "round " + std::to_string(round) + ", request " + std::to_string(id));
+      }
+      if (joined) ++rounds_after_join;
+    }
+    EXPECT_EQ(router.restarts(), 0);
+    EXPECT_EQ(router.replacements(), 1);
+    EXPECT_EQ(router.live_attention_workers(), 2);
+    for (const char* who : {"attention0", "expert0", "expert1"}) {
+      const std::string role = std::string(who).substr(0, std::string(who).size() - 1);
+      const int index = who[std::strlen(who) - 1] - '0';
+      EXPECT_EQ(router.pid_of(role, index), pids.at(who)) << who;
+    }
+    const pid_t replacement = router.pid_of("attention", 1);
+    EXPECT_GT(replacement, 0);
+    EXPECT_NE(replacement, pids.at("attention1"));
+    pids["attention1 (replacement)"] = replacement;
+    const DeploymentHealth h = router.health();
+    EXPECT_EQ(h.attention.live, 2);
+    EXPECT_EQ(h.attention.expected, 2);
+    EXPECT_EQ(h.attention.deaths, 1);
+    EXPECT_EQ(h.attention.restarts, 1);
+    EXPECT_EQ(h.expert.live, 2);
+    EXPECT_EQ(h.expert.deaths, 0);
+    EXPECT_FALSE(h.recovering);
+    EXPECT_FALSE(h.stopped);
+    // The replacement computed tokens of the requests after it joined.
+    auto st = router.stats(/*reset=*/false);
+    ASSERT_TRUE(st.ok()) << st.status().to_string();
+    int64_t tokens_on_1 = 0;
+    for (const Json& w : *st) {
+      if (w.value("role", std::string()) == "attention" && w.value("index", -1) == 1) {
+        tokens_on_1 = w.value("tokens", int64_t{0});
+      }
+    }
+    EXPECT_GT(tokens_on_1, 0);
+  }
+  msinfer::testing::expect_workers_gone(pids, /*no_shm=*/true);
+}
+
 // Without replicas, --respawn: serving pauses while a replacement loads the
 // dead worker's experts and joins; the step it was in runs again. No
 // restart: the attention workers and the other expert worker are the same

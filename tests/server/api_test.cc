@@ -5,12 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <ctime>
 #include <fstream>
 #include <map>
 #include <regex>
 #include <set>
 #include <sstream>
 
+#include "../common/prometheus_text.h"
+#include "msinfer/core/process.h"
 #include "msinfer/server/bench_client.h"
 #include "msinfer/server/metrics.h"
 
@@ -490,6 +493,43 @@ TEST(MetricsTest, PrometheusText) {
                    "0.75\n"),
             std::string::npos)
       << w;
+  // A deployment's workers by role; none co-located (above).
+  EXPECT_EQ(w.find("msinfer:workers_live"), std::string::npos);
+  g.roles = {{"attention", 1, 2, 1, 0}, {"expert", 3, 3, 2, 2}};
+  const std::string roles = m.render(g);
+  for (const char* line : {"# TYPE msinfer:worker_deaths_total counter\n"
+                           "msinfer:worker_deaths_total{model_name=\"m\",role=\"attention\"} 1\n"
+                           "msinfer:worker_deaths_total{model_name=\"m\",role=\"expert\"} 2\n",
+                           "# TYPE msinfer:worker_restarts_total counter\n"
+                           "msinfer:worker_restarts_total{model_name=\"m\",role=\"attention\"} 0\n"
+                           "msinfer:worker_restarts_total{model_name=\"m\",role=\"expert\"} 2\n",
+                           "# TYPE msinfer:workers_live gauge\n"
+                           "msinfer:workers_live{model_name=\"m\",role=\"attention\"} 1\n"
+                           "msinfer:workers_live{model_name=\"m\",role=\"expert\"} 3\n",
+                           "msinfer:workers_expected{model_name=\"m\",role=\"attention\"} 2\n"}) {
+    EXPECT_NE(roles.find(line), std::string::npos) << line << "\n" << roles;
+  }
+  // The process_* family of this process, as the Prometheus clients write
+  // it (no labels), with the values /proc gives.
+  auto p = read_process_stats();
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  EXPECT_GT(p->cpu_seconds, 0);
+  EXPECT_GT(p->resident_bytes, 1 << 20);
+  EXPECT_GE(p->virtual_bytes, p->resident_bytes);
+  EXPECT_GE(p->open_fds, 3);
+  EXPECT_TRUE(p->max_fds < 0 || p->max_fds >= p->open_fds);
+  EXPECT_NEAR(p->start_time_seconds, static_cast<double>(std::time(nullptr)), 3600);
+  const auto samples = testing::parse_metrics(roles);
+  for (const char* name : {"process_cpu_seconds_total", "process_resident_memory_bytes",
+                           "process_virtual_memory_bytes", "process_open_fds", "process_max_fds",
+                           "process_start_time_seconds"}) {
+    EXPECT_TRUE(samples.count(name)) << name << " missing:\n" << roles;
+    EXPECT_NE(roles.find(std::string("# HELP ") + name + " "), std::string::npos) << name;
+  }
+  EXPECT_NEAR(samples.at("process_start_time_seconds"), p->start_time_seconds, 0.02);
+  EXPECT_NE(roles.find("# TYPE process_cpu_seconds_total counter\n"), std::string::npos);
+  g.process = false;
+  EXPECT_EQ(m.render(g).find("process_"), std::string::npos);
 }
 
 // The benchmark client reads token chunks without a JSON parse: it must say

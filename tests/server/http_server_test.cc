@@ -278,5 +278,87 @@ TEST(HttpServerTest, TheEngineWaitsForALoopFarBehind) {
       << m;
 }
 
+// A deployment's backend whose workers' health the test sets (as the
+// router publishes it), and which can stop as a router does.
+class DeploymentOf final : public GenerationBackend {
+ public:
+  Status add(const runtime::GenerationRequest&) override { return ok_status(); }
+  StatusOr<std::vector<runtime::TokenEvent>> step() override {
+    return std::vector<runtime::TokenEvent>{};
+  }
+  Status cancel(int64_t) override { return ok_status(); }
+  bool idle() const override { return true; }
+  int64_t running() const override { return 0; }
+  int64_t waiting() const override { return 0; }
+  double kv_usage() const override { return 0; }
+  int64_t preemptions() const override { return 0; }
+  Status health() const override {
+    std::lock_guard<std::mutex> l(mu);
+    return stopped;
+  }
+  std::optional<runtime::DeploymentHealth> deployment_health() const override {
+    std::lock_guard<std::mutex> l(mu);
+    return d;
+  }
+  mutable std::mutex mu;
+  runtime::DeploymentHealth d;   // GUARDED_BY(mu)
+  Status stopped = ok_status();  // GUARDED_BY(mu)
+};
+
+// /health's answer in each state (docs/SERVING.md): 200 "ok" or "degraded"
+// (a worker down, still serving), 503 "recovering", "failed" (with the
+// error), "draining", "loading"; a deployment's body lists its workers.
+TEST(HttpServerTest, HealthSaysWhatTheDeploymentCanServe) {
+  EXPECT_EQ(health_answer(nullptr, false).status, 503);
+  EXPECT_EQ(health_answer(nullptr, false).body, (Json{{"status", "loading"}}));
+  Metrics metrics("m");
+  auto backend = std::make_unique<DeploymentOf>();
+  DeploymentOf* dep = backend.get();
+  auto set = [&](int attention_live, int expert_live, bool recovering) {
+    std::lock_guard<std::mutex> l(dep->mu);
+    dep->d.attention = {attention_live, 2, 0, 0};
+    dep->d.expert = {expert_live, 3, 0, 0};
+    dep->d.recovering = recovering;
+  };
+  set(2, 3, false);
+  SchedulerOptions o;
+  o.stats_interval = 10ms;
+  Scheduler sched(std::move(backend), o, &metrics);
+  const Json whole = {{"attention", {{"live", 2}, {"expected", 2}}},
+                      {"expert", {{"live", 3}, {"expected", 3}}}};
+  HealthAnswer h = health_answer(&sched, false);
+  EXPECT_EQ(h.status, 200);
+  EXPECT_EQ(h.body, (Json{{"status", "ok"}, {"workers", whole}}));
+  set(2, 2, false);
+  h = health_answer(&sched, false);
+  EXPECT_EQ(h.status, 200);
+  EXPECT_EQ(h.body["status"], "degraded");
+  EXPECT_EQ(h.body["workers"]["expert"], (Json{{"live", 2}, {"expected", 3}}));
+  set(1, 3, false);
+  EXPECT_EQ(health_answer(&sched, false).body["status"], "degraded");
+  set(2, 2, true);
+  h = health_answer(&sched, false);
+  EXPECT_EQ(h.status, 503);
+  EXPECT_EQ(h.body["status"], "recovering");
+  EXPECT_EQ(health_answer(&sched, true).body["status"], "draining");
+  {
+    std::lock_guard<std::mutex> l(dep->mu);
+    dep->stopped = unavailable("expert worker 1 (pid 7) was killed by signal 9");
+    dep->d.attention.live = dep->d.expert.live = 0;
+    dep->d.stopped = true;
+  }
+  // The scheduler finds the stop at its next look (idle: the stats refresh).
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (sched.health().healthy && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(1ms);
+  }
+  h = health_answer(&sched, false);
+  EXPECT_EQ(h.status, 503);
+  EXPECT_EQ(h.body["status"], "failed");
+  EXPECT_EQ(h.body["error"], "expert worker 1 (pid 7) was killed by signal 9");
+  EXPECT_EQ(h.body["workers"]["attention"], (Json{{"live", 0}, {"expected", 2}}));
+  sched.stop();
+}
+
 }  // namespace
 }  // namespace msinfer::server

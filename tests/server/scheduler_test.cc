@@ -340,10 +340,19 @@ TEST(SchedulerTest, QueueBoundCancelAndDrain) {
   EXPECT_EQ(sched.snapshot().running, 0);
 }
 
+// ...and says so once (on_failure, serve's --exit-on-failure), with the
+// gauges set to what is true after the aborts: nothing running, no KV in use
+// (they read 5 and 0.5 before: the backend still held the failed requests).
 TEST(SchedulerTest, BackendFailureFailsEveryRequest) {
   Metrics metrics("m");
-  Scheduler sched(std::make_unique<FakeBackend>(/*fail_when_running=*/5), SchedulerOptions{},
-                  &metrics);
+  std::mutex mu;
+  std::vector<std::string> failures;  // GUARDED_BY(mu)
+  SchedulerOptions o;
+  o.on_failure = [&](const Status& s) {
+    std::lock_guard<std::mutex> l(mu);
+    failures.push_back(s.message());
+  };
+  Scheduler sched(std::make_unique<FakeBackend>(/*fail_when_running=*/5), o, &metrics);
   std::vector<std::shared_ptr<Collect>> sinks;
   for (int i = 0; i < 5; ++i) {
     sinks.push_back(std::make_shared<Collect>());
@@ -354,9 +363,21 @@ TEST(SchedulerTest, BackendFailureFailsEveryRequest) {
     EXPECT_NE(s->error().find("expert worker 1"), std::string::npos);
   }
   EXPECT_TRUE(sched.wait_idle(std::chrono::steady_clock::now() + 10s));
-  EXPECT_FALSE(sched.snapshot().healthy);
+  const Scheduler::Snapshot snap = sched.snapshot();
+  EXPECT_FALSE(snap.healthy);
+  EXPECT_EQ(snap.running, 0);
+  EXPECT_EQ(snap.waiting, 0);
+  EXPECT_EQ(snap.kv_usage, 0.0);
+  const Scheduler::Health h = sched.health();
+  EXPECT_FALSE(h.healthy);
+  EXPECT_NE(h.failure.find("expert worker 1"), std::string::npos);
+  EXPECT_FALSE(h.workers.has_value());  // not a deployment
   auto late = std::make_shared<Collect>();
   EXPECT_EQ(sched.submit(request(sched.next_id(), 3), late).code(), StatusCode::kUnavailable);
+  sched.stop();
+  std::lock_guard<std::mutex> l(mu);
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_NE(failures[0].find("expert worker 1"), std::string::npos);
 }
 
 // Sinks that gather into one SinkBatch (as the HTTP server's do) get one

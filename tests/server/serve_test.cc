@@ -225,7 +225,8 @@ TEST_F(ServeTest, OpenAiClientCoLocatedGreedyEqualsGenerate) {
 TEST_F(ServeTest, OpenAiClientDisaggregatedGreedyEqualsGenerate) {
   if (!fs::exists(node_modules() / "openai")) GTEST_SKIP() << "run scripts/fetch-js-clients first";
   const std::string deployment = "--attention-workers 1 --expert-workers 2 --micro-batches 2";
-  Server s(deployment);
+  // It stays up after the death below (ServeHealthTest covers the default exit).
+  Server s(deployment + " --no-exit-on-failure");
   ASSERT_GT(s.port(), 0) << s.stderr_text();
   std::vector<pid_t> workers;
   const std::string err = s.stderr_text();
@@ -356,7 +357,8 @@ TEST_F(ServeTest, Glm4MoeDisaggregatedGreedyEqualsGenerate) {
 TEST_F(ServeTest, ADeadAttentionWorkerFailsOnlyItsOwnStream) {
   for (const bool resubmit : {false, true}) {
     SCOPED_TRACE(resubmit ? "--resubmit" : "without --resubmit");
-    Server s(std::string("--attention-workers 2 --expert-workers 1 --micro-batches 1") +
+    Server s(std::string("--attention-workers 2 --expert-workers 1 --micro-batches 1 "
+                         "--no-exit-on-failure") +
              (resubmit ? " --resubmit" : ""));
     ASSERT_GT(s.port(), 0) << s.stderr_text();
     const std::string err = s.stderr_text();
@@ -402,7 +404,13 @@ TEST_F(ServeTest, ADeadAttentionWorkerFailsOnlyItsOwnStream) {
       }
       EXPECT_EQ(health.status, 503);
       EXPECT_NE(health.body.find("expert worker 0"), std::string::npos) << health.body;
-      const std::string log = s.stderr_text();
+      // The log line follows the router's stop by moments (/health may see
+      // the stop first).
+      std::string log = s.stderr_text();
+      for (int i = 0; i < 100 && log.find("serving stopped") == std::string::npos; ++i) {
+        ::usleep(50000);
+        log = s.stderr_text();
+      }
       EXPECT_NE(log.find("server: serving stopped: expert worker 0"), std::string::npos) << log;
       EXPECT_NE(log.find("(0 request(s) in flight failed)"), std::string::npos) << log;
     } else {

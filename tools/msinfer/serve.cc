@@ -10,6 +10,7 @@
 #include <iostream>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -45,7 +46,9 @@ int run_serve(int argc, char** argv) {
                 "/health, /metrics), on the co-located engine or a disaggregated deployment.\n"
                 "Prints one line with the URL when it accepts requests. SIGTERM or SIGINT\n"
                 "drains: new requests get 503, running ones finish (up to --drain-timeout),\n"
-                "then every worker is stopped.");
+                "then every worker is stopped. After a failure the deployment cannot recover\n"
+                "from, it ends the requests in flight with an error and exits 1\n"
+                "(--no-exit-on-failure: it stays up, answering 503).");
   flags.add_string("model", "", "model directory (config.json, *.safetensors, tokenizer files)");
   flags.add_string("host", "127.0.0.1",
                    "address to listen on: IPv4, IPv6 (::1, ::), or a name such as localhost\n"
@@ -107,6 +110,14 @@ int run_serve(int argc, char** argv) {
                  "steady pace, it sleeps on a timer until just before the next step is\n"
                  "due and polls for it (~1/8 of a step), so that the engine thread need\n"
                  "not wake it (on a VM ~16 us a step). --busy-poll-us overrides both");
+  flags.add_bool("exit-on-failure",
+                 "the default: after a failure the deployment cannot recover from (a worker\n"
+                 "died that it can neither drop nor replace, the engine failed), end every\n"
+                 "request in flight with an error, stop listening, stop every worker and\n"
+                 "exit 1, naming the failure, so that a supervisor restarts the server");
+  flags.add_bool("no-exit-on-failure",
+                 "after such a failure stay up: /health and new requests answer 503 (with\n"
+                 "the failure in the body) until SIGTERM");
   flags.add_int("kv-cache-mb", 256, 1, 1 << 20,
                 "KV cache budget in MiB (per attention worker; at most this machine's memory)",
                 "MSINFER_KV_CACHE_MB");
@@ -129,6 +140,11 @@ int run_serve(int argc, char** argv) {
   }
   const std::string dir = flags.get_string("model");
   if (dir.empty()) return report_error("serve", invalid_argument("--model is required"));
+  if (flags.get_bool("exit-on-failure") && flags.get_bool("no-exit-on-failure")) {
+    return report_error("serve",
+                        invalid_argument("--exit-on-failure and --no-exit-on-failure contradict"));
+  }
+  const bool exit_on_failure = !flags.get_bool("no-exit-on-failure");
   if (flags.get_int("port") < 0 || flags.get_int("port") > 65535) {
     return report_error("serve", invalid_argument("--port must be in 0..65535"));
   }
@@ -239,6 +255,7 @@ int run_serve(int argc, char** argv) {
   std::mutex mu;
   std::condition_variable cv;
   bool signalled = false;
+  std::optional<Status> failure;  // GUARDED_BY(mu): the backend's, once it failed
   auto listen = [&]() -> Status {
     MSI_ASSIGN_OR_RETURN(http, server::HttpServer::start(so, ctx, &metrics));
     http->on_signal([&](int) {
@@ -295,6 +312,15 @@ int run_serve(int argc, char** argv) {
   server::SchedulerOptions sched_options;
   sched_options.max_num_seqs = flags.get_int("max-num-seqs");
   sched_options.max_queue = flags.get_int("max-queue");
+  sched_options.on_failure = [&](const Status& why) {
+    if (!exit_on_failure) {
+      std::fprintf(stderr,
+                   "msinfer serve: /health answers 503 until SIGTERM (--no-exit-on-failure)\n");
+    }
+    std::lock_guard<std::mutex> l(mu);
+    failure = why;
+    cv.notify_all();
+  };
   auto scheduler = std::make_unique<server::Scheduler>(std::move(backend), sched_options, &metrics);
   http->set_scheduler(scheduler.get());
   std::printf("msinfer serve: ready at http://%s (model '%s', max_model_len %lld)\n",
@@ -304,7 +330,25 @@ int run_serve(int argc, char** argv) {
 
   {
     std::unique_lock<std::mutex> l(mu);
-    cv.wait(l, [&] { return signalled; });
+    cv.wait(l, [&] { return signalled || (failure && exit_on_failure); });
+    if (!signalled) {
+      // The scheduler has failed every request in flight (their error
+      // answers are on their way to the loop, which sends them before it
+      // closes the connections); stopping the scheduler destroys the
+      // deployment, which stops its workers and removes their shared memory.
+      const Status why = *failure;
+      l.unlock();
+      http->set_draining();
+      scheduler->stop();
+      stop_loop();
+      scheduler.reset();
+      http.reset();
+      std::fprintf(stderr,
+                   "msinfer serve: exiting with status 1: the deployment failed and cannot "
+                   "recover: %s (--no-exit-on-failure keeps the server up answering 503)\n",
+                   why.message().c_str());
+      return 1;
+    }
   }
   std::fprintf(stderr, "msinfer serve: draining (up to %.0f s)\n",
                flags.get_double("drain-timeout"));
@@ -320,6 +364,12 @@ int run_serve(int argc, char** argv) {
   http.reset();
   std::fprintf(stderr, "msinfer serve: stopped%s\n",
                drained ? "" : " (drain timeout: requests were cut off)");
+  std::lock_guard<std::mutex> l(mu);
+  if (failure && exit_on_failure) {
+    std::fprintf(stderr, "msinfer serve: exiting with status 1: the deployment failed: %s\n",
+                 failure->message().c_str());
+    return 1;
+  }
   return 0;
 }
 

@@ -45,7 +45,9 @@ StatusOr<FinishReason> parse_finish_reason(const std::string& s);
 
 namespace control {
 
-inline constexpr int kProtocolVersion = 1;
+// 2: AddAttention / AttentionAdded, GetCard on expert processes, SetUnits on
+// attention workers (a replacement attention worker joins).
+inline constexpr int kProtocolVersion = 2;
 
 // ---- commands: router -> worker ----
 
@@ -78,7 +80,8 @@ struct DropAttention {
   int worker = 0;
 };
 // Attention worker: its combine card and unit counts, for a replacement
-// expert worker that joins. Answer: CardInfo.
+// expert worker that joins; expert process: its dispatch card and the units
+// it served, for a replacement attention worker. Answer: CardInfo.
 struct GetCard {};
 // Attention worker: the replacement for dropped expert worker `worker`, at
 // `card` (a comm::PeerCard's bytes), takes back `shares` (expert, share).
@@ -106,8 +109,8 @@ struct Prepare {
 struct GetPrepared {};
 // Expert process: forget a prepared placement. Answer: Abandoned.
 struct Abandon {};
-// A replacement expert process, before its first unit: the units each slot
-// has exchanged so far. Answer: UnitsSet.
+// A replacement (expert process or attention worker), before its first
+// unit: the units each slot has exchanged so far. Answer: UnitsSet.
 struct SetUnits {
   std::vector<int64_t> served;
 };
@@ -118,10 +121,17 @@ struct Switch {};
 struct JoinBlobs {
   std::vector<std::string> blobs;
 };
+// Expert process: the replacement for dropped attention worker `worker`, at
+// `card` (its combine region, a comm::PeerCard's bytes), is served from the
+// next unit on. Answer: AttentionAdded.
+struct AddAttention {
+  int worker = 0;
+  std::string card;
+};
 
 using Command = std::variant<Exit, Step, Add, Cancel, GetStats, DropExpert, DropAttention, GetCard,
                              AddExpert, SetPlacement, GetRouted, Prepare, GetPrepared, Abandon,
-                             SetUnits, Switch, JoinBlobs>;
+                             SetUnits, Switch, JoinBlobs, AddAttention>;
 
 // ---- events: worker -> router ----
 
@@ -188,10 +198,13 @@ struct Switched {
 struct JoinAllgather {
   std::string blob;
 };
+struct AttentionAdded {
+  int worker = 0;
+};
 
 using Event = std::variant<Ready, Stepped, Added, Refused, Cancelled, StatsReport, Error, CardInfo,
                            ExpertAdded, PlacementSet, RoutedRows, Preparing, PreparedState,
-                           Abandoned, UnitsSet, Switched, JoinAllgather>;
+                           Abandoned, UnitsSet, Switched, JoinAllgather, AttentionAdded>;
 
 // A launched rank's first line on its control socket (under mpirun / srun).
 struct Hello {

@@ -17,7 +17,9 @@
 // answer the attention side) is dropped: the expert workers are told to serve
 // the others, and its requests end with an error event naming it or, with
 // WorkerConfig::resubmit, go to another attention worker with their prompt
-// plus the tokens already delivered. An expert worker that dies when every
+// plus the tokens already delivered; with WorkerConfig::respawn (one process
+// per worker, the direct or socket transport) a replacement then joins the
+// running workers and takes new requests. An expert worker that dies when every
 // expert it held has a replica on another worker is dropped in place (one
 // process per expert worker and per attention worker, the `direct`
 // transport): the attention workers route its experts' rows to the replicas,
@@ -38,9 +40,11 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -59,6 +63,24 @@ struct DeploymentState;
 class WorkerSet;
 class Rebalancer;
 }  // namespace internal
+
+// The workers of one role as the router last saw them (docs/SERVING.md,
+// "/health"). A worker is an attention replica or an expert worker, with all
+// its processes.
+struct RoleHealth {
+  int live = 0;          // serving now
+  int expected = 0;      // the deployment was started with
+  int64_t deaths = 0;    // workers that died (one of their processes did)
+  int64_t restarts = 0;  // workers started in place of dead ones (a replacement, or a restart's)
+};
+struct DeploymentHealth {
+  RoleHealth attention, expert;
+  // Serving waits: for a replacement without which some experts have no
+  // worker, or for a restart of every worker.
+  bool recovering = false;
+  bool stopped = false;  // the deployment stopped
+  std::string error;     // why, once stopped (stopped()'s message)
+};
 
 class Router {
  public:
@@ -100,6 +122,11 @@ class Router {
   pid_t pid_of(const std::string& role, int index) const;
   // Attention workers still serving.
   int live_attention_workers() const;
+  // Live and expected workers, deaths and restarts by role. Thread-safe: the
+  // router's thread publishes them (atomics) as it finds deaths, starts
+  // replacements or restarts, also in the middle of a step() that waits for a
+  // replacement; any thread may read them meanwhile (the HTTP loop's /health).
+  DeploymentHealth health() const;
   // Expert workers now (fewer after a restart without a dead one), and the
   // restarts so far (docs/RUNTIME.md, "Failures").
   int expert_workers() const { return c_.expert_workers; }
@@ -170,10 +197,17 @@ class Router {
   // that fails is given up (logged), the deployment goes on without it.
   Status join_tick();
   void start_replacement();
+  void start_attention_replacement();
+  Status finish_attention_join(const control::Ready& ready);
   Status answer_join_allgather(const std::string& blob);
   Status finish_join(const control::Ready& ready);
   void abandon_join(const std::string& why);
   Status cancel_once(int64_t id);
+  // Stops every worker and the deployment with `why` (stopped()); nothing is
+  // in flight any more, and the attention workers' gauges read 0.
+  Status fail_deployment(Status why);
+  // Publishes what health() reads: called wherever a worker's state changes.
+  void publish_health();
   StatusOr<std::vector<Json>> stats_once(bool reset);
   // Attention worker `a` died (`why`): the expert processes stop waiting for
   // it, its requests are queued for resubmission or failed.
@@ -216,13 +250,23 @@ class Router {
   bool serving_ = false;  // every worker is ready (a death is not a failed start)
   int experts_lost_ = 0;  // expert workers dropped in place
   int steps_rerun_ = 0;
-  std::optional<Placement> before_loss_;  // the placement when the first was dropped
-  std::vector<int> to_replace_;           // dropped expert workers, under --respawn
-  std::vector<int> awaited_;              // of those, the ones serving waits for
+  std::optional<Placement> before_loss_;   // the placement when the first was dropped
+  std::vector<int> to_replace_;            // dropped expert workers, under --respawn
+  std::vector<int> attention_to_replace_;  // dropped attention workers, under --respawn
+  int64_t preemptions_before_ = 0;         // of attention worker processes replaced since
+  std::vector<int> awaited_;               // of those, the ones serving waits for
   std::unique_ptr<Joining> joining_;
   std::string join_placement_file_;
   int replacements_ = 0;  // started, at most kMaxRestarts
   int joined_ = 0;
+  bool recovering_ = false;  // in recover(): every worker restarts
+  // What health() reads, by role (WorkerRole as an index); written on the
+  // router's thread only (publish_health and the counters), read by any.
+  std::atomic<int> live_[2] = {0, 0}, expected_[2] = {0, 0};
+  std::atomic<int64_t> deaths_[2] = {0, 0}, worker_restarts_[2] = {0, 0};
+  std::atomic<bool> recovering_now_{false}, stopped_now_{false};
+  mutable std::mutex stop_mu_;
+  std::string stop_reason_;  // GUARDED_BY(stop_mu_): stopped_'s message, for health()
 };
 
 // Ranks 1.. of a launcher's job: takes the role of `launcher`'s rank (ranks

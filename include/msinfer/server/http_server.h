@@ -118,4 +118,15 @@ StatusOr<std::string> resolve_host(const std::string& host);
 // "host:port" as a URL writes it: an IPv6 address in brackets.
 std::string url_authority(const std::string& host, int port);
 
+// The answer to GET /health (docs/SERVING.md, "/health"): 200 with "ok", or
+// "degraded" while a worker is down and the deployment still serves; 503
+// with "loading" (`scheduler` null), "draining", "recovering" (serving waits
+// for a replacement or a restart) or "failed" (with the error). A deployment
+// adds "workers": {"attention": {"live", "expected"}, "expert": {...}}.
+struct HealthAnswer {
+  int status = 200;
+  Json body;
+};
+HealthAnswer health_answer(const Scheduler* scheduler, bool draining);
+
 }  // namespace msinfer::server

@@ -59,6 +59,15 @@ class Metrics {
     double kv_usage = 0;
     std::vector<Json> workers;  // WorkerStats of a disaggregated deployment
     Json routing;               // runtime::RoutingStats::to_json of the recent window, or null
+    // A deployment's workers by role (runtime::Router::health): empty when
+    // co-located.
+    struct Role {
+      std::string role;  // "attention", "expert"
+      int64_t live = 0, expected = 0, deaths = 0, restarts = 0;
+    };
+    std::vector<Role> roles;
+    // The process_* family of this process (read_process_stats), unless false.
+    bool process = true;
   };
   // The whole exposition (text format 0.0.4).
   std::string render(const Gauges& g) const;

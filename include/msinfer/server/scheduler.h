@@ -10,9 +10,11 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -41,6 +43,12 @@ class GenerationBackend {
   // Why the backend can serve nothing more (a deployment that stopped on a
   // worker's death, seen by any call, add and cancel included); ok while it can.
   virtual Status health() const { return ok_status(); }
+  // Live and expected workers of a deployment, their deaths and restarts
+  // (runtime::Router::health); nullopt when co-located. Unlike the rest,
+  // thread-safe: the HTTP loop reads it for /health and /metrics.
+  virtual std::optional<runtime::DeploymentHealth> deployment_health() const {
+    return std::nullopt;
+  }
   // Every worker's WorkerStats (disaggregated); empty when co-located.
   virtual StatusOr<std::vector<Json>> worker_stats() { return std::vector<Json>{}; }
   // The routing statistics document (runtime::RoutingStats::to_json) of the
@@ -93,6 +101,11 @@ struct SchedulerOptions {
   // the system (malloc_trim). Not at once: back-to-back bursts would each
   // pay the trim on the engine thread and fault the pages back in.
   std::chrono::milliseconds trim_after_idle{2000};
+  // Called once, on the engine thread, after the backend failed (a failure it
+  // cannot recover from) and every request in flight has been failed with
+  // the error: serve's --exit-on-failure stops the server from there. Must
+  // not wait for the engine thread.
+  std::function<void(const Status&)> on_failure;
 };
 
 class Scheduler {
@@ -127,6 +140,14 @@ class Scheduler {
     Json routing;  // GenerationBackend::routing(), refreshed with the workers' stats
   };
   Snapshot snapshot() const;
+  // What /health answers from, without the snapshot's copies of the workers'
+  // stats: cheap enough for every probe. Thread-safe.
+  struct Health {
+    bool healthy = true;
+    std::string failure;
+    std::optional<runtime::DeploymentHealth> workers;  // a deployment's
+  };
+  Health health() const;
   // Refuses new requests from now on (submit gives UNAVAILABLE).
   void start_draining();
   // Waits until no request is in flight, or `deadline`; true when none is.
@@ -167,8 +188,10 @@ class Scheduler {
   // The backend's gauges `s` (running, KV usage, preemptions) and the
   // waiting count into snap_; under mu_.
   void publish_gauges(const Snapshot& s);
-  // Returns how many requests it failed.
-  int64_t fail_all(const Status& s);
+  // Returns how many requests it failed. With `in_backend`, each running
+  // request is also cancelled in the backend, so that its gauges (running,
+  // KV usage) count it no more.
+  int64_t fail_all(const Status& s, bool in_backend = false);
   // The backend failed: the server turns unhealthy (/health 503, submit
   // refused) and every request in flight fails with `s`.
   void fail_backend(const Status& s);

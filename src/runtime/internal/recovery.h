@@ -42,6 +42,11 @@ bool tolerates_attention_loss(const WorkerConfig& c);
 bool can_drop_expert_in_place(const WorkerConfig& c, const DeploymentState& s);
 // A replacement can be started for `w`: --respawn, and a worker the router forked.
 bool replaceable(const WorkerConfig& c, const DeploymentState& s, const WorkerProcess& w);
+// A replacement can take dropped attention worker `w`'s place in the running
+// deployment: as replaceable(), with one process per worker and msinfer's own
+// transports (the expert workers connect to the replacement's combine
+// region, which a dead peer's connection must not have broken).
+bool can_replace_attention(const WorkerConfig& c, const DeploymentState& s, const WorkerProcess& w);
 // Restarting the deployment can recover from `w`'s death.
 bool can_restart(const WorkerConfig& c, const DeploymentState& s, const WorkerProcess& w);
 

@@ -66,6 +66,11 @@ class RemoteExperts : public ExpertBackend {
     for (const auto& [k, done] : steps_done_) n[static_cast<size_t>(k)] = done;
     return n;
   }
+  // A replacement attention worker (Router, --respawn), before its first
+  // step: the units each slot has exchanged so far (a live attention
+  // worker's units()), which its sequence numbers continue from, as the
+  // expert workers' do.
+  Status set_units(const std::vector<int64_t>& served);
   // Between steps: a replacement for dropped expert worker w, at `card`,
   // takes back the experts' `shares` it held (Placement::with_worker).
   Status add_expert_worker(int w, const comm::PeerCard& card,
