@@ -45,7 +45,8 @@ StatusOr<FinishReason> parse_finish_reason(const std::string& s);
 
 namespace control {
 
-inline constexpr int kProtocolVersion = 1;
+// 2: Add carries n, Stepped's events their sequence's index.
+inline constexpr int kProtocolVersion = 2;
 
 // ---- commands: router -> worker ----
 
