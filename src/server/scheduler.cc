@@ -112,7 +112,7 @@ void Scheduler::admit(Entry&& e) {
   a.batch = e.sink->batch();
   a.sink = std::move(e.sink);
   a.arrival = e.arrival;
-  a.sequences_left = std::max(1, e.req.n);
+  a.sequences = a.sequences_left = std::max(1, e.req.n);
   const auto at = std::upper_bound(active_.begin(), active_.end(), a.id,
                                    [](int64_t id, const Active& x) { return id < x.id; });
   active_.insert(at, std::move(a));
@@ -323,9 +323,9 @@ void Scheduler::loop() {
           const auto previous = a.last_token;
           bool length = false;
           for (size_t i = 0; i < evs.size(); ++i) {
-            if (a.generated == 0 || (first_step && evs[i].index > 0)) {
+            if (a.generated == 0 || (first_step && a.sequences > 1)) {
               step_ttft_.push_back(seconds(now - a.arrival));
-            } else if (evs[i].index > 0) {
+            } else if (a.sequences > 1) {
               step_itl_.push_back(seconds(now - previous));
             } else {
               step_itl_.push_back(seconds(now - a.last_token));

@@ -152,7 +152,8 @@ class Scheduler {
     SinkBatch* batch = nullptr;  // sink->batch(), asked once
     std::chrono::steady_clock::time_point arrival, last_token;
     int64_t generated = 0;
-    int32_t sequences_left = 1;  // GenerationRequest::n, less those finished
+    int32_t sequences = 1;       // GenerationRequest::n
+    int32_t sequences_left = 1;  // of those, not finished
     bool ended = false;          // this step: removed after the walk
   };
   // Into active_, in id order (usually at the end: ids grow with submission).
