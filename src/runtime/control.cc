@@ -200,7 +200,8 @@ Json command_json(const Add& a) {
               {"min_p", s.min_p},
               {"repetition_penalty", s.repetition_penalty},
               {"min_tokens", s.min_tokens},
-              {"logprobs", s.logprobs}};
+              {"logprobs", s.logprobs},
+              {"n", r.n}};
 }
 Json command_json(const Cancel& c) { return Json{{"id", c.id}}; }
 Json command_json(const GetStats& c) { return Json{{"reset", c.reset}}; }
@@ -247,7 +248,8 @@ Status read_command(const Json& j, const std::string& w, Add* a) {
       .optional("min_p", &s.min_p)
       .optional("repetition_penalty", &s.repetition_penalty)
       .optional("min_tokens", &s.min_tokens)
-      .optional("logprobs", &s.logprobs);
+      .optional("logprobs", &s.logprobs)
+      .optional("n", &r.n);
   return f.status();
 }
 Status read_command(const Json&, const std::string&, Exit*) { return ok_status(); }
@@ -323,6 +325,7 @@ Json event_json(const Stepped& e) {
   Json ev = Json::array();
   for (const TokenEvent& t : e.events) {
     Json je{{"id", t.request_id},
+            {"index", t.index},
             {"token", t.token},
             {"finished", t.finished},
             {"reason", t.finish_reason}};
@@ -384,6 +387,7 @@ Status read_event(const Json& j, const std::string& w, Stepped* e) {
     TokenEvent t;
     Fields te(events[i], w + ": events[" + std::to_string(i) + "]");
     te.required("id", &t.request_id)
+        .optional("index", &t.index)
         .required("token", &t.token)
         .required("finished", &t.finished)
         .required("reason", &t.finish_reason)

@@ -83,6 +83,10 @@ Status Engine::add(GenerationRequest r) {
     }
   }
   MSI_RETURN_IF_ERROR(r.sampling.validate().with_context("request " + std::to_string(r.id)));
+  if (r.n < 1 || r.n > GenerationRequest::kMaxSequences) {
+    return invalid_argument("request " + std::to_string(r.id) + ": n = " + std::to_string(r.n) +
+                            " is outside 1.." + std::to_string(GenerationRequest::kMaxSequences));
+  }
   // The id names the request's KV block table: a second request under the
   // same id would share (and, finishing first, free) the other's blocks.
   const auto same_id = [&](const Running& o) { return o.req.id == r.id; };
@@ -104,27 +108,23 @@ Status Engine::add(GenerationRequest r) {
   }
   Running run;
   run.tokens = r.prompt;
-  run.rng.seed(r.sampling.seed);
+  run.seq = next_seq_++;
+  run.fork_into = r.n;
+  run.rng.seed(r.sampling.seed);  // sequence 0's: seed + 0
   run.req = std::move(r);
   waiting_.push_back(std::move(run));
   return ok_status();
 }
 
 bool Engine::cancel(int64_t id) {
-  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
-    if (it->req.id == id) {
-      waiting_.erase(it);
-      return true;
-    }
+  // Every sequence of it: n > 1 has several, in either list.
+  const auto of = [&](const Running& r) { return r.req.id == id; };
+  size_t found = std::erase_if(waiting_, of);
+  for (const Running& r : running_) {
+    if (of(r)) kv_.release(r.seq);
   }
-  for (auto it = running_.begin(); it != running_.end(); ++it) {
-    if (it->req.id == id) {
-      kv_.release(id);
-      running_.erase(it);
-      return true;
-    }
-  }
-  return false;
+  found += std::erase_if(running_, of);
+  return found > 0;
 }
 
 // First come, first served: a request is admitted when the blocks of every
@@ -140,13 +140,13 @@ void Engine::admit() {
   int64_t next_step = 0;
   for (const Running& r : running_) {
     next_step += std::max<int64_t>(
-        0, kv_.blocks_for(static_cast<int64_t>(r.tokens.size())) - kv_.blocks_held(r.req.id));
+        0, kv_.blocks_for(static_cast<int64_t>(r.tokens.size())) - kv_.blocks_held(r.seq));
   }
   while (!waiting_.empty()) {
     Running& r = waiting_.front();
     const int64_t need = kv_.blocks_for(static_cast<int64_t>(r.tokens.size()));
     if (!running_.empty() && need + next_step + watermark > kv_.free_blocks()) break;
-    if (!kv_.reserve(r.req.id, static_cast<int64_t>(r.tokens.size())).ok()) break;
+    if (!kv_.reserve(r.seq, static_cast<int64_t>(r.tokens.size())).ok()) break;
     running_.push_back(std::move(r));
     waiting_.pop_front();
   }
@@ -165,7 +165,7 @@ std::vector<std::pair<size_t, int64_t>> Engine::plan_step() {
   auto preempt = [&](size_t v) {
     Running& r = running_[v];
     r.preempted = true;
-    kv_.release(r.req.id);
+    kv_.release(r.seq);  // its own references: blocks it shares stay with the others
     r.computed = 0;
     ++preemptions_;
     for (auto it = plan.begin(); it != plan.end(); ++it) {
@@ -186,7 +186,7 @@ std::vector<std::pair<size_t, int64_t>> Engine::plan_step() {
       if ((pass == 0) != decoding || left <= 0) continue;
       const int64_t n = std::min(left, budget);
       bool fits = true;
-      while (!kv_.reserve(r.req.id, r.computed + n).ok()) {
+      while (!kv_.reserve(r.seq, r.computed + n).ok()) {
         const std::ptrdiff_t v = victim(i);
         if (v < 0 || static_cast<size_t>(v) < i) {
           // Everything admitted after it is preempted already: it goes itself.
@@ -212,6 +212,54 @@ std::vector<std::pair<size_t, int64_t>> Engine::plan_step() {
     }
   }
   return plan;
+}
+
+std::vector<Engine::Running> Engine::fork_sequences(Running& r) {
+  // The partly filled last block is copied where the pools are here and
+  // every rank's are (attention-tp peers hold their heads' K/V: a copy on
+  // this rank would leave theirs behind); elsewhere each sequence recomputes
+  // the positions after the last full block.
+  const bool copy = kv_.host_pools() && options_.attention_peers == nullptr;
+  std::vector<Running> born;
+  for (int32_t i = 1; i < r.fork_into; ++i) {
+    Running s;
+    s.req = r.req;
+    s.seq = next_seq_++;
+    s.index = i;
+    s.tokens = r.tokens;
+    s.rng.seed(r.req.sampling.seed + static_cast<uint64_t>(i));
+    s.computed = kv_.fork(r.seq, s.seq, r.computed, copy);
+    born.push_back(std::move(s));
+  }
+  r.fork_into = 1;
+  return born;
+}
+
+bool Engine::sample_next(Running& r, const float* lg, std::vector<TokenEvent>* events) {
+  const ModelConfig& c = config();
+  const SamplingParams& sp = r.req.sampling;
+  if (observer_) observer_(r.req.id, lg, c.vocab);
+  const int32_t tok = sample_token(lg, c.vocab, sp, r.rng);
+  r.tokens.push_back(tok);
+  ++r.generated;
+  TokenEvent& ev = events->emplace_back();
+  ev.request_id = r.req.id;
+  ev.index = r.index;
+  ev.token = tok;
+  if (sp.logprobs >= 0) {
+    ev.logprob = token_logprob(lg, c.vocab, tok, sp.logprobs, &ev.top_logprobs);
+  }
+  const auto& stops = sp.stop_token_ids;
+  if (!sp.ignore_eos &&
+      std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), tok) != c.eos_token_ids.end()) {
+    ev.finish_reason = "eos";
+  } else if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
+    ev.finish_reason = "stop";
+  } else if (r.generated >= sp.max_tokens) {
+    ev.finish_reason = "length";
+  }
+  ev.finished = !ev.finish_reason.empty();
+  return ev.finished;
 }
 
 StatusOr<std::vector<TokenEvent>> Engine::step() {
@@ -247,7 +295,7 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
     const size_t k = static_cast<size_t>(std::min_element(mb_cost.begin(), mb_cost.end()) - mb_cost.begin());
     mb_cost[k] += cost[j];
     MicroBatch& mb = mbs_[k];
-    const int32_t* table = kv_.block_table(r.req.id);
+    const int32_t* table = kv_.block_table(r.seq);
     for (int64_t j = 0; j < n; ++j) {
       mb.batch.ids.push_back(r.tokens[r.computed + j]);
       mb.batch.positions.push_back(static_cast<int32_t>(r.computed + j));
@@ -312,6 +360,7 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
   logits_.resize(rows.size() * c.vocab);
   if (!head_rows.empty()) MSI_RETURN_IF_ERROR(attention_->logits(head_rows, logits_.data()));
   std::vector<size_t> done;
+  std::vector<Running> forked;  // sequences born this step (n > 1), joining the batch below
   for (size_t j = 0; j < rows.size(); ++j) {
     Running& r = running_[owners[j]];
     const float* lg = logits_.data() + j * c.vocab;
@@ -329,34 +378,25 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
                      static_cast<int64_t>(c.eos_token_ids.size()), r.generated);
       lg = penalised_.data();
     }
-    if (observer_) observer_(r.req.id, lg, c.vocab);
-    const int32_t tok = sample_token(lg, c.vocab, sp, r.rng);
-    r.tokens.push_back(tok);
-    ++r.generated;
-    TokenEvent ev;
-    ev.request_id = r.req.id;
-    ev.token = tok;
-    if (sp.logprobs >= 0) {
-      ev.logprob = token_logprob(lg, c.vocab, tok, sp.logprobs, &ev.top_logprobs);
+    // n > 1: the other sequences start from this prompt's K/V and logits
+    // (forked before r's token is appended: they have the same tokens).
+    std::vector<Running> born = r.fork_into > 1 ? fork_sequences(r) : std::vector<Running>{};
+    if (sample_next(r, lg, &events)) done.push_back(owners[j]);
+    for (Running& s : born) {
+      if (sample_next(s, lg, &events)) {
+        kv_.release(s.seq);  // finished at its first token
+      } else {
+        forked.push_back(std::move(s));
+      }
     }
-    const auto& stops = r.req.sampling.stop_token_ids;
-    if (!r.req.sampling.ignore_eos &&
-        std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), tok) != c.eos_token_ids.end()) {
-      ev.finish_reason = "eos";
-    } else if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
-      ev.finish_reason = "stop";
-    } else if (r.generated >= r.req.sampling.max_tokens) {
-      ev.finish_reason = "length";
-    }
-    ev.finished = !ev.finish_reason.empty();
-    if (ev.finished) done.push_back(owners[j]);
-    events.push_back(ev);
   }
   std::sort(done.rbegin(), done.rend());
   for (size_t i : done) {
-    kv_.release(running_[i].req.id);
+    kv_.release(running_[i].seq);
     running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
   }
+  // The forked sequences count as admitted now (the latest: preempted first).
+  for (Running& s : forked) running_.push_back(std::move(s));
   return events;
 }
 

@@ -1,5 +1,7 @@
 #include "msinfer/runtime/kv_cache.h"
 
+#include <cstring>
+
 namespace msinfer::runtime {
 
 int64_t KvCache::bytes_per_token(const ModelConfig& c) {
@@ -32,6 +34,7 @@ StatusOr<KvCache> KvCache::create(const ModelConfig& c, int64_t budget_bytes, in
     }
   }
   for (int64_t b = kv.num_blocks_ - 1; b >= 0; --b) kv.free_.push_back(static_cast<int32_t>(b));
+  kv.refs_.assign(static_cast<size_t>(kv.num_blocks_), 0);
   return kv;
 }
 
@@ -46,6 +49,7 @@ Status KvCache::reserve(int64_t id, int64_t tokens) {
   }
   for (int64_t i = 0; i < extra; ++i) {
     table.push_back(free_.back());
+    refs_[static_cast<size_t>(free_.back())] = 1;
     free_.pop_back();
   }
   return ok_status();
@@ -54,8 +58,46 @@ Status KvCache::reserve(int64_t id, int64_t tokens) {
 void KvCache::release(int64_t id) {
   auto it = tables_.find(id);
   if (it == tables_.end()) return;
-  for (int32_t b : it->second) free_.push_back(b);
+  for (int32_t b : it->second) {
+    MSI_CHECK(refs_[static_cast<size_t>(b)] > 0) << "KV block " << b << " released twice";
+    if (--refs_[static_cast<size_t>(b)] == 0) free_.push_back(b);
+  }
   tables_.erase(it);
+}
+
+int64_t KvCache::fork(int64_t parent, int64_t child, int64_t tokens, bool copy_partial) {
+  auto it = tables_.find(parent);
+  MSI_CHECK(it != tables_.end()) << "no KV blocks for sequence " << parent;
+  MSI_CHECK(tables_.find(child) == tables_.end()) << "sequence " << child << " holds KV blocks";
+  const std::vector<int32_t>& from = it->second;
+  MSI_CHECK(blocks_for(tokens) <= static_cast<int64_t>(from.size()))
+      << "sequence " << parent << " holds " << from.size() << " blocks, not " << tokens
+      << " positions";
+  const int64_t full = tokens / block_size_;
+  std::vector<int32_t> table(from.begin(), from.begin() + full);
+  for (int32_t b : table) ++refs_[static_cast<size_t>(b)];
+  int64_t covered = full * block_size_;
+  if (covered < tokens && copy_partial && host_pools() && !free_.empty()) {
+    const int32_t src = from[static_cast<size_t>(full)], dst = free_.back();
+    free_.pop_back();
+    refs_[static_cast<size_t>(dst)] = 1;
+    // Per layer a block is [kv_heads][block_size][head_dim], contiguous.
+    const size_t block_elems = static_cast<size_t>(block_size_ * slot_elems_);
+    for (int l = 0; l < layers_; ++l) {
+      const size_t layer_off =
+          static_cast<size_t>(l) * static_cast<size_t>(num_blocks_) * block_elems;
+      for (ZeroPages* pool : {&k_, &v_}) {
+        if (pool->empty()) continue;
+        bf16* base = pool->as<bf16>() + layer_off;
+        std::memcpy(base + static_cast<size_t>(dst) * block_elems,
+                    base + static_cast<size_t>(src) * block_elems, block_elems * sizeof(bf16));
+      }
+    }
+    table.push_back(dst);
+    covered = tokens;
+  }
+  tables_.emplace(child, std::move(table));  // may rehash: `from` is not used after this
+  return covered;
 }
 
 int64_t KvCache::blocks_held(int64_t id) const {

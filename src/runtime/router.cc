@@ -443,6 +443,15 @@ Status Router::resubmit_lost() {
     lost_.pop_back();
     auto t = requests_.find(id);
     if (t == requests_.end()) continue;  // cancelled meanwhile
+    if (t->second.request.n > 1 && !t->second.delivered.empty()) {
+      // Its n sequences have tokens of their own: the new worker would have
+      // to prefill each; not done.
+      requests_.erase(t);
+      failed_.push_back(error_event(id, "request " + std::to_string(id) +
+                                            " (n > 1) was lost after its first tokens: only "
+                                            "requests with one sequence resume elsewhere"));
+      continue;
+    }
     GenerationRequest r = t->second.request;
     r.prompt.insert(r.prompt.end(), t->second.delivered.begin(), t->second.delivered.end());
     r.sampling.max_tokens -= static_cast<int>(t->second.delivered.size());
@@ -473,7 +482,7 @@ auto Router::retried_after_restart(Op op) -> decltype(op()) {
 Status Router::add(const GenerationRequest& r) {
   MSI_RETURN_IF_ERROR(stopped_);
   MSI_RETURN_IF_ERROR(retried_after_restart([&] { return submit(r); }));
-  requests_[r.id] = Tracked{r, {}};
+  requests_[r.id] = Tracked{r, {}, r.n};
   return ok_status();
 }
 
@@ -498,7 +507,7 @@ Status Router::submit(const GenerationRequest& r) {
   }
   MSI_RETURN_IF_ERROR(
       control::expect<control::Added>(std::move(e).value(), name_of(lead(best))).status());
-  const int64_t load = static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens;
+  const int64_t load = static_cast<int64_t>(r.prompt.size()) + int64_t{r.n} * r.sampling.max_tokens;
   lead(best).load += load;
   in_flight_[r.id] = best;
   load_of_[r.id] = load;
@@ -601,11 +610,14 @@ Status Router::take_step(int a, control::Stepped&& s, std::vector<TokenEvent>* e
   lead(a).kv_usage = s.kv_usage;
   lead(a).preemptions = s.preemptions;
   for (TokenEvent& ev : s.events) {
+    // The request ends with its last sequence (n > 1: one event each).
+    bool request_done = ev.finished;
     if (auto t = requests_.find(ev.request_id); t != requests_.end()) {
       t->second.delivered.push_back(ev.token);
-      if (ev.finished) requests_.erase(t);
+      if (ev.finished && --t->second.sequences_left > 0) request_done = false;
+      if (request_done) requests_.erase(t);
     }
-    if (ev.finished) {
+    if (request_done) {
       in_flight_.erase(ev.request_id);
       auto l = load_of_.find(ev.request_id);
       if (l != load_of_.end()) {

@@ -46,8 +46,10 @@ const std::vector<RequestField>& request_fields() {
       {"top_logprobs", E::kChat, U::kHonoured, "2", ""},
       {"stream", E::kBoth, U::kHonoured, "true", ""},
       {"stream_options", E::kBoth, U::kHonoured, "{\"include_usage\": true}", ""},
-      {"n", E::kBoth, U::kRefused, "2", "[1]"},
-      {"best_of", E::kCompletions, U::kRefused, "2", "[1]"},
+      {"n", E::kBoth, U::kHonoured, "2", ""},
+      // Its example is 1: the table's test sends every field with stream
+      // true, and a stream refuses best_of != n (as OpenAI does).
+      {"best_of", E::kCompletions, U::kHonoured, "1", ""},
       {"echo", E::kBoth, U::kRefused, "true", "[false]"},
       {"suffix", E::kCompletions, U::kRefused, "\"x\"", "[]"},
       {"logit_bias", E::kBoth, U::kRefused, "{\"5\": 1}", "[{}]"},
@@ -386,13 +388,33 @@ std::optional<ApiError> parse_request_fields(const std::string& body, bool chat,
       return e;
     }
   }
-  // Refused: what would change the output and is not implemented.
+  // n choices, of best_of sequences (completions); the bound is the server's.
   int64_t n = 1;
   if (auto f = get_int(j, "n", &n)) return f;
-  if (n != 1) return bad_request("only n = 1 is supported", "n");
-  int64_t best_of = 1;
-  if (auto f = get_int(j, "best_of", &best_of)) return f;
-  if (best_of != 1) return bad_request("only best_of = 1 is supported", "best_of");
+  if (n < 1) return bad_request("'n' must be >= 1", "n");
+  if (n > ctx.max_n) {
+    return bad_request("'n' is " + std::to_string(n) + "; this server returns at most " +
+                           std::to_string(ctx.max_n) + " choices per request (--max-n)",
+                       "n");
+  }
+  int64_t best_of = n;
+  if (!chat) {
+    if (auto f = get_int(j, "best_of", &best_of)) return f;
+    if (best_of < n) {
+      return bad_request(
+          "'best_of' (" + std::to_string(best_of) + ") must be >= n (" + std::to_string(n) + ")",
+          "best_of");
+    }
+    if (best_of > ctx.max_n) {
+      return bad_request("'best_of' is " + std::to_string(best_of) +
+                             "; this server generates at most " + std::to_string(ctx.max_n) +
+                             " sequences per request (--max-n)",
+                         "best_of");
+    }
+  }
+  r.n = static_cast<int>(n);
+  r.best_of = static_cast<int>(best_of);
+  // Refused: what would change the output and is not implemented.
   bool echo = false;
   if (auto f = get_bool(j, "echo", &echo)) return f;
   if (echo) return bad_request("echo is not supported", "echo");
@@ -525,6 +547,13 @@ std::optional<ApiError> parse_request_fields(const std::string& body, bool chat,
       return f;
     }
   }
+  // A stream sends every sequence as it is made: none can be left out.
+  if (r.stream && r.best_of != r.n) {
+    return bad_request("'best_of' must equal n when streaming", "best_of");
+  }
+  // best_of > n ranks the sequences by cumulative logprob: the engine must
+  // report each token's (reported to the client only if `logprobs` asks).
+  if (r.best_of > r.n) sp.logprobs = std::max(sp.logprobs, 0);
   // What validate() checks that depends on max_tokens waits for it
   // (resolve_prompt()).
   runtime::SamplingParams check = sp;

@@ -344,7 +344,9 @@ struct HttpServer::Impl {
   void accept();
   // Engine thread: one request's tokens (moved from) or failure, this round.
   void gather(int64_t id, std::span<runtime::TokenEvent> events, bool urgent) {
-    gathering.urgent |= urgent || events.back().finished;
+    // An end (of any of the request's sequences) cannot wait either.
+    gathering.urgent |= urgent || std::any_of(events.begin(), events.end(),
+                                              [](const auto& ev) { return ev.finished; });
     Delivery& d = gathering.deliveries.emplace_back();
     d.id = id;
     d.begin = gathering.events.size();
@@ -510,19 +512,18 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   friend struct HttpServer::Impl;  // run_rounds() delivers on_tokens and on_error
 
-  // One generation request in flight on this connection.
-  struct Generation {
-    int64_t id = 0;
-    ApiRequest req;
+  // One sequence of a generation: choices[index] of the answer (with
+  // best_of > n, a candidate for one).
+  struct Choice {
     std::optional<TextStream> text;
-    std::string object_id;
-    std::time_t created = 0;
     int64_t completion_tokens = 0;
-    std::string content;  // non-streaming: the whole text
-    Json logprobs;        // non-streaming: accumulated
-    int64_t text_offset = 0;      // characters of the text before the next logprob token
-    int32_t logprob_before = -1;  // the token before the next logprob token
-    bool done = false;
+    double cumulative_logprob = 0;  // of its tokens (best_of ranks by it)
+    std::string content;            // non-streaming: the whole text
+    Json logprobs;                  // non-streaming: accumulated
+    int64_t text_offset = 0;        // characters of the text before the next logprob token
+    int32_t logprob_before = -1;    // the token before the next logprob token
+    std::string finish;             // OpenAI's finish_reason once it ended
+    bool engine_finished = false;   // the engine's sequence ended (not only a stop string)
     // The usual stream chunk (text, no logprobs, no finish) around its text;
     // made once (text_chunk).
     std::string chunk_prefix, chunk_suffix;
@@ -531,6 +532,22 @@ class Session : public std::enable_shared_from_this<Session> {
     // first token).
     std::string held_text;
     bool sent_text = false;
+    // This round's (on_tokens) text, logprobs and end; the strings keep
+    // their capacity from round to round.
+    std::string round_text;
+    Json round_logprobs;
+    bool round_touched = false, round_ended = false;
+  };
+
+  // One generation request in flight on this connection.
+  struct Generation {
+    int64_t id = 0;
+    ApiRequest req;
+    std::vector<Choice> choices;  // req.best_of of them, by TokenEvent::index
+    int64_t open = 0;             // choices not ended
+    std::string object_id;
+    std::time_t created = 0;
+    bool done = false;
   };
 
   // Hands tokens from the engine thread to this connection's loop, gathered
@@ -978,7 +995,9 @@ class Session : public std::enable_shared_from_this<Session> {
     to.include_stop_str = gen->req.include_stop_str_in_output;
     to.skip_special_tokens = gen->req.skip_special_tokens;
     to.min_tokens = gen->req.sampling.min_tokens;
-    gen->text.emplace(srv_.ctx.tokenizer, gen->req.stop, to);
+    gen->choices.resize(static_cast<size_t>(gen->req.best_of));
+    for (Choice& c : gen->choices) c.text.emplace(srv_.ctx.tokenizer, gen->req.stop, to);
+    gen->open = gen->req.best_of;
     gen->created = std::time(nullptr);
     // Random (as vLLM's uuid4 ids): unique across restarts too.
     gen->object_id = (chat ? "chatcmpl-" : "cmpl-") + srv_.random_hex();
@@ -986,6 +1005,7 @@ class Session : public std::enable_shared_from_this<Session> {
     r.id = gen->id;
     r.prompt = gen->req.prompt;
     r.sampling = gen->req.sampling;
+    r.n = gen->req.best_of;
     Status s = sched->submit(
         std::move(r), std::make_shared<Sink>(srv_, gen->id, gen->req.stream && gen->req.logprobs));
     if (!s.ok()) {
@@ -1004,9 +1024,13 @@ class Session : public std::enable_shared_from_this<Session> {
           "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
           "Transfer-Encoding: chunked\r\n";
       h += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
-      if (chat) {
-        Json delta{{"role", "assistant"}, {"content", ""}};
-        h += chunk(sse(stream_chunk(*gen, delta, Json(nullptr), Json(nullptr))));
+      if (chat) {  // each choice's first chunk names the role, as OpenAI's do
+        const Json delta{{"role", "assistant"}, {"content", ""}};
+        std::string first;
+        for (int i = 0; i < gen->req.n; ++i) {
+          first += sse(stream_chunk(*gen, i, delta, Json(nullptr), Json(nullptr)));
+        }
+        h += chunk(first);
       }
       queue_write(std::move(h));
     }
@@ -1025,10 +1049,10 @@ class Session : public std::enable_shared_from_this<Session> {
                 {"system_fingerprint", srv_.system_fingerprint}};
   }
 
-  Json stream_chunk(const Generation& g, const Json& delta_or_text, const Json& logprobs,
+  Json stream_chunk(const Generation& g, int index, const Json& delta_or_text, const Json& logprobs,
                     const Json& finish_reason) const {
     Json j = base(g, true);
-    Json choice{{"index", 0}};
+    Json choice{{"index", index}};
     if (g.req.chat) {
       choice["delta"] = delta_or_text;
     } else {
@@ -1041,41 +1065,42 @@ class Session : public std::enable_shared_from_this<Session> {
     return j;
   }
 
-  // stream_chunk(g, text, null, null) as SSE, from a template made on the
-  // first call: the JSON of every other field is the same for the whole
-  // stream, so only the text is escaped per token (nlohmann builds and sorts
-  // a tree per chunk otherwise: most of the server's time per token).
-  std::string text_chunk(Generation& g, const std::string& text) const {
-    if (g.chunk_prefix.empty()) {
+  // stream_chunk(g, index, text, null, null) as SSE, from a template made on
+  // the choice's first call: the JSON of every other field is the same for
+  // the whole stream, so only the text is escaped per token (nlohmann builds
+  // and sorts a tree per chunk otherwise: most of the server's time per token).
+  std::string text_chunk(Generation& g, int index, const std::string& text) const {
+    Choice& c = g.choices[static_cast<size_t>(index)];
+    if (c.chunk_prefix.empty()) {
       static const std::string kMark = "\x01msinfer-text\x01";
       const Json d = g.req.chat ? Json{{"content", kMark}} : Json(kMark);
-      const std::string whole = sse(stream_chunk(g, d, Json(nullptr), Json(nullptr)));
+      const std::string whole = sse(stream_chunk(g, index, d, Json(nullptr), Json(nullptr)));
       const std::string mark = dump(Json(kMark));
       // Keys are sorted: "choices" comes first, so the first match is ours.
       const size_t at = whole.find(mark);
       MSI_CHECK(at != std::string::npos);
-      g.chunk_prefix = whole.substr(0, at);
-      g.chunk_suffix = whole.substr(at + mark.size());
+      c.chunk_prefix = whole.substr(0, at);
+      c.chunk_suffix = whole.substr(at + mark.size());
     }
-    return g.chunk_prefix + dump(Json(text)) + g.chunk_suffix;
+    return c.chunk_prefix + dump(Json(text)) + c.chunk_suffix;
   }
 
   // Logprobs of the tokens in `events` in the API's shape; appended to `acc`.
   // Each token's text is what it adds to the text after the token before it
   // (TextStream::token_bytes), so the tokens join into the text; the
   // alternatives are read in the same place.
-  void add_logprobs(Generation& g, const runtime::TokenEvent& ev, Json* acc) {
-    const std::string bytes = g.text->token_bytes(ev.token, g.logprob_before);
+  void add_logprobs(const Generation& g, Choice& ch, const runtime::TokenEvent& ev, Json* acc) {
+    const std::string bytes = ch.text->token_bytes(ev.token, ch.logprob_before);
     const std::string tok = logprob_token(bytes);
-    const int32_t before = g.logprob_before;
-    g.logprob_before = ev.token;
+    const int32_t before = ch.logprob_before;
+    ch.logprob_before = ev.token;
     if (g.req.chat) {
       // Alternatives that write the same bytes (a byte-fallback token and a
       // whole one) are listed once, with the higher logprob (the first).
       Json top = Json::array();
       std::vector<std::string> seen;
       for (const auto& [id, lp] : ev.top_logprobs) {
-        std::string b = g.text->token_bytes(id, before);
+        std::string b = ch.text->token_bytes(id, before);
         if (std::find(seen.begin(), seen.end(), b) != seen.end()) continue;
         top.push_back({{"token", logprob_token(b)}, {"logprob", lp}, {"bytes", byte_array(b)}});
         seen.push_back(std::move(b));
@@ -1096,73 +1121,113 @@ class Session : public std::enable_shared_from_this<Session> {
       // a whole one): the key keeps the higher logprob, the first in order.
       Json top = Json::object();
       for (const auto& [id, lp] : ev.top_logprobs) {
-        const std::string key = logprob_token(g.text->token_bytes(id, before));
+        const std::string key = logprob_token(ch.text->token_bytes(id, before));
         if (!top.contains(key)) top[key] = lp;
       }
       (*acc)["tokens"].push_back(tok);
       (*acc)["token_logprobs"].push_back(ev.logprob);
       (*acc)["top_logprobs"].push_back(top);
-      (*acc)["text_offset"].push_back(g.text_offset);
-      g.text_offset += text_offset_advance(bytes);
+      (*acc)["text_offset"].push_back(ch.text_offset);
+      ch.text_offset += text_offset_advance(bytes);
     }
   }
 
   // flush: the round where held stream text goes out (every stream_interval-th).
+  // A stream's chunks go out choice by choice in index order within a round,
+  // so n choices interleave as OpenAI's do; each choice ends with its own
+  // finish_reason chunk, the response once every choice has ended.
   void on_tokens(int64_t id, std::span<const runtime::TokenEvent> events, bool flush) {
     if (closed_ || !gen_ || gen_->id != id || gen_->done) return;
     // gen_ is reset when the response ends; `keep` holds the generation until
     // this handler is done with it.
     const std::shared_ptr<Generation> keep = gen_;
     Generation& g = *keep;
-    std::string delta;
-    Json logprobs;
-    std::string finish;
     for (const auto& ev : events) {
-      ++g.completion_tokens;
+      if (ev.index < 0 || static_cast<size_t>(ev.index) >= g.choices.size()) continue;
+      Choice& c = g.choices[static_cast<size_t>(ev.index)];
+      if (!c.finish.empty()) continue;  // ended by a stop string; its sequence ran on
+      if (!c.round_touched) {
+        c.round_touched = true;
+        c.round_text.clear();
+        c.round_logprobs = Json();
+      }
+      ++c.completion_tokens;
+      c.cumulative_logprob += ev.logprob;
+      c.engine_finished = ev.finished;
       // A token that ended generation as a stop (a stop_token_ids token, EOS)
       // writes no text unless include_stop_str_in_output, as in vLLM.
       const bool stop_token =
           ev.finished && (ev.finish_reason == "stop" || ev.finish_reason == "eos");
-      if (!stop_token || g.req.include_stop_str_in_output) delta += g.text->push(ev.token);
-      if (g.req.logprobs) add_logprobs(g, ev, g.req.stream ? &logprobs : &g.logprobs);
-      if (g.text->stopped()) {
-        finish = "stop";
-        // The engine has not seen the stop string: take the request out.
-        if (Scheduler* s = srv_.scheduler.load()) s->cancel(g.id, "stop");
-        break;
+      if (!stop_token || g.req.include_stop_str_in_output) c.round_text += c.text->push(ev.token);
+      if (g.req.logprobs) add_logprobs(g, c, ev, g.req.stream ? &c.round_logprobs : &c.logprobs);
+      if (c.text->stopped()) {
+        c.finish = "stop";
+      } else if (ev.finished) {
+        c.round_text += c.text->finish();
+        c.finish = openai_finish_reason(ev.finish_reason);
       }
-      if (ev.finished) {
-        delta += g.text->finish();
-        finish = openai_finish_reason(ev.finish_reason);
-        break;
+      if (!c.finish.empty()) {
+        c.round_ended = true;
+        --g.open;
+      }
+    }
+    const bool all_ended = g.open == 0;
+    // A choice ended by a stop string: the engine has not seen it. Its
+    // sequence runs on (n > 1: the others' share the batch) until the
+    // request ends, then the request is taken out.
+    if (all_ended) {
+      const bool running = std::any_of(g.choices.begin(), g.choices.end(),
+                                       [](const Choice& c) { return !c.engine_finished; });
+      if (running) {
+        if (Scheduler* s = srv_.scheduler.load()) s->cancel(g.id, "stop");
       }
     }
     if (!g.req.stream) {
-      g.content += delta;
-      if (!finish.empty()) finish_plain(g, finish);
+      for (Choice& c : g.choices) {
+        if (!c.round_touched) continue;
+        c.content += c.round_text;
+        c.round_touched = c.round_ended = false;
+      }
+      if (all_ended) finish_plain(g);
       return;
     }
     std::string out;
-    if (!logprobs.is_null()) {
-      Json d = g.req.chat ? Json{{"content", delta}} : Json(delta);
-      out += sse(stream_chunk(g, d, logprobs, Json(nullptr)));
-    } else {
-      // The first text at once, then one chunk per flush round (every
-      // stream_interval steps) and at the end: fewer writes, and the time to
-      // the first token as without the interval.
-      g.held_text += delta;
-      if (!g.held_text.empty() && (!g.sent_text || flush || !finish.empty())) {
-        out += text_chunk(g, g.held_text);
-        g.held_text.clear();
-        g.sent_text = true;
+    for (size_t i = 0; i < g.choices.size(); ++i) {
+      Choice& c = g.choices[i];
+      if (!c.round_touched) {
+        // Held text of a choice without tokens this round goes out at a flush.
+        if (flush && !c.held_text.empty()) {
+          out += text_chunk(g, static_cast<int>(i), c.held_text);
+          c.held_text.clear();
+        }
+        continue;
       }
+      const int index = static_cast<int>(i);
+      if (!c.round_logprobs.is_null()) {
+        Json d = g.req.chat ? Json{{"content", c.round_text}} : Json(c.round_text);
+        out += sse(stream_chunk(g, index, d, c.round_logprobs, Json(nullptr)));
+      } else {
+        // The first text at once, then one chunk per flush round (every
+        // stream_interval steps) and at the end: fewer writes, and the time to
+        // the first token as without the interval.
+        c.held_text += c.round_text;
+        if (!c.held_text.empty() && (!c.sent_text || flush || c.round_ended)) {
+          out += text_chunk(g, index, c.held_text);
+          c.held_text.clear();
+          c.sent_text = true;
+        }
+      }
+      if (c.round_ended) {
+        out += sse(stream_chunk(g, index, g.req.chat ? Json::object() : Json(""), Json(nullptr),
+                                c.finish));
+      }
+      c.round_touched = c.round_ended = false;
     }
-    if (!finish.empty()) {
-      out += sse(stream_chunk(g, g.req.chat ? Json::object() : Json(""), Json(nullptr), finish));
+    if (all_ended) {
       if (g.req.include_usage) {
         Json u = base(g, true);
         u["choices"] = Json::array();
-        u["usage"] = usage_json(static_cast<int64_t>(g.req.prompt.size()), g.completion_tokens);
+        u["usage"] = usage_json(static_cast<int64_t>(g.req.prompt.size()), completion_tokens(g));
         out += sse(u);
       }
       out += "data: [DONE]\n\n";
@@ -1175,6 +1240,14 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!out.empty()) queue_write(chunk(out));
   }
 
+  // The generated tokens of every choice returned (usage: the prompt once,
+  // the completions summed).
+  static int64_t completion_tokens(const Generation& g) {
+    int64_t n = 0;
+    for (const Choice& c : g.choices) n += c.completion_tokens;
+    return n;
+  }
+
   // The generation's response is complete (or abandoned): nothing more is
   // delivered to it.
   void end_generation(Generation& g) {
@@ -1182,18 +1255,37 @@ class Session : public std::enable_shared_from_this<Session> {
     srv_.streams.erase(g.id);
   }
 
-  void finish_plain(Generation& g, const std::string& finish) {
-    Json j = base(g, false);
-    Json choice{{"index", 0}};
-    if (g.req.chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", g.content}};
-    } else {
-      choice["text"] = g.content;
+  // Every choice ended: the answer. With best_of > n, the n sequences with
+  // the highest cumulative logprob (vLLM's rule), best first, as choices
+  // 0..n-1; the others are dropped (usage counts the returned ones).
+  void finish_plain(Generation& g) {
+    std::vector<size_t> order(g.choices.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    if (g.req.best_of > g.req.n) {
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return g.choices[a].cumulative_logprob > g.choices[b].cumulative_logprob;
+      });
+      order.resize(static_cast<size_t>(g.req.n));
+      std::vector<Choice> kept;
+      for (size_t i : order) kept.push_back(std::move(g.choices[i]));
+      g.choices = std::move(kept);
     }
-    choice["logprobs"] = g.logprobs;
-    choice["finish_reason"] = finish;
-    j["choices"] = Json::array({choice});
-    j["usage"] = usage_json(static_cast<int64_t>(g.req.prompt.size()), g.completion_tokens);
+    Json j = base(g, false);
+    Json choices = Json::array();
+    for (size_t i = 0; i < g.choices.size(); ++i) {
+      Choice& c = g.choices[i];
+      Json choice{{"index", static_cast<int64_t>(i)}};
+      if (g.req.chat) {
+        choice["message"] = {{"role", "assistant"}, {"content", c.content}};
+      } else {
+        choice["text"] = c.content;
+      }
+      choice["logprobs"] = c.logprobs;
+      choice["finish_reason"] = c.finish;
+      choices.push_back(std::move(choice));
+    }
+    j["choices"] = std::move(choices);
+    j["usage"] = usage_json(static_cast<int64_t>(g.req.prompt.size()), completion_tokens(g));
     end_generation(g);
     gen_.reset();
     respond_json(200, j);

@@ -123,6 +123,7 @@ void Scheduler::admit(Entry&& e) {
   a.batch = e.sink->batch();
   a.sink = std::move(e.sink);
   a.arrival = e.arrival;
+  a.sequences = a.sequences_left = std::max(1, e.req.n);
   const auto at = std::upper_bound(active_.begin(), active_.end(), a.id,
                                    [](int64_t id, const Active& x) { return id < x.id; });
   active_.insert(at, std::move(a));
@@ -343,18 +344,28 @@ void Scheduler::loop() {
             ++ended;
             continue;
           }
+          // n > 1: each sequence's token of this step is a first token (the
+          // request's first step) or follows the request's previous step.
+          const bool first_step = a.generated == 0;
+          const auto previous = a.last_token;
+          bool length = false;
           for (size_t i = 0; i < evs.size(); ++i) {
-            if (a.generated == 0) {
+            if (a.generated == 0 || (first_step && a.sequences > 1)) {
               step_ttft_.push_back(seconds(now - a.arrival));
+            } else if (a.sequences > 1) {
+              step_itl_.push_back(seconds(now - previous));
             } else {
               step_itl_.push_back(seconds(now - a.last_token));
             }
             ++a.generated;
             a.last_token = now;
+            if (evs[i].finished) {
+              --a.sequences_left;
+              length = evs[i].finish_reason == "length";
+            }
           }
           // Read before the sink, which may move from the events.
-          const bool finished = evs.back().finished;
-          const bool length = evs.back().finish_reason == "length";
+          const bool finished = a.sequences_left <= 0;
           a.sink->on_tokens(evs);
           note_batch(a.batch);
           if (finished) {

@@ -259,6 +259,62 @@ TEST(AttentionTpEngineTest, TpWeightsWithoutPeersAreRefused) {
   EXPECT_EQ(e.status().code(), StatusCode::kUnimplemented);
 }
 
+// n > 1 with attention tp: a forked sequence does not get a copy of the
+// prompt's partly filled last block (the peers hold their heads' K/V of it,
+// which a copy on rank 0 would leave behind); it shares the full blocks and
+// recomputes the rest on every rank. Greedy n = 2 equals n = 1, and right
+// after the fork the two sequences hold 2 shared blocks + the parent's last.
+TEST(AttentionTpEngineTest, NSamplesRecomputeTheLastBlockOnEveryRank) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  std::map<int32_t, std::vector<int32_t>> by_n[3];
+  std::vector<std::vector<float>> logits[3];  // per sampled token, in sampling order
+  int64_t used_after_fork = -1;
+  for (int n : {1, 2}) {
+    EngineOptions o;
+    o.kv_cache_bytes = 8 << 20;
+    o.block_size = 4;
+    InProcessPeers peers(dir, 2, o.kv_cache_bytes, o.block_size);
+    o.attention_peers = &peers;
+    auto e =
+        Engine::create(std::shared_ptr<const model::ModelWeights>(load_rank(dir, 0, 2, true)), o);
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    (*e)->set_logits_observer([&, n](int64_t, const float* lg, int64_t vocab) {
+      logits[n].emplace_back(lg, lg + vocab);
+    });
+    GenerationRequest r{1, {5, 9, 22, 40, 7, 8, 11, 3, 60}, {}};  // 2 blocks of 4 and 1
+    r.sampling.max_tokens = 8;
+    r.sampling.ignore_eos = true;
+    r.n = n;
+    ASSERT_TRUE((*e)->add(r).ok());
+    for (int step = 0; !(*e)->idle() && step < 100; ++step) {
+      for (const auto& ev : (*e)->step().value()) by_n[n][ev.index].push_back(ev.token);
+      if (n == 2 && step == 0) {
+        used_after_fork = (*e)->kv_cache().total_blocks() - (*e)->kv_cache().free_blocks();
+      }
+    }
+    EXPECT_EQ((*e)->kv_usage(), 0.0);
+  }
+  ASSERT_EQ(by_n[1][0].size(), 8u);
+  ASSERT_EQ(by_n[2].size(), 2u);
+  EXPECT_EQ(by_n[2][0], by_n[1][0]);
+  EXPECT_EQ(by_n[2][1], by_n[1][0]);
+  EXPECT_EQ(used_after_fork, 3);
+  // Each step samples sequence 0 then 1 (one micro-batch: the parent's
+  // decode row, then the child's): the child's logits are the n = 1 run's,
+  // up to the rounding of another batch shape. (A copy of rank 0's part of
+  // the block only, the peers' left unwritten, moved them by 0.59.)
+  ASSERT_EQ(logits[2].size(), 2 * logits[1].size());
+  double max_d = 0;
+  for (size_t t = 0; t < logits[1].size(); ++t) {
+    for (size_t v = 0; v < logits[1][t].size(); ++v) {
+      max_d = std::max<double>(max_d, std::fabs(logits[2][2 * t + 1][v] - logits[1][t][v]));
+    }
+  }
+  std::printf("[ attention tp ] n = 2: the forked sequence's logits within %.3g of n = 1's\n",
+              max_d);
+  EXPECT_LE(max_d, 1e-3);
+}
+
 INSTANTIATE_TEST_SUITE_P(TinyPresets, AttentionTpTorchTest,
                          ::testing::Combine(::testing::Values("tiny-mixtral", "tiny-qwen3moe"),
                                             ::testing::Values(2, 4)),

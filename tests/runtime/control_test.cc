@@ -42,6 +42,7 @@ std::vector<Command> every_command() {
   s.repetition_penalty = 1.5f;
   s.min_tokens = 2;
   s.logprobs = 4;
+  add.request.n = 3;
   return {Exit{},
           Step{},
           add,
@@ -69,6 +70,7 @@ std::vector<Event> every_event() {
   t1.finish_reason = "";
   TokenEvent t2;
   t2.request_id = 43;
+  t2.index = 2;
   t2.token = 2;
   t2.finished = true;
   t2.finish_reason = "eos";
@@ -135,6 +137,7 @@ TEST(ControlTest, FieldsSurviveTheRoundTrip) {
   EXPECT_EQ(r.sampling.seed, 18446744073709551615ull);
   EXPECT_EQ(r.sampling.logprobs, 4);
   EXPECT_FLOAT_EQ(r.sampling.presence_penalty, -0.5f);
+  EXPECT_EQ(r.n, 3);
   auto prep = decode_command(encode(Prepare{two_worker_placement()}), "test");
   ASSERT_TRUE(prep.ok());
   const Placement& p = std::get<Prepare>(*prep).placement;
@@ -151,6 +154,8 @@ TEST(ControlTest, FieldsSurviveTheRoundTrip) {
   EXPECT_EQ(s.events[1].top_logprobs,
             (std::vector<std::pair<int32_t, float>>{{2, -0.25f}, {9, -1.5f}}));
   EXPECT_EQ(s.events[2].error, "lost");
+  EXPECT_EQ(s.events[1].index, 2);
+  EXPECT_EQ(s.events[0].index, 0);
   EXPECT_TRUE(s.discarded);
 }
 

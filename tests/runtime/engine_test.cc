@@ -326,6 +326,172 @@ TEST(EngineTest, StopsOnStopTokensEosAndLength) {
   }
 }
 
+// Each sequence's tokens of the requests run: (request id, index) -> tokens,
+// with the finish reasons seen per sequence (each must end exactly once).
+struct Sequences {
+  std::map<std::pair<int64_t, int32_t>, std::vector<int32_t>> tokens;
+  std::map<std::pair<int64_t, int32_t>, int> finishes;
+};
+
+Sequences run_sequences(Engine& e, int64_t* max_used_blocks = nullptr) {
+  Sequences out;
+  for (int guard = 0; !e.idle() && guard < 10000; ++guard) {
+    for (const auto& ev : e.step().value()) {
+      const auto key = std::make_pair(ev.request_id, ev.index);
+      EXPECT_EQ(out.finishes[key], 0) << "a token after sequence " << ev.index << "'s end";
+      out.tokens[key].push_back(ev.token);
+      if (ev.finished) ++out.finishes[key];
+    }
+    if (max_used_blocks != nullptr) {
+      *max_used_blocks =
+          std::max(*max_used_blocks, e.kv_cache().total_blocks() - e.kv_cache().free_blocks());
+    }
+  }
+  EXPECT_TRUE(e.idle());
+  return out;
+}
+
+// n greedy samples of one prompt are n copies of the one greedy answer: the
+// forked sequences read the shared prompt blocks and the copied partial block
+// as the parent wrote them. Prompts ending mid-block and at a block's end.
+TEST(EngineTest, GreedyNSamplesEqualOneSample) {
+  auto w = load(testing::test_model_dir("tiny-mixtral"));
+  for (std::vector<int32_t> prompt : {std::vector<int32_t>{1, 10, 20, 30, 40, 50},
+                                      std::vector<int32_t>{1, 10, 20, 30, 40, 50, 60, 70}}) {
+    auto one = make_engine(w);
+    ASSERT_TRUE(one->add(req(1, prompt, 12)).ok());
+    const auto ref = run_all(*one)[1];
+    ASSERT_EQ(ref.size(), 12u);
+    auto e = make_engine(w);
+    GenerationRequest r = req(5, prompt, 12);
+    r.n = 3;
+    ASSERT_TRUE(e->add(r).ok());
+    const Sequences got = run_sequences(*e);
+    ASSERT_EQ(got.tokens.size(), 3u);
+    for (int32_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(got.tokens.at({5, i}), ref) << "sequence " << i << ", prompt of " << prompt.size();
+      EXPECT_EQ(got.finishes.at({5, i}), 1);
+    }
+    EXPECT_EQ(e->kv_usage(), 0.0);  // every reference released
+  }
+}
+
+// The prompt is prefilled once and its full blocks are held once: a request
+// of n = 3 over a 9-token prompt (2 full blocks of 4 and 1 token) holds 2
+// shared blocks and one last block per sequence right after its prefill,
+// where three requests hold 9; once they end, every block is free.
+TEST(EngineTest, NSamplesShareThePromptBlocks) {
+  auto w = load(testing::test_model_dir("tiny-mixtral"));
+  const std::vector<int32_t> prompt = {1, 10, 20, 30, 40, 50, 60, 70, 80};
+  auto e = make_engine(w);
+  GenerationRequest r = req(1, prompt, 3);  // 9 + 3 = 12 tokens: no new block
+  r.n = 3;
+  ASSERT_TRUE(e->add(r).ok());
+  auto first = e->step().value();  // the prefill: all 9 prompt tokens, then the fork
+  ASSERT_EQ(first.size(), 3u);
+  for (int32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(first[static_cast<size_t>(i)].index, i);
+    EXPECT_EQ(first[static_cast<size_t>(i)].request_id, 1);
+  }
+  EXPECT_EQ(e->running(), 3);
+  const KvCache& kv = e->kv_cache();
+  EXPECT_EQ(kv.total_blocks() - kv.free_blocks(), 2 + 3);
+  // The three sequences decode one token each per step, on those blocks.
+  int64_t max_used = 0;
+  const Sequences rest = run_sequences(*e, &max_used);
+  EXPECT_EQ(max_used, 5);
+  for (int32_t i = 0; i < 3; ++i) EXPECT_EQ(rest.tokens.at({1, i}).size(), 2u);
+  EXPECT_EQ(kv.free_blocks(), kv.total_blocks());
+  // The same prompt as three requests holds three copies.
+  auto separate = make_engine(w);
+  for (int64_t id = 1; id <= 3; ++id) ASSERT_TRUE(separate->add(req(id, prompt, 3)).ok());
+  ASSERT_TRUE(separate->step().ok());
+  EXPECT_EQ(separate->kv_cache().total_blocks() - separate->kv_cache().free_blocks(), 9);
+}
+
+// Sequence i of a seeded request samples with seed + i (vLLM's rule): each is
+// reproducible on its own, and equal to an n = 1 request with that seed.
+TEST(EngineTest, SeededNSamplesAreReproduciblePerSequence) {
+  auto w = load(testing::test_model_dir("tiny-mixtral"));
+  const std::vector<int32_t> prompt = {1, 10, 20, 30, 40, 50};
+  auto sampled = [&](uint64_t seed, int n) {
+    auto e = make_engine(w);
+    GenerationRequest r = req(1, prompt, 16);
+    r.sampling.temperature = 1.f;
+    r.sampling.seed = seed;
+    r.n = n;
+    EXPECT_TRUE(e->add(r).ok());
+    return run_sequences(*e).tokens;
+  };
+  const auto two = sampled(42, 2);
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(sampled(42, 2), two);                        // the same again
+  EXPECT_EQ(two.at({1, 0}), sampled(42, 1).at({1, 0}));  // sequence 0: seed 42
+  EXPECT_EQ(two.at({1, 1}), sampled(43, 1).at({1, 0}));  // sequence 1: seed 43
+  EXPECT_NE(two.at({1, 0}), two.at({1, 1}));  // 16 tokens at temperature 1: not by chance
+}
+
+// A cache too small for three sequences together: the most recently admitted
+// sequences are preempted (their own references released, the blocks shared
+// with the others kept) and recompute later; every sequence's greedy output
+// is still the answer of n = 1, and every block is free at the end.
+TEST(EngineTest, PreemptingOneOfNSequencesLeavesTheOthersIntact) {
+  auto w = load(testing::test_model_dir("tiny-mixtral"));
+  const std::vector<int32_t> prompt = {1, 10, 20, 30, 40, 50};
+  auto one = make_engine(w, /*kv_bytes=*/256 * 64, /*block=*/4);
+  ASSERT_TRUE(one->add(req(1, prompt, 20)).ok());
+  const auto ref = run_all(*one)[1];
+  ASSERT_EQ(ref.size(), 20u);
+  // 16 blocks; each sequence needs 26 tokens (7 blocks), 1 shared: 19 > 16.
+  auto e = make_engine(w, /*kv_bytes=*/256 * 64, /*block=*/4);
+  GenerationRequest r = req(1, prompt, 20);
+  r.n = 3;
+  ASSERT_TRUE(e->add(r).ok());
+  // And a request of its own beside them.
+  ASSERT_TRUE(e->add(req(2, {1, 11, 21, 31}, 6)).ok());
+  const Sequences got = run_sequences(*e);
+  EXPECT_GT(e->preemptions(), 0);
+  for (int32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(got.tokens.at({1, i}), ref) << "sequence " << i;
+    EXPECT_EQ(got.finishes.at({1, i}), 1);
+  }
+  EXPECT_EQ(got.tokens.at({2, 0}).size(), 6u);
+  EXPECT_EQ(e->kv_usage(), 0.0);
+}
+
+// cancel() takes every sequence of the request; max_tokens 1 ends each
+// sequence at its first token (none stays in the batch).
+TEST(EngineTest, NSamplesCancelAndEndTogether) {
+  auto w = load(testing::test_model_dir("tiny-mixtral"));
+  auto e = make_engine(w);
+  GenerationRequest r = req(1, {1, 10, 20, 30, 40, 50}, 30);
+  r.n = 4;
+  ASSERT_TRUE(e->add(r).ok());
+  ASSERT_TRUE(e->step().ok());
+  ASSERT_TRUE(e->step().ok());
+  EXPECT_EQ(e->running(), 4);
+  EXPECT_TRUE(e->cancel(1));
+  EXPECT_EQ(e->running(), 0);
+  EXPECT_EQ(e->kv_usage(), 0.0);
+  EXPECT_FALSE(e->cancel(1));
+  GenerationRequest single = req(2, {1, 10, 20}, 1);
+  single.n = 3;
+  ASSERT_TRUE(e->add(single).ok());
+  const auto evs = e->step().value();
+  ASSERT_EQ(evs.size(), 3u);
+  for (const auto& ev : evs) {
+    EXPECT_TRUE(ev.finished);
+    EXPECT_EQ(ev.finish_reason, "length");
+  }
+  EXPECT_TRUE(e->idle());
+  EXPECT_EQ(e->kv_usage(), 0.0);
+  GenerationRequest bad = req(3, {1, 2}, 4);
+  bad.n = 0;
+  EXPECT_EQ(e->add(bad).code(), StatusCode::kInvalidArgument);
+  bad.n = GenerationRequest::kMaxSequences + 1;
+  EXPECT_EQ(e->add(bad).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(LoaderTest, DtypesAndShardsLoadTheSameWeights) {
   const fs::path root = fs::path(::testing::TempDir()) / ("msinfer_loader_" + std::to_string(getpid()));
   auto make = [&](const std::string& name, model::DType dt, int shards) {

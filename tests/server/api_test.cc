@@ -174,6 +174,72 @@ TEST(ParseRequest, Refusals) {
   EXPECT_EQ(chat->param, "messages");
 }
 
+// n and best_of (issue 47): n up to ApiContext::max_n (serve --max-n),
+// best_of (completions) from n up to the same bound, defaulting to n; a
+// stream refuses best_of != n; best_of > n makes the engine report each
+// token's logprob (to rank the sequences) without asking the client's.
+TEST(ParseRequest, NAndBestOf) {
+  ApiRequest r;
+  ASSERT_FALSE(parse_request(R"({"prompt": [1], "max_tokens": 2})", false, ctx(), &r));
+  EXPECT_EQ(r.n, 1);
+  EXPECT_EQ(r.best_of, 1);
+  ASSERT_FALSE(parse_request(R"({"prompt": [1], "max_tokens": 2, "n": 3})", false, ctx(), &r));
+  EXPECT_EQ(r.n, 3);
+  EXPECT_EQ(r.best_of, 3);
+  EXPECT_EQ(r.sampling.logprobs, -1);
+  ASSERT_FALSE(
+      parse_request(R"({"prompt": [1], "max_tokens": 2, "n": 2, "best_of": 5})", false, ctx(), &r));
+  EXPECT_EQ(r.n, 2);
+  EXPECT_EQ(r.best_of, 5);
+  EXPECT_EQ(r.sampling.logprobs, 0);  // for the ranking
+  EXPECT_FALSE(r.logprobs);           // not reported
+  ASSERT_FALSE(parse_request(R"({"prompt": [1], "max_tokens": 2, "best_of": 2, "logprobs": 3})",
+                             false, ctx(), &r));
+  EXPECT_EQ(r.sampling.logprobs, 3);
+  EXPECT_TRUE(r.logprobs);
+  ApiContext c = ctx();
+  c.max_n = 8;
+  ASSERT_FALSE(parse_request(R"({"prompt": [1], "max_tokens": 2, "n": 8})", false, c, &r));
+  ASSERT_FALSE(
+      parse_request(R"({"prompt": [1], "max_tokens": 2, "n": 4, "stream": true})", false, c, &r));
+  EXPECT_EQ(r.best_of, 4);
+  struct Case {
+    const char* body;
+    const char* param;
+  } cases[] = {
+      {R"({"prompt": [1], "n": 9})", "n"},
+      {R"({"prompt": [1], "n": 0})", "n"},
+      {R"({"prompt": [1], "n": "2"})", "n"},
+      {R"({"prompt": [1], "n": 3, "best_of": 2})", "best_of"},
+      {R"({"prompt": [1], "best_of": 9})", "best_of"},
+      {R"({"prompt": [1], "best_of": 2, "stream": true})", "best_of"},
+      {R"({"prompt": [1], "n": 2, "best_of": 3, "stream": true})", "best_of"},
+  };
+  for (const auto& k : cases) {
+    auto e = parse_request(k.body, false, c, &r);
+    ASSERT_TRUE(e.has_value()) << k.body;
+    EXPECT_EQ(e->http_status, 400) << k.body;
+    EXPECT_EQ(e->param, k.param) << k.body << ": " << e->message;
+  }
+  auto many = parse_request(R"({"prompt": [1], "n": 9})", false, c, &r);
+  ASSERT_TRUE(many.has_value());
+  EXPECT_NE(many->message.find("--max-n"), std::string::npos) << many->message;
+  // Chat: n, but best_of is not a chat field (ignored, as vLLM's unknown fields).
+  ApiContext chat_ctx = c;
+  chat_ctx.vocab = 256;
+  chat_ctx.tokenizer = &byte_tokenizer();
+  chat_ctx.chat_template = &simple_template();
+  ASSERT_FALSE(parse_request(
+      R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "n": 2, "best_of": 1})",
+      true, chat_ctx, &r));
+  EXPECT_EQ(r.n, 2);
+  EXPECT_EQ(r.best_of, 2);
+  auto chat_many = parse_request(R"({"messages": [{"role": "user", "content": "x"}], "n": 9})",
+                                 true, chat_ctx, &r);
+  ASSERT_TRUE(chat_many.has_value());
+  EXPECT_EQ(chat_many->param, "n");
+}
+
 // vLLM's sampling fields reach SamplingParams; each bad value is a 400 naming
 // its field; max_completion_tokens works on /v1/completions too.
 TEST(ParseRequest, VllmSamplingFields) {

@@ -40,7 +40,11 @@ class FakeBackend final : public GenerationBackend {
   Status add(const runtime::GenerationRequest& r) override {
     if (r.id == stop_at_add_) stopped_ = true;
     MSI_RETURN_IF_ERROR(health());
-    if (running_.count(r.id)) return invalid_argument("duplicate id");
+    if (running_.count(r.id) || multi_.count(r.id)) return invalid_argument("duplicate id");
+    if (r.n > 1) {
+      multi_[r.id] = {r.sampling.max_tokens, std::vector<int64_t>(static_cast<size_t>(r.n), 0)};
+      return ok_status();
+    }
     running_[r.id] = {r.sampling.max_tokens, 0};
     return ok_status();
   }
@@ -60,6 +64,23 @@ class FakeBackend final : public GenerationBackend {
         ev.token = 7;
         out.push_back(ev);
       }
+    }
+    for (auto it = multi_.begin(); it != multi_.end();) {
+      auto& [max, produced] = it->second;
+      bool left = false;
+      for (size_t i = 0; i < produced.size(); ++i) {
+        const int64_t end = max - static_cast<int64_t>(i);
+        if (produced[i] >= end) continue;
+        runtime::TokenEvent ev;
+        ev.request_id = it->first;
+        ev.index = static_cast<int32_t>(i);
+        ev.token = static_cast<int32_t>(produced[i]++);
+        ev.finished = produced[i] == end;
+        if (ev.finished) ev.finish_reason = "length";
+        left = left || !ev.finished;
+        out.push_back(ev);
+      }
+      it = left ? std::next(it) : multi_.erase(it);
     }
     for (auto it = running_.begin(); it != running_.end();) {
       if (alternate_ && (it->first + steps_) % 2 != 0) {
@@ -106,10 +127,11 @@ class FakeBackend final : public GenerationBackend {
   }
   Status cancel(int64_t id) override {
     running_.erase(id);
+    multi_.erase(id);
     return ok_status();
   }
-  bool idle() const override { return running_.empty(); }
-  int64_t running() const override { return static_cast<int64_t>(running_.size()); }
+  bool idle() const override { return running_.empty() && multi_.empty(); }
+  int64_t running() const override { return static_cast<int64_t>(running_.size() + multi_.size()); }
   int64_t waiting() const override { return 0; }
   double kv_usage() const override { return running_.empty() ? 0.0 : 0.5; }
   int64_t preemptions() const override { return 0; }
@@ -131,6 +153,9 @@ class FakeBackend final : public GenerationBackend {
 
  private:
   std::map<int64_t, std::pair<int64_t, int64_t>> running_;  // id -> (max, produced)
+  // id -> (max, produced per sequence) of a request with n > 1: sequence i
+  // ends after max - i tokens, each at a step of its own.
+  std::map<int64_t, std::pair<int64_t, std::vector<int64_t>>> multi_;
   size_t fail_when_;
   int64_t lose_id_;
 };
@@ -183,6 +208,50 @@ runtime::GenerationRequest request(int64_t id, int max_tokens) {
   r.prompt = {1, 2, 3};
   r.sampling.max_tokens = max_tokens;
   return r;
+}
+
+// A request with n sequences ends with its last sequence, not its first:
+// sequences 2, 1, 0 end at steps 3, 4, 5 and every token reaches the sink;
+// the request counts once, as a success.
+TEST(SchedulerTest, ARequestWithNSequencesEndsWithItsLast) {
+  Metrics metrics("m");
+  Scheduler sched(std::make_unique<FakeBackend>(), SchedulerOptions{}, &metrics);
+  struct Sequences final : RequestSink {
+    void on_tokens(std::span<runtime::TokenEvent> events) override {
+      std::lock_guard<std::mutex> l(mu);
+      for (const auto& e : events) {
+        tokens[e.index].push_back(e.token);
+        if (e.finished) ++finished;
+      }
+      cv.notify_all();
+    }
+    void on_error(const Status&) override {}
+    std::mutex mu;
+    std::condition_variable cv;
+    std::map<int32_t, std::vector<int32_t>> tokens;
+    int finished = 0;
+  };
+  auto sink = std::make_shared<Sequences>();
+  runtime::GenerationRequest r = request(sched.next_id(), 5);
+  r.n = 3;
+  ASSERT_TRUE(sched.submit(r, sink).ok());
+  {
+    std::unique_lock<std::mutex> l(sink->mu);
+    ASSERT_TRUE(sink->cv.wait_for(l, 30s, [&] { return sink->finished == 3; }));
+    ASSERT_EQ(sink->tokens.size(), 3u);
+    for (int32_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(sink->tokens[i].size(), static_cast<size_t>(5 - i)) << "sequence " << i;
+    }
+  }
+  EXPECT_TRUE(sched.wait_idle(std::chrono::steady_clock::now() + 10s));
+  EXPECT_EQ(sched.snapshot().running, 0);
+  const std::string text = metrics.render({});
+  EXPECT_NE(
+      text.find("msinfer:request_success_total{model_name=\"m\",finished_reason=\"length\"} 1"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(text.find("msinfer:generation_tokens_total{model_name=\"m\"} 12"), std::string::npos)
+      << text;
 }
 
 TEST(SchedulerTest, ManyClientsShareTheBatch) {

@@ -712,6 +712,175 @@ TEST_F(ServeTest, OpenAiClientSeedsDisaggregated) {
   EXPECT_GE(r["min_tokens"]["completion_tokens"].get<int>(), 4);
 }
 
+Json run_openai_n(const Server& s, const std::string& prompt, int max_tokens, int max_n) {
+  const std::string out = testing::run_capture(
+      "node " + (source_dir() / "tests" / "server" / "openai_client.js").string() + " " +
+      node_modules().string() + " " + s.url() + " " + model_dir().filename().string() + " '" +
+      prompt + "' " + std::to_string(max_tokens) + " n " + std::to_string(max_n));
+  return out.empty() ? Json() : Json::parse(out);
+}
+
+// A stream's chunks (run_openai_n's [index, text, finish_reason] triples):
+// every index 0..n-1 has its text (role markers left out) and exactly one
+// finish_reason, in its last chunk; the texts are returned by index.
+std::vector<std::string> check_stream_choices(const Json& chunks, int n, const char* what) {
+  std::vector<std::string> text(static_cast<size_t>(n));
+  std::vector<int> finishes(static_cast<size_t>(n), 0);
+  std::vector<size_t> first(static_cast<size_t>(n), SIZE_MAX), last(static_cast<size_t>(n), 0);
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    const int i = chunks[k][0].get<int>();
+    EXPECT_TRUE(i >= 0 && i < n) << what << ": chunk " << k << " has index " << i;
+    if (i < 0 || i >= n) continue;
+    const auto u = static_cast<size_t>(i);
+    EXPECT_EQ(finishes[u], 0) << what << ": index " << i << " has a chunk after its finish";
+    std::string t = chunks[k][1].get<std::string>();
+    if (t.rfind("<assistant>", 0) == 0) t = t.substr(11);
+    text[u] += t;
+    if (!chunks[k][2].is_null()) {
+      ++finishes[u];
+      EXPECT_EQ(chunks[k][2], "length") << what;
+    }
+    first[u] = std::min(first[u], k);
+    last[u] = k;
+  }
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(finishes[static_cast<size_t>(i)], 1)
+        << what << ": index " << i << " finished " << finishes[static_cast<size_t>(i)] << " times";
+  }
+  // Interleaved by index, as OpenAI's streams are: index 1's first chunk
+  // comes before index 0's last one (one choice after the other would not).
+  if (n > 1) {
+    EXPECT_LT(first[1], last[0]) << what << ": " << chunks;
+  }
+  return text;
+}
+
+double logprob_sum(const Json& choice) {
+  double s = 0;
+  for (const Json& v : choice["logprobs"]) s += v.get<double>();
+  return s;
+}
+
+// n > 1 and best_of through the official openai client (issue 47): see
+// samplesN in openai_client.js for the requests.
+void check_n(const Json& r, int max_tokens, int max_n) {
+  ASSERT_FALSE(r.is_null()) << "the openai client failed";
+  ASSERT_FALSE(r.contains("fatal")) << r["fatal"];
+  // Seeded n = 3: three choices, indices 0..2, each its own sample (seeds
+  // seed + i), the same in a second call.
+  const Json& seeded = r["seeded"][0];
+  ASSERT_EQ(seeded.size(), 3u) << r;
+  std::set<std::string> distinct;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(seeded[i]["index"], i);
+    EXPECT_EQ(seeded[i]["finish_reason"], "length");
+    distinct.insert(seeded[i]["text"].get<std::string>());
+  }
+  EXPECT_EQ(distinct.size(), 3u) << "the choices are not samples of their own: " << seeded;
+  EXPECT_EQ(r["seeded"][1], seeded) << "the same seed gave other choices";
+  // Usage: the prompt once, the completions summed.
+  const Json& usage = r["seeded_usage"];
+  EXPECT_EQ(usage["completion_tokens"], 3 * max_tokens);
+  EXPECT_EQ(usage["total_tokens"].get<int>(), usage["prompt_tokens"].get<int>() + 3 * max_tokens);
+  // The same request streamed: each index's chunks join into its text.
+  const auto streamed = check_stream_choices(r["stream"]["chunks"], 3, "stream");
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(streamed[static_cast<size_t>(i)], seeded[i]["text"]);
+  EXPECT_EQ(r["stream"]["usage"], usage);
+  // Unseeded: fresh samples for each choice.
+  distinct.clear();
+  for (const Json& c : r["unseeded"]) distinct.insert(c["text"].get<std::string>());
+  EXPECT_EQ(distinct.size(), 3u) << r["unseeded"];
+  // Greedy n = 2: both choices are the greedy answer of n = 1.
+  ASSERT_EQ(r["greedy_n"].size(), 2u);
+  for (const Json& c : r["greedy_n"]) EXPECT_EQ(c["text"], r["greedy_one"][0]["text"]);
+  // Chat n = 2, and its stream: each index starts with the role, joins
+  // into the same text, and ends once.
+  const Json& chat = r["chat"]["choices"];
+  ASSERT_EQ(chat.size(), 2u);
+  EXPECT_EQ(r["chat"]["usage"]["completion_tokens"], 2 * max_tokens);
+  const auto chat_streamed = check_stream_choices(r["chat_stream"]["chunks"], 2, "chat stream");
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(chat[i]["index"], i);
+    EXPECT_EQ(chat_streamed[static_cast<size_t>(i)], chat[i]["text"]);
+    bool role_first = false;
+    for (const Json& c : r["chat_stream"]["chunks"]) {
+      if (c[0] != i) continue;
+      role_first = c[1].get<std::string>().rfind("<assistant>", 0) == 0;
+      break;
+    }
+    EXPECT_TRUE(role_first) << "chat stream index " << i << " does not start with the role";
+  }
+  EXPECT_EQ(r["chat_stream"]["usage"], r["chat"]["usage"]);
+  // best_of 3, n 1: the candidate (n 3, same seed) with the highest
+  // cumulative logprob, with or without logprobs asked for.
+  const Json& cands = r["best_of_candidates"];
+  ASSERT_EQ(cands.size(), 3u);
+  size_t best = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_EQ(cands[i]["logprobs"].size(), static_cast<size_t>(max_tokens)) << cands[i];
+    if (logprob_sum(cands[i]) > logprob_sum(cands[best])) best = i;
+  }
+  ASSERT_EQ(r["best_of"].size(), 1u);
+  EXPECT_EQ(r["best_of"][0]["index"], 0);
+  EXPECT_EQ(r["best_of"][0]["text"], cands[best]["text"]) << "candidates: " << cands;
+  EXPECT_NEAR(logprob_sum(r["best_of"][0]), logprob_sum(cands[best]), 1e-4);
+  ASSERT_EQ(r["best_of_no_logprobs"].size(), 1u);
+  EXPECT_EQ(r["best_of_no_logprobs"][0]["text"], cands[best]["text"]);
+  EXPECT_TRUE(r["best_of_no_logprobs"][0]["logprobs"].is_null());
+  EXPECT_EQ(r["best_of_usage"]["completion_tokens"], max_tokens);
+  // The bounds: n beyond --max-n, best_of < n, a stream with best_of != n.
+  for (const char* k : {"too_many", "too_many_chat"}) {
+    EXPECT_EQ(r[k]["status"], 400) << k << ": " << r[k];
+    EXPECT_EQ(r[k]["param"], "n") << k;
+    EXPECT_NE(r[k]["message"].get<std::string>().find(std::to_string(max_n)), std::string::npos);
+  }
+  EXPECT_EQ(r["at_bound"], "accepted");
+  for (const char* k : {"best_of_below_n", "best_of_stream"}) {
+    EXPECT_EQ(r[k]["status"], 400) << k << ": " << r[k];
+    EXPECT_EQ(r[k]["param"], "best_of") << k;
+  }
+}
+
+// n samples of one prompt, co-located: prefilled once, the prompt's KV
+// blocks shared (EngineTest checks the blocks); here what a client sees.
+TEST_F(ServeTest, OpenAiClientNChoicesAndBestOf) {
+  if (!fs::exists(node_modules() / "openai")) GTEST_SKIP() << "run scripts/fetch-js-clients first";
+  Server s("--max-n 4");
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  const Json r = run_openai_n(s, "Hello, experts", 10, 4);
+  check_n(r, 10, 4);
+  // Every sequence's KV released: nothing running, the cache empty.
+  EXPECT_TRUE(wait_drained(s, std::chrono::seconds(30)));
+  EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
+  if (HasFailure())
+    ADD_FAILURE() << "client output: " << r.dump() << "\nserver stderr:\n" << s.stderr_text();
+}
+
+// The same disaggregated: the attention worker forks the sequences (n and
+// their indices cross the control protocol), and the seeded choices are the
+// co-located server's (the same logits, the same per-sequence seeds).
+TEST_F(ServeTest, OpenAiClientNChoicesDisaggregated) {
+  if (!fs::exists(node_modules() / "openai")) GTEST_SKIP() << "run scripts/fetch-js-clients first";
+  Json colocated;
+  {
+    Server c("--max-n 4");
+    ASSERT_GT(c.port(), 0) << c.stderr_text();
+    colocated = run_openai_n(c, "Hello, experts", 10, 4);
+  }
+  Server s("--max-n 4 --attention-workers 1 --expert-workers 2 --micro-batches 2");
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  const Json r = run_openai_n(s, "Hello, experts", 10, 4);
+  check_n(r, 10, 4);
+  if (HasFailure()) return;
+  ASSERT_FALSE(colocated.is_null() || colocated.contains("fatal")) << colocated;
+  EXPECT_EQ(r["seeded"][0], colocated["seeded"][0]);
+  EXPECT_EQ(r["chat"]["choices"], colocated["chat"]["choices"]);
+  EXPECT_EQ(r["best_of"][0]["text"], colocated["best_of"][0]["text"]);
+  EXPECT_TRUE(wait_drained(s, std::chrono::seconds(30)));
+  EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
+  if (HasFailure()) ADD_FAILURE() << "server stderr:\n" << s.stderr_text();
+}
+
 TEST_F(ServeTest, ErrorStatusesWithOpenAiBodies) {
   Server s("--max-body-kb 64");
   ASSERT_GT(s.port(), 0) << s.stderr_text();
@@ -732,7 +901,8 @@ TEST_F(ServeTest, ErrorStatusesWithOpenAiBodies) {
       {"/v1/completions", R"({"prompt": "hi", "max_tokens": 100000000})", 400, "max_tokens"},
       {"/v1/completions", R"({"prompt": [1, 2, 99999999]})", 400, "prompt"},
       {"/v1/completions", R"({"prompt": [-1]})", 400, "prompt"},
-      {"/v1/completions", R"({"prompt": "hi", "n": 2})", 400, "n"},
+      {"/v1/completions", R"({"prompt": "hi", "n": 9})", 400, "n"},  // beyond --max-n (8)
+      {"/v1/completions", R"({"prompt": "hi", "n": 2, "best_of": 1})", 400, "best_of"},
       {"/v1/completions", R"({"prompt": "hi", "logit_bias": {"1": 5}})", 400, "logit_bias"},
       {"/v1/completions", R"({"prompt": "hi", "stream": "yes"})", 400, "stream"},
       {"/v1/completions", R"({"max_tokens": 4})", 400, "prompt"},

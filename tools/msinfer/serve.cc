@@ -59,6 +59,9 @@ int run_serve(int argc, char** argv) {
   flags.add_string("served-model-name", "",
                    "the model name clients send (default: the directory's name)");
   flags.add_int("max-num-seqs", 256, 1, 1 << 20, "requests in the batch at most");
+  flags.add_int("max-n", 8, 1, runtime::GenerationRequest::kMaxSequences,
+                "n (choices) and best_of (sequences generated) of a request at most; a\n"
+                "request's sequences share its prompt's KV blocks; beyond: 400");
   flags.add_int("max-queue", 1024, 0, 1 << 24,
                 "requests waiting for a place in the batch at most; beyond: 429");
   flags.add_int("max-model-len", 0, 0, std::numeric_limits<int32_t>::max(),
@@ -196,6 +199,7 @@ int run_serve(int argc, char** argv) {
   ctx.eos_token = tc.eos_token;
   ctx.vocab = config->vocab;
   ctx.disaggregated = deployment_requested(flags);
+  ctx.max_n = flags.get_int("max-n");
   // A request must fit the context and, alone, the KV cache.
   const int64_t kv_tokens =
       (flags.get_int("kv-cache-mb") << 20) / runtime::KvCache::bytes_per_token(*config) / 16 * 16;

@@ -46,8 +46,10 @@ StatusOr<FinishReason> parse_finish_reason(const std::string& s);
 namespace control {
 
 // 2: AddAttention / AttentionAdded, GetCard on expert processes, SetUnits on
-// attention workers (a replacement attention worker joins).
-inline constexpr int kProtocolVersion = 2;
+// attention workers (a replacement attention worker joins); separately, Add
+// carrying n and Stepped's events their sequence's index.
+// 3: both of those.
+inline constexpr int kProtocolVersion = 3;
 
 // ---- commands: router -> worker ----
 

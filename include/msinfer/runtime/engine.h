@@ -13,6 +13,16 @@
 // kept, so its output is the one it would have produced). A request that could
 // never fit alone (prompt + max_tokens beyond the whole cache) is refused with
 // RESOURCE_EXHAUSTED at add().
+//
+// n samples of one prompt (GenerationRequest::n > 1): the request is one
+// sequence until its prompt is in the cache and its first logits are out;
+// then it forks into n sequences (KvCache::fork: the prompt's full blocks
+// shared, a partly filled last block copied; where the pools are on a GPU
+// or split over attention-tp ranks, not copied but recomputed by each new
+// sequence, under a block per sequence). Each samples its own tokens from
+// then on with its own generator, seeded seed + i for sequence i (vLLM's
+// rule), and is scheduled, preempted (releasing only its own references)
+// and finished on its own; its events carry its index.
 // Not thread-safe: one thread calls add(), cancel() and step().
 #pragma once
 
@@ -59,15 +69,23 @@ struct GenerationRequest {
   int64_t id = 0;
   std::vector<int32_t> prompt;
   SamplingParams sampling;
+  // Sequences sampled from the prompt (1..kMaxSequences): OpenAI's n, or
+  // best_of where the server keeps the best n of them.
+  int n = 1;
+  static constexpr int kMaxSequences = 256;
 };
 
 // One token produced for a request in a step.
 struct TokenEvent {
   int64_t request_id = 0;
+  // Which of the request's n sequences produced it (0..n-1).
+  int32_t index = 0;
   int32_t token = -1;
+  // This sequence ended (the request ends when all n have).
   bool finished = false;
   // "eos", "stop", "length" when finished; "error" (token -1, `error` says
-  // why) for a request a deployment lost, e.g. with a dead attention worker.
+  // why) for a request a deployment lost, e.g. with a dead attention worker:
+  // that one event ends the whole request, whatever its n.
   std::string finish_reason;
   std::string error;
   // With SamplingParams::logprobs >= 0: log-probability of `token` and of the
@@ -90,10 +108,13 @@ class Engine {
   // Runs one step; returns the tokens produced (possibly none, during prefill).
   // Fails only when the expert backend does (a remote worker died or timed out).
   StatusOr<std::vector<TokenEvent>> step();
-  // Removes request `id` (waiting or running) and frees its KV blocks; it
-  // produces no more events. False if no such request is here.
+  // Removes request `id` (every sequence of it, waiting or running) and
+  // frees its KV blocks; it produces no more events. False if no such
+  // request is here.
   bool cancel(int64_t id);
   bool idle() const { return waiting_.empty() && running_.empty(); }
+  // Sequences admitted into the batch / queued (a request with n > 1 counts
+  // n once it has forked).
   int64_t running() const { return static_cast<int64_t>(running_.size()); }
   int64_t waiting() const { return static_cast<int64_t>(waiting_.size()); }
   // Requests preempted (blocks freed, requeued to recompute) since creation.
@@ -120,8 +141,12 @@ class Engine {
   }
 
  private:
+  // One sequence: a request, or one of the n samples of one.
   struct Running {
     GenerationRequest req;
+    int64_t seq = 0;              // its KV block table's key, unique in this engine
+    int32_t index = 0;            // TokenEvent::index
+    int32_t fork_into = 1;        // > 1: sequences it becomes at its first token
     std::vector<int32_t> tokens;  // prompt + generated
     int64_t computed = 0;         // tokens whose K/V are in the cache
     int64_t generated = 0;
@@ -137,6 +162,12 @@ class Engine {
   std::vector<std::pair<size_t, int64_t>> plan_step();
   // Predicted attention time of feeding n tokens from position p0 on.
   double attention_cost(int64_t p0, int64_t n) const;
+  // Samples r's next token from `logits` (penalties applied already),
+  // appends its event; true when r has finished.
+  bool sample_next(Running& r, const float* logits, std::vector<TokenEvent>* events);
+  // r has its prompt's logits and n > 1: the n - 1 other sequences, their
+  // K/V shared with r's (KvCache::fork), not yet sampled.
+  std::vector<Running> fork_sequences(Running& r);
 
   std::shared_ptr<const model::ModelWeights> weights_;
   KvCache kv_;
@@ -146,6 +177,7 @@ class Engine {
   std::deque<Running> waiting_;   // new requests, and preempted ones at the front
   std::vector<Running> running_;  // in admission order
   int64_t preemptions_ = 0;
+  int64_t next_seq_ = 0;  // Running::seq of the next sequence
   double cost_token_ = 0, cost_position_ = 0;
   double balance_sum_ = 0;
   int64_t balance_steps_ = 0;

@@ -4,9 +4,15 @@
 // (kv_lora_rank > 0) there is one pool only (PagedKvLayer::v is null): one row
 // per token and layer of kv_lora_rank + qk_rope_head_dim (the normed latent,
 // then the roped key), shared by all heads (kv_heads 1; kernels/cpu/mla_attention.h).
-// Each request owns a block table;
-// blocks are reserved for its whole lifetime (prompt + max new tokens) when it
-// is admitted, so a running request never runs out of cache.
+// Each sequence has a block table (keyed by an id the engine chooses); blocks
+// are taken as its tokens need them (Engine: admission, then one block
+// whenever a sequence crosses a block boundary).
+// Blocks are reference counted: fork() gives a new sequence the full blocks
+// of another's prompt by reference (n samples of one prompt: prefilled once),
+// and release() frees a block only when its last reference goes. A shared
+// block is always full and never written again (fork copies, or leaves out,
+// a partly filled last block), so no block is ever copied on write.
+// free_blocks() counts every block once, however many tables hold it.
 // Not thread-safe: owned and used by one engine thread.
 #pragma once
 
@@ -47,13 +53,32 @@ class KvCache {
   int64_t blocks_for(int64_t tokens) const { return (tokens + block_size_ - 1) / block_size_; }
   int64_t capacity_tokens() const { return num_blocks_ * block_size_; }
 
-  // Reserves blocks for `tokens` positions of request `id`; RESOURCE_EXHAUSTED
+  // Reserves blocks for `tokens` positions of sequence `id`; RESOURCE_EXHAUSTED
   // (nothing reserved) when they are not free now.
   Status reserve(int64_t id, int64_t tokens);
+  // Drops sequence `id`'s references; a block no other table holds is free again.
   void release(int64_t id);
   const int32_t* block_table(int64_t id) const;
-  // Blocks request `id` holds (0 for one that holds none).
+  // Blocks sequence `id`'s table holds, shared ones included (0 for none).
   int64_t blocks_held(int64_t id) const;
+  // Tables holding `block` (0: it is free).
+  int32_t block_refs(int32_t block) const { return refs_[static_cast<size_t>(block)]; }
+
+  // Starts sequence `child` (which must hold no table) from the K/V of the
+  // first `tokens` positions of sequence `parent`: every full block among
+  // them is shared (its reference count raised, nothing copied). A partly
+  // filled last block is copied, in every layer, into a free block of the
+  // child's own when `copy_partial`, the pools are here (host_pools()) and a
+  // block is free; otherwise the child's table stops at the last full block
+  // and the child must compute the rest itself. Returns the positions whose
+  // K/V the child's table holds: `tokens`, or `tokens` rounded down to a
+  // block. Copying the last block rather than sharing it copy-on-write: each
+  // of the n sequences writes its next token into that block in the very
+  // next step, so copy-on-write would copy it as often, later, and need a
+  // check on every write.
+  int64_t fork(int64_t parent, int64_t child, int64_t tokens, bool copy_partial);
+  // Whether the K/V pools are in this object (not a GPU's): fork() can copy.
+  bool host_pools() const { return !k_.empty(); }
 
   kernels::cpu::PagedKvLayer layer(int l);
 
@@ -65,6 +90,7 @@ class KvCache {
   // for MLA and both empty without host pools.
   ZeroPages k_, v_;
   std::vector<int32_t> free_;
+  std::vector<int32_t> refs_;  // per block: tables that hold it
   std::unordered_map<int64_t, std::vector<int32_t>> tables_;
 };
 

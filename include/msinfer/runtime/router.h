@@ -151,10 +151,13 @@ class Router {
 
  private:
   // What the router keeps of a request to resubmit it: the request and the
-  // tokens delivered so far.
+  // tokens delivered so far (with n > 1 those of all its sequences, mixed:
+  // such a request is resubmitted only before its first token), and its
+  // sequences still running.
   struct Tracked {
     GenerationRequest request;
     std::vector<int32_t> delivered;
+    int sequences_left = 1;
   };
   struct Joining;  // a replacement expert worker joining (router_join.cc)
   Router();

@@ -43,6 +43,8 @@ struct ApiContext {
   // A disaggregated deployment (attention and expert workers) rather than the
   // co-located engine: part of system_fingerprint.
   bool disaggregated = false;
+  // `n` and `best_of` at most this (serve --max-n); beyond, a 400 naming the field.
+  int64_t max_n = 8;
 };
 
 // The OpenAI and vLLM request fields this server knows, and what it does with
@@ -77,6 +79,13 @@ struct ApiRequest {
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;       // report logprobs (sampling.logprobs = how many top)
   bool seeded = false;         // `seed` given (else sampling.seed is random_seed())
+  // Choices returned (OpenAI's n), and sequences generated (best_of,
+  // completions only: the n with the highest cumulative logprob are
+  // returned; = n otherwise). 1 <= n <= best_of <= ApiContext::max_n; with
+  // best_of > n, sampling.logprobs is at least 0 (the engine reports each
+  // token's logprob) whether or not `logprobs` asked for them.
+  int n = 1;
+  int best_of = 1;
   // vLLM: the stop string, or the text of a stop_token_ids token or EOS that
   // ended generation, is part of the answer.
   bool include_stop_str_in_output = false;
@@ -97,7 +106,7 @@ struct ApiRequest {
 
 // Parses a POST body of /v1/completions (chat = false) or
 // /v1/chat/completions (chat = true). The fields of request_fields() marked
-// kRefused (n > 1, echo, best_of, logit_bias, tools, guided decoding, ...)
+// kRefused (echo, logit_bias, tools, guided decoding, ...)
 // are a 400 naming them unless null or a default; fields outside that list
 // are ignored, as vLLM does. Without `seed`, the request gets random_seed().
 // Every field of a wrong JSON type is a 400 naming it; nothing here throws.

@@ -82,8 +82,9 @@ class SinkBatch {
 class RequestSink {
  public:
   virtual ~RequestSink() = default;
-  // The request's tokens of one step, in order; the last one has finished set.
-  // The sink may move from them.
+  // The request's tokens of one step, each sequence's in order (n > 1: the
+  // sequences' events mixed, each with its index); the request's last
+  // round has its last sequence's finished event. The sink may move from them.
   virtual void on_tokens(std::span<runtime::TokenEvent> events) = 0;
   // The request failed (a worker died, the server is stopping); nothing follows.
   virtual void on_error(const Status& s) = 0;
@@ -172,7 +173,9 @@ class Scheduler {
     SinkBatch* batch = nullptr;  // sink->batch(), asked once
     std::chrono::steady_clock::time_point arrival, last_token;
     int64_t generated = 0;
-    bool ended = false;  // this step: removed after the walk
+    int32_t sequences = 1;       // GenerationRequest::n
+    int32_t sequences_left = 1;  // of those, not finished
+    bool ended = false;          // this step: removed after the walk
   };
   // Into active_, in id order (usually at the end: ids grow with submission).
   void admit(Entry&& e);
