@@ -193,6 +193,21 @@ Status Router::answer_join_allgather(const std::string& blob) {
   return ok_status();
 }
 
+// The units exchanged so far, asked of the first live attention worker
+// (GetCard) and set on the replacement `w` (SetUnits): its answer, or why
+// there is none (also when the join was given up while asking).
+StatusOr<control::Event> Router::set_units_from_live_attention(internal::WorkerProcess& w) {
+  std::optional<std::vector<int64_t>> units;
+  for (int a = 0; a < c_.attention_workers && !units; ++a) {
+    if (lead(a).dead) continue;
+    auto e = ask(lead(a), control::GetCard{});
+    if (!joining_) return e.ok() ? unavailable("the replacement was given up") : e.status();
+    if (auto* card = e.ok() ? std::get_if<control::CardInfo>(&*e) : nullptr) units = card->units;
+  }
+  if (!units) return unavailable("no attention worker answered");
+  return ask(w, control::SetUnits{*units});
+}
+
 // Ready: it serves no dead attention worker, continues the sequence numbers
 // from the units exchanged so far, and from the next step the attention
 // workers send it its experts' share of the rows.
@@ -207,15 +222,7 @@ Status Router::finish_join(const control::Ready& ready) {
   for (int a = 0; a < A; ++a) {
     if (lead(a).dead) internal::write_line(j.w.in, control::encode(control::DropAttention{a}));
   }
-  std::optional<std::vector<int64_t>> units;
-  for (int a = 0; a < A && !units; ++a) {
-    if (lead(a).dead) continue;
-    auto e = ask(lead(a), control::GetCard{});
-    if (!joining_) return e.ok() ? unavailable("the replacement was given up") : e.status();
-    if (auto* card = e.ok() ? std::get_if<control::CardInfo>(&*e) : nullptr) units = card->units;
-  }
-  auto set = units ? ask(j.w, control::SetUnits{*units})
-                   : StatusOr<control::Event>(unavailable("no attention worker answered"));
+  auto set = set_units_from_live_attention(j.w);
   if (!joining_) return set.ok() ? unavailable("the replacement was given up") : set.status();
   if (!set.ok() || !std::holds_alternative<control::UnitsSet>(*set)) {
     abandon_join(set.ok() ? control::encode(*set) : set.status().message());
@@ -272,15 +279,7 @@ Status Router::finish_attention_join(const control::Ready& ready) {
     const bool awaited = std::find(awaited_.begin(), awaited_.end(), e.index) != awaited_.end();
     internal::write_line(j.w.in, control::encode(control::DropExpert{e.index, awaited}));
   }
-  std::optional<std::vector<int64_t>> units;
-  for (int b = 0; b < c_.attention_workers && !units; ++b) {
-    if (lead(b).dead) continue;
-    auto e = ask(lead(b), control::GetCard{});
-    if (!joining_) return e.ok() ? unavailable("the replacement was given up") : e.status();
-    if (auto* card = e.ok() ? std::get_if<control::CardInfo>(&*e) : nullptr) units = card->units;
-  }
-  auto set = units ? ask(j.w, control::SetUnits{*units})
-                   : StatusOr<control::Event>(unavailable("no attention worker answered"));
+  auto set = set_units_from_live_attention(j.w);
   if (!joining_) return set.ok() ? unavailable("the replacement was given up") : set.status();
   if (set.ok() && std::holds_alternative<control::UnitsSet>(*set) && experts_lost_ == 0) {
     set = ask(j.w, control::SetPlacement{c_.placement});  // a rebalance may have switched

@@ -199,6 +199,7 @@ class Router {
   // to the attention workers; the deployment serves meanwhile. A replacement
   // that fails is given up (logged), the deployment goes on without it.
   Status join_tick();
+  StatusOr<control::Event> set_units_from_live_attention(internal::WorkerProcess& w);
   void start_replacement();
   void start_attention_replacement();
   Status finish_attention_join(const control::Ready& ready);
