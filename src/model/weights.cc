@@ -271,16 +271,6 @@ StatusOr<std::vector<bf16>> read_bf16(const Checkpoint& ckpt, const std::string&
   return out;
 }
 
-void mxfp4_decode_block(const uint8_t* bytes16, uint8_t scale, bf16* out32) {
-  static constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-  const int exp = static_cast<int>(scale) - 127;
-  for (int i = 0; i < 16; ++i) {
-    out32[2 * i] = float_to_bf16(std::ldexp(kE2m1[bytes16[i] & 0xF], exp));
-    out32[2 * i + 1] = float_to_bf16(std::ldexp(kE2m1[bytes16[i] >> 4], exp));
-  }
-}
-
 std::string fp8_scale_name(const std::string& weight) { return weight + "_scale_inv"; }
 
 StatusOr<std::vector<bf16>> read_weight_bf16(const Checkpoint& ckpt, const ModelConfig& config,

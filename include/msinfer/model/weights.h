@@ -179,11 +179,8 @@ StatusOr<std::vector<bf16>> read_weight_bf16(const Checkpoint& ckpt, const Model
                                              const std::string& dir = "checkpoint");
 
 // MXFP4 (gpt-oss's experts, ModelConfig::mxfp4_experts): one block of 32
-// values from its 16 bytes and e8m0 scale byte: value 2i is e2m1(bytes[i] &
-// 15) * 2^(scale - 127), value 2i + 1 the same of the high nibble (e2m1 codes
-// 0..7: 0, 0.5, 1, 1.5, 2, 3, 4, 6; 8..15 their negatives). Exact in bf16 for
-// every scale byte but 255 (e8m0's NaN, which the loader refuses).
-void mxfp4_decode_block(const uint8_t* bytes16, uint8_t scale, bf16* out32);
+// values from its 16 bytes and e8m0 scale byte (the kernels' decode, gemm.h).
+using kernels::cpu::mxfp4_decode_block;
 
 ExpertTensorNames expert_tensor_names(const ModelConfig& c, int layer, int expert);
 std::string router_tensor_name(const ModelConfig& c, int layer);
