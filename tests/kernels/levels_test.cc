@@ -193,6 +193,11 @@ TEST_F(LevelsTest, GemmMxfp4IsTheBf16KernelOnTheDecodedWeights) {
         } else {
           EXPECT_LT(rel_err(ym, yb), kTol)
               << isa_name(level) << " n=" << n << " k=" << k << " m=" << m;
+          if (m == 1 || m == 200) {
+            std::printf("[ levels ] %s mxfp4 n=%lld k=%lld m=%lld: %.2g from its bf16 kernel\n",
+                        isa_name(level), static_cast<long long>(n), static_cast<long long>(k),
+                        static_cast<long long>(m), rel_err(ym, yb));
+          }
         }
         if (level == IsaLevel::kGeneric && (m == 1 || m == 13)) {
           std::vector<float> ref(m * n);

@@ -5,7 +5,10 @@
 // Every GEMM weight is converted to bf16 if needed and packed for the CPU GEMM
 // of the active kernel level (kernels::cpu::PackedLinear), as bf16 or, with
 // LoadOptions::weights = kInt8, quantised to int8; the mapped checkpoint pages are then released,
-// so resident memory is the packed copy, not both. Q, K, V are stacked into one
+// so resident memory is the packed copy, not both. With kMxfp4, the experts
+// of an MXFP4 checkpoint (gpt-oss) stay 4-bit (PackedLinear::pack_mxfp4, the
+// checkpoint's blocks and scales repacked for the level) and every other GEMM
+// weight is bf16. Q, K, V are stacked into one
 // GEMM and each expert's w1 (gate) and w3 (up) into another. The embedding
 // stays memory-mapped (only the rows looked up become resident) unless the
 // checkpoint is not bf16.
@@ -105,6 +108,9 @@ struct LoadOptions {
   int attention_tp_rank = 0, attention_tp_size = 1;
   // GEMM weight format. int8 quantises every GEMM weight but the routers (the
   // gate's top-K is sensitive and its weight tiny); the embedding stays bf16.
+  // mxfp4 keeps an MXFP4 checkpoint's expert weights 4-bit and loads the rest
+  // as bf16; INVALID_ARGUMENT for a checkpoint without MXFP4 experts, and for
+  // an expert tp shard whose FFN width is not a multiple of 32.
   kernels::cpu::WeightFormat weights = kernels::cpu::WeightFormat::kBf16;
 };
 
