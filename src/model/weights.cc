@@ -170,9 +170,8 @@ class Loader {
   }
 
   // Packs the row-wise concatenation of the given tensors (each [rows_i, k]).
-  StatusOr<PackedLinear> pack(
-      const std::vector<std::pair<std::string, std::vector<int64_t>>>& parts,
-      kernels::cpu::WeightFormat format) {
+  StatusOr<PackedLinear> pack(const std::vector<std::pair<std::string, std::vector<int64_t>>>& parts,
+                              kernels::cpu::WeightFormat format) {
     // One staging buffer reused for every weight: fresh temporaries would leave
     // the heap fragmented between the packed copies (resident but free).
     staging_.clear();
@@ -299,8 +298,7 @@ ExpertTensorNames expert_tensor_names(const ModelConfig& c, int layer, int exper
   const std::string p = layer_prefix(layer);
   const std::string e = std::to_string(expert);
   if (mlp_names(c)) {
-    return {p + "mlp.experts." + e + ".gate_proj.weight",
-            p + "mlp.experts." + e + ".down_proj.weight",
+    return {p + "mlp.experts." + e + ".gate_proj.weight", p + "mlp.experts." + e + ".down_proj.weight",
             p + "mlp.experts." + e + ".up_proj.weight"};
   }
   return {p + "block_sparse_moe.experts." + e + ".w1.weight",
@@ -362,8 +360,9 @@ Status load_deepseek_layer(Loader& ld, const ModelConfig& c, int i, const LoadOp
                                           fmt));
       MSI_ASSIGN_OR_RETURN(L.q_a_norm, ld.vec(a + "q_a_layernorm.weight", QL));
       MSI_ASSIGN_OR_RETURN(
-          L.q_b, ld.pack_blocks(
-                     {{a + "q_b_proj.weight", {H * qk, QL}, h0 * qk, (h0 + Hl) * qk, 0, QL}}, fmt));
+          L.q_b, ld.pack_blocks({{a + "q_b_proj.weight", {H * qk, QL}, h0 * qk, (h0 + Hl) * qk, 0,
+                                  QL}},
+                                fmt));
     } else {
       MSI_ASSIGN_OR_RETURN(
           L.qkv,
@@ -382,8 +381,8 @@ Status load_deepseek_layer(Loader& ld, const ModelConfig& c, int i, const LoadOp
       std::memcpy(L.w_uv.data() + hh * vd * R, head + nope * R, sizeof(bf16) * vd * R);
     }
     MSI_ASSIGN_OR_RETURN(
-        L.o,
-        ld.pack_blocks({{a + "o_proj.weight", {h, H * vd}, 0, h, h0 * vd, (h0 + Hl) * vd}}, fmt));
+        L.o, ld.pack_blocks({{a + "o_proj.weight", {h, H * vd}, 0, h, h0 * vd, (h0 + Hl) * vd}},
+                            fmt));
   }
   if (options.attention && !rest) {  // a rank > 0: nothing but its attention slices
     for (const auto& n : attention_side) {
