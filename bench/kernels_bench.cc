@@ -22,6 +22,17 @@ std::vector<bf16> random_bf16(size_t n, float scale, uint64_t seed) {
   return v;
 }
 
+// A random MXFP4 weight [n, k] kept 4-bit: e2m1 codes uniform, e8m0 scales
+// around 2^-6 (values of the spread of random_bf16's).
+StatusOr<kernels::cpu::PackedLinear> random_mxfp4(int64_t n, int64_t k, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> blocks(static_cast<size_t>(n * k / 2)),
+      scales(static_cast<size_t>(n * k / 32));
+  for (auto& b : blocks) b = static_cast<uint8_t>(rng());
+  for (auto& s : scales) s = static_cast<uint8_t>(119 + rng() % 4);
+  return kernels::cpu::PackedLinear::pack_mxfp4(blocks.data(), scales.data(), n, k);
+}
+
 // The compute roof of a row: the vdpbf16ps peak for the GEMMs (bf16 and int8
 // weights) at the levels that run them as bf16 dot products (avx512bf16, amx:
 // bf16_flops is probed there), the fp32 FMA peak for everything else (the
@@ -52,6 +63,7 @@ Json KernelBenchResult::to_json() const {
                       {"ms", r.seconds * 1e3},
                       {"gflops", r.gflops()},
                       {"gb_s", r.gb_s()},
+                      {"weight_bytes", r.weight_bytes},
                       {"roofline_fraction", r.roofline_fraction},
                       {"compute_peak", r.peak},
                       {"bound", r.bound}});
@@ -80,6 +92,11 @@ StatusOr<KernelBenchResult> bench_kernels(const KernelBenchOptions& o,
   for (const kernels::cpu::WeightFormat fmt : o.weights) {
     std::vector<kernels::cpu::PackedLinear> p13(copies), p2(copies);
     for (int c = 0; c < copies; ++c) {
+      if (fmt == kernels::cpu::WeightFormat::kMxfp4) {
+        MSI_ASSIGN_OR_RETURN(p13[c], random_mxfp4(2 * f, h, 1 + c));
+        MSI_ASSIGN_OR_RETURN(p2[c], random_mxfp4(h, f, 100 + c));
+        continue;
+      }
       auto w13 = random_bf16(2 * f * h, 0.03f, 1 + c), w2 = random_bf16(h * f, 0.02f, 100 + c);
       MSI_ASSIGN_OR_RETURN(p13[c], kernels::cpu::PackedLinear::pack(w13.data(), 2 * f, h, fmt));
       MSI_ASSIGN_OR_RETURN(p2[c], kernels::cpu::PackedLinear::pack(w2.data(), h, f, fmt));
@@ -98,8 +115,10 @@ StatusOr<KernelBenchResult> bench_kernels(const KernelBenchOptions& o,
           },
           min_s);
       r.flops = 6.0 * h * f * m;
-      // Packed weights (int8: one byte each plus a scale per row) + activations.
-      r.bytes = static_cast<double>(p13[0].bytes() + p2[0].bytes()) + 4.0 * m * (2 * h + 3 * f);
+      // Packed weights (int8: one byte each plus a scale per row; mxfp4: 17
+      // bytes per 32 values) + activations.
+      r.weight_bytes = static_cast<double>(p13[0].bytes() + p2[0].bytes());
+      r.bytes = r.weight_bytes + 4.0 * m * (2 * h + 3 * f);
       finish(r, res.machine);
       report(r);
       res.rows.push_back(r);

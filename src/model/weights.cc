@@ -28,6 +28,12 @@ bool mlp_names(const ModelConfig& c) {
   return is_qwen3(c) || is_deepseek(c) || c.architecture == "Glm4MoeForCausalLM";
 }
 
+// The format of every GEMM weight but MXFP4 experts: mxfp4 keeps only those
+// 4-bit and loads the rest as bf16.
+kernels::cpu::WeightFormat dense_format(kernels::cpu::WeightFormat f) {
+  return f == kernels::cpu::WeightFormat::kMxfp4 ? kernels::cpu::WeightFormat::kBf16 : f;
+}
+
 // Appends the tensor's values as bf16 to out.
 void append_bf16(const TensorView& t, std::vector<bf16>& out) {
   const size_t n = static_cast<size_t>(t.numel());
@@ -271,16 +277,6 @@ StatusOr<std::vector<bf16>> read_bf16(const Checkpoint& ckpt, const std::string&
   return out;
 }
 
-void mxfp4_decode_block(const uint8_t* bytes16, uint8_t scale, bf16* out32) {
-  static constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-  const int exp = static_cast<int>(scale) - 127;
-  for (int i = 0; i < 16; ++i) {
-    out32[2 * i] = float_to_bf16(std::ldexp(kE2m1[bytes16[i] & 0xF], exp));
-    out32[2 * i + 1] = float_to_bf16(std::ldexp(kE2m1[bytes16[i] >> 4], exp));
-  }
-}
-
 std::string fp8_scale_name(const std::string& weight) { return weight + "_scale_inv"; }
 
 StatusOr<std::vector<bf16>> read_weight_bf16(const Checkpoint& ckpt, const ModelConfig& config,
@@ -327,7 +323,7 @@ namespace {
 Status load_deepseek_layer(Loader& ld, const ModelConfig& c, int i, const LoadOptions& options,
                            LayerWeights& L) {
   const std::string p = layer_prefix(i), a = p + "self_attn.";
-  const kernels::cpu::WeightFormat fmt = options.weights;
+  const kernels::cpu::WeightFormat fmt = dense_format(options.weights);
   const int64_t h = c.hidden, H = c.heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim,
                 vd = c.v_head_dim, R = c.kv_lora_rank, QL = c.q_lora_rank;
   const int64_t E = c.experts, F = c.expert_ffn;
@@ -464,6 +460,13 @@ struct Mxfp4Tensor {
     const uint8_t* sc = scales->data + (e * rows + r) * g;
     for (int64_t j = 0; j < g; ++j) mxfp4_decode_block(b + j * 16, sc[j], out + j * 32);
   }
+  // Row r of expert e as stored: cols / 32 blocks of 16 bytes, and their scales.
+  const uint8_t* row_blocks(int64_t e, int64_t r) const {
+    return blocks->data + (e * rows + r) * (cols / 32) * 16;
+  }
+  const uint8_t* row_scales(int64_t e, int64_t r) const {
+    return scales->data + (e * rows + r) * (cols / 32);
+  }
 };
 
 StatusOr<Mxfp4Tensor> mxfp4_tensor(Loader& ld, const Checkpoint& ckpt, const std::string& dir,
@@ -507,7 +510,7 @@ Status load_gpt_oss_layer(Loader& ld, const Checkpoint& ckpt, const std::string&
                           const ModelConfig& c, int i, const LoadOptions& options,
                           LayerWeights& L) {
   const std::string p = layer_prefix(i), a = p + "self_attn.", x = p + "mlp.experts.";
-  const kernels::cpu::WeightFormat fmt = options.weights;
+  const kernels::cpu::WeightFormat fmt = dense_format(options.weights);
   const int64_t h = c.hidden, hd = c.head_dim, H = c.heads, KV = c.kv_heads, F = c.expert_ffn;
   const int64_t E = c.experts;
   const int atp = options.attention_tp_size, atp_rank = options.attention_tp_rank;
@@ -582,24 +585,57 @@ Status load_gpt_oss_layer(Loader& ld, const Checkpoint& ckpt, const std::string&
   MSI_ASSIGN_OR_RETURN(std::vector<float> dn_bias, float_tensor(ld, x + "down_proj_bias", {E, h}));
   const int64_t tp = options.expert_tp_size, tp_rank = options.expert_tp_rank;
   const int64_t f0 = tp_rank * (F / tp), f1 = f0 + F / tp, fs = f1 - f0;
-  std::vector<bf16> w13(static_cast<size_t>(2 * fs * h)), row(static_cast<size_t>(F));
-  std::vector<bf16> w2(static_cast<size_t>(h * fs));
-  for (int e : wanted) {
-    ExpertWeights& ew = L.experts[e];
-    ew.b13.resize(2 * fs);
-    for (int64_t j = f0; j < f1; ++j) {
-      gu.row(e, 2 * j, w13.data() + (j - f0) * h);
-      gu.row(e, 2 * j + 1, w13.data() + (fs + j - f0) * h);
-      ew.b13[j - f0] = gu_bias[e * 2 * F + 2 * j];
-      ew.b13[fs + j - f0] = gu_bias[e * 2 * F + 2 * j + 1];
+  if (options.weights == kernels::cpu::WeightFormat::kMxfp4) {
+    // Kept 4-bit: the same rows (and w2's columns) as below, copied block by
+    // block; a shard's columns of w2 must be whole blocks.
+    if (fs % 32 != 0) {
+      return invalid_argument(dir + ": --weights mxfp4 with tp_expert " + std::to_string(tp) +
+                              ": the shard's FFN width " + std::to_string(fs) +
+                              " is not a multiple of 32 (MXFP4's block)");
     }
-    for (int64_t r = 0; r < h; ++r) {
-      dn.row(e, r, row.data());
-      std::memcpy(w2.data() + r * fs, row.data() + f0, sizeof(bf16) * fs);
+    const int64_t gh = h / 32, gs = fs / 32, b0 = f0 / 32;
+    std::vector<uint8_t> b13(static_cast<size_t>(2 * fs * gh * 16)),
+        s13(static_cast<size_t>(2 * fs * gh));
+    std::vector<uint8_t> b2(static_cast<size_t>(h * gs * 16)), s2(static_cast<size_t>(h * gs));
+    for (int e : wanted) {
+      ExpertWeights& ew = L.experts[e];
+      ew.b13.resize(2 * fs);
+      for (int64_t j = f0; j < f1; ++j) {
+        for (int64_t half = 0; half < 2; ++half) {  // gate row j - f0, up row fs + j - f0
+          const int64_t dst = half * fs + j - f0;
+          std::memcpy(b13.data() + dst * gh * 16, gu.row_blocks(e, 2 * j + half), gh * 16);
+          std::memcpy(s13.data() + dst * gh, gu.row_scales(e, 2 * j + half), gh);
+          ew.b13[dst] = gu_bias[e * 2 * F + 2 * j + half];
+        }
+      }
+      for (int64_t r = 0; r < h; ++r) {
+        std::memcpy(b2.data() + r * gs * 16, dn.row_blocks(e, r) + b0 * 16, gs * 16);
+        std::memcpy(s2.data() + r * gs, dn.row_scales(e, r) + b0, gs);
+      }
+      MSI_ASSIGN_OR_RETURN(ew.w13, PackedLinear::pack_mxfp4(b13.data(), s13.data(), 2 * fs, h));
+      MSI_ASSIGN_OR_RETURN(ew.w2, PackedLinear::pack_mxfp4(b2.data(), s2.data(), h, fs));
+      if (tp_rank == 0) ew.b2.assign(dn_bias.begin() + e * h, dn_bias.begin() + (e + 1) * h);
     }
-    MSI_ASSIGN_OR_RETURN(ew.w13, PackedLinear::pack(w13.data(), 2 * fs, h, fmt));
-    MSI_ASSIGN_OR_RETURN(ew.w2, PackedLinear::pack(w2.data(), h, fs, fmt));
-    if (tp_rank == 0) ew.b2.assign(dn_bias.begin() + e * h, dn_bias.begin() + (e + 1) * h);
+  } else {
+    std::vector<bf16> w13(static_cast<size_t>(2 * fs * h)), row(static_cast<size_t>(F));
+    std::vector<bf16> w2(static_cast<size_t>(h * fs));
+    for (int e : wanted) {
+      ExpertWeights& ew = L.experts[e];
+      ew.b13.resize(2 * fs);
+      for (int64_t j = f0; j < f1; ++j) {
+        gu.row(e, 2 * j, w13.data() + (j - f0) * h);
+        gu.row(e, 2 * j + 1, w13.data() + (fs + j - f0) * h);
+        ew.b13[j - f0] = gu_bias[e * 2 * F + 2 * j];
+        ew.b13[fs + j - f0] = gu_bias[e * 2 * F + 2 * j + 1];
+      }
+      for (int64_t r = 0; r < h; ++r) {
+        dn.row(e, r, row.data());
+        std::memcpy(w2.data() + r * fs, row.data() + f0, sizeof(bf16) * fs);
+      }
+      MSI_ASSIGN_OR_RETURN(ew.w13, PackedLinear::pack(w13.data(), 2 * fs, h, fmt));
+      MSI_ASSIGN_OR_RETURN(ew.w2, PackedLinear::pack(w2.data(), h, fs, fmt));
+      if (tp_rank == 0) ew.b2.assign(dn_bias.begin() + e * h, dn_bias.begin() + (e + 1) * h);
+    }
   }
   for (const Mxfp4Tensor* m : {&gu, &dn}) {
     ld.release(*m->blocks);
@@ -617,6 +653,12 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
   w->dir_ = dir;
   const ModelConfig& c = w->config_;
   MSI_RETURN_IF_ERROR(c.check_executable());
+  if (options.weights == kernels::cpu::WeightFormat::kMxfp4 && !c.mxfp4_experts) {
+    return invalid_argument(dir +
+                            ": --weights mxfp4 keeps a checkpoint's MXFP4 expert weights 4-bit, "
+                            "and this one has none (config.json has no quantization_config "
+                            "{\"quant_method\": \"mxfp4\"}); use bf16, int8 or w8a8");
+  }
   MSI_ASSIGN_OR_RETURN(w->checkpoint_, Checkpoint::open(dir));
   for (int e : options.experts) {
     if (e < 0 || e >= c.experts) {
@@ -646,7 +688,7 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
   // Ranks > 0 of an attention replica hold only their q/k/v/o slices.
   const bool attention_rest = options.attention && atp_rank == 0;
   Loader ld(w->checkpoint_, dir, w->config_);
-  const kernels::cpu::WeightFormat fmt = options.weights;
+  const kernels::cpu::WeightFormat fmt = dense_format(options.weights);
   const int64_t h = c.hidden, hd = c.head_dim, H = c.heads, KV = c.kv_heads, F = c.expert_ffn;
   const int64_t E = c.experts, V = c.vocab;
 
@@ -760,9 +802,9 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
     L.experts.resize(E);
     for (int e = 0; moe && e < E; ++e) {
       const ExpertTensorNames n = expert_tensor_names(c, i, e);
-      const bool want = options.all_experts ||
-                        std::find(options.experts.begin(), options.experts.end(), e) !=
-                            options.experts.end();
+      const bool want =
+          options.all_experts ||
+          std::find(options.experts.begin(), options.experts.end(), e) != options.experts.end();
       if (!want) {
         for (const auto& s : {n.w1, n.w2, n.w3}) ld.skip(s);
         continue;
@@ -808,8 +850,8 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
   for (const auto& [name, t] : w->checkpoint_.tensors()) {
     if (!ld.used().count(name)) {
       if (c.tied_embeddings && name == "lm_head.weight") continue;
-      return invalid_argument(t.file + ": unexpected tensor '" + name + "' for " +
-                              c.architecture + " with this config");
+      return invalid_argument(t.file + ": unexpected tensor '" + name + "' for " + c.architecture +
+                              " with this config");
     }
   }
   return w;
@@ -817,9 +859,8 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
 
 void ModelWeights::embed(int64_t id, float* out) const {
   const int64_t h = config_.hidden;
-  const bf16* row = embed_copy_.empty()
-                        ? reinterpret_cast<const bf16*>(embed_view_->data) + id * h
-                        : embed_copy_.data() + id * h;
+  const bf16* row = embed_copy_.empty() ? reinterpret_cast<const bf16*>(embed_view_->data) + id * h
+                                        : embed_copy_.data() + id * h;
   bf16_to_float_n(row, out, h);
 }
 

@@ -5,8 +5,9 @@
 # An instruction the emulated CPU lacks raises SIGILL there, so this catches a
 # kernel, probe or library path that assumes the build machine's CPU. Checks
 # for each: the detected level, every kernel of every level it runs against
-# generic, and that generate (bf16 and w8a8 weights) gives the tokens the
-# native binary gives when forced to the same level. Exit 77 (skipped) without qemu-x86_64.
+# generic, and that generate (bf16 and w8a8 weights; tiny-gpt-oss with its
+# experts kept 4-bit, mxfp4) gives the tokens the native binary gives when
+# forced to the same level. Exit 77 (skipped) without qemu-x86_64.
 # Usage: foreign_cpu_test.sh MSINFER_BINARY LEVELS_TEST_BINARY MODEL_DIR
 set -euo pipefail
 # It checks the level each CPU selects by itself: a level forced on the whole
@@ -15,6 +16,8 @@ unset MSINFER_ISA
 msinfer=$1 levels_test=$2 model=$3
 command -v qemu-x86_64 >/dev/null || { echo "qemu-x86_64 not installed (scripts/setup installs qemu-user): skipped"; exit 77; }
 [ -f "$model/config.json" ] || "$msinfer" make-model --preset tiny-mixtral --out "$model" >/dev/null
+gpt_oss="$model-gpt-oss"
+[ -f "$gpt_oss/config.json" ] || "$msinfer" make-model --preset tiny-gpt-oss --out "$gpt_oss" >/dev/null
 
 tokens() { /usr/bin/python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["isa"], j["token_ids"])'; }
 
@@ -24,10 +27,12 @@ for pair in EPYC-Milan:avx2 qemu64:generic; do
   out=$(qemu-x86_64 -cpu "$cpu" "$levels_test" 2>&1) || { echo "$out"; echo "FAIL: levels test on $cpu"; exit 1; }
   grep -q "(CPU: $want)" <<<"$out" || { echo "$out"; echo "FAIL: $cpu detected as something other than $want"; exit 1; }
   grep -q "PASSED" <<<"$out"
-  for weights in bf16 w8a8; do
-    emulated=$(qemu-x86_64 -cpu "$cpu" "$msinfer" generate --model "$model" --prompt "Hello, experts" \
+  for weights in bf16 w8a8 mxfp4; do
+    m=$model
+    [ "$weights" = mxfp4 ] && m=$gpt_oss
+    emulated=$(qemu-x86_64 -cpu "$cpu" "$msinfer" generate --model "$m" --prompt "Hello, experts" \
                  --max-tokens 8 --weights $weights --json 2>/dev/null | tokens)
-    native=$("$msinfer" generate --model "$model" --prompt "Hello, experts" --max-tokens 8 --json \
+    native=$("$msinfer" generate --model "$m" --prompt "Hello, experts" --max-tokens 8 --json \
                --weights $weights --isa "$want" 2>/dev/null | tokens)
     echo "emulated ($weights): $emulated"
     echo "native   ($weights): $native"

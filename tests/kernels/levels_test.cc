@@ -152,6 +152,82 @@ TEST_F(LevelsTest, GemmBf16AndInt8MatchGenericOverOddShapes) {
   }
 }
 
+// MXFP4 weights kept 4-bit (gemm.h) against the same weights decoded to bf16
+// and packed as bf16 at the same level: at generic, avx2 and avx512 the mxfp4
+// kernel runs the bf16 kernel's FMAs in its order on exactly the decoded
+// values, so the outputs are the same bits; at avx512bf16 and amx (bf16 by
+// vdpbf16ps, mxfp4 by the avx512 kernel) they differ by summation order only
+// (kTol). Generic's mxfp4 also against the double-precision reference. Odd
+// row counts (n not a multiple of the 16- or 32-column panels), K multiples
+// of 32 that cross the k blocks of the multi-tile path (1088 > 512, 256), and
+// batch sizes around the 6- and 12-row tiles.
+TEST_F(LevelsTest, GemmMxfp4IsTheBf16KernelOnTheDecodedWeights) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {1, 32}, {7, 64}, {17, 96}, {33, 320}, {64, 128}, {130, 64}, {20, 1088}};
+  const std::vector<int64_t> ms = {1, 2, 3, 5, 6, 7, 12, 13, 24, 25, 49, 200};
+  for (auto [n, k] : shapes) {
+    const testing::Mxfp4Weight mx = testing::random_mxfp4(n, k, 3 + n + k);
+    std::vector<bf16> w(static_cast<size_t>(n * k));
+    for (int64_t i = 0; i < n * k / 32; ++i) {
+      mxfp4_decode_block(mx.blocks.data() + 16 * i, mx.scales[i], w.data() + 32 * i);
+    }
+    for (IsaLevel level : levels_here()) {
+      auto q = PackedLinear::pack_mxfp4(mx.blocks.data(), mx.scales.data(), n, k, level);
+      ASSERT_TRUE(q.ok()) << isa_name(level) << ": " << q.status().to_string();
+      EXPECT_EQ(q->format(), WeightFormat::kMxfp4);
+      EXPECT_EQ(q->level(), level);
+      EXPECT_LT(q->bytes(), static_cast<size_t>((n + 31) / 32 * 32 * k * 17 / 32 + 1));
+      auto b = PackedLinear::pack(w.data(), n, k, WeightFormat::kBf16, level);
+      ASSERT_TRUE(b.ok()) << b.status().to_string();
+      const bool same_bits =
+          level == IsaLevel::kGeneric || level == IsaLevel::kAvx2 || level == IsaLevel::kAvx512;
+      for (int64_t m : ms) {
+        auto x = randn(m * k, 50 + m);
+        std::vector<float> ym(m * n, -1.f), yb(m * n, -2.f);
+        q->forward(x.data(), m, ym.data());
+        b->forward(x.data(), m, yb.data());
+        if (same_bits) {
+          EXPECT_EQ(0, std::memcmp(ym.data(), yb.data(), sizeof(float) * ym.size()))
+              << isa_name(level) << " n=" << n << " k=" << k << " m=" << m << " rel err "
+              << rel_err(ym, yb);
+        } else {
+          EXPECT_LT(rel_err(ym, yb), kTol)
+              << isa_name(level) << " n=" << n << " k=" << k << " m=" << m;
+          if (m == 1 || m == 200) {
+            std::printf("[ levels ] %s mxfp4 n=%lld k=%lld m=%lld: %.2g from its bf16 kernel\n",
+                        isa_name(level), static_cast<long long>(n), static_cast<long long>(k),
+                        static_cast<long long>(m), rel_err(ym, yb));
+          }
+        }
+        if (level == IsaLevel::kGeneric && (m == 1 || m == 13)) {
+          std::vector<float> ref(m * n);
+          linear_reference(w.data(), n, k, x.data(), m, ref.data());
+          EXPECT_LT(rel_err(ym, ref), kTol) << "generic n=" << n << " k=" << k << " m=" << m;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(LevelsTest, GemmMxfp4RefusesBadShapesAndScales) {
+  const testing::Mxfp4Weight mx = testing::random_mxfp4(4, 64, 1);
+  for (IsaLevel level : levels_here()) {
+    // K = 48: not whole blocks of 32.
+    auto odd = PackedLinear::pack_mxfp4(mx.blocks.data(), mx.scales.data(), 4, 48, level);
+    ASSERT_FALSE(odd.ok());
+    EXPECT_NE(odd.status().message().find("multiple of 32"), std::string::npos)
+        << odd.status().to_string();
+    testing::Mxfp4Weight nan = mx;
+    nan.scales[5] = 0xFF;
+    auto bad = PackedLinear::pack_mxfp4(nan.blocks.data(), nan.scales.data(), 4, 64, level);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.status().message().find("[2, 1] is 255"), std::string::npos)
+        << bad.status().to_string();
+    std::vector<bf16> w(4 * 64);
+    EXPECT_FALSE(PackedLinear::pack(w.data(), 4, 64, WeightFormat::kMxfp4, level).ok());
+  }
+}
+
 // The avx512bf16 level's bf16 GEMM sums each output in k order whatever m,
 // the row's place in the batch or the K blocking: a token's row gives the
 // same bits alone (decode of one request) as inside a batch of 200 (prefill,

@@ -12,6 +12,8 @@
 
 #include "msinfer/core/bf16.h"
 #include "msinfer/core/model_config.h"
+#include "msinfer/kernels/cpu/isa.h"
+#include "msinfer/kernels/cpu/moe.h"
 #include "msinfer/model/make_model.h"
 #include "msinfer/model/safetensors.h"
 #include "msinfer/model/weights.h"
@@ -215,7 +217,7 @@ TEST(GptOssPresetTest, TinyHasThePublishedLayout) {
   EXPECT_NEAR(std::sqrt(sum2 / (32.0 * blocks)) * std::sqrt(double(h)), 1.0, 0.15);
   // Every preset loads, in each weight format.
   for (auto fmt : {kernels::cpu::WeightFormat::kBf16, kernels::cpu::WeightFormat::kInt8,
-                   kernels::cpu::WeightFormat::kW8A8}) {
+                   kernels::cpu::WeightFormat::kW8A8, kernels::cpu::WeightFormat::kMxfp4}) {
     LoadOptions o;
     o.weights = fmt;
     auto w = ModelWeights::load(dir, o);
@@ -254,6 +256,87 @@ std::string broken_copy(const std::string& name,
   Status s = write_safetensors((fs::path(dir) / "model.safetensors").string(), ts);
   EXPECT_TRUE(s.ok()) << s.to_string();
   return dir;
+}
+
+// --weights mxfp4: the experts stay 4-bit (17 bytes per 32 values, scales
+// included) and everything else is bf16; each expert's clamped SwiGLU FFN
+// gives what the bf16-decoded load gives: the same bits at the generic, avx2
+// and avx512 levels (the mxfp4 kernel is the bf16 one on the decoded values),
+// within float rounding at avx512bf16 and amx (vdpbf16ps for bf16). Also per
+// expert tp shard (w2's columns by whole blocks).
+TEST(GptOssWeightsTest, Mxfp4KeepsExpertsFourBitAndComputesLikeTheDecodedBf16) {
+  using kernels::cpu::WeightFormat;
+  const std::string dir = make("tiny-gpt-oss");
+  for (int tp : {1, 2}) {
+    for (int rank = 0; rank < tp; ++rank) {
+      LoadOptions ob, om;
+      ob.expert_tp_size = om.expert_tp_size = tp;
+      ob.expert_tp_rank = om.expert_tp_rank = rank;
+      om.weights = WeightFormat::kMxfp4;
+      auto wb = ModelWeights::load(dir, ob);
+      auto wm = ModelWeights::load(dir, om);
+      ASSERT_TRUE(wb.ok()) << wb.status().to_string();
+      ASSERT_TRUE(wm.ok()) << wm.status().to_string();
+      const ModelConfig& c = wm->get()->config();
+      const int64_t h = c.hidden, fs = c.expert_ffn / tp;
+      EXPECT_LT(wm->get()->packed_bytes(), wb->get()->packed_bytes());
+      const kernels::cpu::IsaLevel level = kernels::cpu::active_isa();
+      const bool same_bits = level == kernels::cpu::IsaLevel::kGeneric ||
+                             level == kernels::cpu::IsaLevel::kAvx2 ||
+                             level == kernels::cpu::IsaLevel::kAvx512;
+      const kernels::cpu::ClampedSwiglu act{static_cast<float>(c.swiglu_alpha),
+                                            static_cast<float>(c.swiglu_limit)};
+      for (int l = 0; l < c.layers; ++l) {
+        const LayerWeights& Lb = wb->get()->layers()[l];
+        const LayerWeights& Lm = wm->get()->layers()[l];
+        EXPECT_EQ(Lm.qkv.format(), WeightFormat::kBf16);
+        EXPECT_EQ(Lm.o.format(), WeightFormat::kBf16);
+        EXPECT_EQ(Lm.router.format(), WeightFormat::kBf16);
+        for (int e = 0; e < c.experts; ++e) {
+          const ExpertWeights& eb = Lb.experts[e];
+          const ExpertWeights& em = Lm.experts[e];
+          ASSERT_EQ(em.w13.format(), WeightFormat::kMxfp4);
+          ASSERT_EQ(em.w2.format(), WeightFormat::kMxfp4);
+          ASSERT_EQ(em.w13.n(), 2 * fs);
+          ASSERT_EQ(em.w2.k(), fs);
+          EXPECT_LE(
+              em.w13.bytes() + em.w2.bytes(),
+              static_cast<size_t>((2 * fs + 31) / 32 * 32 * h + (h + 31) / 32 * 32 * fs) * 17 / 32);
+          EXPECT_EQ(em.b13, eb.b13);
+          EXPECT_EQ(em.b2, eb.b2);
+          for (int64_t rows : {1, 3, 14}) {
+            std::vector<float> x(rows * h), yb(rows * h), ym(rows * h);
+            for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37 * i + e + l);
+            const float* b2 = eb.b2.empty() ? nullptr : eb.b2.data();
+            kernels::cpu::expert_ffn_clamped(eb.w13, eb.b13.data(), eb.w2, b2, act, x.data(), rows,
+                                             yb.data());
+            kernels::cpu::expert_ffn_clamped(em.w13, em.b13.data(), em.w2, b2, act, x.data(), rows,
+                                             ym.data());
+            if (same_bits) {
+              ASSERT_EQ(ym, yb) << "layer " << l << " expert " << e << " rows " << rows;
+            } else {
+              double err = 0, mx = 1e-30;
+              for (size_t i = 0; i < yb.size(); ++i) {
+                err = std::max(err, static_cast<double>(std::fabs(ym[i] - yb[i])));
+                mx = std::max(mx, static_cast<double>(std::fabs(yb[i])));
+              }
+              ASSERT_LT(err / mx, 1e-5) << "layer " << l << " expert " << e << " rows " << rows;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(GptOssWeightsTest, Mxfp4OnACheckpointWithoutMxfp4ExpertsIsAnError) {
+  LoadOptions o;
+  o.weights = kernels::cpu::WeightFormat::kMxfp4;
+  auto w = ModelWeights::load(make("tiny-mixtral"), o);
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("--weights mxfp4"), std::string::npos)
+      << w.status().to_string();
+  EXPECT_NE(w.status().message().find("quant_method"), std::string::npos) << w.status().to_string();
 }
 
 TEST(GptOssWeightsTest, BrokenCheckpointsAreLoadErrorsNamingTheTensor) {

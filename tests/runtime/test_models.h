@@ -79,17 +79,19 @@ inline LogitError logit_error(const std::vector<std::vector<float>>& got,
 // on the checkpoint in `dir`, with its logits at each step; `others` (7
 // tokens each) share its batches. 8 MiB of KV in blocks of 4 (several blocks
 // per request), prefill in chunks of `max_step_tokens`, `micro_batches`
-// micro-batches in ping-pong order.
+// micro-batches in ping-pong order; GEMM weights in `weights`.
 struct EngineRun {
   std::vector<int32_t> tokens;
   std::vector<std::vector<float>> logits;
 };
-inline EngineRun run_engine_greedy(const std::string& dir, const std::vector<int32_t>& prompt,
-                                   int steps, int64_t max_step_tokens,
-                                   const std::vector<std::vector<int32_t>>& others = {},
-                                   int micro_batches = 1) {
+inline EngineRun run_engine_greedy(
+    const std::string& dir, const std::vector<int32_t>& prompt, int steps, int64_t max_step_tokens,
+    const std::vector<std::vector<int32_t>>& others = {}, int micro_batches = 1,
+    kernels::cpu::WeightFormat weights = kernels::cpu::WeightFormat::kBf16) {
   EngineRun r;
-  auto w = model::ModelWeights::load(dir);
+  model::LoadOptions lo;
+  lo.weights = weights;
+  auto w = model::ModelWeights::load(dir, lo);
   EXPECT_TRUE(w.ok()) << w.status().to_string();
   if (!w.ok()) return r;
   EngineOptions o;

@@ -39,8 +39,13 @@ int run_bench_kernels(int argc, char** argv) {
   flags.add_bool("quick", "shorter measurements (noisier)");
   flags.add_string("isa", "", "CPU kernel level: generic|avx2|avx512|avx512bf16|amx (default: best)");
   flags.add_string("weights", "bf16,int8",
-                   "expert weight formats to measure, comma-separated: bf16, int8, w8a8 (w8a8's\n"
-                   "compute roofline is the fp32 FMA peak too: its fraction may pass 1)");
+                   "expert weight formats to measure, comma-separated: bf16, int8, w8a8, mxfp4\n"
+                   "(w8a8's compute roofline is the fp32 FMA peak too: its fraction may pass 1;\n"
+                   "mxfp4: random 4-bit weights, the hidden size and FFN width multiples of 32)");
+  flags.add_int("hidden", 1024, 32, 65536,
+                "expert FFN hidden size (default small-mixtral's; gpt-oss-20b: 2880)");
+  flags.add_int("expert-ffn", 2816, 32, 65536,
+                "expert FFN width (default small-mixtral's; gpt-oss-20b: 2880)");
   flags.add_string("tokens", "", "tokens per expert, comma-separated (default 1,2,4,...,1024)");
   flags.add_int("kv-block-size", runtime::KvCache::kDefaultBlockSize, 1, 4096,
                 "token slots per KV block in the decode attention runs (the engine's default)");
@@ -71,6 +76,8 @@ int run_bench_kernels(int argc, char** argv) {
   bench::KernelBenchOptions o;
   o.quick = flags.get_bool("quick");
   o.kv_block_size = flags.get_int("kv-block-size");
+  o.hidden = flags.get_int("hidden");
+  o.expert_ffn = flags.get_int("expert-ffn");
   s = apply_isa_flag(flags.get_string("isa"));
   if (!s.ok()) return report_error("bench kernels", s);
   o.weights.clear();
@@ -116,10 +123,23 @@ int run_bench_kernels(int argc, char** argv) {
                 m.bf16_flops_1t / 1e9);
   }
   std::printf("read bandwidth %.1f GB/s (1 thread %.1f)\n\n", m.read_bw / 1e9, m.read_bw_1t / 1e9);
-  Table t({"kernel", "weights", "tokens", "context", "ms", "GFLOP/s", "GB/s", "roofline", "bound"});
+  // "x bf16": the bf16 expert FFN's time at the same tokens over this row's.
+  auto vs_bf16 = [&](const bench::KernelBenchRow& row) -> std::string {
+    if (row.kernel != "expert_ffn" || row.weights == "bf16") return "";
+    for (const auto& b : r->rows) {
+      if (b.kernel == row.kernel && b.weights == "bf16" && b.tokens == row.tokens) {
+        return fmt(b.seconds / row.seconds, 2);
+      }
+    }
+    return "";
+  };
+  Table t({"kernel", "weights", "tokens", "context", "MiB w", "ms", "x bf16", "GFLOP/s", "GB/s",
+           "roofline", "bound"});
   for (const auto& row : r->rows) {
     t.add_row({row.kernel, row.weights, std::to_string(row.tokens),
-               row.context ? std::to_string(row.context) : "", fmt(row.seconds * 1e3, 3),
+               row.context ? std::to_string(row.context) : "",
+               row.weight_bytes > 0 ? fmt(row.weight_bytes / 1048576.0, 2) : "",
+               fmt(row.seconds * 1e3, 3), vs_bf16(row),
                fmt(row.gflops(), 1), fmt(row.gb_s(), 1), fmt_pct(row.roofline_fraction),
                row.bound + (row.bound == "compute" ? " (" + row.peak + ")" : "")});
   }

@@ -23,7 +23,9 @@ void add_engine_flags(FlagSet& flags) {
                    "GEMM weight format: bf16; int8 (quantised at load, symmetric per output\n"
                    "channel; router and embedding stay bf16); or w8a8 (the same int8 weights,\n"
                    "and each activation row quantised to int8 at run time: integer dot\n"
-                   "products, faster for batches on CPUs without bf16 dot products)",
+                   "products, faster for batches on CPUs without bf16 dot products); or mxfp4\n"
+                   "(an MXFP4 checkpoint's experts, gpt-oss's, kept 4-bit and decoded in the\n"
+                   "GEMM's registers; everything else bf16)",
                    "MSINFER_WEIGHTS");
   flags.add_int("threads", 0, 0, 4096,
                 "compute threads of the engine's kernels (0: OMP_NUM_THREADS, else one per\n"

@@ -4,6 +4,10 @@
 // roofline: time_roofline = max(FLOPs / compute peak, bytes / read bandwidth),
 // with the bf16 peak for bf16 GEMMs where the level has vdpbf16ps and the fp32
 // FMA peak otherwise. Kernels run at the active CPU level (kernels/cpu/isa.h).
+// mxfp4 weights (random e2m1 codes and scales, kept 4-bit: gemm.h) are
+// measured on request, e.g. at gpt-oss-20b's shapes (hidden = expert_ffn =
+// 2880) against bf16 in the same run; each row says the weight bytes one call
+// reads.
 #pragma once
 
 #include <string>
@@ -32,12 +36,13 @@ struct KernelBenchOptions {
 
 struct KernelBenchRow {
   std::string kernel;   // "expert_ffn" | "decode_attention"
-  std::string weights;  // "bf16" | "int8" (attention: the bf16 KV cache)
+  std::string weights;  // "bf16" | "int8" | "w8a8" | "mxfp4" (attention: the bf16 KV cache)
   int64_t tokens = 0;   // tokens per expert, or decode requests
   int64_t context = 0;  // attention only
   int64_t kv_block_size = 0;  // attention only: token slots per KV block
   double seconds = 0;   // per call
   double flops = 0, bytes = 0;
+  double weight_bytes = 0;  // expert_ffn: packed weight bytes one call reads (scales included)
   double gflops() const { return flops / seconds / 1e9; }
   double gb_s() const { return bytes / seconds / 1e9; }
   double roofline_fraction = 0;

@@ -5,7 +5,10 @@
 // Every GEMM weight is converted to bf16 if needed and packed for the CPU GEMM
 // of the active kernel level (kernels::cpu::PackedLinear), as bf16 or, with
 // LoadOptions::weights = kInt8, quantised to int8; the mapped checkpoint pages are then released,
-// so resident memory is the packed copy, not both. Q, K, V are stacked into one
+// so resident memory is the packed copy, not both. With kMxfp4, the experts
+// of an MXFP4 checkpoint (gpt-oss) stay 4-bit (PackedLinear::pack_mxfp4, the
+// checkpoint's blocks and scales repacked for the level) and every other GEMM
+// weight is bf16. Q, K, V are stacked into one
 // GEMM and each expert's w1 (gate) and w3 (up) into another. The embedding
 // stays memory-mapped (only the rows looked up become resident) unless the
 // checkpoint is not bf16.
@@ -105,6 +108,9 @@ struct LoadOptions {
   int attention_tp_rank = 0, attention_tp_size = 1;
   // GEMM weight format. int8 quantises every GEMM weight but the routers (the
   // gate's top-K is sensitive and its weight tiny); the embedding stays bf16.
+  // mxfp4 keeps an MXFP4 checkpoint's expert weights 4-bit and loads the rest
+  // as bf16; INVALID_ARGUMENT for a checkpoint without MXFP4 experts, and for
+  // an expert tp shard whose FFN width is not a multiple of 32.
   kernels::cpu::WeightFormat weights = kernels::cpu::WeightFormat::kBf16;
 };
 
@@ -179,11 +185,8 @@ StatusOr<std::vector<bf16>> read_weight_bf16(const Checkpoint& ckpt, const Model
                                              const std::string& dir = "checkpoint");
 
 // MXFP4 (gpt-oss's experts, ModelConfig::mxfp4_experts): one block of 32
-// values from its 16 bytes and e8m0 scale byte: value 2i is e2m1(bytes[i] &
-// 15) * 2^(scale - 127), value 2i + 1 the same of the high nibble (e2m1 codes
-// 0..7: 0, 0.5, 1, 1.5, 2, 3, 4, 6; 8..15 their negatives). Exact in bf16 for
-// every scale byte but 255 (e8m0's NaN, which the loader refuses).
-void mxfp4_decode_block(const uint8_t* bytes16, uint8_t scale, bf16* out32);
+// values from its 16 bytes and e8m0 scale byte (the kernels' decode, gemm.h).
+using kernels::cpu::mxfp4_decode_block;
 
 ExpertTensorNames expert_tensor_names(const ModelConfig& c, int layer, int expert);
 std::string router_tensor_name(const ModelConfig& c, int layer);

@@ -15,6 +15,8 @@ const char* weight_format_name(WeightFormat f) {
       return "int8";
     case WeightFormat::kW8A8:
       return "w8a8";
+    case WeightFormat::kMxfp4:
+      return "mxfp4";
     default:
       return "bf16";
   }
@@ -24,8 +26,9 @@ StatusOr<WeightFormat> parse_weight_format(std::string_view name) {
   if (name == "bf16") return WeightFormat::kBf16;
   if (name == "int8") return WeightFormat::kInt8;
   if (name == "w8a8") return WeightFormat::kW8A8;
+  if (name == "mxfp4") return WeightFormat::kMxfp4;
   return invalid_argument("unknown weight format '" + std::string(name) +
-                          "' (expected bf16, int8 or w8a8)");
+                          "' (expected bf16, int8, w8a8 or mxfp4)");
 }
 
 int64_t gemm_m_bucket(int64_t m) {
@@ -36,6 +39,16 @@ int64_t gemm_m_bucket(int64_t m) {
     return b;
   }
   return (m + 63) / 64 * 64;
+}
+
+void mxfp4_decode_block(const uint8_t* bytes16, uint8_t scale, bf16* out32) {
+  static constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  const int exp = static_cast<int>(scale) - 127;
+  for (int i = 0; i < 16; ++i) {
+    out32[2 * i] = float_to_bf16(std::ldexp(kE2m1[bytes16[i] & 0xF], exp));
+    out32[2 * i + 1] = float_to_bf16(std::ldexp(kE2m1[bytes16[i] >> 4], exp));
+  }
 }
 
 void quantize_int8_rows(const bf16* w, int64_t n, int64_t k, int8_t* q, float* scale) {
@@ -151,6 +164,45 @@ Status pack_w8a8_panels(const bf16* w, int64_t n, int64_t k, int64_t panel, Gemm
   return ok_status();
 }
 
+Status pack_mxfp4_panels(const uint8_t* blocks, const uint8_t* scales, int64_t n, int64_t k,
+                         int64_t panel, GemmWeights* out) {
+  if (k % kMxfp4Block != 0) {
+    return invalid_argument("mxfp4: K = " + std::to_string(k) + " is not a multiple of " +
+                            std::to_string(kMxfp4Block));
+  }
+  const int64_t g = k / kMxfp4Block;
+  for (int64_t i = 0; i < n * g; ++i) {
+    if (scales[i] == 0xFF) {
+      return invalid_argument("mxfp4: scale [" + std::to_string(i / g) + ", " +
+                              std::to_string(i % g) + "] is 255, the e8m0 NaN");
+    }
+  }
+  out->format = WeightFormat::kMxfp4;
+  out->n = n;
+  out->k = k;
+  out->panel = panel;
+  out->panels = (n + panel - 1) / panel;
+  const int64_t bb = out->mxfp4_block_bytes(), half = panel / 2;
+  MSI_RETURN_IF_ERROR(alloc_weight_data(static_cast<size_t>(out->panels * g * bb), out));
+  uint8_t* dst = out->data.get();
+  // Padding columns: code 0 (value 0) with scale 1 (no denormal scale in the FMAs).
+  for (int64_t i = 0; i < out->panels * g; ++i) std::memset(dst + i * bb, 127, panel);
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t p = j / panel, c = j % panel;
+    const int shift = c < half ? 0 : 4;
+    for (int64_t b = 0; b < g; ++b) {
+      uint8_t* blk = dst + (p * g + b) * bb;
+      blk[c] = scales[j * g + b];
+      const uint8_t* src = blocks + (j * g + b) * 16;
+      for (int64_t t = 0; t < kMxfp4Block; ++t) {
+        const uint8_t code = (src[t / 2] >> (4 * (t & 1))) & 0xF;
+        blk[panel + t * half + c % half] |= static_cast<uint8_t>(code << shift);
+      }
+    }
+  }
+  return ok_status();
+}
+
 void quantize_w8a8_rows(const float* x, int64_t m, int64_t k, std::vector<int32_t>* q,
                         std::vector<float>* scale) {
   const int64_t k4 = (k + 3) / 4;
@@ -172,6 +224,10 @@ StatusOr<PackedLinear> PackedLinear::pack(const bf16* w, int64_t n, int64_t k,
 StatusOr<PackedLinear> PackedLinear::pack(const bf16* w, int64_t n, int64_t k, WeightFormat format,
                                           IsaLevel level) {
   if (n <= 0 || k <= 0 || w == nullptr) return invalid_argument("PackedLinear: empty weight");
+  if (format == WeightFormat::kMxfp4) {
+    return invalid_argument(
+        "PackedLinear: mxfp4 weights are packed from their blocks (pack_mxfp4)");
+  }
   if (!isa_supported(level)) {
     return failed_precondition(std::string("PackedLinear: CPU kernel level ") + isa_name(level) +
                                " is not available here (" + isa_description() + ")");
@@ -183,6 +239,30 @@ StatusOr<PackedLinear> PackedLinear::pack(const bf16* w, int64_t n, int64_t k, W
   g->format = format;
   g->n = n;
   g->k = k;
+  PackedLinear p;
+  p.n_ = n;
+  p.k_ = k;
+  p.impl_ = std::move(g);
+  return p;
+}
+
+StatusOr<PackedLinear> PackedLinear::pack_mxfp4(const uint8_t* blocks, const uint8_t* scales,
+                                                int64_t n, int64_t k) {
+  return pack_mxfp4(blocks, scales, n, k, active_isa());
+}
+
+StatusOr<PackedLinear> PackedLinear::pack_mxfp4(const uint8_t* blocks, const uint8_t* scales,
+                                                int64_t n, int64_t k, IsaLevel level) {
+  if (n <= 0 || k <= 0 || blocks == nullptr || scales == nullptr) {
+    return invalid_argument("PackedLinear: empty mxfp4 weight");
+  }
+  if (!isa_supported(level)) {
+    return failed_precondition(std::string("PackedLinear: CPU kernel level ") + isa_name(level) +
+                               " is not available here (" + isa_description() + ")");
+  }
+  auto g = std::make_shared<internal::GemmWeights>();
+  MSI_RETURN_IF_ERROR(internal::kernels_for(level).pack_mxfp4(blocks, scales, n, k, g.get()));
+  g->level = level;
   PackedLinear p;
   p.n_ = n;
   p.k_ = k;

@@ -256,7 +256,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void forward_w(c
 #pragma GCC pop_options
 
 void forward(const GemmWeights& w, const float* x, int64_t m, float* y) {
-  if (w.format == WeightFormat::kW8A8) return simd::forward(w, x, m, y);
+  // w8a8 and mxfp4: the avx512 kernels (mxfp4's 32-column panels, simd.inc).
+  if (w.format == WeightFormat::kW8A8 || w.format == WeightFormat::kMxfp4) {
+    return simd::forward(w, x, m, y);
+  }
   if (w.format == WeightFormat::kInt8) return forward_w<int8_t>(w, x, m, y);
   forward_w<bf16>(w, x, m, y);
 }
@@ -283,6 +286,7 @@ const LevelKernels& kernels() {
     LevelKernels t = avx512::kernels();
     t.level = IsaLevel::kAvx512Bf16;
     t.pack = dp::pack;
+    t.pack_mxfp4 = simd::pack_mxfp4;
     t.forward = dp::forward;
     t.to_bf16 = to_bf16;
     t.paged_attention = simd::paged_attention;

@@ -24,12 +24,19 @@ Status pack(const bf16* w, int64_t n, int64_t k, WeightFormat format, GemmWeight
   return pack_panels(w, n, k, format, kPanel, out);
 }
 
+Status pack_mxfp4(const uint8_t* blocks, const uint8_t* scales, int64_t n, int64_t k,
+                  GemmWeights* out) {
+  return pack_mxfp4_panels(blocks, scales, n, k, kPanel, out);
+}
+
 void forward(const GemmWeights& w, const float* x, int64_t m, float* y) {
   if (w.format == WeightFormat::kW8A8) return w8a8_forward_portable(w, x, m, y);
   thread_local std::vector<float> xr;
   xr.assign(x, x + m * w.k);
   round_bf16_inplace(xr.data(), m * w.k);
-  if (w.format == WeightFormat::kBf16) {
+  if (w.format == WeightFormat::kMxfp4) {
+    mxfp4_forward_portable(w, xr.data(), m, y);
+  } else if (w.format == WeightFormat::kBf16) {
     panel_forward_portable<bf16>(w, xr.data(), m, y);
   } else {
     panel_forward_portable<int8_t>(w, xr.data(), m, y);

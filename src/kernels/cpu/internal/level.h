@@ -27,7 +27,8 @@ struct FreeDeleter {
 // to panels] for int8. avx512bf16's panels, bf16 and int8, are
 // [ceil(k / 2)][panel][2] (pairs of k, avx512bf16/kernels.cc). amx: onednn
 // holds oneDNN's packed bf16 memory; its int8 is avx512bf16's. w8a8, every
-// level: [ceil(k / 4)][panel][4] int8 (pack_w8a8_panels).
+// level: [ceil(k / 4)][panel][4] int8 (pack_w8a8_panels). mxfp4, every level:
+// blocks of 17 * panel bytes (pack_mxfp4_panels; gemm.h has the layout).
 struct GemmWeights {
   IsaLevel level = IsaLevel::kGeneric;
   WeightFormat format = WeightFormat::kBf16;
@@ -52,6 +53,11 @@ struct GemmWeights {
   const int8_t* int8_panel(int64_t p) const {
     return reinterpret_cast<const int8_t*>(data.get()) + p * k * panel;
   }
+  // mxfp4: bytes of one 32-k block of a panel, and panel p's first block.
+  int64_t mxfp4_block_bytes() const { return 17 * panel; }
+  const uint8_t* mxfp4_panel(int64_t p) const {
+    return data.get() + p * (k / kMxfp4Block) * mxfp4_block_bytes();
+  }
 };
 
 // Gives `out` `bytes` of zeroed, 64-byte aligned weight memory (data, data_bytes).
@@ -66,6 +72,12 @@ Status pack_panels(const bf16* w, int64_t n, int64_t k, WeightFormat format, int
 // row n and past k; scale and colsum [n padded to panels].
 Status pack_w8a8_panels(const bf16* w, int64_t n, int64_t k, int64_t panel, GemmWeights* out);
 
+// mxfp4 (every level): W [n, k] from the checkpoint's blocks [n][k / 32][16]
+// and scales [n][k / 32] into panels of `panel` columns, 17 * panel bytes per
+// 32-k block (gemm.h); checks k % 32 and the scales.
+Status pack_mxfp4_panels(const uint8_t* blocks, const uint8_t* scales, int64_t n, int64_t k,
+                         int64_t panel, GemmWeights* out);
+
 // w8a8's activations: each row of x [m, k] quantised (quantize_int8_activations)
 // into q [m][ceil(k / 4)] words of four int8 (zero-padded past k), scale [m].
 void quantize_w8a8_rows(const float* x, int64_t m, int64_t k, std::vector<int32_t>* q,
@@ -74,7 +86,10 @@ void quantize_w8a8_rows(const float* x, int64_t m, int64_t k, std::vector<int32_
 struct LevelKernels {
   IsaLevel level;
   Status (*pack)(const bf16* w, int64_t n, int64_t k, WeightFormat format, GemmWeights* out);
-  // y[m, n] = round_bf16(x) · W^T; m >= 1.
+  // mxfp4 weights (format kMxfp4), from the checkpoint's layout (pack_mxfp4_panels).
+  Status (*pack_mxfp4)(const uint8_t* blocks, const uint8_t* scales, int64_t n, int64_t k,
+                       GemmWeights* out);
+  // y[m, n] = round_bf16(x) · W^T; m >= 1; every format, mxfp4 included.
   void (*forward)(const GemmWeights& w, const float* x, int64_t m, float* y);
   void (*write_kv)(const PagedKvLayer& kv, const float* k, const float* v, int64_t tokens,
                    const int32_t* positions, const int32_t* const* block_tables);
