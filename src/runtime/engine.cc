@@ -167,10 +167,8 @@ void Engine::admit() {
       r.computed = 0;
       break;
     }
-    if (kv_.prefix_caching()) {
-      prefix_queries_ += len;
-      prefix_hits_ += r.computed;
-    }
+    prefix_queries_ += len;
+    prefix_hits_ += r.computed;
     if (r.cached_tokens < 0) r.cached_tokens = r.computed;
     running_.push_back(std::move(r));
     waiting_.pop_front();

@@ -768,6 +768,7 @@ TEST(EngineTest, PrefixCacheKeepsGreedyOutputOnEveryTinyPreset) {
     EXPECT_EQ(cached->prefix_cache_queries(), queries);
     EXPECT_EQ(cached->prefix_cache_hits(), hits);
     EXPECT_EQ(plain->prefix_cache_hits(), 0);
+    EXPECT_EQ(plain->prefix_cache_queries(), queries);  // looked up, none found: all computed
     EXPECT_EQ(cached->kv_usage(), 0.0);
     EXPECT_GT(cached->kv_cache().cached_blocks(), 0);
     EXPECT_EQ(plain->kv_cache().cached_blocks(), 0);

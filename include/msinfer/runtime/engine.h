@@ -131,8 +131,8 @@ class Engine {
   // Requests preempted (blocks freed, requeued to recompute) since creation.
   int64_t preemptions() const { return preemptions_; }
   // Prefix cache, in tokens as vLLM counts them: tokens of the requests
-  // admitted (again after a preemption) / of those found in the cache; 0
-  // without prefix caching.
+  // admitted (again after a preemption) / of those found in the cache (0
+  // without prefix caching: queries - hits is what prefill computed).
   int64_t prefix_cache_queries() const { return prefix_queries_; }
   int64_t prefix_cache_hits() const { return prefix_hits_; }
   // Frees the cached blocks no request holds (KvCache::flush_cache).
