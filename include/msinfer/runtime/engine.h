@@ -23,6 +23,14 @@
 // then on with its own generator, seeded seed + i for sequence i (vLLM's
 // rule), and is scheduled, preempted (releasing only its own references)
 // and finished on its own; its events carry its index.
+//
+// Prefix caching (EngineOptions::prefix_caching, on by default): at
+// admission a request takes the longest chain of cached full blocks matching
+// its tokens (KvCache::match_prefix) and computes only the rest; after each
+// step the blocks it filled are registered (KvCache::cache_blocks). Cached
+// blocks no sequence holds count as free and are evicted when needed, so
+// admission, preemption and kv_usage() see them as free. A preempted
+// request looks its tokens up again when readmitted.
 // Not thread-safe: one thread calls add(), cancel() and step().
 #pragma once
 
