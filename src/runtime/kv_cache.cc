@@ -175,7 +175,8 @@ void KvCache::cache_blocks(int64_t id, const int32_t* tokens, int64_t computed) 
     if (registered_[bi] || !cached_.emplace(h, b).second) continue;
     registered_[bi] = 1;
     hash_[bi] = h;
-    std::copy(bt, bt + block_size_, tokens_.begin() + static_cast<std::ptrdiff_t>(bi) * block_size_);
+    std::copy(bt, bt + block_size_,
+              tokens_.begin() + static_cast<std::ptrdiff_t>(bi) * block_size_);
   }
 }
 
@@ -203,9 +204,9 @@ int64_t KvCache::fork(int64_t parent, int64_t child, int64_t tokens, bool copy_p
   std::vector<int32_t>& table = child_table.blocks;
   table.assign(from.begin(), from.begin() + full);
   const std::vector<uint64_t>& hashes = it->second.hashes;
-  child_table.hashes.assign(hashes.begin(),
-                            hashes.begin() + std::min<std::ptrdiff_t>(
-                                full, static_cast<std::ptrdiff_t>(hashes.size())));
+  child_table.hashes.assign(
+      hashes.begin(),
+      hashes.begin() + std::min<std::ptrdiff_t>(full, static_cast<std::ptrdiff_t>(hashes.size())));
   for (int32_t b : table) ++refs_[static_cast<size_t>(b)];
   int64_t covered = full * block_size_;
   if (covered < tokens && copy_partial && host_pools() && free_blocks() > 0) {

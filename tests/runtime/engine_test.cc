@@ -716,7 +716,8 @@ Outputs run_outputs(Engine& e) {
 
 std::vector<int32_t> prompt_of(int64_t n, int32_t seed, int32_t vocab) {
   std::vector<int32_t> p(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) p[static_cast<size_t>(i)] = (seed * 131 + 17 * static_cast<int32_t>(i)) % vocab;
+  for (int64_t i = 0; i < n; ++i)
+    p[static_cast<size_t>(i)] = (seed * 131 + 17 * static_cast<int32_t>(i)) % vocab;
   return p;
 }
 
@@ -727,9 +728,8 @@ std::vector<int32_t> prompt_of(int64_t n, int32_t seed, int32_t vocab) {
 // and with the cache on later turns report their cached prefix, and the
 // engine's counters add up.
 TEST(EngineTest, PrefixCacheKeepsGreedyOutputOnEveryTinyPreset) {
-  for (const char* preset :
-       {"tiny-mixtral", "tiny-qwen3moe", "tiny-deepseek-v3", "tiny-deepseek-v2-lite",
-        "tiny-gpt-oss", "tiny-glm4-moe"}) {
+  for (const char* preset : {"tiny-mixtral", "tiny-qwen3moe", "tiny-deepseek-v3",
+                             "tiny-deepseek-v2-lite", "tiny-gpt-oss", "tiny-glm4-moe"}) {
     SCOPED_TRACE(preset);
     auto w = load(testing::test_model_dir(preset));
     const int32_t vocab = static_cast<int32_t>(w->config().vocab);
@@ -762,7 +762,7 @@ TEST(EngineTest, PrefixCacheKeepsGreedyOutputOnEveryTinyPreset) {
       queries += static_cast<int64_t>(r.prompt.size());
       hits += on.cached[r.id];
     }
-    EXPECT_EQ(on.cached[0], 0);    // the first request finds nothing
+    EXPECT_EQ(on.cached[0], 0);     // the first request finds nothing
     EXPECT_EQ(on.cached[100], 20);  // the second user: the system prompt's 5 full blocks
     EXPECT_GE(on.cached[1], 28);    // a second turn: its whole first turn
     EXPECT_EQ(cached->prefix_cache_queries(), queries);
@@ -791,7 +791,8 @@ TEST(EngineTest, AWholePromptHitComputesItsLastBlock) {
   EXPECT_EQ(step[0].cached_tokens, 8);
   Outputs second;
   collect(step, &second);
-  for (auto& [id, t] : run_outputs(*e).tokens) second.tokens[id].insert(second.tokens[id].end(), t.begin(), t.end());
+  for (auto& [id, t] : run_outputs(*e).tokens)
+    second.tokens[id].insert(second.tokens[id].end(), t.begin(), t.end());
   EXPECT_EQ(second.tokens[2], first.tokens.at(1));
   GenerationRequest r = req(3, prompt, 6);
   r.n = 3;
@@ -823,7 +824,8 @@ TEST(EngineTest, EvictableCachedBlocksCountAsFree) {
   collect(e->step().value(), &together);
   EXPECT_EQ(e->running(), 15);
   EXPECT_EQ(e->waiting(), 1);
-  for (auto& [id, t] : run_outputs(*e).tokens) together.tokens[id].insert(together.tokens[id].end(), t.begin(), t.end());
+  for (auto& [id, t] : run_outputs(*e).tokens)
+    together.tokens[id].insert(together.tokens[id].end(), t.begin(), t.end());
   EXPECT_EQ(e->preemptions(), 0);
   for (const auto& r : reqs) {
     auto alone = make_engine_with(w, false, 256 * 64, 4);
@@ -866,7 +868,8 @@ TEST(EngineTest, PreemptionWithCachedBlocksKeepsGreedyOutput) {
   EXPECT_EQ(out.cached[3], 12);
   for (const auto& r : reqs) EXPECT_EQ(out.tokens[r.id], alone[r.id]) << "request " << r.id;
   EXPECT_EQ(e->kv_usage(), 0.0);
-  for (int32_t b = 0; b < e->kv_cache().total_blocks(); ++b) EXPECT_EQ(e->kv_cache().block_refs(b), 0);
+  for (int32_t b = 0; b < e->kv_cache().total_blocks(); ++b)
+    EXPECT_EQ(e->kv_cache().block_refs(b), 0);
   e->flush_prefix_cache();
   EXPECT_EQ(e->kv_cache().cached_blocks(), 0);
   EXPECT_EQ(e->kv_cache().free_blocks(), e->kv_cache().total_blocks());

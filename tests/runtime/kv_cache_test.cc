@@ -281,7 +281,7 @@ TEST(KvCacheTest, ReferencesNeverLeakAndAFlushFreesEverything) {
   KvCache kv = make_caching_kv(16);
   const std::vector<int32_t> a = seq_tokens(10, 100);
   admit(kv, 1, a);
-  admit(kv, 2, a);                    // shares 2 blocks
+  admit(kv, 2, a);                         // shares 2 blocks
   EXPECT_EQ(kv.fork(2, 3, 10, true), 10);  // shares them again, copies the third
   std::vector<int32_t> longer = a;
   longer.insert(longer.end(), {1, 2, 3, 4, 5, 6});

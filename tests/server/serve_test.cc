@@ -549,10 +549,11 @@ TEST_F(ServeTest, ASharedPrefixIsReportedAsCachedTokens) {
     }
     EXPECT_TRUE(wait_drained(s, std::chrono::seconds(30)));
     auto m = parse_metrics(curl(s.url() + "/metrics").body);
-    const int64_t prompts = 3 * 301 + Json::parse(c1.body)["usage"]["prompt_tokens"].get<int64_t>() +
-                            prompt;
+    const int64_t prompts =
+        3 * 301 + Json::parse(c1.body)["usage"]["prompt_tokens"].get<int64_t>() + prompt;
     EXPECT_EQ(metric(m, "msinfer:prefix_cache_queries_total"), prompts);
-    EXPECT_EQ(metric(m, "msinfer:prefix_cache_hits_total"), on ? 2 * 256 + cached(c1) + cached(c2) : 0);
+    EXPECT_EQ(metric(m, "msinfer:prefix_cache_hits_total"),
+              on ? 2 * 256 + cached(c1) + cached(c2) : 0);
   }
 }
 

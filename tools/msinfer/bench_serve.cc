@@ -363,8 +363,7 @@ int run_bench_serve(int argc, char** argv) {
         sent[req.id] = now;
         s = add(req);
         if (!s.ok()) {
-          return report_error("bench serve",
-                              s.with_context("request " + std::to_string(req.id)));
+          return report_error("bench serve", s.with_context("request " + std::to_string(req.id)));
         }
       }
     }
@@ -468,13 +467,14 @@ int run_bench_serve(int argc, char** argv) {
       static_cast<long long>(steps), out["ttft_ms_p50"].get<double>(),
       out["ttft_ms_p99"].get<double>(), out["tbt_ms_p50"].get<double>(),
       out["tbt_ms_p99"].get<double>(), decode_tps, generated / end);
-  std::printf("prefill: %lld prompt tokens admitted, %lld from the prefix cache (%.1f%%), %lld "
-              "computed\n",
-              static_cast<long long>(prefix_queries), static_cast<long long>(prefix_hits),
-              prefix_queries > 0 ? 100.0 * static_cast<double>(prefix_hits) /
-                                       static_cast<double>(prefix_queries)
-                                 : 0.0,
-              static_cast<long long>(prefix_queries - prefix_hits));
+  std::printf(
+      "prefill: %lld prompt tokens admitted, %lld from the prefix cache (%.1f%%), %lld "
+      "computed\n",
+      static_cast<long long>(prefix_queries), static_cast<long long>(prefix_hits),
+      prefix_queries > 0
+          ? 100.0 * static_cast<double>(prefix_hits) / static_cast<double>(prefix_queries)
+          : 0.0,
+      static_cast<long long>(prefix_queries - prefix_hits));
   std::printf("%s\n", routing_summary(out["routing"]).c_str());
   if (out.contains("micro_batch_balance") && out["micro_batch_balance"].get<double>() > 0) {
     std::printf("micro-batches: max/mean predicted attention time %.3f (1 = equal)\n",

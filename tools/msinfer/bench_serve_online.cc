@@ -22,8 +22,9 @@ namespace {
 StatusOr<std::vector<server::BenchPrompt>> load_dataset(const FlagSet& flags, bool chat) {
   const std::string ds = flags.get_string("dataset");
   if (ds == "multi-turn") {
-    return invalid_argument("--dataset multi-turn: runs offline (--offline --model DIR), where a "
-                            "chat's next turn follows its answer");
+    return invalid_argument(
+        "--dataset multi-turn: runs offline (--offline --model DIR), where a "
+        "chat's next turn follows its answer");
   }
   const int64_t n = flags.get_int("num-prompts"), in = flags.get_int("input-len"),
                 out = flags.get_int("output-len");
@@ -229,8 +230,8 @@ int run_bench_serve_online(const FlagSet& flags) {
   std::printf("%-40s %.2f\n", "Benchmark duration (s):", d);
   std::printf("%-40s %lld\n", "Total input tokens:", static_cast<long long>(in_tokens));
   std::printf("%-40s %lld\n", "Total generated tokens:", static_cast<long long>(out_tokens));
-  std::printf("%-40s %lld\n", "Prompt tokens from the prefix cache:",
-              static_cast<long long>(cached_tokens));
+  std::printf("%-40s %lld\n",
+              "Prompt tokens from the prefix cache:", static_cast<long long>(cached_tokens));
   std::printf("%-40s %.2f\n", "Request throughput (req/s):", ok / d);
   if (!goodput->empty()) std::printf("%-40s %.2f\n", "Request goodput (req/s):", good / d);
   std::printf("%-40s %.2f\n", "Output token throughput (tok/s):", out_tokens / d);
