@@ -92,6 +92,7 @@ Status AttentionWorker::start(comm::Bootstrap& boot) {
   eo.device = c_.attention_device;
   eo.attention_cost_per_token = c_.attention_cost_per_token;
   eo.attention_cost_per_position = c_.attention_cost_per_position;
+  eo.prefix_caching = c_.prefix_caching;
   MSI_ASSIGN_OR_RETURN(engine_, Engine::create(weights_, eo, std::move(remote)));
   experts_->set_between_polls([this] { return between_polls(); });
   channel_.send(control::Ready{index_, control::kProtocolVersion,
@@ -163,6 +164,8 @@ Status AttentionWorker::step() {
   answer.running = engine_->running() + engine_->waiting();
   answer.kv_usage = engine_->kv_usage();
   answer.preemptions = engine_->preemptions();
+  answer.prefix_queries = engine_->prefix_cache_queries();
+  answer.prefix_hits = engine_->prefix_cache_hits();
   answer.discarded = experts_->discard_step();
   channel_.send(answer);
   return ok_status();

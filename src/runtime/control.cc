@@ -330,6 +330,7 @@ Json event_json(const Stepped& e) {
             {"finished", t.finished},
             {"reason", t.finish_reason}};
     if (!t.error.empty()) je["error"] = t.error;
+    if (t.cached_tokens > 0) je["cached"] = t.cached_tokens;
     if (!t.top_logprobs.empty() || t.logprob != 0.f) {
       je["logprob"] = t.logprob;
       je["top"] = t.top_logprobs;
@@ -339,7 +340,9 @@ Json event_json(const Stepped& e) {
   Json j{{"events", ev},
          {"running", e.running},
          {"kv_usage", e.kv_usage},
-         {"preemptions", e.preemptions}};
+         {"preemptions", e.preemptions},
+         {"prefix_queries", e.prefix_queries},
+         {"prefix_hits", e.prefix_hits}};
   if (e.discarded) j["discarded"] = true;
   return j;
 }
@@ -379,6 +382,8 @@ Status read_event(const Json& j, const std::string& w, Stepped* e) {
       .optional("running", &e->running)
       .optional("kv_usage", &e->kv_usage)
       .optional("preemptions", &e->preemptions)
+      .optional("prefix_queries", &e->prefix_queries)
+      .optional("prefix_hits", &e->prefix_hits)
       .optional("discarded", &e->discarded);
   MSI_RETURN_IF_ERROR(f.status());
   if (!events.is_array()) return invalid_argument(w + ": field 'events' is not an array");
@@ -392,6 +397,7 @@ Status read_event(const Json& j, const std::string& w, Stepped* e) {
         .required("finished", &t.finished)
         .required("reason", &t.finish_reason)
         .optional("error", &t.error)
+        .optional("cached", &t.cached_tokens)
         .optional("logprob", &t.logprob)
         .optional("top", &t.top_logprobs);
     MSI_RETURN_IF_ERROR(te.status());

@@ -58,6 +58,16 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mo
   }
   MSI_ASSIGN_OR_RETURN(KvCache kv, KvCache::create(attention_tp_config(*w), options.kv_cache_bytes,
                                                    options.block_size, /*host_pools=*/cpu));
+  if (options.prefix_caching) {
+    // The K/V of a token sequence depend on the weights, where they run and
+    // (attention-tp) which heads this rank keeps; the cache dies with the
+    // engine, so these only keep chains apart should one outlive them.
+    const std::string what = w->config().name + '\0' + w->config().architecture + '\0' + w->dir() +
+                             '\0' + options.device + '\0' + std::to_string(w->attention_tp_size());
+    uint64_t salt = 1469598103934665603ull ^ options.prefix_cache_salt;
+    for (unsigned char ch : what) salt = (salt ^ ch) * 1099511628211ull;  // FNV-1a
+    kv.enable_prefix_caching(salt);
+  }
   std::unique_ptr<AttentionCompute> attention;
   if (tp) {
     attention = std::make_unique<AttentionRunner>(*w, options.attention_peers);
@@ -144,9 +154,22 @@ void Engine::admit() {
   }
   while (!waiting_.empty()) {
     Running& r = waiting_.front();
-    const int64_t need = kv_.blocks_for(static_cast<int64_t>(r.tokens.size()));
+    const int64_t len = static_cast<int64_t>(r.tokens.size());
+    // Cached blocks it shares cost nothing, unless no one holds them: then
+    // they count as free now and stop being free once it takes them.
+    int64_t evictable = 0;
+    const int64_t hit = kv_.cached_prefix_blocks(r.tokens.data(), len, &evictable);
+    const int64_t need = kv_.blocks_for(len) - hit + evictable;
     if (!running_.empty() && need + next_step + watermark > kv_.free_blocks()) break;
-    if (!kv_.reserve(r.seq, static_cast<int64_t>(r.tokens.size())).ok()) break;
+    r.computed = kv_.match_prefix(r.seq, r.tokens.data(), len);
+    if (!kv_.reserve(r.seq, len).ok()) {
+      kv_.release(r.seq);
+      r.computed = 0;
+      break;
+    }
+    prefix_queries_ += len;
+    prefix_hits_ += r.computed;
+    if (r.cached_tokens < 0) r.cached_tokens = r.computed;
     running_.push_back(std::move(r));
     waiting_.pop_front();
   }
@@ -246,6 +269,7 @@ bool Engine::sample_next(Running& r, const float* lg, std::vector<TokenEvent>* e
   ev.request_id = r.req.id;
   ev.index = r.index;
   ev.token = tok;
+  if (r.generated == 1) ev.cached_tokens = std::max<int64_t>(0, r.cached_tokens);
   if (sp.logprobs >= 0) {
     ev.logprob = token_logprob(lg, c.vocab, tok, sp.logprobs, &ev.top_logprobs);
   }
@@ -345,6 +369,7 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
       Running& r = running_[mbs_[k].owners[j]];
       row += mbs_[k].fed[j];
       r.computed += mbs_[k].fed[j];
+      kv_.cache_blocks(r.seq, r.tokens.data(), r.computed);
       if (r.computed == static_cast<int64_t>(r.tokens.size())) {
         rows.emplace_back(k, row - 1);
         owners.push_back(mbs_[k].owners[j]);

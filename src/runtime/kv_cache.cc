@@ -1,5 +1,6 @@
 #include "msinfer/runtime/kv_cache.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace msinfer::runtime {
@@ -38,49 +39,178 @@ StatusOr<KvCache> KvCache::create(const ModelConfig& c, int64_t budget_bytes, in
   return kv;
 }
 
+int32_t KvCache::take_block() {
+  int32_t b;
+  if (!free_.empty()) {
+    b = free_.back();
+    free_.pop_back();
+  } else {
+    MSI_CHECK(!lru_.empty()) << "KV cache: no free block";
+    b = lru_.front();
+    lru_.pop_front();
+    const size_t i = static_cast<size_t>(b);
+    cached_.erase(hash_[i]);
+    registered_[i] = 0;
+    lru_pos_[i] = lru_.end();
+  }
+  refs_[static_cast<size_t>(b)] = 1;
+  return b;
+}
+
 Status KvCache::reserve(int64_t id, int64_t tokens) {
   const int64_t need = blocks_for(tokens);
-  auto& table = tables_[id];
+  auto& table = tables_[id].blocks;
   const int64_t extra = need - static_cast<int64_t>(table.size());
   if (extra > free_blocks()) {
     if (table.empty()) tables_.erase(id);
     return resource_exhausted("KV cache: " + std::to_string(extra) + " blocks needed, " +
                               std::to_string(free_blocks()) + " free");
   }
-  for (int64_t i = 0; i < extra; ++i) {
-    table.push_back(free_.back());
-    refs_[static_cast<size_t>(free_.back())] = 1;
-    free_.pop_back();
-  }
+  for (int64_t i = 0; i < extra; ++i) table.push_back(take_block());
   return ok_status();
 }
 
 void KvCache::release(int64_t id) {
   auto it = tables_.find(id);
   if (it == tables_.end()) return;
-  for (int32_t b : it->second) {
-    MSI_CHECK(refs_[static_cast<size_t>(b)] > 0) << "KV block " << b << " released twice";
-    if (--refs_[static_cast<size_t>(b)] == 0) free_.push_back(b);
+  const std::vector<int32_t>& blocks = it->second.blocks;
+  // Last block first: the end of a chain is evicted before its start.
+  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) {
+    const size_t i = static_cast<size_t>(*b);
+    MSI_CHECK(refs_[i] > 0) << "KV block " << *b << " released twice";
+    if (--refs_[i] > 0) continue;
+    if (caching_ && registered_[i]) {
+      lru_pos_[i] = lru_.insert(lru_.end(), *b);
+    } else {
+      free_.push_back(*b);
+    }
   }
   tables_.erase(it);
+}
+
+void KvCache::enable_prefix_caching(uint64_t salt) {
+  MSI_CHECK(tables_.empty()) << "prefix caching is turned on before any sequence";
+  caching_ = true;
+  salt_ = salt;
+  const size_t n = static_cast<size_t>(num_blocks_);
+  hash_.assign(n, 0);
+  registered_.assign(n, 0);
+  tokens_.assign(n * static_cast<size_t>(block_size_), 0);
+  lru_pos_.assign(n, lru_.end());
+}
+
+uint64_t KvCache::chain_hash(uint64_t parent, const int32_t* t) const {
+  // splitmix64 over the parent and each token: a chain differs if any
+  // token before its end does.
+  auto mix = [](uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  };
+  uint64_t h = mix(parent);
+  for (int64_t i = 0; i < block_size_; ++i) h = mix(h ^ static_cast<uint32_t>(t[i]));
+  return h;
+}
+
+bool KvCache::holds(int32_t b, const int32_t* t) const {
+  const int32_t* have = tokens_.data() + static_cast<size_t>(b) * static_cast<size_t>(block_size_);
+  return std::equal(have, have + block_size_, t);
+}
+
+int64_t KvCache::cached_prefix_blocks(const int32_t* tokens, int64_t n, int64_t* evictable) const {
+  int64_t found = 0, idle = 0;
+  if (caching_) {
+    uint64_t h = salt_;
+    for (int64_t i = 0; i < (n - 1) / block_size_; ++i) {
+      const int32_t* t = tokens + i * block_size_;
+      h = chain_hash(h, t);
+      auto it = cached_.find(h);
+      if (it == cached_.end() || !holds(it->second, t)) break;
+      ++found;
+      if (refs_[static_cast<size_t>(it->second)] == 0) ++idle;
+    }
+  }
+  if (evictable != nullptr) *evictable = idle;
+  return found;
+}
+
+int64_t KvCache::match_prefix(int64_t id, const int32_t* tokens, int64_t n) {
+  MSI_CHECK(tables_.find(id) == tables_.end()) << "sequence " << id << " holds KV blocks";
+  if (!caching_) return 0;
+  Table table;
+  uint64_t h = salt_;
+  for (int64_t i = 0; i < (n - 1) / block_size_; ++i) {
+    const int32_t* t = tokens + i * block_size_;
+    h = chain_hash(h, t);
+    auto it = cached_.find(h);
+    if (it == cached_.end() || !holds(it->second, t)) break;
+    const int32_t b = it->second;
+    const size_t bi = static_cast<size_t>(b);
+    if (refs_[bi]++ == 0) {
+      lru_.erase(lru_pos_[bi]);
+      lru_pos_[bi] = lru_.end();
+    }
+    table.blocks.push_back(b);
+    table.hashes.push_back(h);
+  }
+  const int64_t covered = static_cast<int64_t>(table.blocks.size()) * block_size_;
+  if (!table.blocks.empty()) tables_.emplace(id, std::move(table));
+  return covered;
+}
+
+void KvCache::cache_blocks(int64_t id, const int32_t* tokens, int64_t computed) {
+  if (!caching_) return;
+  auto it = tables_.find(id);
+  if (it == tables_.end()) return;
+  Table& t = it->second;
+  const size_t full = std::min(static_cast<size_t>(computed / block_size_), t.blocks.size());
+  while (t.hashes.size() < full) {
+    const size_t i = t.hashes.size();
+    const int32_t* bt = tokens + static_cast<int64_t>(i) * block_size_;
+    const uint64_t h = chain_hash(i == 0 ? salt_ : t.hashes.back(), bt);
+    t.hashes.push_back(h);
+    const int32_t b = t.blocks[i];
+    const size_t bi = static_cast<size_t>(b);
+    if (registered_[bi] || !cached_.emplace(h, b).second) continue;
+    registered_[bi] = 1;
+    hash_[bi] = h;
+    std::copy(bt, bt + block_size_,
+              tokens_.begin() + static_cast<std::ptrdiff_t>(bi) * block_size_);
+  }
+}
+
+void KvCache::flush_cache() {
+  for (int32_t b : lru_) {
+    const size_t i = static_cast<size_t>(b);
+    cached_.erase(hash_[i]);
+    registered_[i] = 0;
+    lru_pos_[i] = lru_.end();
+    free_.push_back(b);
+  }
+  lru_.clear();
 }
 
 int64_t KvCache::fork(int64_t parent, int64_t child, int64_t tokens, bool copy_partial) {
   auto it = tables_.find(parent);
   MSI_CHECK(it != tables_.end()) << "no KV blocks for sequence " << parent;
   MSI_CHECK(tables_.find(child) == tables_.end()) << "sequence " << child << " holds KV blocks";
-  const std::vector<int32_t>& from = it->second;
+  const std::vector<int32_t>& from = it->second.blocks;
   MSI_CHECK(blocks_for(tokens) <= static_cast<int64_t>(from.size()))
       << "sequence " << parent << " holds " << from.size() << " blocks, not " << tokens
       << " positions";
   const int64_t full = tokens / block_size_;
-  std::vector<int32_t> table(from.begin(), from.begin() + full);
+  Table child_table;
+  std::vector<int32_t>& table = child_table.blocks;
+  table.assign(from.begin(), from.begin() + full);
+  const std::vector<uint64_t>& hashes = it->second.hashes;
+  child_table.hashes.assign(
+      hashes.begin(),
+      hashes.begin() + std::min<std::ptrdiff_t>(full, static_cast<std::ptrdiff_t>(hashes.size())));
   for (int32_t b : table) ++refs_[static_cast<size_t>(b)];
   int64_t covered = full * block_size_;
-  if (covered < tokens && copy_partial && host_pools() && !free_.empty()) {
-    const int32_t src = from[static_cast<size_t>(full)], dst = free_.back();
-    free_.pop_back();
-    refs_[static_cast<size_t>(dst)] = 1;
+  if (covered < tokens && copy_partial && host_pools() && free_blocks() > 0) {
+    const int32_t src = from[static_cast<size_t>(full)], dst = take_block();
     // Per layer a block is [kv_heads][block_size][head_dim], contiguous.
     const size_t block_elems = static_cast<size_t>(block_size_ * slot_elems_);
     for (int l = 0; l < layers_; ++l) {
@@ -96,19 +226,19 @@ int64_t KvCache::fork(int64_t parent, int64_t child, int64_t tokens, bool copy_p
     table.push_back(dst);
     covered = tokens;
   }
-  tables_.emplace(child, std::move(table));  // may rehash: `from` is not used after this
+  tables_.emplace(child, std::move(child_table));  // may rehash: `from` is not used after this
   return covered;
 }
 
 int64_t KvCache::blocks_held(int64_t id) const {
   auto it = tables_.find(id);
-  return it == tables_.end() ? 0 : static_cast<int64_t>(it->second.size());
+  return it == tables_.end() ? 0 : static_cast<int64_t>(it->second.blocks.size());
 }
 
 const int32_t* KvCache::block_table(int64_t id) const {
   auto it = tables_.find(id);
   MSI_CHECK(it != tables_.end()) << "no KV blocks for request " << id;
-  return it->second.data();
+  return it->second.blocks.data();
 }
 
 kernels::cpu::PagedKvLayer KvCache::layer(int l) {

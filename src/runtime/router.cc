@@ -323,7 +323,11 @@ Status Router::recover() {
       c_.expert_workers -= 1;
     }
     experts_lost_ = 0;
-    for (int a = 0; a < c_.attention_workers; ++a) preemptions_before_ += lead(a).preemptions;
+    for (int a = 0; a < c_.attention_workers; ++a) {
+      preemptions_before_ += lead(a).preemptions;
+      prefix_queries_before_ += lead(a).prefix_queries;
+      prefix_hits_before_ += lead(a).prefix_hits;
+    }
     to_replace_.clear();  // the restart starts every worker
     attention_to_replace_.clear();
     awaited_.clear();
@@ -561,6 +565,18 @@ int64_t Router::preemptions() const {
   return s;
 }
 
+int64_t Router::prefix_cache_queries() const {
+  int64_t s = prefix_queries_before_;
+  for (int a = 0; a < c_.attention_workers; ++a) s += lead(a).prefix_queries;
+  return s;
+}
+
+int64_t Router::prefix_cache_hits() const {
+  int64_t s = prefix_hits_before_;
+  for (int a = 0; a < c_.attention_workers; ++a) s += lead(a).prefix_hits;
+  return s;
+}
+
 int Router::rebalances() const { return rebalancer_->rebalances(); }
 
 StatusOr<std::vector<TokenEvent>> Router::step() {
@@ -609,6 +625,8 @@ Status Router::take_step(int a, control::Stepped&& s, std::vector<TokenEvent>* e
   if (s.discarded) ++steps_rerun_;
   lead(a).kv_usage = s.kv_usage;
   lead(a).preemptions = s.preemptions;
+  lead(a).prefix_queries = s.prefix_queries;
+  lead(a).prefix_hits = s.prefix_hits;
   for (TokenEvent& ev : s.events) {
     // The request ends with its last sequence (n > 1: one event each).
     bool request_done = ev.finished;

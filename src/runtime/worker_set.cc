@@ -108,6 +108,7 @@ std::vector<std::string> worker_args(const WorkerConfig& c, const std::string& e
     args.push_back("--attention-cost");
     args.push_back(cost);
   }
+  if (!c.prefix_caching) args.push_back("--no-prefix-caching");
   if (!placement_file.empty()) {
     args.push_back("--placement");
     args.push_back(placement_file);

@@ -722,10 +722,11 @@ int64_t text_offset_advance(std::string_view bytes) {
   return n;
 }
 
-Json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
+Json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {
   return Json{{"prompt_tokens", prompt_tokens},
               {"completion_tokens", completion_tokens},
-              {"total_tokens", prompt_tokens + completion_tokens}};
+              {"total_tokens", prompt_tokens + completion_tokens},
+              {"prompt_tokens_details", Json{{"cached_tokens", cached_tokens}}}};
 }
 
 }  // namespace msinfer::server

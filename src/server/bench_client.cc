@@ -95,6 +95,8 @@ StreamEvent read_stream_event(std::string_view data) {
     e.has_usage = true;
     e.prompt_tokens = j["usage"].value("prompt_tokens", int64_t{0});
     e.completion_tokens = j["usage"].value("completion_tokens", int64_t{0});
+    const Json& details = j["usage"].value("prompt_tokens_details", Json());
+    if (details.is_object()) e.cached_tokens = details.value("cached_tokens", int64_t{0});
   }
   if (j.contains("choices") && j["choices"].is_array() && !j["choices"].empty()) {
     const Json& c = j["choices"][0];
@@ -301,6 +303,7 @@ void Call::on_event(std::string_view data) {
   if (e.has_usage) {
     r.prompt_tokens = e.prompt_tokens;
     r.output_tokens = e.completion_tokens;
+    r.cached_tokens = e.cached_tokens;
   }
   if (!e.text) return;
   const auto now = bench_clock::now();

@@ -548,6 +548,7 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string object_id;
     std::time_t created = 0;
     bool done = false;
+    int64_t cached_tokens = -1;  // from the request's first token event (-1: none yet)
   };
 
   // Hands tokens from the engine thread to this connection's loop, gathered
@@ -875,6 +876,8 @@ class Session : public std::enable_shared_from_this<Session> {
         g.waiting = snap.waiting;
         g.kv_usage = snap.kv_usage;
         g.preemptions = snap.preemptions;
+        g.prefix_queries = snap.prefix_queries;
+        g.prefix_hits = snap.prefix_hits;
         g.engine_busy_s = snap.engine_busy_s;
         g.engine_step_s = snap.engine_step_s;
         g.engine_steps = snap.engine_steps;
@@ -1143,6 +1146,8 @@ class Session : public std::enable_shared_from_this<Session> {
     const std::shared_ptr<Generation> keep = gen_;
     Generation& g = *keep;
     for (const auto& ev : events) {
+      // The first event's (a resubmitted request's later first events: not).
+      if (g.cached_tokens < 0) g.cached_tokens = ev.cached_tokens;
       if (ev.index < 0 || static_cast<size_t>(ev.index) >= g.choices.size()) continue;
       Choice& c = g.choices[static_cast<size_t>(ev.index)];
       if (!c.finish.empty()) continue;  // ended by a stop string; its sequence ran on
@@ -1227,7 +1232,8 @@ class Session : public std::enable_shared_from_this<Session> {
       if (g.req.include_usage) {
         Json u = base(g, true);
         u["choices"] = Json::array();
-        u["usage"] = usage_json(static_cast<int64_t>(g.req.prompt.size()), completion_tokens(g));
+        u["usage"] = usage_json(static_cast<int64_t>(g.req.prompt.size()), completion_tokens(g),
+                                std::max<int64_t>(0, g.cached_tokens));
         out += sse(u);
       }
       out += "data: [DONE]\n\n";
@@ -1285,7 +1291,8 @@ class Session : public std::enable_shared_from_this<Session> {
       choices.push_back(std::move(choice));
     }
     j["choices"] = std::move(choices);
-    j["usage"] = usage_json(static_cast<int64_t>(g.req.prompt.size()), completion_tokens(g));
+    j["usage"] = usage_json(static_cast<int64_t>(g.req.prompt.size()), completion_tokens(g),
+                            std::max<int64_t>(0, g.cached_tokens));
     end_generation(g);
     gen_.reset();
     respond_json(200, j);

@@ -171,6 +171,12 @@ std::string Metrics::render(const Gauges& g) const {
           static_cast<double>(g.engine_steps));
   counter("msinfer:num_preemptions_total", "Requests preempted to free KV blocks (recomputed).",
           static_cast<double>(g.preemptions));
+  counter("msinfer:prefix_cache_queries_total",
+          "Prefix cache: prompt tokens looked up at admission (again after a preemption).",
+          static_cast<double>(g.prefix_queries));
+  counter("msinfer:prefix_cache_hits_total",
+          "Prefix cache: of those, tokens whose KV blocks were found in the cache.",
+          static_cast<double>(g.prefix_hits));
   counter("msinfer:prompt_tokens_total", "Prompt tokens of admitted requests.",
           static_cast<double>(prompt_tokens_));
   counter("msinfer:generation_tokens_total", "Tokens generated.",

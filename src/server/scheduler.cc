@@ -140,6 +140,8 @@ void Scheduler::publish_gauges(const Snapshot& s) {
   snap_.waiting = backend_->waiting() + static_cast<int64_t>(inbox_.size());
   snap_.kv_usage = s.kv_usage;
   snap_.preemptions = s.preemptions;
+  snap_.prefix_queries = s.prefix_queries;
+  snap_.prefix_hits = s.prefix_hits;
 }
 
 void Scheduler::end_round() {
@@ -186,6 +188,8 @@ void Scheduler::fail_backend(const Status& s) {
     now.running = backend_->running();
     now.kv_usage = backend_->kv_usage();
     now.preemptions = backend_->preemptions();
+    now.prefix_queries = backend_->prefix_cache_queries();
+    now.prefix_hits = backend_->prefix_cache_hits();
     std::lock_guard<std::mutex> l(mu_);
     publish_gauges(now);
   }
@@ -387,6 +391,8 @@ void Scheduler::loop() {
     s.running = backend_->running();
     s.kv_usage = backend_->kv_usage();
     s.preemptions = backend_->preemptions();
+    s.prefix_queries = backend_->prefix_cache_queries();
+    s.prefix_hits = backend_->prefix_cache_hits();
     // The ended requests' seats are free, and the gauges count them no
     // more, before their answers go out: a client that sends its next
     // request on reading one finds its seat (given back after the

@@ -68,6 +68,7 @@ std::vector<Event> every_event() {
   t1.request_id = 42;
   t1.token = 17;
   t1.finish_reason = "";
+  t1.cached_tokens = 128;
   TokenEvent t2;
   t2.request_id = 43;
   t2.index = 2;
@@ -82,7 +83,7 @@ std::vector<Event> every_event() {
   t3.finish_reason = "error";
   t3.error = "lost";
   return {Ready{3, kProtocolVersion, 120.5, 64.25},
-          Stepped{{t1, t2, t3}, 5, 0.5, 2, true},
+          Stepped{{t1, t2, t3}, 5, 0.5, 2, true, 1000, 256},
           Added{42},
           Refused{43, "KV budget"},
           Cancelled{true, 0.25},
@@ -157,6 +158,10 @@ TEST(ControlTest, FieldsSurviveTheRoundTrip) {
   EXPECT_EQ(s.events[1].index, 2);
   EXPECT_EQ(s.events[0].index, 0);
   EXPECT_TRUE(s.discarded);
+  EXPECT_EQ(s.prefix_queries, 1000);
+  EXPECT_EQ(s.prefix_hits, 256);
+  EXPECT_EQ(s.events[0].cached_tokens, 128);
+  EXPECT_EQ(s.events[1].cached_tokens, 0);
 }
 
 TEST(ControlTest, AnAddWithOnlyItsIdAndPromptTakesTheSamplingDefaults) {

@@ -1097,6 +1097,91 @@ TEST(RebalanceSkewTest, ThePlacementFollowsASkewThatChanges) {
 // bench serve through a 1 + 2 deployment: every token accounted for, and the
 // workers' counters agree with each other (each token of a decode step visits
 // top_k experts in every layer, and every visit is one expert row).
+// Prefix caching in a disaggregated deployment (issue 50): each attention
+// worker's engine keeps its own cache. Two rounds of the same four 200-token
+// prompts that share their first 160 tokens, over 2 attention workers: the
+// second round finds at least the shared first block (128 tokens) on
+// whichever worker it lands, the router sums both workers' counters, and
+// every answer is the co-located engine's.
+TEST(PrefixCacheDisaggregatedTest, RepeatedPromptsHitEachWorkersCache) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  WorkerConfig c = failure_config(dir, /*attention=*/2, /*experts=*/2, /*resubmit=*/false);
+  auto started = start_router(c);
+  ASSERT_TRUE(started.ok()) << started.status().to_string();
+  std::unique_ptr<Router> router = std::move(started).value();
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    GenerationRequest r;
+    r.id = i + 1;
+    for (int t = 0; t < 200; ++t) {
+      r.prompt.push_back(3 + ((t < 160 ? t : t + 31 * i) * 37) % 200);
+    }
+    r.sampling.max_tokens = 6;
+    r.sampling.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  std::map<int64_t, std::vector<int32_t>> got;
+  for (int round = 0; round < 2; ++round) {
+    for (GenerationRequest r : reqs) {
+      r.id += 10 * round;
+      ASSERT_TRUE(router->add(r).ok());
+    }
+    for (int g = 0; !router->idle() && g < 10000; ++g) {
+      auto events = router->step();
+      ASSERT_TRUE(events.ok()) << events.status().to_string();
+      for (const auto& ev : *events) {
+        ASSERT_NE(ev.finish_reason, "error") << ev.error;
+        got[ev.request_id].push_back(ev.token);
+      }
+    }
+    if (round == 0) EXPECT_EQ(router->prefix_cache_queries(), 4 * 200);
+  }
+  EXPECT_EQ(router->prefix_cache_queries(), 8 * 200);
+  EXPECT_GE(router->prefix_cache_hits(), 4 * 128);
+  for (const auto& r : reqs) {
+    const auto ref = colocated_tokens(dir, r);
+    testing::expect_equal_up_to_near_tie(ref, got[r.id], dir, r.prompt,
+                                         "request " + std::to_string(r.id));
+    testing::expect_equal_up_to_near_tie(ref, got[r.id + 10], dir, r.prompt,
+                                         "request " + std::to_string(r.id + 10));
+  }
+}
+
+// bench serve's multi-turn chats (issue 50): every turn's prompt is the
+// system prompt and the chat so far, so later turns find it in the prefix
+// cache, co-located and on a disaggregated deployment's attention worker;
+// --no-prefix-caching (passed on to the workers) computes every token.
+TEST(BenchServeTest, MultiTurnChatsHitThePrefixCache) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  for (const std::string& d :
+       {std::string(""), std::string(" --attention-workers 1 --expert-workers 1")}) {
+    for (const bool off : {false, true}) {
+      const std::string out = msinfer::testing::run_capture(
+          kBinary + " bench serve --offline --model " + dir +
+          " --dataset multi-turn --users 3 --turns 3 --system-len 150 --input-len 20 "
+          "--output-len 8 --idle-seconds 0 --json" +
+          (off ? " --no-prefix-caching" : "") + d + " 2>/dev/null");
+      auto j = parse_json(out, "bench serve --json");
+      ASSERT_TRUE(j.ok()) << d << (off ? " off" : " on") << ": " << out.substr(0, 300);
+      EXPECT_EQ((*j)["generated_tokens"].get<int64_t>(), 9 * 8);
+      const int64_t queries = (*j)["prefix_cache_query_tokens"].get<int64_t>();
+      const int64_t hits = (*j)["prefix_cache_hit_tokens"].get<int64_t>();
+      // Every prompt token is looked up (and, off, computed): 9 prompts, the
+      // chat growing by 28 tokens a turn.
+      EXPECT_EQ(queries, 3 * (3 * 170 + 28 * (1 + 2))) << d;
+      EXPECT_EQ((*j)["prefill_tokens_computed"].get<int64_t>(), queries - hits);
+      if (off) {
+        EXPECT_EQ(hits, 0) << d;
+      } else {
+        // Turns 1 and 2 of each chat find at least the first block of 128
+        // (the first turns start together: nothing is cached yet).
+        EXPECT_GE(hits, 3 * 2 * 128) << d;
+        EXPECT_GT(queries, hits);
+      }
+    }
+  }
+}
+
 TEST(BenchServeTest, WorkerCountersAccountForEveryToken) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
   const std::string err =

@@ -680,5 +680,225 @@ TEST(EngineTest, MicroBatchesAreComposedByPredictedAttentionTime) {
   EXPECT_LT(b2, (20300.0 / (20356.0 / 2) + 214.0 / 113.0) / 2);  // better than by count
 }
 
+// ---- prefix caching (issue 50) ----
+
+std::unique_ptr<Engine> make_engine_with(std::shared_ptr<const model::ModelWeights> w,
+                                         bool prefix_caching, int64_t kv_bytes = 8 << 20,
+                                         int64_t block = 4, int64_t max_step_tokens = 256) {
+  EngineOptions o;
+  o.kv_cache_bytes = kv_bytes;
+  o.block_size = block;
+  o.max_step_tokens = max_step_tokens;
+  o.prefix_caching = prefix_caching;
+  auto e = Engine::create(std::move(w), o);
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  return std::move(e).value();
+}
+
+// Tokens and the cached_tokens of each request's first event.
+struct Outputs {
+  std::map<int64_t, std::vector<int32_t>> tokens;
+  std::map<int64_t, int64_t> cached;
+};
+void collect(const std::vector<TokenEvent>& events, Outputs* out) {
+  for (const auto& ev : events) {
+    auto& t = out->tokens[ev.request_id];
+    if (t.empty()) out->cached[ev.request_id] = ev.cached_tokens;
+    t.push_back(ev.token);
+  }
+}
+Outputs run_outputs(Engine& e) {
+  Outputs out;
+  for (int guard = 0; !e.idle() && guard < 10000; ++guard) collect(e.step().value(), &out);
+  EXPECT_TRUE(e.idle());
+  return out;
+}
+
+std::vector<int32_t> prompt_of(int64_t n, int32_t seed, int32_t vocab) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    p[static_cast<size_t>(i)] = (seed * 131 + 17 * static_cast<int32_t>(i)) % vocab;
+  return p;
+}
+
+// Multi-turn traffic (a shared system prompt, then each turn the previous
+// turn's prompt plus more) run one request after another with the cache on
+// and off: the same greedy tokens, on every tiny preset (MLA latents in
+// DeepSeek's, sliding windows of 16 in gpt-oss's: the prompts are longer),
+// and with the cache on later turns report their cached prefix, and the
+// engine's counters add up.
+TEST(EngineTest, PrefixCacheKeepsGreedyOutputOnEveryTinyPreset) {
+  for (const char* preset : {"tiny-mixtral", "tiny-qwen3moe", "tiny-deepseek-v3",
+                             "tiny-deepseek-v2-lite", "tiny-gpt-oss", "tiny-glm4-moe"}) {
+    SCOPED_TRACE(preset);
+    auto w = load(testing::test_model_dir(preset));
+    const int32_t vocab = static_cast<int32_t>(w->config().vocab);
+    const std::vector<int32_t> system = prompt_of(22, 1, vocab);
+    std::vector<GenerationRequest> turns;
+    for (int user = 0; user < 2; ++user) {
+      std::vector<int32_t> history = system;
+      for (int turn = 0; turn < 3; ++turn) {
+        const auto more = prompt_of(7 + turn, 10 * user + turn + 2, vocab);
+        history.insert(history.end(), more.begin(), more.end());
+        turns.push_back(req(100 * user + turn, history, 5));
+      }
+    }
+    Outputs off, on;
+    auto plain = make_engine_with(w, false);
+    auto cached = make_engine_with(w, true);
+    for (const auto& r : turns) {
+      ASSERT_TRUE(plain->add(r).ok());
+      for (int g = 0; !plain->idle() && g < 1000; ++g) collect(plain->step().value(), &off);
+      ASSERT_TRUE(cached->add(r).ok());
+      for (int g = 0; !cached->idle() && g < 1000; ++g) collect(cached->step().value(), &on);
+    }
+    int64_t queries = 0, hits = 0;
+    for (const auto& r : turns) {
+      EXPECT_EQ(on.tokens[r.id], off.tokens[r.id]) << "request " << r.id;
+      EXPECT_EQ(off.cached[r.id], 0);
+      // Whole blocks of what came before, at most (prompt - 1) rounded down.
+      EXPECT_EQ(on.cached[r.id] % 4, 0);
+      EXPECT_LE(on.cached[r.id], static_cast<int64_t>(r.prompt.size()) - 1);
+      queries += static_cast<int64_t>(r.prompt.size());
+      hits += on.cached[r.id];
+    }
+    EXPECT_EQ(on.cached[0], 0);     // the first request finds nothing
+    EXPECT_EQ(on.cached[100], 20);  // the second user: the system prompt's 5 full blocks
+    EXPECT_GE(on.cached[1], 28);    // a second turn: its whole first turn
+    EXPECT_EQ(cached->prefix_cache_queries(), queries);
+    EXPECT_EQ(cached->prefix_cache_hits(), hits);
+    EXPECT_EQ(plain->prefix_cache_hits(), 0);
+    EXPECT_EQ(plain->prefix_cache_queries(), queries);  // looked up, none found: all computed
+    EXPECT_EQ(cached->kv_usage(), 0.0);
+    EXPECT_GT(cached->kv_cache().cached_blocks(), 0);
+    EXPECT_EQ(plain->kv_cache().cached_blocks(), 0);
+  }
+}
+
+// A prompt sent again whole: (12 - 1) / 4 = 2 of its 3 blocks come from the
+// cache and the last block is computed again (a shared block is never
+// written), so the request still gets its logits; the same tokens as before.
+// Also with n = 3 samples forked from a cached prefix.
+TEST(EngineTest, AWholePromptHitComputesItsLastBlock) {
+  auto w = load(testing::test_model_dir("tiny-mixtral"));
+  const std::vector<int32_t> prompt = {1, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110};
+  auto e = make_engine_with(w, true);
+  ASSERT_TRUE(e->add(req(1, prompt, 6)).ok());
+  const Outputs first = run_outputs(*e);
+  ASSERT_TRUE(e->add(req(2, prompt, 6)).ok());
+  auto step = e->step().value();  // one step: 4 tokens computed, the first token out
+  ASSERT_EQ(step.size(), 1u);
+  EXPECT_EQ(step[0].cached_tokens, 8);
+  Outputs second;
+  collect(step, &second);
+  for (auto& [id, t] : run_outputs(*e).tokens)
+    second.tokens[id].insert(second.tokens[id].end(), t.begin(), t.end());
+  EXPECT_EQ(second.tokens[2], first.tokens.at(1));
+  GenerationRequest r = req(3, prompt, 6);
+  r.n = 3;
+  ASSERT_TRUE(e->add(r).ok());
+  const Sequences got = run_sequences(*e);
+  for (int32_t i = 0; i < 3; ++i) EXPECT_EQ(got.tokens.at({3, i}), first.tokens.at(1)) << i;
+  EXPECT_EQ(e->kv_usage(), 0.0);
+  EXPECT_EQ(e->prefix_cache_hits(), 16);
+  EXPECT_EQ(e->prefix_cache_queries(), 36);
+}
+
+// Cached blocks no request holds count as free: admission takes them into
+// account and a cache full of old prefixes admits as much as an empty one
+// (evicting, least recently used first); the output is unchanged.
+TEST(EngineTest, EvictableCachedBlocksCountAsFree) {
+  auto w = load(testing::test_model_dir("tiny-mixtral"));
+  auto e = make_engine_with(w, true, /*kv_bytes=*/256 * 64, /*block=*/4);  // 16 blocks
+  // Fill the cache with 15 blocks of finished prompts.
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(e->add(req(i + 1, prompt_of(12, i + 1, 256), 1)).ok());
+  run_outputs(*e);
+  EXPECT_EQ(e->kv_usage(), 0.0);
+  EXPECT_GE(e->kv_cache().evictable_blocks(), 10);
+  // Now 15 new one-block requests run at once, as in an empty cache
+  // (AdmissionFillsTheCache), and the same as alone.
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 16; ++i) reqs.push_back(req(i + 10, {1, 10 + i}, 2));
+  for (const auto& r : reqs) ASSERT_TRUE(e->add(r).ok());
+  Outputs together;
+  collect(e->step().value(), &together);
+  EXPECT_EQ(e->running(), 15);
+  EXPECT_EQ(e->waiting(), 1);
+  for (auto& [id, t] : run_outputs(*e).tokens)
+    together.tokens[id].insert(together.tokens[id].end(), t.begin(), t.end());
+  EXPECT_EQ(e->preemptions(), 0);
+  for (const auto& r : reqs) {
+    auto alone = make_engine_with(w, false, 256 * 64, 4);
+    ASSERT_TRUE(alone->add(r).ok());
+    EXPECT_EQ(together.tokens[r.id], run_all(*alone)[r.id]) << "request " << r.id;
+  }
+}
+
+// Preemption with shared cached blocks: three requests with one 12-token
+// prefix (3 shared blocks) in a 16-block cache need more than it holds; the
+// preempted one releases only its own references, is recomputed (finding
+// its prefix, and its own blocks, in the cache again) and every output is
+// what each produces alone; nothing stays referenced.
+TEST(EngineTest, PreemptionWithCachedBlocksKeepsGreedyOutput) {
+  auto w = load(testing::test_model_dir("tiny-mixtral"));
+  const std::vector<int32_t> prefix = {1, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110};
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int32_t> p = prefix;
+    p.insert(p.end(), {11 + i, 21 + i, 31 + i, 41 + i});
+    reqs.push_back(req(i + 1, p, 24));
+  }
+  std::map<int64_t, std::vector<int32_t>> alone;
+  for (const auto& r : reqs) {
+    auto e = make_engine_with(w, false, 256 * 64, 4);
+    ASSERT_TRUE(e->add(r).ok());
+    alone[r.id] = run_all(*e)[r.id];
+    ASSERT_EQ(alone[r.id].size(), 24u);
+  }
+  auto e = make_engine_with(w, true, 256 * 64, 4);
+  // The first alone, so the others find its prefix.
+  ASSERT_TRUE(e->add(reqs[0]).ok());
+  Outputs out;
+  collect(e->step().value(), &out);
+  ASSERT_TRUE(e->add(reqs[1]).ok());
+  ASSERT_TRUE(e->add(reqs[2]).ok());
+  for (int g = 0; !e->idle() && g < 10000; ++g) collect(e->step().value(), &out);
+  EXPECT_GT(e->preemptions(), 0);
+  EXPECT_EQ(out.cached[2], 12);
+  EXPECT_EQ(out.cached[3], 12);
+  for (const auto& r : reqs) EXPECT_EQ(out.tokens[r.id], alone[r.id]) << "request " << r.id;
+  EXPECT_EQ(e->kv_usage(), 0.0);
+  for (int32_t b = 0; b < e->kv_cache().total_blocks(); ++b)
+    EXPECT_EQ(e->kv_cache().block_refs(b), 0);
+  e->flush_prefix_cache();
+  EXPECT_EQ(e->kv_cache().cached_blocks(), 0);
+  EXPECT_EQ(e->kv_cache().free_blocks(), e->kv_cache().total_blocks());
+}
+
+// A request whose prefix was cached when it arrived but evicted while it
+// waited (a long request took the blocks): it finds less, or nothing, at
+// admission, computes the rest, and its output is unchanged.
+TEST(EngineTest, APrefixEvictedWhileWaitingIsRecomputed) {
+  auto w = load(testing::test_model_dir("tiny-mixtral"));
+  const std::vector<int32_t> a = prompt_of(24, 3, 256);  // 6 blocks
+  std::vector<int32_t> c = a;
+  c.insert(c.end(), {5, 6, 7, 8});
+  auto e = make_engine_with(w, true, 256 * 64, 4);  // 16 blocks
+  ASSERT_TRUE(e->add(req(1, a, 1)).ok());
+  run_outputs(*e);
+  EXPECT_EQ(e->kv_cache().cached_blocks(), 6);
+  // B: 40 + 20 tokens = 15 blocks, admitted first; C (a + 4) waits for it and
+  // B's decode takes the cached blocks of a (evicted from a's end).
+  ASSERT_TRUE(e->add(req(2, prompt_of(40, 9, 256), 20)).ok());
+  ASSERT_TRUE(e->add(req(3, c, 4)).ok());
+  Outputs out;
+  for (int g = 0; !e->idle() && g < 10000; ++g) collect(e->step().value(), &out);
+  EXPECT_LT(out.cached.at(3), 24);
+  auto alone = make_engine_with(w, false, 256 * 64, 4);
+  ASSERT_TRUE(alone->add(req(3, c, 4)).ok());
+  EXPECT_EQ(out.tokens.at(3), run_all(*alone)[3]);
+  EXPECT_EQ(e->kv_usage(), 0.0);
+}
+
 }  // namespace
 }  // namespace msinfer::runtime

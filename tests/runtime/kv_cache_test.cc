@@ -151,5 +151,171 @@ TEST(KvCacheTest, WithoutACopyTheChildStopsAtTheLastFullBlock) {
   EXPECT_EQ(device.fork(1, 2, 10, true), 8);
 }
 
+// ---- prefix caching (issue 50) ----
+
+KvCache make_caching_kv(int64_t blocks) {
+  KvCache kv = make_kv(blocks);
+  kv.enable_prefix_caching(/*salt=*/7);
+  return kv;
+}
+
+std::vector<int32_t> seq_tokens(int64_t n, int32_t first) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = first + static_cast<int32_t>(i);
+  return t;
+}
+
+// Runs sequence `id` as the engine does: match, reserve, "compute", register.
+int64_t admit(KvCache& kv, int64_t id, const std::vector<int32_t>& t) {
+  const int64_t n = static_cast<int64_t>(t.size());
+  const int64_t hit = kv.match_prefix(id, t.data(), n);
+  EXPECT_TRUE(kv.reserve(id, n).ok());
+  kv.cache_blocks(id, t.data(), n);
+  return hit;
+}
+
+TEST(KvCacheTest, PrefixHitMissAndPartialBlocks) {
+  KvCache kv = make_caching_kv(16);
+  const std::vector<int32_t> a = seq_tokens(11, 100);  // 2 full blocks + 3
+  EXPECT_EQ(admit(kv, 1, a), 0);                       // miss: nothing cached yet
+  EXPECT_EQ(kv.cached_blocks(), 2);                    // the partial block is not cached
+  // Same first 9 tokens, then others: the 2 full blocks are shared.
+  std::vector<int32_t> b = a;
+  b[9] = 5;
+  b[10] = 6;
+  b.push_back(7);
+  EXPECT_EQ(admit(kv, 2, b), 8);
+  EXPECT_EQ(kv.block_table(2)[0], kv.block_table(1)[0]);
+  EXPECT_EQ(kv.block_table(2)[1], kv.block_table(1)[1]);
+  EXPECT_NE(kv.block_table(2)[2], kv.block_table(1)[2]);
+  EXPECT_EQ(kv.block_refs(kv.block_table(1)[0]), 2);
+  // A token changed in the first block: nothing matches (the chain starts there).
+  std::vector<int32_t> c = a;
+  c[0] = 1;
+  int64_t evictable = -1;
+  EXPECT_EQ(kv.cached_prefix_blocks(c.data(), 11, &evictable), 0);
+  // Changed in the second block: the first still matches.
+  c = a;
+  c[5] = 1;
+  EXPECT_EQ(kv.cached_prefix_blocks(c.data(), 11, &evictable), 1);
+  EXPECT_EQ(evictable, 0);  // held by sequences 1 and 2
+  // Another salt (other weights): no match.
+  KvCache other = make_kv(16);
+  other.enable_prefix_caching(8);
+  EXPECT_EQ(admit(other, 1, a), 0);
+  EXPECT_EQ(other.cached_prefix_blocks(a.data(), 11, nullptr), 2);
+  EXPECT_NE(other.chain_hash(7, a.data()), other.chain_hash(8, a.data()));
+}
+
+TEST(KvCacheTest, AWholePromptHitLeavesTheLastBlockToCompute) {
+  KvCache kv = make_caching_kv(16);
+  const std::vector<int32_t> a = seq_tokens(12, 100);  // exactly 3 blocks
+  EXPECT_EQ(admit(kv, 1, a), 0);
+  EXPECT_EQ(kv.cached_blocks(), 3);
+  kv.release(1);
+  // At most (12 - 1) / 4 = 2 blocks: the last token is computed, into a
+  // block of its own (a shared block is never written).
+  EXPECT_EQ(admit(kv, 2, a), 8);
+  EXPECT_EQ(kv.blocks_held(2), 3);
+  // One token more: all 3 full blocks match.
+  std::vector<int32_t> b = a;
+  b.push_back(1);
+  EXPECT_EQ(kv.cached_prefix_blocks(b.data(), 13, nullptr), 3);
+}
+
+TEST(KvCacheTest, UnheldCachedBlocksCountAsFreeAndAreEvictedLeastRecentlyUsedFirst) {
+  KvCache kv = make_caching_kv(8);
+  const std::vector<int32_t> a = seq_tokens(12, 100), b = seq_tokens(12, 500);
+  admit(kv, 1, a);  // 3 blocks
+  admit(kv, 2, b);  // 3 blocks
+  EXPECT_EQ(kv.free_blocks(), 2);
+  kv.release(1);  // a's released first: evicted first
+  kv.release(2);
+  EXPECT_EQ(kv.free_blocks(), 8);
+  EXPECT_EQ(kv.evictable_blocks(), 6);
+  EXPECT_EQ(kv.cached_blocks(), 6);
+  // 3 blocks: the 2 never used, then a's last block (a chain loses its end first).
+  ASSERT_TRUE(kv.reserve(3, 12).ok());
+  EXPECT_EQ(kv.cached_blocks(), 5);
+  EXPECT_EQ(kv.cached_prefix_blocks(a.data(), 12, nullptr), 2);  // at most 2 anyway
+  std::vector<int32_t> a13 = a;
+  a13.push_back(0);
+  EXPECT_EQ(kv.cached_prefix_blocks(a13.data(), 13, nullptr), 2);  // block 3 evicted
+  EXPECT_EQ(kv.cached_prefix_blocks(b.data(), 12, nullptr), 2);
+  std::vector<int32_t> b13 = b;
+  b13.push_back(0);
+  EXPECT_EQ(kv.cached_prefix_blocks(b13.data(), 13, nullptr), 3);  // b untouched
+  // Two more: a's first two go (a before b), then b's from its end.
+  ASSERT_TRUE(kv.reserve(4, 8).ok());
+  EXPECT_EQ(kv.cached_prefix_blocks(a13.data(), 13, nullptr), 0);
+  EXPECT_EQ(kv.cached_prefix_blocks(b13.data(), 13, nullptr), 3);
+  ASSERT_TRUE(kv.reserve(5, 4).ok());
+  EXPECT_EQ(kv.cached_prefix_blocks(b13.data(), 13, nullptr), 2);
+  EXPECT_EQ(kv.free_blocks(), 2);
+  EXPECT_EQ(kv.reserve(6, 12).code(), StatusCode::kResourceExhausted);
+  // A match takes unheld cached blocks off the free count.
+  int64_t evictable = 0;
+  EXPECT_EQ(kv.cached_prefix_blocks(b13.data(), 13, &evictable), 2);
+  EXPECT_EQ(evictable, 2);
+  EXPECT_EQ(kv.match_prefix(6, b13.data(), 13), 8);
+  EXPECT_EQ(kv.free_blocks(), 0);
+  EXPECT_EQ(kv.evictable_blocks(), 0);
+}
+
+TEST(KvCacheTest, ReusingACachedBlockMakesItRecentlyUsed) {
+  KvCache kv = make_caching_kv(4);
+  const std::vector<int32_t> a = seq_tokens(5, 100), b = seq_tokens(5, 500);
+  admit(kv, 1, a);  // 2 blocks, the first cached
+  admit(kv, 2, b);
+  kv.release(1);
+  kv.release(2);
+  // a's block used again (and released again): b's is now the oldest.
+  EXPECT_EQ(admit(kv, 3, a), 4);
+  kv.release(3);
+  ASSERT_TRUE(kv.reserve(4, 12).ok());  // 3 blocks: the 2 uncached ones, then b's
+  EXPECT_EQ(kv.cached_prefix_blocks(a.data(), 5, nullptr), 1);
+  EXPECT_EQ(kv.cached_prefix_blocks(b.data(), 5, nullptr), 0);
+}
+
+TEST(KvCacheTest, ReferencesNeverLeakAndAFlushFreesEverything) {
+  KvCache kv = make_caching_kv(16);
+  const std::vector<int32_t> a = seq_tokens(10, 100);
+  admit(kv, 1, a);
+  admit(kv, 2, a);                         // shares 2 blocks
+  EXPECT_EQ(kv.fork(2, 3, 10, true), 10);  // shares them again, copies the third
+  std::vector<int32_t> longer = a;
+  longer.insert(longer.end(), {1, 2, 3, 4, 5, 6});
+  admit(kv, 4, longer);  // 4 blocks, the first 2 shared
+  EXPECT_EQ(kv.block_refs(kv.block_table(1)[0]), 4);
+  // The same block contents twice (sequence 4's third block and a later
+  // one's): registered once; the other is freed as usual.
+  admit(kv, 5, longer);
+  for (int64_t id : {1, 2, 3, 4, 5}) kv.release(id);
+  EXPECT_EQ(kv.free_blocks(), kv.total_blocks());
+  for (int32_t b = 0; b < kv.total_blocks(); ++b) EXPECT_EQ(kv.block_refs(b), 0) << b;
+  EXPECT_GT(kv.cached_blocks(), 0);
+  kv.flush_cache();
+  EXPECT_EQ(kv.cached_blocks(), 0);
+  EXPECT_EQ(kv.evictable_blocks(), 0);
+  EXPECT_EQ(kv.free_blocks(), kv.total_blocks());
+  EXPECT_EQ(kv.cached_prefix_blocks(longer.data(), 16, nullptr), 0);
+  // Every block can be taken once each.
+  ASSERT_TRUE(kv.reserve(9, kv.capacity_tokens()).ok());
+  std::set<int32_t> seen(kv.block_table(9), kv.block_table(9) + kv.total_blocks());
+  EXPECT_EQ(static_cast<int64_t>(seen.size()), kv.total_blocks());
+}
+
+TEST(KvCacheTest, WithoutPrefixCachingNothingIsCached) {
+  KvCache kv = make_kv(8);
+  const std::vector<int32_t> a = seq_tokens(12, 100);
+  EXPECT_EQ(admit(kv, 1, a), 0);
+  kv.release(1);
+  EXPECT_EQ(admit(kv, 2, a), 0);
+  EXPECT_EQ(kv.cached_blocks(), 0);
+  kv.release(2);
+  EXPECT_EQ(kv.evictable_blocks(), 0);
+  EXPECT_EQ(kv.free_blocks(), 8);
+}
+
 }  // namespace
 }  // namespace msinfer::runtime

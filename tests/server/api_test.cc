@@ -644,6 +644,12 @@ TEST(StreamEvent, TheFastPathAgreesWithAFullParse) {
   EXPECT_EQ(usage.prompt_tokens, 4);
   EXPECT_EQ(usage.completion_tokens, 3);
   EXPECT_FALSE(usage.text);
+  EXPECT_EQ(usage.cached_tokens, 0);
+  EXPECT_EQ(
+      read_stream_event(
+          R"({"choices":[],"usage":{"completion_tokens":3,"prompt_tokens":300,"total_tokens":303,"prompt_tokens_details":{"cached_tokens":256}}})")
+          .cached_tokens,
+      256);
   EXPECT_EQ(read_stream_event(R"({"error":{"message":"worker gone","type":"x"}})").error,
             "worker gone");
   EXPECT_EQ(read_stream_event(R"({"error":"plain"})").error, "error event");

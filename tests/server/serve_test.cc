@@ -488,6 +488,75 @@ TEST_F(ServeTest, ADeadExpertWorkerWithReplicasFailsNoStream) {
 // token does not wait for the interval), the rest in chunks of N tokens (the
 // last may be shorter), and it adds up to the same greedy text as one JSON
 // answer.
+// Prefix caching through serve (issue 50): a prompt that shares a long
+// prefix with an earlier one reports the tokens found in the cache as
+// OpenAI does (usage.prompt_tokens_details.cached_tokens: whole blocks of
+// 128, at most the prompt less its last token), in a plain and a streaming
+// completion's usage and a chat's; /metrics counts the prompt tokens looked
+// up and found. With --no-prefix-caching nothing is found.
+TEST_F(ServeTest, ASharedPrefixIsReportedAsCachedTokens) {
+  std::string ids;
+  for (int i = 0; i < 300; ++i) ids += (i ? "," : "") + std::to_string(3 + (i * 37) % 200);
+  const auto completion = [&](const Server& s, const std::string& last, const std::string& more) {
+    return post(s, "/v1/completions",
+                R"({"prompt": [)" + ids + "," + last + R"(], "max_tokens": 3, "ignore_eos": true)" +
+                    more + "}");
+  };
+  const auto cached = [](const HttpResult& r) {
+    const Json j = Json::parse(r.body);
+    return j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+  };
+  const std::string long_text = [] {
+    std::string t;
+    for (int i = 0; i < 80; ++i) t += "the quick brown fox " + std::to_string(i) + " ";
+    return t;
+  }();
+  const auto chat = [&](const Server& s, const std::string& question) {
+    return post(s, "/v1/chat/completions",
+                R"({"messages": [{"role": "system", "content": ")" + long_text +
+                    R"("}, {"role": "user", "content": ")" + question +
+                    R"("}], "max_tokens": 3, "ignore_eos": true})");
+  };
+  for (const bool on : {true, false}) {
+    SCOPED_TRACE(on ? "prefix caching" : "--no-prefix-caching");
+    Server s(on ? "" : "--no-prefix-caching");
+    ASSERT_GT(s.port(), 0) << s.stderr_text();
+    const HttpResult first = completion(s, "5", "");
+    ASSERT_EQ(first.status, 200) << first.body;
+    EXPECT_EQ(cached(first), 0);
+    const HttpResult second = completion(s, "6", "");
+    ASSERT_EQ(second.status, 200) << second.body;
+    EXPECT_EQ(cached(second), on ? 256 : 0);  // 301 tokens: 2 full blocks before the last token
+    // The streaming answer's final usage chunk.
+    const HttpResult stream =
+        completion(s, "7", R"(, "stream": true, "stream_options": {"include_usage": true})");
+    ASSERT_EQ(stream.status, 200) << stream.body;
+    const std::string want =
+        std::string(R"("prompt_tokens_details":{"cached_tokens":)") + (on ? "256" : "0") + "}";
+    EXPECT_NE(stream.body.find(want), std::string::npos) << stream.body;
+    const HttpResult c1 = chat(s, "first?");
+    ASSERT_EQ(c1.status, 200) << c1.body;
+    const HttpResult c2 = chat(s, "second?");
+    ASSERT_EQ(c2.status, 200) << c2.body;
+    const int64_t prompt = Json::parse(c2.body)["usage"]["prompt_tokens"].get<int64_t>();
+    ASSERT_GT(prompt, 256);
+    if (on) {
+      EXPECT_GE(cached(c2), 128);
+      EXPECT_EQ(cached(c2) % 128, 0);
+      EXPECT_LT(cached(c2), prompt);
+    } else {
+      EXPECT_EQ(cached(c2), 0);
+    }
+    EXPECT_TRUE(wait_drained(s, std::chrono::seconds(30)));
+    auto m = parse_metrics(curl(s.url() + "/metrics").body);
+    const int64_t prompts =
+        3 * 301 + Json::parse(c1.body)["usage"]["prompt_tokens"].get<int64_t>() + prompt;
+    EXPECT_EQ(metric(m, "msinfer:prefix_cache_queries_total"), prompts);
+    EXPECT_EQ(metric(m, "msinfer:prefix_cache_hits_total"),
+              on ? 2 * 256 + cached(c1) + cached(c2) : 0);
+  }
+}
+
 TEST_F(ServeTest, StreamIntervalGroupsTokens) {
   Server s("--stream-interval 4");
   ASSERT_GT(s.port(), 0) << s.stderr_text();

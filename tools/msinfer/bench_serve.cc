@@ -137,7 +137,14 @@ int run_bench_serve(int argc, char** argv) {
                 "server. Offline: the run finds the engine warm, as a running server's is\n"
                 "(the co-located engine's routing figures then include the warm-ups)");
   flags.add_string("dataset", "random",
-                   "online: random, or a JSON-lines file of {\"prompt\", \"output_len\"}");
+                   "random; online also a JSON-lines file of {\"prompt\", \"output_len\"};\n"
+                   "offline also multi-turn: --users chats of --turns turns each, every prompt\n"
+                   "a shared system prompt of --system-len tokens, then the chat so far (each\n"
+                   "earlier turn's --input-len user tokens and its answer), then --input-len new\n"
+                   "tokens; a user's next turn is sent when its answer ends (TTFT from then)");
+  flags.add_int("users", 32, 1, 100000, "multi-turn: chats, run at once");
+  flags.add_int("turns", 8, 1, 10000, "multi-turn: turns per chat");
+  flags.add_int("system-len", 256, 0, 1 << 20, "multi-turn: tokens of the shared system prompt");
   flags.add_string("goodput", "",
                    "online: SLOs a good request meets, e.g. 'ttft:500 tpot:50 e2el:5000' (ms)");
   flags.add_string("served-model-name", "", "online: the model name to send (default: none)");
@@ -188,8 +195,16 @@ int run_bench_serve(int argc, char** argv) {
   if (dir.empty())
     return report_error("bench serve", invalid_argument("--model is required (or --base-url)"));
   // Ranges (--num-prompts 1..100000, ...) are checked by the flag parser.
-  const int64_t P = flags.get_int("num-prompts"), I = flags.get_int("input-len"),
-                O = flags.get_int("output-len");
+  const std::string dataset = flags.get_string("dataset");
+  const bool multi_turn = dataset == "multi-turn";
+  if (!multi_turn && dataset != "random") {
+    return report_error("bench serve", invalid_argument("--dataset " + dataset +
+                                                        ": offline runs random or multi-turn"));
+  }
+  const int64_t users = flags.get_int("users"), turns = flags.get_int("turns"),
+                system_len = flags.get_int("system-len");
+  const int64_t P = multi_turn ? users * turns : flags.get_int("num-prompts"),
+                I = flags.get_int("input-len"), O = flags.get_int("output-len");
   s = check_deployment_flags(flags);
   if (s.ok()) s = check_model_dir(flags);
   if (!s.ok()) return report_error("bench serve", s);
@@ -244,7 +259,29 @@ int run_bench_serve(int argc, char** argv) {
   const double ratio = flags.get_double("random-range-ratio");
   int64_t total_in = 0, total_out = 0;
   std::vector<runtime::GenerationRequest> reqs;
-  for (int64_t i = 0; i < P; ++i) {
+  // Multi-turn: the chats so far (system prompt, then turns and answers);
+  // request user * turns + turn + 1 is turn `turn` of chat `user`.
+  std::vector<std::vector<int32_t>> chats;
+  std::vector<int32_t> system_prompt;
+  auto next_turn = [&](int64_t user, int64_t turn) {
+    runtime::GenerationRequest req;
+    req.id = user * turns + turn + 1;
+    auto& chat = chats[static_cast<size_t>(user)];
+    const int64_t in = random_length(rng, I, ratio), out = random_length(rng, O, ratio);
+    for (int64_t t = 0; t < in; ++t) chat.push_back(token(rng));
+    req.prompt = chat;
+    req.sampling.max_tokens = static_cast<int>(out);
+    req.sampling.ignore_eos = true;
+    total_in += static_cast<int64_t>(req.prompt.size());
+    total_out += out;
+    return req;
+  };
+  if (multi_turn) {
+    for (int64_t t = 0; t < system_len; ++t) system_prompt.push_back(token(rng));
+    chats.assign(static_cast<size_t>(users), system_prompt);
+    for (int64_t u = 0; u < users; ++u) reqs.push_back(next_turn(u, 0));
+  }
+  for (int64_t i = 0; i < (multi_turn ? 0 : P); ++i) {
     runtime::GenerationRequest req;
     req.id = i + 1;
     const int64_t in = random_length(rng, I, ratio), out = random_length(rng, O, ratio);
@@ -273,10 +310,14 @@ int run_bench_serve(int argc, char** argv) {
   // Warm-ups (as online): the first prompt --num-warmups times, run to the end
   // and discarded, so the measured run finds the engine's memory (KV pages,
   // allocator arenas) touched, as a server that has been running does.
+  // Multi-turn: a prompt of its own, not one the run will find cached.
   const int64_t warmups = flags.get_int("num-warmups");
   for (int64_t w = 0; w < warmups; ++w) {
     runtime::GenerationRequest req = reqs[0];
     req.id = P + 1 + w;
+    if (multi_turn) {
+      for (int32_t& t : req.prompt) t = token(rng);
+    }
     s = add(req);
     if (!s.ok()) return report_error("bench serve", s.with_context("warm-up request"));
   }
@@ -288,6 +329,8 @@ int run_bench_serve(int argc, char** argv) {
     auto st = router->stats(/*reset=*/true);
     if (!st.ok()) return report_error("bench serve", st.status());
   }
+  const int64_t queries0 = router ? router->prefix_cache_queries() : engine->prefix_cache_queries();
+  const int64_t hits0 = router ? router->prefix_cache_hits() : engine->prefix_cache_hits();
   const auto t0 = clock::now();
   for (const auto& req : reqs) {
     s = add(req);
@@ -295,6 +338,7 @@ int run_bench_serve(int argc, char** argv) {
       return report_error("bench serve", s.with_context("request " + std::to_string(req.id)));
   }
   std::map<int64_t, std::vector<double>> times;  // request -> token times (s since t0)
+  std::map<int64_t, double> sent;                // multi-turn: request -> when sent (s since t0)
   int64_t first_tokens = 0, decode_tokens = 0;
   double decode_from = 0;
   std::vector<Json> workers;
@@ -310,6 +354,18 @@ int run_bench_serve(int argc, char** argv) {
       else if (decode_from > 0)
         ++decode_tokens;
       t.push_back(now);
+      if (!multi_turn) continue;
+      // The answer joins the chat; at its end the user's next turn goes out.
+      const int64_t user = (ev.request_id - 1) / turns, turn = (ev.request_id - 1) % turns;
+      chats[static_cast<size_t>(user)].push_back(ev.token);
+      if (ev.finished && turn + 1 < turns) {
+        runtime::GenerationRequest req = next_turn(user, turn + 1);
+        sent[req.id] = now;
+        s = add(req);
+        if (!s.ok()) {
+          return report_error("bench serve", s.with_context("request " + std::to_string(req.id)));
+        }
+      }
     }
     if (decode_from == 0 && first_tokens == P) {
       decode_from = now;  // every request has its first token: the decode phase starts
@@ -346,10 +402,15 @@ int run_bench_serve(int argc, char** argv) {
       workers[i]["idle_cpu_fraction"] = (*st)[i]["cpu_fraction"];
     }
   }
+  const int64_t prefix_queries =
+      (router ? router->prefix_cache_queries() : engine->prefix_cache_queries()) - queries0;
+  const int64_t prefix_hits =
+      (router ? router->prefix_cache_hits() : engine->prefix_cache_hits()) - hits0;
   std::vector<double> ttft, tbt;
   int64_t generated = 0;
   for (const auto& [id, t] : times) {
-    ttft.push_back(t.front());
+    auto at = sent.find(id);
+    ttft.push_back(t.front() - (at == sent.end() ? 0.0 : at->second));
     for (size_t i = 1; i < t.size(); ++i) tbt.push_back(t[i] - t[i - 1]);
     generated += static_cast<int64_t>(t.size());
   }
@@ -372,6 +433,10 @@ int run_bench_serve(int argc, char** argv) {
            {"ttft_ms_p99", percentile(ttft, 0.99) * 1e3},
            {"tbt_ms_p50", percentile(tbt, 0.5) * 1e3},
            {"tbt_ms_p99", percentile(tbt, 0.99) * 1e3},
+           {"dataset", dataset},
+           {"prefix_cache_query_tokens", prefix_queries},
+           {"prefix_cache_hit_tokens", prefix_hits},
+           {"prefill_tokens_computed", prefix_queries - prefix_hits},
            {"workers", workers},
            {"routing", routing->to_json()}};
   // max / mean predicted attention time of a step's micro-batches (m > 1).
@@ -402,6 +467,14 @@ int run_bench_serve(int argc, char** argv) {
       static_cast<long long>(steps), out["ttft_ms_p50"].get<double>(),
       out["ttft_ms_p99"].get<double>(), out["tbt_ms_p50"].get<double>(),
       out["tbt_ms_p99"].get<double>(), decode_tps, generated / end);
+  std::printf(
+      "prefill: %lld prompt tokens admitted, %lld from the prefix cache (%.1f%%), %lld "
+      "computed\n",
+      static_cast<long long>(prefix_queries), static_cast<long long>(prefix_hits),
+      prefix_queries > 0
+          ? 100.0 * static_cast<double>(prefix_hits) / static_cast<double>(prefix_queries)
+          : 0.0,
+      static_cast<long long>(prefix_queries - prefix_hits));
   std::printf("%s\n", routing_summary(out["routing"]).c_str());
   if (out.contains("micro_batch_balance") && out["micro_batch_balance"].get<double>() > 0) {
     std::printf("micro-batches: max/mean predicted attention time %.3f (1 = equal)\n",

@@ -21,6 +21,11 @@ namespace {
 
 StatusOr<std::vector<server::BenchPrompt>> load_dataset(const FlagSet& flags, bool chat) {
   const std::string ds = flags.get_string("dataset");
+  if (ds == "multi-turn") {
+    return invalid_argument(
+        "--dataset multi-turn: runs offline (--offline --model DIR), where a "
+        "chat's next turn follows its answer");
+  }
   const int64_t n = flags.get_int("num-prompts"), in = flags.get_int("input-len"),
                 out = flags.get_int("output-len");
   std::vector<server::BenchPrompt> prompts;
@@ -160,6 +165,7 @@ int run_bench_serve_online(const FlagSet& flags) {
   if (!rep.ok()) return report_error("bench serve", rep.status());
 
   int64_t ok = 0, failed = 0, rejected = 0, in_tokens = 0, out_tokens = 0, good = 0;
+  int64_t cached_tokens = 0;
   std::vector<double> ttft, tpot, itl, e2e;
   std::map<std::string, int64_t> errors;
   for (const auto& r : rep->results) {
@@ -171,6 +177,7 @@ int run_bench_serve_online(const FlagSet& flags) {
     }
     ++ok;
     in_tokens += r.prompt_tokens;
+    cached_tokens += r.cached_tokens;
     out_tokens += r.output_tokens;
     ttft.push_back(r.ttft_s);
     e2e.push_back(r.e2e_s);
@@ -199,6 +206,7 @@ int run_bench_serve_online(const FlagSet& flags) {
          {"duration_s", d},
          {"total_input_tokens", in_tokens},
          {"total_output_tokens", out_tokens},
+         {"prefix_cache_hit_tokens", cached_tokens},
          {"request_throughput", ok / d},
          {"output_throughput", out_tokens / d},
          {"total_token_throughput", (in_tokens + out_tokens) / d},
@@ -222,6 +230,8 @@ int run_bench_serve_online(const FlagSet& flags) {
   std::printf("%-40s %.2f\n", "Benchmark duration (s):", d);
   std::printf("%-40s %lld\n", "Total input tokens:", static_cast<long long>(in_tokens));
   std::printf("%-40s %lld\n", "Total generated tokens:", static_cast<long long>(out_tokens));
+  std::printf("%-40s %lld\n",
+              "Prompt tokens from the prefix cache:", static_cast<long long>(cached_tokens));
   std::printf("%-40s %.2f\n", "Request throughput (req/s):", ok / d);
   if (!goodput->empty()) std::printf("%-40s %.2f\n", "Request goodput (req/s):", good / d);
   std::printf("%-40s %.2f\n", "Output token throughput (tok/s):", out_tokens / d);

@@ -43,6 +43,10 @@ void add_engine_flags(FlagSet& flags) {
                    "PER_TOKEN,PER_POSITION: the attention cost model micro-batches are balanced\n"
                    "by (a token costs PER_TOKEN + PER_POSITION x its context; default: FLOPs\n"
                    "from the model's shape, K/V bytes at 8 FLOPs each)");
+  flags.add_bool("no-prefix-caching",
+                 "turn off automatic prefix caching: every prompt is computed whole (default:\n"
+                 "on; full KV blocks are reused by later requests with the same tokens before\n"
+                 "them, docs/RUNTIME.md \"Prefix caching\")");
 }
 
 StatusOr<std::pair<double, double>> parse_attention_cost(const std::string& s) {

@@ -177,6 +177,7 @@ StatusOr<runtime::WorkerConfig> process_config_from_flags(const FlagSet& flags) 
   MSI_ASSIGN_OR_RETURN(auto cost, parse_attention_cost(flags.get_string("attention-cost")));
   c.attention_cost_per_token = cost.first;
   c.attention_cost_per_position = cost.second;
+  c.prefix_caching = !flags.get_bool("no-prefix-caching");
   return c;
 }
 
@@ -444,6 +445,7 @@ runtime::EngineOptions colocated_engine_options(const FlagSet& flags) {
     eo.attention_cost_per_token = cost->first;
     eo.attention_cost_per_position = cost->second;
   }
+  eo.prefix_caching = !flags.get_bool("no-prefix-caching");
   return eo;
 }
 

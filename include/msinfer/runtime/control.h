@@ -49,7 +49,7 @@ namespace control {
 // attention workers (a replacement attention worker joins); separately, Add
 // carrying n and Stepped's events their sequence's index.
 // 3: both of those.
-inline constexpr int kProtocolVersion = 3;
+inline constexpr int kProtocolVersion = 4;
 
 // ---- commands: router -> worker ----
 
@@ -151,6 +151,8 @@ struct Stepped {
   double kv_usage = 0;
   int64_t preemptions = 0;
   bool discarded = false;
+  // Engine::prefix_cache_queries / _hits so far (tokens).
+  int64_t prefix_queries = 0, prefix_hits = 0;
 };
 struct Added {
   int64_t id = 0;

@@ -106,6 +106,8 @@ struct WorkerConfig {
   std::string attention_device = "cpu", expert_device = "cpu";  // runtime/device_backend.h
   // EngineOptions::attention_cost_per_token / _per_position (0: from the model).
   double attention_cost_per_token = 0, attention_cost_per_position = 0;
+  // EngineOptions::prefix_caching of every attention worker's engine.
+  bool prefix_caching = true;
   // The router's: the requests of an attention worker that died go to
   // another one (prompt + tokens delivered) instead of failing.
   bool resubmit = false;

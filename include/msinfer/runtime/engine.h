@@ -23,6 +23,14 @@
 // then on with its own generator, seeded seed + i for sequence i (vLLM's
 // rule), and is scheduled, preempted (releasing only its own references)
 // and finished on its own; its events carry its index.
+//
+// Prefix caching (EngineOptions::prefix_caching, on by default): at
+// admission a request takes the longest chain of cached full blocks matching
+// its tokens (KvCache::match_prefix) and computes only the rest; after each
+// step the blocks it filled are registered (KvCache::cache_blocks). Cached
+// blocks no sequence holds count as free and are evicted when needed, so
+// admission, preemption and kv_usage() see them as free. A preempted
+// request looks its tokens up again when readmitted.
 // Not thread-safe: one thread calls add(), cancel() and step().
 #pragma once
 
@@ -63,6 +71,13 @@ struct EngineOptions {
   // this rank's KV heads (so a budget holds tp times the tokens), and every
   // rank uses the block tables it decides. CPU only.
   AttentionPeers* attention_peers = nullptr;
+  // Automatic prefix caching (KvCache, "Prefix caching"): a request starts
+  // from the longest chain of cached full blocks of its tokens and computes
+  // only the rest. The cache lives as long as the engine, whose weights are
+  // fixed; prefix_cache_salt is mixed into every chain with the model's
+  // name, directory and device, for anything else that changes the K/V.
+  bool prefix_caching = true;
+  uint64_t prefix_cache_salt = 0;
 };
 
 struct GenerationRequest {
@@ -92,6 +107,10 @@ struct TokenEvent {
   // most likely tokens (after penalties, before temperature).
   float logprob = 0.f;
   std::vector<std::pair<int32_t, float>> top_logprobs;
+  // On a sequence's first token: prompt tokens whose K/V came from the
+  // prefix cache when the request was first admitted (OpenAI's
+  // usage.prompt_tokens_details.cached_tokens); 0 on later tokens.
+  int64_t cached_tokens = 0;
 };
 
 class Engine {
@@ -119,7 +138,15 @@ class Engine {
   int64_t waiting() const { return static_cast<int64_t>(waiting_.size()); }
   // Requests preempted (blocks freed, requeued to recompute) since creation.
   int64_t preemptions() const { return preemptions_; }
-  // Fraction of the KV cache's blocks in use.
+  // Prefix cache, in tokens as vLLM counts them: tokens of the requests
+  // admitted (again after a preemption) / of those found in the cache (0
+  // without prefix caching: queries - hits is what prefill computed).
+  int64_t prefix_cache_queries() const { return prefix_queries_; }
+  int64_t prefix_cache_hits() const { return prefix_hits_; }
+  // Frees the cached blocks no request holds (KvCache::flush_cache).
+  void flush_prefix_cache() { kv_.flush_cache(); }
+  // Fraction of the KV cache's blocks in use (cached blocks no request
+  // holds count as free: they are evicted when needed).
   double kv_usage() const {
     return 1.0 - static_cast<double>(kv_.free_blocks()) / static_cast<double>(kv_.total_blocks());
   }
@@ -152,6 +179,7 @@ class Engine {
     int64_t generated = 0;
     std::mt19937_64 rng;
     bool preempted = false;  // chosen as a victim during this step's planning
+    int64_t cached_tokens = -1;  // prefix cache hit at its first admission (-1: not yet)
   };
   Engine(std::shared_ptr<const model::ModelWeights> w, KvCache kv, const EngineOptions& o,
          std::unique_ptr<AttentionCompute> attention, std::unique_ptr<ExpertBackend> experts);
@@ -177,6 +205,7 @@ class Engine {
   std::deque<Running> waiting_;   // new requests, and preempted ones at the front
   std::vector<Running> running_;  // in admission order
   int64_t preemptions_ = 0;
+  int64_t prefix_queries_ = 0, prefix_hits_ = 0;
   int64_t next_seq_ = 0;  // Running::seq of the next sequence
   double cost_token_ = 0, cost_position_ = 0;
   double balance_sum_ = 0;

@@ -109,6 +109,9 @@ class Router {
   // and their preemptions so far.
   double kv_usage() const;
   int64_t preemptions() const;
+  // The attention workers' prefix caches, summed (Engine::prefix_cache_queries / _hits).
+  int64_t prefix_cache_queries() const;
+  int64_t prefix_cache_hits() const;
   // One line per worker: role, index, pid (or rank, host, address), RSS.
   std::string describe() const;
   // Every live worker's WorkerStats since the last reset ({"role", "index",
@@ -258,6 +261,7 @@ class Router {
   std::vector<int> to_replace_;            // dropped expert workers, under --respawn
   std::vector<int> attention_to_replace_;  // dropped attention workers, under --respawn
   int64_t preemptions_before_ = 0;         // of attention worker processes replaced since
+  int64_t prefix_queries_before_ = 0, prefix_hits_before_ = 0;  // the same
   std::vector<int> awaited_;               // of those, the ones serving waits for
   std::unique_ptr<Joining> joining_;
   std::string join_placement_file_;

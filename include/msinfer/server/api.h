@@ -175,7 +175,9 @@ std::string logprob_token(std::string_view bytes);
 // its first byte is: the advance of a logprob's text_offset.
 int64_t text_offset_advance(std::string_view bytes);
 
-// Usage object: {"prompt_tokens", "completion_tokens", "total_tokens"}.
-Json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+// Usage object: {"prompt_tokens", "completion_tokens", "total_tokens",
+// "prompt_tokens_details": {"cached_tokens"}} (OpenAI's; cached_tokens: the
+// prompt tokens whose KV came from the prefix cache, TokenEvent::cached_tokens).
+Json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens = 0);
 
 }  // namespace msinfer::server

@@ -50,6 +50,7 @@ struct RequestResult {
   double ttft_s = 0, e2e_s = 0;
   std::vector<double> itl_s;                     // gaps between chunks that carried text
   int64_t prompt_tokens = 0, output_tokens = 0;  // from the server's usage
+  int64_t cached_tokens = 0;  // usage.prompt_tokens_details.cached_tokens (prefix cache)
 };
 
 struct OnlineBenchReport {
@@ -73,7 +74,7 @@ StatusOr<OnlineBenchReport> run_online_bench(const OnlineBenchOptions& o);
 // not in the compact form (`"text":"`) are parsed in full.
 struct StreamEvent {
   bool done = false, text = false, has_usage = false;
-  int64_t prompt_tokens = 0, completion_tokens = 0;
+  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   std::string error;
 };
 StreamEvent read_stream_event(std::string_view data);

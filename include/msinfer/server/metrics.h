@@ -47,6 +47,7 @@ class Metrics {
   // The gauges the scheduler knows at scrape time.
   struct Gauges {
     int64_t running = 0, waiting = 0, preemptions = 0;
+    int64_t prefix_queries = 0, prefix_hits = 0;  // prefix cache, in tokens
     int64_t connections = 0;  // open HTTP connections
     double http_loop_cpu_s = -1;  // the HTTP event loop thread's CPU time; < 0: not shown
     int64_t http_batched_writes = 0;  // socket writes sent through io_uring batches
