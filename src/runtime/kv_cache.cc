@@ -118,34 +118,35 @@ bool KvCache::holds(int32_t b, const int32_t* t) const {
   return std::equal(have, have + block_size_, t);
 }
 
+template <typename Visit>
+void KvCache::walk_cached_prefix(const int32_t* tokens, int64_t n, Visit visit) const {
+  if (!caching_) return;
+  uint64_t h = salt_;
+  for (int64_t i = 0; i < (n - 1) / block_size_; ++i) {
+    const int32_t* t = tokens + i * block_size_;
+    h = chain_hash(h, t);
+    auto it = cached_.find(h);
+    if (it == cached_.end() || !holds(it->second, t)) return;
+    visit(it->second, h);
+  }
+}
+
 int64_t KvCache::cached_prefix_blocks(const int32_t* tokens, int64_t n, int64_t* evictable) const {
   int64_t found = 0, idle = 0;
-  if (caching_) {
-    uint64_t h = salt_;
-    for (int64_t i = 0; i < (n - 1) / block_size_; ++i) {
-      const int32_t* t = tokens + i * block_size_;
-      h = chain_hash(h, t);
-      auto it = cached_.find(h);
-      if (it == cached_.end() || !holds(it->second, t)) break;
-      ++found;
-      if (refs_[static_cast<size_t>(it->second)] == 0) ++idle;
-    }
-  }
+  walk_cached_prefix(tokens, n, [&](int32_t b, uint64_t) {
+    ++found;
+    if (refs_[static_cast<size_t>(b)] == 0) ++idle;
+  });
   if (evictable != nullptr) *evictable = idle;
   return found;
 }
 
 int64_t KvCache::match_prefix(int64_t id, const int32_t* tokens, int64_t n) {
   MSI_CHECK(tables_.find(id) == tables_.end()) << "sequence " << id << " holds KV blocks";
-  if (!caching_) return 0;
   Table table;
-  uint64_t h = salt_;
-  for (int64_t i = 0; i < (n - 1) / block_size_; ++i) {
-    const int32_t* t = tokens + i * block_size_;
-    h = chain_hash(h, t);
-    auto it = cached_.find(h);
-    if (it == cached_.end() || !holds(it->second, t)) break;
-    const int32_t b = it->second;
+  // Taking a block changes its references and the LRU list, never what the
+  // walk reads (the registered hashes and their blocks' tokens).
+  walk_cached_prefix(tokens, n, [&](int32_t b, uint64_t h) {
     const size_t bi = static_cast<size_t>(b);
     if (refs_[bi]++ == 0) {
       lru_.erase(lru_pos_[bi]);
@@ -153,7 +154,7 @@ int64_t KvCache::match_prefix(int64_t id, const int32_t* tokens, int64_t n) {
     }
     table.blocks.push_back(b);
     table.hashes.push_back(h);
-  }
+  });
   const int64_t covered = static_cast<int64_t>(table.blocks.size()) * block_size_;
   if (!table.blocks.empty()) tables_.emplace(id, std::move(table));
   return covered;

@@ -137,6 +137,11 @@ class KvCache {
   int32_t take_block();
   // Whether registered block b holds exactly these block_size tokens.
   bool holds(int32_t b, const int32_t* block_tokens) const;
+  // Calls visit(block, chain hash) for each block of the longest registered
+  // chain that starts tokens[0..n), in order, at most (n - 1) / block_size
+  // of them; none without prefix caching.
+  template <typename Visit>
+  void walk_cached_prefix(const int32_t* tokens, int64_t n, Visit visit) const;
 
   int64_t block_size_ = kDefaultBlockSize, num_blocks_ = 0, slot_elems_ = 0, kv_heads_ = 0,
           head_dim_ = 0;
