@@ -424,7 +424,11 @@ Status WorkerSet::accept_launched(comm::Bootstrap& launcher) {
   }
   // Control connections are accepted and their hellos read all at once,
   // without blocking: a silent stray connection delays no worker's join and
-  // is dropped after 30 s (or 64 KiB without a line).
+  // is dropped after 30 s (or 64 KiB without a line). At most
+  // kMaxPendingHellos wait so; a new one closes the oldest, so a flood of
+  // them cannot use up the fds (a rank sends its hello as it connects: it
+  // waits one pass of this loop, not 30 s).
+  constexpr size_t kMaxPendingHellos = 256;
   using clock = std::chrono::steady_clock;
   std::vector<PendingHello> pending;
   Status s = ok_status();
@@ -439,6 +443,10 @@ Status WorkerSet::accept_launched(comm::Bootstrap& launcher) {
     }
     auto fd = comm::tcp_accept(listen_fd, std::chrono::milliseconds(50));
     if (fd.ok()) {
+      if (pending.size() >= kMaxPendingHellos) {
+        ::close(pending.front().fd);
+        pending.erase(pending.begin());
+      }
       pending.push_back({*fd, "", clock::now() + std::chrono::seconds(30)});
     } else if (fd.status().code() != StatusCode::kDeadlineExceeded) {
       s = fd.status().with_context("router: accepting workers");

@@ -5,12 +5,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <filesystem>
 #include <future>
 #include <mutex>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include "msinfer/comm/bootstrap.h"
 #include "msinfer/comm/tcp.h"
@@ -48,6 +52,12 @@ class FakeLauncher : public comm::Bootstrap {
   std::condition_variable cv_;
   std::string blob_;
 };
+
+int open_fds() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
 
 void send_line(int fd, const std::string& s) {
   const std::string line = s + "\n";
@@ -99,6 +109,56 @@ TEST(RouterLaunchTest, StrayControlConnectionsDelayNoWorker) {
   router->reset();
   for (int fd : ranks) ::close(fd);
   for (int fd : {*silent, *wrong, *junk}) ::close(fd);
+}
+
+// 500 connections that never send a hello reach the control port before the
+// ranks: the router keeps at most 256 of them open (it closes the oldest), so
+// they cannot use up its fds, and the ranks that come after them still join.
+TEST(RouterLaunchTest, AFloodOfSilentConnectionsHoldsBoundedFds) {
+  ::setenv("MSINFER_ADDRESS", "127.0.0.1", 1);
+  WorkerConfig c;
+  c.attention_workers = 1;
+  c.expert_workers = 1;
+  FakeLauncher launcher(3);
+  auto started =
+      std::async(std::launch::async, [&] { return Router::start_launched(c, launcher); });
+  std::istringstream blob(launcher.wait_blob());
+  std::string bootstrap, control, secret;
+  blob >> bootstrap >> control >> secret;
+  ASSERT_FALSE(control.empty());
+  const int before = open_fds();
+  constexpr int kSilent = 500;
+  std::vector<int> silent;
+  for (int i = 0; i < kSilent; ++i) {
+    auto fd = comm::tcp_connect(control, 10s);
+    ASSERT_TRUE(fd.ok()) << fd.status().to_string();
+    silent.push_back(*fd);
+  }
+  // The router accepts them as they come; the most it held in 3 s.
+  int most = 0;
+  for (auto until = std::chrono::steady_clock::now() + 3s; std::chrono::steady_clock::now() < until;) {
+    most = std::max(most, open_fds() - before - kSilent);
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_LE(most, 256 + 2);  // the accepted silent ones (and the acceptor's own)
+  EXPECT_GE(most, 200);      // it did accept them (else the bound says nothing)
+  std::vector<int> ranks;
+  for (int rank : {1, 2}) {
+    auto fd = comm::tcp_connect(control, 10s);
+    ASSERT_TRUE(fd.ok());
+    Json hello{{"rank", rank}, {"pid", 1}, {"host", "h"}, {"secret", secret}};
+    hello["protocol"] = control::kProtocolVersion;
+    send_line(*fd, hello.dump());
+    send_line(*fd, control::encode(control::Ready{rank - 1, control::kProtocolVersion, 1.0, 0}));
+    ranks.push_back(*fd);
+  }
+  ASSERT_EQ(started.wait_for(20s), std::future_status::ready);
+  auto router = started.get();
+  ASSERT_TRUE(router.ok()) << router.status().to_string();
+  for (int fd : ranks) ::shutdown(fd, SHUT_RDWR);
+  router->reset();
+  for (int fd : ranks) ::close(fd);
+  for (int fd : silent) ::close(fd);
 }
 
 }  // namespace
