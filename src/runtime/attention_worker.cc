@@ -163,9 +163,7 @@ Status AttentionWorker::step() {
   answer.events = std::move(events).value();
   answer.running = engine_->running() + engine_->waiting();
   answer.kv_usage = engine_->kv_usage();
-  answer.preemptions = engine_->preemptions();
-  answer.prefix_queries = engine_->prefix_cache_queries();
-  answer.prefix_hits = engine_->prefix_cache_hits();
+  answer.counters = engine_->counters();
   answer.discarded = experts_->discard_step();
   channel_.send(answer);
   return ok_status();

@@ -340,9 +340,9 @@ Json event_json(const Stepped& e) {
   Json j{{"events", ev},
          {"running", e.running},
          {"kv_usage", e.kv_usage},
-         {"preemptions", e.preemptions},
-         {"prefix_queries", e.prefix_queries},
-         {"prefix_hits", e.prefix_hits}};
+         {"preemptions", e.counters.preemptions},
+         {"prefix_queries", e.counters.prefix_queries},
+         {"prefix_hits", e.counters.prefix_hits}};
   if (e.discarded) j["discarded"] = true;
   return j;
 }
@@ -381,9 +381,9 @@ Status read_event(const Json& j, const std::string& w, Stepped* e) {
   f.required("events", &events)
       .optional("running", &e->running)
       .optional("kv_usage", &e->kv_usage)
-      .optional("preemptions", &e->preemptions)
-      .optional("prefix_queries", &e->prefix_queries)
-      .optional("prefix_hits", &e->prefix_hits)
+      .optional("preemptions", &e->counters.preemptions)
+      .optional("prefix_queries", &e->counters.prefix_queries)
+      .optional("prefix_hits", &e->counters.prefix_hits)
       .optional("discarded", &e->discarded);
   MSI_RETURN_IF_ERROR(f.status());
   if (!events.is_array()) return invalid_argument(w + ": field 'events' is not an array");

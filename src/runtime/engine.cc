@@ -167,8 +167,8 @@ void Engine::admit() {
       r.computed = 0;
       break;
     }
-    prefix_queries_ += len;
-    prefix_hits_ += r.computed;
+    counters_.prefix_queries += len;
+    counters_.prefix_hits += r.computed;
     if (r.cached_tokens < 0) r.cached_tokens = r.computed;
     running_.push_back(std::move(r));
     waiting_.pop_front();
@@ -190,7 +190,7 @@ std::vector<std::pair<size_t, int64_t>> Engine::plan_step() {
     r.preempted = true;
     kv_.release(r.seq);  // its own references: blocks it shares stay with the others
     r.computed = 0;
-    ++preemptions_;
+    ++counters_.preemptions;
     for (auto it = plan.begin(); it != plan.end(); ++it) {
       if (it->first == v) {
         budget += it->second;

@@ -324,9 +324,7 @@ Status Router::recover() {
     }
     experts_lost_ = 0;
     for (int a = 0; a < c_.attention_workers; ++a) {
-      preemptions_before_ += lead(a).preemptions;
-      prefix_queries_before_ += lead(a).prefix_queries;
-      prefix_hits_before_ += lead(a).prefix_hits;
+      counters_before_ += lead(a).counters;
     }
     to_replace_.clear();  // the restart starts every worker
     attention_to_replace_.clear();
@@ -559,21 +557,9 @@ double Router::kv_usage() const {
   return live > 0 ? s / live : 0;
 }
 
-int64_t Router::preemptions() const {
-  int64_t s = preemptions_before_;
-  for (int a = 0; a < c_.attention_workers; ++a) s += lead(a).preemptions;
-  return s;
-}
-
-int64_t Router::prefix_cache_queries() const {
-  int64_t s = prefix_queries_before_;
-  for (int a = 0; a < c_.attention_workers; ++a) s += lead(a).prefix_queries;
-  return s;
-}
-
-int64_t Router::prefix_cache_hits() const {
-  int64_t s = prefix_hits_before_;
-  for (int a = 0; a < c_.attention_workers; ++a) s += lead(a).prefix_hits;
+EngineCounters Router::counters() const {
+  EngineCounters s = counters_before_;
+  for (int a = 0; a < c_.attention_workers; ++a) s += lead(a).counters;
   return s;
 }
 
@@ -624,9 +610,7 @@ Status Router::step_once(std::vector<TokenEvent>* events) {
 Status Router::take_step(int a, control::Stepped&& s, std::vector<TokenEvent>* events) {
   if (s.discarded) ++steps_rerun_;
   lead(a).kv_usage = s.kv_usage;
-  lead(a).preemptions = s.preemptions;
-  lead(a).prefix_queries = s.prefix_queries;
-  lead(a).prefix_hits = s.prefix_hits;
+  lead(a).counters = s.counters;
   for (TokenEvent& ev : s.events) {
     // The request ends with its last sequence (n > 1: one event each).
     bool request_done = ev.finished;

@@ -296,16 +296,13 @@ Status Router::finish_attention_join(const control::Ready& ready) {
   WorkerProcess& slot = lead(a);
   const double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - j.since).count();
-  preemptions_before_ += slot.preemptions;
-  prefix_queries_before_ += slot.prefix_queries;
-  prefix_hits_before_ += slot.prefix_hits;
+  counters_before_ += slot.counters;
   slot = j.w;  // watched from now on: a death is dropped (or reported) as any worker's
   slot.dead = false;
   slot.rss_mb = ready.rss_mb;
   slot.load = 0;
   slot.kv_usage = 0;
-  slot.preemptions = 0;
-  slot.prefix_queries = slot.prefix_hits = 0;
+  slot.counters = {};
   joining_.reset();
   ++joined_;
   for (WorkerProcess& e : workers_->all()) {

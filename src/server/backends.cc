@@ -21,9 +21,7 @@ class EngineBackend final : public GenerationBackend {
   int64_t running() const override { return e_->running(); }
   int64_t waiting() const override { return e_->waiting(); }
   double kv_usage() const override { return e_->kv_usage(); }
-  int64_t preemptions() const override { return e_->preemptions(); }
-  int64_t prefix_cache_queries() const override { return e_->prefix_cache_queries(); }
-  int64_t prefix_cache_hits() const override { return e_->prefix_cache_hits(); }
+  runtime::EngineCounters counters() const override { return e_->counters(); }
   StatusOr<Json> routing(const std::vector<Json>&) override {
     const runtime::RoutingWindow* w = e_->routing();
     if (w == nullptr) return Json();
@@ -45,9 +43,7 @@ class RouterBackend final : public GenerationBackend {
   int64_t running() const override { return r_->in_flight(); }
   int64_t waiting() const override { return 0; }
   double kv_usage() const override { return r_->kv_usage(); }
-  int64_t preemptions() const override { return r_->preemptions(); }
-  int64_t prefix_cache_queries() const override { return r_->prefix_cache_queries(); }
-  int64_t prefix_cache_hits() const override { return r_->prefix_cache_hits(); }
+  runtime::EngineCounters counters() const override { return r_->counters(); }
   Status health() const override { return r_->stopped(); }
   std::optional<runtime::DeploymentHealth> deployment_health() const override {
     return r_->health();

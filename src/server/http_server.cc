@@ -875,9 +875,9 @@ class Session : public std::enable_shared_from_this<Session> {
         g.running = snap.running;
         g.waiting = snap.waiting;
         g.kv_usage = snap.kv_usage;
-        g.preemptions = snap.preemptions;
-        g.prefix_queries = snap.prefix_queries;
-        g.prefix_hits = snap.prefix_hits;
+        g.preemptions = snap.counters.preemptions;
+        g.prefix_queries = snap.counters.prefix_queries;
+        g.prefix_hits = snap.counters.prefix_hits;
         g.engine_busy_s = snap.engine_busy_s;
         g.engine_step_s = snap.engine_step_s;
         g.engine_steps = snap.engine_steps;

@@ -139,9 +139,7 @@ void Scheduler::publish_gauges(const Snapshot& s) {
   snap_.running = s.running;
   snap_.waiting = backend_->waiting() + static_cast<int64_t>(inbox_.size());
   snap_.kv_usage = s.kv_usage;
-  snap_.preemptions = s.preemptions;
-  snap_.prefix_queries = s.prefix_queries;
-  snap_.prefix_hits = s.prefix_hits;
+  snap_.counters = s.counters;
 }
 
 void Scheduler::end_round() {
@@ -187,9 +185,7 @@ void Scheduler::fail_backend(const Status& s) {
     Snapshot now;
     now.running = backend_->running();
     now.kv_usage = backend_->kv_usage();
-    now.preemptions = backend_->preemptions();
-    now.prefix_queries = backend_->prefix_cache_queries();
-    now.prefix_hits = backend_->prefix_cache_hits();
+    now.counters = backend_->counters();
     std::lock_guard<std::mutex> l(mu_);
     publish_gauges(now);
   }
@@ -390,9 +386,7 @@ void Scheduler::loop() {
     Snapshot s;
     s.running = backend_->running();
     s.kv_usage = backend_->kv_usage();
-    s.preemptions = backend_->preemptions();
-    s.prefix_queries = backend_->prefix_cache_queries();
-    s.prefix_hits = backend_->prefix_cache_hits();
+    s.counters = backend_->counters();
     // The ended requests' seats are free, and the gauges count them no
     // more, before their answers go out: a client that sends its next
     // request on reading one finds its seat (given back after the

@@ -83,7 +83,7 @@ std::vector<Event> every_event() {
   t3.finish_reason = "error";
   t3.error = "lost";
   return {Ready{3, kProtocolVersion, 120.5, 64.25},
-          Stepped{{t1, t2, t3}, 5, 0.5, 2, true, 1000, 256},
+          Stepped{{t1, t2, t3}, 5, 0.5, true, {2, 1000, 256}},
           Added{42},
           Refused{43, "KV budget"},
           Cancelled{true, 0.25},
@@ -158,8 +158,8 @@ TEST(ControlTest, FieldsSurviveTheRoundTrip) {
   EXPECT_EQ(s.events[1].index, 2);
   EXPECT_EQ(s.events[0].index, 0);
   EXPECT_TRUE(s.discarded);
-  EXPECT_EQ(s.prefix_queries, 1000);
-  EXPECT_EQ(s.prefix_hits, 256);
+  EXPECT_EQ(s.counters.prefix_queries, 1000);
+  EXPECT_EQ(s.counters.prefix_hits, 256);
   EXPECT_EQ(s.events[0].cached_tokens, 128);
   EXPECT_EQ(s.events[1].cached_tokens, 0);
 }

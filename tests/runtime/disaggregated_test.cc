@@ -1134,10 +1134,10 @@ TEST(PrefixCacheDisaggregatedTest, RepeatedPromptsHitEachWorkersCache) {
         got[ev.request_id].push_back(ev.token);
       }
     }
-    if (round == 0) EXPECT_EQ(router->prefix_cache_queries(), 4 * 200);
+    if (round == 0) EXPECT_EQ(router->counters().prefix_queries, 4 * 200);
   }
-  EXPECT_EQ(router->prefix_cache_queries(), 8 * 200);
-  EXPECT_GE(router->prefix_cache_hits(), 4 * 128);
+  EXPECT_EQ(router->counters().prefix_queries, 8 * 200);
+  EXPECT_GE(router->counters().prefix_hits, 4 * 128);
   for (const auto& r : reqs) {
     const auto ref = colocated_tokens(dir, r);
     testing::expect_equal_up_to_near_tie(ref, got[r.id], dir, r.prompt,

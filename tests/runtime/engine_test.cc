@@ -208,7 +208,7 @@ TEST(EngineTest, PreemptionKeepsGreedyOutput) {
   auto e = make_engine(w, /*kv_bytes=*/256 * 64, /*block=*/4);
   for (const auto& r : reqs) ASSERT_TRUE(e->add(r).ok());
   auto together = run_all(*e);
-  EXPECT_GT(e->preemptions(), 0);
+  EXPECT_GT(e->counters().preemptions, 0);
   EXPECT_EQ(e->kv_usage(), 0.0);
   for (const auto& r : reqs) EXPECT_EQ(together[r.id], alone[r.id]) << "request " << r.id;
 }
@@ -237,7 +237,7 @@ TEST(EngineTest, AdmissionFillsTheCache) {
   for (auto& [id, toks] : run_all(*e)) {
     together[id].insert(together[id].end(), toks.begin(), toks.end());
   }
-  EXPECT_EQ(e->preemptions(), 0);
+  EXPECT_EQ(e->counters().preemptions, 0);
   for (const auto& r : reqs) EXPECT_EQ(together[r.id], alone[r.id]) << "request " << r.id;
 }
 
@@ -450,7 +450,7 @@ TEST(EngineTest, PreemptingOneOfNSequencesLeavesTheOthersIntact) {
   // And a request of its own beside them.
   ASSERT_TRUE(e->add(req(2, {1, 11, 21, 31}, 6)).ok());
   const Sequences got = run_sequences(*e);
-  EXPECT_GT(e->preemptions(), 0);
+  EXPECT_GT(e->counters().preemptions, 0);
   for (int32_t i = 0; i < 3; ++i) {
     EXPECT_EQ(got.tokens.at({1, i}), ref) << "sequence " << i;
     EXPECT_EQ(got.finishes.at({1, i}), 1);
@@ -765,10 +765,10 @@ TEST(EngineTest, PrefixCacheKeepsGreedyOutputOnEveryTinyPreset) {
     EXPECT_EQ(on.cached[0], 0);     // the first request finds nothing
     EXPECT_EQ(on.cached[100], 20);  // the second user: the system prompt's 5 full blocks
     EXPECT_GE(on.cached[1], 28);    // a second turn: its whole first turn
-    EXPECT_EQ(cached->prefix_cache_queries(), queries);
-    EXPECT_EQ(cached->prefix_cache_hits(), hits);
-    EXPECT_EQ(plain->prefix_cache_hits(), 0);
-    EXPECT_EQ(plain->prefix_cache_queries(), queries);  // looked up, none found: all computed
+    EXPECT_EQ(cached->counters().prefix_queries, queries);
+    EXPECT_EQ(cached->counters().prefix_hits, hits);
+    EXPECT_EQ(plain->counters().prefix_hits, 0);
+    EXPECT_EQ(plain->counters().prefix_queries, queries);  // looked up, none found: all computed
     EXPECT_EQ(cached->kv_usage(), 0.0);
     EXPECT_GT(cached->kv_cache().cached_blocks(), 0);
     EXPECT_EQ(plain->kv_cache().cached_blocks(), 0);
@@ -800,8 +800,8 @@ TEST(EngineTest, AWholePromptHitComputesItsLastBlock) {
   const Sequences got = run_sequences(*e);
   for (int32_t i = 0; i < 3; ++i) EXPECT_EQ(got.tokens.at({3, i}), first.tokens.at(1)) << i;
   EXPECT_EQ(e->kv_usage(), 0.0);
-  EXPECT_EQ(e->prefix_cache_hits(), 16);
-  EXPECT_EQ(e->prefix_cache_queries(), 36);
+  EXPECT_EQ(e->counters().prefix_hits, 16);
+  EXPECT_EQ(e->counters().prefix_queries, 36);
 }
 
 // Cached blocks no request holds count as free: admission takes them into
@@ -826,7 +826,7 @@ TEST(EngineTest, EvictableCachedBlocksCountAsFree) {
   EXPECT_EQ(e->waiting(), 1);
   for (auto& [id, t] : run_outputs(*e).tokens)
     together.tokens[id].insert(together.tokens[id].end(), t.begin(), t.end());
-  EXPECT_EQ(e->preemptions(), 0);
+  EXPECT_EQ(e->counters().preemptions, 0);
   for (const auto& r : reqs) {
     auto alone = make_engine_with(w, false, 256 * 64, 4);
     ASSERT_TRUE(alone->add(r).ok());
@@ -863,7 +863,7 @@ TEST(EngineTest, PreemptionWithCachedBlocksKeepsGreedyOutput) {
   ASSERT_TRUE(e->add(reqs[1]).ok());
   ASSERT_TRUE(e->add(reqs[2]).ok());
   for (int g = 0; !e->idle() && g < 10000; ++g) collect(e->step().value(), &out);
-  EXPECT_GT(e->preemptions(), 0);
+  EXPECT_GT(e->counters().preemptions, 0);
   EXPECT_EQ(out.cached[2], 12);
   EXPECT_EQ(out.cached[3], 12);
   for (const auto& r : reqs) EXPECT_EQ(out.tokens[r.id], alone[r.id]) << "request " << r.id;

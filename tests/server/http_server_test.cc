@@ -61,7 +61,7 @@ class OneTokenPerStep final : public GenerationBackend {
   int64_t running() const override { return static_cast<int64_t>(left_.size()); }
   int64_t waiting() const override { return 0; }
   double kv_usage() const override { return left_.empty() ? 0.0 : 0.25; }
-  int64_t preemptions() const override { return 0; }
+  runtime::EngineCounters counters() const override { return {}; }
 
  private:
   std::map<int64_t, int64_t> left_;
@@ -291,7 +291,7 @@ class DeploymentOf final : public GenerationBackend {
   int64_t running() const override { return 0; }
   int64_t waiting() const override { return 0; }
   double kv_usage() const override { return 0; }
-  int64_t preemptions() const override { return 0; }
+  runtime::EngineCounters counters() const override { return {}; }
   Status health() const override {
     std::lock_guard<std::mutex> l(mu);
     return stopped;

@@ -134,7 +134,7 @@ class FakeBackend final : public GenerationBackend {
   int64_t running() const override { return static_cast<int64_t>(running_.size() + multi_.size()); }
   int64_t waiting() const override { return 0; }
   double kv_usage() const override { return running_.empty() ? 0.0 : 0.5; }
-  int64_t preemptions() const override { return 0; }
+  runtime::EngineCounters counters() const override { return {}; }
   Status health() const override {
     if (!stopped_) return ok_status();
     return Status(StatusCode::kUnavailable, "expert worker 1 (pid 42) was killed by signal 9");

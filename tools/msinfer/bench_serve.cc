@@ -329,8 +329,8 @@ int run_bench_serve(int argc, char** argv) {
     auto st = router->stats(/*reset=*/true);
     if (!st.ok()) return report_error("bench serve", st.status());
   }
-  const int64_t queries0 = router ? router->prefix_cache_queries() : engine->prefix_cache_queries();
-  const int64_t hits0 = router ? router->prefix_cache_hits() : engine->prefix_cache_hits();
+  auto counters = [&] { return router ? router->counters() : engine->counters(); };
+  const runtime::EngineCounters counters0 = counters();
   const auto t0 = clock::now();
   for (const auto& req : reqs) {
     s = add(req);
@@ -402,10 +402,8 @@ int run_bench_serve(int argc, char** argv) {
       workers[i]["idle_cpu_fraction"] = (*st)[i]["cpu_fraction"];
     }
   }
-  const int64_t prefix_queries =
-      (router ? router->prefix_cache_queries() : engine->prefix_cache_queries()) - queries0;
-  const int64_t prefix_hits =
-      (router ? router->prefix_cache_hits() : engine->prefix_cache_hits()) - hits0;
+  const int64_t prefix_queries = counters().prefix_queries - counters0.prefix_queries;
+  const int64_t prefix_hits = counters().prefix_hits - counters0.prefix_hits;
   std::vector<double> ttft, tbt;
   int64_t generated = 0;
   for (const auto& [id, t] : times) {

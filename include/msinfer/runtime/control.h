@@ -149,10 +149,8 @@ struct Stepped {
   std::vector<TokenEvent> events;
   int64_t running = 0;
   double kv_usage = 0;
-  int64_t preemptions = 0;
   bool discarded = false;
-  // Engine::prefix_cache_queries / _hits so far (tokens).
-  int64_t prefix_queries = 0, prefix_hits = 0;
+  EngineCounters counters;  // the worker's engine's, so far
 };
 struct Added {
   int64_t id = 0;

@@ -113,6 +113,23 @@ struct TokenEvent {
   int64_t cached_tokens = 0;
 };
 
+// What an engine counts while it runs. A deployment adds up its attention
+// workers' (and keeps what workers it replaced had counted).
+struct EngineCounters {
+  // Requests preempted (blocks freed, requeued to recompute).
+  int64_t preemptions = 0;
+  // Prefix cache, in tokens as vLLM counts them: tokens of the requests
+  // admitted (again after a preemption) / of those found in the cache (0
+  // without prefix caching: queries - hits is what prefill computed).
+  int64_t prefix_queries = 0, prefix_hits = 0;
+  EngineCounters& operator+=(const EngineCounters& o) {
+    preemptions += o.preemptions;
+    prefix_queries += o.prefix_queries;
+    prefix_hits += o.prefix_hits;
+    return *this;
+  }
+};
+
 class Engine {
  public:
   // Experts run in this process unless `experts` is given (disaggregated).
@@ -136,13 +153,8 @@ class Engine {
   // n once it has forked).
   int64_t running() const { return static_cast<int64_t>(running_.size()); }
   int64_t waiting() const { return static_cast<int64_t>(waiting_.size()); }
-  // Requests preempted (blocks freed, requeued to recompute) since creation.
-  int64_t preemptions() const { return preemptions_; }
-  // Prefix cache, in tokens as vLLM counts them: tokens of the requests
-  // admitted (again after a preemption) / of those found in the cache (0
-  // without prefix caching: queries - hits is what prefill computed).
-  int64_t prefix_cache_queries() const { return prefix_queries_; }
-  int64_t prefix_cache_hits() const { return prefix_hits_; }
+  // Since creation.
+  const EngineCounters& counters() const { return counters_; }
   // Frees the cached blocks no request holds (KvCache::flush_cache).
   void flush_prefix_cache() { kv_.flush_cache(); }
   // Fraction of the KV cache's blocks in use (cached blocks no request
@@ -204,8 +216,7 @@ class Engine {
   std::unique_ptr<ExpertBackend> experts_;
   std::deque<Running> waiting_;   // new requests, and preempted ones at the front
   std::vector<Running> running_;  // in admission order
-  int64_t preemptions_ = 0;
-  int64_t prefix_queries_ = 0, prefix_hits_ = 0;
+  EngineCounters counters_;
   int64_t next_seq_ = 0;  // Running::seq of the next sequence
   double cost_token_ = 0, cost_position_ = 0;
   double balance_sum_ = 0;

@@ -106,12 +106,10 @@ class Router {
   const Status& stopped() const { return stopped_; }
   int64_t in_flight() const { return static_cast<int64_t>(in_flight_.size()); }
   // As of the last step: the attention workers' mean KV cache usage (0..1),
-  // and their preemptions so far.
+  // and their engines' counters so far, summed over every attention worker
+  // process the deployment has had.
   double kv_usage() const;
-  int64_t preemptions() const;
-  // The attention workers' prefix caches, summed (Engine::prefix_cache_queries / _hits).
-  int64_t prefix_cache_queries() const;
-  int64_t prefix_cache_hits() const;
+  EngineCounters counters() const;
   // One line per worker: role, index, pid (or rank, host, address), RSS.
   std::string describe() const;
   // Every live worker's WorkerStats since the last reset ({"role", "index",
@@ -260,8 +258,7 @@ class Router {
   std::optional<Placement> before_loss_;   // the placement when the first was dropped
   std::vector<int> to_replace_;            // dropped expert workers, under --respawn
   std::vector<int> attention_to_replace_;  // dropped attention workers, under --respawn
-  int64_t preemptions_before_ = 0;         // of attention worker processes replaced since
-  int64_t prefix_queries_before_ = 0, prefix_hits_before_ = 0;  // the same
+  EngineCounters counters_before_;         // of the attention worker processes replaced so far
   std::vector<int> awaited_;               // of those, the ones serving waits for
   std::unique_ptr<Joining> joining_;
   std::string join_placement_file_;

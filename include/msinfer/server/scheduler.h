@@ -39,10 +39,8 @@ class GenerationBackend {
   virtual int64_t running() const = 0;  // admitted into the batch
   virtual int64_t waiting() const = 0;  // queued inside the backend (e.g. for KV blocks)
   virtual double kv_usage() const = 0;
-  virtual int64_t preemptions() const = 0;
-  // Prefix cache lookups and hits so far, in prompt tokens (vLLM's counters).
-  virtual int64_t prefix_cache_queries() const { return 0; }
-  virtual int64_t prefix_cache_hits() const { return 0; }
+  // Preemptions and prefix cache lookups and hits so far.
+  virtual runtime::EngineCounters counters() const = 0;
   // Why the backend can serve nothing more (a deployment that stopped on a
   // worker's death, seen by any call, add and cancel included); ok while it can.
   virtual Status health() const { return ok_status(); }
@@ -130,8 +128,8 @@ class Scheduler {
   int64_t next_id();
 
   struct Snapshot {
-    int64_t running = 0, waiting = 0, preemptions = 0;
-    int64_t prefix_queries = 0, prefix_hits = 0;
+    int64_t running = 0, waiting = 0;
+    runtime::EngineCounters counters;
     double kv_usage = 0;
     // The engine thread's wall time in iterations that stepped the backend
     // (admission, the step, handing its tokens to the sinks, the gauges),

@@ -31,8 +31,7 @@ struct WorkerProcess {
   int64_t load = 0;       // attention workers: the load of their requests
   double rss_mb = 0;
   double kv_usage = 0;
-  int64_t preemptions = 0;
-  int64_t prefix_queries = 0, prefix_hits = 0;  // attention workers: their engine's, so far
+  EngineCounters counters;  // attention workers: their engine's, so far
   bool dead = false;  // died and was dropped
   void close_channel();
   void reaped();  // its exit was seen
