@@ -198,93 +198,195 @@ void Scheduler::fail_backend(const Status& s) {
   if (options_.on_failure) options_.on_failure(s);
 }
 
-void Scheduler::loop() {
-  ::pthread_setname_np(::pthread_self(), "msinfer-engine");
-  auto last_stats = clock::now() - options_.stats_interval;
-  // The last busy iteration; with `trim_pending`, freed heap pages go back
-  // at last_busy + trim_after_idle (nothing to trim before the first request).
-  auto last_busy = clock::now();
-  bool trim_pending = false;
-  for (;;) {
-    std::vector<std::pair<int64_t, std::string>> cancels;
-    std::vector<Entry> admitted;
-    bool stop = false;
-    {
-      std::unique_lock<std::mutex> l(mu_);
-      // Sleep while nothing runs; a disaggregated deployment's workers also
-      // rest (the router steps them only with requests in flight).
-      auto wait = options_.stats_interval;
-      if (trim_pending) {
-        wait = std::min(wait, std::chrono::ceil<std::chrono::milliseconds>(
-                                  std::max(last_busy + options_.trim_after_idle - clock::now(),
-                                           clock::duration::zero())));
+bool Scheduler::wait_for_work(const LoopState& st, Cancels* cancels,
+                              std::vector<Entry>* admitted) {
+  std::unique_lock<std::mutex> l(mu_);
+  // Sleep while nothing runs; a disaggregated deployment's workers also
+  // rest (the router steps them only with requests in flight).
+  auto wait = options_.stats_interval;
+  if (st.trim_pending) {
+    wait = std::min(wait, std::chrono::ceil<std::chrono::milliseconds>(
+                              std::max(st.last_busy + options_.trim_after_idle - clock::now(),
+                                       clock::duration::zero())));
+  }
+  cv_.wait_for(l, wait, [&] {
+    return stop_ || !cancels_.empty() || (!inbox_.empty() && snap_.healthy) ||
+           (!backend_->idle() && snap_.healthy);
+  });
+  cancels->swap(cancels_);
+  // Admit from the inbox while the batch has seats.
+  const int64_t active = static_cast<int64_t>(active_.size());
+  while (snap_.healthy && !inbox_.empty() &&
+         active + static_cast<int64_t>(admitted->size()) < options_.max_num_seqs) {
+    admitted->push_back(std::move(inbox_.front()));
+    inbox_.pop_front();
+  }
+  return stop_;
+}
+
+int64_t Scheduler::apply_cancels(const Cancels& cancels, std::vector<Entry>* admitted,
+                                 Status* failed) {
+  int64_t ended = 0;
+  for (const auto& [id, reason] : cancels) {
+    auto it = find_active(id);
+    if (it == active_.end()) {
+      // Still in the admitted list or the inbox: drop it there.
+      auto a = std::find_if(admitted->begin(), admitted->end(),
+                            [&](const Entry& e) { return e.req.id == id; });
+      if (a != admitted->end()) {
+        admitted->erase(a);
+        metrics_->request_aborted();
+        ++ended;
+      } else {
+        std::lock_guard<std::mutex> l(mu_);
+        auto q = std::find_if(inbox_.begin(), inbox_.end(),
+                              [&](const Entry& e) { return e.req.id == id; });
+        if (q != inbox_.end()) {
+          inbox_.erase(q);
+          metrics_->request_aborted();
+          ++ended;
+        }
       }
-      cv_.wait_for(l, wait, [&] {
-        return stop_ || !cancels_.empty() || (!inbox_.empty() && snap_.healthy) ||
-               (!backend_->idle() && snap_.healthy);
-      });
-      stop = stop_;
-      cancels.swap(cancels_);
-      // Admit from the inbox while the batch has seats.
-      const int64_t active = static_cast<int64_t>(active_.size());
-      while (snap_.healthy && !inbox_.empty() &&
-             active + static_cast<int64_t>(admitted.size()) < options_.max_num_seqs) {
-        admitted.push_back(std::move(inbox_.front()));
-        inbox_.pop_front();
+      continue;
+    }
+    Status s = backend_->cancel(id);
+    if (reason.empty()) {
+      metrics_->request_aborted();
+    } else {
+      metrics_->request_finished(reason, seconds(clock::now() - it->arrival));
+    }
+    active_.erase(it);
+    ++ended;
+    if (!s.ok() && failed->ok()) *failed = s;
+  }
+  return ended;
+}
+
+int64_t Scheduler::add_to_backend(std::vector<Entry>&& admitted) {
+  int64_t ended = 0;
+  for (auto& e : admitted) {
+    Status s = backend_->add(e.req);
+    if (!s.ok()) {
+      send_error(*e.sink, e.sink->batch(), s);
+      metrics_->request_aborted();
+      ++ended;
+      continue;
+    }
+    metrics_->add_prompt_tokens(static_cast<int64_t>(e.req.prompt.size()));
+    admit(std::move(e));
+  }
+  return ended;
+}
+
+int64_t Scheduler::deliver_step(std::vector<runtime::TokenEvent>& all,
+                                std::chrono::steady_clock::time_point now) {
+  // Each request's events of the step, together and in order (a request may
+  // have several: a disaggregated step, a resumed one). Sorted as (id,
+  // index) pairs: moving the events themselves through a stable sort took
+  // ~3 us a step for 64 (~1% of tiny-mixtral's); they move once, and only
+  // when the order changes.
+  step_order_.resize(all.size());
+  for (size_t i = 0; i < all.size(); ++i) step_order_[i] = {all[i].request_id, i};
+  if (!std::is_sorted(step_order_.begin(), step_order_.end())) {
+    std::sort(step_order_.begin(), step_order_.end());
+    step_sorted_.clear();
+    for (const auto& [id, i] : step_order_) step_sorted_.push_back(std::move(all[i]));
+    all.swap(step_sorted_);
+  }
+  // The requests in id order too: one walk through `active_` beside the
+  // events. Each sink is a separate object the step has evicted from the
+  // cache: their loads are started together first.
+  for (const Active& a : active_) __builtin_prefetch(a.sink.get());
+  int64_t ended = 0;
+  auto next = active_.begin();
+  for (size_t begin = 0, end = 0; begin < all.size(); begin = end) {
+    const int64_t id = all[begin].request_id;
+    end = begin + 1;
+    while (end < all.size() && all[end].request_id == id) ++end;
+    const std::span<runtime::TokenEvent> evs(all.data() + begin, end - begin);
+    while (next != active_.end() && next->id < id) ++next;
+    if (next == active_.end() || next->id != id) continue;  // cancelled meanwhile
+    Active& a = *next++;
+    if (evs.back().finish_reason == "error") {
+      // The deployment lost it (a dead attention worker, not resubmitted):
+      // this request fails, the others go on.
+      send_error(*a.sink, a.batch, Status(StatusCode::kUnavailable, evs.back().error));
+      metrics_->request_aborted();
+      a.ended = true;
+      ++ended;
+      continue;
+    }
+    // n > 1: each sequence's token of this step is a first token (the
+    // request's first step) or follows the request's previous step.
+    const bool first_step = a.generated == 0;
+    const auto previous = a.last_token;
+    bool length = false;
+    for (size_t i = 0; i < evs.size(); ++i) {
+      if (a.generated == 0 || (first_step && a.sequences > 1)) {
+        step_ttft_.push_back(seconds(now - a.arrival));
+      } else if (a.sequences > 1) {
+        step_itl_.push_back(seconds(now - previous));
+      } else {
+        step_itl_.push_back(seconds(now - a.last_token));
+      }
+      ++a.generated;
+      a.last_token = now;
+      if (evs[i].finished) {
+        --a.sequences_left;
+        length = evs[i].finish_reason == "length";
       }
     }
-    if (stop) {
+    // Read before the sink, which may move from the events.
+    const bool finished = a.sequences_left <= 0;
+    a.sink->on_tokens(evs);
+    note_batch(a.batch);
+    if (finished) {
+      metrics_->request_finished(length ? "length" : "stop", seconds(now - a.arrival));
+      a.ended = true;
+      ++ended;
+    }
+  }
+  if (ended > 0) std::erase_if(active_, [](const Active& a) { return a.ended; });
+  // One lock for the step's tokens, not one per token: with a lock each, the
+  // engine thread spent ~1% of its time on them.
+  metrics_->observe_step(step_ttft_, step_itl_);
+  step_ttft_.clear();
+  step_itl_.clear();
+  return ended;
+}
+
+void Scheduler::trim_when_idle(LoopState* st) {
+  // Idle for trim_after_idle: hand freed heap pages back to the system, so a
+  // burst of connections does not leave the process larger than before it.
+  // (Trimming at once cost the engine thread up to 2 ms a burst, and the
+  // next burst faulted the pages back in.)
+  if (!backend_->idle() || !active_.empty()) {
+    st->last_busy = clock::now();
+    st->trim_pending = true;
+  } else if (st->trim_pending && clock::now() - st->last_busy >= options_.trim_after_idle) {
+    ::malloc_trim(0);
+    st->trim_pending = false;
+  }
+}
+
+void Scheduler::loop() {
+  ::pthread_setname_np(::pthread_self(), "msinfer-engine");
+  LoopState st;
+  st.last_stats = clock::now() - options_.stats_interval;
+  st.last_busy = clock::now();
+  for (;;) {
+    Cancels cancels;
+    std::vector<Entry> admitted;
+    if (wait_for_work(st, &cancels, &admitted)) {
       for (auto& e : admitted) admit(std::move(e));
       fail_all(Status(StatusCode::kUnavailable, "the server is shutting down"));
       return;
     }
     const auto iteration_start = clock::now();
-    double step_s = -1;  // the backend's step() this iteration; < 0: none
-    int64_t ended = 0;
+    double step_s = -1;           // the backend's step() this iteration; < 0: none
     Status failed = ok_status();  // the backend's failure, found by a cancel
-    for (const auto& [id, reason] : cancels) {
-      auto it = find_active(id);
-      if (it == active_.end()) {
-        // Still in the admitted list or the inbox: drop it there.
-        auto a = std::find_if(admitted.begin(), admitted.end(),
-                              [&](const Entry& e) { return e.req.id == id; });
-        if (a != admitted.end()) {
-          admitted.erase(a);
-          metrics_->request_aborted();
-          ++ended;
-        } else {
-          std::lock_guard<std::mutex> l(mu_);
-          auto q = std::find_if(inbox_.begin(), inbox_.end(),
-                                [&](const Entry& e) { return e.req.id == id; });
-          if (q != inbox_.end()) {
-            inbox_.erase(q);
-            metrics_->request_aborted();
-            ++ended;
-          }
-        }
-        continue;
-      }
-      Status s = backend_->cancel(id);
-      if (reason.empty()) {
-        metrics_->request_aborted();
-      } else {
-        metrics_->request_finished(reason, seconds(clock::now() - it->arrival));
-      }
-      active_.erase(it);
-      ++ended;
-      if (!s.ok() && failed.ok()) failed = s;
-    }
-    for (auto& e : admitted) {
-      Status s = backend_->add(e.req);
-      if (!s.ok()) {
-        send_error(*e.sink, e.sink->batch(), s);
-        metrics_->request_aborted();
-        ++ended;
-        continue;
-      }
-      metrics_->add_prompt_tokens(static_cast<int64_t>(e.req.prompt.size()));
-      admit(std::move(e));
-    }
+    int64_t ended = apply_cancels(cancels, &admitted, &failed);
+    ended += add_to_backend(std::move(admitted));
     // A backend that stopped outside a step (the router found an expert
     // worker dead while adding a request, or in the last stats call while
     // idle) fails every request now, and /health says so even with none in
@@ -307,79 +409,7 @@ void Scheduler::loop() {
       if (!events.ok()) {
         fail_backend(events.status());
       } else {
-        // Each request's events of the step, together and in order (a
-        // request may have several: a disaggregated step, a resumed one).
-        // Sorted as (id, index) pairs: moving the events themselves through
-        // a stable sort took ~3 us a step for 64 (~1% of tiny-mixtral's);
-        // they move once, and only when the order changes.
-        std::vector<runtime::TokenEvent>& all = *events;
-        step_order_.resize(all.size());
-        for (size_t i = 0; i < all.size(); ++i) step_order_[i] = {all[i].request_id, i};
-        if (!std::is_sorted(step_order_.begin(), step_order_.end())) {
-          std::sort(step_order_.begin(), step_order_.end());
-          step_sorted_.clear();
-          for (const auto& [id, i] : step_order_) step_sorted_.push_back(std::move(all[i]));
-          all.swap(step_sorted_);
-        }
-        // The requests in id order too: one walk through `active_` beside
-        // the events. Each sink is a separate object the step has evicted
-        // from the cache: their loads are started together first.
-        for (const Active& a : active_) __builtin_prefetch(a.sink.get());
-        auto next = active_.begin();
-        bool any_ended = false;
-        for (size_t begin = 0, end = 0; begin < all.size(); begin = end) {
-          const int64_t id = all[begin].request_id;
-          end = begin + 1;
-          while (end < all.size() && all[end].request_id == id) ++end;
-          const std::span<runtime::TokenEvent> evs(all.data() + begin, end - begin);
-          while (next != active_.end() && next->id < id) ++next;
-          if (next == active_.end() || next->id != id) continue;  // cancelled meanwhile
-          Active& a = *next++;
-          if (evs.back().finish_reason == "error") {
-            // The deployment lost it (a dead attention worker, not
-            // resubmitted): this request fails, the others go on.
-            send_error(*a.sink, a.batch, Status(StatusCode::kUnavailable, evs.back().error));
-            metrics_->request_aborted();
-            a.ended = any_ended = true;
-            ++ended;
-            continue;
-          }
-          // n > 1: each sequence's token of this step is a first token (the
-          // request's first step) or follows the request's previous step.
-          const bool first_step = a.generated == 0;
-          const auto previous = a.last_token;
-          bool length = false;
-          for (size_t i = 0; i < evs.size(); ++i) {
-            if (a.generated == 0 || (first_step && a.sequences > 1)) {
-              step_ttft_.push_back(seconds(now - a.arrival));
-            } else if (a.sequences > 1) {
-              step_itl_.push_back(seconds(now - previous));
-            } else {
-              step_itl_.push_back(seconds(now - a.last_token));
-            }
-            ++a.generated;
-            a.last_token = now;
-            if (evs[i].finished) {
-              --a.sequences_left;
-              length = evs[i].finish_reason == "length";
-            }
-          }
-          // Read before the sink, which may move from the events.
-          const bool finished = a.sequences_left <= 0;
-          a.sink->on_tokens(evs);
-          note_batch(a.batch);
-          if (finished) {
-            metrics_->request_finished(length ? "length" : "stop", seconds(now - a.arrival));
-            a.ended = any_ended = true;
-            ++ended;
-          }
-        }
-        if (any_ended) std::erase_if(active_, [](const Active& a) { return a.ended; });
-        // One lock for the step's tokens, not one per token: with a lock
-        // each, the engine thread spent ~1% of its time on them.
-        metrics_->observe_step(step_ttft_, step_itl_);
-        step_ttft_.clear();
-        step_itl_.clear();
+        ended += deliver_step(*events, now);
       }
     }
     // The gauges, published below (and now and then the workers' stats).
@@ -398,7 +428,7 @@ void Scheduler::loop() {
       publish_gauges(s);
     }
     end_round();  // this iteration's tokens and failures, handed over at once
-    const bool refresh = clock::now() - last_stats >= options_.stats_interval;
+    const bool refresh = clock::now() - st.last_stats >= options_.stats_interval;
     std::vector<Json> workers;
     Json routing;
     if (refresh && healthy) {
@@ -406,7 +436,7 @@ void Scheduler::loop() {
       if (w.ok()) workers = std::move(w).value();
       auto r = backend_->routing(workers);
       if (r.ok()) routing = std::move(r).value();
-      last_stats = clock::now();
+      st.last_stats = clock::now();
       // The stats call is where an idle deployment finds a death: one it
       // cannot recover from fails the server now, not a stats interval later
       // (its /health says so from the router's side meanwhile).
@@ -418,17 +448,7 @@ void Scheduler::loop() {
         s.kv_usage = backend_->kv_usage();
       }
     }
-    // Idle for trim_after_idle: hand freed heap pages back to the system, so
-    // a burst of connections does not leave the process larger than before
-    // it. (Trimming at once cost the engine thread up to 2 ms a burst, and
-    // the next burst faulted the pages back in.)
-    if (!backend_->idle() || !active_.empty()) {
-      last_busy = clock::now();
-      trim_pending = true;
-    } else if (trim_pending && clock::now() - last_busy >= options_.trim_after_idle) {
-      ::malloc_trim(0);
-      trim_pending = false;
-    }
+    trim_when_idle(&st);
     std::lock_guard<std::mutex> l(mu_);
     if (step_s >= 0) {
       snap_.engine_busy_s += seconds(clock::now() - iteration_start);

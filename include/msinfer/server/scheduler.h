@@ -183,7 +183,30 @@ class Scheduler {
   void admit(Entry&& e);
   // The running request `id`, or active_.end().
   std::vector<Active>::iterator find_active(int64_t id);
+  // The engine thread: each iteration waits for work, applies cancels, adds
+  // the admitted requests, steps the backend, hands the tokens out and
+  // publishes the gauges.
   void loop();
+  using Cancels = std::vector<std::pair<int64_t, std::string>>;  // (id, reason)
+  struct LoopState {
+    std::chrono::steady_clock::time_point last_stats;
+    // The last busy iteration; with `trim_pending`, freed heap pages go back
+    // at last_busy + trim_after_idle (nothing to trim before the first request).
+    std::chrono::steady_clock::time_point last_busy;
+    bool trim_pending = false;
+  };
+  // Sleeps until there is work; takes the cancels and the requests the batch
+  // has seats for. True when the scheduler is stopping.
+  bool wait_for_work(const LoopState& st, Cancels* cancels, std::vector<Entry>* admitted);
+  // Each returns how many requests it ended. A cancel's backend failure goes
+  // to `failed` (the first one).
+  int64_t apply_cancels(const Cancels& cancels, std::vector<Entry>* admitted, Status* failed);
+  int64_t add_to_backend(std::vector<Entry>&& admitted);
+  // A step's events to their requests' sinks (grouped by request), with the
+  // step's TTFT / inter-token latencies.
+  int64_t deliver_step(std::vector<runtime::TokenEvent>& all,
+                       std::chrono::steady_clock::time_point now);
+  void trim_when_idle(LoopState* st);
   // The round's calls to a sink; end_round() hands every batch noted over.
   // `batch`: the sink's (a running request's record keeps it; sink.batch()
   // for one not admitted).
@@ -207,7 +230,7 @@ class Scheduler {
   mutable std::mutex mu_;
   std::condition_variable cv_, idle_cv_;
   std::deque<Entry> inbox_;  // GUARDED_BY(mu_): submitted, not in the backend
-  std::vector<std::pair<int64_t, std::string>> cancels_;  // GUARDED_BY(mu_)
+  Cancels cancels_;                                       // GUARDED_BY(mu_)
   bool stop_ = false, draining_ = false;                  // GUARDED_BY(mu_)
   Snapshot snap_;                                         // GUARDED_BY(mu_)
   int64_t in_flight_ = 0;                                 // GUARDED_BY(mu_): inbox + active
