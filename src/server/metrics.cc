@@ -46,6 +46,95 @@ void render_process(std::ostringstream& o) {
       }());
 }
 
+// The deployment's workers by role (docs/RUNTIME.md, "Failures").
+void render_roles(std::ostringstream& o, const std::string& l, const Metrics::Gauges& g) {
+  auto by_role = [&](const std::string& name, const char* type, const char* help,
+                     int64_t Metrics::Gauges::Role::*field) {
+    header(o, name, type, help);
+    for (const auto& r : g.roles) {
+      o << name << "{" << l << ",role=\"" << r.role << "\"} " << r.*field << "\n";
+    }
+  };
+  by_role("msinfer:worker_deaths_total", "counter",
+          "Workers of the deployment that died (one of their processes exited or was killed).",
+          &Metrics::Gauges::Role::deaths);
+  by_role("msinfer:worker_restarts_total", "counter",
+          "Workers started in place of dead ones: a replacement (--respawn), or every worker "
+          "of a restart.",
+          &Metrics::Gauges::Role::restarts);
+  by_role("msinfer:workers_live", "gauge", "Workers serving now.", &Metrics::Gauges::Role::live);
+  by_role("msinfer:workers_expected", "gauge", "Workers the deployment was started with.",
+          &Metrics::Gauges::Role::expected);
+}
+
+// The disaggregated runtime's own, per worker (since the server started);
+// the processes of a tensor-parallel group differ by tp_rank.
+void render_workers(std::ostringstream& o, const std::string& l, const std::vector<Json>& workers) {
+  const auto tp_label = [](const Json& w) {
+    return w.contains("tp_rank") ? ",tp_rank=\"" + std::to_string(w.value("tp_rank", 0)) + "\""
+                                 : std::string();
+  };
+  header(o, "msinfer:worker_busy_fraction", "gauge", "Fraction of time a worker computes.");
+  for (const auto& w : workers) {
+    o << "msinfer:worker_busy_fraction{" << l << ",role=\"" << w.value("role", "") << "\",index=\""
+      << w.value("index", 0) << "\"" << tp_label(w) << "} " << num(w.value("busy_fraction", 0.0))
+      << "\n";
+  }
+  header(o, "msinfer:worker_network_wait_fraction", "gauge",
+         "Fraction of time a worker waits on the network.");
+  for (const auto& w : workers) {
+    o << "msinfer:worker_network_wait_fraction{" << l << ",role=\"" << w.value("role", "")
+      << "\",index=\"" << w.value("index", 0) << "\"" << tp_label(w) << "} "
+      << num(w.value("wait_fraction", 0.0)) << "\n";
+  }
+  header(o, "msinfer:expert_routed_tokens_total", "counter",
+         "Token rows routed to each expert, summed over layers and over the expert workers "
+         "holding a replica of it.");
+  std::map<int, double> per_expert;
+  for (const auto& w : workers) {
+    if (!w.contains("expert_tokens") || !w["expert_tokens"].is_object()) continue;
+    for (const auto& [e, n] : w["expert_tokens"].items()) {
+      per_expert[std::stoi(e)] += n.get<double>();
+    }
+  }
+  for (const auto& [e, n] : per_expert) {
+    o << "msinfer:expert_routed_tokens_total{" << l << ",expert=\"" << e << "\"} " << num(n)
+      << "\n";
+  }
+}
+
+// The routing window (docs/RUNTIME.md, "Routing statistics and balancing"):
+// rows per expert over its last ~1024 steps, and how evenly they spread.
+void render_routing(std::ostringstream& o, const std::string& l, const Json& routing) {
+  header(o, "msinfer:expert_window_tokens", "gauge",
+         "Token rows routed to each expert over the routing window, summed over layers.");
+  std::map<size_t, double> per_expert;
+  for (const auto& layer : routing["expert_tokens"]) {
+    if (!layer.is_array()) continue;
+    for (size_t e = 0; e < layer.size(); ++e) {
+      if (layer[e].is_number()) per_expert[e] += layer[e].get<double>();
+    }
+  }
+  for (const auto& [e, n] : per_expert) {
+    o << "msinfer:expert_window_tokens{" << l << ",expert=\"" << e << "\"} " << num(n) << "\n";
+  }
+  const auto ratio = [&](const char* key, const char* name, const char* help) {
+    if (!routing.contains(key) || !routing[key].is_number()) return;
+    header(o, name, "gauge", help);
+    o << name << "{" << l << "} " << num(routing[key].get<double>()) << "\n";
+  };
+  ratio("expert_balance", "msinfer:expert_balance",
+        "Max over mean of the experts' rows per layer over the window (1: even).");
+  ratio("worker_balance", "msinfer:expert_worker_balance",
+        "Max over mean of the expert workers' rows per layer over the window (1: even).");
+  if (routing.contains("placement_switches") && routing["placement_switches"].is_number()) {
+    header(o, "msinfer:expert_placement_switches_total", "counter",
+           "Placements the router switched to by online rebalancing (--rebalance-every).");
+    o << "msinfer:expert_placement_switches_total{" << l << "} "
+      << num(routing["placement_switches"].get<double>()) << "\n";
+  }
+}
+
 }  // namespace
 
 Histogram::Histogram(std::vector<double> bounds)
@@ -200,92 +289,11 @@ std::string Metrics::render(const Gauges& g) const {
   for (const auto& [code, n] : http_) {
     o << "msinfer:http_responses_total{" << l << ",code=\"" << code << "\"} " << n << "\n";
   }
-  if (!g.roles.empty()) {
-    // The deployment's workers by role (docs/RUNTIME.md, "Failures").
-    auto by_role = [&](const std::string& name, const char* type, const char* help,
-                       int64_t Gauges::Role::*field) {
-      header(o, name, type, help);
-      for (const auto& r : g.roles) {
-        o << name << "{" << l << ",role=\"" << r.role << "\"} " << r.*field << "\n";
-      }
-    };
-    by_role("msinfer:worker_deaths_total", "counter",
-            "Workers of the deployment that died (one of their processes exited or was killed).",
-            &Gauges::Role::deaths);
-    by_role("msinfer:worker_restarts_total", "counter",
-            "Workers started in place of dead ones: a replacement (--respawn), or every worker "
-            "of a restart.",
-            &Gauges::Role::restarts);
-    by_role("msinfer:workers_live", "gauge", "Workers serving now.", &Gauges::Role::live);
-    by_role("msinfer:workers_expected", "gauge", "Workers the deployment was started with.",
-            &Gauges::Role::expected);
-  }
-  if (!g.workers.empty()) {
-    // The disaggregated runtime's own, per worker (since the server started);
-    // the processes of a tensor-parallel group differ by tp_rank.
-    const auto tp_label = [](const Json& w) {
-      return w.contains("tp_rank") ? ",tp_rank=\"" + std::to_string(w.value("tp_rank", 0)) + "\""
-                                   : std::string();
-    };
-    header(o, "msinfer:worker_busy_fraction", "gauge", "Fraction of time a worker computes.");
-    for (const auto& w : g.workers) {
-      o << "msinfer:worker_busy_fraction{" << l << ",role=\"" << w.value("role", "")
-        << "\",index=\"" << w.value("index", 0) << "\"" << tp_label(w) << "} "
-        << num(w.value("busy_fraction", 0.0)) << "\n";
-    }
-    header(o, "msinfer:worker_network_wait_fraction", "gauge",
-           "Fraction of time a worker waits on the network.");
-    for (const auto& w : g.workers) {
-      o << "msinfer:worker_network_wait_fraction{" << l << ",role=\"" << w.value("role", "")
-        << "\",index=\"" << w.value("index", 0) << "\"" << tp_label(w) << "} "
-        << num(w.value("wait_fraction", 0.0)) << "\n";
-    }
-    header(o, "msinfer:expert_routed_tokens_total", "counter",
-           "Token rows routed to each expert, summed over layers and over the expert workers "
-           "holding a replica of it.");
-    std::map<int, double> per_expert;
-    for (const auto& w : g.workers) {
-      if (!w.contains("expert_tokens") || !w["expert_tokens"].is_object()) continue;
-      for (const auto& [e, n] : w["expert_tokens"].items()) {
-        per_expert[std::stoi(e)] += n.get<double>();
-      }
-    }
-    for (const auto& [e, n] : per_expert) {
-      o << "msinfer:expert_routed_tokens_total{" << l << ",expert=\"" << e << "\"} " << num(n)
-        << "\n";
-    }
-  }
+  if (!g.roles.empty()) render_roles(o, l, g);
+  if (!g.workers.empty()) render_workers(o, l, g.workers);
   if (g.routing.is_object() && g.routing.contains("expert_tokens") &&
       g.routing["expert_tokens"].is_array()) {
-    // The routing window (docs/RUNTIME.md, "Routing statistics and balancing"):
-    // rows per expert over its last ~1024 steps, and how evenly they spread.
-    header(o, "msinfer:expert_window_tokens", "gauge",
-           "Token rows routed to each expert over the routing window, summed over layers.");
-    std::map<size_t, double> per_expert;
-    for (const auto& layer : g.routing["expert_tokens"]) {
-      if (!layer.is_array()) continue;
-      for (size_t e = 0; e < layer.size(); ++e) {
-        if (layer[e].is_number()) per_expert[e] += layer[e].get<double>();
-      }
-    }
-    for (const auto& [e, n] : per_expert) {
-      o << "msinfer:expert_window_tokens{" << l << ",expert=\"" << e << "\"} " << num(n) << "\n";
-    }
-    const auto ratio = [&](const char* key, const char* name, const char* help) {
-      if (!g.routing.contains(key) || !g.routing[key].is_number()) return;
-      header(o, name, "gauge", help);
-      o << name << "{" << l << "} " << num(g.routing[key].get<double>()) << "\n";
-    };
-    ratio("expert_balance", "msinfer:expert_balance",
-          "Max over mean of the experts' rows per layer over the window (1: even).");
-    ratio("worker_balance", "msinfer:expert_worker_balance",
-          "Max over mean of the expert workers' rows per layer over the window (1: even).");
-    if (g.routing.contains("placement_switches") && g.routing["placement_switches"].is_number()) {
-      header(o, "msinfer:expert_placement_switches_total", "counter",
-             "Placements the router switched to by online rebalancing (--rebalance-every).");
-      o << "msinfer:expert_placement_switches_total{" << l << "} "
-        << num(g.routing["placement_switches"].get<double>()) << "\n";
-    }
+    render_routing(o, l, g.routing);
   }
   return o.str();
 }

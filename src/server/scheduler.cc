@@ -198,8 +198,7 @@ void Scheduler::fail_backend(const Status& s) {
   if (options_.on_failure) options_.on_failure(s);
 }
 
-bool Scheduler::wait_for_work(const LoopState& st, Cancels* cancels,
-                              std::vector<Entry>* admitted) {
+bool Scheduler::wait_for_work(const LoopState& st, Cancels* cancels, std::vector<Entry>* admitted) {
   std::unique_lock<std::mutex> l(mu_);
   // Sleep while nothing runs; a disaggregated deployment's workers also
   // rest (the router steps them only with requests in flight).

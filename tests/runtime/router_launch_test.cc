@@ -136,7 +136,8 @@ TEST(RouterLaunchTest, AFloodOfSilentConnectionsHoldsBoundedFds) {
   }
   // The router accepts them as they come; the most it held in 3 s.
   int most = 0;
-  for (auto until = std::chrono::steady_clock::now() + 3s; std::chrono::steady_clock::now() < until;) {
+  for (auto until = std::chrono::steady_clock::now() + 3s;
+       std::chrono::steady_clock::now() < until;) {
     most = std::max(most, open_fds() - before - kSilent);
     std::this_thread::sleep_for(20ms);
   }

@@ -229,14 +229,14 @@ class Scheduler {
   Metrics* metrics_;
   mutable std::mutex mu_;
   std::condition_variable cv_, idle_cv_;
-  std::deque<Entry> inbox_;  // GUARDED_BY(mu_): submitted, not in the backend
-  Cancels cancels_;                                       // GUARDED_BY(mu_)
-  bool stop_ = false, draining_ = false;                  // GUARDED_BY(mu_)
-  Snapshot snap_;                                         // GUARDED_BY(mu_)
-  int64_t in_flight_ = 0;                                 // GUARDED_BY(mu_): inbox + active
-  int64_t next_id_ = 1;                                   // GUARDED_BY(mu_)
-  std::vector<Active> active_;                            // engine thread only, by id
-  std::vector<SinkBatch*> round_batches_;                 // engine thread only
+  std::deque<Entry> inbox_;                // GUARDED_BY(mu_): submitted, not in the backend
+  Cancels cancels_;                        // GUARDED_BY(mu_)
+  bool stop_ = false, draining_ = false;   // GUARDED_BY(mu_)
+  Snapshot snap_;                          // GUARDED_BY(mu_)
+  int64_t in_flight_ = 0;                  // GUARDED_BY(mu_): inbox + active
+  int64_t next_id_ = 1;                    // GUARDED_BY(mu_)
+  std::vector<Active> active_;             // engine thread only, by id
+  std::vector<SinkBatch*> round_batches_;  // engine thread only
   // A step's latencies, handed to Metrics at once; engine thread only.
   std::vector<double> step_ttft_, step_itl_;
   // A step's events grouped by request: (request id, index) sorted, and the
