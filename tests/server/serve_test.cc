@@ -1408,17 +1408,39 @@ TEST_F(ServeTest, ThousandConcurrentStreamingClients) {
 // SIGTERM drains: /health and new requests answer 503 while a running stream
 // finishes normally, then the server exits 0.
 TEST_F(ServeTest, SigtermDrainsRunningRequests) {
-  Server s("--drain-timeout 120");
+  // Six long streams, one at a time (--max-num-seqs 1): the drain lasts
+  // six generations of 4,000 tokens, long enough for the checks below
+  // (one stream of the tiny model can end within a few hundred ms, and the
+  // server with it, before a request that should get 503 is sent).
+  Server s("--drain-timeout 120 --max-num-seqs 1");
   ASSERT_GT(s.port(), 0) << s.stderr_text();
   const std::string body =
       R"({"prompt": "Hello", "max_tokens": 4000, "ignore_eos": true, "stream": true})";
-  const int fd = testing::send_request(s.port(), testing::post_request("/v1/completions", body));
-  ASSERT_GE(fd, 0);
-  ASSERT_TRUE(testing::readable_within(fd, std::chrono::seconds(30)));
-  // The stream is read as it comes (a client that stops reading would be cut
-  // off as a slow reader), on its own thread.
-  std::string stream;
-  std::thread reader([&] { stream = testing::read_from(fd, std::chrono::seconds(120), "[DONE]"); });
+  constexpr int kStreams = 6;
+  std::vector<int> fds;
+  for (int i = 0; i < kStreams; ++i) {
+    fds.push_back(testing::send_request(s.port(), testing::post_request("/v1/completions", body)));
+    ASSERT_GE(fds.back(), 0);
+  }
+  // All six are in: one running, five waiting (else the drain would refuse
+  // those it has not read yet, with 503).
+  bool all_in = false;
+  for (auto until = clock_type::now() + std::chrono::seconds(30);
+       !all_in && clock_type::now() < until;) {
+    auto m = parse_metrics(curl(s.url() + "/metrics").body);
+    all_in =
+        metric(m, "msinfer:num_requests_running{") + metric(m, "msinfer:num_requests_waiting{") ==
+        kStreams;
+  }
+  ASSERT_TRUE(all_in);
+  // The streams are read as they come (a client that stops reading would be
+  // cut off as a slow reader), each on its own thread.
+  std::vector<std::string> streams(kStreams);
+  std::vector<std::thread> readers;
+  for (int i = 0; i < kStreams; ++i) {
+    readers.emplace_back(
+        [&, i] { streams[i] = testing::read_from(fds[i], std::chrono::seconds(120), "[DONE]"); });
+  }
   ::kill(s.pid(), SIGTERM);
   // Draining: /health turns 503 (wait for it), new work is refused.
   bool saw_503 = false;
@@ -1426,11 +1448,13 @@ TEST_F(ServeTest, SigtermDrainsRunningRequests) {
   while (!saw_503 && clock_type::now() < until) saw_503 = curl(s.url() + "/health").status == 503;
   EXPECT_TRUE(saw_503);
   EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi", "max_tokens": 2})").status, 503);
-  // The running stream still ends normally.
-  reader.join();
-  ::close(fd);
-  EXPECT_NE(stream.find("\"finish_reason\":\"length\""), std::string::npos);
-  EXPECT_NE(stream.find("data: [DONE]"), std::string::npos);
+  // The running stream and those queued behind it still end normally.
+  for (auto& r : readers) r.join();
+  for (int fd : fds) ::close(fd);
+  for (const std::string& stream : streams) {
+    EXPECT_NE(stream.find("\"finish_reason\":\"length\""), std::string::npos);
+    EXPECT_NE(stream.find("data: [DONE]"), std::string::npos);
+  }
   // It exits by itself once drained. A second SIGTERM here would race its
   // exit: once the HTTP loop is gone, that signal kills it (status 143).
   EXPECT_EQ(s.wait_exit(std::chrono::seconds(60)), 0) << s.stderr_text();
