@@ -81,16 +81,8 @@ int run_balance(int argc, char** argv) {
       "  msinfer balance --stats stats.json --expert-workers 2 --slots-per-worker 5 --out p.json\n"
       "  msinfer generate --model M --prompt Hi --attention-workers 1 --expert-workers 2 "
       "--placement p.json");
-  Status s = flags.parse(argc, argv, 2);
-  if (!s.ok()) return report_error("balance", s);
-  if (flags.help_requested()) {
-    std::cout << flags.usage();
-    return 0;
-  }
-  if (!flags.positional().empty()) {
-    return report_error("balance", invalid_argument("unexpected argument '" +
-                                                    printable(flags.positional().front()) + "'"));
-  }
+  if (auto done = parse_command_line(flags, "balance", argc, argv, 2)) return *done;
+  Status s;
   if (flags.get_string("stats").empty()) {
     return report_error("balance", invalid_argument("--stats is required"));
   }

@@ -52,12 +52,8 @@ int run_bench_kernels(int argc, char** argv) {
   flags.add_string("device", "cpu",
                    "cpu, or cuda[:N]: the GPU's bf16 GEMM rate and copy bandwidth, then the CUDA\n"
                    "backend's kernels at Mixtral-8x7B shapes against them");
-  Status s = flags.parse(argc, argv, 3);
-  if (!s.ok()) return report_error("bench kernels", s);
-  if (flags.help_requested()) {
-    std::cout << flags.usage();
-    return 0;
-  }
+  if (auto done = parse_command_line(flags, "bench kernels", argc, argv, 3)) return *done;
+  Status s;
   if (const std::string& device = flags.get_string("device"); !runtime::is_cpu_device(device)) {
     s = runtime::check_device(device);
     if (!s.ok()) return report_error("bench kernels", s.with_context("--device"));
@@ -215,12 +211,8 @@ int run_bench_m2n(int argc, char** argv) {
   flags.add_string("profile-into", "",
                    "add the measured transfer model (nic_gb_s, nic_util_curve) to this profile "
                    "JSON (from `msinfer profile`; created if missing) for plan/simulate/bench serve");
-  Status s = flags.parse(argc, argv, 3);
-  if (!s.ok()) return report_error("bench m2n", s);
-  if (flags.help_requested()) {
-    std::cout << flags.usage();
-    return 0;
-  }
+  if (auto done = parse_command_line(flags, "bench m2n", argc, argv, 3)) return *done;
+  Status s;
   bench::M2NBenchOptions o;
   o.senders = static_cast<int>(flags.get_int("senders"));
   o.receivers = static_cast<int>(flags.get_int("receivers"));

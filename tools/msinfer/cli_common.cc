@@ -87,6 +87,20 @@ std::string printable(const std::string& text) {
   return out;
 }
 
+std::optional<int> parse_command_line(FlagSet& flags, const char* command, int argc, char** argv,
+                                      int skip) {
+  if (Status s = flags.parse(argc, argv, skip); !s.ok()) return report_error(command, s);
+  if (flags.help_requested()) {
+    std::cout << flags.usage();
+    return 0;
+  }
+  if (!flags.positional().empty()) {
+    return report_error(command, invalid_argument("unexpected argument '" +
+                                                  printable(flags.positional().front()) + "'"));
+  }
+  return std::nullopt;
+}
+
 int report_error(const char* command, const Status& s) {
   const std::string message = printable(s.message());
   const int code = exit_code_for(s);

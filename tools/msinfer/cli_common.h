@@ -11,8 +11,10 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <string>
 
+#include "msinfer/core/flags.h"
 #include "msinfer/core/json.h"
 #include "msinfer/core/status.h"
 
@@ -28,6 +30,14 @@ bool json_errors();
 
 // Reports `s` (see above) and returns its exit code.
 int report_error(const char* command, const Status& s);
+
+// Every command's preamble: parses the words after the first `skip` ("msinfer
+// CMD": 2, "msinfer bench serve": 3) into `flags`; with --help prints the
+// usage; an argument that is not a flag is bad input. Returns the exit code
+// when the command is done here (0 after the usage, 2 after an error), nullopt
+// when it goes on.
+std::optional<int> parse_command_line(FlagSet& flags, const char* command, int argc, char** argv,
+                                      int skip);
 
 // `text` with control bytes and invalid UTF-8 shown as \xNN, so a message that
 // quotes a file's bytes never writes raw bytes to a terminal.

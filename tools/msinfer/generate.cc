@@ -41,13 +41,7 @@ StatusOr<std::vector<int32_t>> parse_ids(const std::string& s, const std::string
   return ids;
 }
 
-}  // namespace
-
-int run_generate(int argc, char** argv) {
-  FlagSet flags("generate",
-                "Generates text for one prompt with the co-located engine (all experts in this\n"
-                "process), streaming tokens as they are produced, then prints TTFT, time\n"
-                "between tokens and decode tokens/s.");
+void add_generate_flags(FlagSet& flags) {
   flags.add_string("model", "", "model directory (config.json, *.safetensors, tokenizer.json)");
   flags.add_string("prompt", "", "prompt text (tokenised with the model's tokenizer)");
   flags.add_string("prompt-ids", "", "prompt as comma-separated token ids");
@@ -78,79 +72,199 @@ int run_generate(int argc, char** argv) {
       "--micro-batches 2\n\n"
       "With --attention-workers, the router (this process) starts attention and expert worker\n"
       "processes joined by the M2N library and stops them on exit (docs/RUNTIME.md).");
-  Status s = flags.parse(argc, argv, 2);
-  if (!s.ok()) return report_error("generate", s);
-  if (flags.help_requested()) {
-    std::cout << flags.usage();
-    return 0;
-  }
-  if (!flags.positional().empty()) {
-    return report_error(
-        "generate", invalid_argument("unexpected argument '" + flags.positional().front() + "'"));
-  }
-  if (flags.get_string("model").empty()) {
-    return report_error("generate", invalid_argument("--model is required"));
-  }
-  if (flags.was_set("prompt") == flags.was_set("prompt-ids")) {
-    return report_error("generate",
-                        invalid_argument("give exactly one of --prompt and --prompt-ids"));
-  }
-  // Every flag is checked before the model loads (issue 12 item 7).
-  if (!(flags.get_double("top-p") > 0)) {
-    return report_error("generate", invalid_argument("--top-p must be in (0, 1]"));
-  }
-  std::vector<int32_t> prompt_ids, stop_ids;
-  if (flags.was_set("prompt-ids")) {
-    auto ids = parse_ids(flags.get_string("prompt-ids"), "--prompt-ids");
-    if (!ids.ok()) return report_error("generate", ids.status());
-    prompt_ids = *ids;
-    if (prompt_ids.empty())
-      return report_error("generate", invalid_argument("--prompt-ids: empty"));
-  }
-  if (!flags.get_string("stop-ids").empty()) {
-    auto ids = parse_ids(flags.get_string("stop-ids"), "--stop-ids");
-    if (!ids.ok()) return report_error("generate", ids.status());
-    stop_ids = *ids;
-  }
-  s = check_deployment_flags(flags);
-  if (s.ok()) s = check_kv_cache_fits_memory(flags.get_int("kv-cache-mb"));
-  if (s.ok()) s = check_model_dir(flags);
-  if (!s.ok()) return report_error("generate", s);
-  auto weight_format = apply_engine_flags(flags);
-  if (!weight_format.ok()) return report_error("generate", weight_format.status());
-  const std::string dir = flags.get_string("model");
-  const bool disaggregated = deployment_requested(flags);
-  std::shared_ptr<const model::ModelWeights> w;
-  if (!disaggregated) {
-    model::LoadOptions lo;
-    lo.weights = *weight_format;
-    auto weights =
-        model::ModelWeights::load(dir, runtime::host_load_options(lo, flags.get_string("device")));
-    if (!weights.ok()) return report_error("generate", weights.status());
-    w = std::move(weights).value();
-  }
-  auto tok = model::Tokenizer::load(dir);
-  if (!tok.ok() && flags.was_set("prompt")) return report_error("generate", tok.status());
+}
 
-  runtime::GenerationRequest req;
-  req.id = 1;
-  if (flags.was_set("prompt")) {
-    req.prompt = tok->encode(flags.get_string("prompt"));
-  } else {
-    req.prompt = prompt_ids;
+// What the flags ask for, checked before the model loads (issue 12 item 7).
+// The deployment and engine flags stay in the FlagSet: start_deployment and
+// colocated_engine_options read them there.
+struct GenerateOptions {
+  std::string model_dir;
+  std::string prompt;               // text, or
+  std::vector<int32_t> prompt_ids;  // ids (exactly one of the two)
+  runtime::SamplingParams sampling;
+  kernels::cpu::WeightFormat weights{};
+  bool disaggregated = false;
+  bool json = false;
+  int64_t kv_cache_mb = 0;
+};
+
+StatusOr<GenerateOptions> generate_options(const FlagSet& flags) {
+  GenerateOptions o;
+  o.model_dir = flags.get_string("model");
+  if (o.model_dir.empty()) return invalid_argument("--model is required");
+  if (flags.was_set("prompt") == flags.was_set("prompt-ids")) {
+    return invalid_argument("give exactly one of --prompt and --prompt-ids");
   }
-  runtime::SamplingParams& sp = req.sampling;
+  if (!(flags.get_double("top-p") > 0)) return invalid_argument("--top-p must be in (0, 1]");
+  if (flags.was_set("prompt-ids")) {
+    MSI_ASSIGN_OR_RETURN(o.prompt_ids, parse_ids(flags.get_string("prompt-ids"), "--prompt-ids"));
+    if (o.prompt_ids.empty()) return invalid_argument("--prompt-ids: empty");
+  } else {
+    o.prompt = flags.get_string("prompt");
+  }
+  runtime::SamplingParams& sp = o.sampling;
+  if (!flags.get_string("stop-ids").empty()) {
+    MSI_ASSIGN_OR_RETURN(sp.stop_token_ids, parse_ids(flags.get_string("stop-ids"), "--stop-ids"));
+  }
   sp.max_tokens = static_cast<int>(flags.get_int("max-tokens"));
   sp.temperature = static_cast<float>(flags.get_double("temperature"));
   sp.top_k = static_cast<int>(flags.get_int("top-k"));
   sp.top_p = static_cast<float>(flags.get_double("top-p"));
   sp.seed = static_cast<uint64_t>(flags.get_int("seed"));
   sp.ignore_eos = flags.get_bool("ignore-eos");
-  sp.stop_token_ids = stop_ids;
   sp.logprobs = static_cast<int>(flags.get_int("logprobs"));
+  o.kv_cache_mb = flags.get_int("kv-cache-mb");
+  o.json = flags.get_bool("json");
+  o.disaggregated = deployment_requested(flags);
+  MSI_RETURN_IF_ERROR(check_deployment_flags(flags));
+  MSI_RETURN_IF_ERROR(check_kv_cache_fits_memory(o.kv_cache_mb));
+  MSI_RETURN_IF_ERROR(check_model_dir(flags));
+  MSI_ASSIGN_OR_RETURN(o.weights, apply_engine_flags(flags));
+  return o;
+}
+
+// The request's tokens as they came, with their times (seconds from the start).
+struct Generated {
+  std::vector<int32_t> ids;
+  std::vector<double> times;
+  Json logprobs = Json::array();  // with logprobs >= 0: one entry per token
+  std::string finish_reason;
+};
+
+// Steps `step` until `idle`, streaming text to stdout unless --json (or no
+// tokenizer: `stream` null), progress to stderr.
+template <typename Step, typename Idle>
+StatusOr<Generated> run_to_end(const GenerateOptions& o, int64_t request_id, bool deployment,
+                               model::StreamingDecoder* stream, Step step, Idle idle) {
+  Generated g;
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  int64_t steps = 0;
+  Progress progress("generate");
+  while (!idle()) {
+    auto events = step();
+    if (!events.ok()) return events.status().with_context("request " + std::to_string(request_id));
+    ++steps;
+    if (deployment && steps % 16 == 0) {
+      std::fprintf(stderr, "msinfer: step %lld\n", static_cast<long long>(steps));
+    } else if (!deployment && (o.json || stream == nullptr)) {
+      // Text streams to stdout; without it (--json, no tokenizer) progress goes to stderr.
+      progress.update("step " + std::to_string(steps) + ", " + std::to_string(g.ids.size()) +
+                      " tokens generated");
+    }
+    for (const auto& ev : *events) {
+      if (ev.finish_reason == "error") return Status(StatusCode::kUnavailable, ev.error);
+      g.times.push_back(std::chrono::duration<double>(clock::now() - t0).count());
+      g.ids.push_back(ev.token);
+      if (o.sampling.logprobs >= 0) {
+        g.logprobs.push_back(
+            {{"token", ev.token}, {"logprob", ev.logprob}, {"top", Json::array()}});
+        for (const auto& [id, lp] : ev.top_logprobs) g.logprobs.back()["top"].push_back({id, lp});
+      }
+      if (stream != nullptr && !o.json) {
+        std::string piece = stream->push(ev.token);
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+      }
+      if (ev.finished) g.finish_reason = ev.finish_reason;
+    }
+  }
+  if (stream != nullptr && !o.json) {
+    std::string rest = stream->finish();
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
+  }
+  return g;
+}
+
+// The run's figures: --json's object, or the summary lines.
+void print_report(const GenerateOptions& o, const std::vector<int32_t>& prompt, const Generated& g,
+                  const std::string& text, const model::ModelWeights* w,
+                  const runtime::RoutingStats& routing) {
+  const double ttft = g.times.empty() ? 0 : g.times.front();
+  std::vector<double> gaps;
+  for (size_t i = 1; i < g.times.size(); ++i) gaps.push_back(g.times[i] - g.times[i - 1]);
+  const double tbt_mean = mean(gaps);
+  const double tbt_p50 = percentile(gaps, 0.5);
+  const double decode_s = g.times.size() > 1 ? g.times.back() - g.times.front() : 0;
+  const double tps = decode_s > 0 ? (g.times.size() - 1) / decode_s : 0;
+  const ProcessMemory mem = read_process_memory();
+  const double weights_mb = w ? w->packed_bytes() / 1048576.0 : 0.0;
+  if (o.json) {
+    Json j{{"prompt_ids", prompt},
+           {"token_ids", g.ids},
+           {"text", Json(text)},
+           {"finish_reason", g.finish_reason},
+           {"ttft_ms", ttft * 1e3},
+           {"tbt_ms_mean", tbt_mean * 1e3},
+           {"tbt_ms_p50", tbt_p50 * 1e3},
+           // The longest stall between two tokens (a worker's death, a restart).
+           {"tbt_ms_max", gaps.empty() ? 0.0 : *std::max_element(gaps.begin(), gaps.end()) * 1e3},
+           {"decode_tokens_per_s", tps},
+           {"rss_mb", mem.rss_bytes / 1048576.0},
+           {"peak_rss_mb", mem.peak_rss_bytes / 1048576.0},
+           {"weights_packed_mb", weights_mb},
+           {"kv_cache_mb", static_cast<double>(o.kv_cache_mb)},
+           {"isa", kernels::cpu::isa_name(kernels::cpu::active_isa())},
+           {"weights", kernels::cpu::weight_format_name(o.weights)},
+           {"routing", routing.to_json()}};
+    if (o.sampling.logprobs >= 0) j["logprobs"] = g.logprobs;
+    // Invalid UTF-8 (a random model may emit half a character) must not break the JSON.
+    std::cout << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
+    return;
+  }
+  std::printf(
+      "\n\n%zu prompt tokens, %zu generated (%s); TTFT %.1f ms, TBT %.2f ms mean / %.2f "
+      "ms p50, %.1f tokens/s decode; RSS %.0f MiB (%s weights %.0f MiB, KV budget %lld "
+      "MiB); CPU kernels %s\n",
+      prompt.size(), g.ids.size(), g.finish_reason.c_str(), ttft * 1e3, tbt_mean * 1e3,
+      tbt_p50 * 1e3, tps, mem.rss_bytes / 1048576.0, kernels::cpu::weight_format_name(o.weights),
+      weights_mb, static_cast<long long>(o.kv_cache_mb), kernels::cpu::isa_description().c_str());
+  std::printf("%s (--json for the counts)\n", routing_summary(routing.to_json()).c_str());
+  for (size_t i = 0; i < g.logprobs.size(); ++i) {
+    const Json& e = g.logprobs[i];
+    std::printf("token %zu: id %d logprob %.4f", i, e["token"].get<int>(),
+                e["logprob"].get<double>());
+    const char* sep = "; top:";
+    for (const auto& t : e["top"]) {
+      std::printf("%s %d %.4f", sep, t[0].get<int>(), t[1].get<double>());
+      sep = ",";
+    }
+    std::printf("\n");
+  }
+}
+
+}  // namespace
+
+int run_generate(int argc, char** argv) {
+  FlagSet flags("generate",
+                "Generates text for one prompt with the co-located engine (all experts in this\n"
+                "process), streaming tokens as they are produced, then prints TTFT, time\n"
+                "between tokens and decode tokens/s.");
+  add_generate_flags(flags);
+  if (auto done = parse_command_line(flags, "generate", argc, argv, 2)) return *done;
+  auto opts = generate_options(flags);
+  if (!opts.ok()) return report_error("generate", opts.status());
+  const GenerateOptions& o = *opts;
+  std::shared_ptr<const model::ModelWeights> w;
+  if (!o.disaggregated) {
+    model::LoadOptions lo;
+    lo.weights = o.weights;
+    auto weights = model::ModelWeights::load(
+        o.model_dir, runtime::host_load_options(lo, flags.get_string("device")));
+    if (!weights.ok()) return report_error("generate", weights.status());
+    w = std::move(weights).value();
+  }
+  auto tok = model::Tokenizer::load(o.model_dir);
+  if (!tok.ok() && o.prompt_ids.empty()) return report_error("generate", tok.status());
+
+  runtime::GenerationRequest req;
+  req.id = 1;
+  req.prompt = o.prompt_ids.empty() ? tok->encode(o.prompt) : o.prompt_ids;
+  req.sampling = o.sampling;
   std::unique_ptr<runtime::Engine> engine;
   std::unique_ptr<runtime::Router> router;
-  if (disaggregated) {
+  Status s;
+  if (o.disaggregated) {
     auto d = start_deployment(flags);
     if (!d.ok()) return report_error("generate", d.status());
     if (d->worker_rank > 0) return worker_rank_exit_code(*d);
@@ -166,71 +280,20 @@ int run_generate(int argc, char** argv) {
   // (--prompt, --max-tokens, --kv-cache-mb), exit 2, not a run-time failure.
   if (s.code() == StatusCode::kResourceExhausted) s = invalid_argument(s.message());
   if (!s.ok()) return report_error("generate", s);
-  auto step = [&]() { return router ? router->step() : engine->step(); };
-  auto idle = [&]() { return router ? router->idle() : engine->idle(); };
 
-  const bool json = flags.get_bool("json");
   std::unique_ptr<model::StreamingDecoder> stream;
   if (tok.ok()) stream = std::make_unique<model::StreamingDecoder>(*tok);
-  std::vector<int32_t> out_ids;
-  std::vector<double> token_times;
-  Json logprobs = Json::array();  // with --logprobs: one entry per generated token
-  std::string finish_reason;
-  using clock = std::chrono::steady_clock;
-  const auto t0 = clock::now();
-  int64_t steps = 0;
-  Progress progress("generate");
-  while (!idle()) {
-    auto events = step();
-    if (!events.ok()) {
-      return report_error("generate",
-                          events.status().with_context("request " + std::to_string(req.id)));
-    }
-    ++steps;
-    if (router && steps % 16 == 0) {
-      std::fprintf(stderr, "msinfer: step %lld\n", static_cast<long long>(steps));
-    } else if (!router && (json || !stream)) {
-      // Text streams to stdout; without it (--json, no tokenizer) progress goes to stderr.
-      progress.update("step " + std::to_string(steps) + ", " + std::to_string(out_ids.size()) +
-                      " tokens generated");
-    }
-    for (const auto& ev : *events) {
-      if (ev.finish_reason == "error") {
-        return report_error("generate", Status(StatusCode::kUnavailable, ev.error));
-      }
-      token_times.push_back(std::chrono::duration<double>(clock::now() - t0).count());
-      out_ids.push_back(ev.token);
-      if (sp.logprobs >= 0) {
-        logprobs.push_back({{"token", ev.token}, {"logprob", ev.logprob}, {"top", Json::array()}});
-        for (const auto& [id, lp] : ev.top_logprobs) logprobs.back()["top"].push_back({id, lp});
-      }
-      if (stream && !json) {
-        std::string piece = stream->push(ev.token);
-        std::fwrite(piece.data(), 1, piece.size(), stdout);
-        std::fflush(stdout);
-      }
-      if (ev.finished) finish_reason = ev.finish_reason;
-    }
-  }
-  if (stream && !json) {
-    std::string rest = stream->finish();
-    std::fwrite(rest.data(), 1, rest.size(), stdout);
-  }
-  const double ttft = token_times.empty() ? 0 : token_times.front();
-  std::vector<double> gaps;
-  for (size_t i = 1; i < token_times.size(); ++i)
-    gaps.push_back(token_times[i] - token_times[i - 1]);
-  const double tbt_mean = mean(gaps);
-  const double tbt_p50 = percentile(gaps, 0.5);
-  const double decode_s = token_times.size() > 1 ? token_times.back() - token_times.front() : 0;
-  const double tps = decode_s > 0 ? (token_times.size() - 1) / decode_s : 0;
-  std::string text = tok.ok() ? tok->decode(out_ids, true) : "";
-  const ProcessMemory mem = read_process_memory();
+  auto generated = run_to_end(
+      o, req.id, router != nullptr, stream.get(),
+      [&] { return router ? router->step() : engine->step(); },
+      [&] { return router ? router->idle() : engine->idle(); });
+  if (!generated.ok()) return report_error("generate", generated.status());
+  const std::string text = tok.ok() ? tok->decode(generated->ids, true) : "";
   // Rows routed per (layer, expert) and per expert worker, with max / mean.
   StatusOr<runtime::RoutingStats> routing = runtime::RoutingStats();
   if (router) {
     auto ws = router->stats(/*reset=*/false);
-    auto mc = load_model_config(dir);
+    auto mc = load_model_config(o.model_dir);
     if (!ws.ok()) return report_error("generate", ws.status());
     if (!mc.ok()) return report_error("generate", mc.status());
     routing = router->routing(*ws, mc->layers, mc->experts);
@@ -238,50 +301,7 @@ int run_generate(int argc, char** argv) {
     routing = runtime::RoutingStats::from_window(*engine->routing());
   }
   if (!routing.ok()) return report_error("generate", routing.status());
-  if (json) {
-    Json j{{"prompt_ids", req.prompt},
-           {"token_ids", out_ids},
-           {"text", Json(text)},
-           {"finish_reason", finish_reason},
-           {"ttft_ms", ttft * 1e3},
-           {"tbt_ms_mean", tbt_mean * 1e3},
-           {"tbt_ms_p50", tbt_p50 * 1e3},
-           // The longest stall between two tokens (a worker's death, a restart).
-           {"tbt_ms_max", gaps.empty() ? 0.0 : *std::max_element(gaps.begin(), gaps.end()) * 1e3},
-           {"decode_tokens_per_s", tps},
-           {"rss_mb", mem.rss_bytes / 1048576.0},
-           {"peak_rss_mb", mem.peak_rss_bytes / 1048576.0},
-           {"weights_packed_mb", w ? w->packed_bytes() / 1048576.0 : 0.0},
-           {"kv_cache_mb", static_cast<double>(flags.get_int("kv-cache-mb"))},
-           {"isa", kernels::cpu::isa_name(kernels::cpu::active_isa())},
-           {"weights", kernels::cpu::weight_format_name(*weight_format)},
-           {"routing", routing->to_json()}};
-    if (sp.logprobs >= 0) j["logprobs"] = logprobs;
-    // Invalid UTF-8 (a random model may emit half a character) must not break the JSON.
-    std::cout << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
-  } else {
-    std::printf(
-        "\n\n%zu prompt tokens, %zu generated (%s); TTFT %.1f ms, TBT %.2f ms mean / %.2f "
-        "ms p50, %.1f tokens/s decode; RSS %.0f MiB (%s weights %.0f MiB, KV budget %lld "
-        "MiB); CPU kernels %s\n",
-        req.prompt.size(), out_ids.size(), finish_reason.c_str(), ttft * 1e3, tbt_mean * 1e3,
-        tbt_p50 * 1e3, tps, mem.rss_bytes / 1048576.0,
-        kernels::cpu::weight_format_name(*weight_format), w ? w->packed_bytes() / 1048576.0 : 0.0,
-        static_cast<long long>(flags.get_int("kv-cache-mb")),
-        kernels::cpu::isa_description().c_str());
-    std::printf("%s (--json for the counts)\n", routing_summary(routing->to_json()).c_str());
-    for (size_t i = 0; i < logprobs.size(); ++i) {
-      const Json& e = logprobs[i];
-      std::printf("token %zu: id %d logprob %.4f", i, e["token"].get<int>(),
-                  e["logprob"].get<double>());
-      const char* sep = "; top:";
-      for (const auto& t : e["top"]) {
-        std::printf("%s %d %.4f", sep, t[0].get<int>(), t[1].get<double>());
-        sep = ",";
-      }
-      std::printf("\n");
-    }
-  }
+  print_report(o, req.prompt, *generated, text, w.get(), *routing);
   return 0;
 }
 

@@ -25,16 +25,8 @@ int run_profile(int argc, char** argv) {
   flags.add_double("seconds", 0.3, 0, 600, "measuring time per point (> 0)");
   flags.add_bool("json", "print the profile JSON instead of tables");
   add_engine_flags(flags);
-  Status s = flags.parse(argc, argv, 2);
-  if (!s.ok()) return report_error("profile", s);
-  if (flags.help_requested()) {
-    std::cout << flags.usage();
-    return 0;
-  }
-  if (!flags.positional().empty()) {
-    return report_error(
-        "profile", invalid_argument("unexpected argument '" + flags.positional().front() + "'"));
-  }
+  if (auto done = parse_command_line(flags, "profile", argc, argv, 2)) return *done;
+  Status s;
   if (!(flags.get_double("seconds") > 0)) {
     return report_error("profile", invalid_argument("--seconds must be in (0, 600]"));
   }

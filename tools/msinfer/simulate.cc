@@ -177,16 +177,8 @@ int run_simulate(int argc, char** argv) {
       "  msinfer simulate --plan plan.json --imbalance zipf:1.2 --jitter 5\n"
       "  msinfer simulate --plan plan.json --routing run.json --placement balanced.json\n"
       "  msinfer simulate --plan plan.json --sweep attention-nodes=1..16 --plot sweep.svg");
-  Status s = flags.parse(argc, argv, 2);
-  if (!s.ok()) return report_error("simulate", s);
-  if (flags.help_requested()) {
-    std::cout << flags.usage();
-    return 0;
-  }
-  if (!flags.positional().empty()) {
-    return report_error("simulate", invalid_argument("unexpected argument '" +
-                                                     flags.positional().front() + "'"));
-  }
+  if (auto done = parse_command_line(flags, "simulate", argc, argv, 2)) return *done;
+  Status s;
   planner::SimOptions o;
   o.iterations = static_cast<int>(flags.get_int("iterations"));
   o.jitter = flags.get_double("jitter") / 100.0;
