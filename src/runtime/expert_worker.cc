@@ -201,7 +201,8 @@ void ExpertWorker::announce(const std::string& what, control::Event answer) {
   std::string held;
   for (int e : local_) held += " " + std::to_string(e);
   if (!lo_.shared_expert_layers.empty()) {
-    held += "; shared experts of layer" + std::string(lo_.shared_expert_layers.size() > 1 ? "s" : "");
+    held +=
+        "; shared experts of layer" + std::string(lo_.shared_expert_layers.size() > 1 ? "s" : "");
     for (int l : lo_.shared_expert_layers) held += " " + std::to_string(l);
   }
   const double rss_mb = read_process_memory().rss_bytes / 1048576.0;
@@ -359,9 +360,9 @@ Status ExpertWorker::compute_experts(int k, int layer, const Replies& replies) {
     }
     MSI_RETURN_IF_ERROR(
         runner_->forward_group(layer, {expert}, {0, total}, in_.data(), out_.data()));
-    const double width = shared ? static_cast<double>(mc_->shared_expert_ffn) /
-                                      static_cast<double>(mc_->expert_ffn)
-                                : 1.0;
+    const double width =
+        shared ? static_cast<double>(mc_->shared_expert_ffn) / static_cast<double>(mc_->expert_ffn)
+               : 1.0;
     stats_->gemm_flops += ffn_flops_per_row_ * width * static_cast<double>(total) / tp_;
     // Rows are counted once per expert worker: by shard 0; the routing
     // statistics count routed experts only.

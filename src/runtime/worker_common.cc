@@ -19,8 +19,8 @@ double attention_layer_flops(const ModelConfig& mc, int tp, bool shared_on_exper
   if (mc.kv_lora_rank > 0) {
     const double L = mc.layers, moe = mc.moe_layers;
     const double shared = shared_on_experts ? 0.0 : static_cast<double>(mc.shared_expert_ffn);
-    const double ffn = moe * (h * mc.experts + 3.0 * h * shared) +
-                       (L - moe) * 3.0 * h * mc.dense_ffn;
+    const double ffn =
+        moe * (h * mc.experts + 3.0 * h * shared) + (L - moe) * 3.0 * h * mc.dense_ffn;
     return 2.0 * mc.attention_params_per_layer() / tp + 2.0 * ffn / L;
   }
   const double heads = static_cast<double>(mc.heads) / tp, kv = mc.kv_heads_per_attention_rank(tp);

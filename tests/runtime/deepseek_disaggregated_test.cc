@@ -77,7 +77,8 @@ TEST_P(DeepSeekDisaggregatedTest, SameTokensAsTheColocatedEngine) {
 // steps, the same tokens listed): exact (1e-6) where the deployment adds the
 // same partial sums in the same order as the co-located engine, else within
 // the tp tests' 2e-2 up to the first step whose token differs.
-void expect_same_logprobs(const Json& ref, const Json& g, double tolerance, const std::string& what) {
+void expect_same_logprobs(const Json& ref, const Json& g, double tolerance,
+                          const std::string& what) {
   ASSERT_TRUE(ref.contains("logprobs") && g.contains("logprobs")) << what;
   const Json& a = ref["logprobs"];
   const Json& b = g["logprobs"];
@@ -85,13 +86,15 @@ void expect_same_logprobs(const Json& ref, const Json& g, double tolerance, cons
   double worst = 0;
   for (size_t s = 0; s < a.size(); ++s) {
     if (a[s]["token"] != b[s]["token"]) break;
-    worst = std::max(worst, std::fabs(a[s]["logprob"].get<double>() - b[s]["logprob"].get<double>()));
+    worst =
+        std::max(worst, std::fabs(a[s]["logprob"].get<double>() - b[s]["logprob"].get<double>()));
     ASSERT_EQ(a[s]["top"].size(), b[s]["top"].size()) << what;
     for (size_t i = 0; i < a[s]["top"].size(); ++i) {
-      if (tolerance < 1e-3) EXPECT_EQ(a[s]["top"][i][0], b[s]["top"][i][0]) << what << " step " << s;
+      if (tolerance < 1e-3)
+        EXPECT_EQ(a[s]["top"][i][0], b[s]["top"][i][0]) << what << " step " << s;
       if (a[s]["top"][i][0] != b[s]["top"][i][0]) continue;
-      worst = std::max(worst, std::fabs(a[s]["top"][i][1].get<double>() -
-                                        b[s]["top"][i][1].get<double>()));
+      worst = std::max(
+          worst, std::fabs(a[s]["top"][i][1].get<double>() - b[s]["top"][i][1].get<double>()));
     }
   }
   EXPECT_LE(worst, tolerance) << what;
@@ -129,7 +132,8 @@ TEST_P(DeepSeekDisaggregatedTest, BothSharedExpertPlacementsGiveTheColocatedLogp
        "--shared-experts expert",
        false},
       {"--attention-workers 1 --expert-workers 3 --micro-batches 2 --tp-attention 2 "
-       "--shared-experts expert --placement " + replicated,
+       "--shared-experts expert --placement " +
+           replicated,
        false}};
   for (const Case& c : cases) {
     const std::string what = GetParam() + " " + c.deployment;

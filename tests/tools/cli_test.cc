@@ -387,10 +387,12 @@ TEST(CliHardeningTest, FlagsAreCheckedBeforeAnyExpensiveWork) {
                  "needs both --attention-workers and --expert-workers");
   expect_refused(g + "--attention-workers 1 --expert-workers 1 --shared-experts both",
                  "--shared-experts: expected attention or expert, got 'both'");
-  expect_refused(g + "--shared-experts expert", "--shared-experts needs a disaggregated deployment");
-  expect_refused("bench serve --offline --model /nonexistent/m --attention-workers 1 "
-                 "--expert-workers 1 --shared-experts x",
-                 "--shared-experts: expected attention or expert");
+  expect_refused(g + "--shared-experts expert",
+                 "--shared-experts needs a disaggregated deployment");
+  expect_refused(
+      "bench serve --offline --model /nonexistent/m --attention-workers 1 "
+      "--expert-workers 1 --shared-experts x",
+      "--shared-experts: expected attention or expert");
   expect_refused(g, "--model /nonexistent/m: no such model directory");
   // int8 / w8a8 are CPU kernels: refused where every GEMM would run on a GPU
   // (a check of the flags alone: a machine without a GPU refuses it the same way).

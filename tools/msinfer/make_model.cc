@@ -37,11 +37,12 @@ int run_make_model(int argc, char** argv) {
   flags.add_string("dtype", "bf16", "weight dtype: bf16 | f16 | f32");
   flags.add_int("shards", 1, 1, 64,
                 "number of safetensors files (> 1 adds model.safetensors.index.json)");
-  flags.add_string("tokenizer", "",
-                   "small-mixtral: directory of the Llama-2 tokenizer "
-                   "(default .cache/tokenizers/llama2 in the working\n"
-                   "directory or one above it, or above this executable); small-deepseek: of\n"
-                   "the DeepSeek-V3 tokenizer (default .cache/tokenizers/deepseek_v3, found alike)");
+  flags.add_string(
+      "tokenizer", "",
+      "small-mixtral: directory of the Llama-2 tokenizer "
+      "(default .cache/tokenizers/llama2 in the working\n"
+      "directory or one above it, or above this executable); small-deepseek: of\n"
+      "the DeepSeek-V3 tokenizer (default .cache/tokenizers/deepseek_v3, found alike)");
   flags.add_string("router-skew", "",
                    "zipf:S: the routers prefer some experts, popularity ~ Zipf(S) over a seeded\n"
                    "ranking, the same in every layer (S in (0, 8]; docs/ENGINE.md)");

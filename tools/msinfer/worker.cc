@@ -104,9 +104,9 @@ Status check_deployment_flags(const FlagSet& flags) {
         runtime::parse_expert_reduce(flags.get_string("tp-expert-reduce"), "--tp-expert-reduce")
             .status());
   }
-  MSI_RETURN_IF_ERROR(
-      runtime::parse_shared_experts(flags.get_string("shared-experts"), flags.origin("shared-experts"))
-          .status());
+  MSI_RETURN_IF_ERROR(runtime::parse_shared_experts(flags.get_string("shared-experts"),
+                                                    flags.origin("shared-experts"))
+                          .status());
   if (flags.was_set("shared-experts") && !deployment_requested(flags)) {
     return invalid_argument(
         "--shared-experts needs a disaggregated deployment (--attention-workers and "
@@ -343,9 +343,9 @@ StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
   const Json& plan = j.contains("plan") ? j.at("plan") : j;
   if (!flags.was_set("shared-experts") && plan.contains("shared_experts_on") &&
       plan.at("shared_experts_on").is_string() && plan.at("shared_experts_on") != "none") {
-    MSI_ASSIGN_OR_RETURN(c.shared_experts,
-                         runtime::parse_shared_experts(plan.at("shared_experts_on").get<std::string>(),
-                                                       path + ": plan.shared_experts_on"));
+    MSI_ASSIGN_OR_RETURN(c.shared_experts, runtime::parse_shared_experts(
+                                               plan.at("shared_experts_on").get<std::string>(),
+                                               path + ": plan.shared_experts_on"));
   }
   MSI_RETURN_IF_ERROR(runtime::check_rebalancing(c, static_cast<int>(model.experts)));
   return c;
