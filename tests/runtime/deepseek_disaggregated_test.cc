@@ -90,8 +90,9 @@ void expect_same_logprobs(const Json& ref, const Json& g, double tolerance,
         std::max(worst, std::fabs(a[s]["logprob"].get<double>() - b[s]["logprob"].get<double>()));
     ASSERT_EQ(a[s]["top"].size(), b[s]["top"].size()) << what;
     for (size_t i = 0; i < a[s]["top"].size(); ++i) {
-      if (tolerance < 1e-3)
+      if (tolerance < 1e-3) {
         EXPECT_EQ(a[s]["top"][i][0], b[s]["top"][i][0]) << what << " step " << s;
+      }
       if (a[s]["top"][i][0] != b[s]["top"][i][0]) continue;
       worst = std::max(
           worst, std::fabs(a[s]["top"][i][1].get<double>() - b[s]["top"][i][1].get<double>()));
@@ -239,6 +240,59 @@ TEST(DeepSeekFailureTest, ADeadExpertWorkersExpertsMoveToTheirReplicas) {
     EXPECT_EQ(testing::run_greedy(**e, r.prompt, 10).tokens, tokens[r.id]) << "request " << r.id;
   }
   msinfer::testing::expect_workers_gone(pids, /*no_shm=*/true);
+}
+
+// Under --shared-experts expert an expert worker that dies holds a layer's
+// shared experts, which have no replica: the router restarts the deployment
+// without it (the shared experts placed over the two left, layer l's on
+// worker l mod 2) and every request still finishes with the co-located
+// engine's tokens.
+TEST(DeepSeekFailureTest, ADeadExpertWorkerHoldingSharedExpertsRestartsTheDeployment) {
+  const std::string dir = testing::test_model_dir("tiny-deepseek-v3");
+  WorkerConfig c;
+  c.model_dir = dir;
+  c.attention_workers = 1;
+  c.expert_workers = 3;
+  c.micro_batches = 2;
+  c.placement = two_replicas_each(16, 3);
+  c.timeout_ms = 2000;
+  c.shared_experts = SharedExpertsOn::kExpert;
+  const std::string placement =
+      write_file("shared_failure_placement.json", c.placement.to_json().dump());
+  GenerationRequest r;
+  r.id = 1;
+  r.prompt = {5, 9, 22, 40, 7, 8};
+  r.sampling.max_tokens = 10;
+  r.sampling.ignore_eos = true;
+  std::vector<int32_t> tokens;
+  int restarts = 0;
+  {
+    auto started = Router::start(c, kBinary, placement);
+    ASSERT_TRUE(started.ok()) << started.status().to_string();
+    std::unique_ptr<Router> router = std::move(started).value();
+    // Layer 1, tiny-deepseek-v3's one MoE layer: its shared expert is on worker 1.
+    const pid_t victim = router->pid_of("expert", 1);
+    ASSERT_TRUE(router->add(r).ok());
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int step = 0; !router->idle(); ++step) {
+      if (step == 3) ::kill(victim, SIGKILL);
+      auto events = router->step();
+      ASSERT_TRUE(events.ok()) << events.status().to_string();
+      for (const auto& ev : *events) {
+        EXPECT_NE(ev.finish_reason, "error") << ev.error;
+        tokens.push_back(ev.token);
+      }
+      ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(120));
+    }
+    restarts = router->restarts();
+  }
+  EXPECT_EQ(restarts, 1);
+  auto w = model::ModelWeights::load(dir);
+  ASSERT_TRUE(w.ok());
+  auto e = Engine::create(std::shared_ptr<const model::ModelWeights>(std::move(w).value()),
+                          EngineOptions{});
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(testing::run_greedy(**e, r.prompt, 10).tokens, tokens);
 }
 
 }  // namespace
