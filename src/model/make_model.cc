@@ -360,8 +360,10 @@ StatusOr<Json> preset_config(const std::string& preset, int64_t vocab) {
   return invalid_argument("--preset '" + preset + "' is not one of " + known);
 }
 
-std::string default_llama2_tokenizer_dir() {
-  const fs::path rel = fs::path(".cache") / "tokenizers" / "llama2";
+std::string default_llama2_tokenizer_dir() { return default_tokenizer_dir("llama2"); }
+
+std::string default_tokenizer_dir(const std::string& name) {
+  const fs::path rel = fs::path(".cache") / "tokenizers" / name;
   auto search_up = [&](fs::path dir) -> std::string {
     std::error_code ec;
     for (; !dir.empty(); dir = dir.parent_path()) {
@@ -383,6 +385,17 @@ std::string default_llama2_tokenizer_dir() {
 }
 
 Status make_model(const MakeModelOptions& o) {
+  if (o.preset == "small-deepseek") {  // DeepSeek-V3's own tokenizer and chat template
+    const std::string dir =
+        o.tokenizer_dir.empty() ? default_tokenizer_dir("deepseek_v3") : o.tokenizer_dir;
+    auto t = read_json_file(dir + "/tokenizer.json");
+    if (!t.ok()) {
+      return not_found("small-deepseek needs the DeepSeek-V3 tokenizer at " + dir +
+                       " (run scripts/fetch-tokenizers, or pass --tokenizer DIR)");
+    }
+    MSI_ASSIGN_OR_RETURN(Json c, read_json_file(dir + "/tokenizer_config.json"));
+    return internal::make_deepseek_model(o, *t, c);
+  }
   if (internal::is_deepseek_preset(o.preset)) {
     return internal::make_deepseek_model(o, train_tokenizer(kCorpus, 200, /*byte_level=*/true));
   }

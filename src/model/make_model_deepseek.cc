@@ -153,7 +153,7 @@ std::vector<Spec> deepseek_specs(const Json& c, bool fp8) {
 }  // namespace
 
 std::vector<std::string> deepseek_presets() {
-  return {"tiny-deepseek-v3", "tiny-deepseek-v2-lite", "tiny-glm4-moe"};
+  return {"tiny-deepseek-v3", "tiny-deepseek-v2-lite", "tiny-glm4-moe", "small-deepseek"};
 }
 
 bool is_deepseek_preset(const std::string& preset) {
@@ -193,6 +193,49 @@ Json deepseek_preset_config(const std::string& preset, int64_t vocab) {
                 {"tie_word_embeddings", false},
                 {"pad_token_id", vocab - 3},
                 {"eos_token_id", vocab - 3},  // <|endoftext|>
+                {"torch_dtype", "bfloat16"}};
+  }
+  if (preset == "small-deepseek") {
+    return Json{{"architectures", {"DeepseekV3ForCausalLM"}},
+                {"model_type", "deepseek_v3"},
+                {"hidden_size", 1024},
+                {"intermediate_size", 2816},
+                {"moe_intermediate_size", 512},
+                {"num_hidden_layers", 6},
+                {"num_nextn_predict_layers", 0},
+                {"num_attention_heads", 8},
+                {"num_key_value_heads", 8},
+                {"n_routed_experts", 16},
+                {"n_shared_experts", 1},
+                {"num_experts_per_tok", 4},
+                {"n_group", 4},
+                {"topk_group", 2},
+                {"topk_method", "noaux_tc"},
+                {"scoring_func", "sigmoid"},
+                {"norm_topk_prob", true},
+                {"routed_scaling_factor", 2.5},
+                {"first_k_dense_replace", 1},
+                {"moe_layer_freq", 1},
+                {"q_lora_rank", 384},
+                {"kv_lora_rank", 256},
+                {"qk_nope_head_dim", 64},
+                {"qk_rope_head_dim", 32},
+                {"v_head_dim", 64},
+                {"max_position_embeddings", 16384},
+                {"rope_theta", 10000},
+                {"rope_scaling",
+                 {{"type", "yarn"},
+                  {"factor", 4},
+                  {"original_max_position_embeddings", 4096},
+                  {"beta_fast", 32},
+                  {"beta_slow", 1},
+                  {"mscale", 1.0},
+                  {"mscale_all_dim", 1.0}}},
+                {"rms_norm_eps", 1e-6},
+                {"vocab_size", vocab},
+                {"tie_word_embeddings", false},
+                {"bos_token_id", 0},  // <｜begin▁of▁sentence｜>
+                {"eos_token_id", 1},  // <｜end▁of▁sentence｜>
                 {"torch_dtype", "bfloat16"}};
   }
   if (preset == "tiny-deepseek-v3") {
@@ -285,11 +328,13 @@ Json deepseek_preset_config(const std::string& preset, int64_t vocab) {
               {"torch_dtype", "bfloat16"}};
 }
 
-Status make_deepseek_model(const MakeModelOptions& o, const Json& tok_json) {
-  const Json tok_config = {{"add_bos_token", false},
-                           {"eos_token", "<|endoftext|>"},
-                           {"tokenizer_class", "Qwen2Tokenizer"},
-                           {"chat_template", kChatMlTemplate}};
+Status make_deepseek_model(const MakeModelOptions& o, const Json& tok_json,
+                           const Json& tokenizer_config) {
+  const Json tok_config = !tokenizer_config.is_null() ? tokenizer_config
+                                                      : Json{{"add_bos_token", false},
+                                                             {"eos_token", "<|endoftext|>"},
+                                                             {"tokenizer_class", "Qwen2Tokenizer"},
+                                                             {"chat_template", kChatMlTemplate}};
   auto tok = Tokenizer::from_json(tok_json, &tok_config, "tokenizer.json");
   if (!tok.ok()) return tok.status();
   Json config = deepseek_preset_config(o.preset, tok->vocab_size());

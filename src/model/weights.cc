@@ -312,6 +312,33 @@ std::string router_tensor_name(const ModelConfig& c, int layer) {
 
 namespace {
 
+// Whether this process holds MoE layer i's shared experts: the attention side
+// (rank 0) unless they run on the expert workers; an expert process for the
+// layers LoadOptions::shared_expert_layers names.
+bool holds_shared_experts(const LoadOptions& o, int i, bool attention_rank0) {
+  if (attention_rank0) return o.shared_experts_with_attention;
+  return !o.attention && std::find(o.shared_expert_layers.begin(), o.shared_expert_layers.end(),
+                                   i) != o.shared_expert_layers.end();
+}
+
+// The shared experts of MoE layer i (`ffn` = "model.layers.i.mlp.shared_experts.",
+// total width `width`) into L.dense_ffn: whole on the attention side, expert
+// tp shard r of tp on an expert process (rows [r W/tp, (r+1) W/tp) of gate
+// and up, the same columns of down), in the format of the dense weights so
+// both placements compute the same bits.
+Status load_shared_experts(Loader& ld, const LoadOptions& o, const std::string& ffn, int64_t width,
+                           int64_t h, kernels::cpu::WeightFormat fmt, LayerWeights& L) {
+  const int64_t tp = o.attention ? 1 : o.expert_tp_size, r = o.attention ? 0 : o.expert_tp_rank;
+  const int64_t f0 = r * (width / tp), f1 = f0 + width / tp;
+  MSI_ASSIGN_OR_RETURN(L.dense_ffn.w13,
+                       ld.pack_blocks({{ffn + "gate_proj.weight", {width, h}, f0, f1, 0, h},
+                                       {ffn + "up_proj.weight", {width, h}, f0, f1, 0, h}},
+                                      fmt));
+  MSI_ASSIGN_OR_RETURN(L.dense_ffn.w2,
+                       ld.pack_blocks({{ffn + "down_proj.weight", {h, width}, 0, h, f0, f1}}, fmt));
+  return ok_status();
+}
+
 // One DeepSeek-V2/V3 decoder layer: MLA attention, then a dense MLP (layers
 // below first_k_dense_replace) or the router (with e_score_correction_bias when
 // stored), the routed experts and the shared experts. Attention tp rank r of
@@ -395,11 +422,16 @@ Status load_deepseek_layer(Loader& ld, const ModelConfig& c, int i, const LoadOp
     MSI_ASSIGN_OR_RETURN(L.post_attn_norm, ld.vec(p + "post_attention_layernorm.weight", h));
     const std::string ffn = moe ? p + "mlp.shared_experts." : p + "mlp.";
     const int64_t width = moe ? c.shared_expert_ffn : c.dense_ffn;
-    if (width > 0) {
+    if (width > 0 && (!moe || holds_shared_experts(options, i, true))) {
       MSI_ASSIGN_OR_RETURN(L.dense_ffn.w13, ld.pack({{ffn + "gate_proj.weight", {width, h}},
                                                      {ffn + "up_proj.weight", {width, h}}},
                                                     fmt));
       MSI_ASSIGN_OR_RETURN(L.dense_ffn.w2, ld.pack({{ffn + "down_proj.weight", {h, width}}}, fmt));
+    } else if (width > 0) {  // the shared experts, held by an expert worker
+      for (const char* m : {"gate_proj", "up_proj", "down_proj"}) {
+        ld.skip(ffn + m + ".weight");
+        ld.skip(fp8_scale_name(ffn + m + ".weight"));
+      }
     }
     if (moe) {
       MSI_ASSIGN_OR_RETURN(L.router, ld.pack({{router_tensor_name(c, i), {E, h}}},
@@ -411,6 +443,10 @@ Status load_deepseek_layer(Loader& ld, const ModelConfig& c, int i, const LoadOp
   }
   L.experts.resize(E);
   if (!moe) return ok_status();
+  if (c.shared_expert_ffn > 0 && holds_shared_experts(options, i, false)) {
+    MSI_RETURN_IF_ERROR(load_shared_experts(ld, options, p + "mlp.shared_experts.",
+                                            c.shared_expert_ffn, h, fmt, L));
+  }
   const int64_t tp = options.expert_tp_size, tp_rank = options.expert_tp_rank;
   for (int e = 0; e < E; ++e) {
     const ExpertTensorNames n = expert_tensor_names(c, i, e);
@@ -751,12 +787,14 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
                                  ld.vec_f32(p + "mlp.gate.e_score_correction_bias", E));
           }
         }
-        if (ffn_width > 0) {
+        if (ffn_width > 0 && (!moe || holds_shared_experts(options, i, true))) {
           MSI_ASSIGN_OR_RETURN(L.dense_ffn.w13, ld.pack({{ffn + "gate_proj.weight", {ffn_width, h}},
                                                          {ffn + "up_proj.weight", {ffn_width, h}}},
                                                         fmt));
           MSI_ASSIGN_OR_RETURN(L.dense_ffn.w2,
                                ld.pack({{ffn + "down_proj.weight", {h, ffn_width}}}, fmt));
+        } else if (ffn_width > 0) {  // the shared experts, held by an expert worker
+          for (const char* m : {"gate_proj", "up_proj", "down_proj"}) ld.skip(ffn + m + ".weight");
         }
       } else {
         for (const auto& n : rest_names) ld.skip(n);
@@ -800,6 +838,9 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
       for (const auto& n : rest_names) ld.skip(n);
     }
     L.experts.resize(E);
+    if (moe && ffn_width > 0 && holds_shared_experts(options, i, false)) {
+      MSI_RETURN_IF_ERROR(load_shared_experts(ld, options, ffn, ffn_width, h, fmt, L));
+    }
     for (int e = 0; moe && e < E; ++e) {
       const ExpertTensorNames n = expert_tensor_names(c, i, e);
       const bool want =

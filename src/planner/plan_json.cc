@@ -17,8 +17,12 @@ Json deployment_plan_json(const Deployment& d) {
                d.shape.tp_expert > 1 ? expert_reduction_name(d.shape.expert_reduction) : "none"},
               {"expert_nodes", d.expert_nodes()},
               {"experts_per_node", d.experts_per_node()},
-              // Where the work every token visits runs: the engine runs shared
-              // experts and dense layers on the attention side today.
+              // Where the work every token visits runs in what this plan
+              // predicts: the stage model charges shared experts and dense
+              // layers to the attention side. The runtime can also run the
+              // shared experts on the expert workers (--shared-experts
+              // expert); `--plan` runs them where this says unless that flag
+              // is given (tools/msinfer/worker.cc).
               {"shared_experts_on", d.model.shared_expert_ffn > 0 ? "attention" : "none"},
               {"dense_layers_on", d.model.layers > d.model.moe_layers ? "attention" : "none"},
               {"batch_per_micro_batch", d.batch_per_micro_batch},

@@ -67,6 +67,7 @@ Status AttentionWorker::start(comm::Bootstrap& boot) {
   lo.all_experts = false;  // attention workers map no expert weights
   lo.weights = c_.weights;
   lo.attention_tp_size = c_.tp_attention;
+  lo.shared_experts_with_attention = c_.shared_experts == SharedExpertsOn::kAttention;
   MSI_ASSIGN_OR_RETURN(
       auto w, model::ModelWeights::load(c_.model_dir, host_load_options(lo, c_.attention_device)));
   weights_ = std::move(w);

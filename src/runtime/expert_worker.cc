@@ -96,6 +96,12 @@ class ExpertWorker {
   const ModelConfig* mc_ = nullptr;
   std::unique_ptr<ExpertCompute> runner_;
   std::vector<int> local_;  // changes only when the router rebalances
+  // --shared-experts expert (internal::shared_experts_remote): each message
+  // carries one more count, the rows of the shared experts (expert id
+  // mc_->experts to the runner), which this worker holds for the layers
+  // shared_expert_worker() gives it.
+  bool shared_ = false;
+  int64_t counts() const { return static_cast<int64_t>(local_.size()) + (shared_ ? 1 : 0); }
   int64_t hdr_ = 0, h_ = 0, row_bytes_ = 0;
   std::unique_ptr<comm::M2NEndpoint> ep_;
   std::unique_ptr<comm::M2NReceiver> dispatch_;
@@ -120,6 +126,17 @@ Status ExpertWorker::load() {
   lo_.expert_tp_rank = tp_rank_;
   lo_.expert_tp_size = tp_;
   local_ = lo_.experts;
+  {
+    MSI_ASSIGN_OR_RETURN(ModelConfig mc, load_model_config(c_.model_dir));
+    shared_ = internal::shared_experts_remote(c_, mc);
+    if (shared_) {
+      for (int l = 0; l < mc.layers; ++l) {
+        if (mc.is_moe_layer(l) && shared_expert_worker(l, c_.expert_workers) == index_) {
+          lo_.shared_expert_layers.push_back(l);
+        }
+      }
+    }
+  }
   if (tp_ > 1 && !is_cpu_device(c_.expert_device)) {
     return unimplemented(me_ + ": --tp-expert > 1 on " + c_.expert_device +
                          ": the GPU expert backend loads whole experts, not shards");
@@ -130,7 +147,7 @@ Status ExpertWorker::load() {
   MSI_ASSIGN_OR_RETURN(runner_, make_expert_compute(c_.expert_device, *w_, local_));
   h_ = mc_->hidden;
   row_bytes_ = h_ * 4;
-  hdr_ = header_rows(static_cast<int64_t>(local_.size()), row_bytes_);
+  hdr_ = header_rows(counts(), row_bytes_);
   served_.assign(static_cast<size_t>(c_.micro_batches), 0);
   stats_ = std::make_unique<WorkerStats>(c_.micro_batches, mc_->layers, mc_->experts);
   ffn_flops_per_row_ = 2.0 * 3.0 * static_cast<double>(h_) * static_cast<double>(mc_->expert_ffn);
@@ -183,6 +200,11 @@ Status ExpertWorker::connect(comm::Bootstrap& boot) {
 void ExpertWorker::announce(const std::string& what, control::Event answer) {
   std::string held;
   for (int e : local_) held += " " + std::to_string(e);
+  if (!lo_.shared_expert_layers.empty()) {
+    held +=
+        "; shared experts of layer" + std::string(lo_.shared_expert_layers.size() > 1 ? "s" : "");
+    for (int l : lo_.shared_expert_layers) held += " " + std::to_string(l);
+  }
   const double rss_mb = read_process_memory().rss_bytes / 1048576.0;
   const double weights_mb = w_->packed_bytes() / 1048576.0;
   std::fprintf(stderr, "msinfer: %s%s: experts%s; RSS %.0f MiB (expert weights %.1f MiB)\n",
@@ -307,7 +329,10 @@ Status ExpertWorker::compute_experts(int k, int layer, const Replies& replies) {
   const int A = c_.attention_workers;
   std::vector<int64_t> cursor(A, hdr_);
   std::vector<int32_t> n(A);
-  for (size_t i = 0; i < local_.size(); ++i) {
+  for (size_t i = 0; i < static_cast<size_t>(counts()); ++i) {
+    // The last count under shared_: the shared experts' rows.
+    const bool shared = i == local_.size();
+    const int expert = shared ? mc_->experts : local_[i];
     int64_t total = 0;
     for (int a = 0; a < A; ++a) {
       if (dispatch_->dropped(a)) {
@@ -319,6 +344,12 @@ Status ExpertWorker::compute_experts(int k, int layer, const Replies& replies) {
       total += n[a];
     }
     if (total == 0) continue;
+    if (shared && shared_expert_worker(layer, c_.expert_workers) != index_) {
+      return internal_error(me_ + ": shared-expert rows of layer " + std::to_string(layer) +
+                            ", which expert worker " +
+                            std::to_string(shared_expert_worker(layer, c_.expert_workers)) +
+                            " holds");
+    }
     in_.resize(total * h_);
     out_.resize(total * h_);
     int64_t at = 0;
@@ -328,10 +359,15 @@ Status ExpertWorker::compute_experts(int k, int layer, const Replies& replies) {
       at += n[a];
     }
     MSI_RETURN_IF_ERROR(
-        runner_->forward_group(layer, {local_[i]}, {0, total}, in_.data(), out_.data()));
-    stats_->gemm_flops += ffn_flops_per_row_ * static_cast<double>(total) / tp_;
-    // Rows are counted once per expert worker: by shard 0.
-    if (tp_rank_ == 0) {
+        runner_->forward_group(layer, {expert}, {0, total}, in_.data(), out_.data()));
+    const double width =
+        shared ? static_cast<double>(mc_->shared_expert_ffn) / static_cast<double>(mc_->expert_ffn)
+               : 1.0;
+    stats_->gemm_flops += ffn_flops_per_row_ * width * static_cast<double>(total) / tp_;
+    // Rows are counted once per expert worker: by shard 0; the routing
+    // statistics count routed experts only.
+    if (tp_rank_ == 0 && shared) stats_->tokens += total;
+    if (tp_rank_ == 0 && !shared) {
       stats_->tokens += total;
       stats_->expert_tokens[local_[i]] += total;
       stats_->routed.add(layer, local_[i], total);
@@ -495,6 +531,7 @@ void ExpertWorker::prepare(const Placement& p) {
   } else {
     model::LoadOptions more = lo_;
     more.experts = loading_->added;
+    more.shared_expert_layers.clear();  // held already, and kept by replace_experts
     loading_->thread = std::thread([dir = c_.model_dir, more, l = loading_.get()] {
       auto loaded = model::ModelWeights::load(dir, more);
       if (loaded.ok()) {
@@ -512,7 +549,7 @@ void ExpertWorker::switch_experts() {
   if (loading_->thread.joinable()) loading_->thread.join();
   w_->replace_experts(loading_->weights.get(), loading_->keep);
   local_ = loading_->keep;
-  hdr_ = header_rows(static_cast<int64_t>(local_.size()), row_bytes_);
+  hdr_ = header_rows(counts(), row_bytes_);
   loading_.reset();
   announce(": rebalanced", control::Switched{local_});
 }

@@ -233,7 +233,26 @@ Status AttentionRunner::attention_and_gate(int l, const TokenBatch& b, KvCache& 
       routed->topk_expert.resize(T * c.top_k);
       routed->topk_weight.resize(T * c.top_k);
       k::grouped_topk(router_.data(), T, g, routed->topk_expert.data(), routed->topk_weight.data());
-      k::route_rows(T, c.experts, c.top_k, expert_dest, destinations, h_.data(), h, routed);
+      if (c.shared_expert_ffn > 0 && L.dense_ffn.w13.empty()) {
+        // The shared experts run on an expert worker (--shared-experts
+        // expert): expert id E, chosen by every token with weight 1 (the
+        // reference adds them unscaled) in slot 0, so combine adds them to x
+        // before the routed experts, the order of the lines below.
+        const int64_t K = c.top_k, K1 = K + 1;
+        routed->topk_expert.resize(T * K1);
+        routed->topk_weight.resize(T * K1);
+        for (int64_t t = T - 1; t >= 0; --t) {  // spread [T, K] to [T, K + 1] in place
+          for (int64_t j = K - 1; j >= 0; --j) {
+            routed->topk_expert[t * K1 + 1 + j] = routed->topk_expert[t * K + j];
+            routed->topk_weight[t * K1 + 1 + j] = routed->topk_weight[t * K + j];
+          }
+          routed->topk_expert[t * K1] = static_cast<int32_t>(c.experts);
+          routed->topk_weight[t * K1] = 1.0f;
+        }
+        k::route_rows(T, c.experts + 1, K1, expert_dest, destinations, h_.data(), h, routed);
+      } else {
+        k::route_rows(T, c.experts, c.top_k, expert_dest, destinations, h_.data(), h, routed);
+      }
     }
     // After the send rows are copied: the routed results are added by combine.
     if (!L.dense_ffn.w13.empty()) k::add_inplace(x, ffn_.data(), T * h);
@@ -274,6 +293,12 @@ Status AttentionRunner::logits(const std::vector<const float*>& rows, float* out
 }
 
 void ExpertRunner::forward(int l, int e, const float* rows, int64_t n, float* out) const {
+  if (e == w_.config().experts) {  // the shared experts (--shared-experts expert)
+    const model::ExpertWeights& sw = w_.layers()[l].dense_ffn;
+    MSI_CHECK(!sw.w13.empty()) << "the shared experts of layer " << l << " are not loaded here";
+    k::expert_ffn(sw.w13, sw.w2, rows, n, out);
+    return;
+  }
   const model::ExpertWeights& ew = w_.layers()[l].experts[e];
   MSI_CHECK(!ew.w13.empty()) << "expert " << e << " of layer " << l << " is not loaded here";
   const ModelConfig& c = w_.config();

@@ -17,6 +17,16 @@ StatusOr<ExpertReduce> parse_expert_reduce(const std::string& s, const std::stri
   return invalid_argument(where + ": expected attention-sum or allreduce, got '" + s + "'");
 }
 
+const char* shared_experts_name(SharedExpertsOn s) {
+  return s == SharedExpertsOn::kExpert ? "expert" : "attention";
+}
+
+StatusOr<SharedExpertsOn> parse_shared_experts(const std::string& s, const std::string& where) {
+  if (s == "attention") return SharedExpertsOn::kAttention;
+  if (s == "expert") return SharedExpertsOn::kExpert;
+  return invalid_argument(where + ": expected attention or expert, got '" + s + "'");
+}
+
 Placement Placement::round_robin(int experts, int workers) {
   Placement p;
   p.workers = workers;

@@ -68,7 +68,10 @@ DeathAction decide_recovery(const WorkerConfig& c, const DeploymentState& s, con
   if (w.role == WorkerRole::kExpert && !bad_input && can_drop_expert_in_place(c, s)) {
     // Every expert it held has a replica elsewhere; or, without, a
     // replacement can be waited for.
-    if (c.placement.emptied(w.index).ok()) return DeathAction::kDropExpert;
+    // Under --shared-experts expert a worker may hold some layers' shared
+    // experts, which have no replica (a restart places them over the others).
+    const bool holds_shared = c.shared_experts == SharedExpertsOn::kExpert;
+    if (!holds_shared && c.placement.emptied(w.index).ok()) return DeathAction::kDropExpert;
     if (replaceable(c, s, w) && s.replacements < kMaxRestarts) {
       return DeathAction::kAwaitReplacement;
     }

@@ -84,8 +84,9 @@ Status RemoteExperts::start(int k, int l, const kernels::cpu::RoutedBatch& r) {
   std::vector<int64_t> rows(static_cast<size_t>(W) * tp, 0);
   for (int w = 0; w < W; ++w) {
     uint8_t* buf = dispatch_.buffer(k, w * tp);
-    const int64_t hdr = header_rows(static_cast<int64_t>(local_[w].size()), row_bytes);
-    std::vector<int32_t> counts(local_[w].size(), 0);
+    const size_t n_counts = local_[w].size() + (shared_ ? 1 : 0);
+    const int64_t hdr = header_rows(static_cast<int64_t>(n_counts), row_bytes);
+    std::vector<int32_t> counts(n_counts, 0);
     int64_t at = hdr;
     for (size_t i = 0; i < local_[w].size(); ++i) {
       const int e = local_[w][i];
@@ -108,6 +109,22 @@ Status RemoteExperts::start(int k, int l, const kernels::cpu::RoutedBatch& r) {
       }
       plan[w].push_back({off + b, end - b, at - hdr});
       at += end - b;
+    }
+    // The shared experts (expert experts_ of r: every token of a MoE layer,
+    // none in a dense one) go whole to the worker that holds this layer's.
+    if (shared_ && r.experts > experts_ && w == shared_expert_worker(l, W)) {
+      const int64_t off = r.expert_offset[experts_], n = r.expert_rows(experts_);
+      counts.back() = static_cast<int32_t>(n);
+      if (at + n > dispatch_.shape().max_rows) {
+        return resource_exhausted("micro-batch too large for one M2N message (" +
+                                  std::to_string(at + n) + " rows)");
+      }
+      if (n > 0) {
+        std::memcpy(buf + at * row_bytes, r.send.data() + off * hidden_,
+                    static_cast<size_t>(n * row_bytes));
+      }
+      plan[w].push_back({off, n, at - hdr});
+      at += n;
     }
     std::memset(buf, 0, static_cast<size_t>(hdr * row_bytes));
     if (!counts.empty()) std::memcpy(buf, counts.data(), counts.size() * 4);

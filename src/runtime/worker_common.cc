@@ -12,13 +12,15 @@ namespace msinfer::runtime::internal {
 // GEMM FLOPs per token of one layer on rank 0 of an attention replica: its
 // heads' QKV and O, and the router. DeepSeek (MLA): the latent attention's
 // projections and the router, plus the shared experts, on average over the
-// layers (a dense layer's MLP instead of router and shared experts).
-double attention_layer_flops(const ModelConfig& mc, int tp) {
+// layers (a dense layer's MLP instead of router and shared experts; without
+// the shared experts when they run on the expert workers).
+double attention_layer_flops(const ModelConfig& mc, int tp, bool shared_on_experts) {
   const double h = static_cast<double>(mc.hidden), hd = static_cast<double>(mc.head_dim);
   if (mc.kv_lora_rank > 0) {
     const double L = mc.layers, moe = mc.moe_layers;
-    const double ffn = moe * (h * mc.experts + 3.0 * h * mc.shared_expert_ffn) +
-                       (L - moe) * 3.0 * h * mc.dense_ffn;
+    const double shared = shared_on_experts ? 0.0 : static_cast<double>(mc.shared_expert_ffn);
+    const double ffn =
+        moe * (h * mc.experts + 3.0 * h * shared) + (L - moe) * 3.0 * h * mc.dense_ffn;
     return 2.0 * mc.attention_params_per_layer() / tp + 2.0 * ffn / L;
   }
   const double heads = static_cast<double>(mc.heads) / tp, kv = mc.kv_heads_per_attention_rank(tp);
@@ -63,8 +65,9 @@ comm::M2NShape shape(const WorkerConfig& c, const ModelConfig& mc, int channel) 
   s.receivers = channel == 0 ? c.expert_processes() : c.attention_workers;
   s.slots = c.micro_batches;
   s.row_bytes = static_cast<int64_t>(mc.hidden) * 4;
-  s.max_rows = std::min<int64_t>(
-      kMaxRows, c.max_step_tokens * mc.top_k + header_rows(mc.experts, s.row_bytes));
+  const int64_t shared = shared_experts_remote(c, mc) ? 1 : 0;
+  s.max_rows = std::min<int64_t>(kMaxRows, c.max_step_tokens * (mc.top_k + shared) +
+                                               header_rows(mc.experts + shared, s.row_bytes));
   s.channel = channel;
   return s;
 }

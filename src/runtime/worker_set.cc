@@ -100,7 +100,9 @@ std::vector<std::string> worker_args(const WorkerConfig& c, const std::string& e
                                    "--tp-attention",
                                    std::to_string(c.tp_attention),
                                    "--tp-rank",
-                                   std::to_string(role.tp_rank)};
+                                   std::to_string(role.tp_rank),
+                                   "--shared-experts",
+                                   shared_experts_name(c.shared_experts)};
   if (c.attention_cost_per_token > 0 || c.attention_cost_per_position > 0) {
     char cost[64];
     std::snprintf(cost, sizeof cost, "%.17g,%.17g", c.attention_cost_per_token,

@@ -1,8 +1,9 @@
 // GLM-4.5 (Glm4MoeForCausalLM: GQA with q/k/v biases, partial rotary and q/k
 // norms; dense first layer, shared experts, grouped sigmoid routing) on the
 // disaggregated runtime against the co-located engine, through the msinfer
-// binary as a user runs it: the dense layer's MLP and the shared experts run
-// on the attention workers, the routed experts on the expert workers; under
+// binary as a user runs it: the dense layer's MLP on the attention workers,
+// the shared experts on either side (--shared-experts), the routed experts on
+// the expert workers; under
 // attention tp each rank holds its heads' rows of q/k/v and of their biases.
 // And `msinfer plan` reads the model's config.json.
 #include <gtest/gtest.h>
@@ -42,8 +43,12 @@ TEST(Glm4MoeDisaggregatedTest, SameTokensAsTheColocatedEngine) {
       "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 12 --ignore-eos";
   const auto ref = testing::generate(args).tokens;
   ASSERT_EQ(ref.size(), 12u);
-  for (const std::string d : {"--attention-workers 1 --expert-workers 1 --micro-batches 1",
-                              "--attention-workers 2 --expert-workers 3 --micro-batches 2"}) {
+  // Both shared-expert placements (--shared-experts expert: layer l's shared
+  // expert on expert worker l mod 3, slot 0 of every token with weight 1).
+  for (const std::string d :
+       {"--attention-workers 1 --expert-workers 1 --micro-batches 1",
+        "--attention-workers 2 --expert-workers 3 --micro-batches 2 --shared-experts attention",
+        "--attention-workers 2 --expert-workers 3 --micro-batches 2 --shared-experts expert"}) {
     EXPECT_EQ(testing::generate(args + " " + d).tokens, ref) << d;
   }
   for (const std::string d :

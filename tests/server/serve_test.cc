@@ -294,7 +294,9 @@ TEST_F(ServeTest, OpenAiClientDisaggregatedGreedyEqualsGenerate) {
 // `generate`, and a chat completion through the preset's ChatML template
 // equals `generate` of the rendered prompt. SIGTERM stops the server and its
 // workers.
-void expect_served_disaggregated_equals_generate(const std::string& preset) {
+void expect_served_disaggregated_equals_generate(
+    const std::string& preset,
+    const std::string& deployment = "--attention-workers 1 --expert-workers 2 --micro-batches 2") {
   const fs::path dir = fs::path(::testing::TempDir()) /
                        ("msinfer-serve-" + preset + "-" + std::to_string(::getpid()));
   testing::run_capture(kBin + " make-model --preset " + preset + " --out " + dir.string() +
@@ -310,7 +312,7 @@ void expect_served_disaggregated_equals_generate(const std::string& preset) {
   const Json gen_chat = generate("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n");
   ASSERT_FALSE(gen.is_null());
   ASSERT_FALSE(gen_chat.is_null());
-  Server s("--attention-workers 1 --expert-workers 2 --micro-batches 2", dir);
+  Server s(deployment, dir);
   ASSERT_GT(s.port(), 0) << s.stderr_text();
   HttpResult r = post(s, "/v1/completions",
                       R"({"prompt": "Hello, experts", "max_tokens": 8, "temperature": 0,
@@ -342,6 +344,14 @@ void expect_served_disaggregated_equals_generate(const std::string& preset) {
 // DeepSeek-V3 (MLA, shared experts, a dense layer).
 TEST_F(ServeTest, DeepSeekDisaggregatedGreedyEqualsGenerate) {
   expect_served_disaggregated_equals_generate("tiny-deepseek-v3");
+}
+
+// The same with the shared experts on the expert workers (--shared-experts
+// expert: layer 1's on expert worker 1).
+TEST_F(ServeTest, DeepSeekSharedExpertsOnExpertWorkersGreedyEqualsGenerate) {
+  expect_served_disaggregated_equals_generate(
+      "tiny-deepseek-v3",
+      "--attention-workers 1 --expert-workers 2 --micro-batches 2 --shared-experts expert");
 }
 
 // GLM-4.5 (GQA with q/k/v biases and partial rotary, shared experts, a dense layer).

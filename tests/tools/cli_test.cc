@@ -230,6 +230,12 @@ TEST(CliTest, HelpExplainsFlags) {
   CliRun r = run("--help");
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("simulate"), std::string::npos);
+  for (const char* cmd : {"generate", "serve", "bench serve"}) {
+    CliRun h = run(std::string(cmd) + " --help");
+    EXPECT_EQ(h.code, 0) << cmd;
+    EXPECT_NE(h.out.find("--shared-experts"), std::string::npos) << cmd;
+    EXPECT_NE(h.out.find("always-selected expert"), std::string::npos) << cmd;
+  }
 }
 
 TEST(CliTest, MalformedCatalogNamesEntryAndField) {
@@ -379,6 +385,14 @@ TEST(CliHardeningTest, FlagsAreCheckedBeforeAnyExpensiveWork) {
                  "unknown provider 'bogus'");
   expect_refused(g + "--attention-workers 2",
                  "needs both --attention-workers and --expert-workers");
+  expect_refused(g + "--attention-workers 1 --expert-workers 1 --shared-experts both",
+                 "--shared-experts: expected attention or expert, got 'both'");
+  expect_refused(g + "--shared-experts expert",
+                 "--shared-experts needs a disaggregated deployment");
+  expect_refused(
+      "bench serve --offline --model /nonexistent/m --attention-workers 1 "
+      "--expert-workers 1 --shared-experts x",
+      "--shared-experts: expected attention or expert");
   expect_refused(g, "--model /nonexistent/m: no such model directory");
   // int8 / w8a8 are CPU kernels: refused where every GEMM would run on a GPU
   // (a check of the flags alone: a machine without a GPU refuses it the same way).

@@ -30,16 +30,19 @@ int run_make_model(int argc, char** argv) {
       "MXFP4 experts).");
   flags.add_string("preset", "",
                    "demo | tiny-mixtral | tiny-qwen3moe | small-mixtral | tiny-deepseek-v3 |\n"
-                   "tiny-deepseek-v2-lite | tiny-glm4-moe | tiny-gpt-oss | small-gpt-oss");
+                   "tiny-deepseek-v2-lite | tiny-glm4-moe | small-deepseek | tiny-gpt-oss |\n"
+                   "small-gpt-oss");
   flags.add_string("out", "", "output directory (created if missing)");
   flags.add_int("seed", 0, 0, INT64_MAX, "seed of the random weights");
   flags.add_string("dtype", "bf16", "weight dtype: bf16 | f16 | f32");
   flags.add_int("shards", 1, 1, 64,
                 "number of safetensors files (> 1 adds model.safetensors.index.json)");
-  flags.add_string("tokenizer", "",
-                   "small-mixtral: directory of the Llama-2 tokenizer "
-                   "(default .cache/tokenizers/llama2 in the working\n"
-                   "directory or one above it, or above this executable)");
+  flags.add_string(
+      "tokenizer", "",
+      "small-mixtral: directory of the Llama-2 tokenizer "
+      "(default .cache/tokenizers/llama2 in the working\n"
+      "directory or one above it, or above this executable); small-deepseek: of\n"
+      "the DeepSeek-V3 tokenizer (default .cache/tokenizers/deepseek_v3, found alike)");
   flags.add_string("router-skew", "",
                    "zipf:S: the routers prefer some experts, popularity ~ Zipf(S) over a seeded\n"
                    "ranking, the same in every layer (S in (0, 8]; docs/ENGINE.md)");

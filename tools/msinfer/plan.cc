@@ -202,7 +202,11 @@ void print_human(const planner::SearchOptions& o, const planner::SearchResult& r
                std::to_string(o.model.layers - o.model.moe_layers) + " dense layers of " +
                std::to_string(o.model.layers);
     }
-    std::printf("  %s run on the attention nodes, where the engine runs them\n", where.c_str());
+    std::printf(
+        "  %s run on the attention nodes in this prediction\n"
+        "  (the runtime's --shared-experts expert moves the shared experts to the expert\n"
+        "  nodes; not modelled here)\n",
+        where.c_str());
   }
   if (d.experts_per_node() > 1) {
     std::printf("  %d experts per expert node: %.0f rows per node per micro-batch; busiest node "

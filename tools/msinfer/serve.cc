@@ -19,6 +19,7 @@
 #include "msinfer/kernels/cpu/threads.h"
 #include "msinfer/model/tokenizer.h"
 #include "msinfer/runtime/device_backend.h"
+#include "msinfer/runtime/disaggregated.h"
 #include "msinfer/runtime/engine.h"
 #include "msinfer/runtime/kv_cache.h"
 #include "msinfer/server/http_server.h"
@@ -156,6 +157,11 @@ int run_serve(int argc, char** argv) {
   }
   auto weight_format = apply_engine_flags(flags);
   if (!weight_format.ok()) return report_error("serve", weight_format.status());
+  if (auto s = runtime::parse_shared_experts(flags.get_string("shared-experts"),
+                                             flags.origin("shared-experts"));
+      !s.ok()) {
+    return report_error("serve", s.status());
+  }
   // Co-located, the engine's kernels and the HTTP loop share this machine's
   // cores: unless told otherwise, the kernels leave one core to the loop. (On
   // 2 cores, tiny-mixtral at 64 streams: +7% time per token over the offline

@@ -74,6 +74,12 @@ void add_deployment_flags(FlagSet& flags) {
                    "and answers); default: the placement's or plan's, else the one the planner's\n"
                    "model prefers on this machine (its memory bandwidth and FLOP/s probed at\n"
                    "start: docs/RUNTIME.md)");
+  flags.add_string("shared-experts", "attention",
+                   "where a MoE layer's shared experts run (DeepSeek-V2/V3, GLM-4.5): attention\n"
+                   "(on each attention worker, on its own batch; no M2N bytes) | expert (on the\n"
+                   "expert workers as an always-selected expert of weight 1, batched across\n"
+                   "attention workers: layer l's on expert worker l mod N, split over its tp\n"
+                   "shards); dense first layers stay on the attention workers; docs/RUNTIME.md");
 }
 
 Status check_deployment_flags(const FlagSet& flags) {
@@ -97,6 +103,14 @@ Status check_deployment_flags(const FlagSet& flags) {
     MSI_RETURN_IF_ERROR(
         runtime::parse_expert_reduce(flags.get_string("tp-expert-reduce"), "--tp-expert-reduce")
             .status());
+  }
+  MSI_RETURN_IF_ERROR(runtime::parse_shared_experts(flags.get_string("shared-experts"),
+                                                    flags.origin("shared-experts"))
+                          .status());
+  if (flags.was_set("shared-experts") && !deployment_requested(flags)) {
+    return invalid_argument(
+        "--shared-experts needs a disaggregated deployment (--attention-workers and "
+        "--expert-workers, or --plan)");
   }
   if ((flags.was_set("tp-expert") || flags.was_set("tp-expert-reduce") ||
        flags.was_set("tp-attention")) &&
@@ -178,6 +192,9 @@ StatusOr<runtime::WorkerConfig> process_config_from_flags(const FlagSet& flags) 
   c.attention_cost_per_token = cost.first;
   c.attention_cost_per_position = cost.second;
   c.prefix_caching = !flags.get_bool("no-prefix-caching");
+  MSI_ASSIGN_OR_RETURN(c.shared_experts,
+                       runtime::parse_shared_experts(flags.get_string("shared-experts"),
+                                                     flags.origin("shared-experts")));
   return c;
 }
 
@@ -321,6 +338,15 @@ StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
                       &c));
   MSI_RETURN_IF_ERROR(
       apply_tp_attention(flags, model, d.shape.tp_attention, &c).with_context(path));
+  // Where the plan's prediction puts the shared experts (plan.shared_experts_on),
+  // unless --shared-experts says otherwise.
+  const Json& plan = j.contains("plan") ? j.at("plan") : j;
+  if (!flags.was_set("shared-experts") && plan.contains("shared_experts_on") &&
+      plan.at("shared_experts_on").is_string() && plan.at("shared_experts_on") != "none") {
+    MSI_ASSIGN_OR_RETURN(c.shared_experts, runtime::parse_shared_experts(
+                                               plan.at("shared_experts_on").get<std::string>(),
+                                               path + ": plan.shared_experts_on"));
+  }
   MSI_RETURN_IF_ERROR(runtime::check_rebalancing(c, static_cast<int>(model.experts)));
   return c;
 }
@@ -406,6 +432,11 @@ StatusOr<Deployment> start_deployment(const FlagSet& flags) {
   }
   std::fprintf(stderr, "msinfer: %d attention worker(s), %d expert worker(s), %d micro-batch(es)\n",
                c.attention_workers, c.expert_workers, c.micro_batches);
+  if (model.shared_expert_ffn > 0) {
+    std::fprintf(stderr, "msinfer: shared experts on the %s workers (--shared-experts %s)\n",
+                 runtime::shared_experts_name(c.shared_experts),
+                 runtime::shared_experts_name(c.shared_experts));
+  }
   if (c.tp_attention > 1) {
     std::fprintf(stderr, "msinfer: tp_attention %d (%d processes per attention worker)\n",
                  c.tp_attention, c.tp_attention);

@@ -7,9 +7,11 @@
 // engine executes Mixtral, Qwen3-MoE, DeepSeek-V2/V3, gpt-oss and GLM-4.5 / 4.6
 // (check_executable()).
 //
-// Shared experts and dense (non-MoE) layers run on the attention side: every
-// token visits them, so they are a dense GEMM with the attention replica's
-// batch, exactly like the QKV and O projections (docs/PLANNER.md).
+// The planner charges shared experts and dense (non-MoE) layers to the
+// attention side: every token visits them, so they are a dense GEMM with the
+// attention replica's batch, exactly like the QKV and O projections
+// (docs/PLANNER.md). The runtime can also run the shared experts on the
+// expert workers (--shared-experts expert; docs/RUNTIME.md).
 #pragma once
 
 #include <cstdint>
@@ -179,8 +181,8 @@ struct ModelConfig {
   // attention (dense first layers, shared experts, grouped routing) or GLM-4.5
   // (the same MoE side with GQA attention: partial rotary, q/k/v biases,
   // optional q/k norm) on the CPU, co-located or disaggregated (the dense
-  // layers and shared experts run on the attention side; docs/RUNTIME.md,
-  // "DeepSeek").
+  // layers run on the attention side, the shared experts on either;
+  // docs/RUNTIME.md, "DeepSeek").
   Status check_executable() const;
 };
 

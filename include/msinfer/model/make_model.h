@@ -28,7 +28,9 @@ struct MakeModelOptions {
   uint64_t seed = 0;
   DType dtype = DType::kBF16;
   int shards = 1;                 // > 1: model-0000i-of-0000n.safetensors + index
-  std::string tokenizer_dir;  // small-mixtral's tokenizer (default: default_llama2_tokenizer_dir())
+  // small-mixtral's tokenizer (default: default_llama2_tokenizer_dir()), or
+  // small-deepseek's (default: default_tokenizer_dir("deepseek_v3")).
+  std::string tokenizer_dir;
   // Called with a line after each 10% of the weights of a model over 64 M
   // parameters (may be null): the small preset takes tens of seconds.
   void (*progress)(const std::string&) = nullptr;
@@ -55,6 +57,8 @@ StatusOr<double> parse_router_skew(const std::string& value);
 // make-model works from any directory. Absolute where found; else the
 // relative default, for the error message.
 std::string default_llama2_tokenizer_dir();
+// The same search for .cache/tokenizers/<name> (small-deepseek: "deepseek_v3").
+std::string default_tokenizer_dir(const std::string& name);
 
 // The generated presets (the trained "demo" preset is model/demo_model.h's).
 std::vector<std::string> model_presets();

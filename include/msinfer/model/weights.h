@@ -62,7 +62,9 @@ struct LayerWeights {
   // The FFN every token of the layer visits, on the attention side: the dense
   // MLP of a layer below first_k_dense_replace, or the shared experts of a
   // MoE layer (one SwiGLU of width n_shared_experts x moe_intermediate_size).
-  // Empty when the layer has neither.
+  // Empty when the layer has neither, and on the attention side for a MoE
+  // layer whose shared experts an expert worker holds (LoadOptions: there,
+  // this is its tp shard of them, expert id `experts` to ExpertRunner).
   ExpertWeights dense_ffn;
   // DeepSeek-V3's and GLM-4.5's gate.e_score_correction_bias [E] in float32
   // (selection only); else empty.
@@ -106,6 +108,14 @@ struct LoadOptions {
   // kv_b_proj (w_uk, w_uv) and the same columns of o_proj, and q_a_proj,
   // kv_a_proj_with_mqa and their norms whole (every rank caches the latent).
   int attention_tp_rank = 0, attention_tp_size = 1;
+  // The shared experts of MoE layers (DeepSeek, GLM-4.5), in
+  // LayerWeights::dense_ffn: held by the attention side (rank 0) when
+  // shared_experts_with_attention; else (--shared-experts expert) by the
+  // expert process whose shared_expert_layers names the layer, as its expert
+  // tp shard (expert_tp_rank of expert_tp_size: rows of gate/up, columns of
+  // down, as for a routed expert). Dense layers' MLPs stay with the attention side.
+  bool shared_experts_with_attention = true;
+  std::vector<int> shared_expert_layers;
   // GEMM weight format. int8 quantises every GEMM weight but the routers (the
   // gate's top-K is sensitive and its weight tiny); the embedding stays bf16.
   // mxfp4 keeps an MXFP4 checkpoint's expert weights 4-bit and loads the rest

@@ -6,8 +6,9 @@
 //
 // Message from attention worker a to expert worker w for (slot k, layer l):
 //   [header: int32 row count per expert hosted on w, in placement order,
-//    padded to whole rows, its last 8 bytes the send time][rows, expert by
-//    expert, each hidden floats]
+//    under --shared-experts expert one more count: the shared experts' rows
+//    (0 unless w holds layer l's), padded to whole rows, its last 8 bytes the
+//    send time][rows, expert by expert, the shared experts' last, each hidden floats]
 // The answer carries the outputs of the same rows in the same order.
 #pragma once
 
@@ -36,6 +37,21 @@ namespace msinfer::runtime {
 enum class ExpertReduce { kAttentionSum, kAllReduce };
 const char* expert_reduce_name(ExpertReduce r);  // "attention-sum", "allreduce"
 StatusOr<ExpertReduce> parse_expert_reduce(const std::string& s, const std::string& where);
+
+// Where the shared experts of a MoE layer run (DeepSeek-V2/V3, GLM-4.5;
+// docs/RUNTIME.md, "Shared experts"; --shared-experts):
+//  kAttention: on the attention worker, on its own micro-batch (no M2N bytes).
+//  kExpert: on the expert workers, as an always-selected expert with weight 1:
+//    the shared experts of layer l live on expert worker
+//    shared_expert_worker(l, N) (all its tp shards, each with 1/tp of the
+//    width, like a routed expert), which runs them once on the rows of every
+//    attention worker. Dense first layers stay on the attention worker.
+enum class SharedExpertsOn { kAttention, kExpert };
+const char* shared_experts_name(SharedExpertsOn s);  // "attention", "expert"
+StatusOr<SharedExpertsOn> parse_shared_experts(const std::string& s, const std::string& where);
+// The expert worker that holds layer l's shared experts under kExpert: l mod
+// expert_workers (spreads them over the workers, one layer's on one worker).
+inline int shared_expert_worker(int layer, int expert_workers) { return layer % expert_workers; }
 
 // Expert e's replicas: (expert worker, share of e's tokens); shares sum to 1.
 // Each expert worker is a tensor-parallel group of tp_expert processes (shards).
@@ -86,6 +102,8 @@ struct WorkerConfig {
   // r at A + w * tp_expert + r). expert_workers * tp_expert <= 128.
   int tp_expert = 1;
   ExpertReduce tp_expert_reduce = ExpertReduce::kAttentionSum;
+  // Where the shared experts run (no effect for a model without them).
+  SharedExpertsOn shared_experts = SharedExpertsOn::kAttention;
   int expert_processes() const { return expert_workers * tp_expert; }
   // Attention tensor parallelism: each of the attention_workers (replicas) is
   // tp_attention processes, bootstrap ranks a * tp_attention + r, so the

@@ -94,6 +94,10 @@ class AttentionRunner : public AttentionCompute {
   // DeepSeek: latent attention; the gate is grouped_topk (kernels/cpu/
   // grouped_topk.h) then route_rows; the shared experts' output is added to x
   // here, and a dense layer adds its MLP here and routes no rows (top_k 0).
+  // When the weights lack a MoE layer's shared experts (held by an expert
+  // worker: LoadOptions::shared_experts_with_attention), they are routed as
+  // expert E = experts, in slot 0 of every token with weight 1 (top_k + 1
+  // slots, experts + 1 experts in `routed`).
   // GLM-4.5: GQA attention (q/k/v biases, partial rotary) and DeepSeek's MoE side.
   Status attention_and_gate(int l, const TokenBatch& b, KvCache& kv, float* x,
                             kernels::cpu::RoutedBatch* routed, const int32_t* expert_dest = nullptr,

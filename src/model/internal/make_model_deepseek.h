@@ -27,7 +27,17 @@
 // e_score_correction_bias (noaux_tc), routed_scaling_factor 2.5, one shared
 // expert; bf16.
 //
-// All use the tiny byte-level tokenizer of tiny-qwen3moe.
+// small-deepseek: DeepseekV3ForCausalLM for benchmarks, ~0.42 B parameters
+// (0.26 B of them embedding and LM head over DeepSeek-V3's 129,280-token
+// vocabulary): hidden 1024, 6 layers (layer 0 dense, width 2816), MLA with
+// 8 heads, q_lora_rank 384, kv_lora_rank 256, qk_nope 64, qk_rope 32, v 64;
+// 16 routed experts of width 512 in 4 groups, top-4 of the best 2 groups by
+// sigmoid + e_score_correction_bias (noaux_tc), routed_scaling_factor 2.5, one
+// shared expert of width 512; YaRN factor 4 over 4096 original positions;
+// bf16 (no fp8, no MTP layer). DeepSeek-V3's tokenizer and chat template
+// (.cache/tokenizers/deepseek_v3, or --tokenizer).
+//
+// The tiny presets use the tiny byte-level tokenizer of tiny-qwen3moe.
 #pragma once
 
 #include <string>
@@ -53,7 +63,10 @@ std::vector<std::string> deepseek_presets();
 bool is_deepseek_preset(const std::string& preset);
 // The config.json of a DeepSeek preset (vocab from its tokenizer).
 Json deepseek_preset_config(const std::string& preset, int64_t vocab);
-// Writes the preset's directory; `tokenizer` is the tokenizer.json to ship.
-Status make_deepseek_model(const MakeModelOptions& options, const Json& tokenizer);
+// Writes the preset's directory; `tokenizer` is the tokenizer.json to ship,
+// `tokenizer_config` its tokenizer_config.json (null: the tiny presets'
+// byte-level one, ChatML template).
+Status make_deepseek_model(const MakeModelOptions& options, const Json& tokenizer,
+                           const Json& tokenizer_config = Json());
 
 }  // namespace msinfer::model::internal

@@ -19,7 +19,8 @@ namespace msinfer::runtime::internal {
 
 // The attention worker's expert backend in a disaggregated deployment:
 // start() lays out each expert worker's rows (header: int32 counts per hosted
-// expert in placement order, then the send time) in the dispatch channel's
+// expert in placement order, under --shared-experts expert the shared
+// experts' count, then the send time) in the dispatch channel's
 // slot and writes it; finish() waits for every answer and copies the outputs
 // back in the batch's row order (adding the tp shards' partials in shard order
 // under attention-sum). Owned by the attention worker's Engine; `c`, `ep` and
@@ -33,7 +34,9 @@ class RemoteExperts : public ExpertBackend {
         ep_(ep),
         hidden_(mc.hidden),
         layers_(mc.layers),
-        layer_flops_(attention_layer_flops(mc, c.tp_attention)),
+        experts_(mc.experts),
+        shared_(shared_experts_remote(c, mc)),
+        layer_flops_(attention_layer_flops(mc, c.tp_attention, shared_)),
         stats_(stats),
         dispatch_(shape(c, mc, 0), index),
         combine_(shape(c, mc, 1), index) {
@@ -99,6 +102,8 @@ class RemoteExperts : public ExpertBackend {
   comm::M2NEndpoint& ep_;
   int64_t hidden_;
   int layers_;
+  int experts_;  // routed experts; the shared experts are expert experts_ of a RoutedBatch
+  bool shared_;  // shared_experts_remote: one more count and row range per message
   double layer_flops_;
   WorkerStats* stats_;
   std::chrono::steady_clock::time_point last_return_ = std::chrono::steady_clock::now();

@@ -25,6 +25,13 @@ inline int64_t header_rows(int64_t local_experts, int64_t row_bytes) {
   return (local_experts * 4 + 8 + row_bytes - 1) / row_bytes;
 }
 
+// Under --shared-experts expert, for a model with shared experts: every
+// message carries one more count (the shared experts' rows) after the hosted
+// experts', and every token of a MoE layer one more row.
+inline bool shared_experts_remote(const WorkerConfig& c, const ModelConfig& mc) {
+  return c.shared_experts == SharedExpertsOn::kExpert && mc.shared_expert_ffn > 0;
+}
+
 inline int64_t wall_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -36,7 +43,7 @@ inline double seconds_since(std::chrono::steady_clock::time_point t) {
 }
 
 // GEMM FLOPs per token of one layer on rank 0 of an attention replica.
-double attention_layer_flops(const ModelConfig& mc, int tp);
+double attention_layer_flops(const ModelConfig& mc, int tp, bool shared_on_experts);
 
 // Connects the two channels of one process: `sender` (if any: a shard that
 // answers through shard 0 sends nothing back) to every peer's receive region
