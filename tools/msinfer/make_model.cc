@@ -39,7 +39,9 @@ int run_make_model(int argc, char** argv) {
   flags.add_string("tokenizer", "",
                    "small-mixtral: directory of the Llama-2 tokenizer "
                    "(default .cache/tokenizers/llama2 in the working\n"
-                   "directory or one above it, or above this executable)");
+                   "directory or one above it, or above this executable); gpt-oss presets: a\n"
+                   "tokenizer to use instead of the small trained one (.cache/tokenizers/gptoss:\n"
+                   "o200k, whose harmony tokens make serve answer chats in harmony)");
   flags.add_string("router-skew", "",
                    "zipf:S: the routers prefer some experts, popularity ~ Zipf(S) over a seeded\n"
                    "ranking, the same in every layer (S in (0, 8]; docs/ENGINE.md)");
