@@ -343,6 +343,32 @@ TEST_F(HarmonyParse, RandomWellFormedStreams) {
   }
 }
 
+// Garbage: seeded random mixes of every harmony token, words, pieces of
+// UTF-8 characters and other special tokens. Whatever comes, no special
+// token's text, no piece of a character, and nothing after <|return|>.
+TEST_F(HarmonyParse, RandomGarbage) {
+  std::vector<int32_t> pool = {
+      ids_.start,     ids_.end, ids_.message, ids_.channel,
+      ids_.constrain, ids_.ret, ids_.call,    *tok_->token_id("<|endoftext|>")};
+  for (const char* w : {"analysis", "final", "assistant", " to=functions.x", " hi", "\n"}) {
+    for (int32_t id : ids(w)) pool.push_back(id);
+  }
+  // 🌍 is F0 9F 8C 8D: byte-level tokens that hold parts of it.
+  for (int32_t id : ids("🌍🌍 世界")) pool.push_back(id);
+  std::mt19937 rng(11);
+  for (int round = 0; round < 2000; ++round) {
+    std::vector<int32_t> t(rng() % 40);
+    for (int32_t& id : t) id = pool[rng() % pool.size()];
+    const Out o = parse(t);  // checks every piece
+    const auto ret = std::find(t.begin(), t.end(), ids_.ret);
+    if (ret != t.end() && ret + 1 != t.end()) {
+      const Out cut = parse(std::vector<int32_t>(t.begin(), ret + 1));
+      EXPECT_EQ(o.reasoning, cut.reasoning);
+      EXPECT_EQ(o.content, cut.content);
+    }
+  }
+}
+
 // ---- the API layer ----
 
 TEST_F(HarmonyParse, ChatRequestsRenderHarmonyAndStopAtReturn) {
