@@ -1860,6 +1860,14 @@ StatusOr<ChatTemplateConfig> read_chat_template_config(const std::string& model_
   ChatTemplateConfig c;
   if (j.contains("bos_token")) c.bos_token = token_text(j["bos_token"]);
   if (j.contains("eos_token")) c.eos_token = token_text(j["eos_token"]);
+  // A chat_template.jinja beside it wins, as transformers loads it (the
+  // published gpt-oss directories keep their template there).
+  const std::string file = model_dir + "/chat_template.jinja";
+  if (std::ifstream f(file); f.good()) {
+    c.source.assign(std::istreambuf_iterator<char>(f), {});
+    if (f.bad()) return not_found(file + ": cannot be read");
+    return c;
+  }
   if (!j.contains("chat_template") || j["chat_template"].is_null()) {
     return not_found(path + ": no chat_template");
   }

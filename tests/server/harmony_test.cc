@@ -6,6 +6,7 @@
 #include "msinfer/server/harmony.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -142,6 +143,24 @@ TEST(HarmonyRender, SameTextAsThePublishedTemplate) {
     }
   }
   EXPECT_EQ(compared, 96);
+}
+
+// The published directories keep the template in chat_template.jinja:
+// read_chat_template_config() takes it from there, before tokenizer_config's key.
+TEST(HarmonyRender, TheTemplateFileBesideTokenizerConfig) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("harmony-tpl-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "tokenizer_config.json") << R"({"eos_token": "<|return|>"})";
+  EXPECT_EQ(read_chat_template_config(dir.string()).status().code(), StatusCode::kNotFound);
+  std::ofstream(dir / "chat_template.jinja") << "{{ messages[0].content }}<|start|>assistant";
+  auto c = read_chat_template_config(dir.string());
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->source, "{{ messages[0].content }}<|start|>assistant");
+  EXPECT_EQ(c->eos_token, "<|return|>");
+  std::ofstream(dir / "tokenizer_config.json") << R"({"chat_template": "other"})";
+  EXPECT_EQ(read_chat_template_config(dir.string())->source,
+            "{{ messages[0].content }}<|start|>assistant");
+  fs::remove_all(dir);
 }
 
 // ---- the parser, on the o200k tokenizer ----

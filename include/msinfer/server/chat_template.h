@@ -56,7 +56,9 @@ class ChatTemplate {
 // The chat template and special tokens of a model directory's
 // tokenizer_config.json: `chat_template` (a string, or a list of {name,
 // template} where "default" is taken), `bos_token` and `eos_token` (strings
-// or AddedToken objects). NOT_FOUND when there is no chat template.
+// or AddedToken objects). A chat_template.jinja file in the directory is the
+// template instead, as transformers reads it (gpt-oss's published layout).
+// NOT_FOUND when there is no chat template.
 struct ChatTemplateConfig {
   std::string source, bos_token, eos_token;
 };
