@@ -400,6 +400,15 @@ Status make_model(const MakeModelOptions& o) {
     return internal::make_deepseek_model(o, train_tokenizer(kCorpus, 200, /*byte_level=*/true));
   }
   if (internal::is_gpt_oss_preset(o.preset)) {
+    if (!o.tokenizer_dir.empty()) {  // e.g. .cache/tokenizers/gptoss: o200k, harmony's tokens
+      const fs::path dir(o.tokenizer_dir);
+      MSI_ASSIGN_OR_RETURN(Json tok, read_json_file((dir / "tokenizer.json").string()));
+      Json cfg = Json::object();
+      if (fs::exists(dir / "tokenizer_config.json")) {
+        MSI_ASSIGN_OR_RETURN(cfg, read_json_file((dir / "tokenizer_config.json").string()));
+      }
+      return internal::make_gpt_oss_model(o, tok, cfg);
+    }
     return internal::make_gpt_oss_model(o, train_tokenizer(kCorpus, 200, /*byte_level=*/true));
   }
   if (!o.config_overrides.is_null()) {

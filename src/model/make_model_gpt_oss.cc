@@ -137,14 +137,26 @@ Json gpt_oss_preset_config(const std::string& preset, int64_t vocab) {
               {"torch_dtype", "bfloat16"}};
 }
 
-Status make_gpt_oss_model(const MakeModelOptions& o, const Json& tok_json) {
-  const Json tok_config = {{"add_bos_token", false},
-                           {"eos_token", "<|endoftext|>"},
-                           {"tokenizer_class", "Qwen2Tokenizer"},
-                           {"chat_template", kChatMlTemplate}};
+Status make_gpt_oss_model(const MakeModelOptions& o, const Json& tok_json,
+                          const Json& given_tok_config) {
+  const Json tok_config = given_tok_config.is_object() ? given_tok_config
+                                                       : Json{{"add_bos_token", false},
+                                                              {"eos_token", "<|endoftext|>"},
+                                                              {"tokenizer_class", "Qwen2Tokenizer"},
+                                                              {"chat_template", kChatMlTemplate}};
   auto tok = Tokenizer::from_json(tok_json, &tok_config, "tokenizer.json");
   if (!tok.ok()) return tok.status();
   Json config = gpt_oss_preset_config(o.preset, tok->vocab_size());
+  // The published models' ends: <|return|> in config.json, and <|return|>,
+  // <|endoftext|>, <|call|> in generation_config.json.
+  Json gen_eos = config["eos_token_id"];
+  if (auto ret = tok->token_id("<|return|>")) {
+    config["eos_token_id"] = *ret;
+    gen_eos = Json::array();
+    for (const char* t : {"<|return|>", "<|endoftext|>", "<|call|>"}) {
+      if (auto id = tok->token_id(t)) gen_eos.push_back(*id);
+    }
+  }
   if (!o.config_overrides.is_null()) {
     if (!o.config_overrides.is_object())
       return invalid_argument("config overrides must be an object");
@@ -248,7 +260,7 @@ Status make_gpt_oss_model(const MakeModelOptions& o, const Json& tok_json) {
   MSI_RETURN_IF_ERROR(
       write_json_file((fs::path(o.out_dir) / "tokenizer_config.json").string(), tok_config));
   return write_json_file((fs::path(o.out_dir) / "generation_config.json").string(),
-                         Json{{"eos_token_id", config["eos_token_id"]}});
+                         Json{{"eos_token_id", gen_eos}});
 }
 
 }  // namespace msinfer::model::internal

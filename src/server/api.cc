@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <limits>
 #include <mutex>
 #include <random>
@@ -44,6 +45,7 @@ const std::vector<RequestField>& request_fields() {
       {"logprobs", E::kCompletions, U::kHonoured, "2", ""},
       {"logprobs", E::kChat, U::kHonoured, "true", ""},
       {"top_logprobs", E::kChat, U::kHonoured, "2", ""},
+      {"reasoning_effort", E::kChat, U::kHonoured, "\"low\"", ""},
       {"stream", E::kBoth, U::kHonoured, "true", ""},
       {"stream_options", E::kBoth, U::kHonoured, "{\"include_usage\": true}", ""},
       {"n", E::kBoth, U::kHonoured, "2", ""},
@@ -62,7 +64,6 @@ const std::vector<RequestField>& request_fields() {
       {"audio", E::kChat, U::kRefused, "{\"voice\": \"alloy\"}", "[]"},
       {"modalities", E::kChat, U::kRefused, "[\"audio\"]", "[[\"text\"]]"},
       {"prediction", E::kChat, U::kRefused, "{\"type\": \"content\", \"content\": \"x\"}", "[]"},
-      {"reasoning_effort", E::kChat, U::kRefused, "\"low\"", "[]"},
       {"verbosity", E::kChat, U::kRefused, "\"low\"", "[]"},
       {"web_search_options", E::kChat, U::kRefused, "{\"search_context_size\": \"low\"}", "[]"},
       {"user", E::kBoth, U::kNoEffect, "\"u\"", ""},
@@ -329,7 +330,7 @@ Fail chat_messages(const Json& j, const ApiContext& ctx, ApiRequest* out) {
   if (it == j.end() || it->is_null()) return bad_request("'messages' is required", "messages");
   if (!it->is_array()) return wrong_type("messages", "an array", *it);
   if (it->empty()) return bad_request("'messages' is empty", "messages");
-  if (ctx.chat_template == nullptr || ctx.tokenizer == nullptr) {
+  if ((ctx.chat_template == nullptr && ctx.harmony == nullptr) || ctx.tokenizer == nullptr) {
     return bad_request(
         "this model has no chat template (tokenizer_config.json chat_template); "
         "use /v1/completions",
@@ -363,6 +364,17 @@ Fail chat_messages(const Json& j, const ApiContext& ctx, ApiRequest* out) {
     return prompt_too_long_in_bytes(bytes, ctx, "messages");
   }
   if (auto f = get_bool(j, "add_generation_prompt", &out->add_generation_prompt)) return f;
+  if (auto e = j.find("reasoning_effort"); e != j.end() && !e->is_null()) {
+    if (!e->is_string()) return wrong_type("reasoning_effort", "a string", *e);
+    const std::string v = e->get<std::string>();
+    if (v != "low" && v != "medium" && v != "high") {
+      return bad_request("'reasoning_effort' must be \"low\", \"medium\" or \"high\", got \"" +
+                             v.substr(0, 32) + "\"",
+                         "reasoning_effort");
+    }
+    out->reasoning_effort = v;
+  }
+  out->harmony = ctx.harmony != nullptr;
   out->messages = std::move(messages);
   return std::nullopt;
 }
@@ -476,6 +488,15 @@ std::optional<ApiError> parse_request_fields(const std::string& body, bool chat,
     if (it->size() > 256) return bad_request("at most 256 stop_token_ids", "stop_token_ids");
     if (auto f = token_ids(*it, "stop_token_ids", ctx.vocab, &sp.stop_token_ids)) return f;
   }
+  // Harmony: <|return|> ends the answer, <|call|> a tool call (vLLM adds both).
+  if (r.harmony) {
+    for (int32_t id : {ctx.harmony->ret, ctx.harmony->call}) {
+      if (std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), id) ==
+          sp.stop_token_ids.end()) {
+        sp.stop_token_ids.push_back(id);
+      }
+    }
+  }
   if (auto f = get_bool(j, "include_stop_str_in_output", &r.include_stop_str_in_output)) return f;
   if (auto f = get_bool(j, "skip_special_tokens", &r.skip_special_tokens)) return f;
   if (present(j, "add_special_tokens")) {
@@ -580,12 +601,22 @@ std::optional<ApiError> resolve_prompt(const ApiContext& ctx, ApiRequest* r,
     return std::nullopt;
   };
   if (r->chat) {
-    Json context{{"messages", std::move(r->messages)},
-                 {"bos_token", ctx.bos_token},
-                 {"eos_token", ctx.eos_token},
-                 {"add_generation_prompt", r->add_generation_prompt}};
+    StatusOr<std::string> text = std::string();
+    if (ctx.chat_template != nullptr) {
+      Json context{{"messages", std::move(r->messages)},
+                   {"bos_token", ctx.bos_token},
+                   {"eos_token", ctx.eos_token},
+                   {"add_generation_prompt", r->add_generation_prompt}};
+      // Absent, a template keeps its own default (gpt-oss's: medium).
+      if (!r->reasoning_effort.empty()) context["reasoning_effort"] = r->reasoning_effort;
+      text = ctx.chat_template->render(context);
+    } else {  // a harmony model without a template of its own
+      HarmonyOptions o;
+      if (!r->reasoning_effort.empty()) o.reasoning_effort = r->reasoning_effort;
+      o.current_date = harmony_date(std::time(nullptr));
+      text = render_harmony(r->messages, r->add_generation_prompt, o);
+    }
     r->messages = Json();
-    auto text = ctx.chat_template->render(context);
     if (!text.ok()) return bad_request("chat template: " + text.status().message(), param);
     // The template writes the special tokens itself (BOS included).
     if (auto f = tokenize(*text, r->add_special_tokens.value_or(false))) return f;
@@ -643,12 +674,18 @@ TextStream::TextStream(const model::Tokenizer* t, std::vector<std::string> stop,
 
 std::string TextStream::push(int32_t token) {
   if (stopped_ || !decoder_) return "";
-  held_ += decoder_->push(token);
+  return push_text(decoder_->push(token));
+}
+
+std::string TextStream::push_text(std::string_view text, bool counts_token) {
+  if (stopped_) return "";
+  held_ += text;
+  if (counts_token) ++pushed_;
   if (stop_.empty()) return std::move(held_);
   // The earliest stop string wins; nothing after it is emitted, nor the
   // stop string itself unless include_stop_str. None before min_tokens.
   size_t cut = std::string::npos, cut_len = 0;
-  if (++pushed_ > o_.min_tokens) {
+  if (pushed_ > o_.min_tokens) {
     for (const auto& s : stop_) {
       const size_t at = held_.find(s);
       if (at < cut) {

@@ -79,8 +79,10 @@ StreamEvent read_stream_event(std::string_view data) {
       data.find("\"error\"") == std::string_view::npos) {
     const Field text = compact_string_field(data, "\"text\":\"");
     const Field content = compact_string_field(data, "\"content\":\"");
-    if (text != Field::kAbsent || content != Field::kAbsent) {
-      e.text = text == Field::kNonEmpty || content == Field::kNonEmpty;
+    const Field reasoning = compact_string_field(data, "\"reasoning_content\":\"");
+    if (text != Field::kAbsent || content != Field::kAbsent || reasoning != Field::kAbsent) {
+      e.text = text == Field::kNonEmpty || content == Field::kNonEmpty ||
+               reasoning == Field::kNonEmpty;
       return e;
     }
   }
@@ -102,9 +104,11 @@ StreamEvent read_stream_event(std::string_view data) {
     const Json& c = j["choices"][0];
     if (c.contains("text") && c["text"].is_string() && !c["text"].get<std::string>().empty())
       e.text = true;
-    if (c.contains("delta") && c["delta"].is_object() && c["delta"].contains("content") &&
-        c["delta"]["content"].is_string() && !c["delta"]["content"].get<std::string>().empty()) {
-      e.text = true;
+    for (const char* key : {"content", "reasoning_content"}) {
+      if (c.contains("delta") && c["delta"].is_object() && c["delta"].contains(key) &&
+          c["delta"][key].is_string() && !c["delta"][key].get<std::string>().empty()) {
+        e.text = true;
+      }
     }
   }
   return e;

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -1045,6 +1046,7 @@ class Scope {
 
 class Interpreter {
  public:
+  explicit Interpreter(std::time_t now) : now_(now) {}
   std::string run(const Body& b, Scope& s) {
     std::string out;
     exec(b, s, out);
@@ -1052,6 +1054,7 @@ class Interpreter {
   }
 
  private:
+  std::time_t now_;  // what strftime_now() formats
   void exec(const Body& body, Scope& s, std::string& out) {
     for (const auto& st : body) exec(*st, s, out);
   }
@@ -1359,6 +1362,14 @@ class Interpreter {
 
   Value call_global(const std::string& n, const Args& a, const Kwargs& kw) {
     if (n == "raise_exception") throw Error(a.empty() ? "raise_exception()" : to_string(a[0]));
+    if (n == "strftime_now") {  // transformers' global: the local time, strftime's format
+      if (a.empty() || a[0].kind != Value::kString) throw Error("strftime_now(format)");
+      std::tm tm{};
+      localtime_r(&now_, &tm);
+      char buf[256];
+      const size_t len = std::strftime(buf, sizeof(buf), a[0].s.c_str(), &tm);
+      return Value::str(std::string(buf, len));
+    }
     if (n == "namespace") {
       Value v = Value::object();
       for (const auto& [k, x] : kw) v.o->items.emplace_back(k, x);
@@ -1809,6 +1820,10 @@ StatusOr<ChatTemplate> ChatTemplate::parse(const std::string& source) {
 }
 
 StatusOr<std::string> ChatTemplate::render(const Json& context) const {
+  return render(context, std::time(nullptr));
+}
+
+StatusOr<std::string> ChatTemplate::render(const Json& context, std::time_t now) const {
   if (!impl_) return failed_precondition("chat template: not parsed");
   try {
     Scope globals(nullptr);
@@ -1816,7 +1831,7 @@ StatusOr<std::string> ChatTemplate::render(const Json& context) const {
       for (const auto& [k, v] : context.items()) globals.set(k, from_json(v));
     }
     Scope top(&globals);
-    Interpreter in;
+    Interpreter in(now);
     return in.run(impl_->body, top);
   } catch (const Error& e) {
     return invalid_argument(e.what());
@@ -1845,6 +1860,14 @@ StatusOr<ChatTemplateConfig> read_chat_template_config(const std::string& model_
   ChatTemplateConfig c;
   if (j.contains("bos_token")) c.bos_token = token_text(j["bos_token"]);
   if (j.contains("eos_token")) c.eos_token = token_text(j["eos_token"]);
+  // A chat_template.jinja beside it wins, as transformers loads it (the
+  // published gpt-oss directories keep their template there).
+  const std::string file = model_dir + "/chat_template.jinja";
+  if (std::ifstream f(file); f.good()) {
+    c.source.assign(std::istreambuf_iterator<char>(f), {});
+    if (f.bad()) return not_found(file + ": cannot be read");
+    return c;
+  }
   if (!j.contains("chat_template") || j["chat_template"].is_null()) {
     return not_found(path + ": no chat_template");
   }

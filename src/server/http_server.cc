@@ -516,6 +516,10 @@ class Session : public std::enable_shared_from_this<Session> {
   // best_of > n, a candidate for one).
   struct Choice {
     std::optional<TextStream> text;
+    // A harmony chat (ApiRequest::harmony): splits the tokens by channel;
+    // `text` then only looks for stop strings in the content.
+    std::optional<HarmonyParser> harmony;
+    std::string reasoning;  // non-streaming: the whole reasoning (harmony)
     int64_t completion_tokens = 0;
     double cumulative_logprob = 0;  // of its tokens (best_of ranks by it)
     std::string content;            // non-streaming: the whole text
@@ -527,14 +531,15 @@ class Session : public std::enable_shared_from_this<Session> {
     // The usual stream chunk (text, no logprobs, no finish) around its text;
     // made once (text_chunk).
     std::string chunk_prefix, chunk_suffix;
+    std::string reasoning_prefix, reasoning_suffix;  // the same around reasoning_content
     // Streamed text waiting for the next flush round (every --stream-interval
     // steps; the first text goes out at once: the interval never delays the
     // first token).
-    std::string held_text;
+    std::string held_text, held_reasoning;
     bool sent_text = false;
     // This round's (on_tokens) text, logprobs and end; the strings keep
     // their capacity from round to round.
-    std::string round_text;
+    std::string round_text, round_reasoning;
     Json round_logprobs;
     bool round_touched = false, round_ended = false;
   };
@@ -999,7 +1004,10 @@ class Session : public std::enable_shared_from_this<Session> {
     to.skip_special_tokens = gen->req.skip_special_tokens;
     to.min_tokens = gen->req.sampling.min_tokens;
     gen->choices.resize(static_cast<size_t>(gen->req.best_of));
-    for (Choice& c : gen->choices) c.text.emplace(srv_.ctx.tokenizer, gen->req.stop, to);
+    for (Choice& c : gen->choices) {
+      c.text.emplace(srv_.ctx.tokenizer, gen->req.stop, to);
+      if (gen->req.harmony) c.harmony.emplace(*srv_.ctx.tokenizer, *srv_.ctx.harmony);
+    }
     gen->open = gen->req.best_of;
     gen->created = std::time(nullptr);
     // Random (as vLLM's uuid4 ids): unique across restarts too.
@@ -1072,20 +1080,25 @@ class Session : public std::enable_shared_from_this<Session> {
   // the choice's first call: the JSON of every other field is the same for
   // the whole stream, so only the text is escaped per token (nlohmann builds
   // and sorts a tree per chunk otherwise: most of the server's time per token).
-  std::string text_chunk(Generation& g, int index, const std::string& text) const {
+  // reasoning: the chunk's delta is {"reasoning_content": text} (harmony).
+  std::string text_chunk(Generation& g, int index, const std::string& text,
+                         bool reasoning = false) const {
     Choice& c = g.choices[static_cast<size_t>(index)];
-    if (c.chunk_prefix.empty()) {
+    std::string& prefix = reasoning ? c.reasoning_prefix : c.chunk_prefix;
+    std::string& suffix = reasoning ? c.reasoning_suffix : c.chunk_suffix;
+    if (prefix.empty()) {
       static const std::string kMark = "\x01msinfer-text\x01";
-      const Json d = g.req.chat ? Json{{"content", kMark}} : Json(kMark);
+      const Json d =
+          g.req.chat ? Json{{reasoning ? "reasoning_content" : "content", kMark}} : Json(kMark);
       const std::string whole = sse(stream_chunk(g, index, d, Json(nullptr), Json(nullptr)));
       const std::string mark = dump(Json(kMark));
       // Keys are sorted: "choices" comes first, so the first match is ours.
       const size_t at = whole.find(mark);
       MSI_CHECK(at != std::string::npos);
-      c.chunk_prefix = whole.substr(0, at);
-      c.chunk_suffix = whole.substr(at + mark.size());
+      prefix = whole.substr(0, at);
+      suffix = whole.substr(at + mark.size());
     }
-    return c.chunk_prefix + dump(Json(text)) + c.chunk_suffix;
+    return prefix + dump(Json(text)) + suffix;
   }
 
   // Logprobs of the tokens in `events` in the API's shape; appended to `acc`.
@@ -1154,6 +1167,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (!c.round_touched) {
         c.round_touched = true;
         c.round_text.clear();
+        c.round_reasoning.clear();
         c.round_logprobs = Json();
       }
       ++c.completion_tokens;
@@ -1163,7 +1177,20 @@ class Session : public std::enable_shared_from_this<Session> {
       // writes no text unless include_stop_str_in_output, as in vLLM.
       const bool stop_token =
           ev.finished && (ev.finish_reason == "stop" || ev.finish_reason == "eos");
-      if (!stop_token || g.req.include_stop_str_in_output) c.round_text += c.text->push(ev.token);
+      if (c.harmony) {
+        // Every token goes to the parser (it never shows <|return|> and
+        // <|call|>); stop strings are looked for in the content only.
+        HarmonyDelta d = c.harmony->push(ev.token);
+        c.round_reasoning += d.reasoning;
+        c.round_text += c.text->push_text(d.content);
+        if (ev.finished && !c.text->stopped()) {
+          d = c.harmony->finish();
+          c.round_reasoning += d.reasoning;
+          c.round_text += c.text->push_text(d.content, /*counts_token=*/false);
+        }
+      } else if (!stop_token || g.req.include_stop_str_in_output) {
+        c.round_text += c.text->push(ev.token);
+      }
       if (g.req.logprobs) add_logprobs(g, c, ev, g.req.stream ? &c.round_logprobs : &c.logprobs);
       if (c.text->stopped()) {
         c.finish = "stop";
@@ -1191,6 +1218,7 @@ class Session : public std::enable_shared_from_this<Session> {
       for (Choice& c : g.choices) {
         if (!c.round_touched) continue;
         c.content += c.round_text;
+        c.reasoning += c.round_reasoning;
         c.round_touched = c.round_ended = false;
       }
       if (all_ended) finish_plain(g);
@@ -1201,6 +1229,10 @@ class Session : public std::enable_shared_from_this<Session> {
       Choice& c = g.choices[i];
       if (!c.round_touched) {
         // Held text of a choice without tokens this round goes out at a flush.
+        if (flush && !c.held_reasoning.empty()) {
+          out += text_chunk(g, static_cast<int>(i), c.held_reasoning, /*reasoning=*/true);
+          c.held_reasoning.clear();
+        }
         if (flush && !c.held_text.empty()) {
           out += text_chunk(g, static_cast<int>(i), c.held_text);
           c.held_text.clear();
@@ -1210,15 +1242,23 @@ class Session : public std::enable_shared_from_this<Session> {
       const int index = static_cast<int>(i);
       if (!c.round_logprobs.is_null()) {
         Json d = g.req.chat ? Json{{"content", c.round_text}} : Json(c.round_text);
+        if (c.harmony && !c.round_reasoning.empty()) {
+          d["reasoning_content"] = c.round_reasoning;
+          if (c.round_text.empty()) d.erase("content");
+        }
         out += sse(stream_chunk(g, index, d, c.round_logprobs, Json(nullptr)));
       } else {
         // The first text at once, then one chunk per flush round (every
         // stream_interval steps) and at the end: fewer writes, and the time to
         // the first token as without the interval.
         c.held_text += c.round_text;
-        if (!c.held_text.empty() && (!c.sent_text || flush || c.round_ended)) {
-          out += text_chunk(g, index, c.held_text);
+        c.held_reasoning += c.round_reasoning;
+        if ((!c.held_text.empty() || !c.held_reasoning.empty()) &&
+            (!c.sent_text || flush || c.round_ended)) {
+          if (!c.held_reasoning.empty()) out += text_chunk(g, index, c.held_reasoning, true);
+          if (!c.held_text.empty()) out += text_chunk(g, index, c.held_text);
           c.held_text.clear();
+          c.held_reasoning.clear();
           c.sent_text = true;
         }
       }
@@ -1281,7 +1321,12 @@ class Session : public std::enable_shared_from_this<Session> {
     for (size_t i = 0; i < g.choices.size(); ++i) {
       Choice& c = g.choices[i];
       Json choice{{"index", static_cast<int64_t>(i)}};
-      if (g.req.chat) {
+      if (g.req.chat && c.harmony) {  // a side the model wrote nothing in is null (vLLM's)
+        choice["message"] = {
+            {"role", "assistant"},
+            {"content", c.harmony->has_content() || !c.content.empty() ? Json(c.content) : Json()},
+            {"reasoning_content", c.harmony->has_reasoning() ? Json(c.reasoning) : Json()}};
+      } else if (g.req.chat) {
         choice["message"] = {{"role", "assistant"}, {"content", c.content}};
       } else {
         choice["text"] = c.content;

@@ -609,8 +609,12 @@ TEST(StreamEvent, TheFastPathAgreesWithAFullParse) {
     if (!j.contains("choices") || j["choices"].empty()) return false;
     const Json& c = j["choices"][0];
     if (c.contains("text") && !c["text"].get<std::string>().empty()) return true;
-    return c.contains("delta") && c["delta"].contains("content") &&
-           !c["delta"]["content"].get<std::string>().empty();
+    for (const char* key : {"content", "reasoning_content"}) {
+      if (c.contains("delta") && c["delta"].contains(key) &&
+          !c["delta"][key].get<std::string>().empty())
+        return true;
+    }
+    return false;
   };
   const std::vector<std::string> chunks = {
       R"({"choices":[{"finish_reason":null,"index":0,"logprobs":null,"text":"K"}],"usage":null})",
@@ -626,6 +630,10 @@ TEST(StreamEvent, TheFastPathAgreesWithAFullParse) {
       R"({"choices": [{"index": 0, "text": "a"}], "usage": null})",
       R"({"choices": [{"index": 0, "text": ""}]})",
       R"({"choices": [{"delta": {"content": "b"}}]})",
+      // Harmony: the reasoning streams first, and counts as text.
+      R"({"choices":[{"delta":{"reasoning_content":"r"},"index":0}],"usage":null})",
+      R"({"choices":[{"delta":{"reasoning_content":""},"index":0}],"usage":null})",
+      R"({"choices": [{"delta": {"reasoning_content": "s"}}]})",
   };
   for (const std::string& c : chunks) {
     const StreamEvent e = read_stream_event(c);
@@ -638,6 +646,8 @@ TEST(StreamEvent, TheFastPathAgreesWithAFullParse) {
   EXPECT_FALSE(read_stream_event(chunks[1]).text);
   EXPECT_TRUE(read_stream_event(chunks[5]).text);
   EXPECT_FALSE(read_stream_event(chunks[6]).text);
+  EXPECT_TRUE(read_stream_event(chunks[11]).text);
+  EXPECT_FALSE(read_stream_event(chunks[12]).text);
   StreamEvent usage = read_stream_event(
       R"({"choices":[],"usage":{"completion_tokens":3,"prompt_tokens":4,"total_tokens":7}})");
   EXPECT_TRUE(usage.has_usage);

@@ -42,7 +42,10 @@ int run_make_model(int argc, char** argv) {
       "small-mixtral: directory of the Llama-2 tokenizer "
       "(default .cache/tokenizers/llama2 in the working\n"
       "directory or one above it, or above this executable); small-deepseek: of\n"
-      "the DeepSeek-V3 tokenizer (default .cache/tokenizers/deepseek_v3, found alike)");
+      "the DeepSeek-V3 tokenizer (default .cache/tokenizers/deepseek_v3, found alike);\n"
+      "gpt-oss presets: a tokenizer to use instead of the small trained one\n"
+      "(.cache/tokenizers/gptoss: o200k, whose harmony tokens make serve answer chats\n"
+      "in harmony)");
   flags.add_string("router-skew", "",
                    "zipf:S: the routers prefer some experts, popularity ~ Zipf(S) over a seeded\n"
                    "ranking, the same in every layer (S in (0, 8]; docs/ENGINE.md)");

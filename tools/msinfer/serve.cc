@@ -188,8 +188,11 @@ int run_serve(int argc, char** argv) {
       return report_error("serve", t.status().with_context(dir + "/tokenizer_config.json"));
     chat_template = std::move(t).value();
   } else {
-    std::fprintf(stderr, "msinfer serve: %s: /v1/chat/completions is refused\n",
-                 c.status().message().c_str());
+    std::fprintf(stderr, "msinfer serve: %s: /v1/chat/completions %s\n",
+                 c.status().message().c_str(),
+                 config->architecture == "GptOssForCausalLM"
+                     ? "renders harmony itself (if the tokenizer has its tokens)"
+                     : "is refused");
   }
   std::string name = flags.get_string("served-model-name");
   if (name.empty()) {
@@ -197,7 +200,19 @@ int run_serve(int argc, char** argv) {
     while (d.size() > 1 && d.back() == '/') d.pop_back();
     name = d.substr(d.find_last_of('/') + 1);
   }
+  // gpt-oss speaks harmony: chats rendered in it (the model's own template
+  // if it has one, else the built-in renderer) and answers split by channel.
+  std::optional<server::HarmonyTokens> harmony;
+  if (config->architecture == "GptOssForCausalLM" && tok.ok()) {
+    harmony = server::HarmonyTokens::of(*tok);
+    if (!harmony) {
+      std::fprintf(stderr,
+                   "msinfer serve: the tokenizer lacks harmony's special tokens: chats use %s\n",
+                   chat_template ? "the chat template, answers unsplit" : "no template (refused)");
+    }
+  }
   server::ApiContext ctx;
+  ctx.harmony = harmony ? &*harmony : nullptr;
   ctx.served_model_name = name;
   ctx.tokenizer = tok.ok() ? &*tok : nullptr;
   ctx.chat_template = chat_template ? &*chat_template : nullptr;

@@ -10,12 +10,14 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "msinfer/core/json.h"
 #include "msinfer/model/tokenizer.h"
 #include "msinfer/runtime/sampling.h"
 #include "msinfer/server/chat_template.h"
+#include "msinfer/server/harmony.h"
 
 namespace msinfer::server {
 
@@ -33,7 +35,12 @@ ApiError bad_request(std::string message, std::string param = "");
 struct ApiContext {
   std::string served_model_name;
   const model::Tokenizer* tokenizer = nullptr;  // null: only token-id prompts
-  const ChatTemplate* chat_template = nullptr;  // null: chat completions refused
+  const ChatTemplate* chat_template = nullptr;  // null: chat completions refused (unless harmony)
+  // Set for a gpt-oss model whose tokenizer has harmony's special tokens:
+  // chats are answered in the harmony format (rendered with chat_template
+  // when the model has one, else render_harmony(); the answer split by
+  // channel, HarmonyParser). Not owned.
+  const HarmonyTokens* harmony = nullptr;
   std::string bos_token, eos_token;             // for the chat template
   int64_t vocab = 0;
   int64_t max_model_len = 0;  // prompt + max_tokens must not exceed it
@@ -99,6 +106,12 @@ struct ApiRequest {
   // template), and max_tokens as asked (-1: absent or null).
   std::optional<std::string> prompt_text;
   Json messages;  // chat: [{role, content}], roles and contents checked
+  // OpenAI's reasoning_effort ("low", "medium", "high"; "" absent): the
+  // harmony system message's `Reasoning:`, a template's `reasoning_effort`.
+  std::string reasoning_effort;
+  // A chat with a harmony model (ApiContext::harmony): <|return|> and <|call|>
+  // are stop tokens, and the answer is split into reasoning and content.
+  bool harmony = false;
   bool add_generation_prompt = true;
   int64_t max_tokens_asked = -1;
   std::string max_tokens_key = "max_tokens";
@@ -147,6 +160,9 @@ class TextStream {
   TextStream(const model::Tokenizer* t, std::vector<std::string> stop, TextStreamOptions o = {});
   // Text made final by this token; sets stopped() when a stop string ended it.
   std::string push(int32_t token);
+  // The same for text decoded elsewhere (a harmony answer's content): stop
+  // strings looked for in it. counts_token: one more token toward min_tokens.
+  std::string push_text(std::string_view text, bool counts_token = true);
   // The rest once generation ended without a stop string.
   std::string finish();
   bool stopped() const { return stopped_; }

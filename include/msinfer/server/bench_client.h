@@ -66,7 +66,9 @@ StatusOr<OnlineBenchReport> run_online_bench(const OnlineBenchOptions& o);
 
 // What one SSE `data:` payload of an OpenAI completions or chat stream tells
 // the benchmark: the end ([DONE]), whether it carries generated text (a
-// non-empty `text` or `delta.content`), the usage counts, an error message.
+// non-empty `text`, `delta.content` or `delta.reasoning_content`, which a
+// harmony model streams first, as vLLM's benchmark counts it), the usage
+// counts, an error message.
 // A token's chunk is read without building a JSON document: the load
 // generator shares the machine with the server it measures, and a full parse
 // per token cost it more CPU than the server's whole HTTP loop. Payloads with

@@ -15,12 +15,14 @@
 // replace, selectattr/rejectattr/map/select/reject with simple arguments,
 // unique, sort), string methods (startswith, endswith, split, strip, lstrip,
 // rstrip, upper, lower, replace, title, format is not), dict methods (get,
-// items, keys, values), namespace(), range(), raise_exception().
+// items, keys, values), namespace(), range(), raise_exception(),
+// strftime_now().
 //
 // Not thread-compatible beyond const: render() is const and may be called
 // from many threads at once.
 #pragma once
 
+#include <ctime>
 #include <memory>
 #include <string>
 
@@ -40,8 +42,11 @@ class ChatTemplate {
   static StatusOr<ChatTemplate> parse(const std::string& source);
   // Renders with `context` as the global variables (messages, bos_token,
   // add_generation_prompt, ...). INVALID_ARGUMENT for an error the template
-  // raises (raise_exception) or a type error.
+  // raises (raise_exception) or a type error. strftime_now(format), the
+  // global transformers gives templates (gpt-oss's writes the date with it),
+  // formats `now` in local time (the second form: a fixed clock, for tests).
   StatusOr<std::string> render(const Json& context) const;
+  StatusOr<std::string> render(const Json& context, std::time_t now) const;
 
  private:
   struct Impl;
@@ -51,7 +56,9 @@ class ChatTemplate {
 // The chat template and special tokens of a model directory's
 // tokenizer_config.json: `chat_template` (a string, or a list of {name,
 // template} where "default" is taken), `bos_token` and `eos_token` (strings
-// or AddedToken objects). NOT_FOUND when there is no chat template.
+// or AddedToken objects). A chat_template.jinja file in the directory is the
+// template instead, as transformers reads it (gpt-oss's published layout).
+// NOT_FOUND when there is no chat template.
 struct ChatTemplateConfig {
   std::string source, bos_token, eos_token;
 };

@@ -28,7 +28,10 @@ namespace msinfer::model::internal {
 std::vector<std::string> gpt_oss_presets();
 bool is_gpt_oss_preset(const std::string& preset);
 Json gpt_oss_preset_config(const std::string& preset, int64_t vocab);
-Status make_gpt_oss_model(const MakeModelOptions& options, const Json& tokenizer);
+// tokenizer_config: null for the trained tokenizer (ChatML template added);
+// else the one that came with `tokenizer` (o200k: harmony, <|return|> the EOS).
+Status make_gpt_oss_model(const MakeModelOptions& options, const Json& tokenizer,
+                          const Json& tokenizer_config = Json());
 
 // MXFP4 of one block of 32 values: the e8m0 exponent byte (2^(byte - 127)
 // is the smallest power of two with amax / scale <= 6; 127 for an all-zero
