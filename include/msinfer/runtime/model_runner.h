@@ -30,9 +30,13 @@ struct TokenBatch {
   std::vector<const int32_t*> block_tables;
   std::vector<std::vector<const int32_t*>> group_tables;
   int64_t size() const { return static_cast<int64_t>(ids.size()); }
-  // The tokens' tables in layer group g, one per token.
+  // The tokens' tables in layer group g, one per token (null for a group
+  // no token has a table in: an empty batch, which an idle worker steps).
   const int32_t* const* tables(int g) const {
-    return g == 0 ? block_tables.data() : group_tables[static_cast<size_t>(g - 1)].data();
+    if (g == 0) return block_tables.data();
+    return static_cast<size_t>(g) <= group_tables.size()
+               ? group_tables[static_cast<size_t>(g - 1)].data()
+               : nullptr;
   }
   std::vector<const int32_t*>& tables_of(int g) {
     if (g == 0) return block_tables;
