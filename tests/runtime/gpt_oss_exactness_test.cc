@@ -265,5 +265,35 @@ TEST(GptOssExactnessTest, SlidingLayersHoldOnlyTheirWindowAndStayExact) {
   EXPECT_EQ(cached.cached_tokens, 36);  // 9 full blocks of the 40 (the 10th: its last token)
 }
 
+// Admission counts the blocks a request really takes: 36 blocks of 2 layers
+// x 4 positions admit three 40-token prompts at once (each: its 10 blocks
+// in the full layers, one chunk's in the sliding ones), where holding every
+// block on every layer (18 blocks of 4 layers, 10 a prompt) admits one.
+TEST(GptOssExactnessTest, AdmissionCountsTheBlocksSlidingLayersHold) {
+  auto w = model::ModelWeights::load(window8_dir(), {});
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  auto kv = KvCache::create((*w)->config(), 1 << 20, 4);
+  ASSERT_TRUE(kv.ok());
+  ASSERT_EQ(kv->groups(), 2);
+  EngineOptions o;
+  o.kv_cache_bytes = 36 * kv->block_bytes();
+  o.block_size = 4;
+  o.max_step_tokens = 4;
+  auto e = Engine::create(std::shared_ptr<const model::ModelWeights>(std::move(w).value()), o);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  for (int64_t id = 1; id <= 3; ++id) {
+    GenerationRequest r{id, {}, {}};
+    for (int i = 0; i < 40; ++i) r.prompt.push_back(static_cast<int32_t>((i * 13 + id) % 200));
+    r.sampling.max_tokens = 4;
+    ASSERT_TRUE((*e)->add(r).ok());
+  }
+  ASSERT_TRUE((*e)->step().ok());
+  EXPECT_EQ((*e)->running(), 3);
+  EXPECT_EQ((*e)->kv_cache().total_blocks() - (*e)->kv_cache().free_blocks(), 3 * (10 + 1));
+  for (int guard = 0; !(*e)->idle() && guard < 1000; ++guard) ASSERT_TRUE((*e)->step().ok());
+  EXPECT_TRUE((*e)->idle());
+  EXPECT_EQ((*e)->kv_cache().free_blocks(), (*e)->kv_cache().total_blocks());
+}
+
 }  // namespace
 }  // namespace msinfer::runtime
