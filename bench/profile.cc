@@ -115,7 +115,7 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
       MSI_RETURN_IF_ERROR(kv.reserve(i, o.seq_len + 1));
       batch.ids.push_back(static_cast<int32_t>(i % c.vocab));
       batch.positions.push_back(static_cast<int32_t>(o.seq_len));
-      batch.block_tables.push_back(kv.block_table(i));
+      for (int g = 0; g < kv.groups(); ++g) batch.tables_of(g).push_back(kv.block_table(i, g));
     }
     x.assign(b * c.hidden, 0.01f);
     int layer = 0;

@@ -137,6 +137,11 @@ class AttentionTpRank {
     }
     b_.clear();
     tables_.assign(static_cast<size_t>(*T), {});
+    // The layer's KV group: its tables hold KvCache::kFreed for the blocks
+    // wholly before a token's window, which this rank's kernels never read.
+    const int group = kv_->layer_group(*layer);
+    const int64_t window = kv_->group_window(group);
+    std::vector<const int32_t*>& group_tables = b_.tables_of(group);
     int64_t at = 3;
     const int64_t words = *hdr * row_bytes_ / 4;
     for (int32_t t = 0; t < *T; ++t) {
@@ -149,13 +154,17 @@ class AttentionTpRank {
       }
       for (int32_t i = 0; i < n; ++i) {
         const int32_t blk = word(at + i);
-        if (blk < 0 || blk >= kv_->total_blocks()) return malformed("block id out of range");
+        const bool released = blk == KvCache::kFreed && window > 0 &&
+                              (int64_t{i} + 1) * KvCache::kDefaultBlockSize <= pos - window + 1;
+        if (!released && (blk < 0 || blk >= kv_->total_blocks())) {
+          return malformed("block id out of range");
+        }
         tables_[t].push_back(blk);
       }
       at += n;
       b_.ids.push_back(0);  // unused: rank 0 embeds
       b_.positions.push_back(pos);
-      b_.block_tables.push_back(tables_[t].data());
+      group_tables.push_back(tables_[t].data());
     }
     return ok_status();
   }
@@ -201,7 +210,8 @@ Status AttentionTpLeader::attach(comm::Bootstrap& boot) {
                         c_.tp_attention - 1);
 }
 
-Status AttentionTpLeader::start(int l, const TokenBatch& b, const float* h) {
+Status AttentionTpLeader::start(int l, const TokenBatch& b, const int32_t* const* tables,
+                                const float* h) {
   const int64_t T = b.size(), row_bytes = hidden_ * 4;
   MSI_RETURN_IF_ERROR(broadcast_.wait_sent(0));
   words_.assign({l, static_cast<int32_t>(T), 0});
@@ -210,7 +220,7 @@ Status AttentionTpLeader::start(int l, const TokenBatch& b, const float* h) {
     const int32_t n = static_cast<int32_t>(pos / KvCache::kDefaultBlockSize + 1);
     words_.push_back(pos);
     words_.push_back(n);
-    words_.insert(words_.end(), b.block_tables[t], b.block_tables[t] + n);
+    words_.insert(words_.end(), tables[t], tables[t] + n);
   }
   const int64_t hdr = (static_cast<int64_t>(words_.size()) * 4 + row_bytes - 1) / row_bytes;
   words_[2] = static_cast<int32_t>(hdr);

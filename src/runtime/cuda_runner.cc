@@ -168,7 +168,7 @@ Status CudaAttentionRunner::attention_and_gate(int l, const TokenBatch& b, KvCac
   const int64_t max_blocks = max_pos / block_size_ + 1;
   host_tables_.assign(T * max_blocks, 0);
   for (int64_t t = 0; t < T; ++t) {
-    std::copy(b.block_tables[t], b.block_tables[t] + b.positions[t] / block_size_ + 1,
+    std::copy(b.tables(0)[t], b.tables(0)[t] + b.positions[t] / block_size_ + 1,
               host_tables_.begin() + t * max_blocks);
   }
   MSI_RETURN_IF_ERROR(copy_in(&x_, x, T * h * 4, s));

@@ -110,7 +110,7 @@ Status Engine::add(GenerationRequest r) {
                               std::to_string(need) + " exceeds the model context of " +
                               std::to_string(c.max_position_embeddings));
   }
-  if (kv_.blocks_for(need) > kv_.total_blocks()) {
+  if (kv_.max_blocks(need, options_.max_step_tokens) > kv_.total_blocks()) {
     return resource_exhausted("request " + std::to_string(r.id) + ": prompt + max_tokens = " +
                               std::to_string(need) + " tokens does not fit the KV cache (" +
                               std::to_string(kv_.capacity_tokens()) +
@@ -139,30 +139,32 @@ bool Engine::cancel(int64_t id) {
 
 // First come, first served: a request is admitted when the blocks of every
 // token it must compute are free beyond what the running requests take in the
-// next step (a decode whose token starts a new block; prompts hold theirs
-// from admission) and a watermark of 1% of the pool, as vLLM keeps. (One
+// next step (a decode whose token starts a new block; a prompt's next chunk in
+// a sliding layer group, the other groups holding the whole prompt from
+// admission) and a watermark of 1% of the pool, as vLLM keeps. (One
 // spare block per running request, as before, left half the cache unused
-// at 128-token blocks.) A later step that runs short preempts the most
+// at 128-token blocks.) A sliding group holds only the window before a chunk
+// and the chunk (KvCache::reserve): a long prompt takes its window's blocks
+// there, not its length's. A later step that runs short preempts the most
 // recently admitted (plan_step).
 void Engine::admit() {
   if (waiting_.empty()) return;
   const int64_t watermark = std::max<int64_t>(1, kv_.total_blocks() / 100);
+  const int64_t chunk = options_.max_step_tokens;
   int64_t next_step = 0;
   for (const Running& r : running_) {
-    next_step += std::max<int64_t>(
-        0, kv_.blocks_for(static_cast<int64_t>(r.tokens.size())) - kv_.blocks_held(r.seq));
+    const int64_t len = static_cast<int64_t>(r.tokens.size());
+    next_step += kv_.blocks_to_take(r.seq, std::min(len, r.computed + chunk), r.computed, len);
   }
   while (!waiting_.empty()) {
     Running& r = waiting_.front();
     const int64_t len = static_cast<int64_t>(r.tokens.size());
     // Cached blocks it shares cost nothing, unless no one holds them: then
     // they count as free now and stop being free once it takes them.
-    int64_t evictable = 0;
-    const int64_t hit = kv_.cached_prefix_blocks(r.tokens.data(), len, &evictable);
-    const int64_t need = kv_.blocks_for(len) - hit + evictable;
+    const int64_t need = kv_.blocks_to_start(r.tokens.data(), len, chunk, nullptr);
     if (!running_.empty() && need + next_step + watermark > kv_.free_blocks()) break;
     r.computed = kv_.match_prefix(r.seq, r.tokens.data(), len);
-    if (!kv_.reserve(r.seq, len).ok()) {
+    if (!kv_.reserve(r.seq, std::min(len, r.computed + chunk), r.computed, len).ok()) {
       kv_.release(r.seq);
       r.computed = 0;
       break;
@@ -209,7 +211,7 @@ std::vector<std::pair<size_t, int64_t>> Engine::plan_step() {
       if ((pass == 0) != decoding || left <= 0) continue;
       const int64_t n = std::min(left, budget);
       bool fits = true;
-      while (!kv_.reserve(r.seq, r.computed + n).ok()) {
+      while (!kv_.reserve(r.seq, r.computed + n, r.computed).ok()) {
         const std::ptrdiff_t v = victim(i);
         if (v < 0 || static_cast<size_t>(v) < i) {
           // Everything admitted after it is preempted already: it goes itself.
@@ -319,11 +321,13 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
     const size_t k = static_cast<size_t>(std::min_element(mb_cost.begin(), mb_cost.end()) - mb_cost.begin());
     mb_cost[k] += cost[j];
     MicroBatch& mb = mbs_[k];
-    const int32_t* table = kv_.block_table(r.seq);
     for (int64_t j = 0; j < n; ++j) {
       mb.batch.ids.push_back(r.tokens[r.computed + j]);
       mb.batch.positions.push_back(static_cast<int32_t>(r.computed + j));
-      mb.batch.block_tables.push_back(table);
+    }
+    for (int g = 0; g < kv_.groups(); ++g) {
+      mb.batch.tables_of(g).insert(mb.batch.tables_of(g).end(), static_cast<size_t>(n),
+                                   kv_.block_table(r.seq, g));
     }
     mb.owners.push_back(static_cast<int64_t>(i));
     mb.fed.push_back(n);
@@ -370,6 +374,9 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
       row += mbs_[k].fed[j];
       r.computed += mbs_[k].fed[j];
       kv_.cache_blocks(r.seq, r.tokens.data(), r.computed);
+      // Sliding groups let go of the blocks behind the next token's window
+      // (registered ones stay cached for a later request's prefix).
+      kv_.slide(r.seq, r.computed);
       if (r.computed == static_cast<int64_t>(r.tokens.size())) {
         rows.emplace_back(k, row - 1);
         owners.push_back(mbs_[k].owners[j]);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 namespace msinfer::runtime {
 
@@ -10,24 +11,60 @@ int64_t KvCache::bytes_per_token(const ModelConfig& c) {
   return 2 /*K,V*/ * 2 /*bf16*/ * c.kv_heads * c.head_dim * c.layers;
 }
 
+int64_t KvCache::block_bytes() const {
+  return kv_pools_ * 2 /*bf16*/ * group_layers_ * block_size_ * slot_elems_;
+}
+
 StatusOr<KvCache> KvCache::create(const ModelConfig& c, int64_t budget_bytes, int64_t block_size,
                                   bool host_pools) {
   if (block_size < 1) return invalid_argument("KV block size must be >= 1");
   KvCache kv;
   kv.block_size_ = block_size;
-  kv.layers_ = c.layers;
   const bool mla = c.kv_lora_rank > 0;
   kv.kv_heads_ = mla ? 1 : c.kv_heads;
   kv.head_dim_ = mla ? c.kv_lora_rank + c.qk_rope_head_dim : c.head_dim;
   kv.slot_elems_ = kv.kv_heads_ * kv.head_dim_;
-  kv.num_blocks_ = budget_bytes / (bytes_per_token(c) * block_size);
-  if (kv.num_blocks_ < 1) {
-    return resource_exhausted("KV cache budget of " + std::to_string(budget_bytes) +
-                              " bytes holds no block of " + std::to_string(block_size) +
-                              " tokens (" + std::to_string(bytes_per_token(c) * block_size) +
-                              " bytes needed)");
+  kv.kv_pools_ = mla ? 1 : 2;
+  // Layer groups: the layers of each window (in the order windows first
+  // appear), cut into runs of S = gcd of the kinds' counts.
+  std::vector<int64_t> windows;
+  std::vector<std::vector<int>> kinds;
+  for (int l = 0; l < c.layers; ++l) {
+    const int64_t w = mla ? 0 : c.attention_window(l);
+    auto it = std::find(windows.begin(), windows.end(), w);
+    if (it == windows.end()) {
+      windows.push_back(w);
+      kinds.emplace_back();
+      it = windows.end() - 1;
+    }
+    kinds[static_cast<size_t>(it - windows.begin())].push_back(l);
   }
-  const size_t n = static_cast<size_t>(c.layers * kv.num_blocks_ * block_size * kv.slot_elems_);
+  int s = 0;
+  for (const auto& k : kinds) s = std::gcd(s, static_cast<int>(k.size()));
+  kv.group_layers_ = std::max(s, 1);
+  kv.layer_group_.assign(static_cast<size_t>(c.layers), 0);
+  kv.layer_index_.assign(static_cast<size_t>(c.layers), 0);
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    for (size_t i = 0; i < kinds[k].size(); ++i) {
+      if (i % static_cast<size_t>(kv.group_layers_) == 0) kv.group_window_.push_back(windows[k]);
+      kv.layer_group_[static_cast<size_t>(kinds[k][i])] =
+          static_cast<int>(kv.group_window_.size()) - 1;
+      kv.layer_index_[static_cast<size_t>(kinds[k][i])] =
+          static_cast<int>(i % static_cast<size_t>(kv.group_layers_));
+    }
+    if (windows[k] > 0) kv.sliding_ = true;
+  }
+  if (kv.group_window_.empty()) kv.group_window_.push_back(0);  // no layers (tests)
+  const int64_t per_token_layer = bytes_per_token(c) / std::max(c.layers, 1);
+  kv.num_blocks_ = budget_bytes / (per_token_layer * kv.group_layers_ * block_size);
+  if (kv.num_blocks_ < 1) {
+    return resource_exhausted(
+        "KV cache budget of " + std::to_string(budget_bytes) + " bytes holds no block of " +
+        std::to_string(block_size) + " tokens (" +
+        std::to_string(per_token_layer * kv.group_layers_ * block_size) + " bytes needed)");
+  }
+  const size_t n =
+      static_cast<size_t>(kv.group_layers_ * kv.num_blocks_ * block_size * kv.slot_elems_);
   if (host_pools) {
     MSI_ASSIGN_OR_RETURN(kv.k_, ZeroPages::allocate(n * sizeof(bf16)));
     if (!mla) {
@@ -37,6 +74,25 @@ StatusOr<KvCache> KvCache::create(const ModelConfig& c, int64_t budget_bytes, in
   for (int64_t b = kv.num_blocks_ - 1; b >= 0; --b) kv.free_.push_back(static_cast<int32_t>(b));
   kv.refs_.assign(static_cast<size_t>(kv.num_blocks_), 0);
   return kv;
+}
+
+int64_t KvCache::first_needed(int g, int64_t pos) const {
+  const int64_t w = group_window(g);
+  return w > 0 ? std::max<int64_t>(0, pos - w + 1) / block_size_ : 0;
+}
+
+int64_t KvCache::entries_needed(int g, int64_t tokens, int64_t hold_to) const {
+  return blocks_for(group_window(g) > 0 ? tokens : std::max(tokens, hold_to));
+}
+
+int64_t KvCache::max_blocks(int64_t tokens, int64_t chunk) const {
+  int64_t n = 0;
+  for (int g = 0; g < groups(); ++g) {
+    const int64_t w = group_window(g);
+    n += w > 0 ? std::min(blocks_for(tokens), blocks_for(w - 1 + std::max<int64_t>(chunk, 1)) + 1)
+               : blocks_for(tokens);
+  }
+  return n;
 }
 
 int32_t KvCache::take_block() {
@@ -49,7 +105,7 @@ int32_t KvCache::take_block() {
     b = lru_.front();
     lru_.pop_front();
     const size_t i = static_cast<size_t>(b);
-    cached_.erase(hash_[i]);
+    cached_[static_cast<size_t>(block_group_[i])].erase(hash_[i]);
     registered_[i] = 0;
     lru_pos_[i] = lru_.end();
   }
@@ -57,32 +113,80 @@ int32_t KvCache::take_block() {
   return b;
 }
 
-Status KvCache::reserve(int64_t id, int64_t tokens) {
-  const int64_t need = blocks_for(tokens);
-  auto& table = tables_[id].blocks;
-  const int64_t extra = need - static_cast<int64_t>(table.size());
+void KvCache::drop_ref(int32_t b) {
+  const size_t i = static_cast<size_t>(b);
+  MSI_CHECK(refs_[i] > 0) << "KV block " << b << " released twice";
+  if (--refs_[i] > 0) return;
+  if (caching_ && registered_[i]) {
+    lru_pos_[i] = lru_.insert(lru_.end(), b);
+  } else {
+    free_.push_back(b);
+  }
+}
+
+int64_t KvCache::blocks_to_take(int64_t id, int64_t tokens, int64_t from, int64_t hold_to) const {
+  auto it = tables_.find(id);
+  int64_t extra = 0;
+  for (int g = 0; g < groups(); ++g) {
+    const int64_t have =
+        it == tables_.end()
+            ? 0
+            : static_cast<int64_t>(it->second.blocks[static_cast<size_t>(g)].size());
+    extra += std::max<int64_t>(
+        0, entries_needed(g, tokens, hold_to) - std::max(have, first_needed(g, from)));
+  }
+  return extra;
+}
+
+void KvCache::slide(int64_t id, int64_t next) {
+  if (!sliding_) return;
+  auto it = tables_.find(id);
+  if (it == tables_.end()) return;
+  for (int g = 0; g < groups(); ++g) {
+    if (group_window(g) == 0) continue;
+    std::vector<int32_t>& t = it->second.blocks[static_cast<size_t>(g)];
+    const size_t lo = std::min(static_cast<size_t>(first_needed(g, next)), t.size());
+    // Earliest first: the LRU list evicts a sequence's oldest blocks first.
+    for (size_t i = 0; i < lo; ++i) {
+      if (t[i] == kFreed) continue;
+      drop_ref(t[i]);
+      t[i] = kFreed;
+    }
+  }
+}
+
+Status KvCache::reserve(int64_t id, int64_t tokens, int64_t from, int64_t hold_to) {
+  slide(id, from);
+  const int64_t extra = blocks_to_take(id, tokens, from, hold_to);
+  auto [it, fresh] = tables_.try_emplace(id);
+  Table& table = it->second;
+  if (fresh) table.blocks.resize(static_cast<size_t>(groups()));
   if (extra > free_blocks()) {
-    if (table.empty()) tables_.erase(id);
+    if (fresh) tables_.erase(it);
     return resource_exhausted("KV cache: " + std::to_string(extra) + " blocks needed, " +
                               std::to_string(free_blocks()) + " free");
   }
-  for (int64_t i = 0; i < extra; ++i) table.push_back(take_block());
+  for (int g = 0; g < groups(); ++g) {
+    std::vector<int32_t>& t = table.blocks[static_cast<size_t>(g)];
+    const size_t lo = static_cast<size_t>(first_needed(g, from));
+    for (size_t i = lo; i < t.size(); ++i) {
+      MSI_CHECK(t[i] != kFreed) << "sequence " << id << " needs block " << i << " of layer group "
+                                << g << " again after releasing it";
+    }
+    while (t.size() < lo) t.push_back(kFreed);
+    const size_t hi = static_cast<size_t>(entries_needed(g, tokens, hold_to));
+    while (t.size() < hi) t.push_back(take_block());
+  }
   return ok_status();
 }
 
 void KvCache::release(int64_t id) {
   auto it = tables_.find(id);
   if (it == tables_.end()) return;
-  const std::vector<int32_t>& blocks = it->second.blocks;
-  // Last block first: the end of a chain is evicted before its start.
-  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) {
-    const size_t i = static_cast<size_t>(*b);
-    MSI_CHECK(refs_[i] > 0) << "KV block " << *b << " released twice";
-    if (--refs_[i] > 0) continue;
-    if (caching_ && registered_[i]) {
-      lru_pos_[i] = lru_.insert(lru_.end(), *b);
-    } else {
-      free_.push_back(*b);
+  for (const std::vector<int32_t>& blocks : it->second.blocks) {
+    // Last block first: the end of a chain is evicted before its start.
+    for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) {
+      if (*b != kFreed) drop_ref(*b);
     }
   }
   tables_.erase(it);
@@ -93,10 +197,18 @@ void KvCache::enable_prefix_caching(uint64_t salt) {
   caching_ = true;
   salt_ = salt;
   const size_t n = static_cast<size_t>(num_blocks_);
+  cached_.assign(static_cast<size_t>(groups()), {});
   hash_.assign(n, 0);
+  block_group_.assign(n, 0);
   registered_.assign(n, 0);
   tokens_.assign(n * static_cast<size_t>(block_size_), 0);
   lru_pos_.assign(n, lru_.end());
+}
+
+int64_t KvCache::cached_blocks() const {
+  int64_t n = 0;
+  for (const auto& m : cached_) n += static_cast<int64_t>(m.size());
+  return n;
 }
 
 uint64_t KvCache::chain_hash(uint64_t parent, const int32_t* t) const {
@@ -119,45 +231,91 @@ bool KvCache::holds(int32_t b, const int32_t* t) const {
 }
 
 template <typename Visit>
-void KvCache::walk_cached_prefix(const int32_t* tokens, int64_t n, Visit visit) const {
-  if (!caching_) return;
+int64_t KvCache::find_cached_prefix(const int32_t* tokens, int64_t n, std::vector<uint64_t>* hashes,
+                                    Visit visit) const {
+  if (!caching_) return 0;
+  const int G = groups();
+  // found[g][i]: group g's registered block for block i of the chain, or kFreed.
+  std::vector<std::vector<int32_t>> found(static_cast<size_t>(G));
+  std::vector<uint64_t> chain;
   uint64_t h = salt_;
   for (int64_t i = 0; i < (n - 1) / block_size_; ++i) {
     const int32_t* t = tokens + i * block_size_;
     h = chain_hash(h, t);
-    auto it = cached_.find(h);
-    if (it == cached_.end() || !holds(it->second, t)) return;
-    visit(it->second, h);
+    bool full_missing = false;
+    for (int g = 0; g < G; ++g) {
+      const auto& map = cached_[static_cast<size_t>(g)];
+      auto it = map.find(h);
+      const int32_t b = it != map.end() && holds(it->second, t) ? it->second : kFreed;
+      if (b == kFreed && group_window(g) == 0) full_missing = true;
+      found[static_cast<size_t>(g)].push_back(b);
+    }
+    if (full_missing) break;  // no longer prefix can serve a full-attention group
+    chain.push_back(h);
   }
+  // The longest k whose needed blocks every sliding group has.
+  int64_t k = static_cast<int64_t>(chain.size());
+  for (; k > 0; --k) {
+    bool ok = true;
+    for (int g = 0; g < G && ok; ++g) {
+      if (group_window(g) == 0) continue;
+      for (int64_t i = first_needed(g, k * block_size_); i < k && ok; ++i) {
+        ok = found[static_cast<size_t>(g)][static_cast<size_t>(i)] != kFreed;
+      }
+    }
+    if (ok) break;
+  }
+  for (int g = 0; g < G; ++g) {
+    for (int64_t i = first_needed(g, k * block_size_); i < k; ++i) {
+      visit(g, i, found[static_cast<size_t>(g)][static_cast<size_t>(i)]);
+    }
+  }
+  if (hashes != nullptr) hashes->assign(chain.begin(), chain.begin() + k);
+  return k;
 }
 
 int64_t KvCache::cached_prefix_blocks(const int32_t* tokens, int64_t n, int64_t* evictable) const {
-  int64_t found = 0, idle = 0;
-  walk_cached_prefix(tokens, n, [&](int32_t b, uint64_t) {
-    ++found;
+  int64_t idle = 0;
+  const int64_t k = find_cached_prefix(tokens, n, nullptr, [&](int, int64_t, int32_t b) {
     if (refs_[static_cast<size_t>(b)] == 0) ++idle;
   });
   if (evictable != nullptr) *evictable = idle;
-  return found;
+  return k;
+}
+
+int64_t KvCache::blocks_to_start(const int32_t* tokens, int64_t n, int64_t chunk,
+                                 int64_t* hit) const {
+  int64_t evictable = 0;
+  const int64_t k = cached_prefix_blocks(tokens, n, &evictable);
+  const int64_t from = k * block_size_, to = std::min(n, from + std::max<int64_t>(chunk, 1));
+  int64_t need = evictable;
+  for (int g = 0; g < groups(); ++g) need += std::max<int64_t>(0, entries_needed(g, to, n) - k);
+  if (hit != nullptr) *hit = from;
+  return need;
 }
 
 int64_t KvCache::match_prefix(int64_t id, const int32_t* tokens, int64_t n) {
   MSI_CHECK(tables_.find(id) == tables_.end()) << "sequence " << id << " holds KV blocks";
   Table table;
+  table.blocks.resize(static_cast<size_t>(groups()));
+  std::vector<uint64_t> hashes;
   // Taking a block changes its references and the LRU list, never what the
   // walk reads (the registered hashes and their blocks' tokens).
-  walk_cached_prefix(tokens, n, [&](int32_t b, uint64_t h) {
+  const int64_t k = find_cached_prefix(tokens, n, &hashes, [&](int g, int64_t i, int32_t b) {
+    std::vector<int32_t>& t = table.blocks[static_cast<size_t>(g)];
+    t.resize(static_cast<size_t>(std::max<int64_t>(static_cast<int64_t>(t.size()), i + 1)), kFreed);
+    t[static_cast<size_t>(i)] = b;
     const size_t bi = static_cast<size_t>(b);
     if (refs_[bi]++ == 0) {
       lru_.erase(lru_pos_[bi]);
       lru_pos_[bi] = lru_.end();
     }
-    table.blocks.push_back(b);
-    table.hashes.push_back(h);
   });
-  const int64_t covered = static_cast<int64_t>(table.blocks.size()) * block_size_;
-  if (!table.blocks.empty()) tables_.emplace(id, std::move(table));
-  return covered;
+  if (k == 0) return 0;
+  for (auto& t : table.blocks) t.resize(static_cast<size_t>(k), kFreed);
+  table.hashes = std::move(hashes);
+  tables_.emplace(id, std::move(table));
+  return k * block_size_;
 }
 
 void KvCache::cache_blocks(int64_t id, const int32_t* tokens, int64_t computed) {
@@ -165,26 +323,32 @@ void KvCache::cache_blocks(int64_t id, const int32_t* tokens, int64_t computed) 
   auto it = tables_.find(id);
   if (it == tables_.end()) return;
   Table& t = it->second;
-  const size_t full = std::min(static_cast<size_t>(computed / block_size_), t.blocks.size());
+  size_t longest = 0;
+  for (const auto& g : t.blocks) longest = std::max(longest, g.size());
+  const size_t full = std::min(static_cast<size_t>(computed / block_size_), longest);
   while (t.hashes.size() < full) {
     const size_t i = t.hashes.size();
     const int32_t* bt = tokens + static_cast<int64_t>(i) * block_size_;
     const uint64_t h = chain_hash(i == 0 ? salt_ : t.hashes.back(), bt);
     t.hashes.push_back(h);
-    const int32_t b = t.blocks[i];
-    const size_t bi = static_cast<size_t>(b);
-    if (registered_[bi] || !cached_.emplace(h, b).second) continue;
-    registered_[bi] = 1;
-    hash_[bi] = h;
-    std::copy(bt, bt + block_size_,
-              tokens_.begin() + static_cast<std::ptrdiff_t>(bi) * block_size_);
+    for (size_t g = 0; g < t.blocks.size(); ++g) {
+      if (i >= t.blocks[g].size() || t.blocks[g][i] == kFreed) continue;
+      const int32_t b = t.blocks[g][i];
+      const size_t bi = static_cast<size_t>(b);
+      if (registered_[bi] || !cached_[g].emplace(h, b).second) continue;
+      registered_[bi] = 1;
+      hash_[bi] = h;
+      block_group_[bi] = static_cast<int32_t>(g);
+      std::copy(bt, bt + block_size_,
+                tokens_.begin() + static_cast<std::ptrdiff_t>(bi) * block_size_);
+    }
   }
 }
 
 void KvCache::flush_cache() {
   for (int32_t b : lru_) {
     const size_t i = static_cast<size_t>(b);
-    cached_.erase(hash_[i]);
+    cached_[static_cast<size_t>(block_group_[i])].erase(hash_[i]);
     registered_[i] = 0;
     lru_pos_[i] = lru_.end();
     free_.push_back(b);
@@ -196,35 +360,62 @@ int64_t KvCache::fork(int64_t parent, int64_t child, int64_t tokens, bool copy_p
   auto it = tables_.find(parent);
   MSI_CHECK(it != tables_.end()) << "no KV blocks for sequence " << parent;
   MSI_CHECK(tables_.find(child) == tables_.end()) << "sequence " << child << " holds KV blocks";
-  const std::vector<int32_t>& from = it->second.blocks;
-  MSI_CHECK(blocks_for(tokens) <= static_cast<int64_t>(from.size()))
-      << "sequence " << parent << " holds " << from.size() << " blocks, not " << tokens
-      << " positions";
-  const int64_t full = tokens / block_size_;
+  const Table& from = it->second;
+  int64_t full = tokens / block_size_;
+  const bool copy = copy_partial && host_pools() && free_blocks() >= groups();
+  if (full * block_size_ < tokens && !copy) {
+    // The child computes from the last full block on: a sliding group needs
+    // the blocks of that position's window, which the parent (further on)
+    // may have released; start it where every group still has them.
+    auto usable = [&](int64_t f) {
+      for (int g = 0; g < groups(); ++g) {
+        const auto& t = from.blocks[static_cast<size_t>(g)];
+        for (int64_t i = first_needed(g, f * block_size_); i < f; ++i) {
+          if (t[static_cast<size_t>(i)] == kFreed) return false;
+        }
+      }
+      return true;
+    };
+    while (full > 0 && !usable(full)) --full;
+  }
   Table child_table;
-  std::vector<int32_t>& table = child_table.blocks;
-  table.assign(from.begin(), from.begin() + full);
-  const std::vector<uint64_t>& hashes = it->second.hashes;
+  child_table.blocks.resize(static_cast<size_t>(groups()));
+  for (int g = 0; g < groups(); ++g) {
+    const std::vector<int32_t>& src = from.blocks[static_cast<size_t>(g)];
+    MSI_CHECK(blocks_for(tokens) <= static_cast<int64_t>(src.size()))
+        << "sequence " << parent << " holds " << src.size() << " blocks of layer group " << g
+        << ", not " << tokens << " positions";
+    std::vector<int32_t>& table = child_table.blocks[static_cast<size_t>(g)];
+    table.assign(src.begin(), src.begin() + full);
+    for (int32_t b : table) {
+      if (b != kFreed) ++refs_[static_cast<size_t>(b)];
+    }
+  }
+  const std::vector<uint64_t>& hashes = from.hashes;
   child_table.hashes.assign(
       hashes.begin(),
       hashes.begin() + std::min<std::ptrdiff_t>(full, static_cast<std::ptrdiff_t>(hashes.size())));
-  for (int32_t b : table) ++refs_[static_cast<size_t>(b)];
   int64_t covered = full * block_size_;
-  if (covered < tokens && copy_partial && host_pools() && free_blocks() > 0) {
-    const int32_t src = from[static_cast<size_t>(full)], dst = take_block();
-    // Per layer a block is [kv_heads][block_size][head_dim], contiguous.
+  if (covered < tokens && copy) {
+    // Per pool a block is [kv_heads][block_size][head_dim], contiguous; a
+    // group's block is that in each of its group_layers_ pools.
     const size_t block_elems = static_cast<size_t>(block_size_ * slot_elems_);
-    for (int l = 0; l < layers_; ++l) {
-      const size_t layer_off =
-          static_cast<size_t>(l) * static_cast<size_t>(num_blocks_) * block_elems;
-      for (ZeroPages* pool : {&k_, &v_}) {
-        if (pool->empty()) continue;
-        bf16* base = pool->as<bf16>() + layer_off;
-        std::memcpy(base + static_cast<size_t>(dst) * block_elems,
-                    base + static_cast<size_t>(src) * block_elems, block_elems * sizeof(bf16));
+    for (int g = 0; g < groups(); ++g) {
+      const int32_t src = from.blocks[static_cast<size_t>(g)][static_cast<size_t>(full)];
+      MSI_CHECK(src != kFreed) << "the last block of sequence " << parent << " was released";
+      const int32_t dst = take_block();
+      for (int j = 0; j < group_layers_; ++j) {
+        const size_t pool_off =
+            static_cast<size_t>(j) * static_cast<size_t>(num_blocks_) * block_elems;
+        for (ZeroPages* pool : {&k_, &v_}) {
+          if (pool->empty()) continue;
+          bf16* base = pool->as<bf16>() + pool_off;
+          std::memcpy(base + static_cast<size_t>(dst) * block_elems,
+                      base + static_cast<size_t>(src) * block_elems, block_elems * sizeof(bf16));
+        }
       }
+      child_table.blocks[static_cast<size_t>(g)].push_back(dst);
     }
-    table.push_back(dst);
     covered = tokens;
   }
   tables_.emplace(child, std::move(child_table));  // may rehash: `from` is not used after this
@@ -232,19 +423,28 @@ int64_t KvCache::fork(int64_t parent, int64_t child, int64_t tokens, bool copy_p
 }
 
 int64_t KvCache::blocks_held(int64_t id) const {
-  auto it = tables_.find(id);
-  return it == tables_.end() ? 0 : static_cast<int64_t>(it->second.blocks.size());
+  int64_t n = 0;
+  for (int g = 0; g < groups(); ++g) n += blocks_held(id, g);
+  return n;
 }
 
-const int32_t* KvCache::block_table(int64_t id) const {
+int64_t KvCache::blocks_held(int64_t id, int group) const {
+  auto it = tables_.find(id);
+  if (it == tables_.end()) return 0;
+  const auto& t = it->second.blocks[static_cast<size_t>(group)];
+  return static_cast<int64_t>(t.size()) - std::count(t.begin(), t.end(), kFreed);
+}
+
+const int32_t* KvCache::block_table(int64_t id, int group) const {
   auto it = tables_.find(id);
   MSI_CHECK(it != tables_.end()) << "no KV blocks for request " << id;
-  return it->second.blocks.data();
+  return it->second.blocks[static_cast<size_t>(group)].data();
 }
 
 kernels::cpu::PagedKvLayer KvCache::layer(int l) {
   if (k_.empty()) return kernels::cpu::PagedKvLayer{nullptr, nullptr, block_size_, kv_heads_, head_dim_};
-  const size_t off = static_cast<size_t>(l) * num_blocks_ * block_size_ * slot_elems_;
+  const size_t off = static_cast<size_t>(layer_index_[static_cast<size_t>(l)]) *
+                     static_cast<size_t>(num_blocks_ * block_size_ * slot_elems_);
   return kernels::cpu::PagedKvLayer{k_.as<bf16>() + off, v_.empty() ? nullptr : v_.as<bf16>() + off,
                                     block_size_, kv_heads_, head_dim_};
 }

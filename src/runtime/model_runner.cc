@@ -102,16 +102,21 @@ Status AttentionRunner::attention_partial(int l, const TokenBatch& b, KvCache& k
     k::rope(k_.data(), b.positions.data(), T, KV, hd, c.rope_theta);
   }
   const k::PagedKvLayer layer = kv.layer(l);
-  k::write_kv(layer, k_.data(), v_.data(), T, b.positions.data(), b.block_tables.data());
+  // Layer l's group's tables: a sliding group's entries before a token's
+  // window are released (KvCache::kFreed), and the window kernel reads none.
+  const int g = kv.layer_group(l);
+  const int32_t* const* tables = b.tables(g);
+  k::write_kv(layer, k_.data(), v_.data(), T, b.positions.data(), tables);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t window = c.attention_window(l);
+  MSI_CHECK(kv.group_window(g) == 0 || kv.group_window(g) == window)
+      << "layer " << l << " attends to " << window << " positions, its KV group keeps "
+      << kv.group_window(g);
   if (window > 0 || !L.sinks.empty()) {
-    k::paged_attention_window(q_.data(), T, H, layer, b.positions.data(), b.block_tables.data(),
-                              scale, window, L.sinks.empty() ? nullptr : L.sinks.data(),
-                              attn_.data());
+    k::paged_attention_window(q_.data(), T, H, layer, b.positions.data(), tables, scale, window,
+                              L.sinks.empty() ? nullptr : L.sinks.data(), attn_.data());
   } else {
-    k::paged_attention(q_.data(), T, H, layer, b.positions.data(), b.block_tables.data(), scale,
-                       attn_.data());
+    k::paged_attention(q_.data(), T, H, layer, b.positions.data(), tables, scale, attn_.data());
   }
   L.o.forward(attn_.data(), T, o);
   if (!L.o_bias.empty()) {
@@ -201,7 +206,7 @@ Status AttentionRunner::attention_and_gate(int l, const TokenBatch& b, KvCache& 
   k::rms_norm(x, L.input_norm.data(), T, h, eps, h_.data());
   // Attention tp: the other ranks work on their heads while this one does.
   const bool peers = peers_ != nullptr && T > 0;
-  if (peers) MSI_RETURN_IF_ERROR(peers_->start(l, b, h_.data()));
+  if (peers) MSI_RETURN_IF_ERROR(peers_->start(l, b, b.tables(kv.layer_group(l)), h_.data()));
   MSI_RETURN_IF_ERROR(attention_partial(l, b, kv, h_.data(), o_.data()));
   if (peers) MSI_RETURN_IF_ERROR(peers_->add_partials(l, T, o_.data()));
   k::add_inplace(x, o_.data(), T * h);

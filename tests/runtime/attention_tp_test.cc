@@ -189,7 +189,7 @@ class InProcessPeers : public AttentionPeers {
           KvCache::create(attention_tp_config(*k.w), kv_bytes, block_size).value());
     }
   }
-  Status start(int l, const TokenBatch& b, const float* h) override {
+  Status start(int l, const TokenBatch& b, const int32_t* const*, const float* h) override {
     ++calls_;
     for (Rank& k : ranks_) {
       k.part.resize(b.size() * k.w->config().hidden);

@@ -56,6 +56,29 @@ TEST(GptOssDisaggregatedTest, SameTokensAsTheColocatedEngine) {
   }
 }
 
+// A prompt past the first 128-position KV block of the sliding layers,
+// whose window is 16 tokens: the attention worker's cache frees that block on the
+// sliding layer group, and under attention tp 2 rank 1 receives its table
+// with the freed entry (-1) and must read only the window. Same tokens as the
+// co-located engine (up to a near-tie under tp).
+TEST(GptOssDisaggregatedTest, ALongPromptFreesSlidingBlocksOnEveryTpRank) {
+  const std::string dir = testing::test_model_dir("tiny-gpt-oss");
+  std::vector<int32_t> prompt;
+  std::string ids;
+  for (int i = 0; i < 200; ++i) {
+    prompt.push_back((i * 7) % 300 + 3);
+    ids += (i ? "," : "") + std::to_string(prompt.back());
+  }
+  const std::string args =
+      "--model " + dir + " --prompt-ids " + ids + " --max-tokens 16 --ignore-eos";
+  const auto ref = testing::generate(args).tokens;
+  ASSERT_EQ(ref.size(), 16u);
+  EXPECT_EQ(testing::generate(args + " --attention-workers 1 --expert-workers 1").tokens, ref);
+  const std::string d = "--attention-workers 1 --expert-workers 1 --tp-attention 2";
+  const testing::Generated g = testing::generate(args + " " + d);
+  testing::expect_equal_up_to_near_tie(ref, g.tokens, dir, prompt, "tiny-gpt-oss " + d);
+}
+
 // --weights mxfp4 travels to the expert workers (each loads its experts
 // 4-bit; expert tp 2 splits w2's columns by whole MXFP4 blocks): the
 // disaggregated runs give the co-located bf16-decoded engine's greedy tokens,

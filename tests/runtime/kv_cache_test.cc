@@ -317,5 +317,190 @@ TEST(KvCacheTest, WithoutPrefixCachingNothingIsCached) {
   EXPECT_EQ(kv.free_blocks(), 8);
 }
 
+// ---- sliding-window layer groups (gpt-oss) ----
+
+// Four layers, sliding (window 6) and full in turn, two KV heads of 4 dims
+// (32 bytes of K and V a token and layer): two groups of two layers, a block
+// is 2 layers x 4 positions x 32 bytes.
+ModelConfig sliding_config(int64_t window = 6) {
+  ModelConfig c = small_config();
+  c.layers = 4;
+  c.sliding_window = window;
+  c.sliding_layers = {true, false, true, false};
+  return c;
+}
+
+KvCache make_sliding_kv(int64_t blocks, bool caching = false) {
+  auto kv = KvCache::create(sliding_config(), blocks * 2 * kBlock * 32, kBlock);
+  EXPECT_TRUE(kv.ok()) << kv.status().to_string();
+  if (caching) kv->enable_prefix_caching(42);
+  return std::move(kv).value();
+}
+
+TEST(KvCacheTest, LayersOfOneWindowFormAGroupAndGroupsShareThePool) {
+  KvCache kv = make_sliding_kv(10);
+  ASSERT_EQ(kv.groups(), 2);
+  EXPECT_EQ(kv.group_window(0), 6);  // the kind of layer 0 first
+  EXPECT_EQ(kv.group_window(1), 0);
+  EXPECT_EQ(kv.layer_group(0), 0);
+  EXPECT_EQ(kv.layer_group(1), 1);
+  EXPECT_EQ(kv.layer_group(2), 0);
+  EXPECT_EQ(kv.layer_group(3), 1);
+  EXPECT_EQ(kv.total_blocks(), 10);
+  EXPECT_EQ(kv.block_bytes(), 2 * kBlock * 32);
+  // Layer j of each group uses pool j: the tables keep them apart.
+  EXPECT_EQ(kv.layer(0).k, kv.layer(1).k);
+  EXPECT_EQ(kv.layer(2).k, kv.layer(3).k);
+  EXPECT_NE(kv.layer(0).k, kv.layer(2).k);
+  // Without sliding layers: one group of all layers, blocks as before.
+  ModelConfig full = sliding_config();
+  full.sliding_layers.clear();
+  auto plain = KvCache::create(full, 10 * 2 * kBlock * 32, kBlock);  // the same budget
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->groups(), 1);
+  EXPECT_EQ(plain->total_blocks(), 5);
+  EXPECT_EQ(plain->block_bytes(), 4 * kBlock * 32);
+  // 3 layers, 2 sliding: groups of one layer each.
+  ModelConfig odd = sliding_config();
+  odd.layers = 3;
+  odd.sliding_layers = {true, false, true};
+  auto three = KvCache::create(odd, 9 * kBlock * 32, kBlock);
+  ASSERT_TRUE(three.ok());
+  EXPECT_EQ(three->groups(), 3);
+  EXPECT_EQ(three->total_blocks(), 9);
+  EXPECT_EQ(three->layer_group(2), 1);  // the second sliding group
+  EXPECT_EQ(three->group_window(2), 0);
+}
+
+// A sequence fed in chunks (as the engine does: reserve for the chunk, then
+// slide past it) holds in the sliding group only the blocks of the window
+// before a chunk and the chunk; the full group holds all; released entries
+// are kFreed and their blocks free.
+TEST(KvCacheTest, ASlidingGroupHoldsOnlyItsWindow) {
+  for (int64_t chunk : {1, 3, 5, 9}) {
+    KvCache kv = make_sliding_kv(40);
+    int64_t pos = 0;
+    while (pos < 60) {
+      const int64_t to = pos + chunk;
+      ASSERT_TRUE(kv.reserve(1, to, pos).ok()) << pos;
+      EXPECT_EQ(kv.blocks_held(1, 1), kv.blocks_for(to));
+      EXPECT_LE(kv.blocks_held(1, 0), kv.blocks_for(6 - 1 + chunk) + 1) << chunk << " " << pos;
+      EXPECT_LE(kv.blocks_held(1), kv.max_blocks(to, chunk));
+      // Every position a token of the chunk reads (its window) has a block.
+      for (int64_t p = pos; p < to; ++p) {
+        for (int64_t q = std::max<int64_t>(0, p - 5); q <= p; ++q) {
+          EXPECT_NE(kv.block_table(1, 0)[q / kBlock], KvCache::kFreed) << p << " reads " << q;
+        }
+      }
+      pos = to;
+      kv.slide(1, pos);
+      const int64_t first = std::max<int64_t>(0, pos - 5) / kBlock;
+      for (int64_t i = 0; i < first; ++i) EXPECT_EQ(kv.block_table(1, 0)[i], KvCache::kFreed);
+      EXPECT_EQ(kv.blocks_held(1, 0), kv.blocks_for(pos) - first);
+      EXPECT_EQ(kv.total_blocks() - kv.free_blocks(), kv.blocks_held(1));
+    }
+    kv.release(1);
+    EXPECT_EQ(kv.free_blocks(), kv.total_blocks());
+  }
+}
+
+TEST(KvCacheTest, ReserveWithHoldToKeepsAPromptInTheFullGroupsOnly) {
+  KvCache kv = make_sliding_kv(40);
+  // Admission of a 40-token prompt, chunks of 8: the full group holds all 10
+  // blocks, the sliding one the first chunk's 2.
+  EXPECT_EQ(kv.blocks_to_take(1, 8, 0, 40), 12);
+  ASSERT_TRUE(kv.reserve(1, 8, 0, 40).ok());
+  EXPECT_EQ(kv.blocks_held(1, 1), 10);
+  EXPECT_EQ(kv.blocks_held(1, 0), 2);
+  kv.slide(1, 8);
+  // The next chunk [8, 16): window from 3 (block 0) on; block 2 and 3 new.
+  EXPECT_EQ(kv.blocks_to_take(1, 16, 8, 40), 2);
+  ASSERT_TRUE(kv.reserve(1, 16, 8, 40).ok());
+  EXPECT_EQ(kv.blocks_held(1, 0), 4);
+  kv.slide(1, 16);  // window of 16 starts at 11: blocks 0 and 1 go
+  EXPECT_EQ(kv.blocks_held(1, 0), 2);
+  EXPECT_EQ(kv.free_blocks(), 40 - 12);
+  // Too few free: nothing taken, the table as it was.
+  EXPECT_EQ(kv.reserve(2, 200, 0).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(kv.blocks_held(2), 0);
+}
+
+TEST(KvCacheTest, ForkSharesWhatTheSlidingGroupStillHolds) {
+  KvCache kv = make_sliding_kv(40);
+  ASSERT_TRUE(kv.reserve(1, 18, 0).ok());
+  kv.slide(1, 18);  // sliding: blocks 0, 1, 2 freed (window of 18 from 13)
+  ASSERT_EQ(kv.block_table(1, 0)[2], KvCache::kFreed);
+  const int64_t free_before = kv.free_blocks();
+  EXPECT_EQ(kv.fork(1, 2, 18, /*copy_partial=*/true), 18);
+  EXPECT_EQ(kv.free_blocks(), free_before - 2);  // one copied block per group
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(kv.block_table(2, 1)[i], kv.block_table(1, 1)[i]);
+    EXPECT_EQ(kv.block_table(2, 0)[i], kv.block_table(1, 0)[i]);
+  }
+  EXPECT_EQ(kv.block_refs(kv.block_table(1, 0)[3]), 2);
+  EXPECT_NE(kv.block_table(2, 0)[4], kv.block_table(1, 0)[4]);
+  ASSERT_TRUE(kv.reserve(2, 19, 18).ok());
+  // Without a copy the child computes from position 16, whose window (11..)
+  // needs block 2, released: it starts where every block it needs is held.
+  const int64_t child = kv.fork(1, 3, 18, /*copy_partial=*/false);
+  EXPECT_EQ(child % kBlock, 0);
+  ASSERT_TRUE(kv.reserve(3, 18, child).ok());
+  EXPECT_EQ(child, 0) << "block 2 is the only way to 16's window";
+  kv.release(1);
+  kv.release(2);
+  kv.release(3);
+  EXPECT_EQ(kv.free_blocks(), kv.total_blocks());
+}
+
+// Prefix caching with a sliding group: a hit of k blocks needs the full
+// group's blocks 0..k-1 and only the sliding group's blocks that the window
+// of position 4k reaches; those the sequence slid past stay cached.
+TEST(KvCacheTest, APrefixHitNeedsOnlyTheWindowOfASlidingGroup) {
+  KvCache kv = make_sliding_kv(40, /*caching=*/true);
+  const std::vector<int32_t> a = seq_tokens(30, 100);
+  const int64_t n = 30;
+  for (int64_t pos = 0; pos < n; pos += 5) {
+    const int64_t to = std::min(n, pos + 5);
+    ASSERT_TRUE(kv.reserve(1, to, pos, n).ok());
+    kv.cache_blocks(1, a.data(), to);
+    kv.slide(1, to);
+  }
+  // 7 full blocks in each group (those the sliding group slid past too).
+  EXPECT_EQ(kv.cached_blocks(), 14);
+  EXPECT_EQ(kv.total_blocks() - kv.free_blocks(), kv.blocks_held(1));
+  kv.release(1);
+  EXPECT_EQ(kv.free_blocks(), kv.total_blocks());
+  std::vector<int32_t> b = a;
+  b.push_back(7);  // 31 tokens: up to 7 blocks can hit
+  int64_t evictable = 0, hit = 0;
+  EXPECT_EQ(kv.cached_prefix_blocks(b.data(), 31, &evictable), 7);
+  EXPECT_EQ(evictable, 7 + 2);  // the full group's 7, the window of 28 (23..): blocks 5, 6
+  // Admission: those 9, plus block 7 of each group.
+  EXPECT_EQ(kv.blocks_to_start(b.data(), 31, 8, &hit), 9 + 2);
+  EXPECT_EQ(hit, 28);
+  EXPECT_EQ(kv.match_prefix(2, b.data(), 31), 28);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(kv.block_table(2, 0)[i], KvCache::kFreed);
+  EXPECT_NE(kv.block_table(2, 0)[5], KvCache::kFreed);
+  EXPECT_EQ(kv.blocks_held(2), 9);
+  ASSERT_TRUE(kv.reserve(2, 31, 28, 31).ok());
+  EXPECT_EQ(kv.blocks_held(2), 11);
+  kv.release(2);
+  // The sliding group's block 6 evicted: a hit at 7 blocks is gone, one at
+  // 6 needs blocks 4 and 5 (window of 24 from 19), which are still cached.
+  std::vector<int32_t> c(b.begin(), b.begin() + 26);  // up to 6 blocks
+  EXPECT_EQ(kv.cached_prefix_blocks(c.data(), 26, nullptr), 6);
+  // Take every free block but the cached ones, then evict down the LRU list
+  // until a block of the sliding group near the end goes.
+  // (a table of n positions takes n / 4 blocks in each of the 2 groups)
+  ASSERT_TRUE(kv.reserve(9, (kv.total_blocks() - kv.evictable_blocks()) / 2 * kBlock).ok());
+  EXPECT_EQ(kv.free_blocks(), kv.evictable_blocks());
+  int64_t taken = 0;
+  while (kv.cached_prefix_blocks(b.data(), 31, nullptr) == 7) {
+    kv.release(10);
+    ASSERT_TRUE(kv.reserve(10, ++taken * kBlock).ok());
+  }
+  EXPECT_LT(kv.cached_prefix_blocks(b.data(), 31, nullptr), 7);
+}
+
 }  // namespace
 }  // namespace msinfer::runtime

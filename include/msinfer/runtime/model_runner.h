@@ -22,16 +22,32 @@
 namespace msinfer::runtime {
 
 // Tokens of one forward step: token i has id ids[i], sits at positions[i] of the
-// request whose block table is block_tables[i].
+// request whose block table is block_tables[i] (in the KV cache's layer group
+// 0; group g > 0: group_tables[g - 1][i], KvCache "Layer groups").
 struct TokenBatch {
   std::vector<int32_t> ids;
   std::vector<int32_t> positions;
   std::vector<const int32_t*> block_tables;
+  std::vector<std::vector<const int32_t*>> group_tables;
   int64_t size() const { return static_cast<int64_t>(ids.size()); }
+  // The tokens' tables in layer group g, one per token (null for a group
+  // no token has a table in: an empty batch, which an idle worker steps).
+  const int32_t* const* tables(int g) const {
+    if (g == 0) return block_tables.data();
+    return static_cast<size_t>(g) <= group_tables.size()
+               ? group_tables[static_cast<size_t>(g - 1)].data()
+               : nullptr;
+  }
+  std::vector<const int32_t*>& tables_of(int g) {
+    if (g == 0) return block_tables;
+    if (group_tables.size() < static_cast<size_t>(g)) group_tables.resize(static_cast<size_t>(g));
+    return group_tables[static_cast<size_t>(g - 1)];
+  }
   void clear() {
     ids.clear();
     positions.clear();
     block_tables.clear();
+    for (auto& t : group_tables) t.clear();
   }
 };
 
@@ -71,7 +87,9 @@ class AttentionPeers {
  public:
   virtual ~AttentionPeers() = default;
   // h[T, hidden]: layer l's input after the input norm (T = b.size() > 0).
-  virtual Status start(int l, const TokenBatch& b, const float* h) = 0;
+  // `tables`: the tokens' block tables of layer l's KV group.
+  virtual Status start(int l, const TokenBatch& b, const int32_t* const* tables,
+                       const float* h) = 0;
   // o[T, hidden] (rank 0's partial) += ranks 1, 2, ...'s partials, in rank
   // order, so the sum does not depend on arrival order. Blocks.
   virtual Status add_partials(int l, int64_t T, float* o) = 0;

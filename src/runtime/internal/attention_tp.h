@@ -20,7 +20,7 @@ class AttentionTpLeader : public AttentionPeers {
                     comm::M2NEndpoint& ep);
   // Third allgather of the deployment (after the experts' wiring).
   Status attach(comm::Bootstrap& boot);
-  Status start(int l, const TokenBatch& b, const float* h) override;
+  Status start(int l, const TokenBatch& b, const int32_t* const* tables, const float* h) override;
   Status add_partials(int l, int64_t T, float* o) override;
 
  private:
