@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <ctime>
 
 #include "internal/timing.h"
 #include "msinfer/kernels/cpu/isa.h"
@@ -81,6 +82,7 @@ Json ProfileResult::to_json(const ProfileOptions& o) const {
               {"threads", omp_get_max_threads()},
               {"cores", cores},
               {"memory_gb", memory_gb},
+              {"cpu_share", cpu_share},
               {"isa", kernels::cpu::isa_name(kernels::cpu::active_isa())},
               {"weights", kernels::cpu::weight_format_name(o.weights)},
               {"device", o.device},
@@ -117,6 +119,13 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
                        runtime::KvCache::create(c, o.kv_cache_mb << 20, /*block_size=*/16,
                                                 runtime::is_cpu_device(o.device)));
   ProfileResult r;
+  auto process_cpu_s = [] {
+    timespec ts{};
+    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+  };
+  const double cpu0 = process_cpu_s();
+  const auto wall0 = std::chrono::steady_clock::now();
   MSI_ASSIGN_OR_RETURN(auto attn, runtime::make_attention_compute(o.device, *weights, kv));
   MSI_ASSIGN_OR_RETURN(auto experts, runtime::make_expert_compute(o.device, *weights, {}));
   kernels::cpu::RoutedBatch routed;
@@ -179,6 +188,10 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
       progress("T_head(b = " + std::to_string(b) + ") = " + std::to_string(s * 1e3) + " ms");
   }
   r.head_fit = fit_line(r.head);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  if (wall > 0) {
+    r.cpu_share = std::min(1.0, (process_cpu_s() - cpu0) / wall / std::max(1, omp_get_max_threads()));
+  }
   r.attention_fit = fit_line(r.attention);
   r.expert_fit = fit_line(r.expert);
   return r;

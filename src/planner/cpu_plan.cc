@@ -85,6 +85,9 @@ StatusOr<CpuProfile> parse_cpu_profile(const Json& j, const std::string& source)
   if (!(mem >= 0 && mem <= 1e6)) return f.field_error("memory_gb", "must be in [0, 1e6]");
   p.memory_bytes = mem * 1e9;
   MSI_ASSIGN_OR_RETURN(p.seq_len, f.number_or("seq_len", 0));
+  MSI_ASSIGN_OR_RETURN(p.cpu_share, f.number_or("cpu_share", 1));
+  if (!(p.cpu_share > 0 && p.cpu_share <= 1))
+    return f.field_error("cpu_share", "must be in (0, 1]");
   MSI_ASSIGN_OR_RETURN(p.weights, f.string_or("weights", "bf16"));
   return p;
 }
@@ -132,10 +135,29 @@ CpuPrediction predict_cpu(const CpuSearchOptions& o, const CpuDeployment& d) {
     fe = local_fit(pr.expert_points, b_e, fe);
     if (pr.has_head) fh = local_fit(pr.head_points, m * b_a, fh);
   }
-  p.k1 = fa.slope * sa;
-  p.k2 = fa.intercept * sa;
-  p.k3 = fe.slope * se;
-  p.k4 = fe.intercept * se;
+  // Cores shared with other processes. Linux shares the CPU fairly between
+  // scheduling groups (autogroups: one per session; every worker the
+  // deployment forks is in its router's), then between a group's runnable
+  // threads. The profile, a group of its own, got cpu_share x threads cores
+  // (all of them when it was not held back); the deployment's group gets the
+  // same and splits it over its runnable threads, at most a core each: every
+  // thread where the runtime's waits spin (its processes fit the cores), else
+  // the side that computes.
+  const int cores = std::max(o.cores, 1);
+  const double s_p = pr.cpu_share;
+  const double group = s_p < 1 ? s_p * pr.threads : static_cast<double>(cores);
+  const bool spin = d.processes() <= cores;
+  auto share = [&](double ours) { return std::min(1.0, group / ours); };
+  const double s_att = share(spin ? d.threads() : A * d.attention_threads);
+  const double s_exp = share(spin ? d.threads() : N * d.tp_expert * d.expert_threads);
+  const double s_prof = std::min(1.0, s_p);
+  p.group_cores = group;
+  p.share_factor_attention = s_prof / s_att;
+  p.share_factor_expert = s_prof / s_exp;
+  p.k1 = fa.slope * sa * p.share_factor_attention;
+  p.k2 = fa.intercept * sa * p.share_factor_attention;
+  p.k3 = fe.slope * se * p.share_factor_expert;
+  p.k4 = fe.intercept * se * p.share_factor_expert;
   p.t_attention = p.k1 * b_a + p.k2;
   // One FFN per expert the worker holds, one after another (expert_worker.cc);
   // a tp_expert shard computes 1/tp of each FFN's width.
@@ -149,7 +171,7 @@ CpuPrediction predict_cpu(const CpuSearchOptions& o, const CpuDeployment& d) {
     p.t_comm = std::max(sent / (*pr.nic_bandwidth * u.at(sent)),
                         received / (*pr.nic_bandwidth * u.at(received)));
   }
-  p.t_head = (fh.slope * m * b_a + fh.intercept) * sa;
+  p.t_head = (fh.slope * m * b_a + fh.intercept) * sa * p.share_factor_attention;
   StageTimes t;
   t.t_a = p.t_attention;
   t.t_e = p.t_expert;
@@ -157,10 +179,13 @@ CpuPrediction predict_cpu(const CpuSearchOptions& o, const CpuDeployment& d) {
   p.layers_time = iteration_time(t, d.micro_batches, mc.layers);
   // What the workers compute per step, in CPU-seconds: no schedule finishes
   // a step before the cores have done it.
-  p.cpu_seconds = A * d.attention_threads * (L * m * p.t_attention + p.t_head) +
-                  N * d.tp_expert * d.expert_threads * (L * m * p.t_expert);
-  const int cores = std::max(o.cores, 1);
-  p.cpu_bound = p.cpu_seconds / cores;
+  // CPU-seconds: each stage's time at the profile's share, times that share
+  // (the time it would take on a core of its own), times its threads.
+  p.cpu_seconds =
+      s_prof *
+      (A * d.attention_threads * (L * m * p.t_attention + p.t_head) / p.share_factor_attention +
+       N * d.tp_expert * d.expert_threads * (L * m * p.t_expert) / p.share_factor_expert);
+  p.cpu_bound = p.cpu_seconds / group;
   p.shares_cores = d.threads() > cores;
   p.tbt = std::max(p.layers_time + p.t_head, p.cpu_bound);
   p.throughput = static_cast<double>(d.global_batch()) / p.tbt;
@@ -293,6 +318,9 @@ Json CpuPrediction::to_json() const {
               {"cpu_seconds_per_step", cpu_seconds},
               {"cpu_bound_ms", cpu_bound * 1e3},
               {"shares_cores", shares_cores},
+              {"group_cores", group_cores},
+              {"share_factor_attention", share_factor_attention},
+              {"share_factor_expert", share_factor_expert},
               {"rows_per_expert", rows_per_expert},
               {"k1_ms_per_token", k1 * 1e3},
               {"k2_ms", k2 * 1e3},
@@ -352,6 +380,7 @@ Json cpu_plan_document(const CpuSearchOptions& o, const std::vector<CpuPlan>& pl
           {"head_ms_per_token", pr.head_per_token * 1e3},
           {"head_ms", pr.head * 1e3},
           {"has_head", pr.has_head},
+          {"profile_cpu_share", pr.cpu_share},
           {"local_fit", o.local_fit},
           {"wire_bytes_per_token", kWireBytesPerValue * o.model.hidden}};
   if (pr.nic_bandwidth) sm["transport_gb_s"] = *pr.nic_bandwidth / 1e9;

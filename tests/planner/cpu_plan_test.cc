@@ -55,19 +55,51 @@ TEST(CpuPlan, StepIsTheLayersPipelinePlusTheHead) {
 
 TEST(CpuPlan, ThreadsScaleTheProfileAndSharedCoresBoundTheStep) {
   CpuSearchOptions o = options();
+  o.cores = 4;
   CpuDeployment one{1, 1, 1, 1, 1, 1, 4}, two = one;
   two.expert_threads = 2;
   EXPECT_NEAR(predict_cpu(o, two).t_expert, predict_cpu(o, one).t_expert / 2, 1e-12);
+  // On 2 cores the spinning attention worker's thread is the third: every
+  // runnable thread gets 2/3 of a core.
+  o.cores = 2;
+  EXPECT_NEAR(predict_cpu(o, two).t_expert, predict_cpu(o, one).t_expert / 2 * 1.5, 1e-12);
   // Four one-thread expert workers and two attention workers on one core:
   // the cores' work, not the pipeline, sets the step.
   o.cores = 1;
   CpuDeployment shared{2, 4, 2, 1, 1, 1, 4};
   const CpuPrediction p = predict_cpu(o, shared);
   EXPECT_TRUE(p.shares_cores);
-  EXPECT_NEAR(p.cpu_seconds, 2 * (4 * 2 * p.t_attention + p.t_head) + 4 * (4 * 2 * p.t_expert),
-              1e-12);
+  // Each side yields while the other computes; computing, 2 attention
+  // threads share the core (each stage twice as long), 4 expert threads too.
+  EXPECT_DOUBLE_EQ(p.share_factor_attention, 2);
+  EXPECT_DOUBLE_EQ(p.share_factor_expert, 4);
+  EXPECT_NEAR(p.cpu_seconds,
+              2 * (4 * 2 * p.t_attention + p.t_head) / 2 + 4 * (4 * 2 * p.t_expert) / 4, 1e-12);
   EXPECT_GE(p.tbt, p.cpu_bound);
   EXPECT_GE(p.tbt, p.layers_time + p.t_head);
+}
+
+TEST(CpuPlan, AProfileThatSharedItsCoresScalesToTheDeploymentsShare) {
+  CpuSearchOptions o = options();
+  const CpuDeployment d{1, 1, 1, 1, 1, 1, 4};
+  const CpuPrediction alone = predict_cpu(o, d);
+  // The one-thread profile's group got half a core. Both workers spin or
+  // compute (2 processes on 2 cores): they split that half core.
+  o.profile.cpu_share = 0.5;
+  const CpuPrediction shared = predict_cpu(o, d);
+  EXPECT_DOUBLE_EQ(shared.group_cores, 0.5);
+  EXPECT_DOUBLE_EQ(shared.share_factor_expert, 2);
+  EXPECT_NEAR(shared.t_expert, alone.t_expert * 2, 1e-12);
+  EXPECT_NEAR(shared.t_head, alone.t_head * 2, 1e-12);
+  // The CPU the workers compute is the same work: on half a core it takes
+  // twice the time it takes on a core.
+  EXPECT_NEAR(shared.cpu_seconds, alone.cpu_seconds * 0.5, 1e-12);
+  EXPECT_NEAR(shared.cpu_bound, alone.cpu_seconds, 1e-12);
+  // Three processes on two cores: the waiting side yields, the side that
+  // computes has the group's half core to itself.
+  const CpuDeployment three{2, 1, 1, 1, 1, 1, 4};
+  EXPECT_DOUBLE_EQ(predict_cpu(o, three).share_factor_expert, 1);
+  EXPECT_DOUBLE_EQ(predict_cpu(o, three).share_factor_attention, 2);
 }
 
 TEST(CpuPlan, LocalFitIsTheLineThroughTheBracketingPoints) {

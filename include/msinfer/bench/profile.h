@@ -46,6 +46,10 @@ struct ProfileResult {
   // micro-batches' requests): T_head = head_per_token * b + head.
   std::vector<std::pair<double, double>> head;       // (requests, seconds)
   LinearFit attention_fit, expert_fit, head_fit;
+  // CPU time the process got over the measurements / (wall time x threads):
+  // 1 on cores of its own; below 1 when other processes shared them, and the
+  // times above are then that much longer than the work (docs/PLANNER.md 8).
+  double cpu_share = 1;
   Json to_json(const ProfileOptions& o) const;  // the --profile file format
 };
 

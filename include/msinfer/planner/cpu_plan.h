@@ -33,6 +33,9 @@ struct CpuProfile {
   int cores = 0;            // of the machine profiled (0: not recorded)
   double memory_bytes = 0;  // physical memory of the machine profiled (0: not recorded)
   double seq_len = 0;
+  // CPU time the profile got / (wall time x threads): below 1 when other
+  // processes shared the cores while it measured (section 8, shared cores).
+  double cpu_share = 1;
   std::string weights = "bf16";
   std::optional<UtilCurve> nic_util;    // bench m2n --profile-into
   std::optional<double> nic_bandwidth;  // bytes/s
@@ -88,7 +91,11 @@ struct CpuPrediction {
   double memory_bytes = 0, memory_capacity = 0;
   double kv_bytes_per_worker = 0, kv_budget_bytes = 0;
   bool shares_cores = false;  // more threads than cores
-  std::string binds;          // what stops the batch from growing
+  // The cores the deployment's scheduling group gets (the profile's), and the
+  // factor the stage times grow by from the profile's share to each stage's.
+  double group_cores = 0;
+  double share_factor_attention = 1, share_factor_expert = 1;
+  std::string binds;  // what stops the batch from growing
   Json to_json() const;
 };
 
