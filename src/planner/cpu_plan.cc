@@ -140,20 +140,28 @@ CpuPrediction predict_cpu(const CpuSearchOptions& o, const CpuDeployment& d) {
   // deployment forks is in its router's), then between a group's runnable
   // threads. The profile, a group of its own, got cpu_share x threads cores
   // (all of them when it was not held back); the deployment's group gets the
-  // same and splits it over its runnable threads, at most a core each: every
-  // thread where the runtime's waits spin (its processes fit the cores), else
-  // the side that computes.
+  // same and splits it over the threads runnable in each stage, at most a
+  // core each: the side that computes; during an expert stage also the
+  // attention side where its waits spin (the runtime's processes fit the
+  // cores; they yield otherwise); with m >= 2 both sides compute at once.
+  // An idle expert worker sleeps after 2000 empty polls (expert_worker.cc),
+  // so it does not compete with the attention stage or the head.
   const int cores = std::max(o.cores, 1);
   const double s_p = pr.cpu_share;
   const double group = s_p < 1 ? s_p * pr.threads : static_cast<double>(cores);
   const bool spin = d.processes() <= cores;
   auto share = [&](double ours) { return std::min(1.0, group / ours); };
-  const double s_att = share(spin ? d.threads() : A * d.attention_threads);
-  const double s_exp = share(spin ? d.threads() : N * d.tp_expert * d.expert_threads);
+  const double att_threads = A * d.attention_threads;
+  const double exp_threads = N * d.tp_expert * d.expert_threads;
+  const bool overlap = d.micro_batches >= 2;
+  const double s_att = share(att_threads + (overlap ? exp_threads : 0));
+  const double s_exp = share(exp_threads + (spin || overlap ? att_threads : 0));
+  const double s_head = share(att_threads);
   const double s_prof = std::min(1.0, s_p);
   p.group_cores = group;
   p.share_factor_attention = s_prof / s_att;
   p.share_factor_expert = s_prof / s_exp;
+  p.share_factor_head = s_prof / s_head;
   p.k1 = fa.slope * sa * p.share_factor_attention;
   p.k2 = fa.intercept * sa * p.share_factor_attention;
   p.k3 = fe.slope * se * p.share_factor_expert;
@@ -171,7 +179,7 @@ CpuPrediction predict_cpu(const CpuSearchOptions& o, const CpuDeployment& d) {
     p.t_comm = std::max(sent / (*pr.nic_bandwidth * u.at(sent)),
                         received / (*pr.nic_bandwidth * u.at(received)));
   }
-  p.t_head = (fh.slope * m * b_a + fh.intercept) * sa * p.share_factor_attention;
+  p.t_head = (fh.slope * m * b_a + fh.intercept) * sa * p.share_factor_head;
   StageTimes t;
   t.t_a = p.t_attention;
   t.t_e = p.t_expert;
@@ -183,7 +191,8 @@ CpuPrediction predict_cpu(const CpuSearchOptions& o, const CpuDeployment& d) {
   // (the time it would take on a core of its own), times its threads.
   p.cpu_seconds =
       s_prof *
-      (A * d.attention_threads * (L * m * p.t_attention + p.t_head) / p.share_factor_attention +
+      (A * d.attention_threads *
+           (L * m * p.t_attention / p.share_factor_attention + p.t_head / p.share_factor_head) +
        N * d.tp_expert * d.expert_threads * (L * m * p.t_expert) / p.share_factor_expert);
   p.cpu_bound = p.cpu_seconds / group;
   p.shares_cores = d.threads() > cores;
@@ -321,6 +330,7 @@ Json CpuPrediction::to_json() const {
               {"group_cores", group_cores},
               {"share_factor_attention", share_factor_attention},
               {"share_factor_expert", share_factor_expert},
+              {"share_factor_head", share_factor_head},
               {"rows_per_expert", rows_per_expert},
               {"k1_ms_per_token", k1 * 1e3},
               {"k2_ms", k2 * 1e3},

@@ -69,12 +69,13 @@ TEST(CpuPlan, ThreadsScaleTheProfileAndSharedCoresBoundTheStep) {
   CpuDeployment shared{2, 4, 2, 1, 1, 1, 4};
   const CpuPrediction p = predict_cpu(o, shared);
   EXPECT_TRUE(p.shares_cores);
-  // Each side yields while the other computes; computing, 2 attention
-  // threads share the core (each stage twice as long), 4 expert threads too.
-  EXPECT_DOUBLE_EQ(p.share_factor_attention, 2);
-  EXPECT_DOUBLE_EQ(p.share_factor_expert, 4);
+  // m = 2: both sides compute at once, 6 threads on the core; the head is
+  // the 2 attention workers' alone.
+  EXPECT_DOUBLE_EQ(p.share_factor_attention, 6);
+  EXPECT_DOUBLE_EQ(p.share_factor_expert, 6);
+  EXPECT_DOUBLE_EQ(p.share_factor_head, 2);
   EXPECT_NEAR(p.cpu_seconds,
-              2 * (4 * 2 * p.t_attention + p.t_head) / 2 + 4 * (4 * 2 * p.t_expert) / 4, 1e-12);
+              2 * (4 * 2 * p.t_attention / 6 + p.t_head / 2) + 4 * (4 * 2 * p.t_expert) / 6, 1e-12);
   EXPECT_GE(p.tbt, p.cpu_bound);
   EXPECT_GE(p.tbt, p.layers_time + p.t_head);
 }
@@ -83,18 +84,26 @@ TEST(CpuPlan, AProfileThatSharedItsCoresScalesToTheDeploymentsShare) {
   CpuSearchOptions o = options();
   const CpuDeployment d{1, 1, 1, 1, 1, 1, 4};
   const CpuPrediction alone = predict_cpu(o, d);
-  // The one-thread profile's group got half a core. Both workers spin or
-  // compute (2 processes on 2 cores): they split that half core.
+  // The one-thread profile's group got half a core. While the expert worker
+  // computes, the attention worker spins (2 processes on 2 cores): they
+  // split that half core. The attention stage and the head have it alone
+  // (the idle expert worker sleeps).
   o.profile.cpu_share = 0.5;
   const CpuPrediction shared = predict_cpu(o, d);
   EXPECT_DOUBLE_EQ(shared.group_cores, 0.5);
   EXPECT_DOUBLE_EQ(shared.share_factor_expert, 2);
+  EXPECT_DOUBLE_EQ(shared.share_factor_attention, 1);
+  EXPECT_DOUBLE_EQ(shared.share_factor_head, 1);
   EXPECT_NEAR(shared.t_expert, alone.t_expert * 2, 1e-12);
-  EXPECT_NEAR(shared.t_head, alone.t_head * 2, 1e-12);
+  EXPECT_NEAR(shared.t_head, alone.t_head, 1e-12);
   // The CPU the workers compute is the same work: on half a core it takes
   // twice the time it takes on a core.
   EXPECT_NEAR(shared.cpu_seconds, alone.cpu_seconds * 0.5, 1e-12);
   EXPECT_NEAR(shared.cpu_bound, alone.cpu_seconds, 1e-12);
+  // With m = 2 both sides compute at once: every stage splits the group.
+  CpuDeployment two = d;
+  two.micro_batches = 2;
+  EXPECT_DOUBLE_EQ(predict_cpu(o, two).share_factor_attention, 2);
   // Three processes on two cores: the waiting side yields, the side that
   // computes has the group's half core to itself.
   const CpuDeployment three{2, 1, 1, 1, 1, 1, 4};

@@ -94,7 +94,7 @@ struct CpuPrediction {
   // The cores the deployment's scheduling group gets (the profile's), and the
   // factor the stage times grow by from the profile's share to each stage's.
   double group_cores = 0;
-  double share_factor_attention = 1, share_factor_expert = 1;
+  double share_factor_attention = 1, share_factor_expert = 1, share_factor_head = 1;
   std::string binds;  // what stops the batch from growing
   Json to_json() const;
 };
