@@ -188,9 +188,11 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
       progress("T_head(b = " + std::to_string(b) + ") = " + std::to_string(s * 1e3) + " ms");
   }
   r.head_fit = fit_line(r.head);
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   if (wall > 0) {
-    r.cpu_share = std::min(1.0, (process_cpu_s() - cpu0) / wall / std::max(1, omp_get_max_threads()));
+    r.cpu_share =
+        std::min(1.0, (process_cpu_s() - cpu0) / wall / std::max(1, omp_get_max_threads()));
   }
   r.attention_fit = fit_line(r.attention);
   r.expert_fit = fit_line(r.expert);

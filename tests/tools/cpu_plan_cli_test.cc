@@ -128,6 +128,7 @@ TEST_F(CpuPlanCliTest, AFixedShapeOnSharedCoresRuns) {
   CliRun p =
       run("plan --devices cpu --profile " + profile() + " --model " + model() +
           " --cores 2 --attention-workers 2 --expert-workers 1 --micro-batches 2 " +
+          "--tp-expert 1 --attention-threads 1 --expert-threads 1 " +
           "--input-len 16 --output-len 8 --max-batch 8 --slo-ms 1000 --out " + plan + " --json");
   ASSERT_EQ(p.code, 0) << p.err;
   Json j = parse(p.out);

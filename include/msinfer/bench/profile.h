@@ -44,7 +44,7 @@ struct ProfileResult {
   // Once per step, outside the layers: final norm, LM head over the step's
   // rows and a greedy pick per row (the attention worker's, over all its
   // micro-batches' requests): T_head = head_per_token * b + head.
-  std::vector<std::pair<double, double>> head;       // (requests, seconds)
+  std::vector<std::pair<double, double>> head;  // (requests, seconds)
   LinearFit attention_fit, expert_fit, head_fit;
   // CPU time the process got over the measurements / (wall time x threads):
   // 1 on cores of its own; below 1 when other processes shared them, and the
