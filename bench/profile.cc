@@ -1,13 +1,16 @@
-#include "msinfer/kernels/cpu/isa.h"
 #include "msinfer/bench/profile.h"
-#include "msinfer/runtime/device_backend.h"
 
 #include <omp.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <ctime>
 
 #include "internal/timing.h"
+#include "msinfer/kernels/cpu/isa.h"
+#include "msinfer/runtime/device_backend.h"
 #include "msinfer/runtime/model_runner.h"
 
 namespace msinfer::bench {
@@ -63,6 +66,9 @@ Json ProfileResult::to_json(const ProfileOptions& o) const {
     for (auto [x, y] : v) a.push_back({x, y * 1e3});
     return a;
   };
+  const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+  const double memory_gb = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
+                           static_cast<double>(::sysconf(_SC_PAGESIZE)) / 1e9;
   return Json{{"k1_ms_per_token", attention_fit.slope * 1e3},
               {"k2_ms", attention_fit.intercept * 1e3},
               {"k3_ms_per_token", expert_fit.slope * 1e3},
@@ -71,17 +77,25 @@ Json ProfileResult::to_json(const ProfileOptions& o) const {
               {"tp_expert", 1},
               {"seq_len", o.seq_len},
               {"model", o.model_dir},
+              {"head_ms_per_token", head_fit.slope * 1e3},
+              {"head_ms", head_fit.intercept * 1e3},
               {"threads", omp_get_max_threads()},
+              {"cores", cores},
+              {"memory_gb", memory_gb},
+              {"cpu_share", cpu_share},
               {"isa", kernels::cpu::isa_name(kernels::cpu::active_isa())},
               {"weights", kernels::cpu::weight_format_name(o.weights)},
               {"device", o.device},
               {"attention_points_ms", pts(attention)},
               {"expert_points_ms", pts(expert)},
+              {"head_points_ms", pts(head)},
               {"fit",
                {{"attention_r2", attention_fit.r2},
                 {"attention_max_rel_error", attention_fit.max_rel_error},
                 {"expert_r2", expert_fit.r2},
-                {"expert_max_rel_error", expert_fit.max_rel_error}}}};
+                {"expert_max_rel_error", expert_fit.max_rel_error},
+                {"head_r2", head_fit.r2},
+                {"head_max_rel_error", head_fit.max_rel_error}}}};
 }
 
 StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
@@ -105,6 +119,13 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
                        runtime::KvCache::create(c, o.kv_cache_mb << 20, /*block_size=*/16,
                                                 runtime::is_cpu_device(o.device)));
   ProfileResult r;
+  auto process_cpu_s = [] {
+    timespec ts{};
+    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+  };
+  const double cpu0 = process_cpu_s();
+  const auto wall0 = std::chrono::steady_clock::now();
   MSI_ASSIGN_OR_RETURN(auto attn, runtime::make_attention_compute(o.device, *weights, kv));
   MSI_ASSIGN_OR_RETURN(auto experts, runtime::make_expert_compute(o.device, *weights, {}));
   kernels::cpu::RoutedBatch routed;
@@ -145,6 +166,33 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
         o.min_seconds);
     r.expert.emplace_back(static_cast<double>(b), s);
     if (progress) progress("T_e(b_e = " + std::to_string(b) + ") = " + std::to_string(s * 1e3) + " ms");
+  }
+  // The step's tail: final norm + LM head over b rows, and the greedy pick.
+  for (int64_t b : o.head_batches) {
+    std::vector<float> xs(b * c.hidden, 0.01f), lg(b * c.vocab);
+    std::vector<const float*> rows;
+    for (int64_t i = 0; i < b; ++i) rows.push_back(xs.data() + i * c.hidden);
+    int64_t picked = 0;
+    const double s = one_round(
+        [&] {
+          MSI_CHECK(attn->logits(rows, lg.data()).ok());
+          for (int64_t i = 0; i < b; ++i) {
+            const float* row = lg.data() + i * c.vocab;
+            picked += std::max_element(row, row + c.vocab) - row;
+          }
+        },
+        o.min_seconds);
+    asm volatile("" : : "g"(picked) : "memory");  // keeps the picks from being optimised away
+    r.head.emplace_back(static_cast<double>(b), s);
+    if (progress)
+      progress("T_head(b = " + std::to_string(b) + ") = " + std::to_string(s * 1e3) + " ms");
+  }
+  r.head_fit = fit_line(r.head);
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  if (wall > 0) {
+    r.cpu_share =
+        std::min(1.0, (process_cpu_s() - cpu0) / wall / std::max(1, omp_get_max_threads()));
   }
   r.attention_fit = fit_line(r.attention);
   r.expert_fit = fit_line(r.expert);

@@ -135,6 +135,10 @@ std::vector<std::string> worker_env(const WorkerConfig& c, int rank, bool join,
   }
   env.emplace("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / P)));
   env.emplace("OMP_WAIT_POLICY", "PASSIVE");
+  // A plan's per-role thread counts (msinfer plan --devices cpu) win over both.
+  const int role_threads =
+      role_of(c, rank).role == WorkerRole::kAttention ? c.attention_threads : c.expert_threads;
+  if (role_threads > 0) env["OMP_NUM_THREADS"] = std::to_string(role_threads);
   if (join) {
     env.erase("MSINFER_BOOTSTRAP");
     env["MSINFER_JOIN"] = "1";
@@ -517,8 +521,11 @@ Status join_launched_deployment(const WorkerConfig& config, comm::Bootstrap& lau
   ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / per_host)).c_str(), 0);
   ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   const int A = c.attention_processes(), N = c.expert_processes();
-  MSI_ASSIGN_OR_RETURN(auto boot, comm::make_tcp_bootstrap(rank - 1, A + N, bootstrap, secret));
   const RankRole role = role_of(c, rank - 1);  // launcher rank 0 is the router
+  const int role_threads =
+      role.role == WorkerRole::kAttention ? c.attention_threads : c.expert_threads;
+  if (role_threads > 0) ::setenv("OMP_NUM_THREADS", std::to_string(role_threads).c_str(), 1);
+  MSI_ASSIGN_OR_RETURN(auto boot, comm::make_tcp_bootstrap(rank - 1, A + N, bootstrap, secret));
   Status s = role.role == WorkerRole::kAttention
                  ? run_attention_worker(c, role.index, role.tp_rank, *boot, fd, fd)
                  : run_expert_worker(c, role.index, role.tp_rank, *boot, fd, fd);

@@ -18,6 +18,7 @@
 #include "msinfer/core/stats.h"
 #include "msinfer/core/table.h"
 #include "msinfer/kernels/cpu/isa.h"
+#include "msinfer/planner/cpu_plan.h"
 #include "msinfer/planner/perf_model.h"
 #include "msinfer/runtime/balance.h"
 #include "msinfer/runtime/device_backend.h"
@@ -203,8 +204,36 @@ int run_bench_serve(int argc, char** argv) {
   }
   const int64_t users = flags.get_int("users"), turns = flags.get_int("turns"),
                 system_len = flags.get_int("system-len");
-  const int64_t P = multi_turn ? users * turns : flags.get_int("num-prompts"),
-                I = flags.get_int("input-len"), O = flags.get_int("output-len");
+  // A CPU plan (msinfer plan --devices cpu) is run as planned: its global
+  // batch and workload unless the flags say otherwise, and its prediction is
+  // put beside what this run measures.
+  std::optional<Json> cpu_plan;
+  if (!flags.get_string("plan").empty()) {
+    auto j = read_json_file(flags.get_string("plan"));
+    if (!j.ok()) return report_error("bench serve", j.status().with_context("--plan"));
+    if (planner::is_cpu_plan_document(*j)) cpu_plan = *j;
+  }
+  auto plan_int = [&](const char* flag, const char* section, const char* key) -> int64_t {
+    if (!cpu_plan || flags.was_set(flag)) return flags.get_int(flag);
+    const Json& sec = (*cpu_plan)[section];
+    if (sec.is_object() && sec.contains(key) && sec[key].is_number()) {
+      const double v = sec[key].get<double>();
+      if (v >= 1 && v <= (1 << 20)) return static_cast<int64_t>(std::llround(v));
+    }
+    return flags.get_int(flag);
+  };
+  const int64_t P = multi_turn ? users * turns : plan_int("num-prompts", "plan", "global_batch");
+  int64_t I = flags.get_int("input-len"), O = flags.get_int("output-len");
+  if (cpu_plan && (*cpu_plan)["search"].contains("workload")) {
+    const Json& w = (*cpu_plan)["search"]["workload"];
+    auto len = [&](const char* flag, const char* key, int64_t fallback) {
+      if (flags.was_set(flag) || !w.contains(key) || !w[key].is_number()) return fallback;
+      const double v = w[key].get<double>();
+      return v >= 1 && v <= (1 << 20) ? static_cast<int64_t>(std::llround(v)) : fallback;
+    };
+    I = len("input-len", "input_len", I);
+    O = len("output-len", "output_len", O);
+  }
   s = check_deployment_flags(flags);
   if (s.ok()) s = check_model_dir(flags);
   if (!s.ok()) return report_error("bench serve", s);
@@ -443,6 +472,21 @@ int run_bench_serve(int argc, char** argv) {
   } else if (const double b = mean_over(workers, "attention", "micro_batch_balance"); b > 0) {
     out["micro_batch_balance"] = b;
   }
+  if (cpu_plan && (*cpu_plan)["predicted"].is_object()) {
+    // The plan's prediction against this run: decode tokens/s and the time
+    // between tokens (p50), and the relative error of each.
+    const Json& pp = (*cpu_plan)["predicted"];
+    const double ptps = pp.value("throughput_tokens_per_s", 0.0), ptbt = pp.value("tbt_ms", 0.0);
+    const double mtbt = out["tbt_ms_p50"].get<double>();
+    out["plan_prediction"] = pp;
+    out["plan_vs_measured"] = {
+        {"predicted_tokens_per_s", ptps},
+        {"measured_tokens_per_s", decode_tps},
+        {"tokens_per_s_error", decode_tps > 0 ? (ptps - decode_tps) / decode_tps : 0.0},
+        {"predicted_tbt_ms", ptbt},
+        {"measured_tbt_ms_p50", mtbt},
+        {"tbt_error", mtbt > 0 ? (ptbt - mtbt) / mtbt : 0.0}};
+  }
   if (!flags.get_string("profile").empty()) {
     auto p = predict(*model, *config, P, flags.get_string("profile"));
     if (!p.ok()) return report_error("bench serve", p.status());
@@ -495,6 +539,17 @@ int run_bench_serve(int argc, char** argv) {
            w.contains("idle_cpu_fraction") ? fmt_pct(w["idle_cpu_fraction"].get<double>()) : ""});
     }
     std::cout << t.to_string();
+  }
+  if (out.contains("plan_vs_measured")) {
+    const Json& v = out["plan_vs_measured"];
+    std::printf(
+        "\nplan %s: predicted %.1f decode tokens/s, TBT %.2f ms; measured %.1f, TBT p50 "
+        "%.2f ms (errors %s, %s)\n",
+        flags.get_string("plan").c_str(), v["predicted_tokens_per_s"].get<double>(),
+        v["predicted_tbt_ms"].get<double>(), v["measured_tokens_per_s"].get<double>(),
+        v["measured_tbt_ms_p50"].get<double>(),
+        fmt_pct(v["tokens_per_s_error"].get<double>()).c_str(),
+        fmt_pct(v["tbt_error"].get<double>()).c_str());
   }
   if (out.contains("prediction")) {
     const Json& p = out["prediction"];

@@ -1,11 +1,13 @@
 // msinfer plan: search the deployment with the best throughput per cost (or per
 // GPU, per watt) under a TBT SLO, and compare it with co-located baselines.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 
 #include "commands.h"
 #include "msinfer/core/table.h"
+#include "msinfer/planner/cpu_plan.h"
 #include "planner_flags.h"
 
 namespace msinfer::cli {
@@ -248,6 +250,171 @@ void print_human(const planner::SearchOptions& o, const planner::SearchResult& r
   }
 }
 
+const char* const kCpuOnlyFlags[] = {"cores",
+                                     "memory-gb",
+                                     "max-batch",
+                                     "kv-cache-mb",
+                                     "attention-workers",
+                                     "expert-workers",
+                                     "micro-batches",
+                                     "tp-expert",
+                                     "attention-threads",
+                                     "expert-threads",
+                                     "batch-per-micro-batch",
+                                     "global-fit"};
+
+std::vector<std::string> cpu_plan_cells(const planner::CpuPlan& p, size_t rank) {
+  const auto& d = p.deployment;
+  const auto& q = p.predicted;
+  return {std::to_string(rank),
+          std::to_string(d.attention_workers) + " x" + std::to_string(d.attention_threads) + "t",
+          std::to_string(d.expert_workers) +
+              (d.tp_expert > 1 ? " tp" + std::to_string(d.tp_expert) : std::string()) + " x" +
+              std::to_string(d.expert_threads) + "t",
+          std::to_string(d.micro_batches),
+          std::to_string(d.batch_per_micro_batch),
+          std::to_string(d.global_batch()),
+          fmt(q.tbt * 1e3, 1),
+          fmt(q.t_attention * 1e3, 3),
+          fmt(q.t_expert * 1e3, 3),
+          fmt(q.t_comm * 1e3, 3),
+          fmt(q.t_head * 1e3, 2),
+          fmt(q.cpu_bound * 1e3, 1),
+          fmt(q.throughput, 1),
+          q.binds};
+}
+
+// msinfer plan --devices cpu: the search of docs/PLANNER.md section 8.
+int run_cpu_plan(const FlagSet& flags) {
+  for (const char* f : {"gpu", "expert-gpu", "hetero", "gpus", "catalog", "max-gpus", "objective",
+                        "sensitivity", "explain", "seq-len"}) {
+    if (flags.was_set(f)) {
+      return report_error(
+          "plan",
+          invalid_argument(std::string("--") + f + " is not for --devices cpu" +
+                           (std::string(f) == "seq-len" ? " (give --input-len and --output-len: "
+                                                          "the plan runs them)"
+                                                        : "")));
+    }
+  }
+  if (flags.get_string("profile").empty()) {
+    return report_error("plan", invalid_argument("--devices cpu needs --profile (msinfer profile "
+                                                 "--out, then bench m2n --profile-into)"));
+  }
+  if (flags.get_string("model").empty()) {
+    return report_error("plan", invalid_argument("--model is required (a model directory or "
+                                                 "config.json)"));
+  }
+  planner::CpuSearchOptions o;
+  auto model = load_model_config(flags.get_string("model"));
+  if (!model.ok()) return report_error("plan", model.status());
+  o.model = *model;
+  auto j = read_json_file(flags.get_string("profile"));
+  if (!j.ok()) return report_error("plan", j.status().with_context("--profile"));
+  auto prof = planner::parse_cpu_profile(*j, flags.get_string("profile"));
+  if (!prof.ok()) return report_error("plan", prof.status().with_context("--profile"));
+  o.profile = *prof;
+  planner::SearchOptions w;
+  Status s = apply_workload_flags(flags, &w);
+  if (!s.ok()) return report_error("plan", s);
+  o.workload = w.workload;
+  if (w.max_context > o.model.max_position_embeddings && o.model.max_position_embeddings > 0) {
+    return report_error(
+        "plan", invalid_argument("the workload reaches a context of " + fmt(w.max_context, 0) +
+                                 " tokens; the model "
+                                 "holds at most " +
+                                 std::to_string(o.model.max_position_embeddings)));
+  }
+  o.cores = flags.was_set("cores") ? static_cast<int>(flags.get_int("cores")) : o.profile.cores;
+  if (o.cores < 1) {
+    return report_error("plan", invalid_argument(flags.get_string("profile") +
+                                                 " does not record the machine's cores: give "
+                                                 "--cores"));
+  }
+  o.memory_bytes =
+      flags.was_set("memory-gb") ? flags.get_double("memory-gb") * 1e9 : o.profile.memory_bytes;
+  o.slo = flags.get_double("slo-ms") * 1e-3;
+  o.max_micro_batches = std::min<int>(static_cast<int>(flags.get_int("max-micro-batches")), 16);
+  o.max_batch = flags.get_int("max-batch");
+  o.kv_cache_mb = flags.get_int("kv-cache-mb");
+  o.local_fit = !flags.get_bool("global-fit");
+  o.attention_workers = static_cast<int>(flags.get_int("attention-workers"));
+  o.expert_workers = static_cast<int>(flags.get_int("expert-workers"));
+  o.micro_batches = static_cast<int>(flags.get_int("micro-batches"));
+  o.tp_expert = static_cast<int>(flags.get_int("tp-expert"));
+  o.attention_threads = static_cast<int>(flags.get_int("attention-threads"));
+  o.expert_threads = static_cast<int>(flags.get_int("expert-threads"));
+  o.batch_per_micro_batch = flags.get_int("batch-per-micro-batch");
+  auto plans = planner::search_cpu_plans(o);
+  if (!plans.ok()) return report_error("plan", plans.status());
+  const size_t top = static_cast<size_t>(flags.get_int("top"));
+  Json doc = planner::cpu_plan_document(o, *plans, top);
+  for (const char* k : {"plan", "predicted", "alternatives"}) {
+    s = check_figures(doc[k], /*non_negative=*/true, "plan: " + std::string(k));
+    if (!s.ok()) return report_error("plan", s);
+  }
+  if (!flags.get_string("out").empty()) {
+    Status wr = write_json_file(flags.get_string("out"), doc);
+    if (!wr.ok()) return report_error("plan", wr.with_context("--out"));
+  }
+  if (flags.get_bool("json")) {
+    std::cout << doc.dump(2) << "\n";
+    return 0;
+  }
+  const auto& best = plans->front();
+  std::printf(
+      "msinfer plan --devices cpu: %s (%d layers, %d experts, top-%d) on %d cores, "
+      "input %.0f + output %.0f tokens, SLO %.0f ms\n",
+      o.model.name.c_str(), o.model.layers, o.model.experts, o.model.top_k, o.cores,
+      o.workload.input_len, o.workload.output_len, o.slo * 1e3);
+  std::printf(
+      "profile %s: %d thread(s), context %.0f, %s weights; %s k's; objective: decode "
+      "tokens/s of the machine\n",
+      o.profile.source.c_str(), o.profile.threads, o.profile.seq_len, o.profile.weights.c_str(),
+      o.local_fit ? "local" : "global");
+  if (o.profile.seq_len > 0 && std::fabs(o.profile.seq_len - o.workload.mean_decode_context()) >
+                                   0.25 * o.workload.mean_decode_context()) {
+    std::printf(
+        "note: the profile measured attention at context %.0f, the workload's mean is "
+        "%.1f: k1 reads the KV of the profile's context\n",
+        o.profile.seq_len, o.workload.mean_decode_context());
+  }
+  if (!o.profile.has_head) {
+    std::printf(
+        "note: the profile has no head_ms terms (written before them): the LM head per "
+        "step is not counted\n");
+  }
+  if (!o.profile.nic_bandwidth) {
+    std::printf(
+        "note: the profile has no transport figures (bench m2n --profile-into): T_c "
+        "taken as 0\n");
+  }
+  const auto& d = best.deployment;
+  std::printf(
+      "\nBest plan: %d attention worker(s) x %d thread(s) + %d expert worker(s)%s x %d "
+      "thread(s) (%d experts each), m = %d, b_a = %lld, global batch %lld\n",
+      d.attention_workers, d.attention_threads, d.expert_workers,
+      d.tp_expert > 1 ? (" of tp " + std::to_string(d.tp_expert)).c_str() : "", d.expert_threads,
+      o.model.experts / d.expert_workers, d.micro_batches,
+      static_cast<long long>(d.batch_per_micro_batch), static_cast<long long>(d.global_batch()));
+  std::printf(
+      "  %.1f decode tokens/s, TBT %.1f ms (layers %.1f + head %.2f; the cores' work "
+      "alone %.1f ms)%s; binds: %s\n\n",
+      best.predicted.throughput, best.predicted.tbt * 1e3, best.predicted.layers_time * 1e3,
+      best.predicted.t_head * 1e3, best.predicted.cpu_bound * 1e3,
+      best.predicted.shares_cores ? "; workers share cores" : "", best.predicted.binds.c_str());
+  Table t({"#", "attention", "experts", "m", "b_a", "B", "TBT ms", "T_a ms", "T_e ms", "T_c ms",
+           "head ms", "CPU ms", "tok/s", "binds"});
+  for (size_t i = 0; i < plans->size() && i <= top; ++i) {
+    t.add_row(cpu_plan_cells((*plans)[i], i + 1));
+  }
+  std::cout << t.to_string();
+  if (!flags.get_string("out").empty()) {
+    std::printf("\nplan written to %s\n", flags.get_string("out").c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int run_plan(int argc, char** argv) {
@@ -264,6 +431,26 @@ int run_plan(int argc, char** argv) {
                  "that decide between the chosen plan and the best plan of another GPU pair");
   flags.add_bool("json", "print one JSON object (docs/PLANNER.md section 7) instead of tables");
   flags.add_string("out", "", "write the plan document to this file (for simulate / serve)");
+  flags.add_string("devices", "gpu",
+                   "gpu: GPU deployments from the catalogue (or --profile); cpu: msinfer's own\n"
+                   "CPU workers on this machine from a --profile measured here (docs/PLANNER.md\n"
+                   "section 8); its plan runs under `bench serve --offline --plan`");
+  // --devices cpu only (docs/PLANNER.md section 8).
+  flags.add_int("cores", 0, 0, 4096, "cpu: cores of the machine (0: the profile's)");
+  flags.add_double("memory-gb", 0, 0, 1e6, "cpu: memory of the machine (0: the profile's)");
+  flags.add_int("max-batch", 256, 1, 1 << 24, "cpu: largest global batch (requests in flight)");
+  flags.add_int("kv-cache-mb", 256, 1, 1 << 20,
+                "cpu: KV budget of one attention worker (the runtime's --kv-cache-mb)");
+  flags.add_int("attention-workers", 0, 0, 128, "cpu: fix the attention workers (0: searched)");
+  flags.add_int("expert-workers", 0, 0, 128, "cpu: fix the expert workers (0: searched)");
+  flags.add_int("micro-batches", 0, 0, 16, "cpu: fix m (0: searched up to --max-micro-batches)");
+  flags.add_int("tp-expert", 0, 0, 128, "cpu: fix the shards per expert worker (0: searched)");
+  flags.add_int("attention-threads", 0, 0, 4096, "cpu: fix threads per attention worker");
+  flags.add_int("expert-threads", 0, 0, 4096, "cpu: fix threads per expert worker process");
+  flags.add_int("batch-per-micro-batch", 0, 0, 1 << 24, "cpu: fix b_a (0: largest that holds)");
+  flags.add_bool("global-fit",
+                 "cpu: use the profile's k1..k4 fitted over all its points instead of the line\n"
+                 "through the measured points around the plan's batch");
   flags.set_epilog(
       "examples:\n"
       "  msinfer plan --model mixtral-8x22b --gpu A100\n"
@@ -283,6 +470,18 @@ int run_plan(int argc, char** argv) {
   if (!flags.get_string("out").empty()) {
     s = check_output_path("--out", flags.get_string("out"));
     if (!s.ok()) return report_error("plan", s);
+  }
+  const std::string devices = flags.get_string("devices");
+  if (devices == "cpu") return run_cpu_plan(flags);
+  if (devices != "gpu") {
+    return report_error("plan",
+                        invalid_argument("--devices: expected gpu or cpu, got '" + devices + "'"));
+  }
+  for (const char* f : kCpuOnlyFlags) {
+    if (flags.was_set(f)) {
+      return report_error("plan", invalid_argument(std::string("--") + f +
+                                                   " plans CPU workers: give --devices cpu"));
+    }
   }
   auto setup = search_setup_from_flags(flags);
   if (!setup.ok()) return report_error("plan", setup.status());

@@ -45,6 +45,34 @@ std::vector<std::string> split_list(const std::string& s) {
 
 }  // namespace
 
+Status apply_workload_flags(const FlagSet& flags, planner::SearchOptions* out) {
+  planner::SearchOptions& o = *out;
+  if (flags.was_set("seq-len")) {
+    for (const char* f : {"workload", "input-len", "output-len"}) {
+      if (flags.was_set(f)) {
+        return invalid_argument(std::string("--seq-len gives the context directly; it conflicts "
+                                            "with --") +
+                                f);
+      }
+    }
+    o.seq_len = flags.get_double("seq-len");
+    if (!(o.seq_len > 0)) return invalid_argument("--seq-len must be > 0");
+    o.workload = planner::Workload{"seq-len", o.seq_len, 0};
+    o.max_context = o.seq_len;
+  } else {
+    MSI_ASSIGN_OR_RETURN(o.workload, planner::workload_preset(flags.get_string("workload")));
+    if (flags.was_set("input-len") || flags.was_set("output-len")) o.workload.name = "custom";
+    if (flags.was_set("input-len")) o.workload.input_len = flags.get_double("input-len");
+    if (flags.was_set("output-len")) o.workload.output_len = flags.get_double("output-len");
+    if (!(o.workload.input_len >= 0)) return invalid_argument("--input-len must be >= 0");
+    if (!(o.workload.output_len >= 0)) return invalid_argument("--output-len must be >= 0");
+    o.seq_len = o.workload.mean_decode_context();
+    if (!(o.seq_len > 0)) return invalid_argument("--input-len + --output-len/2 must be > 0");
+    o.max_context = o.workload.input_len + o.workload.output_len;
+  }
+  return ok_status();
+}
+
 StatusOr<SearchSetup> search_setup_from_flags(const FlagSet& flags) {
   SearchSetup setup;
   if (!flags.get_string("catalog").empty()) {
@@ -97,29 +125,7 @@ StatusOr<SearchSetup> search_setup_from_flags(const FlagSet& flags) {
   }
   o.slo = flags.get_double("slo-ms") * 1e-3;
   if (!(o.slo > 0)) return invalid_argument("--slo-ms must be > 0");
-  if (flags.was_set("seq-len")) {
-    for (const char* f : {"workload", "input-len", "output-len"}) {
-      if (flags.was_set(f)) {
-        return invalid_argument(std::string("--seq-len gives the context directly; it conflicts "
-                                            "with --") +
-                                f);
-      }
-    }
-    o.seq_len = flags.get_double("seq-len");
-    if (!(o.seq_len > 0)) return invalid_argument("--seq-len must be > 0");
-    o.workload = planner::Workload{"seq-len", o.seq_len, 0};
-    o.max_context = o.seq_len;
-  } else {
-    MSI_ASSIGN_OR_RETURN(o.workload, planner::workload_preset(flags.get_string("workload")));
-    if (flags.was_set("input-len") || flags.was_set("output-len")) o.workload.name = "custom";
-    if (flags.was_set("input-len")) o.workload.input_len = flags.get_double("input-len");
-    if (flags.was_set("output-len")) o.workload.output_len = flags.get_double("output-len");
-    if (!(o.workload.input_len >= 0)) return invalid_argument("--input-len must be >= 0");
-    if (!(o.workload.output_len >= 0)) return invalid_argument("--output-len must be >= 0");
-    o.seq_len = o.workload.mean_decode_context();
-    if (!(o.seq_len > 0)) return invalid_argument("--input-len + --output-len/2 must be > 0");
-    o.max_context = o.workload.input_len + o.workload.output_len;
-  }
+  MSI_RETURN_IF_ERROR(apply_workload_flags(flags, &o));
   if (flags.get_int("max-micro-batches") < 1 || flags.get_int("max-micro-batches") > 64) {
     return invalid_argument("--max-micro-batches must be in 1..64");
   }

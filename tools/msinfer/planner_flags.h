@@ -20,5 +20,8 @@ struct SearchSetup {
   planner::Catalog catalog;
 };
 StatusOr<SearchSetup> search_setup_from_flags(const FlagSet& flags);
+// --workload / --input-len / --output-len / --seq-len into o->workload,
+// o->seq_len and o->max_context.
+Status apply_workload_flags(const FlagSet& flags, planner::SearchOptions* o);
 
 }  // namespace msinfer::cli

@@ -12,6 +12,7 @@
 #include "msinfer/bench/machine.h"
 #include "msinfer/core/flags.h"
 #include "msinfer/model/safetensors.h"
+#include "msinfer/planner/cpu_plan.h"
 #include "msinfer/planner/perf_model.h"
 #include "msinfer/planner/plan.h"
 #include "msinfer/runtime/device_backend.h"
@@ -304,6 +305,34 @@ StatusOr<runtime::WorkerConfig> worker_config_from_flags(const FlagSet& flags,
   return c;
 }
 
+// A plan of msinfer plan --devices cpu (docs/PLANNER.md section 8): its
+// workers, their threads, m, tp_expert (attention-sum, what the plan
+// modelled) and, unless --kv-cache-mb says otherwise, its KV budget.
+StatusOr<runtime::WorkerConfig> worker_config_from_cpu_plan(const FlagSet& flags,
+                                                            const ModelConfig& model, const Json& j,
+                                                            const std::string& path) {
+  MSI_ASSIGN_OR_RETURN(planner::CpuDeployment d,
+                       planner::cpu_deployment_from_plan_document(j, path, model));
+  MSI_ASSIGN_OR_RETURN(runtime::WorkerConfig c, process_config_from_flags(flags));
+  c.attention_workers = d.attention_workers;
+  c.expert_workers = d.expert_workers;
+  c.micro_batches = d.micro_batches;
+  c.attention_threads = d.attention_threads;
+  c.expert_threads = d.expert_threads;
+  if (!flags.was_set("kv-cache-mb") && j["plan"].contains("kv_cache_mb")) {
+    JsonFields f(j["plan"], path + ": plan");
+    MSI_ASSIGN_OR_RETURN(int64_t mb, f.integer_in("kv_cache_mb", 1, 1 << 20));
+    c.kv_cache_bytes = mb << 20;
+  }
+  MSI_ASSIGN_OR_RETURN(c.placement, placement_from_flags(flags, model, c.expert_workers,
+                                                         path + "'s expert workers"));
+  MSI_RETURN_IF_ERROR(
+      apply_tp_expert(flags, model, d.tp_expert, runtime::ExpertReduce::kAttentionSum, &c));
+  MSI_RETURN_IF_ERROR(apply_tp_attention(flags, model, 1, &c).with_context(path));
+  MSI_RETURN_IF_ERROR(runtime::check_rebalancing(c, static_cast<int>(model.experts)));
+  return c;
+}
+
 StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
                                                         const ModelConfig& model) {
   const std::string& path = flags.get_string("plan");
@@ -312,6 +341,7 @@ StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
     if (flags.was_set(f)) return invalid_argument(std::string("--") + f + " conflicts with --plan");
   }
   MSI_ASSIGN_OR_RETURN(Json j, read_json_file(path));
+  if (planner::is_cpu_plan_document(j)) return worker_config_from_cpu_plan(flags, model, j, path);
   MSI_ASSIGN_OR_RETURN(planner::Deployment d, planner::deployment_from_plan_document(j, path));
   if (d.model.experts != model.experts) {
     return invalid_argument(path + ": the plan is for " + std::to_string(d.model.experts) +

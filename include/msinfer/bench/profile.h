@@ -21,6 +21,7 @@ struct ProfileOptions {
   int64_t seq_len = 512;
   std::vector<int64_t> attention_batches = {1, 2, 4, 8, 16, 32, 64};
   std::vector<int64_t> expert_batches = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+  std::vector<int64_t> head_batches = {1, 4, 16, 64, 256};
   int64_t kv_cache_mb = 1024;
   double min_seconds = 0.3;  // per point
   kernels::cpu::WeightFormat weights = kernels::cpu::WeightFormat::kBf16;
@@ -40,7 +41,15 @@ LinearFit fit_line(const std::vector<std::pair<double, double>>& points);
 struct ProfileResult {
   std::vector<std::pair<double, double>> attention;  // (b_a, seconds)
   std::vector<std::pair<double, double>> expert;     // (b_e, seconds)
-  LinearFit attention_fit, expert_fit;
+  // Once per step, outside the layers: final norm, LM head over the step's
+  // rows and a greedy pick per row (the attention worker's, over all its
+  // micro-batches' requests): T_head = head_per_token * b + head.
+  std::vector<std::pair<double, double>> head;  // (requests, seconds)
+  LinearFit attention_fit, expert_fit, head_fit;
+  // CPU time the process got over the measurements / (wall time x threads):
+  // 1 on cores of its own; below 1 when other processes shared them, and the
+  // times above are then that much longer than the work (docs/PLANNER.md 8).
+  double cpu_share = 1;
   Json to_json(const ProfileOptions& o) const;  // the --profile file format
 };
 

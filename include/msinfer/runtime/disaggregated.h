@@ -113,6 +113,10 @@ struct WorkerConfig {
   // their heads' attention (docs/RUNTIME.md, "Attention tensor parallelism").
   int tp_attention = 1;
   int attention_processes() const { return attention_workers * tp_attention; }
+  // Compute threads (OMP_NUM_THREADS) of every attention / expert process the
+  // router forks; 0: the cores shared evenly over the processes (or the
+  // environment's OMP_NUM_THREADS). A CPU plan document sets them.
+  int attention_threads = 0, expert_threads = 0;
   int processes() const { return attention_processes() + expert_processes(); }
   Placement placement;
   int64_t kv_cache_bytes = 256ll << 20;

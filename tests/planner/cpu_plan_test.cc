@@ -1,0 +1,189 @@
+// The CPU deployment model of docs/PLANNER.md section 8 on a synthetic profile.
+#include "msinfer/planner/cpu_plan.h"
+
+#include <gtest/gtest.h>
+
+namespace msinfer::planner {
+namespace {
+
+CpuSearchOptions options() {
+  CpuSearchOptions o;
+  o.model.name = "test";
+  o.model.layers = o.model.moe_layers = 4;
+  o.model.hidden = 256;
+  o.model.expert_ffn = 512;
+  o.model.experts = 8;
+  o.model.top_k = 2;
+  o.model.heads = 4;
+  o.model.kv_heads = 2;
+  o.model.head_dim = 64;
+  o.model.vocab = 1000;
+  CpuProfile& p = o.profile;
+  p.k1 = 0.1e-3;  // s per token
+  p.k2 = 0.5e-3;
+  p.k3 = 0.02e-3;
+  p.k4 = 1e-3;
+  p.head_per_token = 0.01e-3;
+  p.head = 2e-3;
+  p.has_head = true;
+  p.threads = 1;
+  p.nic_bandwidth = 10e9;
+  o.cores = 2;
+  o.memory_bytes = 16e9;
+  o.slo = 1.0;
+  o.workload = Workload{"custom", 32, 32};
+  o.local_fit = false;
+  return o;
+}
+
+TEST(CpuPlan, StepIsTheLayersPipelinePlusTheHead) {
+  const CpuSearchOptions o = options();
+  CpuDeployment d{1, 1, 2, 1, 1, 1, 4};  // 1 + 1 workers, m 2, b_a 4
+  const CpuPrediction p = predict_cpu(o, d);
+  EXPECT_NEAR(p.t_attention, 0.1e-3 * 4 + 0.5e-3, 1e-12);
+  // 8 experts on one worker, 4 x 2 / 8 = 1 row each: 8 (k3 + k4).
+  EXPECT_DOUBLE_EQ(p.rows_per_expert, 1.0);
+  EXPECT_NEAR(p.t_expert, 8 * (0.02e-3 + 1e-3), 1e-12);
+  EXPECT_GT(p.t_comm, 0);
+  const StageTimes t{p.t_attention, p.t_expert, p.t_comm};
+  EXPECT_NEAR(p.layers_time, iteration_time(t, 2, 4), 1e-12);
+  EXPECT_NEAR(p.t_head, 0.01e-3 * 8 + 2e-3, 1e-12);
+  EXPECT_NEAR(p.tbt, p.layers_time + p.t_head, 1e-12);
+  EXPECT_NEAR(p.throughput, 8 / p.tbt, 1e-9);
+  EXPECT_FALSE(p.shares_cores);
+}
+
+TEST(CpuPlan, ThreadsScaleTheProfileAndSharedCoresBoundTheStep) {
+  CpuSearchOptions o = options();
+  o.cores = 4;
+  CpuDeployment one{1, 1, 1, 1, 1, 1, 4}, two = one;
+  two.expert_threads = 2;
+  EXPECT_NEAR(predict_cpu(o, two).t_expert, predict_cpu(o, one).t_expert / 2, 1e-12);
+  // On 2 cores the spinning attention worker's thread is the third: every
+  // runnable thread gets 2/3 of a core.
+  o.cores = 2;
+  EXPECT_NEAR(predict_cpu(o, two).t_expert, predict_cpu(o, one).t_expert / 2 * 1.5, 1e-12);
+  // Four one-thread expert workers and two attention workers on one core:
+  // the cores' work, not the pipeline, sets the step.
+  o.cores = 1;
+  CpuDeployment shared{2, 4, 2, 1, 1, 1, 4};
+  const CpuPrediction p = predict_cpu(o, shared);
+  EXPECT_TRUE(p.shares_cores);
+  // m = 2: both sides compute at once, 6 threads on the core; the head is
+  // the 2 attention workers' alone.
+  EXPECT_DOUBLE_EQ(p.share_factor_attention, 6);
+  EXPECT_DOUBLE_EQ(p.share_factor_expert, 6);
+  EXPECT_DOUBLE_EQ(p.share_factor_head, 2);
+  EXPECT_NEAR(p.cpu_seconds,
+              2 * (4 * 2 * p.t_attention / 6 + p.t_head / 2) + 4 * (4 * 2 * p.t_expert) / 6, 1e-12);
+  EXPECT_GE(p.tbt, p.cpu_bound);
+  EXPECT_GE(p.tbt, p.layers_time + p.t_head);
+}
+
+TEST(CpuPlan, AProfileThatSharedItsCoresScalesToTheDeploymentsShare) {
+  CpuSearchOptions o = options();
+  const CpuDeployment d{1, 1, 1, 1, 1, 1, 4};
+  const CpuPrediction alone = predict_cpu(o, d);
+  // The one-thread profile's group got half a core. While the expert worker
+  // computes, the attention worker spins (2 processes on 2 cores): they
+  // split that half core. The attention stage and the head have it alone
+  // (the idle expert worker sleeps).
+  o.profile.cpu_share = 0.5;
+  const CpuPrediction shared = predict_cpu(o, d);
+  EXPECT_DOUBLE_EQ(shared.group_cores, 0.5);
+  EXPECT_DOUBLE_EQ(shared.share_factor_expert, 2);
+  EXPECT_DOUBLE_EQ(shared.share_factor_attention, 1);
+  EXPECT_DOUBLE_EQ(shared.share_factor_head, 1);
+  EXPECT_NEAR(shared.t_expert, alone.t_expert * 2, 1e-12);
+  EXPECT_NEAR(shared.t_head, alone.t_head, 1e-12);
+  // The CPU the workers compute is the same work: on half a core it takes
+  // twice the time it takes on a core.
+  EXPECT_NEAR(shared.cpu_seconds, alone.cpu_seconds * 0.5, 1e-12);
+  EXPECT_NEAR(shared.cpu_bound, alone.cpu_seconds, 1e-12);
+  // With m = 2 both sides compute at once: every stage splits the group.
+  CpuDeployment two = d;
+  two.micro_batches = 2;
+  EXPECT_DOUBLE_EQ(predict_cpu(o, two).share_factor_attention, 2);
+  // Three processes on two cores: the waiting side yields, the side that
+  // computes has the group's half core to itself.
+  const CpuDeployment three{2, 1, 1, 1, 1, 1, 4};
+  EXPECT_DOUBLE_EQ(predict_cpu(o, three).share_factor_expert, 1);
+  EXPECT_DOUBLE_EQ(predict_cpu(o, three).share_factor_attention, 2);
+}
+
+TEST(CpuPlan, LocalFitIsTheLineThroughTheBracketingPoints) {
+  const std::vector<std::pair<double, double>> pts{{1, 1.0}, {2, 1.5}, {4, 3.5}, {8, 4.0}};
+  const LinearFit g{9, 9};
+  // (2, 1.5)-(4, 3.5) crosses zero at b = 0.5: kept >= 0, through the origin.
+  LinearFit f = local_fit(pts, 3, g);
+  EXPECT_DOUBLE_EQ(f.slope, 3.5 / 4);
+  EXPECT_DOUBLE_EQ(f.intercept, 0.0);
+  f = local_fit(pts, 1.5, g);
+  EXPECT_DOUBLE_EQ(f.slope, 0.5);
+  EXPECT_DOUBLE_EQ(f.intercept, 0.5);
+  f = local_fit(pts, 100, g);  // beyond the points: the last segment
+  EXPECT_DOUBLE_EQ(f.slope, 0.125);
+  EXPECT_DOUBLE_EQ(local_fit({{1, 1.0}}, 2, g).slope, 9);
+}
+
+TEST(CpuPlan, SearchKeepsEveryPlanWithinCoresMemoryKvAndSlo) {
+  CpuSearchOptions o = options();
+  o.slo = 0.2;
+  o.max_batch = 64;
+  o.kv_cache_mb = 4;
+  auto plans = search_cpu_plans(o);
+  ASSERT_TRUE(plans.ok()) << plans.status().to_string();
+  ASSERT_FALSE(plans->empty());
+  for (const CpuPlan& p : *plans) {
+    const CpuDeployment& d = p.deployment;
+    EXPECT_TRUE(d.threads() <= o.cores || (d.attention_threads == 1 && d.expert_threads == 1));
+    EXPECT_TRUE(check_cpu_deployment(o, d, p.predicted).empty());
+    EXPECT_LE(p.predicted.tbt, o.slo);
+    EXPECT_LE(p.predicted.kv_bytes_per_worker, 4 << 20);
+    EXPECT_LE(d.global_batch(), 64);
+  }
+  for (size_t i = 1; i < plans->size(); ++i) {
+    EXPECT_GE((*plans)[i - 1].predicted.throughput, (*plans)[i].predicted.throughput);
+  }
+  // A fixed shape is honoured, its batch searched.
+  o.attention_workers = 2;
+  o.expert_workers = 1;
+  o.micro_batches = 2;
+  auto fixed = search_cpu_plans(o);
+  ASSERT_TRUE(fixed.ok());
+  for (const CpuPlan& p : *fixed) {
+    EXPECT_EQ(p.deployment.attention_workers, 2);
+    EXPECT_EQ(p.deployment.expert_workers, 1);
+    EXPECT_EQ(p.deployment.micro_batches, 2);
+  }
+  // Nothing fits an SLO below one layer's time.
+  o.slo = 1e-6;
+  EXPECT_FALSE(search_cpu_plans(o).ok());
+}
+
+TEST(CpuPlan, DocumentRoundTripsAndIsChecked) {
+  CpuSearchOptions o = options();
+  o.max_batch = 16;
+  auto plans = search_cpu_plans(o);
+  ASSERT_TRUE(plans.ok());
+  const Json doc = cpu_plan_document(o, *plans, 3);
+  EXPECT_TRUE(is_cpu_plan_document(doc));
+  for (const char* k : {"throughput_tokens_per_s", "tbt_ms", "t_attention_ms", "t_expert_ms",
+                        "t_comm_ms", "t_head_ms"}) {
+    EXPECT_TRUE(doc["predicted"].contains(k)) << k;
+  }
+  auto d = cpu_deployment_from_plan_document(doc, "plan.json", o.model);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(d->global_batch(), plans->front().deployment.global_batch());
+  Json bad = doc;
+  bad["plan"]["global_batch"] = d->global_batch() + 1;
+  EXPECT_FALSE(cpu_deployment_from_plan_document(bad, "plan.json", o.model).ok());
+  bad = doc;
+  bad["plan"]["expert_workers"] = 3;
+  auto e = cpu_deployment_from_plan_document(bad, "plan.json", o.model);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("expert_workers"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace msinfer::planner
