@@ -176,16 +176,8 @@ int run_bench_serve(int argc, char** argv) {
       "--micro-batches 2 --json\n"
       "  msinfer bench serve --base-url http://127.0.0.1:8000 --num-prompts 200 --request-rate 20 "
       "--max-concurrency 64 --input-len 32 --output-len 64 --goodput 'ttft:500 tpot:50'");
-  Status s = flags.parse(argc, argv, 3);
-  if (!s.ok()) return report_error("bench serve", s);
-  if (flags.help_requested()) {
-    std::cout << flags.usage();
-    return 0;
-  }
-  if (!flags.positional().empty()) {
-    return report_error("bench serve", invalid_argument("unexpected argument '" +
-                                                        flags.positional().front() + "'"));
-  }
+  if (auto done = parse_command_line(flags, "bench serve", argc, argv, 3)) return *done;
+  Status s;
   if (!flags.get_string("base-url").empty()) {
     if (flags.get_bool("offline")) {
       return report_error("bench serve", invalid_argument("give one of --offline and --base-url"));

@@ -54,16 +54,8 @@ int run_make_model(int argc, char** argv) {
       "examples:\n  msinfer make-model --preset demo --out /tmp/demo\n"
       "  msinfer make-model --preset tiny-mixtral --out /tmp/m\n"
       "  msinfer make-model --preset small-mixtral --router-skew zipf:1.2 --out /tmp/skewed");
-  Status s = flags.parse(argc, argv, 2);
-  if (!s.ok()) return report_error("make-model", s);
-  if (flags.help_requested()) {
-    std::cout << flags.usage();
-    return 0;
-  }
-  if (!flags.positional().empty()) {
-    return report_error(
-        "make-model", invalid_argument("unexpected argument '" + flags.positional().front() + "'"));
-  }
+  if (auto done = parse_command_line(flags, "make-model", argc, argv, 2)) return *done;
+  Status s;
   model::MakeModelOptions o;
   o.preset = flags.get_string("preset");
   o.out_dir = flags.get_string("out");

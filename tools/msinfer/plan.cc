@@ -457,16 +457,8 @@ int run_plan(int argc, char** argv) {
       "  msinfer plan --model dbrx --gpu H20 --expert-gpu L40S --objective power\n"
       "  msinfer plan --model mixtral-8x22b --hetero --gpus L20,L40S,H20,A800,H800 --json\n"
       "  msinfer plan --model path/to/config.json --gpu H800 --max-gpus 64 --out plan.json");
-  Status s = flags.parse(argc, argv, 2);
-  if (!s.ok()) return report_error("plan", s);
-  if (flags.help_requested()) {
-    std::cout << flags.usage();
-    return 0;
-  }
-  if (!flags.positional().empty()) {
-    return report_error("plan", invalid_argument("unexpected argument '" +
-                                                 flags.positional().front() + "'"));
-  }
+  if (auto done = parse_command_line(flags, "plan", argc, argv, 2)) return *done;
+  Status s;
   if (!flags.get_string("out").empty()) {
     s = check_output_path("--out", flags.get_string("out"));
     if (!s.ok()) return report_error("plan", s);

@@ -136,12 +136,8 @@ int run_serve(int argc, char** argv) {
       "  curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n"
       "    -d '{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'\n\n"
       "docs/SERVING.md describes the API, errors and metrics.");
-  Status s = flags.parse(argc, argv, 2);
-  if (!s.ok()) return report_error("serve", s);
-  if (flags.help_requested()) {
-    std::cout << flags.usage();
-    return 0;
-  }
+  if (auto done = parse_command_line(flags, "serve", argc, argv, 2)) return *done;
+  Status s;
   const std::string dir = flags.get_string("model");
   if (dir.empty()) return report_error("serve", invalid_argument("--model is required"));
   if (flags.get_bool("exit-on-failure") && flags.get_bool("no-exit-on-failure")) {

@@ -521,12 +521,8 @@ int run_worker(int argc, char** argv) {
   flags.add_int("kv-cache-mb", 256, 1, 1 << 20, "KV cache budget (attention workers)");
   add_engine_flags(flags);
   add_deployment_flags(flags);
-  Status s = flags.parse(argc, argv, 2);
-  if (!s.ok()) return report_error("worker", s);
-  if (flags.help_requested()) {
-    std::cout << flags.usage();
-    return 0;
-  }
+  if (auto done = parse_command_line(flags, "worker", argc, argv, 2)) return *done;
+  Status s;
   if (flags.get_string("model").empty()) {
     return report_error("worker", invalid_argument("--model is required (a model directory)"));
   }
