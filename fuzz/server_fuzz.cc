@@ -3,8 +3,9 @@
 // template, as the server runs them) and chat templates (parse and render).
 // Built and run by fuzz/run-server; a short run is part of the test suite.
 //
-// The first byte selects: even, a request body (bit 1: chat); odd, a
-// template. A structure-aware mutator (LLVMFuzzerCustomMutator) puts values of
+// The first byte selects: even, a request body (bit 1: chat); 1 mod 4, a
+// template; 3 mod 4, gpt-oss's harmony format (the rest as a conversation
+// to render, when it is JSON, and as generated tokens for HarmonyParser). A structure-aware mutator (LLVMFuzzerCustomMutator) puts values of
 // every JSON type into the documented fields and content parts of a body that
 // parses, so type confusions are reached in a few thousand runs instead of
 // never (a `"type": 1` in a content part aborted the server, issue 43).
@@ -18,6 +19,7 @@
 #include "msinfer/model/tokenizer.h"
 #include "msinfer/server/api.h"
 #include "msinfer/server/chat_template.h"
+#include "msinfer/server/harmony.h"
 
 extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
 
@@ -139,6 +141,33 @@ extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max
   return LLVMFuzzerMutate(data, size, max_size);
 }
 
+// Harmony: a conversation rendered (when `in` is a JSON array of messages)
+// must start with the system message; the bytes as token ids (0..6: the
+// special tokens, stood in for by ids 256..262 of the fuzz tokenizer; else
+// the byte's own token) go through the channel parser, which must take any
+// sequence.
+static void fuzz_harmony(const std::string& in) {
+  const msinfer::Json messages = msinfer::Json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (messages.is_array()) {
+    HarmonyOptions o;
+    o.reasoning_effort = in.size() % 3 == 0 ? "low" : "high";
+    o.current_date = in.size() % 2 == 0 ? "2026-12-06" : "";
+    auto r = render_harmony(messages, in.size() % 2 == 1, o);
+    if (r.ok() && r->rfind("<|start|>system<|message|>", 0) != 0) __builtin_trap();
+  }
+  HarmonyTokens ids;
+  ids.start = 256;
+  ids.end = 257;
+  ids.message = 258;
+  ids.channel = 259;
+  ids.constrain = 260;
+  ids.ret = 261;
+  ids.call = 262;
+  HarmonyParser p(tokenizer(), ids);
+  for (unsigned char c : in) (void)p.push(c < 7 ? 256 + c : c);
+  (void)p.finish();
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string in(reinterpret_cast<const char*>(data) + 1, size - 1);
@@ -157,6 +186,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } else {
       (void)err->body().dump();
     }
+    return 0;
+  }
+  if (data[0] % 4 == 3) {
+    fuzz_harmony(in);
     return 0;
   }
   auto t = ChatTemplate::parse(in);
