@@ -134,6 +134,12 @@ Json plan_document(const SearchOptions& options, const SearchResult& result,
 StatusOr<Deployment> deployment_from_plan_document(const Json& j, const std::string& source) {
   JsonFields top(j, source);
   MSI_RETURN_IF_ERROR(top.expect_object());
+  if (j.contains("devices") && j["devices"] == "cpu") {
+    return invalid_argument(source +
+                            ": a CPU plan (`plan --devices cpu`) of msinfer's own workers, not a "
+                            "GPU deployment; `bench serve --offline --plan`, `generate --plan` "
+                            "and `serve --plan` run it");
+  }
   MSI_ASSIGN_OR_RETURN(JsonFields plan, top.object("plan"));
   MSI_ASSIGN_OR_RETURN(JsonFields model, top.object("model"));
   MSI_ASSIGN_OR_RETURN(JsonFields stage, top.object("stage_model"));

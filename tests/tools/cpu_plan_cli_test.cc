@@ -141,6 +141,11 @@ TEST_F(CpuPlanCliTest, AFixedShapeOnSharedCoresRuns) {
                  " --idle-seconds 0 --json");
   ASSERT_EQ(b.code, 0) << b.err;
   EXPECT_TRUE(parse(b.out).contains("plan_vs_measured"));
+  // simulate models GPU deployments: a CPU plan is refused by name, not for a
+  // missing field of a GPU plan.
+  CliRun s = run("simulate --plan " + plan);
+  EXPECT_EQ(s.code, 2);
+  EXPECT_NE(s.err.find("a CPU plan"), std::string::npos) << s.err;
 }
 
 TEST_F(CpuPlanCliTest, BadCombinationsAreRefused) {
