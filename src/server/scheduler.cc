@@ -135,6 +135,14 @@ std::vector<Scheduler::Active>::iterator Scheduler::find_active(int64_t id) {
   return it != active_.end() && it->id == id ? it : active_.end();
 }
 
+Scheduler::Snapshot Scheduler::backend_gauges() const {
+  Snapshot s;
+  s.running = backend_->running();
+  s.kv_usage = backend_->kv_usage();
+  s.counters = backend_->counters();
+  return s;
+}
+
 void Scheduler::publish_gauges(const Snapshot& s) {
   snap_.running = s.running;
   snap_.waiting = backend_->waiting() + static_cast<int64_t>(inbox_.size());
@@ -163,8 +171,12 @@ int64_t Scheduler::fail_all(const Status& s, bool in_backend) {
   for (int64_t i = 0; i < n; ++i) metrics_->request_aborted();
   active_.clear();
   {
-    std::lock_guard<std::mutex> l(mu_);  // seats free before the answers go out, as in loop()
+    // Seats free before the answers go out, as in loop(); and with the
+    // requests gone from the backend, the gauges say so by then too (a
+    // client that reads /metrics on its error finds nothing running).
+    std::lock_guard<std::mutex> l(mu_);
     in_flight_ -= n;
+    if (in_backend) publish_gauges(backend_gauges());
   }
   end_round();
   idle_cv_.notify_all();
@@ -178,17 +190,9 @@ void Scheduler::fail_backend(const Status& s) {
     snap_.failure = s.message();
     snap_.workers.clear();  // their stats are of processes that are gone
   }
+  // Its gauges are published as it hands the errors out: nothing running,
+  // the KV cache as the backend holds it (a stopped deployment: none).
   const int64_t failed = fail_all(s, /*in_backend=*/true);
-  // The gauges as they are now: nothing running, the KV cache as the
-  // backend holds it (a stopped deployment: none).
-  {
-    Snapshot now;
-    now.running = backend_->running();
-    now.kv_usage = backend_->kv_usage();
-    now.counters = backend_->counters();
-    std::lock_guard<std::mutex> l(mu_);
-    publish_gauges(now);
-  }
   // Once (the scheduler stays unhealthy), for the operator: the clients read
   // the cause in their error bodies, a scraper in /health, the log here.
   std::fprintf(stderr,
@@ -412,10 +416,7 @@ void Scheduler::loop() {
       }
     }
     // The gauges, published below (and now and then the workers' stats).
-    Snapshot s;
-    s.running = backend_->running();
-    s.kv_usage = backend_->kv_usage();
-    s.counters = backend_->counters();
+    Snapshot s = backend_gauges();
     // The ended requests' seats are free, and the gauges count them no
     // more, before their answers go out: a client that sends its next
     // request on reading one finds its seat (given back after the
@@ -443,8 +444,7 @@ void Scheduler::loop() {
         fail_backend(h);
         healthy = false;
         workers.clear();
-        s.running = backend_->running();
-        s.kv_usage = backend_->kv_usage();
+        s = backend_gauges();
       }
     }
     trim_when_idle(&st);

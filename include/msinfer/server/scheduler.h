@@ -213,6 +213,9 @@ class Scheduler {
   void send_error(RequestSink& sink, SinkBatch* batch, const Status& s);
   void note_batch(SinkBatch* b);
   void end_round();
+  // The backend's running count, KV usage and counters, as it has them now
+  // (engine thread).
+  Snapshot backend_gauges() const;
   // The backend's gauges `s` (running, KV usage, preemptions) and the
   // waiting count into snap_; under mu_.
   void publish_gauges(const Snapshot& s);
