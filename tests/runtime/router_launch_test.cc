@@ -64,21 +64,34 @@ void send_line(int fd, const std::string& s) {
   ASSERT_EQ(::write(fd, line.data(), line.size()), static_cast<ssize_t>(line.size()));
 }
 
+// A 1 attention + 1 expert deployment's router, started under a fake
+// launcher of 3 ranks on a thread of its own; its control address and the
+// job's secret, from the blob it published.
+struct LaunchedRouter {
+  WorkerConfig config;  // the router keeps a reference while it starts
+  FakeLauncher launcher{3};
+  std::future<StatusOr<std::unique_ptr<Router>>> started;
+  std::string control, secret;
+  LaunchedRouter() {
+    ::setenv("MSINFER_ADDRESS", "127.0.0.1", 1);
+    config.attention_workers = 1;
+    config.expert_workers = 1;
+    started = std::async(std::launch::async,
+                         [this] { return Router::start_launched(config, launcher); });
+    std::istringstream blob(launcher.wait_blob());
+    std::string bootstrap;
+    blob >> bootstrap >> control >> secret;
+  }
+};
+
 // A silent connection, one with a wrong secret and one that sends junk reach
 // the control port first; the two real ranks join after them and the router
 // starts at once: nobody waits for the silent one's 30 s.
 TEST(RouterLaunchTest, StrayControlConnectionsDelayNoWorker) {
-  ::setenv("MSINFER_ADDRESS", "127.0.0.1", 1);
-  WorkerConfig c;
-  c.attention_workers = 1;
-  c.expert_workers = 1;
-  FakeLauncher launcher(3);
-  auto started =
-      std::async(std::launch::async, [&] { return Router::start_launched(c, launcher); });
-  std::istringstream blob(launcher.wait_blob());
-  std::string bootstrap, control, secret;
-  blob >> bootstrap >> control >> secret;
-  ASSERT_FALSE(control.empty());
+  LaunchedRouter l;
+  ASSERT_FALSE(l.control.empty());
+  const std::string &control = l.control, &secret = l.secret;
+  auto& started = l.started;
   auto silent = comm::tcp_connect(control, 10s);
   auto wrong = comm::tcp_connect(control, 10s);
   auto junk = comm::tcp_connect(control, 10s);
@@ -115,17 +128,10 @@ TEST(RouterLaunchTest, StrayControlConnectionsDelayNoWorker) {
 // ranks: the router keeps at most 256 of them open (it closes the oldest), so
 // they cannot use up its fds, and the ranks that come after them still join.
 TEST(RouterLaunchTest, AFloodOfSilentConnectionsHoldsBoundedFds) {
-  ::setenv("MSINFER_ADDRESS", "127.0.0.1", 1);
-  WorkerConfig c;
-  c.attention_workers = 1;
-  c.expert_workers = 1;
-  FakeLauncher launcher(3);
-  auto started =
-      std::async(std::launch::async, [&] { return Router::start_launched(c, launcher); });
-  std::istringstream blob(launcher.wait_blob());
-  std::string bootstrap, control, secret;
-  blob >> bootstrap >> control >> secret;
-  ASSERT_FALSE(control.empty());
+  LaunchedRouter l;
+  ASSERT_FALSE(l.control.empty());
+  const std::string &control = l.control, &secret = l.secret;
+  auto& started = l.started;
   const int before = open_fds();
   constexpr int kSilent = 500;
   std::vector<int> silent;
