@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -191,6 +192,65 @@ TEST(SamplingTest, DrawsFollowTheDistribution) {
       EXPECT_EQ(count[t], 0) << t;
     }
     EXPECT_NEAR(count[t] / double(n), want[t], 0.01) << t;
+  }
+}
+
+// On a large vocabulary, the distribution is the definition's: every token
+// sorted by logit, cut at top_k and then at the top_p mass, renormalised.
+// Flat logits need more than the first sorted slice for top_p 0.9, peaked
+// ones less; suppressed tokens never appear.
+TEST(SamplingTest, LargeVocabularyDistributionIsTheFullSortsDefinition) {
+  const int64_t V = 20000;
+  auto reference = [&](const std::vector<float>& l, const SamplingParams& p) {
+    std::vector<int32_t> idx(V);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+    const int64_t keep = p.top_k > 0 ? std::min<int64_t>(p.top_k, V) : V;
+    std::vector<double> w(keep);
+    double sum = 0;
+    for (int64_t i = 0; i < keep; ++i) {
+      sum += w[i] = std::exp((double(l[idx[i]]) - l[idx[0]]) / p.temperature);
+    }
+    int64_t n = keep;
+    double mass = 0;
+    for (int64_t i = 0; i < keep && p.top_p < 1.f; ++i) {
+      mass += w[i] / sum;
+      if (mass >= p.top_p) {
+        n = i + 1;
+        break;
+      }
+    }
+    double kept = 0;
+    for (int64_t i = 0; i < n; ++i) kept += w[i];
+    std::vector<double> out(V, 0.0);
+    for (int64_t i = 0; i < n; ++i) out[idx[i]] = w[i] / kept;
+    return out;
+  };
+  for (const float amplitude : {0.05f, 8.f}) {
+    std::vector<float> l(V);
+    for (int64_t i = 0; i < V; ++i) l[i] = amplitude * std::sin(float(i) * 0.37f);
+    for (int64_t i = 0; i < V; i += 97) l[i] = -std::numeric_limits<float>::infinity();
+    for (const auto& [top_k, top_p] :
+         std::vector<std::pair<int, float>>{
+             {0, 1.f}, {0, 0.9f}, {0, 0.3f}, {50, 0.9f}, {5000, 1.f}}) {
+      SCOPED_TRACE("amplitude " + std::to_string(amplitude) + " top_k " + std::to_string(top_k) +
+                   " top_p " + std::to_string(top_p));
+      SamplingParams p;
+      p.temperature = 0.7f;
+      p.top_k = top_k;
+      p.top_p = top_p;
+      const std::vector<double> got = sampling_distribution(l.data(), V, p);
+      const std::vector<double> want = reference(l, p);
+      int64_t support = 0;
+      for (int64_t t = 0; t < V; ++t) {
+        ASSERT_NEAR(got[t], want[t], 1e-12) << t;
+        support += want[t] > 0;
+      }
+      EXPECT_EQ(got[0], 0.0);  // suppressed (ids 0, 97, ...): never drawn
+      // The flat case's top_p 0.9 keeps thousands of tokens: past any
+      // first slice the sampler sorts.
+      if (amplitude < 1.f && top_k == 0 && top_p == 0.9f) EXPECT_GT(support, 10000);
+    }
   }
 }
 
