@@ -149,6 +149,7 @@ class ServeHarmony : public ::testing::Test {
                       "npm client (scripts/fetch-js-clients)";
     }
   }
+  void expect_harmony_chats(const std::string& deployment);
   static fs::path* dir_;
 };
 fs::path* ServeHarmony::dir_ = nullptr;
@@ -179,8 +180,9 @@ std::string today() {
   return buf;
 }
 
-TEST_F(ServeHarmony, ChatsAreHarmonyAndAnswersSplitByChannel) {
-  Server s("--max-num-seqs 4", *dir_);
+// Serves the model with `deployment` and checks the chats of 8 seeds.
+void ServeHarmony::expect_harmony_chats(const std::string& deployment) {
+  Server s("--max-num-seqs 4 " + deployment, *dir_);
   ASSERT_GT(s.port(), 0) << s.stderr_text();
   std::string user;
   for (int i = 0; i < 30; ++i) user += "The quick brown fox jumps over the lazy dog. ";
@@ -255,6 +257,15 @@ TEST_F(ServeHarmony, ChatsAreHarmonyAndAnswersSplitByChannel) {
   EXPECT_EQ(r["effort"]["high"]["status"], 200);
   EXPECT_EQ(r["effort"]["extreme"]["status"], 400);
   EXPECT_EQ(r["effort"]["extreme"]["param"], "reasoning_effort");
+}
+
+TEST_F(ServeHarmony, ChatsAreHarmonyAndAnswersSplitByChannel) { expect_harmony_chats(""); }
+
+// The same through a disaggregated deployment: the split is the server's,
+// the tokens come from attention and expert workers (two micro-batches, the
+// experts over two workers).
+TEST_F(ServeHarmony, DisaggregatedChatsAreSplitTheSameWay) {
+  expect_harmony_chats("--attention-workers 1 --expert-workers 2 --micro-batches 2");
 }
 
 }  // namespace
