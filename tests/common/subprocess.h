@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -28,6 +30,34 @@ inline std::string run_capture(const std::string& cmd) {
   while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
   const int status = pclose(p);
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? out : "";
+}
+
+// What a command-line run of the msinfer binary gave: its exit code (-1 when
+// it did not exit normally), stdout and stderr.
+struct CliRun {
+  int code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+// Runs `binary args` through the shell, as a user would.
+inline CliRun run_cli(const std::string& binary, const std::string& args) {
+  // Per process: ctest runs a file's tests as parallel processes.
+  const std::string err_path =
+      ::testing::TempDir() + "/cli_stderr_" + std::to_string(::getpid()) + ".txt";
+  const std::string cmd = binary + " " + args + " 2>" + err_path;
+  CliRun r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream err(err_path);
+  r.err.assign(std::istreambuf_iterator<char>(err), {});
+  std::remove(err_path.c_str());
+  return r;
 }
 
 // A deployment's router run as a child process (argv[0] is the binary), its

@@ -12,33 +12,15 @@
 #include <sstream>
 #include <string>
 
+#include "../common/subprocess.h"
 #include "msinfer/core/json.h"
 
 namespace msinfer {
 namespace {
 
-struct CliRun {
-  int code = -1;
-  std::string out, err;
-};
+using testing::CliRun;
 
-CliRun run(const std::string& args) {
-  const std::string err_path =
-      ::testing::TempDir() + "/cpu_plan_cli_stderr_" + std::to_string(::getpid()) + ".txt";
-  const std::string cmd = std::string(MSINFER_BINARY) + " " + args + " 2>" + err_path;
-  CliRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::stringstream ss;
-  ss << std::ifstream(err_path).rdbuf();
-  r.err = ss.str();
-  return r;
-}
+CliRun run(const std::string& args) { return testing::run_cli(MSINFER_BINARY, args); }
 
 Json parse(const std::string& s) {
   auto j = parse_json(s, "stdout");
