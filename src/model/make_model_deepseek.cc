@@ -26,22 +26,57 @@ struct Spec {
   bool f32 = false;  // stored as float32 (e_score_correction_bias)
 };
 
-// GLM-4.5 (Glm4MoeForCausalLM): GQA attention with q/k/v biases and q/k norms
-// when the config asks, DeepSeek-V3's MoE side (dense first layers, router
-// with e_score_correction_bias, routed and shared experts), MTP layers as
-// DeepSeek-V3 stores them; no lm_head with tie_word_embeddings.
-std::vector<Spec> glm4_moe_specs(const Json& c, bool fp8) {
+// The tensors of a DeepSeek-V2/V3 checkpoint (MLA attention), or of GLM-4.5
+// (Glm4MoeForCausalLM: GQA attention with q/k/v biases and q/k norms when the
+// config asks, no lm_head with tie_word_embeddings). Both have DeepSeek-V3's
+// MoE side (dense first layers, a router with e_score_correction_bias for
+// noaux_tc, routed and shared experts) and MTP layers as DeepSeek-V3 stores
+// them.
+std::vector<Spec> deepseek_specs(const Json& c, bool fp8) {
+  const bool glm = c["architectures"][0] == "Glm4MoeForCausalLM";
   const int64_t h = c["hidden_size"], V = c["vocab_size"];
   const int64_t L = c["num_hidden_layers"], mtp = c.value("num_nextn_predict_layers", int64_t{0});
-  const int64_t H = c["num_attention_heads"], KV = c["num_key_value_heads"];
-  const int64_t hd = c["head_dim"];
   const int64_t E = c["n_routed_experts"], F = c["moe_intermediate_size"];
   const int64_t S = c["n_shared_experts"], I = c["intermediate_size"];
   const int64_t first_dense = c["first_k_dense_replace"];
-  const bool bias = c.value("attention_bias", false), qk_norm = c.value("use_qk_norm", false);
+  const bool router_bias = glm || c.value("topk_method", "") == "noaux_tc";
   const double out_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(L));
   auto fan = [](int64_t in) { return 1.0 / std::sqrt(static_cast<double>(in)); };
   std::vector<Spec> s;
+  auto gqa_attention = [&](const std::string& a) {
+    const int64_t H = c["num_attention_heads"], KV = c["num_key_value_heads"];
+    const int64_t hd = c["head_dim"];
+    s.push_back({a + "q_proj.weight", {H * hd, h}, fan(h), fp8});
+    s.push_back({a + "k_proj.weight", {KV * hd, h}, fan(h), fp8});
+    s.push_back({a + "v_proj.weight", {KV * hd, h}, fan(h), fp8});
+    if (c.value("attention_bias", false)) {
+      s.push_back({a + "q_proj.bias", {H * hd}, 0.3});
+      s.push_back({a + "k_proj.bias", {KV * hd}, 0.3});
+      s.push_back({a + "v_proj.bias", {KV * hd}, 0.3});
+    }
+    if (c.value("use_qk_norm", false)) {
+      s.push_back({a + "q_norm.weight", {hd}, -1});
+      s.push_back({a + "k_norm.weight", {hd}, -1});
+    }
+    s.push_back({a + "o_proj.weight", {h, H * hd}, out_scale * fan(H * hd), fp8});
+  };
+  auto mla_attention = [&](const std::string& a) {
+    const int64_t H = c["num_attention_heads"];
+    const int64_t q_lora = c["q_lora_rank"].is_null() ? 0 : c["q_lora_rank"].get<int64_t>();
+    const int64_t kv_lora = c["kv_lora_rank"], nope = c["qk_nope_head_dim"];
+    const int64_t rope = c["qk_rope_head_dim"], vd = c["v_head_dim"];
+    if (q_lora > 0) {
+      s.push_back({a + "q_a_proj.weight", {q_lora, h}, fan(h), fp8});
+      s.push_back({a + "q_a_layernorm.weight", {q_lora}, -1});
+      s.push_back({a + "q_b_proj.weight", {H * (nope + rope), q_lora}, fan(q_lora), fp8});
+    } else {
+      s.push_back({a + "q_proj.weight", {H * (nope + rope), h}, fan(h), fp8});
+    }
+    s.push_back({a + "kv_a_proj_with_mqa.weight", {kv_lora + rope, h}, fan(h), fp8});
+    s.push_back({a + "kv_a_layernorm.weight", {kv_lora}, -1});
+    s.push_back({a + "kv_b_proj.weight", {H * (nope + vd), kv_lora}, fan(kv_lora), fp8});
+    s.push_back({a + "o_proj.weight", {h, H * vd}, out_scale * fan(H * vd), fp8});
+  };
   // Tied: the embedding is the LM head too, drawn at its scale so logits stay ~N(0, 1).
   const bool tied = c.value("tie_word_embeddings", false);
   s.push_back({"model.embed_tokens.weight", {V, h}, tied ? fan(h) : 1.0});
@@ -61,27 +96,18 @@ std::vector<Spec> glm4_moe_specs(const Json& c, bool fp8) {
       s.push_back({p + "shared_head.head.weight", {V, h}, fan(h)});
     }
     s.push_back({p + "input_layernorm.weight", {h}, -1});
-    const std::string a = p + "self_attn.";
-    s.push_back({a + "q_proj.weight", {H * hd, h}, fan(h), fp8});
-    s.push_back({a + "k_proj.weight", {KV * hd, h}, fan(h), fp8});
-    s.push_back({a + "v_proj.weight", {KV * hd, h}, fan(h), fp8});
-    if (bias) {
-      s.push_back({a + "q_proj.bias", {H * hd}, 0.3});
-      s.push_back({a + "k_proj.bias", {KV * hd}, 0.3});
-      s.push_back({a + "v_proj.bias", {KV * hd}, 0.3});
+    if (glm) {
+      gqa_attention(p + "self_attn.");
+    } else {
+      mla_attention(p + "self_attn.");
     }
-    if (qk_norm) {
-      s.push_back({a + "q_norm.weight", {hd}, -1});
-      s.push_back({a + "k_norm.weight", {hd}, -1});
-    }
-    s.push_back({a + "o_proj.weight", {h, H * hd}, out_scale * fan(H * hd), fp8});
     s.push_back({p + "post_attention_layernorm.weight", {h}, -1});
     if (i < first_dense) {
       mlp(p + "mlp.", I);
       continue;
     }
     s.push_back({p + "mlp.gate.weight", {E, h}, fan(h)});
-    s.push_back({p + "mlp.gate.e_score_correction_bias", {E}, 0.1, false, true});
+    if (router_bias) s.push_back({p + "mlp.gate.e_score_correction_bias", {E}, 0.1, false, true});
     for (int64_t e = 0; e < E; ++e) mlp(p + "mlp.experts." + std::to_string(e) + ".", F);
     if (S > 0) mlp(p + "mlp.shared_experts.", S * F);
   }
@@ -89,66 +115,6 @@ std::vector<Spec> glm4_moe_specs(const Json& c, bool fp8) {
   if (!tied) s.push_back({"lm_head.weight", {V, h}, fan(h)});
   return s;
 }
-
-std::vector<Spec> deepseek_specs(const Json& c, bool fp8) {
-  if (c["architectures"][0] == "Glm4MoeForCausalLM") return glm4_moe_specs(c, fp8);
-  const int64_t h = c["hidden_size"], V = c["vocab_size"];
-  const int64_t L = c["num_hidden_layers"], mtp = c.value("num_nextn_predict_layers", int64_t{0});
-  const int64_t H = c["num_attention_heads"];
-  const int64_t q_lora = c["q_lora_rank"].is_null() ? 0 : c["q_lora_rank"].get<int64_t>();
-  const int64_t kv_lora = c["kv_lora_rank"], nope = c["qk_nope_head_dim"];
-  const int64_t rope = c["qk_rope_head_dim"], vd = c["v_head_dim"];
-  const int64_t E = c["n_routed_experts"], F = c["moe_intermediate_size"];
-  const int64_t S = c["n_shared_experts"], I = c["intermediate_size"];
-  const int64_t first_dense = c["first_k_dense_replace"];
-  const bool bias = c["topk_method"] == "noaux_tc";
-  const double out_scale = 1.0 / std::sqrt(2.0 * static_cast<double>(L));
-  auto fan = [](int64_t in) { return 1.0 / std::sqrt(static_cast<double>(in)); };
-  std::vector<Spec> s;
-  s.push_back({"model.embed_tokens.weight", {V, h}, 1.0});
-  auto mlp = [&](const std::string& p, int64_t width) {
-    s.push_back({p + "gate_proj.weight", {width, h}, fan(h), fp8});
-    s.push_back({p + "up_proj.weight", {width, h}, fan(h), fp8});
-    s.push_back({p + "down_proj.weight", {h, width}, out_scale * fan(width), fp8});
-  };
-  for (int64_t i = 0; i < L + mtp; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    if (i >= L) {  // a multi-token-prediction module, as DeepSeek-V3 stores it
-      s.push_back({p + "embed_tokens.weight", {V, h}, 1.0});
-      s.push_back({p + "enorm.weight", {h}, -1});
-      s.push_back({p + "hnorm.weight", {h}, -1});
-      s.push_back({p + "eh_proj.weight", {h, 2 * h}, fan(2 * h)});
-      s.push_back({p + "shared_head.norm.weight", {h}, -1});
-      s.push_back({p + "shared_head.head.weight", {V, h}, fan(h)});
-    }
-    s.push_back({p + "input_layernorm.weight", {h}, -1});
-    const std::string a = p + "self_attn.";
-    if (q_lora > 0) {
-      s.push_back({a + "q_a_proj.weight", {q_lora, h}, fan(h), fp8});
-      s.push_back({a + "q_a_layernorm.weight", {q_lora}, -1});
-      s.push_back({a + "q_b_proj.weight", {H * (nope + rope), q_lora}, fan(q_lora), fp8});
-    } else {
-      s.push_back({a + "q_proj.weight", {H * (nope + rope), h}, fan(h), fp8});
-    }
-    s.push_back({a + "kv_a_proj_with_mqa.weight", {kv_lora + rope, h}, fan(h), fp8});
-    s.push_back({a + "kv_a_layernorm.weight", {kv_lora}, -1});
-    s.push_back({a + "kv_b_proj.weight", {H * (nope + vd), kv_lora}, fan(kv_lora), fp8});
-    s.push_back({a + "o_proj.weight", {h, H * vd}, out_scale * fan(H * vd), fp8});
-    s.push_back({p + "post_attention_layernorm.weight", {h}, -1});
-    if (i < first_dense) {
-      mlp(p + "mlp.", I);
-      continue;
-    }
-    s.push_back({p + "mlp.gate.weight", {E, h}, fan(h)});
-    if (bias) s.push_back({p + "mlp.gate.e_score_correction_bias", {E}, 0.1, false, true});
-    for (int64_t e = 0; e < E; ++e) mlp(p + "mlp.experts." + std::to_string(e) + ".", F);
-    if (S > 0) mlp(p + "mlp.shared_experts.", S * F);
-  }
-  s.push_back({"model.norm.weight", {h}, -1});
-  s.push_back({"lm_head.weight", {V, h}, fan(h)});
-  return s;
-}
-
 
 }  // namespace
 
@@ -160,6 +126,62 @@ bool is_deepseek_preset(const std::string& preset) {
   const auto p = deepseek_presets();
   return std::find(p.begin(), p.end(), preset) != p.end();
 }
+
+namespace {
+
+// The fields every MLA preset shares (DeepSeek-V3's layout at tiny size):
+// the presets below are this with their own fields over it.
+Json mla_preset_base(int64_t vocab) {
+  return Json{{"architectures", {"DeepseekV3ForCausalLM"}},
+              {"model_type", "deepseek_v3"},
+              {"hidden_size", 192},
+              {"intermediate_size", 320},
+              {"moe_intermediate_size", 80},
+              {"num_hidden_layers", 2},
+              {"num_nextn_predict_layers", 1},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 4},
+              {"n_routed_experts", 16},
+              {"n_shared_experts", 1},
+              {"num_experts_per_tok", 4},
+              {"n_group", 4},
+              {"topk_group", 2},
+              {"topk_method", "noaux_tc"},
+              {"scoring_func", "sigmoid"},
+              {"norm_topk_prob", true},
+              {"routed_scaling_factor", 2.5},
+              {"first_k_dense_replace", 1},
+              {"moe_layer_freq", 1},
+              {"q_lora_rank", 96},
+              {"kv_lora_rank", 64},
+              {"qk_nope_head_dim", 32},
+              {"qk_rope_head_dim", 16},
+              {"v_head_dim", 32},
+              {"max_position_embeddings", 512},
+              {"rope_theta", 10000},
+              {"rope_scaling",
+               {{"type", "yarn"},
+                {"factor", 4},
+                {"original_max_position_embeddings", 128},
+                {"beta_fast", 32},
+                {"beta_slow", 1},
+                {"mscale", 1.0},
+                {"mscale_all_dim", 1.0}}},
+              {"rms_norm_eps", 1e-6},
+              {"vocab_size", vocab},
+              {"tie_word_embeddings", false},
+              {"bos_token_id", Json()},
+              {"eos_token_id", vocab - 3},  // <|endoftext|>
+              {"torch_dtype", "bfloat16"}};
+}
+
+// `base` with `fields` over it (objects merged field by field).
+Json with_fields(Json base, const Json& fields) {
+  base.update(fields, /*merge_objects=*/true);
+  return base;
+}
+
+}  // namespace
 
 Json deepseek_preset_config(const std::string& preset, int64_t vocab) {
   if (preset == "tiny-glm4-moe") {
@@ -196,136 +218,56 @@ Json deepseek_preset_config(const std::string& preset, int64_t vocab) {
                 {"torch_dtype", "bfloat16"}};
   }
   if (preset == "small-deepseek") {
-    return Json{{"architectures", {"DeepseekV3ForCausalLM"}},
-                {"model_type", "deepseek_v3"},
-                {"hidden_size", 1024},
-                {"intermediate_size", 2816},
-                {"moe_intermediate_size", 512},
-                {"num_hidden_layers", 6},
-                {"num_nextn_predict_layers", 0},
-                {"num_attention_heads", 8},
-                {"num_key_value_heads", 8},
-                {"n_routed_experts", 16},
-                {"n_shared_experts", 1},
-                {"num_experts_per_tok", 4},
-                {"n_group", 4},
-                {"topk_group", 2},
-                {"topk_method", "noaux_tc"},
-                {"scoring_func", "sigmoid"},
-                {"norm_topk_prob", true},
-                {"routed_scaling_factor", 2.5},
-                {"first_k_dense_replace", 1},
-                {"moe_layer_freq", 1},
-                {"q_lora_rank", 384},
-                {"kv_lora_rank", 256},
-                {"qk_nope_head_dim", 64},
-                {"qk_rope_head_dim", 32},
-                {"v_head_dim", 64},
-                {"max_position_embeddings", 16384},
-                {"rope_theta", 10000},
-                {"rope_scaling",
-                 {{"type", "yarn"},
-                  {"factor", 4},
-                  {"original_max_position_embeddings", 4096},
-                  {"beta_fast", 32},
-                  {"beta_slow", 1},
-                  {"mscale", 1.0},
-                  {"mscale_all_dim", 1.0}}},
-                {"rms_norm_eps", 1e-6},
-                {"vocab_size", vocab},
-                {"tie_word_embeddings", false},
-                {"bos_token_id", 0},  // <｜begin▁of▁sentence｜>
-                {"eos_token_id", 1},  // <｜end▁of▁sentence｜>
-                {"torch_dtype", "bfloat16"}};
+    return with_fields(mla_preset_base(vocab),
+                       {{"hidden_size", 1024},
+                        {"intermediate_size", 2816},
+                        {"moe_intermediate_size", 512},
+                        {"num_hidden_layers", 6},
+                        {"num_nextn_predict_layers", 0},
+                        {"num_attention_heads", 8},
+                        {"num_key_value_heads", 8},
+                        {"q_lora_rank", 384},
+                        {"kv_lora_rank", 256},
+                        {"qk_nope_head_dim", 64},
+                        {"qk_rope_head_dim", 32},
+                        {"v_head_dim", 64},
+                        {"max_position_embeddings", 16384},
+                        {"rope_scaling", {{"original_max_position_embeddings", 4096}}},
+                        {"bos_token_id", 0},    // <｜begin▁of▁sentence｜>
+                        {"eos_token_id", 1}});  // <｜end▁of▁sentence｜>
   }
   if (preset == "tiny-deepseek-v3") {
-    return Json{{"architectures", {"DeepseekV3ForCausalLM"}},
-                {"model_type", "deepseek_v3"},
-                {"hidden_size", 192},
-                {"intermediate_size", 320},
-                {"moe_intermediate_size", 80},
-                {"num_hidden_layers", 2},
-                {"num_nextn_predict_layers", 1},
-                {"num_attention_heads", 4},
-                {"num_key_value_heads", 4},
-                {"n_routed_experts", 16},
-                {"n_shared_experts", 1},
-                {"num_experts_per_tok", 4},
-                {"n_group", 4},
-                {"topk_group", 2},
-                {"topk_method", "noaux_tc"},
-                {"scoring_func", "sigmoid"},
-                {"norm_topk_prob", true},
-                {"routed_scaling_factor", 2.5},
-                {"first_k_dense_replace", 1},
-                {"moe_layer_freq", 1},
-                {"q_lora_rank", 96},
-                {"kv_lora_rank", 64},
-                {"qk_nope_head_dim", 32},
-                {"qk_rope_head_dim", 16},
-                {"v_head_dim", 32},
-                {"max_position_embeddings", 512},
-                {"rope_theta", 10000},
-                {"rope_scaling",
-                 {{"type", "yarn"},
-                  {"factor", 4},
-                  {"original_max_position_embeddings", 128},
-                  {"beta_fast", 32},
-                  {"beta_slow", 1},
-                  {"mscale", 1.0},
-                  {"mscale_all_dim", 1.0}}},
-                {"quantization_config",
-                 {{"activation_scheme", "dynamic"},
-                  {"fmt", "e4m3"},
-                  {"quant_method", "fp8"},
-                  {"weight_block_size", {128, 128}}}},
-                {"rms_norm_eps", 1e-6},
-                {"vocab_size", vocab},
-                {"tie_word_embeddings", false},
-                {"bos_token_id", Json()},
-                {"eos_token_id", vocab - 3},  // <|endoftext|>
-                {"torch_dtype", "bfloat16"}};
+    return with_fields(mla_preset_base(vocab), {{"quantization_config",
+                                                 {{"activation_scheme", "dynamic"},
+                                                  {"fmt", "e4m3"},
+                                                  {"quant_method", "fp8"},
+                                                  {"weight_block_size", {128, 128}}}}});
   }
-  return Json{{"architectures", {"DeepseekV2ForCausalLM"}},
-              {"model_type", "deepseek_v2"},
-              {"hidden_size", 64},
-              {"intermediate_size", 160},
-              {"moe_intermediate_size", 48},
-              {"num_hidden_layers", 3},
-              {"num_attention_heads", 4},
-              {"num_key_value_heads", 4},
-              {"n_routed_experts", 8},
-              {"n_shared_experts", 2},
-              {"num_experts_per_tok", 2},
-              {"n_group", 1},
-              {"topk_group", 1},
-              {"topk_method", "greedy"},
-              {"scoring_func", "softmax"},
-              {"norm_topk_prob", false},
-              {"routed_scaling_factor", 1.0},
-              {"first_k_dense_replace", 1},
-              {"moe_layer_freq", 1},
-              {"q_lora_rank", Json()},
-              {"kv_lora_rank", 32},
-              {"qk_nope_head_dim", 16},
-              {"qk_rope_head_dim", 8},
-              {"v_head_dim", 16},
-              {"max_position_embeddings", 512},
-              {"rope_theta", 10000},
-              {"rope_scaling",
-               {{"type", "yarn"},
-                {"factor", 4},
-                {"original_max_position_embeddings", 128},
-                {"beta_fast", 32},
-                {"beta_slow", 1},
-                {"mscale", 0.707},
-                {"mscale_all_dim", 0.707}}},
-              {"rms_norm_eps", 1e-6},
-              {"vocab_size", vocab},
-              {"tie_word_embeddings", false},
-              {"bos_token_id", Json()},
-              {"eos_token_id", vocab - 3},
-              {"torch_dtype", "bfloat16"}};
+  // tiny-deepseek-v2-lite: no q_lora (a plain q_proj), softmax greedy routing.
+  Json c = with_fields(mla_preset_base(vocab),
+                       {{"architectures", {"DeepseekV2ForCausalLM"}},
+                        {"model_type", "deepseek_v2"},
+                        {"hidden_size", 64},
+                        {"intermediate_size", 160},
+                        {"moe_intermediate_size", 48},
+                        {"num_hidden_layers", 3},
+                        {"n_routed_experts", 8},
+                        {"n_shared_experts", 2},
+                        {"num_experts_per_tok", 2},
+                        {"n_group", 1},
+                        {"topk_group", 1},
+                        {"topk_method", "greedy"},
+                        {"scoring_func", "softmax"},
+                        {"norm_topk_prob", false},
+                        {"routed_scaling_factor", 1.0},
+                        {"q_lora_rank", Json()},
+                        {"kv_lora_rank", 32},
+                        {"qk_nope_head_dim", 16},
+                        {"qk_rope_head_dim", 8},
+                        {"v_head_dim", 16},
+                        {"rope_scaling", {{"mscale", 0.707}, {"mscale_all_dim", 0.707}}}});
+  c.erase("num_nextn_predict_layers");  // V2-Lite's config has none
+  return c;
 }
 
 Status make_deepseek_model(const MakeModelOptions& o, const Json& tok_json,
