@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 
+#include "internal/generated_checkpoint.h"
 #include "internal/make_model_deepseek.h"
 #include "internal/make_model_gpt_oss.h"
 #include "msinfer/core/bf16.h"
@@ -384,6 +385,112 @@ std::string default_tokenizer_dir(const std::string& name) {
   return rel.string();
 }
 
+namespace {
+
+// Chat templates, as the models they imitate ship them: Llama-2-chat's
+// (meta-llama/Llama-2-7b-chat-hf) for the Llama-style tokenizers, ChatML
+// (Qwen) for the byte-level one, so `serve` answers chat completions.
+constexpr const char* kLlama2ChatTemplate =
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+    "{% set system_message = messages[0]['content'] %}{% else %}"
+    "{% set loop_messages = messages %}{% set system_message = false %}{% endif %}"
+    "{% for message in loop_messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% if loop.index0 == 0 and system_message != false %}"
+    "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+    "{% else %}{% set content = message['content'] %}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}"
+    "{% endif %}{% endfor %}";
+
+// The tokenizer.json and tokenizer_config.json of a Mixtral-family preset
+// (both null for presets without a tokenizer).
+Status mixtral_family_tokenizer(const MakeModelOptions& o, Json* tok_json, Json* tok_config) {
+  if (o.preset == "small-mixtral") {
+    std::string dir = o.tokenizer_dir.empty() ? default_llama2_tokenizer_dir() : o.tokenizer_dir;
+    auto t = read_json_file(dir + "/tokenizer.json");
+    if (!t.ok()) {
+      return not_found("small-mixtral needs the Llama-2 tokenizer at " + dir +
+                       " (run scripts/fetch-tokenizers, or pass --tokenizer DIR)");
+    }
+    *tok_json = *t;
+    auto c = read_json_file(dir + "/tokenizer_config.json");
+    *tok_config = c.ok() ? *c : Json{{"add_bos_token", true}};
+    if (!tok_config->contains("chat_template"))
+      (*tok_config)["chat_template"] = kLlama2ChatTemplate;
+  } else if (o.preset == "tiny-mixtral") {
+    *tok_json = train_tokenizer(kCorpus, 200, /*byte_level=*/false);
+    *tok_config = {{"add_bos_token", true}, {"bos_token", "<s>"},
+                   {"eos_token", "</s>"},   {"tokenizer_class", "LlamaTokenizer"},
+                   {"legacy", true},        {"chat_template", kLlama2ChatTemplate}};
+  } else if (o.preset == "tiny-qwen3moe") {
+    *tok_json = train_tokenizer(kCorpus, 200, /*byte_level=*/true);
+    *tok_config = {{"add_bos_token", false},
+                   {"eos_token", "<|endoftext|>"},
+                   {"tokenizer_class", "Qwen2Tokenizer"},
+                   {"chat_template", internal::kChatMlTemplate}};
+  }
+  return ok_status();
+}
+
+// One tensor to generate: std > 0 N(0, std^2); < 0 a norm weight 1 + N(0, 0.1^2).
+struct MixtralSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  double std;
+};
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// The tensors of a Mixtral (or, `qwen`, Qwen3-MoE with its q/k norms) checkpoint.
+std::vector<MixtralSpec> mixtral_family_specs(const Json& config, int64_t vocab, bool qwen) {
+  const int64_t h = config["hidden_size"], L = config["num_hidden_layers"];
+  const int64_t H = config["num_attention_heads"], KV = config["num_key_value_heads"];
+  const int64_t hd = config["head_dim"];
+  const int64_t E =
+      qwen ? config["num_experts"].get<int64_t>() : config["num_local_experts"].get<int64_t>();
+  const int64_t F = qwen ? config["moe_intermediate_size"].get<int64_t>()
+                         : config["intermediate_size"].get<int64_t>();
+  std::vector<MixtralSpec> specs;
+  const double out_scale = 1.0 / std::sqrt(2.0 * L);
+  specs.push_back({"model.embed_tokens.weight", {vocab, h}, 1.0});
+  for (int64_t i = 0; i < L; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    specs.push_back({p + "input_layernorm.weight", {h}, -1});
+    specs.push_back({p + "self_attn.q_proj.weight", {H * hd, h}, 1 / std::sqrt(double(h))});
+    specs.push_back({p + "self_attn.k_proj.weight", {KV * hd, h}, 1 / std::sqrt(double(h))});
+    specs.push_back({p + "self_attn.v_proj.weight", {KV * hd, h}, 1 / std::sqrt(double(h))});
+    specs.push_back(
+        {p + "self_attn.o_proj.weight", {h, H * hd}, out_scale / std::sqrt(double(H * hd))});
+    if (qwen) {
+      specs.push_back({p + "self_attn.q_norm.weight", {hd}, -1});
+      specs.push_back({p + "self_attn.k_norm.weight", {hd}, -1});
+    }
+    specs.push_back({p + "post_attention_layernorm.weight", {h}, -1});
+    const std::string moe = p + (qwen ? "mlp." : "block_sparse_moe.");
+    specs.push_back({moe + "gate.weight", {E, h}, 1 / std::sqrt(double(h))});
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string x = moe + "experts." + std::to_string(e) + ".";
+      specs.push_back(
+          {x + (qwen ? "gate_proj" : "w1") + ".weight", {F, h}, 1 / std::sqrt(double(h))});
+      specs.push_back(
+          {x + (qwen ? "down_proj" : "w2") + ".weight", {h, F}, out_scale / std::sqrt(double(F))});
+      specs.push_back(
+          {x + (qwen ? "up_proj" : "w3") + ".weight", {F, h}, 1 / std::sqrt(double(h))});
+    }
+  }
+  specs.push_back({"model.norm.weight", {h}, -1});
+  specs.push_back({"lm_head.weight", {vocab, h}, 1 / std::sqrt(double(h))});
+  return specs;
+}
+
+}  // namespace
+
 Status make_model(const MakeModelOptions& o) {
   if (o.preset == "small-deepseek") {  // DeepSeek-V3's own tokenizer and chat template
     const std::string dir =
@@ -416,44 +523,8 @@ Status make_model(const MakeModelOptions& o) {
         "config overrides are supported for the DeepSeek and gpt-oss presets only");
   }
   // Tokenizer first: the vocabulary size comes from it.
-  // Chat templates, as the models they imitate ship them: Llama-2-chat's
-  // (meta-llama/Llama-2-7b-chat-hf) for the Llama-style tokenizers, ChatML
-  // (Qwen) for the byte-level one, so `serve` answers chat completions.
-  static const char* kLlama2ChatTemplate =
-      "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
-      "{% set system_message = messages[0]['content'] %}{% else %}"
-      "{% set loop_messages = messages %}{% set system_message = false %}{% endif %}"
-      "{% for message in loop_messages %}"
-      "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-      "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
-      "{% endif %}{% if loop.index0 == 0 and system_message != false %}"
-      "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
-      "{% else %}{% set content = message['content'] %}{% endif %}"
-      "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
-      "{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}"
-      "{% endif %}{% endfor %}";
   Json tok_json, tok_config;
-  if (o.preset == "small-mixtral") {
-    std::string dir = o.tokenizer_dir.empty() ? default_llama2_tokenizer_dir() : o.tokenizer_dir;
-    auto t = read_json_file(dir + "/tokenizer.json");
-    if (!t.ok()) {
-      return not_found("small-mixtral needs the Llama-2 tokenizer at " + dir +
-                       " (run scripts/fetch-tokenizers, or pass --tokenizer DIR)");
-    }
-    tok_json = *t;
-    auto c = read_json_file(dir + "/tokenizer_config.json");
-    tok_config = c.ok() ? *c : Json{{"add_bos_token", true}};
-    if (!tok_config.contains("chat_template")) tok_config["chat_template"] = kLlama2ChatTemplate;
-  } else if (o.preset == "tiny-mixtral") {
-    tok_json = train_tokenizer(kCorpus, 200, /*byte_level=*/false);
-    tok_config = {{"add_bos_token", true}, {"bos_token", "<s>"}, {"eos_token", "</s>"},
-                  {"tokenizer_class", "LlamaTokenizer"}, {"legacy", true},
-                  {"chat_template", kLlama2ChatTemplate}};
-  } else if (o.preset == "tiny-qwen3moe") {
-    tok_json = train_tokenizer(kCorpus, 200, /*byte_level=*/true);
-    tok_config = {{"add_bos_token", false}, {"eos_token", "<|endoftext|>"},
-                  {"tokenizer_class", "Qwen2Tokenizer"}, {"chat_template", internal::kChatMlTemplate}};
-  }
+  MSI_RETURN_IF_ERROR(mixtral_family_tokenizer(o, &tok_json, &tok_config));
   int64_t vocab = 0;
   if (!tok_json.is_null()) {
     auto t = Tokenizer::from_json(tok_json, &tok_config, "tokenizer.json");
@@ -467,118 +538,42 @@ Status make_model(const MakeModelOptions& o) {
   if (ec) return not_found("--out " + o.out_dir + ": cannot create (" + ec.message() + ")");
 
   const bool qwen = o.preset == "tiny-qwen3moe";
-  const int64_t h = config["hidden_size"], L = config["num_hidden_layers"];
-  const int64_t H = config["num_attention_heads"], KV = config["num_key_value_heads"];
-  const int64_t hd = config["head_dim"];
-  const int64_t E = qwen ? config["num_experts"].get<int64_t>() : config["num_local_experts"].get<int64_t>();
-  const int64_t F = qwen ? config["moe_intermediate_size"].get<int64_t>()
-                         : config["intermediate_size"].get<int64_t>();
-
-  struct Spec {
-    std::string name;
-    std::vector<int64_t> shape;
-    double std;      // normal std; < 0: norm weight 1 + N(0, 0.1^2)
-  };
-  std::vector<Spec> specs;
-  const double out_scale = 1.0 / std::sqrt(2.0 * L);
-  specs.push_back({"model.embed_tokens.weight", {vocab, h}, 1.0});
-  for (int64_t i = 0; i < L; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    specs.push_back({p + "input_layernorm.weight", {h}, -1});
-    specs.push_back({p + "self_attn.q_proj.weight", {H * hd, h}, 1 / std::sqrt(double(h))});
-    specs.push_back({p + "self_attn.k_proj.weight", {KV * hd, h}, 1 / std::sqrt(double(h))});
-    specs.push_back({p + "self_attn.v_proj.weight", {KV * hd, h}, 1 / std::sqrt(double(h))});
-    specs.push_back({p + "self_attn.o_proj.weight", {h, H * hd}, out_scale / std::sqrt(double(H * hd))});
-    if (qwen) {
-      specs.push_back({p + "self_attn.q_norm.weight", {hd}, -1});
-      specs.push_back({p + "self_attn.k_norm.weight", {hd}, -1});
-    }
-    specs.push_back({p + "post_attention_layernorm.weight", {h}, -1});
-    const std::string moe = p + (qwen ? "mlp." : "block_sparse_moe.");
-    specs.push_back({moe + "gate.weight", {E, h}, 1 / std::sqrt(double(h))});
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string x = moe + "experts." + std::to_string(e) + ".";
-      specs.push_back({x + (qwen ? "gate_proj" : "w1") + ".weight", {F, h}, 1 / std::sqrt(double(h))});
-      specs.push_back({x + (qwen ? "down_proj" : "w2") + ".weight", {h, F}, out_scale / std::sqrt(double(F))});
-      specs.push_back({x + (qwen ? "up_proj" : "w3") + ".weight", {F, h}, 1 / std::sqrt(double(h))});
-    }
-  }
-  specs.push_back({"model.norm.weight", {h}, -1});
-  specs.push_back({"lm_head.weight", {vocab, h}, 1 / std::sqrt(double(h))});
-
+  const std::vector<MixtralSpec> specs = mixtral_family_specs(config, vocab, qwen);
+  const int64_t E =
+      qwen ? config["num_experts"].get<int64_t>() : config["num_local_experts"].get<int64_t>();
   std::unique_ptr<RouterSkew> skew;
   if (o.router_skew_zipf != 0) {
     if (!(o.router_skew_zipf > 0) || o.router_skew_zipf > kMaxRouterSkew) {
       return invalid_argument("--router-skew: S must be in (0, 8]");
     }
     skew = std::make_unique<RouterSkew>(o.router_skew_zipf, E,
-                                        config["num_experts_per_tok"].get<int64_t>(), h, o.seed);
+                                        config["num_experts_per_tok"].get<int64_t>(),
+                                        config["hidden_size"].get<int64_t>(), o.seed);
     config["msinfer_router_skew"] = skew->describe(o.router_skew_zipf);
   }
-  // Generate shard by shard (so memory stays at one shard's worth).
   std::mt19937_64 rng(o.seed);
   std::normal_distribution<float> normal(0.f, 1.f);
-  const size_t per_shard = (specs.size() + o.shards - 1) / o.shards;
   int64_t total_elems = 0, done_elems = 0;
   int reported_tenth = 0;
-  for (const Spec& sp : specs) {
-    int64_t n = 1;
-    for (int64_t d : sp.shape) n *= d;
-    total_elems += n;
-  }
-  Json weight_map = Json::object();
-  for (int s = 0; s < o.shards; ++s) {
-    char name[64];
-    if (o.shards == 1) std::snprintf(name, sizeof(name), "model.safetensors");
-    else std::snprintf(name, sizeof(name), "model-%05d-of-%05d.safetensors", s + 1, o.shards);
-    std::vector<std::vector<uint8_t>> buffers;
-    std::vector<TensorToWrite> tensors;
-    for (size_t i = s * per_shard; i < std::min(specs.size(), (s + 1) * per_shard); ++i) {
-      const Spec& sp = specs[i];
-      int64_t n = 1;
-      for (int64_t d : sp.shape) n *= d;
-      std::vector<uint8_t> buf(static_cast<size_t>(n) * dtype_size(o.dtype));
-      std::vector<float> vals(static_cast<size_t>(n));
-      for (int64_t k = 0; k < n; ++k) {
-        vals[k] = sp.std < 0 ? 1.0f + 0.1f * normal(rng) : static_cast<float>(sp.std) * normal(rng);
-      }
-      if (skew) skew->apply(sp.name, sp.shape[0], sp.shape.size() > 1 ? sp.shape[1] : 1, vals);
-      for (int64_t k = 0; k < n; ++k) {
-        const float v = vals[k];
-        if (o.dtype == DType::kBF16) {
-          bf16 b = float_to_bf16(v);
-          std::memcpy(buf.data() + 2 * k, &b, 2);
-        } else if (o.dtype == DType::kF32) {
-          std::memcpy(buf.data() + 4 * k, &v, 4);
-        } else {
-          const uint16_t hbits = float_to_f16(v);
-          std::memcpy(buf.data() + 2 * k, &hbits, 2);
+  for (const MixtralSpec& sp : specs) total_elems += numel(sp.shape);
+  MSI_RETURN_IF_ERROR(internal::write_generated_weights(
+      o.out_dir, specs.size(), o.shards,
+      [&](size_t i, std::vector<internal::GeneratedTensor>& outs) {
+        const MixtralSpec& sp = specs[i];
+        const int64_t n = numel(sp.shape);
+        std::vector<float> vals = internal::draw_values(n, sp.std, rng, normal);
+        if (skew) skew->apply(sp.name, sp.shape[0], sp.shape.size() > 1 ? sp.shape[1] : 1, vals);
+        outs.push_back(internal::encode_tensor(sp.name, sp.shape, vals, o.dtype));
+        done_elems += n;
+        if (o.progress != nullptr && total_elems > (int64_t{64} << 20) &&
+            done_elems * 10 / total_elems > reported_tenth) {
+          reported_tenth = static_cast<int>(done_elems * 10 / total_elems);
+          o.progress(std::to_string(reported_tenth * 10) + "% of the weights generated");
         }
-      }
-      buffers.push_back(std::move(buf));
-      tensors.push_back({sp.name, o.dtype, sp.shape, buffers.back().data()});
-      done_elems += n;
-      if (o.progress != nullptr && total_elems > (int64_t{64} << 20) &&
-          done_elems * 10 / total_elems > reported_tenth) {
-        reported_tenth = static_cast<int>(done_elems * 10 / total_elems);
-        o.progress(std::to_string(reported_tenth * 10) + "% of the weights generated");
-      }
-      weight_map[sp.name] = name;
-    }
-    MSI_RETURN_IF_ERROR(write_safetensors((fs::path(o.out_dir) / name).string(), tensors,
-                                          {{"format", "pt"}}));
-  }
-  if (o.shards > 1) {
-    MSI_RETURN_IF_ERROR(write_json_file((fs::path(o.out_dir) / "model.safetensors.index.json").string(),
-                                        Json{{"metadata", Json::object()}, {"weight_map", weight_map}}));
-  }
-  MSI_RETURN_IF_ERROR(write_json_file((fs::path(o.out_dir) / "config.json").string(), config));
-  MSI_RETURN_IF_ERROR(write_json_file((fs::path(o.out_dir) / "tokenizer.json").string(), tok_json));
-  MSI_RETURN_IF_ERROR(
-      write_json_file((fs::path(o.out_dir) / "tokenizer_config.json").string(), tok_config));
+      }));
   Json gen{{"eos_token_id", config["eos_token_id"]}};
   if (!config["bos_token_id"].is_null()) gen["bos_token_id"] = config["bos_token_id"];
-  return write_json_file((fs::path(o.out_dir) / "generation_config.json").string(), gen);
+  return internal::write_model_files(o.out_dir, config, tok_json, tok_config, gen);
 }
 
 }  // namespace msinfer::model

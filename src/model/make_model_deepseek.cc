@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <random>
 
+#include "internal/generated_checkpoint.h"
 #include "msinfer/core/bf16.h"
 #include "msinfer/core/fp8.h"
 #include "msinfer/model/safetensors.h"
@@ -114,6 +115,35 @@ std::vector<Spec> deepseek_specs(const Json& c, bool fp8) {
   s.push_back({"model.norm.weight", {h}, -1});
   if (!tied) s.push_back({"lm_head.weight", {V, h}, fan(h)});
   return s;
+}
+
+// `v` as float8 e4m3 with a float32 weight_scale_inv per br x bc block:
+// scale_inv = amax / 448 of the block, value = e4m3(w / scale_inv).
+void fp8_block_tensors(const Spec& sp, const std::vector<float>& v, int64_t br, int64_t bc,
+                       std::vector<GeneratedTensor>& outs) {
+  const int64_t rows = sp.shape[0], cols = sp.shape[1];
+  const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+  GeneratedTensor q{sp.name, DType::kF8E4M3, sp.shape, std::vector<uint8_t>(v.size())};
+  std::vector<float> scale(static_cast<size_t>(sr * sc));
+  for (int64_t bi = 0; bi < sr; ++bi) {
+    for (int64_t bj = 0; bj < sc; ++bj) {
+      float amax = 0;
+      for (int64_t r = bi * br; r < std::min(rows, (bi + 1) * br); ++r) {
+        for (int64_t c = bj * bc; c < std::min(cols, (bj + 1) * bc); ++c) {
+          amax = std::max(amax, std::fabs(v[r * cols + c]));
+        }
+      }
+      const float si = amax > 0 ? amax / 448.0f : 1.0f;
+      scale[bi * sc + bj] = si;
+      for (int64_t r = bi * br; r < std::min(rows, (bi + 1) * br); ++r) {
+        for (int64_t c = bj * bc; c < std::min(cols, (bj + 1) * bc); ++c) {
+          q.data[r * cols + c] = float_to_e4m3(v[r * cols + c] / si);
+        }
+      }
+    }
+  }
+  outs.push_back(std::move(q));
+  outs.push_back(encode_tensor(sp.name + "_scale_inv", {sr, sc}, scale, DType::kF32));
 }
 
 }  // namespace
@@ -297,104 +327,24 @@ Status make_deepseek_model(const MakeModelOptions& o, const Json& tok_json,
   const int64_t bc = fp8 ? config["quantization_config"]["weight_block_size"][1].get<int64_t>() : 0;
   const std::vector<Spec> specs = deepseek_specs(config, fp8);
 
-  // Tensors of one shard: generated in spec order (so the values do not
-  // depend on the sharding), written widest dtype first so every tensor's
-  // data stays aligned to its element size (as the safetensors library does).
-  struct Out {
-    std::string name;
-    DType dtype;
-    std::vector<int64_t> shape;
-    std::vector<uint8_t> data;
-  };
   std::mt19937_64 rng(o.seed);
   std::normal_distribution<float> normal(0.f, 1.f);
-  const size_t per_shard = (specs.size() + o.shards - 1) / o.shards;
-  Json weight_map = Json::object();
-  for (int s = 0; s < o.shards; ++s) {
-    char file[64];
-    if (o.shards == 1)
-      std::snprintf(file, sizeof(file), "model.safetensors");
-    else
-      std::snprintf(file, sizeof(file), "model-%05d-of-%05d.safetensors", s + 1, o.shards);
-    std::vector<Out> outs;
-    for (size_t i = s * per_shard; i < std::min(specs.size(), (s + 1) * per_shard); ++i) {
-      const Spec& sp = specs[i];
-      int64_t n = 1;
-      for (int64_t d : sp.shape) n *= d;
-      std::vector<float> v(static_cast<size_t>(n));
-      for (float& x : v) {
-        x = sp.std < 0 ? 1.0f + 0.1f * normal(rng) : static_cast<float>(sp.std) * normal(rng);
-      }
-      if (sp.f32) {
-        Out t{sp.name, DType::kF32, sp.shape, std::vector<uint8_t>(4 * n)};
-        std::memcpy(t.data.data(), v.data(), 4 * n);
-        outs.push_back(std::move(t));
-      } else if (sp.fp8) {
-        // Per block: scale_inv = amax / 448, value = e4m3(w / scale_inv).
-        const int64_t rows = sp.shape[0], cols = sp.shape[1];
-        const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
-        Out q{sp.name, DType::kF8E4M3, sp.shape, std::vector<uint8_t>(n)};
-        std::vector<float> scale(static_cast<size_t>(sr * sc));
-        for (int64_t bi = 0; bi < sr; ++bi) {
-          for (int64_t bj = 0; bj < sc; ++bj) {
-            float amax = 0;
-            for (int64_t r = bi * br; r < std::min(rows, (bi + 1) * br); ++r) {
-              for (int64_t c = bj * bc; c < std::min(cols, (bj + 1) * bc); ++c) {
-                amax = std::max(amax, std::fabs(v[r * cols + c]));
-              }
-            }
-            const float si = amax > 0 ? amax / 448.0f : 1.0f;
-            scale[bi * sc + bj] = si;
-            for (int64_t r = bi * br; r < std::min(rows, (bi + 1) * br); ++r) {
-              for (int64_t c = bj * bc; c < std::min(cols, (bj + 1) * bc); ++c) {
-                q.data[r * cols + c] = float_to_e4m3(v[r * cols + c] / si);
-              }
-            }
-          }
+  MSI_RETURN_IF_ERROR(write_generated_weights(
+      o.out_dir, specs.size(), o.shards, [&](size_t i, std::vector<GeneratedTensor>& outs) {
+        const Spec& sp = specs[i];
+        int64_t n = 1;
+        for (int64_t d : sp.shape) n *= d;
+        const std::vector<float> v = draw_values(n, sp.std, rng, normal);
+        if (sp.f32) {
+          outs.push_back(encode_tensor(sp.name, sp.shape, v, DType::kF32));
+        } else if (sp.fp8) {
+          fp8_block_tensors(sp, v, br, bc, outs);
+        } else {
+          outs.push_back(encode_tensor(sp.name, sp.shape, v, o.dtype));
         }
-        Out st{
-            sp.name + "_scale_inv", DType::kF32, {sr, sc}, std::vector<uint8_t>(4 * scale.size())};
-        std::memcpy(st.data.data(), scale.data(), st.data.size());
-        outs.push_back(std::move(q));
-        outs.push_back(std::move(st));
-      } else {
-        Out t{sp.name, o.dtype, sp.shape, std::vector<uint8_t>(dtype_size(o.dtype) * n)};
-        for (int64_t k = 0; k < n; ++k) {
-          if (o.dtype == DType::kBF16) {
-            const bf16 b = float_to_bf16(v[k]);
-            std::memcpy(t.data.data() + 2 * k, &b, 2);
-          } else if (o.dtype == DType::kF32) {
-            std::memcpy(t.data.data() + 4 * k, &v[k], 4);
-          } else {
-            const uint16_t hb = float_to_f16(v[k]);
-            std::memcpy(t.data.data() + 2 * k, &hb, 2);
-          }
-        }
-        outs.push_back(std::move(t));
-      }
-    }
-    std::stable_sort(outs.begin(), outs.end(), [](const Out& a, const Out& b) {
-      return dtype_size(a.dtype) > dtype_size(b.dtype);
-    });
-    std::vector<TensorToWrite> tensors;
-    for (const Out& t : outs) {
-      tensors.push_back({t.name, t.dtype, t.shape, t.data.data()});
-      weight_map[t.name] = file;
-    }
-    MSI_RETURN_IF_ERROR(
-        write_safetensors((fs::path(o.out_dir) / file).string(), tensors, {{"format", "pt"}}));
-  }
-  if (o.shards > 1) {
-    MSI_RETURN_IF_ERROR(
-        write_json_file((fs::path(o.out_dir) / "model.safetensors.index.json").string(),
-                        Json{{"metadata", Json::object()}, {"weight_map", weight_map}}));
-  }
-  MSI_RETURN_IF_ERROR(write_json_file((fs::path(o.out_dir) / "config.json").string(), config));
-  MSI_RETURN_IF_ERROR(write_json_file((fs::path(o.out_dir) / "tokenizer.json").string(), tok_json));
-  MSI_RETURN_IF_ERROR(
-      write_json_file((fs::path(o.out_dir) / "tokenizer_config.json").string(), tok_config));
-  return write_json_file((fs::path(o.out_dir) / "generation_config.json").string(),
-                         Json{{"eos_token_id", config["eos_token_id"]}});
+      }));
+  return write_model_files(o.out_dir, config, tok_json, tok_config,
+                           Json{{"eos_token_id", config["eos_token_id"]}});
 }
 
 }  // namespace msinfer::model::internal

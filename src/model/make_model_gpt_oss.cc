@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <random>
 
+#include "internal/generated_checkpoint.h"
 #include "internal/make_model_deepseek.h"
 #include "msinfer/core/bf16.h"
 #include "msinfer/core/model_config.h"
@@ -183,84 +184,35 @@ Status make_gpt_oss_model(const MakeModelOptions& o, const Json& tok_json,
   if (ec) return not_found("--out " + o.out_dir + ": cannot create (" + ec.message() + ")");
 
   const std::vector<Spec> specs = gpt_oss_specs(config);
-  struct Out {
-    std::string name;
-    DType dtype;
-    std::vector<int64_t> shape;
-    std::vector<uint8_t> data;
-  };
   std::mt19937_64 rng(o.seed);
   std::normal_distribution<float> normal(0.f, 1.f);
-  const size_t per_shard = (specs.size() + o.shards - 1) / o.shards;
-  Json weight_map = Json::object();
-  for (int s = 0; s < o.shards; ++s) {
-    char file[64];
-    if (o.shards == 1)
-      std::snprintf(file, sizeof(file), "model.safetensors");
-    else
-      std::snprintf(file, sizeof(file), "model-%05d-of-%05d.safetensors", s + 1, o.shards);
-    std::vector<Out> outs;
-    for (size_t i = s * per_shard; i < std::min(specs.size(), (s + 1) * per_shard); ++i) {
-      const Spec& sp = specs[i];
-      int64_t n = 1;
-      for (int64_t d : sp.shape) n *= d;
-      std::vector<float> v(static_cast<size_t>(n));
-      for (float& x : v) {
-        x = sp.std < 0 ? 1.0f + 0.1f * normal(rng) : static_cast<float>(sp.std) * normal(rng);
-      }
-      if (sp.mxfp4) {
+  MSI_RETURN_IF_ERROR(write_generated_weights(
+      o.out_dir, specs.size(), o.shards, [&](size_t i, std::vector<GeneratedTensor>& outs) {
+        const Spec& sp = specs[i];
+        int64_t n = 1;
+        for (int64_t d : sp.shape) n *= d;
+        const std::vector<float> v = draw_values(n, sp.std, rng, normal);
+        if (!sp.mxfp4) {
+          outs.push_back(encode_tensor(sp.name, sp.shape, v, o.dtype));
+          return;
+        }
         const int64_t E = sp.shape[0], rows = sp.shape[1], g = sp.shape[2] / 32;
-        Out blocks{sp.name + "_blocks",
-                   DType::kU8,
-                   {E, rows, g, 16},
-                   std::vector<uint8_t>(static_cast<size_t>(n / 2))};
-        Out scales{sp.name + "_scales",
-                   DType::kU8,
-                   {E, rows, g},
-                   std::vector<uint8_t>(static_cast<size_t>(n / 32))};
+        GeneratedTensor blocks{sp.name + "_blocks",
+                               DType::kU8,
+                               {E, rows, g, 16},
+                               std::vector<uint8_t>(static_cast<size_t>(n / 2))};
+        GeneratedTensor scales{sp.name + "_scales",
+                               DType::kU8,
+                               {E, rows, g},
+                               std::vector<uint8_t>(static_cast<size_t>(n / 32))};
         for (int64_t b = 0; b < n / 32; ++b) {
           scales.data[b] = mxfp4_quantize_block(v.data() + b * 32, blocks.data.data() + b * 16);
         }
         outs.push_back(std::move(blocks));
         outs.push_back(std::move(scales));
-        continue;
-      }
-      Out t{sp.name, o.dtype, sp.shape, std::vector<uint8_t>(dtype_size(o.dtype) * n)};
-      for (int64_t k = 0; k < n; ++k) {
-        if (o.dtype == DType::kBF16) {
-          const bf16 b = float_to_bf16(v[k]);
-          std::memcpy(t.data.data() + 2 * k, &b, 2);
-        } else if (o.dtype == DType::kF32) {
-          std::memcpy(t.data.data() + 4 * k, &v[k], 4);
-        } else {
-          const uint16_t hb = float_to_f16(v[k]);
-          std::memcpy(t.data.data() + 2 * k, &hb, 2);
-        }
-      }
-      outs.push_back(std::move(t));
-    }
-    std::stable_sort(outs.begin(), outs.end(), [](const Out& a, const Out& b) {
-      return dtype_size(a.dtype) > dtype_size(b.dtype);
-    });
-    std::vector<TensorToWrite> tensors;
-    for (const Out& t : outs) {
-      tensors.push_back({t.name, t.dtype, t.shape, t.data.data()});
-      weight_map[t.name] = file;
-    }
-    MSI_RETURN_IF_ERROR(
-        write_safetensors((fs::path(o.out_dir) / file).string(), tensors, {{"format", "pt"}}));
-  }
-  if (o.shards > 1) {
-    MSI_RETURN_IF_ERROR(
-        write_json_file((fs::path(o.out_dir) / "model.safetensors.index.json").string(),
-                        Json{{"metadata", Json::object()}, {"weight_map", weight_map}}));
-  }
-  MSI_RETURN_IF_ERROR(write_json_file((fs::path(o.out_dir) / "config.json").string(), config));
-  MSI_RETURN_IF_ERROR(write_json_file((fs::path(o.out_dir) / "tokenizer.json").string(), tok_json));
-  MSI_RETURN_IF_ERROR(
-      write_json_file((fs::path(o.out_dir) / "tokenizer_config.json").string(), tok_config));
-  return write_json_file((fs::path(o.out_dir) / "generation_config.json").string(),
-                         Json{{"eos_token_id", gen_eos}});
+      }));
+  return write_model_files(o.out_dir, config, tok_json, tok_config,
+                           Json{{"eos_token_id", gen_eos}});
 }
 
 }  // namespace msinfer::model::internal
