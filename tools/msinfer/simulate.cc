@@ -140,14 +140,7 @@ void print_result(const planner::Deployment& d, const planner::SimResult& r,
               p.full_overlap ? "yes" : "no");
 }
 
-}  // namespace
-
-int run_simulate(int argc, char** argv) {
-  FlagSet flags("simulate",
-                "Discrete-event simulation of a disaggregated deployment: attention compute,\n"
-                "M2N transfer, expert compute and N2M transfer as jobs queueing for each worker\n"
-                "and each NIC direction. Takes --plan plan.json, or the flags of `msinfer plan`\n"
-                "(and simulates the best plan they find).");
+void add_simulate_flags(FlagSet& flags) {
   flags.add_string("plan", "", "plan document written by `msinfer plan --out`");
   add_search_flags(flags);
   flags.add_int("attention-nodes", 0, 0, 4096, "override the plan's attention nodes n_a (0: keep)");
@@ -177,6 +170,133 @@ int run_simulate(int argc, char** argv) {
       "  msinfer simulate --plan plan.json --imbalance zipf:1.2 --jitter 5\n"
       "  msinfer simulate --plan plan.json --routing run.json --placement balanced.json\n"
       "  msinfer simulate --plan plan.json --sweep attention-nodes=1..16 --plot sweep.svg");
+}
+
+// --sweep: the deployment at each value of the swept parameter, b_a held
+// fixed; every point marked as holding its constraints or not.
+int run_sweep(const FlagSet& flags, const planner::Deployment& d, planner::SweepParameter param,
+              int from, int to, const planner::SimOptions& o, double slo) {
+  Status s;
+  Progress progress("simulate");
+  auto rows = planner::sweep(d, param, from, to, o, [&](int v) {
+    progress.update("--sweep at " + std::to_string(v) + " of " + std::to_string(from) + ".." +
+                    std::to_string(to));
+  });
+  if (!rows.ok()) return report_error("simulate", rows.status());
+  if (!flags.get_string("plot").empty()) {
+    s = planner::write_sweep_svg(param, *rows, flags.get_string("plot"));
+    if (!s.ok()) return report_error("simulate", s.with_context("--plot"));
+  }
+  if (flags.get_bool("json")) {
+    Json out{{"parameter", planner::sweep_parameter_name(param)},
+             {"batch_per_micro_batch", d.batch_per_micro_batch},
+             {"slo_ms", slo * 1e3},
+             {"base_plan", planner::deployment_plan_json(d)}};
+    Json list = Json::array();
+    for (const auto& row : *rows) {
+      Json j = row.sim.to_json();
+      const planner::Feasibility f = planner::check_deployment(row.deployment, slo);
+      j["feasible"] = f.ok();
+      j["violated"] = f.violated();
+      j["constraints"] = f.to_json();
+      j["attention_nodes"] = row.deployment.attention_nodes;
+      j["micro_batches"] = row.deployment.micro_batches;
+      j["global_batch"] = row.deployment.global_batch();
+      j["gpus"] = row.deployment.gpus();
+      j["tbt_closed_form_ms"] = row.closed_form.iteration * 1e3;
+      list.push_back(j);
+    }
+    out["sweep"] = list;
+    s = check_figures(list, /*non_negative=*/true, "simulate --sweep");
+    if (!s.ok()) return report_error("simulate", s);
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  for (const auto& row : *rows) {
+    s = check_figures(row.sim.to_json(), true, "simulate --sweep");
+    if (s.ok()) s = check_figures(row.closed_form.to_json(), true, "simulate --sweep");
+    if (!s.ok()) return report_error("simulate", s);
+  }
+  std::printf("msinfer simulate --sweep %s: %s, b_a = %lld held fixed\n\n",
+              flags.get_string("sweep").c_str(), planner::shape_summary(d).c_str(),
+              static_cast<long long>(d.batch_per_micro_batch));
+  Table t({planner::sweep_parameter_name(param), "GPUs", "B", "tok/s", "tok/s/GPU", "tok/s/cost",
+           "TBT ms", "TBT p99 ms", "closed-form TBT", "attn busy", "expert busy", "holds"});
+  int broken = 0;
+  for (const auto& row : *rows) {
+    const planner::Feasibility f = planner::check_deployment(row.deployment, slo);
+    broken += f.ok() ? 0 : 1;
+    t.add_row({std::to_string(row.value), std::to_string(row.deployment.gpus()),
+               std::to_string(row.deployment.global_batch()), fmt(row.sim.throughput, 0),
+               fmt(row.sim.per_gpu, 1), fmt(row.sim.per_cost, 1), fmt(row.sim.tbt_mean * 1e3, 2),
+               fmt(row.sim.tbt_p99 * 1e3, 2), fmt(row.closed_form.iteration * 1e3, 2),
+               fmt_pct(row.sim.attention_busy), fmt_pct(row.sim.expert_busy),
+               f.ok() ? "yes" : "NO: " + f.violated()});
+  }
+  std::cout << t.to_string();
+  if (broken > 0) {
+    std::printf(
+        "\n%d of %zu points break a constraint (SLO %.0f ms, memory, context length "
+        "or batch bound): their figures are not achievable deployments\n",
+        broken, rows->size(), slo * 1e3);
+  }
+  if (!flags.get_string("plot").empty()) {
+    std::printf("\nchart written to %s\n", flags.get_string("plot").c_str());
+  }
+  return 0;
+}
+
+// One simulated run of the deployment, with the closed form beside it.
+int run_single(const FlagSet& flags, const planner::Deployment& d, planner::SimOptions o,
+               double slo) {
+  Status s;
+  Progress progress("simulate");
+  o.progress = [&](double done) {
+    progress.update(std::to_string(static_cast<int>(done * 100)) + "% of the jobs simulated");
+  };
+  auto r = planner::simulate(d, o);
+  if (!r.ok()) return report_error("simulate", r.status());
+  const planner::Prediction p = planner::predict(d);
+  s = check_figures(r->to_json(), /*non_negative=*/true, "simulate");
+  if (s.ok()) s = check_figures(p.to_json(), true, "simulate: closed form");
+  if (s.ok()) s = check_figures(Json(r->expert_load_share), true, "simulate: expert load share");
+  if (!s.ok()) return report_error("simulate", s);
+  if (!flags.get_string("gantt").empty()) {
+    s = planner::write_gantt_svg(d, *r, flags.get_string("gantt"));
+    if (!s.ok()) return report_error("simulate", s.with_context("--gantt"));
+  }
+  if (flags.get_bool("json")) {
+    Json shares = r->expert_load_share;
+    Json out{{"plan", planner::deployment_plan_json(d)},
+             {"predicted", r->to_json()},
+             {"closed_form", p.to_json()},
+             {"full_overlap", p.full_overlap},
+             {"constraints", planner::check_deployment(d, slo).to_json()},
+             {"expert_load_share", shares},
+             {"options",
+              {{"iterations", o.iterations},
+               {"jitter_pct", o.jitter * 100},
+               {"zipf_s", o.zipf_s},
+               {"seed", o.seed}}}};
+    std::cout << out.dump(2) << "\n";
+  } else {
+    print_result(d, *r, p, o);
+    if (!flags.get_string("gantt").empty()) {
+      std::printf("Gantt chart written to %s\n", flags.get_string("gantt").c_str());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_simulate(int argc, char** argv) {
+  FlagSet flags("simulate",
+                "Discrete-event simulation of a disaggregated deployment: attention compute,\n"
+                "M2N transfer, expert compute and N2M transfer as jobs queueing for each worker\n"
+                "and each NIC direction. Takes --plan plan.json, or the flags of `msinfer plan`\n"
+                "(and simulates the best plan they find).");
+  add_simulate_flags(flags);
   if (auto done = parse_command_line(flags, "simulate", argc, argv, 2)) return *done;
   Status s;
   planner::SimOptions o;
@@ -235,110 +355,8 @@ int run_simulate(int argc, char** argv) {
     o.node_replica_shares = std::move(nodes).value();
   }
 
-  if (!flags.get_string("sweep").empty()) {
-    Progress progress("simulate");
-    auto rows = planner::sweep(*d, param, from, to, o, [&](int v) {
-      progress.update("--sweep at " + std::to_string(v) + " of " + std::to_string(from) + ".." +
-                      std::to_string(to));
-    });
-    if (!rows.ok()) return report_error("simulate", rows.status());
-    if (!flags.get_string("plot").empty()) {
-      s = planner::write_sweep_svg(param, *rows, flags.get_string("plot"));
-      if (!s.ok()) return report_error("simulate", s.with_context("--plot"));
-    }
-    if (flags.get_bool("json")) {
-      Json out{{"parameter", planner::sweep_parameter_name(param)},
-               {"batch_per_micro_batch", d->batch_per_micro_batch},
-               {"slo_ms", slo * 1e3},
-               {"base_plan", planner::deployment_plan_json(*d)}};
-      Json list = Json::array();
-      for (const auto& row : *rows) {
-        Json j = row.sim.to_json();
-        const planner::Feasibility f = planner::check_deployment(row.deployment, slo);
-        j["feasible"] = f.ok();
-        j["violated"] = f.violated();
-        j["constraints"] = f.to_json();
-        j["attention_nodes"] = row.deployment.attention_nodes;
-        j["micro_batches"] = row.deployment.micro_batches;
-        j["global_batch"] = row.deployment.global_batch();
-        j["gpus"] = row.deployment.gpus();
-        j["tbt_closed_form_ms"] = row.closed_form.iteration * 1e3;
-        list.push_back(j);
-      }
-      out["sweep"] = list;
-      s = check_figures(list, /*non_negative=*/true, "simulate --sweep");
-      if (!s.ok()) return report_error("simulate", s);
-      std::cout << out.dump(2) << "\n";
-      return 0;
-    }
-    for (const auto& row : *rows) {
-      s = check_figures(row.sim.to_json(), true, "simulate --sweep");
-      if (s.ok()) s = check_figures(row.closed_form.to_json(), true, "simulate --sweep");
-      if (!s.ok()) return report_error("simulate", s);
-    }
-    std::printf("msinfer simulate --sweep %s: %s, b_a = %lld held fixed\n\n",
-                flags.get_string("sweep").c_str(), planner::shape_summary(*d).c_str(),
-                static_cast<long long>(d->batch_per_micro_batch));
-    Table t({planner::sweep_parameter_name(param), "GPUs", "B", "tok/s", "tok/s/GPU",
-             "tok/s/cost", "TBT ms", "TBT p99 ms", "closed-form TBT", "attn busy", "expert busy",
-             "holds"});
-    int broken = 0;
-    for (const auto& row : *rows) {
-      const planner::Feasibility f = planner::check_deployment(row.deployment, slo);
-      broken += f.ok() ? 0 : 1;
-      t.add_row({std::to_string(row.value), std::to_string(row.deployment.gpus()),
-                 std::to_string(row.deployment.global_batch()), fmt(row.sim.throughput, 0),
-                 fmt(row.sim.per_gpu, 1), fmt(row.sim.per_cost, 1),
-                 fmt(row.sim.tbt_mean * 1e3, 2), fmt(row.sim.tbt_p99 * 1e3, 2),
-                 fmt(row.closed_form.iteration * 1e3, 2), fmt_pct(row.sim.attention_busy),
-                 fmt_pct(row.sim.expert_busy), f.ok() ? "yes" : "NO: " + f.violated()});
-    }
-    std::cout << t.to_string();
-    if (broken > 0) {
-      std::printf("\n%d of %zu points break a constraint (SLO %.0f ms, memory, context length "
-                  "or batch bound): their figures are not achievable deployments\n",
-                  broken, rows->size(), slo * 1e3);
-    }
-    if (!flags.get_string("plot").empty()) {
-      std::printf("\nchart written to %s\n", flags.get_string("plot").c_str());
-    }
-    return 0;
-  }
-
-  Progress progress("simulate");
-  o.progress = [&](double done) {
-    progress.update(std::to_string(static_cast<int>(done * 100)) + "% of the jobs simulated");
-  };
-  auto r = planner::simulate(*d, o);
-  if (!r.ok()) return report_error("simulate", r.status());
-  const planner::Prediction p = planner::predict(*d);
-  s = check_figures(r->to_json(), /*non_negative=*/true, "simulate");
-  if (s.ok()) s = check_figures(p.to_json(), true, "simulate: closed form");
-  if (s.ok()) s = check_figures(Json(r->expert_load_share), true, "simulate: expert load share");
-  if (!s.ok()) return report_error("simulate", s);
-  if (!flags.get_string("gantt").empty()) {
-    s = planner::write_gantt_svg(*d, *r, flags.get_string("gantt"));
-    if (!s.ok()) return report_error("simulate", s.with_context("--gantt"));
-  }
-  if (flags.get_bool("json")) {
-    Json shares = r->expert_load_share;
-    Json out{{"plan", planner::deployment_plan_json(*d)},
-             {"predicted", r->to_json()},
-             {"closed_form", p.to_json()},
-             {"full_overlap", p.full_overlap},
-             {"constraints", planner::check_deployment(*d, slo).to_json()},
-             {"expert_load_share", shares},
-             {"options",
-              {{"iterations", o.iterations}, {"jitter_pct", o.jitter * 100},
-               {"zipf_s", o.zipf_s}, {"seed", o.seed}}}};
-    std::cout << out.dump(2) << "\n";
-  } else {
-    print_result(*d, *r, p, o);
-    if (!flags.get_string("gantt").empty()) {
-      std::printf("Gantt chart written to %s\n", flags.get_string("gantt").c_str());
-    }
-  }
-  return 0;
+  if (!flags.get_string("sweep").empty()) return run_sweep(flags, *d, param, from, to, o, slo);
+  return run_single(flags, *d, o, slo);
 }
 
 }  // namespace msinfer::cli
