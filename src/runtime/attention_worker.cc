@@ -94,11 +94,17 @@ Status AttentionWorker::start(comm::Bootstrap& boot) {
   eo.attention_cost_per_token = c_.attention_cost_per_token;
   eo.attention_cost_per_position = c_.attention_cost_per_position;
   eo.prefix_caching = c_.prefix_caching;
+  eo.prefix_cache_events = c_.prefix_caching;  // reported with each step, for the router's index
   MSI_ASSIGN_OR_RETURN(engine_, Engine::create(weights_, eo, std::move(remote)));
   experts_->set_between_polls([this] { return between_polls(); });
-  channel_.send(control::Ready{index_, control::kProtocolVersion,
-                               read_process_memory().rss_bytes / 1048576.0,
-                               weights_->packed_bytes() / 1048576.0});
+  control::Ready ready{index_, control::kProtocolVersion,
+                       read_process_memory().rss_bytes / 1048576.0,
+                       weights_->packed_bytes() / 1048576.0};
+  if (engine_->kv_cache().prefix_caching()) {
+    ready.prefix_salt = engine_->kv_cache().prefix_salt();
+    ready.kv_block_size = engine_->kv_cache().block_size();
+  }
+  channel_.send(ready);
   return ok_status();
 }
 
@@ -166,6 +172,8 @@ Status AttentionWorker::step() {
   answer.kv_usage = engine_->kv_usage();
   answer.counters = engine_->counters();
   answer.discarded = experts_->discard_step();
+  engine_->take_prefix_cache_events(control::kMaxCacheEvents, &answer.cache_stored,
+                                    &answer.cache_removed);
   channel_.send(answer);
   return ok_status();
 }

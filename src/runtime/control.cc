@@ -316,10 +316,15 @@ static_assert(std::size(kOps) == std::variant_size_v<Command>);
 // ---- events ----
 
 Json event_json(const Ready& e) {
-  return Json{{"index", e.index},
-              {"protocol", e.protocol},
-              {"rss_mb", e.rss_mb},
-              {"weights_mb", e.weights_mb}};
+  Json j{{"index", e.index},
+         {"protocol", e.protocol},
+         {"rss_mb", e.rss_mb},
+         {"weights_mb", e.weights_mb}};
+  if (e.kv_block_size > 0) {
+    j["prefix_salt"] = e.prefix_salt;
+    j["kv_block_size"] = e.kv_block_size;
+  }
+  return j;
 }
 Json event_json(const Stepped& e) {
   Json ev = Json::array();
@@ -344,6 +349,8 @@ Json event_json(const Stepped& e) {
          {"prefix_queries", e.counters.prefix_queries},
          {"prefix_hits", e.counters.prefix_hits}};
   if (e.discarded) j["discarded"] = true;
+  if (!e.cache_stored.empty()) j["cache_stored"] = e.cache_stored;
+  if (!e.cache_removed.empty()) j["cache_removed"] = e.cache_removed;
   return j;
 }
 Json event_json(const Added& e) { return Json{{"id", e.id}}; }
@@ -373,6 +380,8 @@ Status read_event(const Json& j, const std::string& w, Ready* e) {
       .required("protocol", &e->protocol)
       .optional("rss_mb", &e->rss_mb)
       .optional("weights_mb", &e->weights_mb)
+      .optional("prefix_salt", &e->prefix_salt)
+      .optional("kv_block_size", &e->kv_block_size)
       .status();
 }
 Status read_event(const Json& j, const std::string& w, Stepped* e) {
@@ -384,8 +393,16 @@ Status read_event(const Json& j, const std::string& w, Stepped* e) {
       .optional("preemptions", &e->counters.preemptions)
       .optional("prefix_queries", &e->counters.prefix_queries)
       .optional("prefix_hits", &e->counters.prefix_hits)
-      .optional("discarded", &e->discarded);
+      .optional("discarded", &e->discarded)
+      .optional("cache_stored", &e->cache_stored)
+      .optional("cache_removed", &e->cache_removed);
   MSI_RETURN_IF_ERROR(f.status());
+  const size_t cache_events = e->cache_stored.size() + e->cache_removed.size();
+  if (cache_events > static_cast<size_t>(kMaxCacheEvents)) {
+    return invalid_argument(w + ": " + std::to_string(cache_events) +
+                            " prefix cache events, more than the " +
+                            std::to_string(kMaxCacheEvents) + " a step may carry");
+  }
   if (!events.is_array()) return invalid_argument(w + ": field 'events' is not an array");
   for (size_t i = 0; i < events.size(); ++i) {
     if (!events[i].is_object()) return invalid_argument(w + ": events[" + std::to_string(i) + "]");

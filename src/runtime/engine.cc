@@ -67,6 +67,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mo
     uint64_t salt = 1469598103934665603ull ^ options.prefix_cache_salt;
     for (unsigned char ch : what) salt = (salt ^ ch) * 1099511628211ull;  // FNV-1a
     kv.enable_prefix_caching(salt);
+    if (options.prefix_cache_events) kv.record_cache_events();
   }
   std::unique_ptr<AttentionCompute> attention;
   if (tp) {

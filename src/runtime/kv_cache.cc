@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <numeric>
+
+#include "msinfer/runtime/prefix_hash.h"
 
 namespace msinfer::runtime {
 
@@ -104,10 +107,7 @@ int32_t KvCache::take_block() {
     MSI_CHECK(!lru_.empty()) << "KV cache: no free block";
     b = lru_.front();
     lru_.pop_front();
-    const size_t i = static_cast<size_t>(b);
-    cached_[static_cast<size_t>(block_group_[i])].erase(hash_[i]);
-    registered_[i] = 0;
-    lru_pos_[i] = lru_.end();
+    unregister(b);
   }
   refs_[static_cast<size_t>(b)] = 1;
   return b;
@@ -212,17 +212,7 @@ int64_t KvCache::cached_blocks() const {
 }
 
 uint64_t KvCache::chain_hash(uint64_t parent, const int32_t* t) const {
-  // splitmix64 over the parent and each token: a chain differs if any
-  // token before its end does.
-  auto mix = [](uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-  };
-  uint64_t h = mix(parent);
-  for (int64_t i = 0; i < block_size_; ++i) h = mix(h ^ static_cast<uint32_t>(t[i]));
-  return h;
+  return prefix_block_hash(parent, t, block_size_);
 }
 
 bool KvCache::holds(int32_t b, const int32_t* t) const {
@@ -338,6 +328,7 @@ void KvCache::cache_blocks(int64_t id, const int32_t* tokens, int64_t computed) 
       if (registered_[bi] || !cached_[g].emplace(h, b).second) continue;
       registered_[bi] = 1;
       hash_[bi] = h;
+      note_cache_event(h, +1);
       block_group_[bi] = static_cast<int32_t>(g);
       std::copy(bt, bt + block_size_,
                 tokens_.begin() + static_cast<std::ptrdiff_t>(bi) * block_size_);
@@ -345,12 +336,49 @@ void KvCache::cache_blocks(int64_t id, const int32_t* tokens, int64_t computed) 
   }
 }
 
+void KvCache::unregister(int32_t b) {
+  const size_t i = static_cast<size_t>(b);
+  cached_[static_cast<size_t>(block_group_[i])].erase(hash_[i]);
+  registered_[i] = 0;
+  lru_pos_[i] = lru_.end();
+  note_cache_event(hash_[i], -1);
+}
+
+void KvCache::note_cache_event(uint64_t h, int32_t delta) {
+  if (!recording_) return;
+  auto [it, fresh] = pending_events_.try_emplace(h, 0);
+  it->second += delta;
+  if (it->second == 0) pending_events_.erase(it);
+}
+
+int64_t KvCache::take_cache_events(int64_t max, std::vector<uint64_t>* stored,
+                                   std::vector<uint64_t>* removed) {
+  int64_t left = max;
+  // Removals first, then registrations; an entry is taken whole or in part.
+  for (const bool removals : {true, false}) {
+    for (auto it = pending_events_.begin(); it != pending_events_.end() && left > 0;) {
+      if ((it->second < 0) != removals) {
+        ++it;
+        continue;
+      }
+      std::vector<uint64_t>* out = removals ? removed : stored;
+      const int32_t step = removals ? 1 : -1;  // toward 0
+      while (it->second != 0 && left > 0) {
+        out->push_back(it->first);
+        it->second += step;
+        --left;
+      }
+      it = it->second == 0 ? pending_events_.erase(it) : std::next(it);
+    }
+  }
+  int64_t pending = 0;
+  for (const auto& [h, n] : pending_events_) pending += n < 0 ? -n : n;
+  return pending;
+}
+
 void KvCache::flush_cache() {
   for (int32_t b : lru_) {
-    const size_t i = static_cast<size_t>(b);
-    cached_[static_cast<size_t>(block_group_[i])].erase(hash_[i]);
-    registered_[i] = 0;
-    lru_pos_[i] = lru_.end();
+    unregister(b);
     free_.push_back(b);
   }
   lru_.clear();

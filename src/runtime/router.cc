@@ -17,6 +17,7 @@
 #include "internal/rebalancer.h"
 #include "internal/recovery.h"
 #include "internal/worker_set.h"
+#include "msinfer/runtime/prefix_hash.h"
 
 namespace msinfer::runtime {
 
@@ -101,6 +102,8 @@ Status Router::wait_ready() {
     }
     MSI_RETURN_IF_ERROR(control::check_protocol(ready->protocol, name_of(w)));
     w.rss_mb = ready->rss_mb;
+    w.prefix_salt = ready->prefix_salt;
+    w.kv_block_size = ready->kv_block_size;
   }
   serving_ = true;
   publish_health();
@@ -222,6 +225,7 @@ Status Router::fail_deployment(Status why) {
   for (int a = 0; a < c_.attention_workers; ++a) {
     lead(a).load = 0;
     lead(a).kv_usage = 0;
+    lead(a).prefix_index.clear();
   }
   recovering_ = false;
   {
@@ -397,6 +401,10 @@ void Router::drop_expert_worker(WorkerProcess& w, const std::string& why, bool k
 
 int Router::live_attention_workers() const { return workers_->live_attention_workers(); }
 
+int64_t Router::indexed_blocks(int a) const {
+  return a >= 0 && a < c_.attention_workers ? lead(a).prefix_index.size() : 0;
+}
+
 pid_t Router::pid_of(WorkerRole role, int index) const { return workers_->pid_of(role, index); }
 
 pid_t Router::pid_of(const std::string& role, int index) const {
@@ -410,6 +418,7 @@ void Router::drop_attention_worker(int a, const std::string& why) {
   w.close_channel();
   w.load = 0;
   w.kv_usage = 0;
+  w.prefix_index.clear();  // its cache died with it: nothing is routed to it by its prefixes
   const bool replace = internal::can_replace_attention(c_, deployment_state(), w);
   if (replace) attention_to_replace_.push_back(a);
   std::fprintf(stderr, "msinfer: router: %s; %d attention worker(s) go on%s%s\n", why.c_str(),
@@ -491,12 +500,37 @@ Status Router::add(const GenerationRequest& r) {
 Status Router::submit(const GenerationRequest& r) {
   if (!restart_why_.empty())
     return Status(StatusCode::kUnavailable, "the deployment is restarting");
-  // The live attention worker with the least load; one that dies while
-  // taking the request is dropped and the next one tried.
-  int best = -1;
-  for (int a = 0; a < c_.attention_workers; ++a) {
-    if (!lead(a).dead && (best < 0 || lead(a).load < lead(best).load)) best = a;
+  // The live attention worker the routing policy picks (routing_policy.h):
+  // under cache-aware routing the one whose prefix index holds the longest
+  // prefix of the request's block chain, within the load slack of the least
+  // loaded. One that dies while taking the request is dropped and the next
+  // one tried.
+  const int n = c_.attention_workers;
+  std::vector<ReplicaView> view(static_cast<size_t>(n));
+  for (int a = 0; a < n; ++a) {
+    view[static_cast<size_t>(a)].live = !lead(a).dead;
+    view[static_cast<size_t>(a)].load = lead(a).load;
   }
+  if (c_.routing == RoutingPolicy::kCacheAware && c_.prefix_caching &&
+      live_attention_workers() > 1) {
+    // The chain under each replica's salt and block size (all the same
+    // unless the replicas were started differently): hashed once per pair.
+    std::vector<uint64_t> chain;
+    uint64_t chain_salt = 0;
+    int64_t chain_block = 0;
+    for (int a = 0; a < n; ++a) {
+      const WorkerProcess& w = lead(a);
+      if (w.dead || w.kv_block_size <= 0 || w.prefix_index.size() == 0) continue;
+      if (chain_block != w.kv_block_size || chain_salt != w.prefix_salt) {
+        chain_salt = w.prefix_salt;
+        chain_block = w.kv_block_size;
+        chain = prefix_chain_hashes(chain_salt, r.prompt.data(),
+                                    static_cast<int64_t>(r.prompt.size()), chain_block);
+      }
+      view[static_cast<size_t>(a)].cached_blocks = w.prefix_index.match(chain);
+    }
+  }
+  const int best = choose_attention_replica(c_.routing, view, c_.routing_load_slack, &round_robin_);
   if (best < 0) return Status(StatusCode::kUnavailable, "no attention worker is alive");
   auto e = ask(lead(best), control::Add{r}, std::chrono::milliseconds(-1), "");
   if (!e.ok()) {
@@ -609,6 +643,7 @@ Status Router::step_once(std::vector<TokenEvent>* events) {
 
 Status Router::take_step(int a, control::Stepped&& s, std::vector<TokenEvent>* events) {
   if (s.discarded) ++steps_rerun_;
+  lead(a).prefix_index.apply(s.cache_stored, s.cache_removed);
   lead(a).kv_usage = s.kv_usage;
   lead(a).counters = s.counters;
   for (TokenEvent& ev : s.events) {

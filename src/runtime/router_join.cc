@@ -303,6 +303,9 @@ Status Router::finish_attention_join(const control::Ready& ready) {
   slot.load = 0;
   slot.kv_usage = 0;
   slot.counters = {};
+  slot.prefix_salt = ready.prefix_salt;  // its cache starts empty: so does its index
+  slot.kv_block_size = ready.kv_block_size;
+  slot.prefix_index.clear();
   joining_.reset();
   ++joined_;
   for (WorkerProcess& e : workers_->all()) {

@@ -82,8 +82,8 @@ std::vector<Event> every_event() {
   t3.finished = true;
   t3.finish_reason = "error";
   t3.error = "lost";
-  return {Ready{3, kProtocolVersion, 120.5, 64.25},
-          Stepped{{t1, t2, t3}, 5, 0.5, true, {2, 1000, 256}},
+  return {Ready{3, kProtocolVersion, 120.5, 64.25, 18446744073709551557ull, 128},
+          Stepped{{t1, t2, t3}, 5, 0.5, true, {2, 1000, 256}, {18446744073709551557ull, 7}, {9}},
           Added{42},
           Refused{43, "KV budget"},
           Cancelled{true, 0.25},
@@ -162,6 +162,26 @@ TEST(ControlTest, FieldsSurviveTheRoundTrip) {
   EXPECT_EQ(s.counters.prefix_hits, 256);
   EXPECT_EQ(s.events[0].cached_tokens, 128);
   EXPECT_EQ(s.events[1].cached_tokens, 0);
+  // Cache-aware routing (protocol 5): full 64-bit hashes both ways.
+  EXPECT_EQ(s.cache_stored, (std::vector<uint64_t>{18446744073709551557ull, 7}));
+  EXPECT_EQ(s.cache_removed, (std::vector<uint64_t>{9}));
+  auto ready = decode_event(encode(every_event()[0]), "test");
+  ASSERT_TRUE(ready.ok());
+  EXPECT_EQ(std::get<Ready>(*ready).prefix_salt, 18446744073709551557ull);
+  EXPECT_EQ(std::get<Ready>(*ready).kv_block_size, 128);
+  // A step may carry at most kMaxCacheEvents hashes; more is refused, named.
+  Stepped big;
+  big.cache_stored.assign(static_cast<size_t>(kMaxCacheEvents) + 1, 3);
+  auto refused = decode_event(encode(big), "attention worker 1");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("prefix cache events"), std::string::npos)
+      << refused.status().message();
+  // Hashes that are not unsigned 64-bit integers are refused, named.
+  auto negative = decode_event(R"({"event": "stepped", "events": [], "cache_removed": [-1]})",
+                               "attention worker 1");
+  ASSERT_FALSE(negative.ok());
+  EXPECT_NE(negative.status().message().find("cache_removed"), std::string::npos)
+      << negative.status().message();
 }
 
 TEST(ControlTest, AnAddWithOnlyItsIdAndPromptTakesTheSamplingDefaults) {

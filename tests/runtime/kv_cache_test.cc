@@ -6,6 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <tuple>
+
+#include "msinfer/runtime/prefix_hash.h"
+#include "msinfer/runtime/routing_policy.h"
 
 namespace msinfer::runtime {
 namespace {
@@ -303,6 +307,80 @@ TEST(KvCacheTest, ReferencesNeverLeakAndAFlushFreesEverything) {
   ASSERT_TRUE(kv.reserve(9, kv.capacity_tokens()).ok());
   std::set<int32_t> seen(kv.block_table(9), kv.block_table(9) + kv.total_blocks());
   EXPECT_EQ(static_cast<int64_t>(seen.size()), kv.total_blocks());
+}
+
+// Cache-aware routing (issue 50): the events a router indexes follow the
+// registrations and evictions, and the router's own chain (prefix_hash.h)
+// names the blocks the cache registered.
+TEST(KvCacheTest, CacheEventsFollowRegistrationsAndEvictions) {
+  KvCache kv = make_caching_kv(8);
+  kv.record_cache_events();
+  PrefixIndex index;
+  auto take = [&](int64_t max = 1000) {
+    std::vector<uint64_t> stored, removed;
+    kv.take_cache_events(max, &stored, &removed);
+    index.apply(stored, removed);
+    return std::make_pair(stored, removed);
+  };
+  const std::vector<int32_t> a = seq_tokens(12, 100), b = seq_tokens(12, 500);
+  admit(kv, 1, a);  // registers 3 blocks
+  auto [stored, removed] = take();
+  EXPECT_EQ(stored.size(), 3u);
+  EXPECT_TRUE(removed.empty());
+  // The router's chain of a's first (12 - 1) / 4 = 2 blocks and one token
+  // more (all 3) are the hashes the cache registered.
+  std::vector<int32_t> a13 = a;
+  a13.push_back(0);
+  const auto chain = prefix_chain_hashes(kv.prefix_salt(), a13.data(), 13, kBlock);
+  ASSERT_EQ(chain.size(), 3u);
+  EXPECT_EQ(std::set<uint64_t>(stored.begin(), stored.end()),
+            std::set<uint64_t>(chain.begin(), chain.end()));
+  EXPECT_EQ(index.match(chain), 3);
+  EXPECT_EQ(index.match(prefix_chain_hashes(kv.prefix_salt() + 1, a13.data(), 13, kBlock)), 0);
+  // A sharing sequence registers nothing new; nothing to take.
+  admit(kv, 2, a);
+  EXPECT_EQ(take().first.size(), 0u);
+  admit(kv, 3, b);  // 3 more: 1 block left free
+  kv.release(1);
+  kv.release(2);
+  kv.release(3);
+  take();
+  EXPECT_EQ(index.size(), 6);
+  // Evictions: 5 blocks taken, the 2 unregistered free ones first, then
+  // a's 3 (released first), end first.
+  ASSERT_TRUE(kv.reserve(4, 20).ok());
+  std::tie(stored, removed) = take();
+  EXPECT_TRUE(stored.empty());
+  EXPECT_EQ(removed.size(), 3u);
+  EXPECT_EQ(index.match(chain), 0);
+  const auto chain_b = prefix_chain_hashes(kv.prefix_salt(), b.data(), 12, kBlock);
+  EXPECT_EQ(index.match(chain_b), 2);
+  // Registered and evicted between two takes: nothing is left of it.
+  kv.release(4);
+  kv.flush_cache();  // b's 3 go
+  const std::vector<int32_t> c = seq_tokens(8, 900);
+  admit(kv, 5, c);
+  kv.release(5);
+  kv.flush_cache();
+  std::tie(stored, removed) = take();
+  EXPECT_TRUE(stored.empty());
+  EXPECT_EQ(removed.size(), 3u);
+  EXPECT_EQ(index.size(), 0);
+  // At most `max` a take; the rest wait for the next.
+  admit(kv, 6, a);
+  std::vector<uint64_t> s1, r1;
+  EXPECT_EQ(kv.take_cache_events(2, &s1, &r1), 1);
+  EXPECT_EQ(s1.size(), 2u);
+  EXPECT_EQ(kv.take_cache_events(2, &s1, &r1), 0);
+  EXPECT_EQ(s1.size(), 3u);
+}
+
+TEST(KvCacheTest, WithoutRecordingNoEventIsKept) {
+  KvCache kv = make_caching_kv(8);
+  admit(kv, 1, seq_tokens(12, 100));
+  std::vector<uint64_t> stored, removed;
+  EXPECT_EQ(kv.take_cache_events(100, &stored, &removed), 0);
+  EXPECT_TRUE(stored.empty());
 }
 
 TEST(KvCacheTest, WithoutPrefixCachingNothingIsCached) {

@@ -46,6 +46,17 @@ void add_deployment_flags(FlagSet& flags) {
                  "without it, restart the workers with a replacement and resubmit every\n"
                  "request in flight (at most 3 of each). Without this flag an expert worker\n"
                  "whose experts all have replicas is still dropped in place");
+  flags.add_string("routing", "cache-aware",
+                   "which attention worker takes a request: cache-aware (the one whose prefix\n"
+                   "cache holds the longest prefix of its prompt, unless its load exceeds the\n"
+                   "least-loaded one's by more than --routing-load-slack; least-loaded without\n"
+                   "prefix caching or with one attention worker) | least-loaded (fewest\n"
+                   "outstanding tokens) | round-robin; docs/RUNTIME.md");
+  flags.add_int("routing-load-slack", runtime::WorkerConfig::kDefaultRoutingLoadSlack, 0,
+                int64_t{1} << 40,
+                "cache-aware routing: how many outstanding tokens (prompt + n x max_tokens of\n"
+                "the requests in flight) a replica holding a longer prefix may carry beyond\n"
+                "the least-loaded one's and still be chosen");
   flags.add_int("rebalance-every", 0, 0, 1000000000,
                 "online rebalancing: every STEPS steps look at the rows routed since the last\n"
                 "look, compute a placement with replicas (as msinfer balance does) and, when\n"
@@ -120,8 +131,13 @@ Status check_deployment_flags(const FlagSet& flags) {
         "--tp-expert, --tp-expert-reduce and --tp-attention need --attention-workers and "
         "--expert-workers, or --plan");
   }
-  for (const char* f :
-       {"rebalance-every", "rebalance-slots", "rebalance-gain", "rebalance-fixed-rows"}) {
+  MSI_RETURN_IF_ERROR(
+      runtime::parse_routing_policy(flags.get_string("routing"), flags.origin("routing")).status());
+  if (flags.was_set("routing-load-slack") && flags.get_string("routing") != "cache-aware") {
+    return invalid_argument("--routing-load-slack is for --routing cache-aware");
+  }
+  for (const char* f : {"rebalance-every", "rebalance-slots", "rebalance-gain",
+                        "rebalance-fixed-rows", "routing", "routing-load-slack"}) {
     if (flags.was_set(f) && !deployment_requested(flags)) {
       return invalid_argument(std::string("--") + f +
                               " needs a disaggregated deployment (--attention-workers and "
@@ -183,6 +199,9 @@ StatusOr<runtime::WorkerConfig> process_config_from_flags(const FlagSet& flags) 
   c.rebalance_slots = static_cast<int>(flags.get_int("rebalance-slots"));
   c.rebalance_gain = flags.get_double("rebalance-gain");
   c.rebalance_fixed_rows = flags.get_double("rebalance-fixed-rows");
+  MSI_ASSIGN_OR_RETURN(c.routing, runtime::parse_routing_policy(flags.get_string("routing"),
+                                                                flags.origin("routing")));
+  c.routing_load_slack = flags.get_int("routing-load-slack");
   MSI_ASSIGN_OR_RETURN(c.weights, apply_engine_flags(flags));
   const std::string& device = flags.get_string("device");
   c.attention_device =

@@ -49,7 +49,15 @@ namespace control {
 // attention workers (a replacement attention worker joins); separately, Add
 // carrying n and Stepped's events their sequence's index.
 // 3: both of those.
-inline constexpr int kProtocolVersion = 4;
+// 5: Ready carries the prefix cache's salt and block size, Stepped the
+// cache's registrations and evictions (cache-aware routing).
+inline constexpr int kProtocolVersion = 5;
+
+// The most prefix-cache events (hashes) one Stepped carries; the rest go with
+// the next steps (KvCache::take_cache_events). 4096 hashes are ~80 KB of JSON,
+// more than a step registers or evicts unless a prompt of 512k tokens is
+// admitted at once (a step computes at most max_step_tokens tokens).
+inline constexpr int64_t kMaxCacheEvents = 4096;
 
 // ---- commands: router -> worker ----
 
@@ -142,6 +150,12 @@ struct Ready {
   int index = 0;
   int protocol = 0;
   double rss_mb = 0, weights_mb = 0;
+  // An attention worker with prefix caching: its cache's chain salt and block
+  // size (KvCache::prefix_salt, block_size), so that the router computes the
+  // hashes it registers blocks under (prefix_hash.h); kv_block_size 0: no
+  // prefix caching (or an expert process).
+  uint64_t prefix_salt = 0;
+  int64_t kv_block_size = 0;
 };
 // The answer to Step. `running`: requests running or waiting; `discarded`: the
 // step lost an expert worker's answers and runs again.
@@ -151,6 +165,10 @@ struct Stepped {
   double kv_usage = 0;
   bool discarded = false;
   EngineCounters counters;  // the worker's engine's, so far
+  // Prefix cache (with Ready::kv_block_size > 0): chain hashes of the blocks
+  // registered and unregistered (evicted) since the last Stepped, a hash once
+  // per layer group it changed in; at most kMaxCacheEvents together.
+  std::vector<uint64_t> cache_stored, cache_removed;
 };
 struct Added {
   int64_t id = 0;

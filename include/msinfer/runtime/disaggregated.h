@@ -23,6 +23,7 @@
 #include "msinfer/kernels/cpu/gemm.h"
 #include "msinfer/runtime/engine.h"
 #include "msinfer/runtime/expert_backend.h"
+#include "msinfer/runtime/routing_policy.h"
 #include "msinfer/runtime/worker_stats.h"
 
 namespace msinfer::runtime {
@@ -130,6 +131,17 @@ struct WorkerConfig {
   double attention_cost_per_token = 0, attention_cost_per_position = 0;
   // EngineOptions::prefix_caching of every attention worker's engine.
   bool prefix_caching = true;
+  // The router's choice of attention replica for a request (routing_policy.h,
+  // docs/RUNTIME.md, "Cache-aware routing"): the replica with the longest
+  // cached prefix of its tokens unless its load exceeds the least-loaded
+  // replica's by more than routing_load_slack tokens. Cache-aware without
+  // prefix caching, or with one replica, is least-loaded.
+  RoutingPolicy routing = RoutingPolicy::kCacheAware;
+  int64_t routing_load_slack = kDefaultRoutingLoadSlack;
+  // 2048 outstanding tokens: 8 steps' prefill at the default 256
+  // max_step_tokens; a replica further ahead than that delays a request by
+  // more than recomputing a prefix of a typical chat (a few blocks) costs.
+  static constexpr int64_t kDefaultRoutingLoadSlack = 2048;
   // The router's: the requests of an attention worker that died go to
   // another one (prompt + tokens delivered) instead of failing.
   bool resubmit = false;

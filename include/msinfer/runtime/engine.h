@@ -78,6 +78,10 @@ struct EngineOptions {
   // name, directory and device, for anything else that changes the K/V.
   bool prefix_caching = true;
   uint64_t prefix_cache_salt = 0;
+  // Keep the cache's registrations and evictions for
+  // take_prefix_cache_events (an attention worker reports them to the
+  // router, which routes by them). Off: nothing is kept.
+  bool prefix_cache_events = false;
 };
 
 struct GenerationRequest {
@@ -157,6 +161,11 @@ class Engine {
   const EngineCounters& counters() const { return counters_; }
   // Frees the cached blocks no request holds (KvCache::flush_cache).
   void flush_prefix_cache() { kv_.flush_cache(); }
+  // With EngineOptions::prefix_cache_events: KvCache::take_cache_events.
+  int64_t take_prefix_cache_events(int64_t max, std::vector<uint64_t>* stored,
+                                   std::vector<uint64_t>* removed) {
+    return kv_.take_cache_events(max, stored, removed);
+  }
   // Fraction of the KV cache's blocks in use (cached blocks no request
   // holds count as free: they are evicted when needed).
   double kv_usage() const {

@@ -183,8 +183,25 @@ class KvCache {
   int64_t cached_blocks() const;
   int64_t evictable_blocks() const { return static_cast<int64_t>(lru_.size()); }
   // The hash of a full block of tokens whose preceding block hashed to
-  // `parent` (the salt for a first block).
+  // `parent` (the salt for a first block): prefix_block_hash (prefix_hash.h).
   uint64_t chain_hash(uint64_t parent, const int32_t* block_tokens) const;
+  // The chain's salt (enable_prefix_caching); 0 without prefix caching.
+  uint64_t prefix_salt() const { return salt_; }
+
+  // Cache events, for a router that indexes what this cache holds
+  // (docs/RUNTIME.md, "Cache-aware routing"). Once record_cache_events() is
+  // called, every registration of a block (cache_blocks) and every
+  // unregistration (eviction by take_block, flush_cache) is kept as a net
+  // count per hash (+1 registered in one more layer group, -1 in one fewer)
+  // until taken: a hash registered and evicted between two takes leaves
+  // nothing, so what is pending is at most the blocks registered now plus
+  // those the taker still counts (each at most the pool's blocks).
+  void record_cache_events() { recording_ = true; }
+  // Moves up to `max` pending events into `stored` / `removed` (a hash once
+  // per group it changed in; removals first, so that the taker never counts
+  // a block that is gone); returns the events still pending.
+  int64_t take_cache_events(int64_t max, std::vector<uint64_t>* stored,
+                            std::vector<uint64_t>* removed);
 
   // Whether the K/V pools are in this object (not a GPU's): fork() can copy.
   bool host_pools() const { return !k_.empty(); }
@@ -245,6 +262,13 @@ class KvCache {
   std::vector<int32_t> tokens_;  // [blocks][block_size]
   std::list<int32_t> lru_;
   std::vector<std::list<int32_t>::iterator> lru_pos_;
+  // record_cache_events(): hash -> registrations minus unregistrations not
+  // taken yet (never 0).
+  bool recording_ = false;
+  std::unordered_map<uint64_t, int32_t> pending_events_;
+  void note_cache_event(uint64_t h, int32_t delta);
+  // Unregisters cached block b (refs 0, in lru_ or leaving it).
+  void unregister(int32_t b);
 };
 
 }  // namespace msinfer::runtime

@@ -1,6 +1,10 @@
-// The router of a disaggregated deployment: assigns each request to the
-// attention worker with the least load and steps all attention workers
-// together (they must answer the expert workers in lockstep even when idle).
+// The router of a disaggregated deployment: assigns each request to an
+// attention worker by the routing policy (WorkerConfig::routing,
+// routing_policy.h: by default the one whose prefix cache holds the longest
+// prefix of the request, within a load slack of the least-loaded one; the
+// router indexes each replica's cache from the registrations and evictions
+// its step answers carry) and steps all attention workers together (they
+// must answer the expert workers in lockstep even when idle).
 // Two ways to get workers:
 // - start(): one host. Forks the attention and expert workers (this binary's
 //   `worker` subcommand), talks to them over pipes; they die with the router
@@ -123,6 +127,9 @@ class Router {
   pid_t pid_of(const std::string& role, int index) const;
   // Attention workers still serving.
   int live_attention_workers() const;
+  // Distinct block hashes the router's index holds for attention worker `a`
+  // (0 for a dead one: its index is dropped with it).
+  int64_t indexed_blocks(int a) const;
   // Live and expected workers, deaths and restarts by role. Thread-safe: the
   // router's thread publishes them (atomics) as it finds deaths, starts
   // replacements or restarts, also in the middle of a step() that waits for a
@@ -225,7 +232,7 @@ class Router {
   void drop_expert_worker(internal::WorkerProcess& w, const std::string& why, bool keep_placement);
   Status wait_for_replacement();
   StatusOr<std::string> write_placement_file(const std::string& name, const Placement& p) const;
-  // Sends `r` to the live attention worker with the least load.
+  // Sends `r` to the live attention worker the routing policy picks.
   Status submit(const GenerationRequest& r);
   // Resubmits the requests of dropped workers (lost_), or fails them into
   // failed_, which step() hands out. An error when the deployment stopped
@@ -252,6 +259,7 @@ class Router {
   std::string restart_why_;              // a death to recover from, until recover()
   int restart_without_ = -1;             // the dead expert worker to leave out, or -1
   int restarts_ = 0;
+  int round_robin_ = 0;   // RoutingPolicy::kRoundRobin's cursor
   bool serving_ = false;  // every worker is ready (a death is not a failed start)
   int experts_lost_ = 0;  // expert workers dropped in place
   int steps_rerun_ = 0;

@@ -32,6 +32,11 @@ struct WorkerProcess {
   double rss_mb = 0;
   double kv_usage = 0;
   EngineCounters counters;  // attention workers: their engine's, so far
+  // Attention workers with prefix caching (Ready): the chain's salt and block
+  // size, and the hashes their cache holds as its steps reported them.
+  uint64_t prefix_salt = 0;
+  int64_t kv_block_size = 0;
+  PrefixIndex prefix_index;
   bool dead = false;  // died and was dropped
   void close_channel();
   void reaped();  // its exit was seen
