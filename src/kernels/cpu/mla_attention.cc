@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "internal/level.h"
+
 namespace msinfer::kernels::cpu {
 
 void mla_write_latent(const PagedKvLayer& kv, const float* latent, int64_t tokens,
@@ -36,6 +38,14 @@ void mla_absorb_query(const float* q_nope, int64_t tokens, int64_t heads, int64_
 void mla_attention(const float* q_latent, const float* q_pe, int64_t tokens, int64_t heads,
                    int64_t kv_lora, int64_t rope, const PagedKvLayer& kv, const int32_t* positions,
                    const int32_t* const* block_tables, float scale, float* out_latent) {
+  internal::active_kernels().mla_attention(q_latent, q_pe, tokens, heads, kv_lora, rope, kv,
+                                           positions, block_tables, scale, out_latent);
+}
+
+void mla_attention_reference(const float* q_latent, const float* q_pe, int64_t tokens,
+                             int64_t heads, int64_t kv_lora, int64_t rope, const PagedKvLayer& kv,
+                             const int32_t* positions, const int32_t* const* block_tables,
+                             float scale, float* out_latent) {
   const int64_t d = kv.head_dim;  // kv_lora + rope
   std::vector<float> ctx, p;
   for (int64_t t = 0; t < tokens; ++t) {
