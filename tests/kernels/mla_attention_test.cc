@@ -184,6 +184,39 @@ TEST(MlaAttentionTest, EveryLevelMatchesTheReferenceOnOddShapes) {
   ASSERT_TRUE(force_isa(saved).ok());
 }
 
+// The two products around the attention at every level against their plain
+// references: kv_lora and head sizes with tails at every vector width, token
+// counts not multiples of the kernels' tiles of 4.
+TEST(MlaAttentionTest, AbsorbAndValueUpMatchTheReferenceAtEveryLevel) {
+  struct Shape {
+    int64_t heads, nope, kv_lora, v, tokens;
+  };
+  const std::vector<Shape> shapes = {
+      {3, 24, 40, 20, 5}, {5, 17, 72, 13, 9}, {8, 64, 256, 64, 1}, {2, 128, 512, 128, 6}};
+  const IsaLevel saved = active_isa();
+  uint64_t seed = 101;
+  for (const Shape& sh : shapes) {
+    const int64_t H = sh.heads, T = sh.tokens, R = sh.kv_lora;
+    const std::vector<bf16> w_uk = testing::randn_bf16(H * sh.nope * R, ++seed, 0.2f);
+    const std::vector<bf16> w_uv = testing::randn_bf16(H * sh.v * R, ++seed, 0.2f);
+    const std::vector<float> q = testing::randn(T * H * sh.nope, ++seed);
+    const std::vector<float> lat = testing::randn(T * H * R, ++seed);
+    std::vector<float> want_q(T * H * R), want_o(T * H * sh.v);
+    mla_absorb_query_reference(q.data(), T, H, sh.nope, R, w_uk.data(), want_q.data());
+    mla_value_up_reference(lat.data(), T, H, R, sh.v, w_uv.data(), want_o.data());
+    for (IsaLevel level : all_isa_levels()) {
+      if (!isa_supported(level)) continue;
+      ASSERT_TRUE(force_isa(level).ok());
+      std::vector<float> got_q(want_q.size(), NAN), got_o(want_o.size(), NAN);
+      mla_absorb_query(q.data(), T, H, sh.nope, R, w_uk.data(), got_q.data());
+      mla_value_up(lat.data(), T, H, R, sh.v, w_uv.data(), got_o.data());
+      EXPECT_LT(testing::rel_err(got_q, want_q), 1e-5) << isa_name(level) << " kv_lora " << R;
+      EXPECT_LT(testing::rel_err(got_o, want_o), 1e-5) << isa_name(level) << " kv_lora " << R;
+    }
+  }
+  ASSERT_TRUE(force_isa(saved).ok());
+}
+
 // One decode token on more threads than tokens: the heads are split between
 // the threads (ranges of >= 4 heads); the result is the same as on one.
 TEST(MlaAttentionTest, HeadsSplitBetweenThreadsGiveTheSameResult) {
@@ -211,6 +244,8 @@ TEST(MlaAttentionTest, HeadsSplitBetweenThreadsGiveTheSameResult) {
   set_compute_threads(0);
   enter_compute_thread();
   EXPECT_EQ(one, three);  // each head's sums run in the same order on any thread
+  // An empty micro-batch touches nothing.
+  mla_attention(nullptr, nullptr, 0, H, R, rope, kv, nullptr, nullptr, 0.2f, nullptr);
   EXPECT_LT(testing::rel_err(one, want), 1e-5);
 }
 

@@ -50,4 +50,12 @@ void mla_attention_reference(const float* q_latent, const float* q_pe, int64_t t
 void mla_value_up(const float* latent, int64_t tokens, int64_t heads, int64_t kv_lora, int64_t v,
                   const bf16* w_uv, float* out);
 
+// Plain references of the two products (each head's weights widened to fp32,
+// sums in index order); the levels read the bf16 weights in place and sum
+// value_up's dot products in another order.
+void mla_absorb_query_reference(const float* q_nope, int64_t tokens, int64_t heads, int64_t nope,
+                                int64_t kv_lora, const bf16* w_uk, float* q_latent);
+void mla_value_up_reference(const float* latent, int64_t tokens, int64_t heads, int64_t kv_lora,
+                            int64_t v, const bf16* w_uv, float* out);
+
 }  // namespace msinfer::kernels::cpu
