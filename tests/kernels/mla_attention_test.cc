@@ -120,6 +120,7 @@ TEST(MlaAttentionTest, EveryLevelMatchesTheReferenceOnOddShapes) {
       {4, 17, 6, 5, {1, 23}, 23, 0.1f},             // a whole prefill of 23 tokens
       {8, 256, 32, 128, {300, 1}, 2, 0.01f},        // small-deepseek's shape
       {16, 512, 64, 16, {1, 40, 200}, 2, 0.f},      // DeepSeek-V3's row, fewer heads
+      {40, 512, 64, 128, {1, 150}, 2, 0.02f},       // enough heads for blocks of 64 positions
   };
   const IsaLevel saved = active_isa();
   std::vector<IsaLevel> levels;
