@@ -2,11 +2,11 @@
 // latent cache: for prefill (causal, any chunk) and decode alike, every query
 // token carries its position p and its request's block table and attends to
 // cache positions 0..p of that request. mla_attention runs the active CPU
-// level's kernel (internal/portable.inc and simd.inc: online softmax over blocks
-// of 16 positions, each latent row read once per token and widened to fp32 once
-// for all heads; threads over tokens, and over heads when the tokens are fewer
-// than the threads); mla_attention_reference is the plain C++ the levels are
-// tested against. The cost is O(context x heads x (kv_lora + rope)) per token.
+// level's kernel (internal/portable.inc and simd.inc: online softmax over
+// blocks of 16 or 64 positions, each latent row read once per token and
+// widened to fp32 once for all heads; threads over tokens, and over heads when
+// the tokens are fewer than the threads); mla_attention_reference is the plain
+// C++ the levels are tested against. The cost is O(context x heads x (kv_lora + rope)) per token.
 //
 // Cache layout: a PagedKvLayer with kv_heads 1, head_dim = kv_lora + rope and
 // no V pool (v null): position p's row holds the normed latent c_p [kv_lora]
