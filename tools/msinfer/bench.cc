@@ -3,11 +3,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <sstream>
 
@@ -23,10 +27,186 @@
 #include "msinfer/comm/fabric_transport.h"
 #include "msinfer/core/flags.h"
 #include "msinfer/core/table.h"
+#include "msinfer/kernels/cpu/isa.h"
+#include "msinfer/kernels/cpu/mla_attention.h"
+#include "msinfer/kernels/cpu/threads.h"
 #include "planner_flags.h"
 
 namespace msinfer::cli {
 namespace {
+
+// `bench kernels --mla`: DeepSeek's absorbed latent attention for one decode
+// token (kernels/cpu/mla_attention.h) at DeepSeek-V3's shape (128 heads,
+// kv_lora 512, rope 64, nope = v = 128) and small-deepseek's (8, 256, 32, 64)
+// at every level this CPU runs (up to --isa): the plain references (the
+// scalar kernels every level ran before the vectorised ones) and the level's
+// kernels timed alternately, best of each, the outputs checked against the
+// references'. `attention` over each of `contexts`: bytes are the latent rows
+// read once (context x (kv_lora + rope) x 2), FLOPs heads x context x 2 x
+// (2 kv_lora + rope). `absorb+value_up` (mla_absorb_query + mla_value_up):
+// bytes are W_UK and W_UV in bf16, FLOPs 2 x heads x kv_lora x (nope + v).
+// Each level's roofline uses the limits measured at that level just before.
+int run_bench_mla(const std::vector<int64_t>& contexts, int threads, int64_t block_size, bool quick,
+                  bool json) {
+  namespace k = kernels::cpu;
+  struct Shape {
+    const char* name;
+    int64_t heads, kv_lora, rope, nope, v;
+  };
+  const Shape shapes[] = {{"deepseek-v3", 128, 512, 64, 128, 128},
+                          {"small-deepseek", 8, 256, 32, 64, 64}};
+  k::set_compute_threads(threads);
+  k::enter_compute_thread();
+  const k::IsaLevel saved = k::active_isa();
+  std::vector<k::IsaLevel> levels;
+  std::vector<bench::MachineLimits> limits;
+  for (k::IsaLevel level : k::all_isa_levels()) {
+    if (!k::isa_supported(level)) continue;
+    Status s = k::force_isa(level);
+    if (!s.ok()) return report_error("bench kernels", s);
+    levels.push_back(level);
+    limits.push_back(bench::measure_machine(quick));
+  }
+  const double min_seconds = quick ? 0.05 : 0.2;
+  using Clock = std::chrono::steady_clock;
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  auto next = [&x] {  // uniform in [-1, 1)
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return static_cast<float>(static_cast<double>(x >> 11) / 4503599627370496.0 - 1.0);
+  };
+  Json rows = Json::array();
+  Table t({"shape", "kernel", "context", "level", "before ms", "after ms", "speedup", "GFLOP/s",
+           "GB/s", "roofline", "bound"});
+  // Times before() and after() alternately; returns an error if their
+  // outputs differ by more than 1e-4 of the largest.
+  auto measure = [&](const Shape& sh, const std::string& kernel, int64_t ctx, double flops,
+                     double bytes, const std::function<void()>& before,
+                     const std::function<void()>& after, const std::vector<float>& want,
+                     const std::vector<float>& got) -> Status {
+    for (size_t li = 0; li < levels.size(); ++li) {
+      const k::IsaLevel level = levels[li];
+      MSI_RETURN_IF_ERROR(k::force_isa(level));
+      double tb = 1e30, ta = 1e30, sb = 0, sa = 0;
+      for (int rep = 0; rep < 3 || sb < min_seconds || sa < min_seconds; ++rep) {
+        const auto t0 = Clock::now();
+        before();
+        const auto t1 = Clock::now();
+        after();
+        const auto t2 = Clock::now();
+        const double a = std::chrono::duration<double>(t1 - t0).count();
+        const double b = std::chrono::duration<double>(t2 - t1).count();
+        tb = std::min(tb, a), ta = std::min(ta, b), sb += a, sa += b;
+      }
+      double err = 0, top = 1e-30;
+      for (size_t i = 0; i < got.size(); ++i) {
+        err = std::max(err, static_cast<double>(std::fabs(got[i] - want[i])));
+        top = std::max(top, static_cast<double>(std::fabs(want[i])));
+      }
+      if (!(err / top < 1e-4)) {
+        return internal_error("--mla: " + kernel + " at " + k::isa_name(level) +
+                              " differs from the reference by " + fmt(err / top, 6) +
+                              " (relative)");
+      }
+      const bench::MachineLimits& m = limits[li];
+      const double bw = threads == 1 ? m.read_bw_1t : m.read_bw;
+      const double peak = threads == 1 ? m.fp32_flops_1t : m.fp32_flops;
+      const double t_mem = bytes / bw, t_fma = flops / peak, roof = std::max(t_mem, t_fma);
+      const std::string bound = t_mem >= t_fma ? "memory" : "compute (fp32)";
+      t.add_row({sh.name, kernel, ctx > 0 ? std::to_string(ctx) : "", k::isa_name(level),
+                 fmt(tb * 1e3, 3), fmt(ta * 1e3, 3), fmt(tb / ta, 1), fmt(flops / ta / 1e9, 1),
+                 fmt(bytes / ta / 1e9, 2), fmt_pct(roof / ta), bound});
+      rows.push_back(Json{{"shape", sh.name},
+                          {"kernel", kernel},
+                          {"heads", sh.heads},
+                          {"kv_lora", sh.kv_lora},
+                          {"rope", sh.rope},
+                          {"context", ctx},
+                          {"level", k::isa_name(level)},
+                          {"before_seconds", tb},
+                          {"after_seconds", ta},
+                          {"speedup", tb / ta},
+                          {"flops", flops},
+                          {"bytes", bytes},
+                          {"read_bandwidth", bw},
+                          {"fp32_peak", peak},
+                          {"roofline_fraction", roof / ta},
+                          {"bound", bound}});
+      std::fprintf(stderr, "  mla %s %s %lld %s: %.3f ms -> %.3f ms\n", sh.name, kernel.c_str(),
+                   static_cast<long long>(ctx), k::isa_name(level), tb * 1e3, ta * 1e3);
+    }
+    return ok_status();
+  };
+  for (const Shape& sh : shapes) {
+    const int64_t d = sh.kv_lora + sh.rope, H = sh.heads, R = sh.kv_lora;
+    std::vector<float> q_lat(H * R), q_pe(H * sh.rope), want(H * R), got(H * R);
+    for (float& v : q_lat) v = next();
+    for (float& v : q_pe) v = next();
+    for (int64_t ctx : contexts) {
+      const int64_t blocks = (ctx + block_size - 1) / block_size;
+      std::vector<bf16> pool(static_cast<size_t>(blocks * block_size * d));
+      std::vector<int32_t> table(static_cast<size_t>(blocks));
+      for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>(b);
+      for (bf16& v : pool) v = float_to_bf16(next());
+      const k::PagedKvLayer kv{pool.data(), nullptr, block_size, 1, d};
+      const int32_t pos = static_cast<int32_t>(ctx - 1);
+      const int32_t* tab = table.data();
+      const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+      Status s = measure(
+          sh, "attention", ctx, 2.0 * H * ctx * (d + R), 2.0 * ctx * d,
+          [&] {
+            k::mla_attention_reference(q_lat.data(), q_pe.data(), 1, H, R, sh.rope, kv, &pos, &tab,
+                                       scale, want.data());
+          },
+          [&] {
+            k::mla_attention(q_lat.data(), q_pe.data(), 1, H, R, sh.rope, kv, &pos, &tab, scale,
+                             got.data());
+          },
+          want, got);
+      if (!s.ok()) return report_error("bench kernels", s);
+    }
+    std::vector<bf16> w_uk(H * sh.nope * R), w_uv(H * sh.v * R);
+    for (bf16& v : w_uk) v = float_to_bf16(next() * 0.1f);
+    for (bf16& v : w_uv) v = float_to_bf16(next() * 0.1f);
+    std::vector<float> q_nope(H * sh.nope), out_want(H * sh.v + H * R), out_got(out_want.size());
+    for (float& v : q_nope) v = next();
+    Status s = measure(
+        sh, "absorb+value_up", 0, 2.0 * H * R * (sh.nope + sh.v),
+        2.0 * static_cast<double>(w_uk.size() + w_uv.size()),
+        [&] {
+          k::mla_absorb_query_reference(q_nope.data(), 1, H, sh.nope, R, w_uk.data(),
+                                        out_want.data());
+          k::mla_value_up_reference(q_lat.data(), 1, H, R, sh.v, w_uv.data(),
+                                    out_want.data() + H * R);
+        },
+        [&] {
+          k::mla_absorb_query(q_nope.data(), 1, H, sh.nope, R, w_uk.data(), out_got.data());
+          k::mla_value_up(q_lat.data(), 1, H, R, sh.v, w_uv.data(), out_got.data() + H * R);
+        },
+        out_want, out_got);
+    if (!s.ok()) return report_error("bench kernels", s);
+  }
+  Status s = k::force_isa(saved);
+  if (!s.ok()) return report_error("bench kernels", s);
+  Json machine = Json::object();
+  for (size_t li = 0; li < levels.size(); ++li) {
+    machine[k::isa_name(levels[li])] = limits[li].to_json();
+  }
+  if (json) {
+    std::cout << Json{{"machine", machine}, {"threads", threads}, {"mla", rows}}.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("machine: %s; %d kernel thread(s); limits at each level (%s):\n",
+              limits.front().cpu.c_str(), threads, threads == 1 ? "one thread" : "all threads");
+  for (size_t li = 0; li < levels.size(); ++li) {
+    const bench::MachineLimits& m = limits[li];
+    std::printf("  %-11s fp32 FMA peak %.0f GFLOP/s, read bandwidth %.1f GB/s\n",
+                k::isa_name(levels[li]), (threads == 1 ? m.fp32_flops_1t : m.fp32_flops) / 1e9,
+                (threads == 1 ? m.read_bw_1t : m.read_bw) / 1e9);
+  }
+  std::printf("\n");
+  std::cout << t.to_string();
+  return 0;
+}
 
 int run_bench_kernels(int argc, char** argv) {
   FlagSet flags("bench kernels",
@@ -52,8 +232,36 @@ int run_bench_kernels(int argc, char** argv) {
   flags.add_string("device", "cpu",
                    "cpu, or cuda[:N]: the GPU's bf16 GEMM rate and copy bandwidth, then the CUDA\n"
                    "backend's kernels at Mixtral-8x7B shapes against them");
+  flags.add_bool("mla",
+                 "instead: DeepSeek's latent attention (one decode token) at DeepSeek-V3's\n"
+                 "and small-deepseek's shapes, before (the plain reference) and after\n"
+                 "(each level's kernel), side by side at every level up to --isa");
+  flags.add_string("mla-contexts", "128,1024,4096", "--mla: context lengths, comma-separated");
+  flags.add_int("mla-threads", 1, 1, 1024, "--mla: kernel threads");
   if (auto done = parse_command_line(flags, "bench kernels", argc, argv, 3)) return *done;
   Status s;
+  if (flags.get_bool("mla")) {
+    s = apply_isa_flag(flags.get_string("isa"));
+    if (!s.ok()) return report_error("bench kernels", s);
+    std::vector<int64_t> contexts;
+    std::stringstream ss(flags.get_string("mla-contexts"));
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      char* end = nullptr;
+      const long long v = std::strtoll(item.c_str(), &end, 10);
+      if (end == item.c_str() || *end != '\0' || v < 1 || v > 1048576) {
+        return report_error("bench kernels", invalid_argument("--mla-contexts: '" + item +
+                                                              "' is not an integer 1..1048576"));
+      }
+      contexts.push_back(v);
+    }
+    if (contexts.empty()) {
+      return report_error("bench kernels", invalid_argument("--mla-contexts: empty"));
+    }
+    return run_bench_mla(contexts, static_cast<int>(flags.get_int("mla-threads")),
+                         flags.get_int("kv-block-size"), flags.get_bool("quick"),
+                         flags.get_bool("json"));
+  }
   if (const std::string& device = flags.get_string("device"); !runtime::is_cpu_device(device)) {
     s = runtime::check_device(device);
     if (!s.ok()) return report_error("bench kernels", s.with_context("--device"));

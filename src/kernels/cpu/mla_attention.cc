@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "internal/level.h"
+
 namespace msinfer::kernels::cpu {
 
 void mla_write_latent(const PagedKvLayer& kv, const float* latent, int64_t tokens,
@@ -17,6 +19,11 @@ void mla_write_latent(const PagedKvLayer& kv, const float* latent, int64_t token
 
 void mla_absorb_query(const float* q_nope, int64_t tokens, int64_t heads, int64_t nope,
                       int64_t kv_lora, const bf16* w_uk, float* q_latent) {
+  internal::active_kernels().mla_absorb_query(q_nope, tokens, heads, nope, kv_lora, w_uk, q_latent);
+}
+
+void mla_absorb_query_reference(const float* q_nope, int64_t tokens, int64_t heads, int64_t nope,
+                                int64_t kv_lora, const bf16* w_uk, float* q_latent) {
   std::vector<float> w(static_cast<size_t>(nope * kv_lora));
   for (int64_t h = 0; h < heads; ++h) {
     bf16_to_float_n(w_uk + h * nope * kv_lora, w.data(), nope * kv_lora);
@@ -36,6 +43,14 @@ void mla_absorb_query(const float* q_nope, int64_t tokens, int64_t heads, int64_
 void mla_attention(const float* q_latent, const float* q_pe, int64_t tokens, int64_t heads,
                    int64_t kv_lora, int64_t rope, const PagedKvLayer& kv, const int32_t* positions,
                    const int32_t* const* block_tables, float scale, float* out_latent) {
+  internal::active_kernels().mla_attention(q_latent, q_pe, tokens, heads, kv_lora, rope, kv,
+                                           positions, block_tables, scale, out_latent);
+}
+
+void mla_attention_reference(const float* q_latent, const float* q_pe, int64_t tokens,
+                             int64_t heads, int64_t kv_lora, int64_t rope, const PagedKvLayer& kv,
+                             const int32_t* positions, const int32_t* const* block_tables,
+                             float scale, float* out_latent) {
   const int64_t d = kv.head_dim;  // kv_lora + rope
   std::vector<float> ctx, p;
   for (int64_t t = 0; t < tokens; ++t) {
@@ -76,6 +91,11 @@ void mla_attention(const float* q_latent, const float* q_pe, int64_t tokens, int
 
 void mla_value_up(const float* latent, int64_t tokens, int64_t heads, int64_t kv_lora, int64_t v,
                   const bf16* w_uv, float* out) {
+  internal::active_kernels().mla_value_up(latent, tokens, heads, kv_lora, v, w_uv, out);
+}
+
+void mla_value_up_reference(const float* latent, int64_t tokens, int64_t heads, int64_t kv_lora,
+                            int64_t v, const bf16* w_uv, float* out) {
   std::vector<float> w(static_cast<size_t>(v * kv_lora));
   for (int64_t h = 0; h < heads; ++h) {
     bf16_to_float_n(w_uv + h * v * kv_lora, w.data(), v * kv_lora);

@@ -59,6 +59,23 @@ void paged_attention(const float* q, int64_t tokens, int64_t heads, const PagedK
   });
 }
 
+void mla_attention(const float* q_latent, const float* q_pe, int64_t tokens, int64_t heads,
+                   int64_t kv_lora, int64_t rope, const PagedKvLayer& kv, const int32_t* positions,
+                   const int32_t* const* block_tables, float scale, float* out_latent) {
+  mla_attention_driver<MlaPortable>(q_latent, q_pe, tokens, heads, kv_lora, rope, kv, positions,
+                                    block_tables, scale, out_latent);
+}
+
+void mla_absorb_query(const float* q_nope, int64_t tokens, int64_t heads, int64_t nope,
+                      int64_t kv_lora, const bf16* w_uk, float* q_latent) {
+  mla_absorb_query_portable(q_nope, tokens, heads, nope, kv_lora, w_uk, q_latent);
+}
+
+void mla_value_up(const float* latent, int64_t tokens, int64_t heads, int64_t kv_lora, int64_t v,
+                  const bf16* w_uv, float* out) {
+  mla_value_up_portable(latent, tokens, heads, kv_lora, v, w_uv, out);
+}
+
 void silu_mul(const float* gate_up, int64_t rows, int64_t f, float* out) {
   for_each_row(rows, rows * f > 65536, [&](int64_t r) {
     silu_mul_row_portable(gate_up + r * 2 * f, gate_up + r * 2 * f + f, 0, f, out + r * f);

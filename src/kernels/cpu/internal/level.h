@@ -96,6 +96,15 @@ struct LevelKernels {
   void (*paged_attention)(const float* q, int64_t tokens, int64_t heads, const PagedKvLayer& kv,
                           const int32_t* positions, const int32_t* const* block_tables, float scale,
                           float* out);
+  // DeepSeek's absorbed latent attention (mla_attention.h has the contract).
+  void (*mla_attention)(const float* q_latent, const float* q_pe, int64_t tokens, int64_t heads,
+                        int64_t kv_lora, int64_t rope, const PagedKvLayer& kv,
+                        const int32_t* positions, const int32_t* const* block_tables, float scale,
+                        float* out_latent);
+  void (*mla_absorb_query)(const float* q_nope, int64_t tokens, int64_t heads, int64_t nope,
+                           int64_t kv_lora, const bf16* w_uk, float* q_latent);
+  void (*mla_value_up)(const float* latent, int64_t tokens, int64_t heads, int64_t kv_lora,
+                       int64_t v, const bf16* w_uv, float* out);
   void (*rms_norm)(const float* x, const float* w, int64_t rows, int64_t dim, float eps, float* y);
   void (*rope)(float* x, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
                double theta);
