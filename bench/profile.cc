@@ -130,6 +130,14 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
   MSI_ASSIGN_OR_RETURN(auto experts, runtime::make_expert_compute(o.device, *weights, {}));
   kernels::cpu::RoutedBatch routed;
   std::vector<float> x, results;
+  // T_a and T_e are an MoE layer's: dense first layers (DeepSeek's
+  // first_k_dense_replace) have no experts to time and no routing.
+  std::vector<int> moe_layers;
+  for (int l = 0; l < c.layers; ++l) {
+    if (c.is_moe_layer(l)) moe_layers.push_back(l);
+  }
+  if (moe_layers.empty()) return invalid_argument(c.name + ": no MoE layer to profile");
+  const int n_moe = static_cast<int>(moe_layers.size());
   for (int64_t b : o.attention_batches) {
     runtime::TokenBatch batch;
     for (int64_t i = 0; i < b; ++i) {
@@ -139,14 +147,14 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
       for (int g = 0; g < kv.groups(); ++g) batch.tables_of(g).push_back(kv.block_table(i, g));
     }
     x.assign(b * c.hidden, 0.01f);
-    int layer = 0;
+    int layer = 0;  // index into moe_layers
     const double s = one_round(
         [&] {
-          MSI_CHECK(attn->attention_and_gate(layer, batch, kv, x.data(), &routed).ok());
+          MSI_CHECK(attn->attention_and_gate(moe_layers[layer], batch, kv, x.data(), &routed).ok());
           results.assign(routed.rows() * c.hidden, 0.f);
           attn->combine(routed, results.data(), x.data());
           std::fill(x.begin(), x.end(), 0.01f);  // keep activations bounded
-          layer = (layer + 1) % c.layers;
+          layer = (layer + 1) % n_moe;
         },
         o.min_seconds);
     r.attention.emplace_back(static_cast<double>(b), s);
@@ -158,10 +166,11 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
     int idx = 0;
     const double s = one_round(
         [&] {
-          MSI_CHECK(experts->forward_group(idx / c.experts, {idx % c.experts}, {0, b}, rows.data(),
-                                           out.data())
+          MSI_CHECK(experts
+                        ->forward_group(moe_layers[idx / c.experts], {idx % c.experts}, {0, b},
+                                        rows.data(), out.data())
                         .ok());
-          idx = (idx + 1) % (c.layers * c.experts);
+          idx = (idx + 1) % (n_moe * c.experts);
         },
         o.min_seconds);
     r.expert.emplace_back(static_cast<double>(b), s);

@@ -64,6 +64,30 @@ TEST(ProfileTest, WritesAFileThePlannerReads) {
   std::filesystem::remove_all(dir);
 }
 
+// A model whose first layer is dense (DeepSeek's first_k_dense_replace):
+// T_a and T_e are timed on its MoE layers only (the expert loop aborted on
+// layer 0's missing experts before).
+TEST(ProfileTest, ADenseFirstLayerIsSkipped) {
+  const std::string dir =
+      ::testing::TempDir() + "/msinfer_profile_deepseek_" + std::to_string(getpid());
+  model::MakeModelOptions mo;
+  mo.preset = "tiny-deepseek-v3";
+  mo.out_dir = dir;
+  ASSERT_TRUE(model::make_model(mo).ok());
+  ProfileOptions o;
+  o.model_dir = dir;
+  o.seq_len = 16;
+  o.attention_batches = {1, 4};
+  o.expert_batches = {1, 8};
+  o.kv_cache_mb = 16;
+  o.min_seconds = 0.005;
+  auto r = profile_model(o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->attention.size(), 2u);
+  EXPECT_EQ(r->expert.size(), 2u);
+  std::filesystem::remove_all(dir);
+}
+
 // The transfer model fitted to M2N rows gives back each measured one-way time
 // through the planner's own formula, and keeps the profile's k's.
 TEST(TransferModelTest, ReproducesTheMeasuredOneWayTimes) {
