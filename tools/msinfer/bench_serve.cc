@@ -165,6 +165,7 @@ int run_bench_serve(int argc, char** argv) {
   flags.add_string("profile", "",
                    "profile JSON (msinfer profile, + bench m2n --profile-into): also print the "
                    "planner's predicted T_a, T_e, T_c and decode tokens/s, and their error");
+  add_step_budget_flag(flags);
   add_engine_flags(flags);
   add_deployment_flags(flags);
   flags.add_string("plan", "", "plan document from `msinfer plan --out` (sets n_a and m)");

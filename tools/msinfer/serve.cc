@@ -125,6 +125,7 @@ int run_serve(int argc, char** argv) {
   flags.add_int("kv-cache-mb", 256, 1, 1 << 20,
                 "KV cache budget in MiB (per attention worker; at most this machine's memory)",
                 "MSINFER_KV_CACHE_MB");
+  add_step_budget_flag(flags);
   add_engine_flags(flags);
   add_deployment_flags(flags);
   flags.add_string("plan", "", "plan document from `msinfer plan --out` (sets n_a and m)");
@@ -151,6 +152,7 @@ int run_serve(int argc, char** argv) {
   if (Status m = check_kv_cache_fits_memory(flags.get_int("kv-cache-mb")); !m.ok()) {
     return report_error("serve", m);
   }
+  if (Status b = check_step_budget_flags(flags); !b.ok()) return report_error("serve", b);
   auto weight_format = apply_engine_flags(flags);
   if (!weight_format.ok()) return report_error("serve", weight_format.status());
   if (auto s = runtime::parse_shared_experts(flags.get_string("shared-experts"),
