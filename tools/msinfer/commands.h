@@ -41,7 +41,10 @@ Status check_kv_cache_fits_memory(int64_t kv_cache_mb);
 StatusOr<kernels::cpu::WeightFormat> apply_engine_flags(const FlagSet& flags);
 
 // --max-num-batched-tokens: the engine's token budget per step (generate,
-// serve, bench serve, worker), 1..kMaxStepTokens.
+// serve, bench serve, worker), 1..kMaxStepTokens. Its default is the one
+// measured best on the development machine (docs/SERVING.md, "The step
+// budget"); EngineOptions keeps kDefaultMaxStepTokens for library callers.
+inline constexpr int64_t kDefaultMaxNumBatchedTokens = 1024;
 inline constexpr int64_t kMaxStepTokens = 65536;
 void add_step_budget_flag(FlagSet& flags);
 // Its value; where the command has --max-num-seqs (serve) and the flag was

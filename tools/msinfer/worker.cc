@@ -84,8 +84,7 @@ void add_deployment_flags(FlagSet& flags) {
 }
 
 void add_step_budget_flag(FlagSet& flags) {
-  flags.add_int("max-num-batched-tokens", runtime::EngineOptions::kDefaultMaxStepTokens, 1,
-                kMaxStepTokens,
+  flags.add_int("max-num-batched-tokens", kDefaultMaxNumBatchedTokens, 1, kMaxStepTokens,
                 "tokens one engine step computes at most (vLLM's name): a decode token for each\n"
                 "running sequence, then prompt chunks in what is left. Larger: prompts go in\n"
                 "in fewer steps, but such a step delays every stream's next token longer.\n"
