@@ -53,8 +53,37 @@ bool has_reduce_channel(const WorkerConfig& c) {
   return c.tp_expert > 1 && c.tp_expert_reduce == ExpertReduce::kAllReduce;
 }
 
-// Slots are sized for the largest micro-batch: every token of a step routed to
-// one destination K times, plus the row-count header.
+namespace {
+
+// Rows of the largest dispatch message: every token of a step routed to one
+// destination K times (+1 for remote shared experts), plus the header.
+int64_t dispatch_rows(const WorkerConfig& c, const ModelConfig& mc) {
+  const int64_t shared = shared_experts_remote(c, mc) ? 1 : 0;
+  return c.max_step_tokens * (mc.top_k + shared) +
+         header_rows(mc.experts + shared, static_cast<int64_t>(mc.hidden) * 4);
+}
+
+int64_t tp_max_header_rows(const WorkerConfig& c, const ModelConfig& mc, int64_t row_bytes) {
+  const int64_t blocks =
+      (mc.max_position_embeddings + KvCache::kDefaultBlockSize - 1) / KvCache::kDefaultBlockSize;
+  return ((3 + c.max_step_tokens * (2 + blocks)) * 4 + row_bytes - 1) / row_bytes;
+}
+
+// The most rows any channel of `c` may carry in one message.
+int64_t largest_message_rows(const WorkerConfig& c, const ModelConfig& mc) {
+  int64_t rows = dispatch_rows(c, mc);
+  if (has_reduce_channel(c)) rows *= c.attention_workers;
+  if (c.tp_attention > 1) {
+    rows = std::max(
+        rows, c.max_step_tokens + tp_max_header_rows(c, mc, static_cast<int64_t>(mc.hidden) * 4));
+  }
+  return rows;
+}
+
+}  // namespace
+
+// Slots are sized for the largest micro-batch (dispatch_rows); the CLI keeps
+// max_step_tokens within max_step_tokens_limit, so the cap never bites there.
 comm::M2NShape shape(const WorkerConfig& c, const ModelConfig& mc, int channel) {
   comm::M2NShape s;
   // Dispatch reaches every shard of every expert worker; the answers come
@@ -65,9 +94,7 @@ comm::M2NShape shape(const WorkerConfig& c, const ModelConfig& mc, int channel) 
   s.receivers = channel == 0 ? c.expert_processes() : c.attention_workers;
   s.slots = c.micro_batches;
   s.row_bytes = static_cast<int64_t>(mc.hidden) * 4;
-  const int64_t shared = shared_experts_remote(c, mc) ? 1 : 0;
-  s.max_rows = std::min<int64_t>(kMaxRows, c.max_step_tokens * (mc.top_k + shared) +
-                                               header_rows(mc.experts + shared, s.row_bytes));
+  s.max_rows = std::min<int64_t>(kMaxRows, dispatch_rows(c, mc));
   s.channel = channel;
   return s;
 }
@@ -94,13 +121,6 @@ comm::M2NShape reduce_shape(const WorkerConfig& c, const ModelConfig& mc) {
 //  - partials, ranks 1..tp-1 -> rank 0, on channel 0 (rank 0 only sends
 //    there otherwise): T rows, the rank's partial o_proj output.
 // One slot: rank 0 waits for the partials before it sends the next layer.
-namespace {
-int64_t tp_max_header_rows(const WorkerConfig& c, const ModelConfig& mc, int64_t row_bytes) {
-  const int64_t blocks =
-      (mc.max_position_embeddings + KvCache::kDefaultBlockSize - 1) / KvCache::kDefaultBlockSize;
-  return ((3 + c.max_step_tokens * (2 + blocks)) * 4 + row_bytes - 1) / row_bytes;
-}
-}  // namespace
 comm::M2NShape tp_broadcast_shape(const WorkerConfig& c, const ModelConfig& mc) {
   comm::M2NShape s;
   s.senders = 1;
@@ -179,3 +199,21 @@ StatusOr<bool> serve_commands(control::WorkerChannel& ch, WorkerStats* stats,
 }
 
 }  // namespace msinfer::runtime::internal
+
+namespace msinfer::runtime {
+
+int64_t max_step_tokens_limit(const WorkerConfig& c, const ModelConfig& mc) {
+  WorkerConfig t = c;
+  int64_t lo = 0, hi = internal::kMaxRows;  // rows grow with tokens: the last that fits
+  while (lo < hi) {
+    t.max_step_tokens = (lo + hi + 1) / 2;
+    if (internal::largest_message_rows(t, mc) <= internal::kMaxRows) {
+      lo = t.max_step_tokens;
+    } else {
+      hi = t.max_step_tokens - 1;
+    }
+  }
+  return lo;
+}
+
+}  // namespace msinfer::runtime

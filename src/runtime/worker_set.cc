@@ -83,6 +83,8 @@ std::vector<std::string> worker_args(const WorkerConfig& c, const std::string& e
                                    std::to_string(c.micro_batches),
                                    "--kv-cache-mb",
                                    std::to_string(c.kv_cache_bytes >> 20),
+                                   "--max-num-batched-tokens",
+                                   std::to_string(c.max_step_tokens),
                                    "--fabric-provider",
                                    c.provider,
                                    "--timeout-ms",

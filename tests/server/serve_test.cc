@@ -1525,6 +1525,15 @@ TEST_F(ServeTest, BadFlagsExitTwo) {
       {"--port 0 --model /nonexistent", "/nonexistent"},
       {"--model " + model_dir().string() + " --port 70000", "--port must be in 0..65535"},
       {m + " --max-num-seqs 0", "--max-num-seqs: 0 is out of range"},
+      // The step's token budget (issue 47): at least 1, at least one decode
+      // token for every sequence of the batch, and disaggregated within what
+      // an M2N message holds (tiny-mixtral, top_k 2: 32,767 tokens).
+      {m + " --max-num-batched-tokens 0", "--max-num-batched-tokens: 0 is out of range"},
+      {m + " --max-num-batched-tokens 100 --max-num-seqs 200",
+       "--max-num-batched-tokens 100 is less than --max-num-seqs 200"},
+      {m + " --attention-workers 1 --expert-workers 1 --max-num-batched-tokens 40000",
+       "--max-num-batched-tokens 40000 is more than this deployment's M2N messages hold (at "
+       "most 32767"},
       // Every limit has a range (issue 43): these used to disable the body
       // limit, make every POST a 413, close every connection unanswered, or
       // abort with std::bad_alloc.

@@ -334,6 +334,41 @@ void expect_refused(const std::string& args, const std::string& expect, int code
   EXPECT_TRUE((*doc)["error"]["code"].is_string());
 }
 
+// --max-num-batched-tokens is the engine's step budget in generate, bench
+// serve and a deployment's workers: a prompt goes in in chunks of it, with
+// the same greedy tokens at every budget; bench serve takes more steps with
+// a smaller one.
+TEST(CliEngineTest, MaxNumBatchedTokensChunksPromptsWithTheSameOutput) {
+  const std::string g = "generate --model " + tiny_model() +
+                        " --prompt-ids 5,9,22,7,1,40,3,8,9,10,11,12,13,14,15,16,17 --max-tokens 6"
+                        " --ignore-eos --json";
+  CliRun base = run(g);
+  ASSERT_EQ(base.code, 0) << base.err;
+  const Json want = parse(base.out)["token_ids"];
+  EXPECT_EQ(want.size(), 6u);
+  for (const std::string& extra :
+       {std::string(" --max-num-batched-tokens 1"), std::string(" --max-num-batched-tokens 5"),
+        std::string(" --max-num-batched-tokens 5 --attention-workers 1 --expert-workers 1")}) {
+    CliRun r = run(g + extra);
+    ASSERT_EQ(r.code, 0) << extra << ": " << r.err;
+    EXPECT_EQ(parse(r.out)["token_ids"], want) << extra;
+  }
+  const std::string b = "bench serve --offline --model " + tiny_model() +
+                        " --num-prompts 4 --input-len 32 --output-len 4 --json";
+  CliRun small = run(b + " --max-num-batched-tokens 8");
+  CliRun large = run(b + " --max-num-batched-tokens 1024");
+  ASSERT_EQ(small.code, 0) << small.err;
+  ASSERT_EQ(large.code, 0) << large.err;
+  // 128 prompt tokens: 16 steps of 8 before the last decode steps, against one.
+  EXPECT_GE(parse(small.out)["steps"].get<int>(), 16 + 3);
+  EXPECT_EQ(parse(large.out)["steps"].get<int>(), 1 + 3);
+  expect_refused("generate --model " + tiny_model() + " --prompt hi --max-num-batched-tokens 0",
+                 "--max-num-batched-tokens: 0 is out of range");
+  expect_refused("worker --role attention --model " + tiny_model() +
+                     " --attention-workers 1 --expert-workers 1 --max-num-batched-tokens 40000",
+                 "--max-num-batched-tokens 40000 is more than this deployment's M2N messages");
+}
+
 TEST(CliHardeningTest, IntegerFlagsAreNotTruncatedTo32Bits) {
   expect_refused("plan --model dbrx --gpu H800 --max-gpus 4294967297",
                  "--max-gpus: 4294967297 is out of range");

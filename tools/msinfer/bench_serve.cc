@@ -109,15 +109,9 @@ int64_t random_length(std::mt19937_64& rng, int64_t base, double ratio) {
   return std::max<int64_t>(1, std::uniform_int_distribution<int64_t>(lo, hi)(rng));
 }
 
-int run_bench_serve(int argc, char** argv) {
-  FlagSet flags("bench serve",
-                "Offline serving benchmark: submits --num-prompts random prompts of --input-len\n"
-                "tokens at once, each generating exactly --output-len tokens, runs them to the\n"
-                "end and reports TTFT and time between tokens (p50/p99 over every request),\n"
-                "decode tokens/s, and for a disaggregated deployment each worker's busy and\n"
-                "network-wait fractions, achieved GEMM GFLOP/s and mean T_a / T_e / T_c\n"
-                "(per micro-batch slot and layer with --json). Worker figures cover the\n"
-                "decode phase: from the moment every request has its first token.");
+namespace {
+
+void add_bench_serve_flags(FlagSet& flags) {
   flags.add_string("model", "", "model directory");
   flags.add_bool("offline", "all prompts submitted at once to a deployment this command starts");
   flags.add_string("base-url", "",
@@ -165,6 +159,7 @@ int run_bench_serve(int argc, char** argv) {
   flags.add_string("profile", "",
                    "profile JSON (msinfer profile, + bench m2n --profile-into): also print the "
                    "planner's predicted T_a, T_e, T_c and decode tokens/s, and their error");
+  add_step_budget_flag(flags);
   add_engine_flags(flags);
   add_deployment_flags(flags);
   flags.add_string("plan", "", "plan document from `msinfer plan --out` (sets n_a and m)");
@@ -176,274 +171,340 @@ int run_bench_serve(int argc, char** argv) {
       "--micro-batches 2 --json\n"
       "  msinfer bench serve --base-url http://127.0.0.1:8000 --num-prompts 200 --request-rate 20 "
       "--max-concurrency 64 --input-len 32 --output-len 64 --goodput 'ttft:500 tpot:50'");
-  if (auto done = parse_command_line(flags, "bench serve", argc, argv, 3)) return *done;
-  Status s;
-  if (!flags.get_string("base-url").empty()) {
-    if (flags.get_bool("offline")) {
-      return report_error("bench serve", invalid_argument("give one of --offline and --base-url"));
-    }
-    return run_bench_serve_online(flags);
-  }
-  const std::string dir = flags.get_string("model");
-  if (dir.empty())
-    return report_error("bench serve", invalid_argument("--model is required (or --base-url)"));
-  // Ranges (--num-prompts 1..100000, ...) are checked by the flag parser.
-  const std::string dataset = flags.get_string("dataset");
-  const bool multi_turn = dataset == "multi-turn";
-  if (!multi_turn && dataset != "random") {
-    return report_error("bench serve", invalid_argument("--dataset " + dataset +
-                                                        ": offline runs random or multi-turn"));
-  }
-  const int64_t users = flags.get_int("users"), turns = flags.get_int("turns"),
-                system_len = flags.get_int("system-len");
-  // A CPU plan (msinfer plan --devices cpu) is run as planned: its global
-  // batch and workload unless the flags say otherwise, and its prediction is
-  // put beside what this run measures.
-  std::optional<Json> cpu_plan;
-  if (!flags.get_string("plan").empty()) {
-    auto j = read_json_file(flags.get_string("plan"));
-    if (!j.ok()) return report_error("bench serve", j.status().with_context("--plan"));
-    if (planner::is_cpu_plan_document(*j)) cpu_plan = *j;
-  }
+}
+
+// What an offline run asks for, checked before the deployment starts. The
+// deployment and engine flags stay in the FlagSet: start_deployment and
+// colocated_engine_options read them there.
+struct BenchServeOptions {
+  std::string model_dir;
+  std::string dataset;  // random | multi-turn
+  bool multi_turn = false;
+  int64_t users = 0, turns = 0, system_len = 0;
+  int64_t prompts = 0;                    // P: requests (multi-turn: users x turns)
+  int64_t input_len = 0, output_len = 0;  // I, O
+  double ratio = 0;                       // --random-range-ratio
+  uint64_t seed = 0;
+  int64_t warmups = 0;
+  double idle_s = 0;
+  bool json = false;
+  std::string profile;           // --profile: the planner's prediction beside the run
+  std::string plan;              // --plan
+  std::optional<Json> cpu_plan;  // --plan, when it is a CPU plan document
+  kernels::cpu::WeightFormat weights{};
+  bool disaggregated = false;
+  ModelConfig model;
+};
+
+// A CPU plan (msinfer plan --devices cpu) is run as planned: its global
+// batch and workload unless the flags say otherwise, and its prediction is
+// put beside what this run measures.
+void apply_cpu_plan_workload(const FlagSet& flags, BenchServeOptions& o) {
   auto plan_int = [&](const char* flag, const char* section, const char* key) -> int64_t {
-    if (!cpu_plan || flags.was_set(flag)) return flags.get_int(flag);
-    const Json& sec = (*cpu_plan)[section];
+    if (!o.cpu_plan || flags.was_set(flag)) return flags.get_int(flag);
+    const Json& sec = (*o.cpu_plan)[section];
     if (sec.is_object() && sec.contains(key) && sec[key].is_number()) {
       const double v = sec[key].get<double>();
       if (v >= 1 && v <= (1 << 20)) return static_cast<int64_t>(std::llround(v));
     }
     return flags.get_int(flag);
   };
-  const int64_t P = multi_turn ? users * turns : plan_int("num-prompts", "plan", "global_batch");
-  int64_t I = flags.get_int("input-len"), O = flags.get_int("output-len");
-  if (cpu_plan && (*cpu_plan)["search"].contains("workload")) {
-    const Json& w = (*cpu_plan)["search"]["workload"];
+  o.prompts = o.multi_turn ? o.users * o.turns : plan_int("num-prompts", "plan", "global_batch");
+  o.input_len = flags.get_int("input-len");
+  o.output_len = flags.get_int("output-len");
+  if (o.cpu_plan && (*o.cpu_plan)["search"].contains("workload")) {
+    const Json& w = (*o.cpu_plan)["search"]["workload"];
     auto len = [&](const char* flag, const char* key, int64_t fallback) {
       if (flags.was_set(flag) || !w.contains(key) || !w[key].is_number()) return fallback;
       const double v = w[key].get<double>();
       return v >= 1 && v <= (1 << 20) ? static_cast<int64_t>(std::llround(v)) : fallback;
     };
-    I = len("input-len", "input_len", I);
-    O = len("output-len", "output_len", O);
+    o.input_len = len("input-len", "input_len", o.input_len);
+    o.output_len = len("output-len", "output_len", o.output_len);
   }
-  s = check_deployment_flags(flags);
-  if (s.ok()) s = check_model_dir(flags);
-  if (!s.ok()) return report_error("bench serve", s);
-  auto weight_format = apply_engine_flags(flags);
-  if (!weight_format.ok()) return report_error("bench serve", weight_format.status());
-  auto model = load_model_config(dir);
-  if (!model.ok()) return report_error("bench serve", model.status());
-  if (!flags.get_string("profile").empty()) {  // a bad profile fails now, not after the run
-    auto p = planner::load_profile(flags.get_string("profile"));
-    if (!p.ok()) return report_error("bench serve", p.status().with_context("--profile"));
+}
+
+StatusOr<BenchServeOptions> bench_serve_options(const FlagSet& flags) {
+  BenchServeOptions o;
+  o.model_dir = flags.get_string("model");
+  if (o.model_dir.empty()) return invalid_argument("--model is required (or --base-url)");
+  // Ranges (--num-prompts 1..100000, ...) are checked by the flag parser.
+  o.dataset = flags.get_string("dataset");
+  o.multi_turn = o.dataset == "multi-turn";
+  if (!o.multi_turn && o.dataset != "random") {
+    return invalid_argument("--dataset " + o.dataset + ": offline runs random or multi-turn");
   }
-  const bool disaggregated = deployment_requested(flags);
-  if (!flags.get_string("profile").empty() && !disaggregated) {
-    return report_error("bench serve",
-                        invalid_argument("--profile predicts a disaggregated deployment: "
-                                         "give --attention-workers and --expert-workers"));
+  o.users = flags.get_int("users");
+  o.turns = flags.get_int("turns");
+  o.system_len = flags.get_int("system-len");
+  o.plan = flags.get_string("plan");
+  if (!o.plan.empty()) {
+    auto j = read_json_file(o.plan);
+    if (!j.ok()) return j.status().with_context("--plan");
+    if (planner::is_cpu_plan_document(*j)) o.cpu_plan = std::move(j).value();
   }
+  apply_cpu_plan_workload(flags, o);
+  o.ratio = flags.get_double("random-range-ratio");
+  o.seed = static_cast<uint64_t>(flags.get_int("seed"));
+  o.warmups = flags.get_int("num-warmups");
+  o.idle_s = flags.get_double("idle-seconds");
+  o.json = flags.get_bool("json");
+  o.profile = flags.get_string("profile");
+  MSI_RETURN_IF_ERROR(check_deployment_flags(flags));
+  MSI_RETURN_IF_ERROR(check_model_dir(flags));
+  MSI_ASSIGN_OR_RETURN(o.weights, apply_engine_flags(flags));
+  MSI_ASSIGN_OR_RETURN(o.model, load_model_config(o.model_dir));
+  if (!o.profile.empty()) {  // a bad profile fails now, not after the run
+    MSI_RETURN_IF_ERROR(planner::load_profile(o.profile).status().with_context("--profile"));
+  }
+  o.disaggregated = deployment_requested(flags);
+  if (!o.profile.empty() && !o.disaggregated) {
+    return invalid_argument(
+        "--profile predicts a disaggregated deployment: give --attention-workers and "
+        "--expert-workers");
+  }
+  return o;
+}
+
+// The deployment under test: the co-located engine or a router with its
+// workers, and the calls the run makes on either.
+struct Deployed {
   std::unique_ptr<runtime::Engine> engine;
   std::unique_ptr<runtime::Router> router;
-  std::string deployment;
   std::optional<runtime::WorkerConfig> config;
-  if (disaggregated) {
-    auto d = start_deployment(flags);
-    if (!d.ok()) return report_error("bench serve", d.status());
-    if (d->worker_rank > 0) return worker_rank_exit_code(*d);
-    router = std::move(d->router);
-    config = d->config;
-    deployment = "disaggregated: " + std::to_string(config->attention_workers) + " attention + " +
-                 std::to_string(config->expert_workers) +
-                 " expert workers, m=" + std::to_string(config->micro_batches);
-  } else {
-    model::LoadOptions lo;
-    lo.weights = *weight_format;
-    auto w =
-        model::ModelWeights::load(dir, runtime::host_load_options(lo, flags.get_string("device")));
-    if (!w.ok()) return report_error("bench serve", w.status());
-    const runtime::EngineOptions eo = colocated_engine_options(flags);
-    auto e = runtime::Engine::create(std::move(w).value(), eo);
-    if (!e.ok()) return report_error("bench serve", e.status());
-    engine = std::move(e).value();
-    deployment = "co-located engine, m=" + std::to_string(eo.micro_batches);
-  }
-  deployment += std::string("; CPU kernels ") + kernels::cpu::isa_description() + ", " +
-                kernels::cpu::weight_format_name(*weight_format) + " weights";
-  std::fprintf(stderr, "msinfer bench serve: %s; %lld prompts x %lld tokens in, %lld out\n",
-               deployment.c_str(), static_cast<long long>(P), static_cast<long long>(I),
-               static_cast<long long>(O));
+  std::string description;  // "co-located engine, m=1; CPU kernels ..."
 
-  std::mt19937_64 rng(static_cast<uint64_t>(flags.get_int("seed")));
-  std::uniform_int_distribution<int32_t> token(0, model->vocab - 1);
-  using clock = std::chrono::steady_clock;
-  const double ratio = flags.get_double("random-range-ratio");
-  int64_t total_in = 0, total_out = 0;
-  std::vector<runtime::GenerationRequest> reqs;
-  // Multi-turn: the chats so far (system prompt, then turns and answers);
-  // request user * turns + turn + 1 is turn `turn` of chat `user`.
-  std::vector<std::vector<int32_t>> chats;
-  std::vector<int32_t> system_prompt;
-  auto next_turn = [&](int64_t user, int64_t turn) {
-    runtime::GenerationRequest req;
-    req.id = user * turns + turn + 1;
-    auto& chat = chats[static_cast<size_t>(user)];
-    const int64_t in = random_length(rng, I, ratio), out = random_length(rng, O, ratio);
-    for (int64_t t = 0; t < in; ++t) chat.push_back(token(rng));
-    req.prompt = chat;
-    req.sampling.max_tokens = static_cast<int>(out);
-    req.sampling.ignore_eos = true;
-    total_in += static_cast<int64_t>(req.prompt.size());
-    total_out += out;
-    return req;
-  };
-  if (multi_turn) {
-    for (int64_t t = 0; t < system_len; ++t) system_prompt.push_back(token(rng));
-    chats.assign(static_cast<size_t>(users), system_prompt);
-    for (int64_t u = 0; u < users; ++u) reqs.push_back(next_turn(u, 0));
-  }
-  for (int64_t i = 0; i < (multi_turn ? 0 : P); ++i) {
-    runtime::GenerationRequest req;
-    req.id = i + 1;
-    const int64_t in = random_length(rng, I, ratio), out = random_length(rng, O, ratio);
-    for (int64_t t = 0; t < in; ++t) req.prompt.push_back(token(rng));
-    req.sampling.max_tokens = static_cast<int>(out);
-    total_in += in;
-    total_out += out;
-    req.sampling.ignore_eos = true;
-    reqs.push_back(std::move(req));
-  }
-  // The deployment's calls: the router's or the co-located engine's.
-  auto add = [&](const runtime::GenerationRequest& r) {
+  Status add(const runtime::GenerationRequest& r) {
     return router ? router->add(r) : engine->add(r);
-  };
-  auto busy = [&] { return router ? !router->idle() : !engine->idle(); };
-  // One step of the deployment; a lost request fails it (a benchmark with a
-  // lost request has no figures).
-  auto checked_step = [&]() -> StatusOr<std::vector<runtime::TokenEvent>> {
+  }
+  bool busy() const { return router ? !router->idle() : !engine->idle(); }
+  runtime::EngineCounters counters() const {
+    return router ? router->counters() : engine->counters();
+  }
+  // One step; a lost request fails it (a benchmark with a lost request has
+  // no figures).
+  StatusOr<std::vector<runtime::TokenEvent>> step() {
     auto events = router ? router->step() : engine->step();
     if (!events.ok()) return events.status();
     for (const auto& ev : *events) {
       if (ev.finish_reason == "error") return Status(StatusCode::kUnavailable, ev.error);
     }
     return events;
-  };
-  // Warm-ups (as online): the first prompt --num-warmups times, run to the end
-  // and discarded, so the measured run finds the engine's memory (KV pages,
-  // allocator arenas) touched, as a server that has been running does.
-  // Multi-turn: a prompt of its own, not one the run will find cached.
-  const int64_t warmups = flags.get_int("num-warmups");
-  for (int64_t w = 0; w < warmups; ++w) {
-    runtime::GenerationRequest req = reqs[0];
-    req.id = P + 1 + w;
-    if (multi_turn) {
-      for (int32_t& t : req.prompt) t = token(rng);
+  }
+};
+
+// Starts the deployment. On a launcher's worker rank the process has served
+// as a worker by the time this returns: *worker_exit holds its exit code.
+StatusOr<Deployed> start_deployed(const FlagSet& flags, const BenchServeOptions& o,
+                                  std::optional<int>* worker_exit) {
+  Deployed d;
+  if (o.disaggregated) {
+    MSI_ASSIGN_OR_RETURN(Deployment dep, start_deployment(flags));
+    if (dep.worker_rank > 0) {
+      *worker_exit = worker_rank_exit_code(dep);
+      return d;
     }
-    s = add(req);
-    if (!s.ok()) return report_error("bench serve", s.with_context("warm-up request"));
+    d.router = std::move(dep.router);
+    d.config = dep.config;
+    d.description = "disaggregated: " + std::to_string(d.config->attention_workers) +
+                    " attention + " + std::to_string(d.config->expert_workers) +
+                    " expert workers, m=" + std::to_string(d.config->micro_batches);
+  } else {
+    model::LoadOptions lo;
+    lo.weights = o.weights;
+    MSI_ASSIGN_OR_RETURN(
+        auto w, model::ModelWeights::load(
+                    o.model_dir, runtime::host_load_options(lo, flags.get_string("device"))));
+    const runtime::EngineOptions eo = colocated_engine_options(flags);
+    MSI_ASSIGN_OR_RETURN(d.engine, runtime::Engine::create(std::move(w), eo));
+    d.description = "co-located engine, m=" + std::to_string(eo.micro_batches);
   }
-  while (warmups > 0 && busy()) {
-    auto events = checked_step();
-    if (!events.ok()) return report_error("bench serve", events.status().with_context("warm-up"));
+  d.description += std::string("; CPU kernels ") + kernels::cpu::isa_description() + ", " +
+                   kernels::cpu::weight_format_name(o.weights) + " weights";
+  return d;
+}
+
+// The requests of the run: random prompts, or multi-turn chats whose next
+// turn is made when the previous answer ends.
+class Workload {
+ public:
+  explicit Workload(const BenchServeOptions& o)
+      : o_(o), rng_(o.seed), token_(0, o.model.vocab - 1) {
+    if (o.multi_turn) {
+      for (int64_t t = 0; t < o.system_len; ++t) system_prompt_.push_back(token_(rng_));
+      chats_.assign(static_cast<size_t>(o.users), system_prompt_);
+      for (int64_t u = 0; u < o.users; ++u) reqs_.push_back(next_turn(u, 0));
+    }
+    for (int64_t i = 0; i < (o.multi_turn ? 0 : o.prompts); ++i) {
+      runtime::GenerationRequest req;
+      req.id = i + 1;
+      const int64_t in = random_length(rng_, o.input_len, o.ratio),
+                    out = random_length(rng_, o.output_len, o.ratio);
+      for (int64_t t = 0; t < in; ++t) req.prompt.push_back(token_(rng_));
+      req.sampling.max_tokens = static_cast<int>(out);
+      total_in_ += in;
+      req.sampling.ignore_eos = true;
+      reqs_.push_back(std::move(req));
+    }
   }
-  if (warmups > 0 && router) {
-    auto st = router->stats(/*reset=*/true);
-    if (!st.ok()) return report_error("bench serve", st.status());
+
+  // The requests sent at the start.
+  const std::vector<runtime::GenerationRequest>& initial() const { return reqs_; }
+  // Warm-up `w`: the first prompt (multi-turn: one of its own, not one the
+  // run will find cached).
+  runtime::GenerationRequest warmup(int64_t w) {
+    runtime::GenerationRequest req = reqs_[0];
+    req.id = o_.prompts + 1 + w;
+    if (o_.multi_turn) {
+      for (int32_t& t : req.prompt) t = token_(rng_);
+    }
+    return req;
   }
-  auto counters = [&] { return router ? router->counters() : engine->counters(); };
-  const runtime::EngineCounters counters0 = counters();
-  const auto t0 = clock::now();
-  for (const auto& req : reqs) {
-    s = add(req);
-    if (!s.ok())
-      return report_error("bench serve", s.with_context("request " + std::to_string(req.id)));
+  // Multi-turn: request user * turns + turn + 1 is turn `turn` of chat
+  // `user`; its answer's tokens join the chat. The user's next turn when
+  // `ev` ends the answer and the chat has one.
+  std::optional<runtime::GenerationRequest> on_token(const runtime::TokenEvent& ev) {
+    const int64_t user = (ev.request_id - 1) / o_.turns, turn = (ev.request_id - 1) % o_.turns;
+    chats_[static_cast<size_t>(user)].push_back(ev.token);
+    if (ev.finished && turn + 1 < o_.turns) return next_turn(user, turn + 1);
+    return std::nullopt;
   }
+  int64_t total_in() const { return total_in_; }
+
+ private:
+  runtime::GenerationRequest next_turn(int64_t user, int64_t turn) {
+    runtime::GenerationRequest req;
+    req.id = user * o_.turns + turn + 1;
+    auto& chat = chats_[static_cast<size_t>(user)];
+    const int64_t in = random_length(rng_, o_.input_len, o_.ratio),
+                  out = random_length(rng_, o_.output_len, o_.ratio);
+    for (int64_t t = 0; t < in; ++t) chat.push_back(token_(rng_));
+    req.prompt = chat;
+    req.sampling.max_tokens = static_cast<int>(out);
+    req.sampling.ignore_eos = true;
+    total_in_ += static_cast<int64_t>(req.prompt.size());
+    return req;
+  }
+
+  const BenchServeOptions& o_;
+  std::mt19937_64 rng_;
+  std::uniform_int_distribution<int32_t> token_;
+  std::vector<runtime::GenerationRequest> reqs_;
+  std::vector<std::vector<int32_t>> chats_;  // multi-turn: system prompt, turns, answers
+  std::vector<int32_t> system_prompt_;
+  int64_t total_in_ = 0;  // prompt tokens of every request made
+};
+
+// Warm-ups (as online): run to the end and discarded, so the measured run
+// finds the engine's memory (KV pages, allocator arenas) touched, as a
+// server that has been running does.
+Status run_warmups(const BenchServeOptions& o, Deployed& d, Workload& load) {
+  for (int64_t w = 0; w < o.warmups; ++w) {
+    MSI_RETURN_IF_ERROR(d.add(load.warmup(w)).with_context("warm-up request"));
+  }
+  while (o.warmups > 0 && d.busy()) {
+    MSI_RETURN_IF_ERROR(d.step().status().with_context("warm-up"));
+  }
+  if (o.warmups > 0 && d.router) {
+    MSI_RETURN_IF_ERROR(d.router->stats(/*reset=*/true).status());
+  }
+  return ok_status();
+}
+
+// What the measured run saw.
+struct Measured {
   std::map<int64_t, std::vector<double>> times;  // request -> token times (s since t0)
   std::map<int64_t, double> sent;                // multi-turn: request -> when sent (s since t0)
-  int64_t first_tokens = 0, decode_tokens = 0;
-  double decode_from = 0;
-  std::vector<Json> workers;
-  int64_t steps = 0;
-  while (busy()) {
-    auto events = checked_step();
-    if (!events.ok()) return report_error("bench serve", events.status());
+  int64_t decode_tokens = 0, steps = 0;
+  double decode_from = 0;  // when every request had its first token (s since t0)
+  double end = 0;
+  std::vector<Json> workers;  // a deployment's, decode phase
+  runtime::RoutingStats routing;
+  int64_t prefix_queries = 0, prefix_hits = 0;
+};
+
+// Submits the workload and steps the deployment until it is idle.
+StatusOr<Measured> run_measured(const BenchServeOptions& o, Deployed& d, Workload& load) {
+  using clock = std::chrono::steady_clock;
+  Measured m;
+  const runtime::EngineCounters counters0 = d.counters();
+  const auto t0 = clock::now();
+  for (const auto& req : load.initial()) {
+    MSI_RETURN_IF_ERROR(d.add(req).with_context("request " + std::to_string(req.id)));
+  }
+  int64_t first_tokens = 0;
+  while (d.busy()) {
+    MSI_ASSIGN_OR_RETURN(auto events, d.step());
     const double now = std::chrono::duration<double>(clock::now() - t0).count();
-    for (const auto& ev : *events) {
-      auto& t = times[ev.request_id];
+    for (const auto& ev : events) {
+      auto& t = m.times[ev.request_id];
       if (t.empty())
         ++first_tokens;
-      else if (decode_from > 0)
-        ++decode_tokens;
+      else if (m.decode_from > 0)
+        ++m.decode_tokens;
       t.push_back(now);
-      if (!multi_turn) continue;
+      if (!o.multi_turn) continue;
       // The answer joins the chat; at its end the user's next turn goes out.
-      const int64_t user = (ev.request_id - 1) / turns, turn = (ev.request_id - 1) % turns;
-      chats[static_cast<size_t>(user)].push_back(ev.token);
-      if (ev.finished && turn + 1 < turns) {
-        runtime::GenerationRequest req = next_turn(user, turn + 1);
-        sent[req.id] = now;
-        s = add(req);
-        if (!s.ok()) {
-          return report_error("bench serve", s.with_context("request " + std::to_string(req.id)));
-        }
+      if (auto next = load.on_token(ev)) {
+        m.sent[next->id] = now;
+        MSI_RETURN_IF_ERROR(d.add(*next).with_context("request " + std::to_string(next->id)));
       }
     }
-    if (decode_from == 0 && first_tokens == P) {
-      decode_from = now;  // every request has its first token: the decode phase starts
-      if (router) {
-        auto st = router->stats(/*reset=*/true);
-        if (!st.ok()) return report_error("bench serve", st.status());
-      }
+    if (m.decode_from == 0 && first_tokens == o.prompts) {
+      m.decode_from = now;  // every request has its first token: the decode phase starts
+      if (d.router) MSI_RETURN_IF_ERROR(d.router->stats(/*reset=*/true).status());
     }
-    if (++steps % 64 == 0) {
+    if (++m.steps % 64 == 0) {
       std::fprintf(stderr, "msinfer bench serve: step %lld, %zu of %lld requests started\n",
-                   static_cast<long long>(steps), times.size(), static_cast<long long>(P));
+                   static_cast<long long>(m.steps), m.times.size(),
+                   static_cast<long long>(o.prompts));
     }
   }
-  const double end = std::chrono::duration<double>(clock::now() - t0).count();
+  m.end = std::chrono::duration<double>(clock::now() - t0).count();
   // Routing: decode phase for a deployment (its stats were reset then), the
   // whole run for the co-located engine.
-  StatusOr<runtime::RoutingStats> routing = runtime::RoutingStats();
-  if (router) {
-    auto st = router->stats(/*reset=*/true);
-    if (!st.ok()) return report_error("bench serve", st.status());
-    workers = *st;
-    routing = router->routing(workers, model->layers, model->experts);
+  if (d.router) {
+    MSI_ASSIGN_OR_RETURN(m.workers, d.router->stats(/*reset=*/true));
+    MSI_ASSIGN_OR_RETURN(m.routing, d.router->routing(m.workers, o.model.layers, o.model.experts));
   } else {
-    routing = runtime::RoutingStats::from_window(*engine->routing());
+    m.routing = runtime::RoutingStats::from_window(*d.engine->routing());
   }
-  if (!routing.ok()) return report_error("bench serve", routing.status());
   // Nobody has work: the deployment should sleep.
-  const double idle_s = flags.get_double("idle-seconds");
-  if (router && idle_s > 0) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(idle_s));
-    auto st = router->stats(/*reset=*/false);
-    if (!st.ok()) return report_error("bench serve", st.status());
-    for (size_t i = 0; i < workers.size() && i < st->size(); ++i) {
-      workers[i]["idle_cpu_fraction"] = (*st)[i]["cpu_fraction"];
+  if (d.router && o.idle_s > 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(o.idle_s));
+    MSI_ASSIGN_OR_RETURN(auto st, d.router->stats(/*reset=*/false));
+    for (size_t i = 0; i < m.workers.size() && i < st.size(); ++i) {
+      m.workers[i]["idle_cpu_fraction"] = st[i]["cpu_fraction"];
     }
   }
-  const int64_t prefix_queries = counters().prefix_queries - counters0.prefix_queries;
-  const int64_t prefix_hits = counters().prefix_hits - counters0.prefix_hits;
+  m.prefix_queries = d.counters().prefix_queries - counters0.prefix_queries;
+  m.prefix_hits = d.counters().prefix_hits - counters0.prefix_hits;
+  return m;
+}
+
+// The run's figures as --json prints them.
+StatusOr<Json> report(const BenchServeOptions& o, const Deployed& d, const Workload& load,
+                      const Measured& m) {
   std::vector<double> ttft, tbt;
   int64_t generated = 0;
-  for (const auto& [id, t] : times) {
-    auto at = sent.find(id);
-    ttft.push_back(t.front() - (at == sent.end() ? 0.0 : at->second));
+  for (const auto& [id, t] : m.times) {
+    auto at = m.sent.find(id);
+    ttft.push_back(t.front() - (at == m.sent.end() ? 0.0 : at->second));
     for (size_t i = 1; i < t.size(); ++i) tbt.push_back(t[i] - t[i - 1]);
     generated += static_cast<int64_t>(t.size());
   }
-  const double decode_tps = end > decode_from ? decode_tokens / (end - decode_from) : 0;
-  Json out{{"deployment", deployment},
+  const double end = m.end;
+  const double decode_tps = end > m.decode_from ? m.decode_tokens / (end - m.decode_from) : 0;
+  Json out{{"deployment", d.description},
            {"isa", kernels::cpu::isa_name(kernels::cpu::active_isa())},
-           {"weights", kernels::cpu::weight_format_name(*weight_format)},
-           {"num_prompts", P},
-           {"input_len", I},
-           {"output_len", O},
-           {"random_range_ratio", ratio},
-           {"input_tokens", total_in},
-           {"steps", steps},
-           {"num_warmups", warmups},
+           {"weights", kernels::cpu::weight_format_name(o.weights)},
+           {"num_prompts", o.prompts},
+           {"input_len", o.input_len},
+           {"output_len", o.output_len},
+           {"random_range_ratio", o.ratio},
+           {"input_tokens", load.total_in()},
+           {"steps", m.steps},
+           {"num_warmups", o.warmups},
            {"seconds", end},
            {"generated_tokens", generated},
            {"output_tokens_per_s", generated / end},
@@ -452,22 +513,22 @@ int run_bench_serve(int argc, char** argv) {
            {"ttft_ms_p99", percentile(ttft, 0.99) * 1e3},
            {"tbt_ms_p50", percentile(tbt, 0.5) * 1e3},
            {"tbt_ms_p99", percentile(tbt, 0.99) * 1e3},
-           {"dataset", dataset},
-           {"prefix_cache_query_tokens", prefix_queries},
-           {"prefix_cache_hit_tokens", prefix_hits},
-           {"prefill_tokens_computed", prefix_queries - prefix_hits},
-           {"workers", workers},
-           {"routing", routing->to_json()}};
+           {"dataset", o.dataset},
+           {"prefix_cache_query_tokens", m.prefix_queries},
+           {"prefix_cache_hit_tokens", m.prefix_hits},
+           {"prefill_tokens_computed", m.prefix_queries - m.prefix_hits},
+           {"workers", m.workers},
+           {"routing", m.routing.to_json()}};
   // max / mean predicted attention time of a step's micro-batches (m > 1).
-  if (engine) {
-    out["micro_batch_balance"] = engine->micro_batch_balance();
-  } else if (const double b = mean_over(workers, "attention", "micro_batch_balance"); b > 0) {
+  if (d.engine) {
+    out["micro_batch_balance"] = d.engine->micro_batch_balance();
+  } else if (const double b = mean_over(m.workers, "attention", "micro_batch_balance"); b > 0) {
     out["micro_batch_balance"] = b;
   }
-  if (cpu_plan && (*cpu_plan)["predicted"].is_object()) {
+  if (o.cpu_plan && (*o.cpu_plan)["predicted"].is_object()) {
     // The plan's prediction against this run: decode tokens/s and the time
     // between tokens (p50), and the relative error of each.
-    const Json& pp = (*cpu_plan)["predicted"];
+    const Json& pp = (*o.cpu_plan)["predicted"];
     const double ptps = pp.value("throughput_tokens_per_s", 0.0), ptbt = pp.value("tbt_ms", 0.0);
     const double mtbt = out["tbt_ms_p50"].get<double>();
     out["plan_prediction"] = pp;
@@ -479,65 +540,46 @@ int run_bench_serve(int argc, char** argv) {
         {"measured_tbt_ms_p50", mtbt},
         {"tbt_error", mtbt > 0 ? (ptbt - mtbt) / mtbt : 0.0}};
   }
-  if (!flags.get_string("profile").empty()) {
-    auto p = predict(*model, *config, P, flags.get_string("profile"));
-    if (!p.ok()) return report_error("bench serve", p.status());
-    Json measured{{"t_a_s", mean_over(workers, "attention", "t_a_mean_s")},
-                  {"t_e_s", max_over(workers, "expert", "t_e_mean_s")},
-                  {"t_c_s", mean_over(workers, "expert", "t_c_mean_s")},
+  if (!o.profile.empty()) {
+    MSI_ASSIGN_OR_RETURN(Json p, predict(o.model, *d.config, o.prompts, o.profile));
+    Json measured{{"t_a_s", mean_over(m.workers, "attention", "t_a_mean_s")},
+                  {"t_e_s", max_over(m.workers, "expert", "t_e_mean_s")},
+                  {"t_c_s", mean_over(m.workers, "expert", "t_c_mean_s")},
                   {"decode_tokens_per_s", decode_tps}};
-    out["prediction"] = *p;
+    out["prediction"] = p;
     out["measured"] = measured;
   }
-  if (flags.get_bool("json")) {
-    std::cout << out.dump(2) << "\n";
-    return 0;
+  return out;
+}
+
+void print_workers(const Json& out, double decode_s) {
+  const auto& workers = out["workers"];
+  if (workers.empty()) return;
+  std::printf("\nworkers, decode phase (%.2f s):\n", decode_s);
+  Table t({"worker", "busy", "network wait", "GEMM GFLOP/s", "T_a ms", "T_e ms", "T_c ms",
+           "CPU when idle"});
+  auto ms = [](const Json& w, const char* key) {
+    return w.contains(key) ? fmt(w[key].get<double>() * 1e3, 3) : std::string("");
+  };
+  for (const auto& w : workers) {
+    t.add_row(
+        {w["role"].get<std::string>() + " " + std::to_string(w["index"].get<int>()) +
+             (w.contains("tp_rank") ? " tp " + std::to_string(w["tp_rank"].get<int>()) : ""),
+         fmt_pct(w["busy_fraction"].get<double>()), fmt_pct(w["wait_fraction"].get<double>()),
+         fmt(w["gemm_gflops_per_s"].get<double>(), 1), ms(w, "t_a_mean_s"), ms(w, "t_e_mean_s"),
+         ms(w, "t_c_mean_s"),
+         w.contains("idle_cpu_fraction") ? fmt_pct(w["idle_cpu_fraction"].get<double>()) : ""});
   }
-  std::printf(
-      "%s: %lld requests, %lld tokens in %.2f s (%lld steps)\n"
-      "TTFT p50 %.1f ms, p99 %.1f ms; TBT p50 %.2f ms, p99 %.2f ms; decode %.1f tokens/s, "
-      "output %.1f tokens/s\n",
-      deployment.c_str(), static_cast<long long>(P), static_cast<long long>(generated), end,
-      static_cast<long long>(steps), out["ttft_ms_p50"].get<double>(),
-      out["ttft_ms_p99"].get<double>(), out["tbt_ms_p50"].get<double>(),
-      out["tbt_ms_p99"].get<double>(), decode_tps, generated / end);
-  std::printf(
-      "prefill: %lld prompt tokens admitted, %lld from the prefix cache (%.1f%%), %lld "
-      "computed\n",
-      static_cast<long long>(prefix_queries), static_cast<long long>(prefix_hits),
-      prefix_queries > 0
-          ? 100.0 * static_cast<double>(prefix_hits) / static_cast<double>(prefix_queries)
-          : 0.0,
-      static_cast<long long>(prefix_queries - prefix_hits));
-  std::printf("%s\n", routing_summary(out["routing"]).c_str());
-  if (out.contains("micro_batch_balance") && out["micro_batch_balance"].get<double>() > 0) {
-    std::printf("micro-batches: max/mean predicted attention time %.3f (1 = equal)\n",
-                out["micro_batch_balance"].get<double>());
-  }
-  if (!workers.empty()) {
-    std::printf("\nworkers, decode phase (%.2f s):\n", end - decode_from);
-    Table t({"worker", "busy", "network wait", "GEMM GFLOP/s", "T_a ms", "T_e ms", "T_c ms",
-             "CPU when idle"});
-    auto ms = [](const Json& w, const char* key) {
-      return w.contains(key) ? fmt(w[key].get<double>() * 1e3, 3) : std::string("");
-    };
-    for (const auto& w : workers) {
-      t.add_row(
-          {w["role"].get<std::string>() + " " + std::to_string(w["index"].get<int>()) +
-               (w.contains("tp_rank") ? " tp " + std::to_string(w["tp_rank"].get<int>()) : ""),
-           fmt_pct(w["busy_fraction"].get<double>()), fmt_pct(w["wait_fraction"].get<double>()),
-           fmt(w["gemm_gflops_per_s"].get<double>(), 1), ms(w, "t_a_mean_s"), ms(w, "t_e_mean_s"),
-           ms(w, "t_c_mean_s"),
-           w.contains("idle_cpu_fraction") ? fmt_pct(w["idle_cpu_fraction"].get<double>()) : ""});
-    }
-    std::cout << t.to_string();
-  }
+  std::cout << t.to_string();
+}
+
+void print_predictions(const Json& out, const std::string& plan_path) {
   if (out.contains("plan_vs_measured")) {
     const Json& v = out["plan_vs_measured"];
     std::printf(
         "\nplan %s: predicted %.1f decode tokens/s, TBT %.2f ms; measured %.1f, TBT p50 "
         "%.2f ms (errors %s, %s)\n",
-        flags.get_string("plan").c_str(), v["predicted_tokens_per_s"].get<double>(),
+        plan_path.c_str(), v["predicted_tokens_per_s"].get<double>(),
         v["predicted_tbt_ms"].get<double>(), v["measured_tokens_per_s"].get<double>(),
         v["measured_tbt_ms_p50"].get<double>(),
         fmt_pct(v["tokens_per_s_error"].get<double>()).c_str(),
@@ -561,7 +603,85 @@ int run_bench_serve(int argc, char** argv) {
     }
     std::cout << t.to_string();
   }
+}
+
+// The summary lines and tables (without --json).
+void print_report(const BenchServeOptions& o, const Json& out, const Measured& m) {
+  const auto P = out["num_prompts"].get<long long>();
+  const auto generated = out["generated_tokens"].get<long long>();
+  const double end = out["seconds"].get<double>();
+  std::printf(
+      "%s: %lld requests, %lld tokens in %.2f s (%lld steps)\n"
+      "TTFT p50 %.1f ms, p99 %.1f ms; TBT p50 %.2f ms, p99 %.2f ms; decode %.1f tokens/s, "
+      "output %.1f tokens/s\n",
+      out["deployment"].get<std::string>().c_str(), P, generated, end,
+      out["steps"].get<long long>(), out["ttft_ms_p50"].get<double>(),
+      out["ttft_ms_p99"].get<double>(), out["tbt_ms_p50"].get<double>(),
+      out["tbt_ms_p99"].get<double>(), out["decode_tokens_per_s"].get<double>(),
+      static_cast<double>(generated) / end);
+  const auto queries = out["prefix_cache_query_tokens"].get<long long>();
+  const auto hits = out["prefix_cache_hit_tokens"].get<long long>();
+  std::printf(
+      "prefill: %lld prompt tokens admitted, %lld from the prefix cache (%.1f%%), %lld "
+      "computed\n",
+      queries, hits,
+      queries > 0 ? 100.0 * static_cast<double>(hits) / static_cast<double>(queries) : 0.0,
+      queries - hits);
+  std::printf("%s\n", routing_summary(out["routing"]).c_str());
+  if (out.contains("micro_batch_balance") && out["micro_batch_balance"].get<double>() > 0) {
+    std::printf("micro-batches: max/mean predicted attention time %.3f (1 = equal)\n",
+                out["micro_batch_balance"].get<double>());
+  }
+  print_workers(out, m.end - m.decode_from);
+  print_predictions(out, o.plan);
+}
+
+// The offline benchmark: options, deployment, warm-ups, the measured run, report.
+int run_bench_serve_offline(const FlagSet& flags) {
+  auto opts = bench_serve_options(flags);
+  if (!opts.ok()) return report_error("bench serve", opts.status());
+  const BenchServeOptions& o = *opts;
+  std::optional<int> worker_exit;
+  auto d = start_deployed(flags, o, &worker_exit);
+  if (!d.ok()) return report_error("bench serve", d.status());
+  if (worker_exit) return *worker_exit;
+  std::fprintf(stderr, "msinfer bench serve: %s; %lld prompts x %lld tokens in, %lld out\n",
+               d->description.c_str(), static_cast<long long>(o.prompts),
+               static_cast<long long>(o.input_len), static_cast<long long>(o.output_len));
+  Workload load(o);
+  if (Status s = run_warmups(o, *d, load); !s.ok()) return report_error("bench serve", s);
+  auto m = run_measured(o, *d, load);
+  if (!m.ok()) return report_error("bench serve", m.status());
+  auto out = report(o, *d, load, *m);
+  if (!out.ok()) return report_error("bench serve", out.status());
+  if (o.json) {
+    std::cout << out->dump(2) << "\n";
+    return 0;
+  }
+  print_report(o, *out, *m);
   return 0;
+}
+
+}  // namespace
+
+int run_bench_serve(int argc, char** argv) {
+  FlagSet flags("bench serve",
+                "Offline serving benchmark: submits --num-prompts random prompts of --input-len\n"
+                "tokens at once, each generating exactly --output-len tokens, runs them to the\n"
+                "end and reports TTFT and time between tokens (p50/p99 over every request),\n"
+                "decode tokens/s, and for a disaggregated deployment each worker's busy and\n"
+                "network-wait fractions, achieved GEMM GFLOP/s and mean T_a / T_e / T_c\n"
+                "(per micro-batch slot and layer with --json). Worker figures cover the\n"
+                "decode phase: from the moment every request has its first token.");
+  add_bench_serve_flags(flags);
+  if (auto done = parse_command_line(flags, "bench serve", argc, argv, 3)) return *done;
+  if (!flags.get_string("base-url").empty()) {
+    if (flags.get_bool("offline")) {
+      return report_error("bench serve", invalid_argument("give one of --offline and --base-url"));
+    }
+    return run_bench_serve_online(flags);
+  }
+  return run_bench_serve_offline(flags);
 }
 
 }  // namespace msinfer::cli

@@ -40,6 +40,21 @@ Status check_kv_cache_fits_memory(int64_t kv_cache_mb);
 // Applies --isa and returns the --weights format (bad input for unknown values).
 StatusOr<kernels::cpu::WeightFormat> apply_engine_flags(const FlagSet& flags);
 
+// --max-num-batched-tokens: the engine's token budget per step (generate,
+// serve, bench serve, worker), 1..kMaxStepTokens. Its default is the one
+// measured best on the development machine (docs/SERVING.md, "The step
+// budget"); EngineOptions keeps kDefaultMaxStepTokens for library callers.
+inline constexpr int64_t kDefaultMaxNumBatchedTokens = 1024;
+inline constexpr int64_t kMaxStepTokens = 65536;
+void add_step_budget_flag(FlagSet& flags);
+// Its value; where the command has --max-num-seqs (serve) and the flag was
+// not given, at least --max-num-seqs, so that every sequence decodes each step.
+int64_t step_token_budget(const FlagSet& flags);
+// Bad input when --max-num-batched-tokens was given below --max-num-seqs.
+// (The bound of a disaggregated deployment's M2N messages is checked with
+// its configuration: worker_config_from_flags / _from_plan.)
+Status check_step_budget_flags(const FlagSet& flags);
+
 // Flags of a disaggregated deployment (shared by generate and worker).
 void add_deployment_flags(FlagSet& flags);
 // Checks the deployment flags that need no model (--fabric-provider, conflicts
@@ -82,7 +97,8 @@ int worker_rank_exit_code(const Deployment& d);
 // [base (1 - R), base (1 + R)], at least 1 (vLLM's random dataset).
 int64_t random_length(std::mt19937_64& rng, int64_t base, double ratio);
 
-// The co-located engine's options from --kv-cache-mb and --micro-batches.
+// The co-located engine's options from --kv-cache-mb, --micro-batches and
+// --max-num-batched-tokens.
 runtime::EngineOptions colocated_engine_options(const FlagSet& flags);
 
 // "routing over N steps: experts max/mean X[, expert workers max/mean Y]"

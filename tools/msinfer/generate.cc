@@ -58,6 +58,7 @@ void add_generate_flags(FlagSet& flags) {
   flags.add_int("logprobs", -1, -1, 20,
                 "N >= 0: report each generated token's log-probability and the N most\n"
                 "likely tokens' (after the prompt and every token; -1: off)");
+  add_step_budget_flag(flags);
   add_engine_flags(flags);
   add_deployment_flags(flags);
   flags.add_string("plan", "",

@@ -38,18 +38,19 @@ void raise_fd_limit() {
   }
 }
 
-}  // namespace
+// Co-located, the engine's kernels and the HTTP loop share this machine's
+// cores: unless told otherwise, the kernels leave one core to the loop. (On
+// 2 cores, tiny-mixtral at 64 streams: +7% time per token over the offline
+// engine instead of +70-240% when both kernel threads and the loop fight
+// for 2 cores; docs/SERVING.md.)
+void set_serve_compute_threads(const FlagSet& flags) {
+  if (flags.get_int("threads") == 0 && std::getenv("OMP_NUM_THREADS") == nullptr &&
+      !deployment_requested(flags) && kernels::cpu::compute_threads() > 1) {
+    kernels::cpu::set_compute_threads(kernels::cpu::compute_threads() - 1);
+  }
+}
 
-int run_serve(int argc, char** argv) {
-  FlagSet flags("serve",
-                "Serves the model over HTTP with the OpenAI API (POST /v1/completions,\n"
-                "/v1/chat/completions, streaming with server-sent events; GET /v1/models,\n"
-                "/health, /metrics), on the co-located engine or a disaggregated deployment.\n"
-                "Prints one line with the URL when it accepts requests. SIGTERM or SIGINT\n"
-                "drains: new requests get 503, running ones finish (up to --drain-timeout),\n"
-                "then every worker is stopped. After a failure the deployment cannot recover\n"
-                "from, it ends the requests in flight with an error and exits 1\n"
-                "(--no-exit-on-failure: it stays up, answering 503).");
+void add_serve_flags(FlagSet& flags) {
   flags.add_string("model", "", "model directory (config.json, *.safetensors, tokenizer files)");
   flags.add_string("host", "127.0.0.1",
                    "address to listen on: IPv4, IPv6 (::1, ::), or a name such as localhost\n"
@@ -125,6 +126,7 @@ int run_serve(int argc, char** argv) {
   flags.add_int("kv-cache-mb", 256, 1, 1 << 20,
                 "KV cache budget in MiB (per attention worker; at most this machine's memory)",
                 "MSINFER_KV_CACHE_MB");
+  add_step_budget_flag(flags);
   add_engine_flags(flags);
   add_deployment_flags(flags);
   flags.add_string("plan", "", "plan document from `msinfer plan --out` (sets n_a and m)");
@@ -136,114 +138,41 @@ int run_serve(int argc, char** argv) {
       "  curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n"
       "    -d '{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'\n\n"
       "docs/SERVING.md describes the API, errors and metrics.");
-  if (auto done = parse_command_line(flags, "serve", argc, argv, 2)) return *done;
-  Status s;
-  const std::string dir = flags.get_string("model");
-  if (dir.empty()) return report_error("serve", invalid_argument("--model is required"));
+}
+
+// What the flags ask for, checked before the model loads. The deployment and
+// engine flags stay in the FlagSet: start_deployment and
+// colocated_engine_options read them there.
+struct ServeOptions {
+  std::string model_dir;
+  bool exit_on_failure = true;
+  bool disaggregated = false;
+  kernels::cpu::WeightFormat weights{};
+  double drain_timeout_s = 0;
+  server::ServerOptions server;
+  server::SchedulerOptions scheduler;  // without on_failure
+};
+
+StatusOr<ServeOptions> serve_options(const FlagSet& flags) {
+  ServeOptions o;
+  o.model_dir = flags.get_string("model");
+  if (o.model_dir.empty()) return invalid_argument("--model is required");
   if (flags.get_bool("exit-on-failure") && flags.get_bool("no-exit-on-failure")) {
-    return report_error("serve",
-                        invalid_argument("--exit-on-failure and --no-exit-on-failure contradict"));
+    return invalid_argument("--exit-on-failure and --no-exit-on-failure contradict");
   }
-  const bool exit_on_failure = !flags.get_bool("no-exit-on-failure");
+  o.exit_on_failure = !flags.get_bool("no-exit-on-failure");
   if (flags.get_int("port") < 0 || flags.get_int("port") > 65535) {
-    return report_error("serve", invalid_argument("--port must be in 0..65535"));
+    return invalid_argument("--port must be in 0..65535");
   }
-  if (Status m = check_kv_cache_fits_memory(flags.get_int("kv-cache-mb")); !m.ok()) {
-    return report_error("serve", m);
-  }
-  auto weight_format = apply_engine_flags(flags);
-  if (!weight_format.ok()) return report_error("serve", weight_format.status());
-  if (auto s = runtime::parse_shared_experts(flags.get_string("shared-experts"),
-                                             flags.origin("shared-experts"));
-      !s.ok()) {
-    return report_error("serve", s.status());
-  }
-  // Co-located, the engine's kernels and the HTTP loop share this machine's
-  // cores: unless told otherwise, the kernels leave one core to the loop. (On
-  // 2 cores, tiny-mixtral at 64 streams: +7% time per token over the offline
-  // engine instead of +70-240% when both kernel threads and the loop fight
-  // for 2 cores; docs/SERVING.md.)
-  if (flags.get_int("threads") == 0 && std::getenv("OMP_NUM_THREADS") == nullptr &&
-      !deployment_requested(flags) && kernels::cpu::compute_threads() > 1) {
-    kernels::cpu::set_compute_threads(kernels::cpu::compute_threads() - 1);
-  }
-  auto config = load_model_config(dir);
-  if (!config.ok()) return report_error("serve", config.status());
-
-  // What the API layer needs: tokenizer, chat template, limits.
-  auto tok = model::Tokenizer::load(dir);
-  if (!tok.ok())
-    std::fprintf(stderr, "msinfer serve: no tokenizer (%s): prompts must be token ids\n",
-                 tok.status().message().c_str());
-  std::optional<server::ChatTemplate> chat_template;
-  server::ChatTemplateConfig tc;
-  if (auto c = server::read_chat_template_config(dir); c.ok()) {
-    tc = *c;
-    auto t = server::ChatTemplate::parse(tc.source);
-    if (!t.ok())
-      return report_error("serve", t.status().with_context(dir + "/tokenizer_config.json"));
-    chat_template = std::move(t).value();
-  } else {
-    std::fprintf(stderr, "msinfer serve: %s: /v1/chat/completions %s\n",
-                 c.status().message().c_str(),
-                 config->architecture == "GptOssForCausalLM"
-                     ? "renders harmony itself (if the tokenizer has its tokens)"
-                     : "is refused");
-  }
-  std::string name = flags.get_string("served-model-name");
-  if (name.empty()) {
-    std::string d = dir;
-    while (d.size() > 1 && d.back() == '/') d.pop_back();
-    name = d.substr(d.find_last_of('/') + 1);
-  }
-  // gpt-oss speaks harmony: chats rendered in it (the model's own template
-  // if it has one, else the built-in renderer) and answers split by channel.
-  std::optional<server::HarmonyTokens> harmony;
-  if (config->architecture == "GptOssForCausalLM" && tok.ok()) {
-    harmony = server::HarmonyTokens::of(*tok);
-    if (!harmony) {
-      std::fprintf(stderr,
-                   "msinfer serve: the tokenizer lacks harmony's special tokens: chats use %s\n",
-                   chat_template ? "the chat template, answers unsplit" : "no template (refused)");
-    }
-  }
-  server::ApiContext ctx;
-  ctx.harmony = harmony ? &*harmony : nullptr;
-  ctx.served_model_name = name;
-  ctx.tokenizer = tok.ok() ? &*tok : nullptr;
-  ctx.chat_template = chat_template ? &*chat_template : nullptr;
-  ctx.bos_token = tc.bos_token;
-  ctx.eos_token = tc.eos_token;
-  ctx.vocab = config->vocab;
-  ctx.disaggregated = deployment_requested(flags);
-  ctx.max_n = flags.get_int("max-n");
-  // A request must fit the context and, alone, the KV cache.
-  const int64_t kv_tokens =
-      (flags.get_int("kv-cache-mb") << 20) / runtime::KvCache::bytes_per_token(*config) / 16 * 16;
-  ctx.max_model_len = std::min<int64_t>(config->max_position_embeddings, kv_tokens);
-  // Asked for explicitly, a length the model or the cache cannot serve is an
-  // error, not a silent cap: a client would otherwise meet the smaller limit
-  // only as 400s.
-  if (const int64_t asked = flags.get_int("max-model-len"); asked > 0) {
-    const std::string what = "--max-model-len " + std::to_string(asked);
-    if (asked > config->max_position_embeddings) {
-      return report_error(
-          "serve",
-          invalid_argument(what + " is beyond the model's context (max_position_embeddings " +
-                           std::to_string(config->max_position_embeddings) + " in " + dir +
-                           "/config.json)"));
-    }
-    if (asked > kv_tokens) {
-      return report_error(
-          "serve", invalid_argument(what + " does not fit the KV cache: --kv-cache-mb " +
-                                    std::to_string(flags.get_int("kv-cache-mb")) + " holds " +
-                                    std::to_string(kv_tokens) +
-                                    " tokens; raise --kv-cache-mb or lower --max-model-len"));
-    }
-    ctx.max_model_len = asked;
-  }
-
-  server::ServerOptions so;
+  MSI_RETURN_IF_ERROR(check_kv_cache_fits_memory(flags.get_int("kv-cache-mb")));
+  MSI_RETURN_IF_ERROR(check_step_budget_flags(flags));
+  MSI_ASSIGN_OR_RETURN(o.weights, apply_engine_flags(flags));
+  MSI_RETURN_IF_ERROR(runtime::parse_shared_experts(flags.get_string("shared-experts"),
+                                                    flags.origin("shared-experts"))
+                          .status());
+  o.disaggregated = deployment_requested(flags);
+  o.drain_timeout_s = flags.get_double("drain-timeout");
+  server::ServerOptions& so = o.server;
   so.host = flags.get_string("host");
   so.port = static_cast<int>(flags.get_int("port"));
   so.api_key = flags.get_string("api-key");
@@ -252,13 +181,8 @@ int run_serve(int argc, char** argv) {
   so.max_connections = flags.get_int("max-connections");
   so.max_connections_per_client = flags.get_int("max-connections-per-client");
   so.tokenizer_threads = static_cast<int>(flags.get_int("tokenizer-threads"));
-  so.tokenize_timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(flags.get_double("tokenize-timeout") * 1000));
-  ctx.max_prompt_bytes = flags.get_int("max-prompt-bytes");
-  if (ctx.max_prompt_bytes == 0) {
-    ctx.max_prompt_bytes =
-        std::min(so.max_body_bytes, std::max<int64_t>(64 << 10, 32 * ctx.max_model_len));
-  }
+  so.tokenize_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(flags.get_double("tokenize-timeout") * 1000));
   so.max_pending_bytes = flags.get_int("max-pending-kb") << 10;
   so.stream_interval = flags.get_int("stream-interval");
   so.busy_poll = std::chrono::microseconds(flags.get_int("busy-poll-us"));
@@ -266,132 +190,291 @@ int run_serve(int argc, char** argv) {
   so.anticipate = !flags.get_bool("no-anticipate");
   so.request_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(flags.get_double("request-timeout") * 1000));
-  server::Metrics metrics(name);
-  raise_fd_limit();
-  ::signal(SIGPIPE, SIG_IGN);
+  o.scheduler.max_num_seqs = flags.get_int("max-num-seqs");
+  o.scheduler.max_queue = flags.get_int("max-queue");
+  return o;
+}
 
-  // Under mpirun every rank runs this command: only rank 0 may listen, and it
-  // learns that by building the deployment first.
-  std::unique_ptr<server::HttpServer> http;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool signalled = false;
-  std::optional<Status> failure;  // GUARDED_BY(mu): the backend's, once it failed
-  auto listen = [&]() -> Status {
-    MSI_ASSIGN_OR_RETURN(http, server::HttpServer::start(so, ctx, &metrics));
-    http->on_signal([&](int) {
-      std::lock_guard<std::mutex> l(mu);
-      signalled = true;
-      cv.notify_all();
-    });
-    return ok_status();
-  };
-  std::thread io;
-  auto start_loop = [&] { io = std::thread([&] { http->run(); }); };
-  auto stop_loop = [&] {
-    if (!http) return;
-    http->stop();
-    if (io.joinable()) io.join();
-  };
-  const bool disaggregated = deployment_requested(flags);
-  if (!comm::launched_by_mpi()) {
-    s = listen();
-    if (!s.ok()) return report_error("serve", s);
-    start_loop();  // /health answers 503 while the model loads
+// What the API layer needs beside the flags: tokenizer, chat template,
+// harmony's tokens and the limits. `ctx` points into the rest: an Api does
+// not move (load_api hands it out in a unique_ptr).
+struct Api {
+  std::optional<model::Tokenizer> tokenizer;
+  std::optional<server::ChatTemplate> chat_template;
+  server::ChatTemplateConfig template_config;
+  std::optional<server::HarmonyTokens> harmony;
+  server::ApiContext ctx;
+};
+
+// The served name: --served-model-name, else the model directory's name.
+std::string served_model_name(const FlagSet& flags, const std::string& dir) {
+  std::string name = flags.get_string("served-model-name");
+  if (!name.empty()) return name;
+  std::string d = dir;
+  while (d.size() > 1 && d.back() == '/') d.pop_back();
+  return d.substr(d.find_last_of('/') + 1);
+}
+
+// A request must fit the context and, alone, the KV cache. Asked for
+// explicitly, a length the model or the cache cannot serve is an error, not
+// a silent cap: a client would otherwise meet the smaller limit only as 400s.
+StatusOr<int64_t> max_model_len(const FlagSet& flags, const ModelConfig& config,
+                                const std::string& dir) {
+  const int64_t kv_tokens =
+      (flags.get_int("kv-cache-mb") << 20) / runtime::KvCache::bytes_per_token(config) / 16 * 16;
+  const int64_t asked = flags.get_int("max-model-len");
+  if (asked <= 0) return std::min<int64_t>(config.max_position_embeddings, kv_tokens);
+  const std::string what = "--max-model-len " + std::to_string(asked);
+  if (asked > config.max_position_embeddings) {
+    return invalid_argument(what + " is beyond the model's context (max_position_embeddings " +
+                            std::to_string(config.max_position_embeddings) + " in " + dir +
+                            "/config.json)");
   }
-  std::unique_ptr<server::GenerationBackend> backend;
-  if (disaggregated) {
-    auto d = start_deployment(flags);
-    if (!d.ok()) {
-      stop_loop();
-      return report_error("serve", d.status());
-    }
-    if (d->worker_rank > 0) return worker_rank_exit_code(*d);
-    backend = server::router_backend(std::move(d->router), static_cast<int>(config->layers),
-                                     static_cast<int>(config->experts));
+  if (asked > kv_tokens) {
+    return invalid_argument(what + " does not fit the KV cache: --kv-cache-mb " +
+                            std::to_string(flags.get_int("kv-cache-mb")) + " holds " +
+                            std::to_string(kv_tokens) +
+                            " tokens; raise --kv-cache-mb or lower --max-model-len");
+  }
+  return asked;
+}
+
+StatusOr<std::unique_ptr<Api>> load_api(const FlagSet& flags, const ServeOptions& o,
+                                        const ModelConfig& config) {
+  const std::string& dir = o.model_dir;
+  auto api = std::make_unique<Api>();
+  auto tok = model::Tokenizer::load(dir);
+  if (tok.ok()) {
+    api->tokenizer = std::move(tok).value();
   } else {
-    model::LoadOptions lo;
-    lo.weights = *weight_format;
-    auto w = model::ModelWeights::load(dir, runtime::host_load_options(lo, flags.get_string("device")));
-    if (!w.ok()) {
-      stop_loop();
-      return report_error("serve", w.status());
-    }
-    runtime::EngineOptions eo = colocated_engine_options(flags);
-    auto e = runtime::Engine::create(std::move(w).value(), eo);
-    if (!e.ok()) {
-      stop_loop();
-      return report_error("serve", e.status());
-    }
-    backend = server::engine_backend(std::move(e).value());
+    std::fprintf(stderr, "msinfer serve: no tokenizer (%s): prompts must be token ids\n",
+                 tok.status().message().c_str());
   }
-  if (!http) {
-    s = listen();
-    if (!s.ok()) return report_error("serve", s);
-    start_loop();
+  if (auto c = server::read_chat_template_config(dir); c.ok()) {
+    api->template_config = *c;
+    auto t = server::ChatTemplate::parse(c->source);
+    if (!t.ok()) return t.status().with_context(dir + "/tokenizer_config.json");
+    api->chat_template = std::move(t).value();
+  } else {
+    std::fprintf(stderr, "msinfer serve: %s: /v1/chat/completions %s\n",
+                 c.status().message().c_str(),
+                 config.architecture == "GptOssForCausalLM"
+                     ? "renders harmony itself (if the tokenizer has its tokens)"
+                     : "is refused");
   }
-  server::SchedulerOptions sched_options;
-  sched_options.max_num_seqs = flags.get_int("max-num-seqs");
-  sched_options.max_queue = flags.get_int("max-queue");
-  sched_options.on_failure = [&](const Status& why) {
-    if (!exit_on_failure) {
-      std::fprintf(stderr,
-                   "msinfer serve: /health answers 503 until SIGTERM (--no-exit-on-failure)\n");
+  // gpt-oss speaks harmony: chats rendered in it (the model's own template
+  // if it has one, else the built-in renderer) and answers split by channel.
+  if (config.architecture == "GptOssForCausalLM" && api->tokenizer) {
+    api->harmony = server::HarmonyTokens::of(*api->tokenizer);
+    if (!api->harmony) {
+      std::fprintf(
+          stderr, "msinfer serve: the tokenizer lacks harmony's special tokens: chats use %s\n",
+          api->chat_template ? "the chat template, answers unsplit" : "no template (refused)");
     }
-    std::lock_guard<std::mutex> l(mu);
-    failure = why;
-    cv.notify_all();
-  };
-  auto scheduler = std::make_unique<server::Scheduler>(std::move(backend), sched_options, &metrics);
-  http->set_scheduler(scheduler.get());
-  std::printf("msinfer serve: ready at http://%s (model '%s', max_model_len %lld)\n",
-              server::url_authority(so.host, http->port()).c_str(), name.c_str(),
-              static_cast<long long>(ctx.max_model_len));
-  std::fflush(stdout);
+  }
+  server::ApiContext& ctx = api->ctx;
+  ctx.harmony = api->harmony ? &*api->harmony : nullptr;
+  ctx.served_model_name = served_model_name(flags, dir);
+  ctx.tokenizer = api->tokenizer ? &*api->tokenizer : nullptr;
+  ctx.chat_template = api->chat_template ? &*api->chat_template : nullptr;
+  ctx.bos_token = api->template_config.bos_token;
+  ctx.eos_token = api->template_config.eos_token;
+  ctx.vocab = config.vocab;
+  ctx.disaggregated = o.disaggregated;
+  ctx.max_n = flags.get_int("max-n");
+  MSI_ASSIGN_OR_RETURN(ctx.max_model_len, max_model_len(flags, config, dir));
+  ctx.max_prompt_bytes = flags.get_int("max-prompt-bytes");
+  if (ctx.max_prompt_bytes == 0) {
+    ctx.max_prompt_bytes =
+        std::min(o.server.max_body_bytes, std::max<int64_t>(64 << 10, 32 * ctx.max_model_len));
+  }
+  return api;
+}
 
-  {
-    std::unique_lock<std::mutex> l(mu);
-    cv.wait(l, [&] { return signalled || (failure && exit_on_failure); });
-    if (!signalled) {
-      // The scheduler has failed every request in flight (their error
-      // answers are on their way to the loop, which sends them before it
-      // closes the connections); stopping the scheduler destroys the
-      // deployment, which stops its workers and removes their shared memory.
-      const Status why = *failure;
-      l.unlock();
-      http->set_draining();
-      scheduler->stop();
-      stop_loop();
-      scheduler.reset();
-      http.reset();
-      std::fprintf(stderr,
-                   "msinfer serve: exiting with status 1: the deployment failed and cannot "
-                   "recover: %s (--no-exit-on-failure keeps the server up answering 503)\n",
-                   why.message().c_str());
-      return 1;
+// The engine, or the router of a disaggregated deployment. On a launcher's
+// worker rank the process has served as a worker by the time this returns:
+// *worker_exit holds its exit code.
+StatusOr<std::unique_ptr<server::GenerationBackend>> start_backend(
+    const FlagSet& flags, const ServeOptions& o, const ModelConfig& config,
+    std::optional<int>* worker_exit) {
+  if (o.disaggregated) {
+    MSI_ASSIGN_OR_RETURN(Deployment d, start_deployment(flags));
+    if (d.worker_rank > 0) {
+      *worker_exit = worker_rank_exit_code(d);
+      return std::unique_ptr<server::GenerationBackend>();
     }
+    return server::router_backend(std::move(d.router), static_cast<int>(config.layers),
+                                  static_cast<int>(config.experts));
   }
-  std::fprintf(stderr, "msinfer serve: draining (up to %.0f s)\n",
-               flags.get_double("drain-timeout"));
-  http->set_draining();
+  model::LoadOptions lo;
+  lo.weights = o.weights;
+  MSI_ASSIGN_OR_RETURN(
+      auto w, model::ModelWeights::load(
+                  o.model_dir, runtime::host_load_options(lo, flags.get_string("device"))));
+  MSI_ASSIGN_OR_RETURN(auto e,
+                       runtime::Engine::create(std::move(w), colocated_engine_options(flags)));
+  return server::engine_backend(std::move(e));
+}
+
+// The HTTP server on its loop thread, and how the command's main thread
+// learns that it must end: a signal, or the backend's failure. Thread-safe:
+// the loop calls the signal handler, the engine thread fail().
+class Listener {
+ public:
+  Listener(const ServeOptions& o, const server::ApiContext& ctx, server::Metrics* metrics)
+      : o_(o), ctx_(ctx), metrics_(metrics) {}
+  ~Listener() { stop_loop(); }
+
+  // Listens and runs the loop on its thread (/health answers 503 until a
+  // scheduler is set).
+  Status start() {
+    MSI_ASSIGN_OR_RETURN(http_, server::HttpServer::start(o_.server, ctx_, metrics_));
+    http_->on_signal([this](int) {
+      std::lock_guard<std::mutex> l(mu_);
+      signalled_ = true;
+      cv_.notify_all();
+    });
+    io_ = std::thread([this] { http_->run(); });
+    return ok_status();
+  }
+  bool started() const { return http_ != nullptr; }
+  server::HttpServer& http() { return *http_; }
+  void stop_loop() {
+    if (!http_) return;
+    http_->stop();
+    if (io_.joinable()) io_.join();
+  }
+  void reset() { http_.reset(); }
+
+  // The scheduler's on_failure.
+  void fail(const Status& why) {
+    std::lock_guard<std::mutex> l(mu_);
+    failure_ = why;
+    cv_.notify_all();
+  }
+  // Blocks until a signal (nullopt) or, with exit_on_failure, a failure (it).
+  std::optional<Status> wait() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return signalled_ || (failure_ && o_.exit_on_failure); });
+    if (signalled_) return std::nullopt;
+    return failure_;
+  }
+  std::optional<Status> failure() {
+    std::lock_guard<std::mutex> l(mu_);
+    return failure_;
+  }
+
+ private:
+  const ServeOptions& o_;
+  const server::ApiContext& ctx_;
+  server::Metrics* metrics_;
+  std::unique_ptr<server::HttpServer> http_;
+  std::thread io_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool signalled_ = false;         // GUARDED_BY(mu_)
+  std::optional<Status> failure_;  // GUARDED_BY(mu_): the backend's, once it failed
+};
+
+// Serves until SIGTERM (drain, exit 0) or, with exit_on_failure, the
+// backend's failure (exit 1).
+int serve_until_done(const ServeOptions& o, Listener& listener,
+                     std::unique_ptr<server::Scheduler> scheduler) {
+  if (std::optional<Status> why = listener.wait()) {
+    // The scheduler has failed every request in flight (their error
+    // answers are on their way to the loop, which sends them before it
+    // closes the connections); stopping the scheduler destroys the
+    // deployment, which stops its workers and removes their shared memory.
+    listener.http().set_draining();
+    scheduler->stop();
+    listener.stop_loop();
+    scheduler.reset();
+    listener.reset();
+    std::fprintf(stderr,
+                 "msinfer serve: exiting with status 1: the deployment failed and cannot "
+                 "recover: %s (--no-exit-on-failure keeps the server up answering 503)\n",
+                 why->message().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "msinfer serve: draining (up to %.0f s)\n", o.drain_timeout_s);
+  listener.http().set_draining();
   scheduler->start_draining();
-  const auto deadline =
-      std::chrono::steady_clock::now() +
-      std::chrono::milliseconds(static_cast<int64_t>(flags.get_double("drain-timeout") * 1000));
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(o.drain_timeout_s * 1000));
   const bool drained = scheduler->wait_idle(deadline);
   scheduler->stop();  // fails what is left
-  stop_loop();
+  listener.stop_loop();
   scheduler.reset();  // stops the workers of a deployment
-  http.reset();
+  listener.reset();
   std::fprintf(stderr, "msinfer serve: stopped%s\n",
                drained ? "" : " (drain timeout: requests were cut off)");
-  std::lock_guard<std::mutex> l(mu);
-  if (failure && exit_on_failure) {
+  if (auto failure = listener.failure(); failure && o.exit_on_failure) {
     std::fprintf(stderr, "msinfer serve: exiting with status 1: the deployment failed: %s\n",
                  failure->message().c_str());
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+int run_serve(int argc, char** argv) {
+  FlagSet flags("serve",
+                "Serves the model over HTTP with the OpenAI API (POST /v1/completions,\n"
+                "/v1/chat/completions, streaming with server-sent events; GET /v1/models,\n"
+                "/health, /metrics), on the co-located engine or a disaggregated deployment.\n"
+                "Prints one line with the URL when it accepts requests. SIGTERM or SIGINT\n"
+                "drains: new requests get 503, running ones finish (up to --drain-timeout),\n"
+                "then every worker is stopped. After a failure the deployment cannot recover\n"
+                "from, it ends the requests in flight with an error and exits 1\n"
+                "(--no-exit-on-failure: it stays up, answering 503).");
+  add_serve_flags(flags);
+  if (auto done = parse_command_line(flags, "serve", argc, argv, 2)) return *done;
+  auto opts = serve_options(flags);
+  if (!opts.ok()) return report_error("serve", opts.status());
+  const ServeOptions& o = *opts;
+  set_serve_compute_threads(flags);
+  auto config = load_model_config(o.model_dir);
+  if (!config.ok()) return report_error("serve", config.status());
+  auto api = load_api(flags, o, *config);
+  if (!api.ok()) return report_error("serve", api.status());
+  const server::ApiContext& ctx = (*api)->ctx;
+  server::Metrics metrics(ctx.served_model_name);
+  raise_fd_limit();
+  ::signal(SIGPIPE, SIG_IGN);
+
+  // Under mpirun every rank runs this command: only rank 0 may listen, and it
+  // learns that by building the deployment first.
+  Listener listener(o, ctx, &metrics);
+  if (!comm::launched_by_mpi()) {
+    if (Status s = listener.start(); !s.ok()) return report_error("serve", s);
+  }
+  std::optional<int> worker_exit;
+  auto backend = start_backend(flags, o, *config, &worker_exit);
+  if (!backend.ok()) {
+    listener.stop_loop();
+    return report_error("serve", backend.status());
+  }
+  if (worker_exit) return *worker_exit;
+  if (!listener.started()) {
+    if (Status s = listener.start(); !s.ok()) return report_error("serve", s);
+  }
+  server::SchedulerOptions sched_options = o.scheduler;
+  sched_options.on_failure = [&](const Status& why) {
+    if (!o.exit_on_failure) {
+      std::fprintf(stderr,
+                   "msinfer serve: /health answers 503 until SIGTERM (--no-exit-on-failure)\n");
+    }
+    listener.fail(why);
+  };
+  auto scheduler =
+      std::make_unique<server::Scheduler>(std::move(backend).value(), sched_options, &metrics);
+  listener.http().set_scheduler(scheduler.get());
+  std::printf("msinfer serve: ready at http://%s (model '%s', max_model_len %lld)\n",
+              server::url_authority(o.server.host, listener.http().port()).c_str(),
+              ctx.served_model_name.c_str(), static_cast<long long>(ctx.max_model_len));
+  std::fflush(stdout);
+  return serve_until_done(o, listener, std::move(scheduler));
 }
 
 }  // namespace msinfer::cli

@@ -94,6 +94,48 @@ void add_deployment_flags(FlagSet& flags) {
                    "shards); dense first layers stay on the attention workers; docs/RUNTIME.md");
 }
 
+void add_step_budget_flag(FlagSet& flags) {
+  flags.add_int("max-num-batched-tokens", kDefaultMaxNumBatchedTokens, 1, kMaxStepTokens,
+                "tokens one engine step computes at most (vLLM's name): a decode token for each\n"
+                "running sequence, then prompt chunks in what is left. Larger: prompts go in\n"
+                "in fewer steps, but such a step delays every stream's next token longer.\n"
+                "serve: at least --max-num-seqs (unset, it is raised to it). Disaggregated:\n"
+                "every attention worker's; at most what an M2N message holds (~65535 rows\n"
+                "/ top_k), and the receive regions grow with it");
+}
+
+int64_t step_token_budget(const FlagSet& flags) {
+  const int64_t budget = flags.get_int("max-num-batched-tokens");
+  if (flags.was_set("max-num-batched-tokens") || !flags.declared("max-num-seqs")) return budget;
+  return std::max(budget, flags.get_int("max-num-seqs"));
+}
+
+Status check_step_budget_flags(const FlagSet& flags) {
+  if (flags.declared("max-num-seqs") && flags.was_set("max-num-batched-tokens") &&
+      flags.get_int("max-num-batched-tokens") < flags.get_int("max-num-seqs")) {
+    return invalid_argument(
+        "--max-num-batched-tokens " + std::to_string(flags.get_int("max-num-batched-tokens")) +
+        " is less than --max-num-seqs " + std::to_string(flags.get_int("max-num-seqs")) +
+        ": a step must hold a decode token for every sequence in the batch; raise "
+        "--max-num-batched-tokens or lower --max-num-seqs");
+  }
+  return ok_status();
+}
+
+namespace {
+
+// A deployment whose steps would not fit its M2N messages is bad input.
+Status check_step_budget(const runtime::WorkerConfig& c, const ModelConfig& model) {
+  const int64_t limit = runtime::max_step_tokens_limit(c, model);
+  if (c.max_step_tokens <= limit) return ok_status();
+  return invalid_argument("--max-num-batched-tokens " + std::to_string(c.max_step_tokens) +
+                          " is more than this deployment's M2N messages hold (at most " +
+                          std::to_string(limit) + " tokens a step with top_k " +
+                          std::to_string(model.top_k) + ")");
+}
+
+}  // namespace
+
 Status check_deployment_flags(const FlagSet& flags) {
   const std::string& p = flags.get_string("fabric-provider");
   if (!p.empty() && p != "direct" && p != "socket" && p != "shm" && p != "tcp" && p != "verbs" &&
@@ -189,6 +231,7 @@ StatusOr<runtime::WorkerConfig> process_config_from_flags(const FlagSet& flags) 
   runtime::WorkerConfig c;
   c.model_dir = flags.get_string("model");
   c.kv_cache_bytes = flags.get_int("kv-cache-mb") << 20;
+  c.max_step_tokens = step_token_budget(flags);
   c.provider = flags.get_string("fabric-provider");
   if (c.provider.empty()) c.provider = comm::launched_by_mpi() ? "socket" : "direct";
   c.timeout_ms = static_cast<int>(flags.get_int("timeout-ms"));
@@ -321,6 +364,7 @@ StatusOr<runtime::WorkerConfig> worker_config_from_flags(const FlagSet& flags,
   MSI_RETURN_IF_ERROR(apply_tp_expert(flags, model, 0, std::nullopt, &c));
   MSI_RETURN_IF_ERROR(apply_tp_attention(flags, model, 0, &c));
   MSI_RETURN_IF_ERROR(runtime::check_rebalancing(c, static_cast<int>(model.experts)));
+  MSI_RETURN_IF_ERROR(check_step_budget(c, model));
   return c;
 }
 
@@ -349,6 +393,7 @@ StatusOr<runtime::WorkerConfig> worker_config_from_cpu_plan(const FlagSet& flags
       apply_tp_expert(flags, model, d.tp_expert, runtime::ExpertReduce::kAttentionSum, &c));
   MSI_RETURN_IF_ERROR(apply_tp_attention(flags, model, 1, &c).with_context(path));
   MSI_RETURN_IF_ERROR(runtime::check_rebalancing(c, static_cast<int>(model.experts)));
+  MSI_RETURN_IF_ERROR(check_step_budget(c, model));
   return c;
 }
 
@@ -397,6 +442,7 @@ StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
                                                path + ": plan.shared_experts_on"));
   }
   MSI_RETURN_IF_ERROR(runtime::check_rebalancing(c, static_cast<int>(model.experts)));
+  MSI_RETURN_IF_ERROR(check_step_budget(c, model));
   return c;
 }
 
@@ -518,6 +564,7 @@ int worker_rank_exit_code(const Deployment& d) {
 runtime::EngineOptions colocated_engine_options(const FlagSet& flags) {
   runtime::EngineOptions eo;
   eo.kv_cache_bytes = flags.get_int("kv-cache-mb") << 20;
+  eo.max_step_tokens = step_token_budget(flags);
   eo.micro_batches = static_cast<int>(flags.get_int("micro-batches"));
   eo.device = flags.get_string("device");
   // Checked by apply_engine_flags before any engine is made.
@@ -538,6 +585,7 @@ int run_worker(int argc, char** argv) {
                 "the process within its worker's tp group (with --tp-expert / --tp-attention)");
   flags.add_string("model", "", "model directory");
   flags.add_int("kv-cache-mb", 256, 1, 1 << 20, "KV cache budget (attention workers)");
+  add_step_budget_flag(flags);
   add_engine_flags(flags);
   add_deployment_flags(flags);
   if (auto done = parse_command_line(flags, "worker", argc, argv, 2)) return *done;

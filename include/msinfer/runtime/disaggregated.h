@@ -121,7 +121,9 @@ struct WorkerConfig {
   int processes() const { return attention_processes() + expert_processes(); }
   Placement placement;
   int64_t kv_cache_bytes = 256ll << 20;
-  int64_t max_step_tokens = 256;
+  // Every attention worker's EngineOptions::max_step_tokens; it also sizes
+  // the M2N messages (max_step_tokens_limit).
+  int64_t max_step_tokens = EngineOptions::kDefaultMaxStepTokens;
   std::string provider = "direct";  // M2N transport (comm::make_transport)
   std::string address;  // local address for the fabric (multi-host); "" = provider's choice
   int timeout_ms = 10000;
@@ -163,6 +165,14 @@ struct WorkerConfig {
   double rebalance_gain = 1.1;
   double rebalance_fixed_rows = 0;
 };
+
+// The largest max_step_tokens whose messages fit every M2N channel of `c`
+// with `mc` (a message carries at most 65535 rows: a micro-batch's tokens
+// routed top_k times to one expert worker, with its header; under
+// allreduce one expert worker's answers to every attention worker; under
+// tp_attention the layer's broadcast with its block tables). The receive
+// regions grow linearly with max_step_tokens up to this bound.
+int64_t max_step_tokens_limit(const WorkerConfig& c, const ModelConfig& mc);
 
 // Rows per expert worker and MoE layer (on average) a rebalancing decision
 // needs; the router's looks add up their rows until there are this many.

@@ -53,7 +53,13 @@ namespace msinfer::runtime {
 struct EngineOptions {
   int64_t kv_cache_bytes = 256ll << 20;
   int64_t block_size = KvCache::kDefaultBlockSize;
-  int64_t max_step_tokens = 256;  // decode tokens + prefill chunk tokens per step
+  // The step's token budget: decode tokens + prefill chunk tokens per step
+  // (vLLM's max_num_batched_tokens; the CLI's --max-num-batched-tokens).
+  // Running sequences beyond it decode in a later step; keep it at least the
+  // number of sequences in the batch. docs/SERVING.md says how the default
+  // was chosen.
+  static constexpr int64_t kDefaultMaxStepTokens = 256;
+  int64_t max_step_tokens = kDefaultMaxStepTokens;
   int micro_batches = 1;          // m: the step's tokens split into m micro-batches
   // Run a step (all layers, empty micro-batches) even with nothing to do: an
   // attention worker must still answer the expert workers in lockstep.
