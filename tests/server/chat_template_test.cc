@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../common/chat_conversations.h"
 #include "../common/subprocess.h"
 #include "msinfer/model/make_model.h"
 
@@ -22,31 +23,17 @@ namespace fs = std::filesystem;
 fs::path source_dir() { return fs::path(MSINFER_SOURCE_DIR); }
 fs::path node_modules() { return source_dir() / ".cache" / "npm" / "node_modules"; }
 
-Json msg(const std::string& role, const Json& content) {
-  return {{"role", role}, {"content", content}};
-}
+constexpr auto msg = testing::chat_message;
 
-// System prompts, several turns, empty content, unicode, whitespace, reasoning.
+// The shared corpus, and whitespace and reasoning.
 std::vector<Json> conversations() {
-  return {
-      Json::array({msg("user", "Hello")}),
-      Json::array({msg("system", "You are a helpful assistant."), msg("user", "Hi there")}),
-      Json::array({msg("user", "What is 2+2?"), msg("assistant", "4"), msg("user", "And 3+3?")}),
-      Json::array({msg("system", "Be brief."), msg("user", "One"), msg("assistant", "Two"),
-                   msg("user", "Three"), msg("assistant", "Four"), msg("user", "Five")}),
-      Json::array({msg("user", "")}),
-      Json::array({msg("system", ""), msg("user", "x")}),
-      Json::array({msg("user", "Grüße, 世界 🌍 — «ok»")}),
-      Json::array({msg("user", "  padded with spaces \n\n"), msg("assistant", "\n  reply  \n"),
-                   msg("user", "tabs\there")}),
-      Json::array({msg("user", "Think first"),
-                   msg("assistant", "<think>\nsome reasoning\n</think>\n\nThe answer."),
-                   msg("user", "Again")}),
-      Json::array(
-          {msg("system", "first system"), msg("system", "second system"), msg("user", "q")}),
-      Json::array({msg("user", "quotes ' \" and braces {{ }} {% %}")}),
-      Json::array({msg("assistant", "starts with the assistant")}),
-  };
+  std::vector<Json> all = testing::chat_conversations();
+  all.push_back(Json::array({msg("user", "  padded with spaces \n\n"),
+                             msg("assistant", "\n  reply  \n"), msg("user", "tabs\there")}));
+  all.push_back(Json::array({msg("user", "Think first"),
+                             msg("assistant", "<think>\nsome reasoning\n</think>\n\nThe answer."),
+                             msg("user", "Again")}));
+  return all;
 }
 
 struct Case {

@@ -16,6 +16,7 @@
 #include <random>
 #include <sstream>
 
+#include "../common/chat_conversations.h"
 #include "msinfer/server/api.h"
 #include "msinfer/server/chat_template.h"
 
@@ -24,9 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-Json msg(const std::string& role, const Json& content) {
-  return {{"role", role}, {"content", content}};
-}
+constexpr auto msg = testing::chat_message;
 
 const std::string kSystem =
     "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
@@ -106,23 +105,11 @@ TEST(HarmonyRender, SameTextAsThePublishedTemplate) {
   auto tpl = ChatTemplate::parse(ss.str());
   ASSERT_TRUE(tpl.ok()) << tpl.status().message();
   const std::time_t now = 1700000000;  // 2023-11-14 (UTC)
-  const std::vector<Json> conversations = {
-      Json::array({msg("user", "Hello")}),
-      Json::array({msg("system", "You are a helpful assistant."), msg("user", "Hi there")}),
-      Json::array({msg("user", "What is 2+2?"), msg("assistant", "4"), msg("user", "And 3+3?")}),
-      Json::array({msg("system", "Be brief."), msg("user", "One"), msg("assistant", "Two"),
-                   msg("user", "Three"), msg("assistant", "Four"), msg("user", "Five")}),
-      Json::array({msg("user", "")}),
-      Json::array({msg("system", ""), msg("user", "x")}),
-      Json::array({msg("user", "Grüße, 世界 🌍 — «ok»")}),
-      Json::array({msg("user", "  padded \n\n"), msg("assistant", "\n reply \n"),
-                   msg("user", "tabs\there")}),
-      Json::array(
-          {msg("system", "first system"), msg("system", "second system"), msg("user", "q")}),
-      Json::array({msg("user", "quotes ' \" and braces {{ }} {% %}")}),
-      Json::array({msg("assistant", "starts with the assistant")}),
-      Json::array({msg("user", "q"), msg("assistant", "a")}),
-  };
+  // The shared corpus, whitespace, and a last assistant turn.
+  std::vector<Json> conversations = testing::chat_conversations();
+  conversations.push_back(Json::array(
+      {msg("user", "  padded \n\n"), msg("assistant", "\n reply \n"), msg("user", "tabs\there")}));
+  conversations.push_back(Json::array({msg("user", "q"), msg("assistant", "a")}));
   int compared = 0;
   for (size_t i = 0; i < conversations.size(); ++i) {
     for (bool gen : {true, false}) {

@@ -1,33 +1,19 @@
-// Chat templates: the Jinja subset that Hugging Face `chat_template`s use
-// (tokenizer_config.json), rendered the way the reference renderer
-// @huggingface/jinja does (tests compare the two byte for byte).
+// Chat templates: a model's Hugging Face `chat_template` (tokenizer_config.json
+// or chat_template.jinja) rendered over a conversation. The template language
+// is msinfer/jinja/template.h's (the Jinja subset those templates use,
+// rendered as @huggingface/jinja renders it); this is the chat side: where
+// the template comes from, and errors that say they are the chat template's.
 //
-// Supported: {{ }}, {% %}, {# #} with whitespace control (-), trim_blocks and
-// lstrip_blocks (as transformers and @huggingface/jinja render chat
-// templates); if/elif/else, for (loop.index, index0, first, last, length,
-// revindex; else; filters on the iterable via `if`), set (names, namespace
-// attributes, block set), macro and call of macros; expressions with
-// literals, lists, dicts, attribute and item access, slices, calls,
-// arithmetic, comparison, and/or/not, in / not in, ~, the ternary
-// `a if c else b`, tests (is defined, none, string, number, mapping, ...),
-// filters (length, tojson, trim, upper, lower, title, capitalize, default,
-// join, first, last, list, reverse, string, int, float, abs, items, indent,
-// replace, selectattr/rejectattr/map/select/reject with simple arguments,
-// unique, sort), string methods (startswith, endswith, split, strip, lstrip,
-// rstrip, upper, lower, replace, title, format is not), dict methods (get,
-// items, keys, values), namespace(), range(), raise_exception(),
-// strftime_now().
-//
-// Not thread-compatible beyond const: render() is const and may be called
-// from many threads at once.
+// Thread safety: render() is const and may be called from many threads at
+// once.
 #pragma once
 
 #include <ctime>
-#include <memory>
 #include <string>
 
 #include "msinfer/core/json.h"
 #include "msinfer/core/status.h"
+#include "msinfer/jinja/template.h"
 
 namespace msinfer::server {
 
@@ -49,8 +35,7 @@ class ChatTemplate {
   StatusOr<std::string> render(const Json& context, std::time_t now) const;
 
  private:
-  struct Impl;
-  std::shared_ptr<const Impl> impl_;
+  jinja::Template template_;
 };
 
 // The chat template and special tokens of a model directory's

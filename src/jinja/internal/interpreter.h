@@ -1,0 +1,73 @@
+// The interpreter: runs a parsed template over a scope of values. One
+// Interpreter renders one template once, on one thread (it counts macro
+// depth and loop steps); the syntax tree it reads is shared and never
+// written. Its operations are spread over files by job: statements and
+// expressions (interpreter.cc), attributes, methods and global functions
+// (methods.cc), filters and tests (filters.cc).
+#pragma once
+
+#include <cstdint>
+#include <ctime>
+#include <map>
+#include <string>
+
+#include "ast.h"
+#include "value.h"
+
+namespace msinfer::jinja {
+
+struct BreakSignal {};
+struct ContinueSignal {};
+
+class Scope {
+ public:
+  explicit Scope(Scope* parent) : parent_(parent) {}
+  Value lookup(const std::string& n) const {
+    for (const Scope* s = this; s != nullptr; s = s->parent_) {
+      auto it = s->vars_.find(n);
+      if (it != s->vars_.end()) return it->second;
+    }
+    return Value();
+  }
+  void set(const std::string& n, Value v) { vars_[n] = std::move(v); }
+
+ private:
+  Scope* parent_;
+  std::map<std::string, Value> vars_;
+};
+
+class Interpreter {
+ public:
+  explicit Interpreter(std::time_t now) : now_(now) {}
+  std::string run(const Body& b, Scope& s) {
+    std::string out;
+    exec(b, s, out);
+    return out;
+  }
+
+  // Statements (interpreter.cc).
+  void exec(const Body& body, Scope& s, std::string& out);
+  void exec(const Stmt& st, Scope& s, std::string& out);
+  void exec_for(const Stmt& st, Scope& s, std::string& out);
+  // Expressions (interpreter.cc).
+  Value eval(const Expr& e, Scope& s);
+  Value binary(const std::string& op, const Value& l, const Value& r);
+  Value slice(const Value& x, const Expr& e, Scope& s);
+  // obj.key: an item of a mapping, a string's or a mapping's method, a
+  // length (methods.cc).
+  Value member(const Value& obj, const std::string& key);
+  Value method(const Value& self, const std::string& m);
+  Value call_global(const std::string& n, const Args& a, const Kwargs& kw);
+  // x | f(a, kw) and x is t(a) (filters.cc): the filter table, the tests.
+  Value filter(const std::string& f, const Value& x, const Args& a, const Kwargs& kw);
+  bool test(const std::string& t, const Value& x, const Args& a);
+
+ private:
+  std::time_t now_;  // what strftime_now() formats
+  int calls_ = 0;
+  int64_t steps_ = 0;
+
+  static int64_t norm_index(int64_t i, int64_t n) { return i < 0 ? i + n : i; }
+};
+
+}  // namespace msinfer::jinja

@@ -1,0 +1,140 @@
+// The values a template computes with, as the reference renderer
+// (@huggingface/jinja) has them: undefined and none apart, integers and
+// floats apart, lists and mappings shared by reference (a namespace()'s
+// attributes are set in place), mappings in insertion order. Errors are
+// thrown as jinja::Error inside the interpreter; Template turns them into
+// Statuses at its boundary.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "msinfer/core/json.h"
+
+namespace msinfer::jinja {
+
+struct Value;
+using Array = std::vector<Value>;
+struct Object {
+  std::vector<std::pair<std::string, Value>> items;  // insertion order
+  Value* find(const std::string& k);
+};
+struct Callable;
+
+struct Value {
+  enum Kind { kUndefined, kNull, kBool, kInt, kFloat, kString, kArray, kObject, kFunction };
+  Kind kind = kUndefined;
+  bool b = false;
+  int64_t i = 0;
+  double f = 0;
+  std::string s;
+  std::shared_ptr<Array> a;
+  std::shared_ptr<Object> o;  // shared: namespace() attributes are set in place
+  std::shared_ptr<Callable> fn;
+
+  static Value null() {
+    Value v;
+    v.kind = kNull;
+    return v;
+  }
+  static Value boolean(bool x) {
+    Value v;
+    v.kind = kBool;
+    v.b = x;
+    return v;
+  }
+  static Value integer(int64_t x) {
+    Value v;
+    v.kind = kInt;
+    v.i = x;
+    return v;
+  }
+  static Value number(double x) {
+    Value v;
+    v.kind = kFloat;
+    v.f = x;
+    return v;
+  }
+  static Value str(std::string x) {
+    Value v;
+    v.kind = kString;
+    v.s = std::move(x);
+    return v;
+  }
+  static Value array(Array x = {}) {
+    Value v;
+    v.kind = kArray;
+    v.a = std::make_shared<Array>(std::move(x));
+    return v;
+  }
+  static Value object() {
+    Value v;
+    v.kind = kObject;
+    v.o = std::make_shared<Object>();
+    return v;
+  }
+  bool is_number() const { return kind == kInt || kind == kFloat; }
+  double num() const { return kind == kInt ? static_cast<double>(i) : f; }
+  bool truthy() const {
+    switch (kind) {
+      case kUndefined:
+      case kNull:
+        return false;
+      case kBool:
+        return b;
+      case kInt:
+        return i != 0;
+      case kFloat:
+        return f != 0;
+      case kString:
+        return !s.empty();
+      case kArray:
+        return !a->empty();
+      case kObject:
+        return !o->items.empty();
+      case kFunction:
+        return true;
+    }
+    return false;
+  }
+};
+
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+using Args = std::vector<Value>;
+using Kwargs = std::vector<std::pair<std::string, Value>>;
+struct Callable {
+  std::function<Value(const Args&, const Kwargs&)> call;
+};
+
+// A template's globals from JSON (the render context).
+Value from_json(const Json& j);
+// A number as JavaScript's String(number) writes it.
+std::string js_number(double d);
+// A value as text, as the reference converts it (none: "null", a list:
+// its items joined by ","); {{ }} prints none and undefined as nothing.
+std::string to_string(const Value& v);
+// A JSON string literal, invalid UTF-8 replaced.
+std::string json_string(const std::string& s);
+// tojson as the reference writes it: ", " and ": " separators, or indented.
+std::string to_json(const Value& v, int indent, int depth);
+// The reference compares with JavaScript's loose equality (==): a boolean
+// compares as 0/1, a string with a number as the number it spells ("" is 0),
+// null equals undefined only.
+double js_to_number(const Value& v);
+bool equal(const Value& x, const Value& y);
+// JavaScript's String.prototype.trim whitespace, in UTF-8: the length of the
+// whitespace character at s[i] (0: none).
+size_t ws_len(const std::string& s, size_t i);
+std::string trim_start(const std::string& s);
+std::string trim_end(const std::string& s);
+
+}  // namespace msinfer::jinja

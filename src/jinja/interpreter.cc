@@ -1,0 +1,371 @@
+// The interpreter's statements (output, if, for, set, macro, break,
+// continue) and expressions (names, literals, items, slices, calls,
+// operators), with the reference renderer's semantics.
+#include "internal/interpreter.h"
+
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <utility>
+
+namespace msinfer::jinja {
+
+void Interpreter::exec(const Body& body, Scope& s, std::string& out) {
+  for (const auto& st : body) exec(*st, s, out);
+}
+
+void Interpreter::exec(const Stmt& st, Scope& s, std::string& out) {
+  switch (st.kind) {
+    case Stmt::kText:
+      out += st.text;
+      return;
+    case Stmt::kOutput: {
+      Value v = eval(*st.expr, s);
+      if (v.kind != Value::kNull && v.kind != Value::kUndefined) out += to_string(v);
+      if (out.size() > (64u << 20)) throw Error("the rendered text exceeds 64 MiB");
+      return;
+    }
+    case Stmt::kIf:
+      for (const auto& [test, body] : st.branches) {
+        if (!test || eval(*test, s).truthy()) {
+          exec(body, s, out);
+          return;
+        }
+      }
+      return;
+    case Stmt::kFor:
+      return exec_for(st, s, out);
+    case Stmt::kSet: {
+      Value v;
+      if (st.expr) {
+        v = eval(*st.expr, s);
+      } else {
+        v = Value::str(run(st.body, s));
+      }
+      if (!st.targets.empty()) {
+        if (v.kind != Value::kArray || v.a->size() != st.targets.size())
+          throw Error("cannot unpack in set");
+        for (size_t i = 0; i < st.targets.size(); ++i) s.set(st.targets[i], (*v.a)[i]);
+      } else if (st.target->kind == Expr::kName) {
+        s.set(st.target->name, v);
+      } else if (st.target->kind == Expr::kAttr) {
+        Value obj = eval(*st.target->args[0], s);
+        if (obj.kind != Value::kObject) throw Error("cannot assign to a member of a non-object");
+        if (Value* slot = obj.o->find(st.target->name)) {
+          *slot = v;
+        } else {
+          obj.o->items.emplace_back(st.target->name, v);
+        }
+      } else {
+        throw Error("invalid assignment target");
+      }
+      return;
+    }
+    case Stmt::kMacro: {
+      auto fn = std::make_shared<Callable>();
+      const Stmt* def = &st;
+      Scope* defining = &s;
+      fn->call = [this, def, defining](const Args& args, const Kwargs& kw) {
+        if (++calls_ > 64) {
+          --calls_;
+          throw Error("macro calls nested too deeply");
+        }
+        struct Leave {
+          int& d;
+          ~Leave() { --d; }
+        } leave{calls_};
+        Scope m(defining);
+        for (size_t i = 0; i < def->params.size(); ++i) {
+          const auto& [pn, dflt] = def->params[i];
+          Value v;
+          if (i < args.size()) {
+            v = args[i];
+          } else if (dflt) {
+            v = eval(*dflt, m);
+          }
+          for (const auto& [k, kv] : kw) {
+            if (k == pn) v = kv;
+          }
+          m.set(pn, v);
+        }
+        return Value::str(run(def->body, m));
+      };
+      Value v;
+      v.kind = Value::kFunction;
+      v.fn = fn;
+      s.set(st.text, v);
+      return;
+    }
+    case Stmt::kBreak:
+      throw BreakSignal();
+    case Stmt::kContinue:
+      throw ContinueSignal();
+  }
+}
+
+void Interpreter::exec_for(const Stmt& st, Scope& s, std::string& out) {
+  Value it = eval(*st.expr, s);
+  Array items;
+  if (it.kind == Value::kArray) {
+    items = *it.a;
+  } else if (it.kind == Value::kObject) {
+    for (const auto& [k, v] : it.o->items) items.push_back(Value::str(k));
+  } else if (it.kind == Value::kString) {
+    for (char c : it.s) items.push_back(Value::str(std::string(1, c)));
+  } else {
+    throw Error("cannot loop over " + to_string(it));
+  }
+  auto bind = [&](Scope& sc, const Value& v) {
+    if (st.targets.size() == 1) {
+      sc.set(st.targets[0], v);
+      return;
+    }
+    if (v.kind != Value::kArray || v.a->size() != st.targets.size())
+      throw Error("cannot unpack a loop item");
+    for (size_t i = 0; i < st.targets.size(); ++i) sc.set(st.targets[i], (*v.a)[i]);
+  };
+  if (st.filter) {
+    Array kept;
+    for (const auto& v : items) {
+      Scope f(&s);
+      bind(f, v);
+      if (eval(*st.filter, f).truthy()) kept.push_back(v);
+    }
+    items.swap(kept);
+  }
+  const int64_t n = static_cast<int64_t>(items.size());
+  for (int64_t i = 0; i < n; ++i) {
+    if (++steps_ > 10000000) throw Error("the template runs too long");
+    Scope body(&s);
+    Value loop = Value::object();
+    auto& L = loop.o->items;
+    L.emplace_back("index", Value::integer(i + 1));
+    L.emplace_back("index0", Value::integer(i));
+    L.emplace_back("revindex", Value::integer(n - i));
+    L.emplace_back("revindex0", Value::integer(n - i - 1));
+    L.emplace_back("first", Value::boolean(i == 0));
+    L.emplace_back("last", Value::boolean(i == n - 1));
+    L.emplace_back("length", Value::integer(n));
+    L.emplace_back("previtem", i > 0 ? items[i - 1] : Value());
+    L.emplace_back("nextitem", i + 1 < n ? items[i + 1] : Value());
+    body.set("loop", loop);
+    bind(body, items[i]);
+    try {
+      exec(st.body, body, out);
+    } catch (const BreakSignal&) {
+      break;
+    } catch (const ContinueSignal&) {
+      continue;
+    }
+  }
+  if (n == 0) {
+    Scope e(&s);
+    exec(st.else_body, e, out);
+  }
+}
+
+Value Interpreter::eval(const Expr& e, Scope& s) {
+  switch (e.kind) {
+    case Expr::kLiteral:
+      return e.literal;
+    case Expr::kName: {
+      if (e.name == "true" || e.name == "True") return Value::boolean(true);
+      if (e.name == "false" || e.name == "False") return Value::boolean(false);
+      if (e.name == "none" || e.name == "None") return Value::null();
+      return s.lookup(e.name);
+    }
+    case Expr::kList: {
+      Array a;
+      for (const auto& x : e.args) a.push_back(eval(*x, s));
+      return Value::array(std::move(a));
+    }
+    case Expr::kDict: {
+      Value d = Value::object();
+      for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
+        Value k = eval(*e.args[i], s);
+        d.o->items.emplace_back(to_string(k), eval(*e.args[i + 1], s));
+      }
+      return d;
+    }
+    case Expr::kAttr:
+      return member(eval(*e.args[0], s), e.name);
+    case Expr::kItem: {
+      Value x = eval(*e.args[0], s);
+      Value k = eval(*e.args[1], s);
+      if (x.kind == Value::kArray && k.kind == Value::kInt) {
+        const int64_t i = norm_index(k.i, static_cast<int64_t>(x.a->size()));
+        if (i < 0 || i >= static_cast<int64_t>(x.a->size())) return Value();
+        return (*x.a)[i];
+      }
+      if (x.kind == Value::kString && k.kind == Value::kInt) {
+        const int64_t i = norm_index(k.i, static_cast<int64_t>(x.s.size()));
+        if (i < 0 || i >= static_cast<int64_t>(x.s.size())) return Value();
+        return Value::str(std::string(1, x.s[i]));
+      }
+      if (k.kind == Value::kString) return member(x, k.s);
+      if (x.kind == Value::kUndefined) throw Error("cannot index undefined");
+      return Value();
+    }
+    case Expr::kSlice:
+      return slice(eval(*e.args[0], s), e, s);
+    case Expr::kCall: {
+      Args a;
+      Kwargs kw;
+      for (size_t i = 1; i < e.args.size(); ++i) a.push_back(eval(*e.args[i], s));
+      for (const auto& [k, x] : e.kwargs) kw.emplace_back(k, eval(*x, s));
+      const Expr& callee = *e.args[0];
+      if (callee.kind == Expr::kName) {
+        Value f = s.lookup(callee.name);
+        if (f.kind == Value::kFunction) return f.fn->call(a, kw);
+        return call_global(callee.name, a, kw);
+      }
+      Value f = eval(callee, s);
+      if (f.kind != Value::kFunction) throw Error("cannot call a value that is not a function");
+      return f.fn->call(a, kw);
+    }
+    case Expr::kFilter: {
+      Args a;
+      Kwargs kw;
+      Value x = eval(*e.args[0], s);
+      for (size_t i = 1; i < e.args.size(); ++i) a.push_back(eval(*e.args[i], s));
+      for (const auto& [k, v] : e.kwargs) kw.emplace_back(k, eval(*v, s));
+      return filter(e.name, x, a, kw);
+    }
+    case Expr::kTest: {
+      const bool r = test(e.name, eval(*e.args[0], s), {});
+      return Value::boolean(e.negate ? !r : r);
+    }
+    case Expr::kUnary: {
+      Value x = eval(*e.args[0], s);
+      if (e.name == "not") return Value::boolean(!x.truthy());
+      if (!x.is_number()) throw Error("unary " + e.name + " needs a number");
+      if (e.name == "+") return x;
+      return x.kind == Value::kInt ? Value::integer(-x.i) : Value::number(-x.f);
+    }
+    case Expr::kBinary: {
+      if (e.name == "and") {
+        Value l = eval(*e.args[0], s);
+        return l.truthy() ? eval(*e.args[1], s) : l;
+      }
+      if (e.name == "or") {
+        Value l = eval(*e.args[0], s);
+        return l.truthy() ? l : eval(*e.args[1], s);
+      }
+      return binary(e.name, eval(*e.args[0], s), eval(*e.args[1], s));
+    }
+    case Expr::kTernary:
+      return eval(*e.args[0], s).truthy() ? eval(*e.args[1], s) : eval(*e.args[2], s);
+  }
+  return Value();
+}
+
+Value Interpreter::binary(const std::string& op, const Value& l, const Value& r) {
+  if (op == "==") return Value::boolean(equal(l, r));
+  if (op == "!=") return Value::boolean(!equal(l, r));
+  if (op == "in" || op == "not in") {
+    bool found = false;
+    if (r.kind == Value::kUndefined) return Value::boolean(op == "not in");
+    if (r.kind == Value::kString) {
+      if (l.kind != Value::kString) throw Error("'in <string>' needs a string on the left");
+      found = r.s.find(l.s) != std::string::npos;
+    } else if (r.kind == Value::kArray) {
+      found = std::any_of(r.a->begin(), r.a->end(), [&](const Value& v) { return equal(v, l); });
+    } else if (r.kind == Value::kObject) {
+      found = l.kind == Value::kString && r.o->find(l.s) != nullptr;
+    } else {
+      throw Error("'in' needs a string, list or mapping on the right");
+    }
+    return Value::boolean(op == "in" ? found : !found);
+  }
+  if (l.kind == Value::kUndefined || r.kind == Value::kUndefined) {
+    throw Error("cannot apply " + op + " to an undefined value");
+  }
+  if (l.kind == Value::kNull || r.kind == Value::kNull)
+    throw Error("cannot apply " + op + " to none");
+  if (op == "~") return Value::str(to_string(l) + to_string(r));
+  if (l.is_number() && r.is_number()) {
+    const bool fl = l.kind == Value::kFloat || r.kind == Value::kFloat;
+    const double a = l.num(), b = r.num();
+    if (op == "+") return fl ? Value::number(a + b) : Value::integer(l.i + r.i);
+    if (op == "-") return fl ? Value::number(a - b) : Value::integer(l.i - r.i);
+    if (op == "*") return fl ? Value::number(a * b) : Value::integer(l.i * r.i);
+    if (op == "/") {
+      return Value::number(a / b);
+    }
+    if (op == "//") {
+      if (b == 0) throw Error("division by zero");
+      return fl ? Value::number(std::floor(a / b))
+                : Value::integer(static_cast<int64_t>(std::floor(a / b)));
+    }
+    if (op == "%") {
+      if (!fl) {
+        if (r.i == 0) throw Error("modulo by zero");
+        return Value::integer(l.i % r.i);
+      }
+      return Value::number(std::fmod(a, b));
+    }
+    if (op == "<") return Value::boolean(a < b);
+    if (op == ">") return Value::boolean(a > b);
+    if (op == "<=") return Value::boolean(a <= b);
+    if (op == ">=") return Value::boolean(a >= b);
+  }
+  if (l.kind == Value::kArray && r.kind == Value::kArray && op == "+") {
+    Array c = *l.a;
+    c.insert(c.end(), r.a->begin(), r.a->end());
+    return Value::array(std::move(c));
+  }
+  if ((l.kind == Value::kString || r.kind == Value::kString) && op == "+") {
+    return Value::str(to_string(l) + to_string(r));
+  }
+  if (l.kind == Value::kString && r.kind == Value::kString) {
+    if (op == "<") return Value::boolean(l.s < r.s);
+    if (op == ">") return Value::boolean(l.s > r.s);
+    if (op == "<=") return Value::boolean(l.s <= r.s);
+    if (op == ">=") return Value::boolean(l.s >= r.s);
+  }
+  if (l.kind == Value::kString && r.kind == Value::kInt && op == "*") {
+    std::string s;
+    for (int64_t i = 0; i < r.i && s.size() < (1u << 24); ++i) s += l.s;
+    return Value::str(s);
+  }
+  throw Error("unsupported operation " + op);
+}
+
+Value Interpreter::slice(const Value& x, const Expr& e, Scope& s) {
+  auto part = [&](int k) -> std::optional<int64_t> {
+    if (!e.args[k]) return std::nullopt;
+    Value v = eval(*e.args[k], s);
+    if (v.kind == Value::kNull || v.kind == Value::kUndefined) return std::nullopt;
+    if (v.kind != Value::kInt) throw Error("slice indices must be integers");
+    return v.i;
+  };
+  const auto start = part(1), stop = part(2), step_o = part(3);
+  const int64_t step = step_o.value_or(1);
+  if (step == 0) throw Error("slice step must not be 0");
+  int64_t n;
+  if (x.kind == Value::kArray) {
+    n = static_cast<int64_t>(x.a->size());
+  } else if (x.kind == Value::kString) {
+    n = static_cast<int64_t>(x.s.size());
+  } else {
+    throw Error("only lists and strings can be sliced");
+  }
+  auto clamp = [&](std::optional<int64_t> v, int64_t dflt) {
+    if (!v) return dflt;
+    int64_t i = *v < 0 ? *v + n : *v;
+    return step > 0 ? std::clamp<int64_t>(i, 0, n) : std::clamp<int64_t>(i, -1, n - 1);
+  };
+  const int64_t b = clamp(start, step > 0 ? 0 : n - 1), en = clamp(stop, step > 0 ? n : -1);
+  Array out;
+  std::string str;
+  for (int64_t i = b; step > 0 ? i < en : i > en; i += step) {
+    if (x.kind == Value::kArray) {
+      out.push_back((*x.a)[i]);
+    } else {
+      str += x.s[i];
+    }
+  }
+  return x.kind == Value::kArray ? Value::array(std::move(out)) : Value::str(str);
+}
+
+}  // namespace msinfer::jinja

@@ -1,0 +1,221 @@
+// Values: conversions from JSON and to text and JSON as the reference
+// renderer writes them, its loose equality, and JavaScript's whitespace.
+#include "internal/value.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+namespace msinfer::jinja {
+
+Value* Object::find(const std::string& k) {
+  for (auto& [key, v] : items) {
+    if (key == k) return &v;
+  }
+  return nullptr;
+}
+
+Value from_json(const Json& j) {
+  switch (j.type()) {
+    case Json::value_t::null:
+      return Value::null();
+    case Json::value_t::boolean:
+      return Value::boolean(j.get<bool>());
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned:
+      return Value::integer(j.get<int64_t>());
+    case Json::value_t::number_float:
+      return Value::number(j.get<double>());
+    case Json::value_t::string:
+      return Value::str(j.get<std::string>());
+    case Json::value_t::array: {
+      Array a;
+      for (const auto& e : j) a.push_back(from_json(e));
+      return Value::array(std::move(a));
+    }
+    case Json::value_t::object: {
+      Value v = Value::object();
+      for (const auto& [k, e] : j.items()) v.o->items.emplace_back(k, from_json(e));
+      return v;
+    }
+    default:
+      return Value();
+  }
+}
+
+std::string js_number(double d) {
+  if (std::isnan(d)) return "NaN";
+  if (std::isinf(d)) return d > 0 ? "Infinity" : "-Infinity";
+  char b[40];
+  for (int p = 1; p <= 17; ++p) {
+    std::snprintf(b, sizeof(b), "%.*g", p, d);
+    if (std::strtod(b, nullptr) == d) break;
+  }
+  return b;
+}
+
+std::string json_string(const std::string& s) {
+  return Json(s).dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+// tojson as the reference writes it: ", " and ": " separators, or indented.
+std::string to_json(const Value& v, int indent, int depth) {
+  switch (v.kind) {
+    case Value::kUndefined:
+    case Value::kNull:
+      return "null";
+    case Value::kBool:
+      return v.b ? "true" : "false";
+    case Value::kInt:
+      return std::to_string(v.i);
+    case Value::kFloat:
+      return js_number(v.f);
+    case Value::kString:
+      return json_string(v.s);
+    case Value::kArray:
+    case Value::kObject: {
+      const std::string ind(indent > 0 ? indent : 0, ' ');
+      std::string base = "\n";
+      for (int d = 0; d < depth; ++d) base += ind;
+      const std::string child = base + ind;
+      std::vector<std::string> core;
+      if (v.kind == Value::kArray) {
+        for (const auto& e : *v.a) core.push_back(to_json(e, indent, depth + 1));
+      } else {
+        for (const auto& [k, e] : v.o->items) {
+          core.push_back((indent > 0 ? child : "") + "\"" + k +
+                         "\": " + to_json(e, indent, depth + 1));
+        }
+      }
+      std::string out;
+      if (v.kind == Value::kArray) {
+        if (indent > 0) {
+          out = "[" + child;
+          for (size_t i = 0; i < core.size(); ++i) out += (i ? "," + child : "") + core[i];
+          return out + base + "]";
+        }
+        out = "[";
+        for (size_t i = 0; i < core.size(); ++i) out += (i ? ", " : "") + core[i];
+        return out + "]";
+      }
+      out = "{";
+      for (size_t i = 0; i < core.size(); ++i)
+        out += (i ? (indent > 0 ? "," : ", ") : "") + core[i];
+      return out + (indent > 0 ? base : "") + "}";
+    }
+    case Value::kFunction:
+      throw Error("cannot convert a function to JSON");
+  }
+  return "";
+}
+
+std::string to_string(const Value& v) {
+  switch (v.kind) {
+    case Value::kUndefined:
+      return "undefined";
+    case Value::kNull:
+      return "null";
+    case Value::kBool:
+      return v.b ? "true" : "false";
+    case Value::kInt:
+      return std::to_string(v.i);
+    case Value::kFloat:
+      return std::fmod(v.f, 1.0) == 0 ? js_number(v.f) + ".0" : js_number(v.f);
+    case Value::kString:
+      return v.s;
+    case Value::kArray: {
+      std::string s;
+      for (size_t i = 0; i < v.a->size(); ++i) s += (i ? "," : "") + to_string((*v.a)[i]);
+      return s;
+    }
+    case Value::kObject:
+      return "[object Map]";
+    case Value::kFunction:
+      return "[function]";
+  }
+  return "";
+}
+
+// The reference compares with JavaScript's loose equality (==): a boolean
+// compares as 0/1, a string with a number as the number it spells ("" is 0),
+// null equals undefined only.
+double js_to_number(const Value& v) {
+  if (v.kind == Value::kBool) return v.b ? 1 : 0;
+  if (v.is_number()) return v.num();
+  if (v.kind == Value::kString) {
+    size_t b = 0, e = v.s.size();
+    while (b < e && std::isspace(static_cast<unsigned char>(v.s[b]))) ++b;
+    while (e > b && std::isspace(static_cast<unsigned char>(v.s[e - 1]))) --e;
+    if (b == e) return 0;
+    const std::string t = v.s.substr(b, e - b);
+    char* end = nullptr;
+    const double d = std::strtod(t.c_str(), &end);
+    return end == t.c_str() + t.size() ? d : std::nan("");
+  }
+  return std::nan("");
+}
+
+bool equal(const Value& x, const Value& y) {
+  auto scalar = [](const Value& v) {
+    return v.kind == Value::kBool || v.is_number() || v.kind == Value::kString;
+  };
+  if (x.kind == Value::kString && y.kind == Value::kString) return x.s == y.s;
+  if (scalar(x) && scalar(y)) return js_to_number(x) == js_to_number(y);
+  const bool xn = x.kind == Value::kNull || x.kind == Value::kUndefined;
+  const bool yn = y.kind == Value::kNull || y.kind == Value::kUndefined;
+  if (xn || yn) return xn && yn;
+  if (x.kind != y.kind) return false;
+  switch (x.kind) {
+    case Value::kArray:
+      return x.a == y.a;
+    case Value::kObject:
+      return x.o == y.o;
+    default:
+      return false;
+  }
+}
+
+// JavaScript's String.prototype.trim whitespace, in UTF-8.
+size_t ws_len(const std::string& s, size_t i) {
+  static const char* kMulti[] = {"\xC2\xA0",     "\xE1\x9A\x80", "\xE2\x80\xA8", "\xE2\x80\xA9",
+                                 "\xE2\x80\xAF", "\xE2\x81\x9F", "\xE3\x80\x80", "\xEF\xBB\xBF"};
+  const unsigned char c = s[i];
+  if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f') return 1;
+  for (const char* m : kMulti) {
+    const size_t n = std::strlen(m);
+    if (s.compare(i, n, m) == 0) return n;
+  }
+  // U+2000..U+200A: E2 80 80..8A
+  if (i + 2 < s.size() && c == 0xE2 && static_cast<unsigned char>(s[i + 1]) == 0x80 &&
+      static_cast<unsigned char>(s[i + 2]) >= 0x80 &&
+      static_cast<unsigned char>(s[i + 2]) <= 0x8A) {
+    return 3;
+  }
+  return 0;
+}
+std::string trim_start(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const size_t n = ws_len(s, i);
+    if (n == 0) break;
+    i += n;
+  }
+  return s.substr(i);
+}
+std::string trim_end(const std::string& s) {
+  // Scan forward, remembering where the trailing run of whitespace began.
+  size_t i = 0, end = 0;
+  while (i < s.size()) {
+    const size_t n = ws_len(s, i);
+    if (n == 0) {
+      ++i;
+      while (i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) ++i;
+      end = i;
+    } else {
+      i += n;
+    }
+  }
+  return s.substr(0, end);
+}
+
+}  // namespace msinfer::jinja
