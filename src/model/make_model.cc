@@ -441,12 +441,6 @@ struct MixtralSpec {
   double std;
 };
 
-int64_t numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 // The tensors of a Mixtral (or, `qwen`, Qwen3-MoE with its q/k norms) checkpoint.
 std::vector<MixtralSpec> mixtral_family_specs(const Json& config, int64_t vocab, bool qwen) {
   const int64_t h = config["hidden_size"], L = config["num_hidden_layers"];
@@ -555,12 +549,12 @@ Status make_model(const MakeModelOptions& o) {
   std::normal_distribution<float> normal(0.f, 1.f);
   int64_t total_elems = 0, done_elems = 0;
   int reported_tenth = 0;
-  for (const MixtralSpec& sp : specs) total_elems += numel(sp.shape);
+  for (const MixtralSpec& sp : specs) total_elems += internal::numel(sp.shape);
   MSI_RETURN_IF_ERROR(internal::write_generated_weights(
       o.out_dir, specs.size(), o.shards,
       [&](size_t i, std::vector<internal::GeneratedTensor>& outs) {
         const MixtralSpec& sp = specs[i];
-        const int64_t n = numel(sp.shape);
+        const int64_t n = internal::numel(sp.shape);
         std::vector<float> vals = internal::draw_values(n, sp.std, rng, normal);
         if (skew) skew->apply(sp.name, sp.shape[0], sp.shape.size() > 1 ? sp.shape[1] : 1, vals);
         outs.push_back(internal::encode_tensor(sp.name, sp.shape, vals, o.dtype));

@@ -189,8 +189,7 @@ Status make_gpt_oss_model(const MakeModelOptions& o, const Json& tok_json,
   MSI_RETURN_IF_ERROR(write_generated_weights(
       o.out_dir, specs.size(), o.shards, [&](size_t i, std::vector<GeneratedTensor>& outs) {
         const Spec& sp = specs[i];
-        int64_t n = 1;
-        for (int64_t d : sp.shape) n *= d;
+        const int64_t n = numel(sp.shape);
         const std::vector<float> v = draw_values(n, sp.std, rng, normal);
         if (!sp.mxfp4) {
           outs.push_back(encode_tensor(sp.name, sp.shape, v, o.dtype));

@@ -40,23 +40,6 @@ StatusOr<std::unique_ptr<Router>> start_router(const WorkerConfig& c) {
   return Router::start(c, kBinary, placement);
 }
 
-std::vector<int32_t> colocated_tokens(const std::string& dir, const GenerationRequest& r) {
-  auto w = model::ModelWeights::load(dir);
-  EXPECT_TRUE(w.ok());
-  auto e = Engine::create(std::shared_ptr<const model::ModelWeights>(std::move(w).value()),
-                          EngineOptions{});
-  EXPECT_TRUE(e.ok());
-  std::vector<int32_t> t;
-  EXPECT_TRUE((*e)->add(r).ok());
-  while (!(*e)->idle()) {
-    auto ev = (*e)->step();
-    EXPECT_TRUE(ev.ok());
-    if (!ev.ok()) break;
-    for (const auto& x : *ev) t.push_back(x.token);
-  }
-  return t;
-}
-
 // A chat's prompt: `n` tokens of a sequence of its own (`chat`), the first
 // `n` of the same sequence for every n, so a longer one extends a shorter.
 GenerationRequest chat_prompt(int64_t id, int chat, int n) {
@@ -138,7 +121,7 @@ void expect_greedy_unchanged(const std::string& dir, const Delivered& d) {
   for (const auto& [id, got] : d.tokens) {
     const auto [chat, n] = reqs.at(id);
     const GenerationRequest r = chat_prompt(id, chat, n);
-    testing::expect_equal_up_to_near_tie(colocated_tokens(dir, r), got, dir, r.prompt,
+    testing::expect_equal_up_to_near_tie(testing::colocated_tokens(dir, r), got, dir, r.prompt,
                                          "request " + std::to_string(id));
   }
 }
@@ -219,7 +202,7 @@ TEST(CacheAwareRoutingTest, AKilledReplicaDoesNotBreakRouting) {
     });
     EXPECT_TRUE(dropped_seen || router.replacements_joined() == 1);
     EXPECT_EQ(d.cached.at(4), 256);  // it started on replica 1
-    testing::expect_equal_up_to_near_tie(colocated_tokens(dir, turn), d.tokens.at(4), dir,
+    testing::expect_equal_up_to_near_tie(testing::colocated_tokens(dir, turn), d.tokens.at(4), dir,
                                          turn.prompt, "request 4");
     // The replacement joins between steps (an idle deployment steps too).
     const auto t0 = std::chrono::steady_clock::now();
@@ -243,8 +226,8 @@ TEST(CacheAwareRoutingTest, AKilledReplicaDoesNotBreakRouting) {
     EXPECT_GE(d.cached.at(5), 256);
     EXPECT_EQ(d.cached.at(6), 0);
     for (const GenerationRequest& r : {next, fresh}) {
-      testing::expect_equal_up_to_near_tie(colocated_tokens(dir, r), d.tokens.at(r.id), dir,
-                                           r.prompt, "request " + std::to_string(r.id));
+      testing::expect_equal_up_to_near_tie(testing::colocated_tokens(dir, r), d.tokens.at(r.id),
+                                           dir, r.prompt, "request " + std::to_string(r.id));
     }
     EXPECT_GT(router.indexed_blocks(1), 0);  // the replacement reported chat 2's block
     EXPECT_EQ(router.restarts(), 0);

@@ -268,24 +268,6 @@ std::vector<GenerationRequest> failure_requests(int n, int max_tokens) {
   return out;
 }
 
-// Greedy tokens of the co-located engine for `r`.
-std::vector<int32_t> colocated_tokens(const std::string& dir, const GenerationRequest& r) {
-  auto w = model::ModelWeights::load(dir);
-  EXPECT_TRUE(w.ok());
-  auto e = Engine::create(std::shared_ptr<const model::ModelWeights>(std::move(w).value()),
-                          EngineOptions{});
-  EXPECT_TRUE(e.ok());
-  std::vector<int32_t> t;
-  EXPECT_TRUE((*e)->add(r).ok());
-  while (!(*e)->idle()) {
-    auto ev = (*e)->step();
-    EXPECT_TRUE(ev.ok());
-    if (!ev.ok()) break;
-    for (const auto& x : *ev) t.push_back(x.token);
-  }
-  return t;
-}
-
 // A router for `c`, its placement written to a file of the test's own.
 StatusOr<std::unique_ptr<Router>> start_router(const WorkerConfig& c) {
   static int files = 0;
@@ -382,8 +364,8 @@ void expect_all_finished_right(const FailureRun& run, const std::vector<Generati
     EXPECT_EQ(run.ends.count(r.id) ? run.ends.at(r.id) : 0, 1) << "request " << r.id;
     EXPECT_EQ(run.events_after_end.count(r.id), 0u) << "request " << r.id;
     ASSERT_EQ(run.tokens.count(r.id), 1u) << "request " << r.id;
-    testing::expect_equal_up_to_near_tie(colocated_tokens(dir, r), run.tokens.at(r.id), dir,
-                                         r.prompt, "request " + std::to_string(r.id));
+    testing::expect_equal_up_to_near_tie(testing::colocated_tokens(dir, r), run.tokens.at(r.id),
+                                         dir, r.prompt, "request " + std::to_string(r.id));
   }
 }
 
@@ -403,7 +385,7 @@ TEST(AttentionFailureTest, ADeadAttentionWorkerFailsOnlyItsRequests) {
     EXPECT_EQ(run.events_after_end.count(r.id), 0u) << "request " << r.id;
     if (r.id % 2 == 1) {
       EXPECT_EQ(run.errors.count(r.id), 0u) << run.errors.at(r.id);
-      const auto ref = colocated_tokens(dir, r);
+      const auto ref = testing::colocated_tokens(dir, r);
       testing::expect_equal_up_to_near_tie(ref, run.tokens.at(r.id), dir, r.prompt,
                                            "request " + std::to_string(r.id));
     } else {
@@ -413,7 +395,7 @@ TEST(AttentionFailureTest, ADeadAttentionWorkerFailsOnlyItsRequests) {
       EXPECT_NE(run.errors.at(r.id).find("killed by signal 9"), std::string::npos)
           << run.errors.at(r.id);
       // What it delivered before the death was a prefix of the right answer.
-      const auto ref = colocated_tokens(dir, r);
+      const auto ref = testing::colocated_tokens(dir, r);
       const auto& got = run.tokens.count(r.id) ? run.tokens.at(r.id) : std::vector<int32_t>{};
       EXPECT_LT(got.size(), ref.size());
       EXPECT_TRUE(std::equal(got.begin(), got.end(), ref.begin())) << "request " << r.id;
@@ -640,7 +622,7 @@ TEST(ExpertFailureTest, ARespawnedReplacementJoinsTheRunningDeployment) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
   const auto base = failure_requests(4, 16);
   std::vector<std::vector<int32_t>> ref;
-  for (const auto& r : base) ref.push_back(colocated_tokens(dir, r));
+  for (const auto& r : base) ref.push_back(testing::colocated_tokens(dir, r));
   WorkerConfig c = failure_config(dir, 2, 3, /*resubmit=*/false);
   c.placement = two_replicas_each(3);
   c.respawn = true;
@@ -730,7 +712,7 @@ TEST(AttentionFailureTest, ARespawnedAttentionWorkerJoinsTheRunningDeployment) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
   const auto base = failure_requests(4, 16);
   std::vector<std::vector<int32_t>> ref;
-  for (const auto& r : base) ref.push_back(colocated_tokens(dir, r));
+  for (const auto& r : base) ref.push_back(testing::colocated_tokens(dir, r));
   WorkerConfig c = failure_config(dir, 2, 2, /*resubmit=*/true);
   c.respawn = true;
   std::map<std::string, pid_t> pids;
@@ -861,7 +843,7 @@ TEST(WorkerFailureTest, SeededKillsNeverHangLoseOrDuplicate) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
   const auto reqs = failure_requests(5, 120);
   std::map<int64_t, std::vector<int32_t>> ref;
-  for (const auto& r : reqs) ref[r.id] = colocated_tokens(dir, r);
+  for (const auto& r : reqs) ref[r.id] = testing::colocated_tokens(dir, r);
   WorkerConfig base = failure_config(dir, 3, 3, false);
   base.placement = two_replicas_each(3);
   // A run without a kill says how long the steps take, so that the kills
@@ -1139,7 +1121,7 @@ TEST(PrefixCacheDisaggregatedTest, RepeatedPromptsHitEachWorkersCache) {
   EXPECT_EQ(router->counters().prefix_queries, 8 * 200);
   EXPECT_GE(router->counters().prefix_hits, 4 * 128);
   for (const auto& r : reqs) {
-    const auto ref = colocated_tokens(dir, r);
+    const auto ref = testing::colocated_tokens(dir, r);
     testing::expect_equal_up_to_near_tie(ref, got[r.id], dir, r.prompt,
                                          "request " + std::to_string(r.id));
     testing::expect_equal_up_to_near_tie(ref, got[r.id + 10], dir, r.prompt,

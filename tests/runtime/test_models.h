@@ -255,4 +255,23 @@ inline void expect_matches_reference(const std::string& script, const std::strin
 }
 #endif
 
+// Greedy tokens of the co-located engine for `r` (the reference the
+// disaggregated tests compare with).
+inline std::vector<int32_t> colocated_tokens(const std::string& dir, const GenerationRequest& r) {
+  auto w = model::ModelWeights::load(dir);
+  EXPECT_TRUE(w.ok());
+  auto e = Engine::create(std::shared_ptr<const model::ModelWeights>(std::move(w).value()),
+                          EngineOptions{});
+  EXPECT_TRUE(e.ok());
+  std::vector<int32_t> t;
+  EXPECT_TRUE((*e)->add(r).ok());
+  while (!(*e)->idle()) {
+    auto ev = (*e)->step();
+    EXPECT_TRUE(ev.ok());
+    if (!ev.ok()) break;
+    for (const auto& x : *ev) t.push_back(x.token);
+  }
+  return t;
+}
+
 }  // namespace msinfer::runtime::testing

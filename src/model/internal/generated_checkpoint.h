@@ -24,6 +24,13 @@ struct GeneratedTensor {
   std::vector<uint8_t> data;
 };
 
+// The number of values of a tensor of `shape`.
+inline int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
 // n values drawn from `normal`: std > 0 N(0, std^2); std < 0 a norm weight
 // 1 + N(0, 0.1^2).
 std::vector<float> draw_values(int64_t n, double std, std::mt19937_64& rng,
