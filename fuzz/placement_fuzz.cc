@@ -1,6 +1,6 @@
 // libFuzzer target for the expert placement reader (`--placement`). Run by fuzz/run.
 #include "json_fuzz.h"
-#include "msinfer/runtime/disaggregated.h"
+#include "msinfer/runtime/placement.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;

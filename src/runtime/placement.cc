@@ -1,9 +1,9 @@
 // Placement of experts over expert workers, and its JSON form. Apart from
 // disaggregated.cc so that its reader builds alone (fuzz/run).
+#include "msinfer/runtime/placement.h"
+
 #include <cmath>
 #include <string>
-
-#include "msinfer/runtime/disaggregated.h"  // Placement
 
 namespace msinfer::runtime {
 

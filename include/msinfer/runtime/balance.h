@@ -12,7 +12,7 @@
 
 #include "msinfer/core/json.h"
 #include "msinfer/core/status.h"
-#include "msinfer/runtime/disaggregated.h"  // Placement
+#include "msinfer/runtime/placement.h"
 #include "msinfer/runtime/worker_stats.h"   // RoutingWindow
 
 namespace msinfer::runtime {

@@ -28,8 +28,8 @@
 
 #include "msinfer/core/json.h"
 #include "msinfer/core/status.h"
-#include "msinfer/runtime/disaggregated.h"
 #include "msinfer/runtime/engine.h"
+#include "msinfer/runtime/placement.h"
 
 namespace msinfer::runtime {
 
