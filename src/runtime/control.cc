@@ -19,30 +19,6 @@ StatusOr<WorkerRole> parse_worker_role(const std::string& s) {
   return invalid_argument("unknown worker role '" + s + "' (attention or expert)");
 }
 
-const char* finish_reason_name(FinishReason r) {
-  switch (r) {
-    case FinishReason::kNone:
-      return "";
-    case FinishReason::kEos:
-      return "eos";
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kError:
-      return "error";
-  }
-  return "";
-}
-
-StatusOr<FinishReason> parse_finish_reason(const std::string& s) {
-  for (FinishReason r : {FinishReason::kNone, FinishReason::kEos, FinishReason::kStop,
-                         FinishReason::kLength, FinishReason::kError}) {
-    if (s == finish_reason_name(r)) return r;
-  }
-  return invalid_argument("unknown finish reason '" + s + "'");
-}
-
 namespace control {
 namespace {
 
@@ -333,7 +309,7 @@ Json event_json(const Stepped& e) {
             {"index", t.index},
             {"token", t.token},
             {"finished", t.finished},
-            {"reason", t.finish_reason}};
+            {"reason", finish_reason_name(t.finish_reason)}};
     if (!t.error.empty()) je["error"] = t.error;
     if (t.cached_tokens > 0) je["cached"] = t.cached_tokens;
     if (!t.top_logprobs.empty() || t.logprob != 0.f) {
@@ -407,22 +383,24 @@ Status read_event(const Json& j, const std::string& w, Stepped* e) {
   for (size_t i = 0; i < events.size(); ++i) {
     if (!events[i].is_object()) return invalid_argument(w + ": events[" + std::to_string(i) + "]");
     TokenEvent t;
+    std::string reason_name;
     Fields te(events[i], w + ": events[" + std::to_string(i) + "]");
     te.required("id", &t.request_id)
         .optional("index", &t.index)
         .required("token", &t.token)
         .required("finished", &t.finished)
-        .required("reason", &t.finish_reason)
+        .required("reason", &reason_name)
         .optional("error", &t.error)
         .optional("cached", &t.cached_tokens)
         .optional("logprob", &t.logprob)
         .optional("top", &t.top_logprobs);
     MSI_RETURN_IF_ERROR(te.status());
-    auto reason = parse_finish_reason(t.finish_reason);
+    auto reason = parse_finish_reason(reason_name);
     if (!reason.ok()) {
       return invalid_argument(w + ": events[" + std::to_string(i) +
                               "]: " + reason.status().message());
     }
+    t.finish_reason = *reason;
     e->events.push_back(std::move(t));
   }
   return ok_status();

@@ -1,6 +1,7 @@
 #include "msinfer/runtime/engine.h"
 
 #include <algorithm>
+#include <string>
 
 #include "msinfer/kernels/cpu/threads.h"
 #include "msinfer/runtime/device_backend.h"
@@ -279,13 +280,13 @@ bool Engine::sample_next(Running& r, const float* lg, std::vector<TokenEvent>* e
   const auto& stops = sp.stop_token_ids;
   if (!sp.ignore_eos &&
       std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), tok) != c.eos_token_ids.end()) {
-    ev.finish_reason = "eos";
+    ev.finish_reason = FinishReason::kEos;
   } else if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
-    ev.finish_reason = "stop";
+    ev.finish_reason = FinishReason::kStop;
   } else if (r.generated >= sp.max_tokens) {
-    ev.finish_reason = "length";
+    ev.finish_reason = FinishReason::kLength;
   }
-  ev.finished = !ev.finish_reason.empty();
+  ev.finished = ev.finish_reason != FinishReason::kNone;
   return ev.finished;
 }
 

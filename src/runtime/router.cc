@@ -31,7 +31,7 @@ TokenEvent error_event(int64_t id, std::string why) {
   TokenEvent ev;
   ev.request_id = id;
   ev.finished = true;
-  ev.finish_reason = finish_reason_name(FinishReason::kError);
+  ev.finish_reason = FinishReason::kError;
   ev.error = std::move(why);
   return ev;
 }

@@ -662,8 +662,8 @@ std::optional<ApiError> parse_request(const std::string& body, bool chat, const 
   return resolve_prompt(ctx, out, std::chrono::steady_clock::time_point::max());
 }
 
-std::string openai_finish_reason(const std::string& engine_reason) {
-  return engine_reason == "length" ? "length" : "stop";
+const char* openai_finish_reason(runtime::FinishReason engine_reason) {
+  return engine_reason == runtime::FinishReason::kLength ? "length" : "stop";
 }
 
 TextStream::TextStream(const model::Tokenizer* t, std::vector<std::string> stop,

@@ -270,8 +270,8 @@ void Session::on_tokens(int64_t id, std::span<const runtime::TokenEvent> events,
     c.engine_finished = ev.finished;
     // A token that ended generation as a stop (a stop_token_ids token, EOS)
     // writes no text unless include_stop_str_in_output, as in vLLM.
-    const bool stop_token =
-        ev.finished && (ev.finish_reason == "stop" || ev.finish_reason == "eos");
+    const bool stop_token = ev.finished && (ev.finish_reason == runtime::FinishReason::kStop ||
+                                            ev.finish_reason == runtime::FinishReason::kEos);
     if (c.harmony) {
       // Every token goes to the parser (it never shows <|return|> and
       // <|call|>); stop strings are looked for in the content only.

@@ -310,7 +310,7 @@ int64_t Scheduler::deliver_step(std::vector<runtime::TokenEvent>& all,
     while (next != active_.end() && next->id < id) ++next;
     if (next == active_.end() || next->id != id) continue;  // cancelled meanwhile
     Active& a = *next++;
-    if (evs.back().finish_reason == "error") {
+    if (evs.back().finish_reason == runtime::FinishReason::kError) {
       // The deployment lost it (a dead attention worker, not resubmitted):
       // this request fails, the others go on.
       send_error(*a.sink, a.batch, Status(StatusCode::kUnavailable, evs.back().error));
@@ -336,7 +336,7 @@ int64_t Scheduler::deliver_step(std::vector<runtime::TokenEvent>& all,
       a.last_token = now;
       if (evs[i].finished) {
         --a.sequences_left;
-        length = evs[i].finish_reason == "length";
+        length = evs[i].finish_reason == runtime::FinishReason::kLength;
       }
     }
     // Read before the sink, which may move from the events.

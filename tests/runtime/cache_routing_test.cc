@@ -65,7 +65,7 @@ void run_to_idle(Router& router, Delivered* d, OnStep on_step) {
     auto events = router.step();
     ASSERT_TRUE(events.ok()) << events.status().to_string();
     for (const auto& ev : *events) {
-      ASSERT_NE(ev.finish_reason, "error") << ev.error;
+      ASSERT_NE(ev.finish_reason, runtime::FinishReason::kError) << ev.error;
       if (d->tokens[ev.request_id].empty()) d->cached[ev.request_id] = ev.cached_tokens;
       d->tokens[ev.request_id].push_back(ev.token);
     }

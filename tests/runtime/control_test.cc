@@ -67,20 +67,20 @@ std::vector<Event> every_event() {
   TokenEvent t1;
   t1.request_id = 42;
   t1.token = 17;
-  t1.finish_reason = "";
+  t1.finish_reason = runtime::FinishReason::kNone;
   t1.cached_tokens = 128;
   TokenEvent t2;
   t2.request_id = 43;
   t2.index = 2;
   t2.token = 2;
   t2.finished = true;
-  t2.finish_reason = "eos";
+  t2.finish_reason = runtime::FinishReason::kEos;
   t2.logprob = -0.25f;
   t2.top_logprobs = {{2, -0.25f}, {9, -1.5f}};
   TokenEvent t3;
   t3.request_id = 44;
   t3.finished = true;
-  t3.finish_reason = "error";
+  t3.finish_reason = runtime::FinishReason::kError;
   t3.error = "lost";
   return {Ready{3, kProtocolVersion, 120.5, 64.25, 18446744073709551557ull, 128},
           Stepped{{t1, t2, t3}, 5, 0.5, true, {2, 1000, 256}, {18446744073709551557ull, 7}, {9}},

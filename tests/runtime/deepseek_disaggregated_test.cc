@@ -221,7 +221,7 @@ TEST(DeepSeekFailureTest, ADeadExpertWorkersExpertsMoveToTheirReplicas) {
       auto events = router->step();
       ASSERT_TRUE(events.ok()) << events.status().to_string();
       for (const auto& ev : *events) {
-        EXPECT_NE(ev.finish_reason, "error") << ev.error;
+        EXPECT_NE(ev.finish_reason, runtime::FinishReason::kError) << ev.error;
         tokens[ev.request_id].push_back(ev.token);
       }
       ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(120));
@@ -279,7 +279,7 @@ TEST(DeepSeekFailureTest, ADeadExpertWorkerHoldingSharedExpertsRestartsTheDeploy
       auto events = router->step();
       ASSERT_TRUE(events.ok()) << events.status().to_string();
       for (const auto& ev : *events) {
-        EXPECT_NE(ev.finish_reason, "error") << ev.error;
+        EXPECT_NE(ev.finish_reason, runtime::FinishReason::kError) << ev.error;
         tokens.push_back(ev.token);
       }
       ASSERT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(120));

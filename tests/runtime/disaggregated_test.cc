@@ -320,7 +320,7 @@ FailureRun run_with_kill(const WorkerConfig& c, const std::vector<GenerationRequ
         ++run.events_after_end[ev.request_id];
         continue;
       }
-      if (ev.finish_reason == "error") {
+      if (ev.finish_reason == runtime::FinishReason::kError) {
         run.errors[ev.request_id] = ev.error;
       } else {
         run.tokens[ev.request_id].push_back(ev.token);
@@ -583,7 +583,7 @@ TEST(ExpertFailureTest, TwoDeathsInPlaceLeaveEveryExpertOnOneReplica) {
       auto events = (*router)->step();
       ASSERT_TRUE(events.ok()) << events.status().to_string();
       for (const auto& ev : *events) {
-        if (ev.finish_reason == "error")
+        if (ev.finish_reason == runtime::FinishReason::kError)
           run.errors[ev.request_id] = ev.error;
         else
           run.tokens[ev.request_id].push_back(ev.token);
@@ -654,7 +654,7 @@ TEST(ExpertFailureTest, ARespawnedReplacementJoinsTheRunningDeployment) {
         auto events = router.step();
         ASSERT_TRUE(events.ok()) << events.status().to_string();
         for (const auto& ev : *events) {
-          ASSERT_NE(ev.finish_reason, "error") << ev.error;
+          ASSERT_NE(ev.finish_reason, runtime::FinishReason::kError) << ev.error;
           got[ev.request_id].push_back(ev.token);
         }
       }
@@ -743,7 +743,7 @@ TEST(AttentionFailureTest, ARespawnedAttentionWorkerJoinsTheRunningDeployment) {
         auto events = router.step();
         ASSERT_TRUE(events.ok()) << events.status().to_string();
         for (const auto& ev : *events) {
-          ASSERT_NE(ev.finish_reason, "error") << ev.error;
+          ASSERT_NE(ev.finish_reason, runtime::FinishReason::kError) << ev.error;
           got[ev.request_id].push_back(ev.token);
         }
       }
@@ -1112,7 +1112,7 @@ TEST(PrefixCacheDisaggregatedTest, RepeatedPromptsHitEachWorkersCache) {
       auto events = router->step();
       ASSERT_TRUE(events.ok()) << events.status().to_string();
       for (const auto& ev : *events) {
-        ASSERT_NE(ev.finish_reason, "error") << ev.error;
+        ASSERT_NE(ev.finish_reason, runtime::FinishReason::kError) << ev.error;
         got[ev.request_id].push_back(ev.token);
       }
     }

@@ -305,7 +305,7 @@ TEST(EngineTest, StopsOnStopTokensEosAndLength) {
   while (greedy[first] != greedy[2]) ++first;  // the stop token may appear earlier
   ASSERT_EQ(evs.size(), first + 1);
   EXPECT_TRUE(evs.back().finished);
-  EXPECT_EQ(evs.back().finish_reason, "stop");
+  EXPECT_EQ(evs.back().finish_reason, runtime::FinishReason::kStop);
   // The same token as EOS ends it too, unless ignore_eos.
   GenerationRequest r3 = req(3, {1, 10, 20}, 8);
   r3.sampling.ignore_eos = false;
@@ -481,7 +481,7 @@ TEST(EngineTest, NSamplesCancelAndEndTogether) {
   ASSERT_EQ(evs.size(), 3u);
   for (const auto& ev : evs) {
     EXPECT_TRUE(ev.finished);
-    EXPECT_EQ(ev.finish_reason, "length");
+    EXPECT_EQ(ev.finish_reason, runtime::FinishReason::kLength);
   }
   EXPECT_TRUE(e->idle());
   EXPECT_EQ(e->kv_usage(), 0.0);

@@ -43,7 +43,7 @@ class OneTokenPerStep final : public GenerationBackend {
       ev.request_id = it->first;
       ev.token = 7;
       ev.finished = --it->second == 0;
-      if (ev.finished) ev.finish_reason = "length";
+      if (ev.finished) ev.finish_reason = runtime::FinishReason::kLength;
       out.push_back(ev);
       it = ev.finished ? left_.erase(it) : std::next(it);
     }

@@ -76,7 +76,7 @@ class FakeBackend final : public GenerationBackend {
         ev.index = static_cast<int32_t>(i);
         ev.token = static_cast<int32_t>(produced[i]++);
         ev.finished = produced[i] == end;
-        if (ev.finished) ev.finish_reason = "length";
+        if (ev.finished) ev.finish_reason = runtime::FinishReason::kLength;
         left = left || !ev.finished;
         out.push_back(ev);
       }
@@ -91,11 +91,11 @@ class FakeBackend final : public GenerationBackend {
       ev.request_id = it->first;
       ev.token = static_cast<int32_t>(it->second.second++);
       ev.finished = it->second.second == it->second.first;
-      if (ev.finished) ev.finish_reason = "length";
+      if (ev.finished) ev.finish_reason = runtime::FinishReason::kLength;
       if (it->first == lose_id_ && it->second.second == 3) {
         ev.token = -1;
         ev.finished = true;
-        ev.finish_reason = "error";
+        ev.finish_reason = runtime::FinishReason::kError;
         ev.error = "request " + std::to_string(lose_id_) + " was lost: attention worker 1 died";
       }
       out.push_back(ev);
@@ -113,7 +113,7 @@ class FakeBackend final : public GenerationBackend {
         next.token = static_cast<int32_t>(r.second++);
         next.finished = r.second == r.first;
         if (next.finished) {
-          next.finish_reason = "length";
+          next.finish_reason = runtime::FinishReason::kLength;
           running_.erase(ev.request_id);
         }
         second.push_back(next);

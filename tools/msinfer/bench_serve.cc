@@ -287,7 +287,8 @@ struct Deployed {
     auto events = router ? router->step() : engine->step();
     if (!events.ok()) return events.status();
     for (const auto& ev : *events) {
-      if (ev.finish_reason == "error") return Status(StatusCode::kUnavailable, ev.error);
+      if (ev.finish_reason == runtime::FinishReason::kError)
+        return Status(StatusCode::kUnavailable, ev.error);
     }
     return events;
   }

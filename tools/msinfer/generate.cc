@@ -129,7 +129,7 @@ struct Generated {
   std::vector<int32_t> ids;
   std::vector<double> times;
   Json logprobs = Json::array();  // with logprobs >= 0: one entry per token
-  std::string finish_reason;
+  runtime::FinishReason finish_reason = runtime::FinishReason::kNone;
 };
 
 // Steps `step` until `idle`, streaming text to stdout unless --json (or no
@@ -154,7 +154,8 @@ StatusOr<Generated> run_to_end(const GenerateOptions& o, int64_t request_id, boo
                       " tokens generated");
     }
     for (const auto& ev : *events) {
-      if (ev.finish_reason == "error") return Status(StatusCode::kUnavailable, ev.error);
+      if (ev.finish_reason == runtime::FinishReason::kError)
+        return Status(StatusCode::kUnavailable, ev.error);
       g.times.push_back(std::chrono::duration<double>(clock::now() - t0).count());
       g.ids.push_back(ev.token);
       if (o.sampling.logprobs >= 0) {
@@ -194,7 +195,7 @@ void print_report(const GenerateOptions& o, const std::vector<int32_t>& prompt, 
     Json j{{"prompt_ids", prompt},
            {"token_ids", g.ids},
            {"text", Json(text)},
-           {"finish_reason", g.finish_reason},
+           {"finish_reason", runtime::finish_reason_name(g.finish_reason)},
            {"ttft_ms", ttft * 1e3},
            {"tbt_ms_mean", tbt_mean * 1e3},
            {"tbt_ms_p50", tbt_p50 * 1e3},
@@ -217,9 +218,10 @@ void print_report(const GenerateOptions& o, const std::vector<int32_t>& prompt, 
       "\n\n%zu prompt tokens, %zu generated (%s); TTFT %.1f ms, TBT %.2f ms mean / %.2f "
       "ms p50, %.1f tokens/s decode; RSS %.0f MiB (%s weights %.0f MiB, KV budget %lld "
       "MiB); CPU kernels %s\n",
-      prompt.size(), g.ids.size(), g.finish_reason.c_str(), ttft * 1e3, tbt_mean * 1e3,
-      tbt_p50 * 1e3, tps, mem.rss_bytes / 1048576.0, kernels::cpu::weight_format_name(o.weights),
-      weights_mb, static_cast<long long>(o.kv_cache_mb), kernels::cpu::isa_description().c_str());
+      prompt.size(), g.ids.size(), runtime::finish_reason_name(g.finish_reason), ttft * 1e3,
+      tbt_mean * 1e3, tbt_p50 * 1e3, tps, mem.rss_bytes / 1048576.0,
+      kernels::cpu::weight_format_name(o.weights), weights_mb,
+      static_cast<long long>(o.kv_cache_mb), kernels::cpu::isa_description().c_str());
   std::printf("%s (--json for the counts)\n", routing_summary(routing.to_json()).c_str());
   for (size_t i = 0; i < g.logprobs.size(); ++i) {
     const Json& e = g.logprobs[i];

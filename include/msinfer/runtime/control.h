@@ -38,11 +38,6 @@ enum class WorkerRole { kAttention, kExpert };
 const char* worker_role_name(WorkerRole r);  // "attention", "expert"
 StatusOr<WorkerRole> parse_worker_role(const std::string& s);
 
-// Why a request ended (TokenEvent::finish_reason holds the name).
-enum class FinishReason { kNone, kEos, kStop, kLength, kError };
-const char* finish_reason_name(FinishReason r);  // "", "eos", "stop", "length", "error"
-StatusOr<FinishReason> parse_finish_reason(const std::string& s);
-
 namespace control {
 
 // 2: AddAttention / AttentionAdded, GetCard on expert processes, SetUnits on

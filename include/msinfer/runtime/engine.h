@@ -44,6 +44,7 @@
 
 #include "msinfer/model/weights.h"
 #include "msinfer/runtime/expert_backend.h"
+#include "msinfer/runtime/finish_reason.h"
 #include "msinfer/runtime/kv_cache.h"
 #include "msinfer/runtime/model_runner.h"
 #include "msinfer/runtime/sampling.h"
@@ -108,10 +109,10 @@ struct TokenEvent {
   int32_t token = -1;
   // This sequence ended (the request ends when all n have).
   bool finished = false;
-  // "eos", "stop", "length" when finished; "error" (token -1, `error` says
-  // why) for a request a deployment lost, e.g. with a dead attention worker:
-  // that one event ends the whole request, whatever its n.
-  std::string finish_reason;
+  // kEos, kStop, kLength when finished; kError (token -1, `error` says why)
+  // for a request a deployment lost, e.g. with a dead attention worker: that
+  // one event ends the whole request, whatever its n.
+  FinishReason finish_reason = FinishReason::kNone;
   std::string error;
   // With SamplingParams::logprobs >= 0: log-probability of `token` and of the
   // most likely tokens (after penalties, before temperature).

@@ -15,6 +15,7 @@
 
 #include "msinfer/core/json.h"
 #include "msinfer/model/tokenizer.h"
+#include "msinfer/runtime/finish_reason.h"
 #include "msinfer/runtime/sampling.h"
 #include "msinfer/server/chat_template.h"
 #include "msinfer/server/harmony.h"
@@ -141,8 +142,9 @@ bool needs_tokenizer(const ApiRequest& r);
 std::optional<ApiError> resolve_prompt(const ApiContext& ctx, ApiRequest* r,
                                        std::chrono::steady_clock::time_point deadline);
 
-// Maps the engine's finish reasons ("eos", "stop", "length") to OpenAI's.
-std::string openai_finish_reason(const std::string& engine_reason);
+// Maps the engine's finish reasons (eos, stop, length) to OpenAI's ("stop",
+// "length").
+const char* openai_finish_reason(runtime::FinishReason engine_reason);
 
 // Incremental text of one request: turns token ids into text deltas, holding
 // back text that may be the start of a stop string, and ends the request
