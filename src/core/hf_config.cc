@@ -73,6 +73,34 @@ Status parse_numerics(const JsonFields& f, ModelConfig& m) {
   return parse_eos(f, m);
 }
 
+// rope_scaling of type yarn (DeepSeek's and gpt-oss's checkpoints): the type
+// under `type_key` or else `other_key` (the two name it differently), the
+// factor, the original context and the beta range. The model's own extras
+// (DeepSeek's mscale, gpt-oss's truncate) are its caller's.
+Status parse_yarn(const JsonFields& rs, const char* type_key, const char* other_key,
+                  const char* model, ModelConfig& m) {
+  std::string type;
+  if (rs.has(type_key)) {
+    MSI_ASSIGN_OR_RETURN(type, rs.string(type_key));
+  } else {
+    MSI_ASSIGN_OR_RETURN(type, rs.string_or(other_key, ""));
+  }
+  if (type != "yarn") {
+    return rs.field_error(type_key, "'" + type + "' is not supported (" + model + ": yarn)");
+  }
+  MSI_ASSIGN_OR_RETURN(m.yarn_factor, rs.positive("factor"));
+  if (m.yarn_factor > 1e6) return rs.field_error("factor", "must be <= 1e6");
+  MSI_ASSIGN_OR_RETURN(m.yarn_original_max_position,
+                       rs.integer_at_least("original_max_position_embeddings", 1));
+  MSI_ASSIGN_OR_RETURN(m.yarn_beta_fast, rs.number_or("beta_fast", 32));
+  MSI_ASSIGN_OR_RETURN(m.yarn_beta_slow, rs.number_or("beta_slow", 1));
+  if (!(m.yarn_beta_fast > 0 && m.yarn_beta_slow > 0 && m.yarn_beta_fast >= m.yarn_beta_slow &&
+        m.yarn_beta_fast < 1e6)) {
+    return rs.field_error("beta_fast", "and beta_slow must satisfy 0 < beta_slow <= beta_fast");
+  }
+  return ok_status();
+}
+
 Status parse_common_gqa(const JsonFields& f, ModelConfig& m) {
   MSI_ASSIGN_OR_RETURN(m.layers, get_int(f, "num_hidden_layers"));
   MSI_ASSIGN_OR_RETURN(m.hidden, f.integer_at_least("hidden_size", 1));
@@ -178,27 +206,9 @@ Status parse_deepseek(const JsonFields& f, ModelConfig& m) {
 
   if (f.has("rope_scaling")) {
     MSI_ASSIGN_OR_RETURN(JsonFields rs, f.object("rope_scaling"));
-    std::string type;
-    if (rs.has("type")) {
-      MSI_ASSIGN_OR_RETURN(type, rs.string("type"));
-    } else {
-      MSI_ASSIGN_OR_RETURN(type, rs.string_or("rope_type", ""));
-    }
-    if (type != "yarn") {
-      return rs.field_error("type", "'" + type + "' is not supported (DeepSeek models: yarn)");
-    }
-    MSI_ASSIGN_OR_RETURN(m.yarn_factor, rs.positive("factor"));
-    if (m.yarn_factor > 1e6) return rs.field_error("factor", "must be <= 1e6");
-    MSI_ASSIGN_OR_RETURN(m.yarn_original_max_position,
-                         rs.integer_at_least("original_max_position_embeddings", 1));
-    MSI_ASSIGN_OR_RETURN(m.yarn_beta_fast, rs.number_or("beta_fast", 32));
-    MSI_ASSIGN_OR_RETURN(m.yarn_beta_slow, rs.number_or("beta_slow", 1));
+    MSI_RETURN_IF_ERROR(parse_yarn(rs, "type", "rope_type", "DeepSeek models", m));
     MSI_ASSIGN_OR_RETURN(m.yarn_mscale, rs.number_or("mscale", 1));
     MSI_ASSIGN_OR_RETURN(m.yarn_mscale_all_dim, rs.number_or("mscale_all_dim", 0));
-    if (!(m.yarn_beta_fast > 0 && m.yarn_beta_slow > 0 && m.yarn_beta_fast >= m.yarn_beta_slow &&
-          m.yarn_beta_fast < 1e6)) {
-      return rs.field_error("beta_fast", "and beta_slow must satisfy 0 < beta_slow <= beta_fast");
-    }
     for (auto [key, v] :
          {std::pair{"mscale", m.yarn_mscale}, {"mscale_all_dim", m.yarn_mscale_all_dim}}) {
       if (!(v >= 0 && v < 1e3)) return rs.field_error(key, "must be in [0, 1e3)");
@@ -272,26 +282,8 @@ Status parse_gpt_oss(const JsonFields& f, ModelConfig& m) {
   }
   if (f.has("rope_scaling") && !f.json().at("rope_scaling").is_null()) {
     MSI_ASSIGN_OR_RETURN(JsonFields rs, f.object("rope_scaling"));
-    std::string type;
-    if (rs.has("rope_type")) {
-      MSI_ASSIGN_OR_RETURN(type, rs.string("rope_type"));
-    } else {
-      MSI_ASSIGN_OR_RETURN(type, rs.string_or("type", ""));
-    }
-    if (type != "yarn") {
-      return rs.field_error("rope_type", "'" + type + "' is not supported (gpt-oss: yarn)");
-    }
-    MSI_ASSIGN_OR_RETURN(m.yarn_factor, rs.positive("factor"));
-    if (m.yarn_factor > 1e6) return rs.field_error("factor", "must be <= 1e6");
-    MSI_ASSIGN_OR_RETURN(m.yarn_original_max_position,
-                         rs.integer_at_least("original_max_position_embeddings", 1));
-    MSI_ASSIGN_OR_RETURN(m.yarn_beta_fast, rs.number_or("beta_fast", 32));
-    MSI_ASSIGN_OR_RETURN(m.yarn_beta_slow, rs.number_or("beta_slow", 1));
+    MSI_RETURN_IF_ERROR(parse_yarn(rs, "rope_type", "type", "gpt-oss", m));
     MSI_ASSIGN_OR_RETURN(m.yarn_truncate, rs.boolean_or("truncate", true));
-    if (!(m.yarn_beta_fast > 0 && m.yarn_beta_slow > 0 && m.yarn_beta_fast >= m.yarn_beta_slow &&
-          m.yarn_beta_fast < 1e6)) {
-      return rs.field_error("beta_fast", "and beta_slow must satisfy 0 < beta_slow <= beta_fast");
-    }
   }
   if (f.has("quantization_config") && !f.json().at("quantization_config").is_null()) {
     MSI_ASSIGN_OR_RETURN(JsonFields q, f.object("quantization_config"));
