@@ -426,10 +426,7 @@ Status mixtral_family_tokenizer(const MakeModelOptions& o, Json* tok_json, Json*
                    {"legacy", true},        {"chat_template", kLlama2ChatTemplate}};
   } else if (o.preset == "tiny-qwen3moe") {
     *tok_json = train_tokenizer(kCorpus, 200, /*byte_level=*/true);
-    *tok_config = {{"add_bos_token", false},
-                   {"eos_token", "<|endoftext|>"},
-                   {"tokenizer_class", "Qwen2Tokenizer"},
-                   {"chat_template", internal::kChatMlTemplate}};
+    *tok_config = internal::chatml_tokenizer_config();
   }
   return ok_status();
 }

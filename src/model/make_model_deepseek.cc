@@ -302,11 +302,8 @@ Json deepseek_preset_config(const std::string& preset, int64_t vocab) {
 
 Status make_deepseek_model(const MakeModelOptions& o, const Json& tok_json,
                            const Json& tokenizer_config) {
-  const Json tok_config = !tokenizer_config.is_null() ? tokenizer_config
-                                                      : Json{{"add_bos_token", false},
-                                                             {"eos_token", "<|endoftext|>"},
-                                                             {"tokenizer_class", "Qwen2Tokenizer"},
-                                                             {"chat_template", kChatMlTemplate}};
+  const Json tok_config =
+      !tokenizer_config.is_null() ? tokenizer_config : chatml_tokenizer_config();
   auto tok = Tokenizer::from_json(tok_json, &tok_config, "tokenizer.json");
   if (!tok.ok()) return tok.status();
   Json config = deepseek_preset_config(o.preset, tok->vocab_size());

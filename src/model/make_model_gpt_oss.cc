@@ -140,11 +140,8 @@ Json gpt_oss_preset_config(const std::string& preset, int64_t vocab) {
 
 Status make_gpt_oss_model(const MakeModelOptions& o, const Json& tok_json,
                           const Json& given_tok_config) {
-  const Json tok_config = given_tok_config.is_object() ? given_tok_config
-                                                       : Json{{"add_bos_token", false},
-                                                              {"eos_token", "<|endoftext|>"},
-                                                              {"tokenizer_class", "Qwen2Tokenizer"},
-                                                              {"chat_template", kChatMlTemplate}};
+  const Json tok_config =
+      given_tok_config.is_object() ? given_tok_config : chatml_tokenizer_config();
   auto tok = Tokenizer::from_json(tok_json, &tok_config, "tokenizer.json");
   if (!tok.ok()) return tok.status();
   Json config = gpt_oss_preset_config(o.preset, tok->vocab_size());

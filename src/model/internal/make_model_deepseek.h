@@ -59,6 +59,15 @@ inline constexpr const char* kChatMlTemplate =
     "    {{- '<|im_start|>assistant\\n' }}\n"
     "{%- endif %}\n";
 
+// The tokenizer_config.json of a preset whose tokenizer is trained here
+// (byte-level, Qwen's conventions): ChatML, no BOS, <|endoftext|> ends.
+inline Json chatml_tokenizer_config() {
+  return Json{{"add_bos_token", false},
+              {"eos_token", "<|endoftext|>"},
+              {"tokenizer_class", "Qwen2Tokenizer"},
+              {"chat_template", kChatMlTemplate}};
+}
+
 std::vector<std::string> deepseek_presets();
 bool is_deepseek_preset(const std::string& preset);
 // The config.json of a DeepSeek preset (vocab from its tokenizer).
