@@ -46,12 +46,11 @@ Router::~Router() {
   if (!join_placement_file_.empty()) ::unlink(join_placement_file_.c_str());
 }
 
-StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std::string& exe,
-                                                const std::string& placement_file) {
+// What start() and start_launched() share: the configuration, the worker
+// set, the expected workers by role, the rebalancer.
+StatusOr<std::unique_ptr<Router>> Router::create(const WorkerConfig& c) {
   auto r = std::unique_ptr<Router>(new Router());
   r->c_ = c;
-  r->exe_ = exe;
-  r->placement_file_ = placement_file;
   r->workers_ = std::make_unique<internal::WorkerSet>(r->c_);
   r->expected_[static_cast<int>(WorkerRole::kAttention)] = c.attention_workers;
   r->expected_[static_cast<int>(WorkerRole::kExpert)] = c.expert_workers;
@@ -60,6 +59,14 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
       r->c_, *r->workers_,
       [self](WorkerProcess& w, const control::Command& cmd) { return self->ask(w, cmd); });
   MSI_RETURN_IF_ERROR(r->rebalancer_->init());
+  return r;
+}
+
+StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std::string& exe,
+                                                const std::string& placement_file) {
+  MSI_ASSIGN_OR_RETURN(std::unique_ptr<Router> r, create(c));
+  r->exe_ = exe;
+  r->placement_file_ = placement_file;
   MSI_RETURN_IF_ERROR(r->spawn());
   return r;
 }
@@ -67,16 +74,7 @@ StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std
 StatusOr<std::unique_ptr<Router>> Router::start_launched(const WorkerConfig& c,
                                                          comm::Bootstrap& launcher) {
   MSI_RETURN_IF_ERROR(internal::check_launcher_size(c, launcher));
-  auto r = std::unique_ptr<Router>(new Router());
-  r->c_ = c;
-  r->workers_ = std::make_unique<internal::WorkerSet>(r->c_);
-  r->expected_[static_cast<int>(WorkerRole::kAttention)] = c.attention_workers;
-  r->expected_[static_cast<int>(WorkerRole::kExpert)] = c.expert_workers;
-  Router* self = r.get();
-  r->rebalancer_ = std::make_unique<internal::Rebalancer>(
-      r->c_, *r->workers_,
-      [self](WorkerProcess& w, const control::Command& cmd) { return self->ask(w, cmd); });
-  MSI_RETURN_IF_ERROR(r->rebalancer_->init());
+  MSI_ASSIGN_OR_RETURN(std::unique_ptr<Router> r, create(c));
   MSI_RETURN_IF_ERROR(r->workers_->accept_launched(launcher));
   MSI_RETURN_IF_ERROR(r->wait_ready());
   return r;

@@ -158,6 +158,7 @@ class Router {
   static constexpr int kMaxRestarts = 3;
 
  private:
+  static StatusOr<std::unique_ptr<Router>> create(const WorkerConfig& c);
   // What the router keeps of a request to resubmit it: the request and the
   // tokens delivered so far (with n > 1 those of all its sequences, mixed:
   // such a request is resubmitted only before its first token), and its
