@@ -38,18 +38,6 @@ void raise_fd_limit() {
   }
 }
 
-// Co-located, the engine's kernels and the HTTP loop share this machine's
-// cores: unless told otherwise, the kernels leave one core to the loop. (On
-// 2 cores, tiny-mixtral at 64 streams: +7% time per token over the offline
-// engine instead of +70-240% when both kernel threads and the loop fight
-// for 2 cores; docs/SERVING.md.)
-void set_serve_compute_threads(const FlagSet& flags) {
-  if (flags.get_int("threads") == 0 && std::getenv("OMP_NUM_THREADS") == nullptr &&
-      !deployment_requested(flags) && kernels::cpu::compute_threads() > 1) {
-    kernels::cpu::set_compute_threads(kernels::cpu::compute_threads() - 1);
-  }
-}
-
 void add_serve_flags(FlagSet& flags) {
   flags.add_string("model", "", "model directory (config.json, *.safetensors, tokenizer files)");
   flags.add_string("host", "127.0.0.1",
@@ -306,6 +294,11 @@ StatusOr<std::unique_ptr<server::GenerationBackend>> start_backend(
     return server::router_backend(std::move(d.router), static_cast<int>(config.layers),
                                   static_cast<int>(config.experts));
   }
+  // The kernels run on every CPU this process may use (OpenMP's default
+  // counts the affinity mask's; --threads or OMP_NUM_THREADS choose), the
+  // HTTP loop beside them: it sleeps until the engine thread hands it a
+  // step's tokens and takes a CPU for its writes only (docs/SERVING.md,
+  // "Threads"). Leaving it a CPU of its own halved a single stream's speed.
   model::LoadOptions lo;
   lo.weights = o.weights;
   MSI_ASSIGN_OR_RETURN(
@@ -433,7 +426,6 @@ int run_serve(int argc, char** argv) {
   auto opts = serve_options(flags);
   if (!opts.ok()) return report_error("serve", opts.status());
   const ServeOptions& o = *opts;
-  set_serve_compute_threads(flags);
   auto config = load_model_config(o.model_dir);
   if (!config.ok()) return report_error("serve", config.status());
   auto api = load_api(flags, o, *config);
