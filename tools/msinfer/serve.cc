@@ -16,7 +16,6 @@
 
 #include "commands.h"
 #include "msinfer/core/flags.h"
-#include "msinfer/kernels/cpu/threads.h"
 #include "msinfer/model/tokenizer.h"
 #include "msinfer/runtime/device_backend.h"
 #include "msinfer/runtime/disaggregated.h"
@@ -296,9 +295,10 @@ StatusOr<std::unique_ptr<server::GenerationBackend>> start_backend(
   }
   // The kernels run on every CPU this process may use (OpenMP's default
   // counts the affinity mask's; --threads or OMP_NUM_THREADS choose), the
-  // HTTP loop beside them: it sleeps until the engine thread hands it a
-  // step's tokens and takes a CPU for its writes only (docs/SERVING.md,
-  // "Threads"). Leaving it a CPU of its own halved a single stream's speed.
+  // HTTP loop beside them: it sleeps between steps (until their tokens
+  // come, or just before: --no-anticipate) and takes a CPU for its writes
+  // (docs/SERVING.md, "Threads"). Leaving it a CPU of its own halved a
+  // single stream's speed.
   model::LoadOptions lo;
   lo.weights = o.weights;
   MSI_ASSIGN_OR_RETURN(
