@@ -55,6 +55,14 @@ Status Scheduler::submit(runtime::GenerationRequest r, std::shared_ptr<RequestSi
   e.arrival = clock::now();
   inbox_.push_back(std::move(e));
   ++in_flight_;
+  // Counted waiting from now on, not from the engine thread's next
+  // publish_gauges (which counts it where it is then): a client that reads
+  // /metrics after its request was accepted must not find the server idle
+  // while the request holds its seat. (The engine thread publishes at the
+  // end of an iteration, which may be a whole step after it took the
+  // request: a request cancelled meanwhile was still seated when /metrics
+  // said drained, and the next request got 429.)
+  ++snap_.waiting;
   l.unlock();
   cv_.notify_one();
   return ok_status();
@@ -174,9 +182,11 @@ int64_t Scheduler::fail_all(const Status& s, bool in_backend) {
     // Seats free before the answers go out, as in loop(); and with the
     // requests gone from the backend, the gauges say so by then too (a
     // client that reads /metrics on its error finds nothing running).
+    // Without `in_backend` (stopping) the backend's gauges still count what
+    // it holds; the waiting ones counted since submit() are gone either way.
     std::lock_guard<std::mutex> l(mu_);
     in_flight_ -= n;
-    if (in_backend) publish_gauges(backend_gauges());
+    publish_gauges(backend_gauges());
   }
   end_round();
   idle_cv_.notify_all();

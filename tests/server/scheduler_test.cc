@@ -49,7 +49,10 @@ class FakeBackend final : public GenerationBackend {
     return ok_status();
   }
   StatusOr<std::vector<runtime::TokenEvent>> step() override {
-    while (held_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    while (held_) {
+      in_held_step_ = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     if (fail_when_ > 0 && running_.size() >= fail_when_) {
       return Status(StatusCode::kUnavailable, "expert worker 1 was killed by signal 9");
     }
@@ -142,6 +145,7 @@ class FakeBackend final : public GenerationBackend {
 
   std::atomic<int64_t> max_batch_{0};
   std::atomic<bool> held_{false};  // step() waits while set
+  std::atomic<bool> in_held_step_{false};  // a step() has waited for held_
   std::atomic<bool> stopped_{false};
   bool scatter_ = false;  // set before the scheduler starts
   // Set before the scheduler starts: each step answers half the requests
@@ -639,6 +643,58 @@ TEST(SchedulerTest, AnAnswerHandedOverHasFreedItsSeat) {
   EXPECT_TRUE(chain.stale_gauges().empty())
       << chain.stale_gauges().size() << " of 20 answers went out while still counted running";
   EXPECT_TRUE(sched.wait_idle(std::chrono::steady_clock::now() + 10s));
+}
+
+// The gauges count a request from the moment submit() accepts it, not from
+// the engine thread's next publish (the end of the iteration that steps it):
+// serve's ServeTest.FullQueueGets429AndApiKeyIsEnforced read /metrics as
+// drained right after a cancel, while the cancelled request still held the
+// only seat, and its next request got 429. The step is held, so the engine
+// thread cannot publish in between: no timing decides the outcome.
+TEST(SchedulerTest, GaugesCountAnAcceptedRequestUntilItsSeatIsFree) {
+  Metrics metrics("m");
+  auto backend = std::make_unique<FakeBackend>();
+  FakeBackend* fake = backend.get();
+  fake->held_ = true;
+  SchedulerOptions o;
+  o.max_num_seqs = 1;
+  o.max_queue = 0;
+  o.stats_interval = std::chrono::hours(1);  // no iteration but the one a submit wakes
+  Scheduler sched(std::move(backend), o, &metrics);
+  auto drained = [&] {
+    const Scheduler::Snapshot s = sched.snapshot();
+    return s.running == 0 && s.waiting == 0 && s.kv_usage == 0;
+  };
+  ASSERT_TRUE(drained());
+  auto a = std::make_shared<Collect>(), b = std::make_shared<Collect>();
+  const int64_t ida = sched.next_id();
+  ASSERT_TRUE(sched.submit(request(ida, 1000000), a).ok());
+  Scheduler::Snapshot s = sched.snapshot();
+  EXPECT_EQ(s.running + s.waiting, 1);  // the engine thread may not have woken yet
+  // The engine thread has taken it and steps it (the step is held).
+  const auto step_deadline = std::chrono::steady_clock::now() + 10s;
+  while (!fake->in_held_step_ && std::chrono::steady_clock::now() < step_deadline) {
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_TRUE(fake->in_held_step_);
+  s = sched.snapshot();
+  EXPECT_EQ(s.running + s.waiting, 1);
+  EXPECT_EQ(sched.submit(request(sched.next_id(), 3), b).code(), StatusCode::kResourceExhausted);
+  sched.cancel(ida);
+  // Until the engine thread takes the cancel, the request holds its seat,
+  // and the gauges say so.
+  EXPECT_FALSE(drained());
+  fake->held_ = false;
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!drained() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_TRUE(drained());
+  // Drained by the gauges: the seat is free.
+  auto c = std::make_shared<Collect>();
+  ASSERT_TRUE(sched.submit(request(sched.next_id(), 3), c).ok());
+  ASSERT_TRUE(c->wait(10s));
+  EXPECT_EQ(c->tokens().size(), 3u);
 }
 
 // A request the deployment lost (an error event) fails alone: the others

@@ -1422,7 +1422,11 @@ TEST_F(ServeTest, SigtermDrainsRunningRequests) {
   // six generations of up to 4,000 tokens, long enough for the checks below
   // (one stream of the tiny model can end within a few hundred ms, and the
   // server with it, before a request that should get 503 is sent).
-  Server s("--drain-timeout 120 --max-num-seqs 1");
+  // One kernel thread: the test is about the drain, and on a machine that
+  // other processes keep busy the tiny model's short steps on every core
+  // stall at OpenMP barriers (116 s of the 120 s drain at load 10 on the
+  // 2-core VM, against 2.9 s on one thread).
+  Server s("--drain-timeout 120 --max-num-seqs 1 --threads 1");
   ASSERT_GT(s.port(), 0) << s.stderr_text();
   // Under TSan a step is ~20x slower: 500 tokens each keep the six within
   // the read limit there (4,000 each took over 120 s) and still drain for

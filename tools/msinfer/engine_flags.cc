@@ -29,8 +29,8 @@ void add_engine_flags(FlagSet& flags) {
                    "MSINFER_WEIGHTS");
   flags.add_int("threads", 0, 0, 4096,
                 "compute threads of the engine's kernels (0: OMP_NUM_THREADS, else one per\n"
-                "core; serve, co-located: one per core but one, which the HTTP loop gets);\n"
-                "inherited by the workers this command starts");
+                "core this process may run on; serve, co-located: the HTTP loop runs beside\n"
+                "them); inherited by the workers this command starts");
   flags.add_string("device", "cpu",
                    "where the engine computes: cpu, or cuda[:N] (a GPU, in builds with the CUDA\n"
                    "backend); in a disaggregated deployment the default of both worker kinds",

@@ -16,7 +16,6 @@
 
 #include "commands.h"
 #include "msinfer/core/flags.h"
-#include "msinfer/kernels/cpu/threads.h"
 #include "msinfer/model/tokenizer.h"
 #include "msinfer/runtime/device_backend.h"
 #include "msinfer/runtime/disaggregated.h"
@@ -35,18 +34,6 @@ void raise_fd_limit() {
   if (::getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
     r.rlim_cur = r.rlim_max;
     ::setrlimit(RLIMIT_NOFILE, &r);
-  }
-}
-
-// Co-located, the engine's kernels and the HTTP loop share this machine's
-// cores: unless told otherwise, the kernels leave one core to the loop. (On
-// 2 cores, tiny-mixtral at 64 streams: +7% time per token over the offline
-// engine instead of +70-240% when both kernel threads and the loop fight
-// for 2 cores; docs/SERVING.md.)
-void set_serve_compute_threads(const FlagSet& flags) {
-  if (flags.get_int("threads") == 0 && std::getenv("OMP_NUM_THREADS") == nullptr &&
-      !deployment_requested(flags) && kernels::cpu::compute_threads() > 1) {
-    kernels::cpu::set_compute_threads(kernels::cpu::compute_threads() - 1);
   }
 }
 
@@ -306,6 +293,12 @@ StatusOr<std::unique_ptr<server::GenerationBackend>> start_backend(
     return server::router_backend(std::move(d.router), static_cast<int>(config.layers),
                                   static_cast<int>(config.experts));
   }
+  // The kernels run on every CPU this process may use (OpenMP's default
+  // counts the affinity mask's; --threads or OMP_NUM_THREADS choose), the
+  // HTTP loop beside them: it sleeps between steps (until their tokens
+  // come, or just before: --no-anticipate) and takes a CPU for its writes
+  // (docs/SERVING.md, "Threads"). Leaving it a CPU of its own halved a
+  // single stream's speed.
   model::LoadOptions lo;
   lo.weights = o.weights;
   MSI_ASSIGN_OR_RETURN(
@@ -433,7 +426,6 @@ int run_serve(int argc, char** argv) {
   auto opts = serve_options(flags);
   if (!opts.ok()) return report_error("serve", opts.status());
   const ServeOptions& o = *opts;
-  set_serve_compute_threads(flags);
   auto config = load_model_config(o.model_dir);
   if (!config.ok()) return report_error("serve", config.status());
   auto api = load_api(flags, o, *config);

@@ -128,6 +128,10 @@ class Scheduler {
   int64_t next_id();
 
   struct Snapshot {
+    // A request counts from the moment submit() accepts it until its seat
+    // is free again (the backend's running and waiting, and the requests
+    // the backend has not taken yet): running == waiting == 0 means a
+    // submit() now finds every seat free.
     int64_t running = 0, waiting = 0;
     runtime::EngineCounters counters;
     double kv_usage = 0;
