@@ -211,19 +211,21 @@ TEST_F(LevelsTest, GemmMxfp4IsTheBf16KernelOnTheDecodedWeights) {
   }
 }
 
-// Every e8m0 byte but 255, in every block position: row j's block b has
-// scale (j + 97 b) % 255, so the blocks of a panel mix the scales the avx2
-// kernel decodes by exponent arithmetic (2..251) with those it multiplies
-// (0, 1: denormal weights; 252..254: the top of the float range, where the
-// largest values are infinite and some sums NaN). Same bits as the bf16
-// kernel on the decoded weights wherever that is the contract.
+// Every e8m0 byte but 255, each in a panel block of its own: the 16 rows of
+// group g (a 16-column panel at avx2, half of one at avx512) have scale
+// g % 255 in their first block and 127 in their second, so the avx2 kernel's
+// choice per block is tested at each value: exponent arithmetic (2..251) or
+// a multiply (0, 1: denormal weights; 252..254: the top of the float range,
+// where the largest values are infinite and some sums NaN); one large scale
+// per row, so that a block decoded wrong is not hidden by another block's
+// infinity. Same bits as the bf16 kernel on the decoded weights wherever
+// that is the contract (panels that mix scales: the test above).
 TEST_F(LevelsTest, GemmMxfp4IsExactAtEveryScaleByte) {
-  const int64_t n = 258, k = 96;
+  const int64_t n = 16 * 255 + 3, k = 64;
   testing::Mxfp4Weight mx = testing::random_mxfp4(n, k, 11);
   for (int64_t j = 0; j < n; ++j) {
-    for (int64_t b = 0; b < k / 32; ++b) {
-      mx.scales[j * (k / 32) + b] = static_cast<uint8_t>((j + 97 * b) % 255);
-    }
+    mx.scales[j * 2] = static_cast<uint8_t>(j / 16 % 255);
+    mx.scales[j * 2 + 1] = 127;
   }
   std::vector<bf16> w(static_cast<size_t>(n * k));
   for (int64_t i = 0; i < n * k / 32; ++i) {
