@@ -159,12 +159,14 @@ TEST_F(LevelsTest, GemmBf16AndInt8MatchGenericOverOddShapes) {
 // vdpbf16ps, mxfp4 by the avx512 kernel) they differ by summation order only
 // (kTol). Generic's mxfp4 also against the double-precision reference. Odd
 // row counts (n not a multiple of the 16- or 32-column panels), K multiples
-// of 32 that cross the k blocks of the multi-tile path (1088 > 512, 256), and
-// batch sizes around the 6- and 12-row tiles.
+// of 32 that cross the k blocks of the multi-tile path (1088 > 512, 256) and
+// avx2's 64-step decode buffer (96, 320: a last sub-block of one mxfp4 block),
+// and batch sizes around the 6- and 12-row tiles (avx2: 1, 2 and 4 rows decode
+// in registers, 3, 5, 6 and several tiles through the buffer).
 TEST_F(LevelsTest, GemmMxfp4IsTheBf16KernelOnTheDecodedWeights) {
   const std::vector<std::pair<int64_t, int64_t>> shapes = {
       {1, 32}, {7, 64}, {17, 96}, {33, 320}, {64, 128}, {130, 64}, {20, 1088}};
-  const std::vector<int64_t> ms = {1, 2, 3, 5, 6, 7, 12, 13, 24, 25, 49, 200};
+  const std::vector<int64_t> ms = {1, 2, 3, 4, 5, 6, 7, 12, 13, 16, 24, 25, 49, 200};
   for (auto [n, k] : shapes) {
     const testing::Mxfp4Weight mx = testing::random_mxfp4(n, k, 3 + n + k);
     std::vector<bf16> w(static_cast<size_t>(n * k));
@@ -205,6 +207,45 @@ TEST_F(LevelsTest, GemmMxfp4IsTheBf16KernelOnTheDecodedWeights) {
           EXPECT_LT(rel_err(ym, ref), kTol) << "generic n=" << n << " k=" << k << " m=" << m;
         }
       }
+    }
+  }
+}
+
+// Every e8m0 byte but 255, each in a panel block of its own: the 16 rows of
+// group g (a 16-column panel at avx2, half of one at avx512) have scale
+// g % 255 in their first block and 127 in their second, so the avx2 kernel's
+// choice per block is tested at each value: exponent arithmetic (2..251) or
+// a multiply (0, 1: denormal weights; 252..254: the top of the float range,
+// where the largest values are infinite and some sums NaN); one large scale
+// per row, so that a block decoded wrong is not hidden by another block's
+// infinity. Same bits as the bf16 kernel on the decoded weights wherever
+// that is the contract (panels that mix scales: the test above).
+TEST_F(LevelsTest, GemmMxfp4IsExactAtEveryScaleByte) {
+  const int64_t n = 16 * 255 + 3, k = 64;
+  testing::Mxfp4Weight mx = testing::random_mxfp4(n, k, 11);
+  for (int64_t j = 0; j < n; ++j) {
+    mx.scales[j * 2] = static_cast<uint8_t>(j / 16 % 255);
+    mx.scales[j * 2 + 1] = 127;
+  }
+  std::vector<bf16> w(static_cast<size_t>(n * k));
+  for (int64_t i = 0; i < n * k / 32; ++i) {
+    mxfp4_decode_block(mx.blocks.data() + 16 * i, mx.scales[i], w.data() + 32 * i);
+  }
+  for (IsaLevel level : levels_here()) {
+    if (level != IsaLevel::kGeneric && level != IsaLevel::kAvx2 && level != IsaLevel::kAvx512) {
+      continue;  // summation order differs there; infinities make that moot
+    }
+    auto q = PackedLinear::pack_mxfp4(mx.blocks.data(), mx.scales.data(), n, k, level);
+    ASSERT_TRUE(q.ok()) << q.status().to_string();
+    auto b = PackedLinear::pack(w.data(), n, k, WeightFormat::kBf16, level);
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    for (int64_t m : {1, 2, 3, 4, 6, 16}) {
+      auto x = randn(m * k, 70 + m);
+      std::vector<float> ym(m * n, -1.f), yb(m * n, -2.f);
+      q->forward(x.data(), m, ym.data());
+      b->forward(x.data(), m, yb.data());
+      EXPECT_EQ(0, std::memcmp(ym.data(), yb.data(), sizeof(float) * ym.size()))
+          << isa_name(level) << " m=" << m;
     }
   }
 }

@@ -29,9 +29,11 @@
 // panel p, block b is 17 P bytes at (p * K / 32 + b) * 17 P: the P scale
 // bytes, then 32 k steps of P / 2 bytes, byte c of a step holding column c in
 // its low nibble and column c + P / 2 in its high one (columns past n: code 0,
-// scale 127). forward() decodes in registers (a 16-entry table of the e2m1
-// values, times the column's 2^(e - 127): exact, the same float as the bf16
-// decode) and runs the bf16 panel kernel's FMAs in the same order, so at the
+// scale 127); avx2 keeps a panel's 17 P K / 32 bytes in its own order (its
+// blocks' codes, then their scales: src/kernels/cpu/internal/mxfp4_avx2.inc).
+// forward() decodes in registers (a 16-entry table of the e2m1 values, with
+// the column's 2^(e - 127): exact, the same float as the bf16 decode) and runs
+// the bf16 panel kernel's FMAs in the same order, so at the
 // generic, avx2 and avx512 levels y is bit for bit what the decoded weights
 // packed as bf16 give; at avx512bf16 and amx (whose bf16 kernel is
 // vdpbf16ps) it equals them up to float rounding.

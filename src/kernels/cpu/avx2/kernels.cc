@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -53,30 +54,6 @@ struct V {
   static reg load_i8(const int8_t* p) {
     const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-  }
-  // mxfp4 (simd.inc): 16 scale bytes to two vectors of 2^(e - 127) (e << 23
-  // as float bits; e = 0 gives 1 << 22, 2^-127).
-  static void mxfp4_scales(const uint8_t* s, reg* s0, reg* s1) {
-    const __m256i lo = _mm256_set1_epi32(1 << 22);
-    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s)));
-    const __m256i b =
-        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + 8)));
-    *s0 = _mm256_castsi256_ps(_mm256_max_epu32(_mm256_slli_epi32(a, 23), lo));
-    *s1 = _mm256_castsi256_ps(_mm256_max_epu32(_mm256_slli_epi32(b, 23), lo));
-  }
-  // One step of 16 columns from 8 bytes: vpermps looks the low 3 bits of each
-  // dword up in the 8 e2m1 magnitudes; the code's bit 3, moved to bit 31, is
-  // the sign (low nibbles: columns 0-7; shifted, the high ones: 8-15).
-  static void mxfp4_step(const uint8_t* p, reg s0, reg s1, reg* w0, reg* w1) {
-    const __m256 lut = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
-    const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
-    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    const __m256i h = _mm256_srli_epi32(b, 4);
-    const __m256 m0 = _mm256_permutevar8x32_ps(lut, b), m1 = _mm256_permutevar8x32_ps(lut, h);
-    const __m256i g0 = _mm256_and_si256(_mm256_slli_epi32(b, 28), sign);
-    const __m256i g1 = _mm256_and_si256(_mm256_slli_epi32(h, 28), sign);
-    *w0 = _mm256_mul_ps(_mm256_xor_ps(m0, _mm256_castsi256_ps(g0)), s0);
-    *w1 = _mm256_mul_ps(_mm256_xor_ps(m1, _mm256_castsi256_ps(g1)), s1);
   }
   static float reduce_add(reg v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -127,7 +104,10 @@ constexpr int64_t kW8Rows = 3;
 
 constexpr bool kDotBf16 = false;  // no vdpbf16ps at this level
 
+// mxfp4: this level's own layout and kernel (internal/mxfp4_avx2.inc).
+#define MSINFER_MXFP4_AVX2
 #include "../internal/simd.inc"
+#undef MSINFER_MXFP4_AVX2
 
 constexpr IsaLevel kLevel = IsaLevel::kAvx2;
 #include "../internal/level_table.inc"

@@ -28,7 +28,8 @@ struct FreeDeleter {
 // [ceil(k / 2)][panel][2] (pairs of k, avx512bf16/kernels.cc). amx: onednn
 // holds oneDNN's packed bf16 memory; its int8 is avx512bf16's. w8a8, every
 // level: [ceil(k / 4)][panel][4] int8 (pack_w8a8_panels). mxfp4, every level:
-// blocks of 17 * panel bytes (pack_mxfp4_panels; gemm.h has the layout).
+// 17 * panel bytes per 32-k block of a panel (pack_mxfp4_panels; gemm.h has
+// the layout; avx2 reorders each panel, internal/mxfp4_avx2.inc).
 struct GemmWeights {
   IsaLevel level = IsaLevel::kGeneric;
   WeightFormat format = WeightFormat::kBf16;
