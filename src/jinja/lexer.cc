@@ -42,12 +42,14 @@ std::string preprocess(std::string t) {
   auto is_space = [](char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
   };
-  // "-%}\s*" -> "%}" and "\s*{%-" -> "{%", likewise for }} and #}.
+  // "-%}\s*" -> "%}" and "\s*{%-" -> "{%", likewise for }} and #}. (The
+  // first byte is looked at before a compare: a compare at every byte was
+  // most of a template's parse under the fuzzer.)
   for (const auto& [close, open] : {std::pair{"%}", "{%"}, {"}}", "{{"}, {"#}", "{#"}}) {
     const std::string dash_close = std::string("-") + close, open_dash = std::string(open) + "-";
     o.clear();
     for (size_t i = 0; i < t.size();) {
-      if (t.compare(i, 3, dash_close) == 0) {
+      if (t[i] == '-' && t.compare(i, 3, dash_close) == 0) {
         o += close;
         i += 3;
         while (i < t.size() && is_space(t[i])) ++i;
@@ -61,13 +63,13 @@ std::string preprocess(std::string t) {
       if (is_space(t[i])) {
         size_t j = i;
         while (j < t.size() && is_space(t[j])) ++j;
-        if (t.compare(j, 3, open_dash) == 0) {
+        if (j < t.size() && t[j] == '{' && t.compare(j, 3, open_dash) == 0) {
           i = j;  // drop the run of whitespace
           continue;
         }
         o.append(t, i, j - i);
         i = j;
-      } else if (t.compare(i, 3, open_dash) == 0) {
+      } else if (t[i] == '{' && t.compare(i, 3, open_dash) == 0) {
         o += open;
         i += 3;
       } else {
@@ -86,6 +88,11 @@ std::vector<Token> lex(const std::string& src_in) {
   int line = 1;
   auto at = [&](size_t k) { return k < src.size() ? src[k] : '\0'; };
   bool in_tag = false;
+  // The tag's `{` operators (dict literals) not yet closed by a `}`: `}}`
+  // ends an expression only when none is open. Kept as the tokens go by
+  // (counting back over the tag's tokens at each one made a long tag cost
+  // its length squared).
+  int64_t open_braces = 0;
   while (p < src.size()) {
     if (!in_tag) {
       const size_t start = p;
@@ -108,6 +115,7 @@ std::vector<Token> lex(const std::string& src_in) {
       toks.push_back({at(p + 1) == '%' ? Tok::kOpenStmt : Tok::kOpenExpr, src.substr(p, 2), line});
       p += 2;
       in_tag = true;
+      open_braces = 0;
       continue;
     }
     const char c = src[p];
@@ -116,19 +124,13 @@ std::vector<Token> lex(const std::string& src_in) {
       ++p;
       continue;
     }
-    int brace_depth = 0;
-    for (auto it = toks.rbegin();
-         it != toks.rend() && it->type != Tok::kOpenExpr && it->type != Tok::kOpenStmt; ++it) {
-      if (it->type == Tok::kOp && it->text == "{") --brace_depth;
-      if (it->type == Tok::kOp && it->text == "}") ++brace_depth;
-    }
     if (c == '%' && at(p + 1) == '}') {
       toks.push_back({Tok::kCloseStmt, "%}", line});
       p += 2;
       in_tag = false;
       continue;
     }
-    if (c == '}' && at(p + 1) == '}' && brace_depth >= 0) {
+    if (c == '}' && at(p + 1) == '}' && open_braces <= 0) {
       toks.push_back({Tok::kCloseExpr, "}}", line});
       p += 2;
       in_tag = false;
@@ -183,7 +185,9 @@ std::vector<Token> lex(const std::string& src_in) {
     bool found = false;
     for (const char* op : kOps) {
       const size_t n = std::strlen(op);
-      if (src.compare(p, n, op) == 0) {
+      if (op[0] == c && src.compare(p, n, op) == 0) {
+        if (op[0] == '{') ++open_braces;
+        if (op[0] == '}') --open_braces;
         toks.push_back({Tok::kOp, op, line});
         p += n;
         found = true;

@@ -135,6 +135,13 @@ TEST(ChatTemplate, Constructs) {
   // JavaScript's loose equality, as the reference: "" == false, "1" == 1.
   EXPECT_EQ(*render("{{ '' == false }}{{ '1' == 1 }}{{ 'a' != false }}"), "truetruetrue");
   EXPECT_EQ(*render("{{ {'k': [1, 'v']} | tojson }}"), "{\"k\": [1, \"v\"]}");
+  // `}}` inside a dict literal closes the literal, not the expression; the
+  // lexer counts the tag's open braces (reset at each tag).
+  EXPECT_EQ(*render("{{ {'a': {'b': {}}} | tojson }}|{% set d = {'x': {'y': 2}} %}{{ d.x.y }}"
+                    "|{{ {} | length }}{{ '}' }}"),
+            "{\"a\": {\"b\": {}}}|2|0}");
+  EXPECT_FALSE(ChatTemplate::parse("{{ {'a': 1 }}").ok());
+  EXPECT_EQ(*render("{%- if true -%}\n  a {{- ' b' -}}  \n{%- endif -%}\n {#- c -#} d"), "a bd");
   EXPECT_EQ(
       *render(
           "{% macro m(a, b='B') %}[{{ a }}{{ b }}]{% endmacro %}{{ m('A') }}{{ m('C', b='D') }}"),
