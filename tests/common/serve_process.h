@@ -83,6 +83,7 @@ class Server {
       if (std::regex_search(line, m, std::regex("ready at (http://[^ ]+:([0-9]+))"))) {
         url_ = m[1];
         port_ = std::stoi(m[2]);
+        ready_line_ = line;
         break;
       }
       line.clear();
@@ -127,6 +128,8 @@ class Server {
     return exit_status_;
   }
   int port() const { return port_; }
+  // The line that said the server is ready (empty if it never did).
+  const std::string& ready_line() const { return ready_line_; }
   pid_t pid() const { return pid_; }
   // As the ready line prints it (http://127.0.0.1:PORT unless --host says).
   std::string url() const { return url_; }
@@ -139,7 +142,7 @@ class Server {
   static inline int counter_ = 0;
   pid_t pid_ = -1;
   int out_ = -1, port_ = 0, exit_status_ = -1;
-  std::string url_;
+  std::string url_, ready_line_;
   fs::path err_path_;
 };
 

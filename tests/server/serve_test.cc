@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -17,6 +18,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -1262,6 +1264,29 @@ TEST_F(ServeTest, ASlowReaderThatReadsOnGetsEveryByte) { check_slow_reader_gets_
 
 TEST_F(ServeTest, ASlowReaderThatReadsOnGetsEveryByteWithASendEach) {
   check_slow_reader_gets_every_byte("--no-io-uring");
+}
+
+// Co-located, the engine's kernels run on every CPU the server may use
+// (OpenMP's default counts the affinity mask's, OMP_NUM_THREADS overrides it),
+// not one fewer for the HTTP loop (issue 47: that halved a single stream's
+// speed); --threads chooses.
+TEST_F(ServeTest, TheColocatedEngineRunsOnEveryCpuUnlessToldOtherwise) {
+  cpu_set_t set;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(set), &set), 0);
+  int expected = CPU_COUNT(&set);
+  if (const char* omp = std::getenv("OMP_NUM_THREADS"); omp != nullptr && std::atoi(omp) > 0) {
+    expected = std::atoi(omp);
+  }
+  {
+    Server s("");
+    ASSERT_GT(s.port(), 0) << s.stderr_text();
+    EXPECT_NE(s.ready_line().find("kernel threads " + std::to_string(expected) + ")"),
+              std::string::npos)
+        << s.ready_line();
+  }
+  Server one("--threads 1");
+  ASSERT_GT(one.port(), 0) << one.stderr_text();
+  EXPECT_NE(one.ready_line().find("kernel threads 1)"), std::string::npos) << one.ready_line();
 }
 
 TEST_F(ServeTest, FullQueueGets429AndApiKeyIsEnforced) {

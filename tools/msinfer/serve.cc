@@ -16,6 +16,7 @@
 
 #include "commands.h"
 #include "msinfer/core/flags.h"
+#include "msinfer/kernels/cpu/threads.h"
 #include "msinfer/model/tokenizer.h"
 #include "msinfer/runtime/device_backend.h"
 #include "msinfer/runtime/disaggregated.h"
@@ -462,9 +463,14 @@ int run_serve(int argc, char** argv) {
   auto scheduler =
       std::make_unique<server::Scheduler>(std::move(backend).value(), sched_options, &metrics);
   listener.http().set_scheduler(scheduler.get());
-  std::printf("msinfer serve: ready at http://%s (model '%s', max_model_len %lld)\n",
+  // Co-located, the kernel threads the engine runs on (the workers of a
+  // disaggregated deployment print their own).
+  const std::string threads =
+      o.disaggregated ? "" : ", kernel threads " + std::to_string(kernels::cpu::compute_threads());
+  std::printf("msinfer serve: ready at http://%s (model '%s', max_model_len %lld%s)\n",
               server::url_authority(o.server.host, listener.http().port()).c_str(),
-              ctx.served_model_name.c_str(), static_cast<long long>(ctx.max_model_len));
+              ctx.served_model_name.c_str(), static_cast<long long>(ctx.max_model_len),
+              threads.c_str());
   std::fflush(stdout);
   return serve_until_done(o, listener, std::move(scheduler));
 }
