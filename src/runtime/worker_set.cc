@@ -14,12 +14,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 
 #include "internal/line_io.h"
 #include "msinfer/comm/fabric_transport.h"
 #include "msinfer/comm/tcp.h"
+#include "msinfer/kernels/cpu/threads.h"
 
 extern char** environ;
 
@@ -516,17 +518,21 @@ Status join_launched_deployment(const WorkerConfig& config, comm::Bootstrap& lau
     c.address = comm::local_address();
   }
   // As the local router does for its children: share this host's cores among
-  // the ranks on it, with OpenMP threads that sleep when idle (before the
-  // first parallel region reads them). Explicit settings win.
+  // the ranks on it; OMP_NUM_THREADS in the environment wins, a plan's
+  // per-role count over both. Set through the kernels, not the environment:
+  // OpenMP read its environment when the process started. (Its idle threads
+  // spin only briefly: msinfer's main() bounds GOMP_SPINCOUNT.)
   const long per_host = comm::local_process_count(1);
   const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
-  ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / per_host)).c_str(), 0);
-  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   const int A = c.attention_processes(), N = c.expert_processes();
   const RankRole role = role_of(c, rank - 1);  // launcher rank 0 is the router
   const int role_threads =
       role.role == WorkerRole::kAttention ? c.attention_threads : c.expert_threads;
-  if (role_threads > 0) ::setenv("OMP_NUM_THREADS", std::to_string(role_threads).c_str(), 1);
+  if (role_threads > 0) {
+    kernels::cpu::set_compute_threads(role_threads);
+  } else if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    kernels::cpu::set_compute_threads(static_cast<int>(std::max(1L, cores / per_host)));
+  }
   MSI_ASSIGN_OR_RETURN(auto boot, comm::make_tcp_bootstrap(rank - 1, A + N, bootstrap, secret));
   Status s = role.role == WorkerRole::kAttention
                  ? run_attention_worker(c, role.index, role.tp_rank, *boot, fd, fd)

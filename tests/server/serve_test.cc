@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -1291,6 +1292,47 @@ TEST_F(ServeTest, TheColocatedEngineRunsOnEveryCpuUnlessToldOtherwise) {
   Server one("--threads 1");
   ASSERT_GT(one.port(), 0) << one.stderr_text();
   EXPECT_NE(one.ready_line().find("kernel threads 1)"), std::string::npos) << one.ready_line();
+}
+
+// The server's OpenMP threads spin only briefly before they sleep (libgomp's
+// 300,000 spins held the cores other work needed: cli_common.h): msinfer runs
+// itself again with GOMP_SPINCOUNT set, unless the environment chose.
+std::string environment_of(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/environ");
+  std::string env(std::istreambuf_iterator<char>(f), {});
+  std::replace(env.begin(), env.end(), '\0', '\n');
+  return "\n" + env;
+}
+
+TEST_F(ServeTest, OpenmpThreadsSpinBrieflyUnlessTheEnvironmentChooses) {
+  std::map<std::string, std::string> saved;
+  for (const char* v : {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"}) {
+    if (const char* x = std::getenv(v)) saved[v] = x;
+    ::unsetenv(v);
+  }
+  {
+    Server s("--threads 1");
+    ASSERT_GT(s.port(), 0) << s.stderr_text();
+    const std::string env = environment_of(s.pid());
+    EXPECT_NE(env.find("\nGOMP_SPINCOUNT=10000\n"), std::string::npos) << env;
+    EXPECT_EQ(env.find("\nOMP_WAIT_POLICY="), std::string::npos);
+    EXPECT_EQ(curl(s.url() + "/health").status, 200);
+  }
+  ::setenv("GOMP_SPINCOUNT", "1234", 1);
+  {
+    Server s("--threads 1");
+    ASSERT_GT(s.port(), 0) << s.stderr_text();
+    EXPECT_NE(environment_of(s.pid()).find("\nGOMP_SPINCOUNT=1234\n"), std::string::npos);
+  }
+  ::unsetenv("GOMP_SPINCOUNT");
+  ::setenv("OMP_WAIT_POLICY", "passive", 1);
+  {
+    Server s("--threads 1");
+    ASSERT_GT(s.port(), 0) << s.stderr_text();
+    EXPECT_EQ(environment_of(s.pid()).find("\nGOMP_SPINCOUNT="), std::string::npos);
+  }
+  ::unsetenv("OMP_WAIT_POLICY");
+  for (const auto& [k, v] : saved) ::setenv(k.c_str(), v.c_str(), 1);
 }
 
 TEST_F(ServeTest, FullQueueGets429AndApiKeyIsEnforced) {

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -348,6 +349,21 @@ void open_closed_standard_fds() {
       ::close(got);
     }
   }
+}
+
+void exec_again_with_bounded_openmp_spin(int argc, char** argv) {
+  if (argc < 2) return;
+  const std::string cmd = argv[1];
+  if (cmd != "generate" && cmd != "serve" && cmd != "bench" && cmd != "profile" &&
+      cmd != "worker") {
+    return;
+  }
+  if (std::getenv("GOMP_SPINCOUNT") != nullptr || std::getenv("OMP_WAIT_POLICY") != nullptr) {
+    return;
+  }
+  if (::setenv("GOMP_SPINCOUNT", kOpenmpSpinCount, 1) != 0) return;
+  ::execv("/proc/self/exe", argv);
+  ::unsetenv("GOMP_SPINCOUNT");  // not applied: say what this process runs with
 }
 
 void install_shm_cleanup_on_signals() {

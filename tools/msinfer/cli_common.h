@@ -78,6 +78,19 @@ class Progress {
 // output). main() calls it first.
 void open_closed_standard_fds();
 
+// OpenMP's idle threads spin for GOMP_SPINCOUNT iterations before they sleep,
+// 300,000 by default: on a machine whose cores other work keeps busy (serve's
+// own HTTP loop, other processes, a CI runner) a spinning thread holds a core
+// the thread it waits for needs, and an engine step stretches from
+// milliseconds to seconds (a tiny model's 3,000-token stream: 8 s alone, 154
+// s beside two busy loops; 21 s at 10,000 spins, same speed alone). libgomp
+// reads its environment when it is loaded, before main(): so for the commands
+// that run kernels, when neither GOMP_SPINCOUNT nor OMP_WAIT_POLICY is set,
+// this sets GOMP_SPINCOUNT to kOpenmpSpinCount and executes the binary again
+// (same pid, same arguments). A failed exec leaves OpenMP's default.
+inline constexpr const char* kOpenmpSpinCount = "10000";
+void exec_again_with_bounded_openmp_spin(int argc, char** argv);
+
 // Installs handlers for SIGINT, SIGTERM, SIGHUP and SIGQUIT that remove this
 // process's and its children's msinfer shared-memory objects from /dev/shm
 // (comm names them "msinfer-<pid>-<random>", comm/fabric_transport.h; whose

@@ -33,6 +33,8 @@ int main(int argc, char** argv) {
   // Before anything opens a file: a closed stdout or stderr must not become
   // the number of an eventfd, a socket or a lock file.
   msinfer::cli::open_closed_standard_fds();
+  // OpenMP threads that sleep soon when idle (cli_common.h).
+  msinfer::cli::exec_again_with_bounded_openmp_spin(argc, argv);
   if (argc < 2) {
     usage(stderr);
     return 2;
