@@ -64,12 +64,11 @@ std::string router_tensor_name(const ModelConfig& c, int layer) {
   return layer_prefix(layer) + (mlp_names(c) ? "mlp.gate.weight" : "block_sparse_moe.gate.weight");
 }
 
-StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& dir,
-                                                           const LoadOptions& options) {
-  auto w = std::unique_ptr<ModelWeights>(new ModelWeights());
-  MSI_ASSIGN_OR_RETURN(w->config_, load_model_config(dir));
-  w->dir_ = dir;
-  const ModelConfig& c = w->config_;
+namespace {
+
+// LoadOptions against the model, before anything is read.
+Status check_load_options(const ModelConfig& c, const std::string& dir,
+                          const LoadOptions& options) {
   MSI_RETURN_IF_ERROR(c.check_executable());
   if (options.weights == kernels::cpu::WeightFormat::kMxfp4 && !c.mxfp4_experts) {
     return invalid_argument(dir +
@@ -77,7 +76,6 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
                             "and this one has none (config.json has no quantization_config "
                             "{\"quant_method\": \"mxfp4\"}); use bf16, int8 or w8a8");
   }
-  MSI_ASSIGN_OR_RETURN(w->checkpoint_, Checkpoint::open(dir));
   for (int e : options.experts) {
     if (e < 0 || e >= c.experts) {
       return invalid_argument("expert " + std::to_string(e) + " out of range 0.." +
@@ -101,16 +99,130 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
   if (Status s = c.check_attention_tp(static_cast<int>(atp)); !s.ok()) {
     return invalid_argument(dir + ": " + s.message());
   }
-  w->attention_tp_rank_ = static_cast<int>(atp_rank);
-  w->attention_tp_size_ = static_cast<int>(atp);
-  // Ranks > 0 of an attention replica hold only their q/k/v/o slices.
-  const bool attention_rest = options.attention && atp_rank == 0;
-  Loader ld(w->checkpoint_, dir, w->config_);
-  const kernels::cpu::WeightFormat fmt = dense_format(options.weights);
-  const int64_t h = c.hidden, hd = c.head_dim, H = c.heads, KV = c.kv_heads, F = c.expert_ffn;
-  const int64_t E = c.experts, V = c.vocab;
+  return ok_status();
+}
 
-  if (attention_rest) {
+// One GQA decoder layer (Mixtral, Qwen3-MoE, GLM-4.5). GLM-4.5 has
+// DeepSeek's layer pattern: a dense layer's MLP or a MoE layer's shared
+// experts run on the attention side (rank 0). Attention tp rank r holds its
+// heads' rows of q, k and v (the KV heads its query heads read: a share, or
+// one replicated head) and the same columns of o; ranks > 0 nothing else.
+Status load_gqa_layer(Loader& ld, const ModelConfig& c, int i, const LoadOptions& options,
+                      LayerWeights& L) {
+  const std::string p = layer_prefix(i);
+  const kernels::cpu::WeightFormat fmt = dense_format(options.weights);
+  const int64_t h = c.hidden, hd = c.head_dim, H = c.heads, KV = c.kv_heads, E = c.experts;
+  const int64_t atp = options.attention_tp_size, atp_rank = options.attention_tp_rank;
+  const bool attention_rest = options.attention && atp_rank == 0;
+  const bool moe = c.is_moe_layer(i);
+  const std::string ffn = moe ? p + "mlp.shared_experts." : p + "mlp.";
+  const int64_t ffn_width = moe ? c.shared_expert_ffn : c.dense_ffn;
+  const std::vector<std::string> attn_names = {
+      p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight",
+      p + "self_attn.o_proj.weight", p + "self_attn.q_proj.bias",   p + "self_attn.k_proj.bias",
+      p + "self_attn.v_proj.bias",   p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"};
+  const std::vector<std::string> rest_names = {
+      p + "input_layernorm.weight", p + "post_attention_layernorm.weight",
+      router_tensor_name(c, i),     p + "mlp.gate.e_score_correction_bias",
+      ffn + "gate_proj.weight",     ffn + "up_proj.weight",
+      ffn + "down_proj.weight"};
+  if (!options.attention) {
+    for (const auto& n : attn_names) ld.skip(n);
+    for (const auto& n : rest_names) ld.skip(n);
+  } else {
+    if (attention_rest) {
+      MSI_ASSIGN_OR_RETURN(L.input_norm, ld.vec(p + "input_layernorm.weight", h));
+      MSI_ASSIGN_OR_RETURN(L.post_attn_norm, ld.vec(p + "post_attention_layernorm.weight", h));
+      if (moe) {
+        MSI_ASSIGN_OR_RETURN(L.router, ld.pack({{router_tensor_name(c, i), {E, h}}},
+                                               kernels::cpu::WeightFormat::kBf16));
+        if (c.topk_method == ModelConfig::TopkMethod::kNoauxTc) {
+          MSI_ASSIGN_OR_RETURN(L.router_bias,
+                               ld.vec_f32(p + "mlp.gate.e_score_correction_bias", E));
+        }
+      }
+      if (ffn_width > 0 && (!moe || holds_shared_experts(options, i, true))) {
+        MSI_ASSIGN_OR_RETURN(L.dense_ffn.w13, ld.pack({{ffn + "gate_proj.weight", {ffn_width, h}},
+                                                       {ffn + "up_proj.weight", {ffn_width, h}}},
+                                                      fmt));
+        MSI_ASSIGN_OR_RETURN(L.dense_ffn.w2,
+                             ld.pack({{ffn + "down_proj.weight", {h, ffn_width}}}, fmt));
+      } else if (ffn_width > 0) {  // the shared experts, held by an expert worker
+        for (const char* m : {"gate_proj", "up_proj", "down_proj"}) ld.skip(ffn + m + ".weight");
+      }
+    } else {
+      for (const auto& n : rest_names) ld.skip(n);
+    }
+    const int64_t q0 = atp_rank * (H / atp) * hd, q1 = q0 + (H / atp) * hd;
+    const int64_t k0 =
+        c.first_kv_head_of_attention_rank(static_cast<int>(atp_rank), static_cast<int>(atp)) * hd;
+    const int64_t k1 = k0 + c.kv_heads_per_attention_rank(static_cast<int>(atp)) * hd;
+    MSI_ASSIGN_OR_RETURN(
+        L.qkv, ld.pack_blocks({{p + "self_attn.q_proj.weight", {H * hd, h}, q0, q1, 0, h},
+                               {p + "self_attn.k_proj.weight", {KV * hd, h}, k0, k1, 0, h},
+                               {p + "self_attn.v_proj.weight", {KV * hd, h}, k0, k1, 0, h}},
+                              fmt));
+    MSI_ASSIGN_OR_RETURN(
+        L.o, ld.pack_blocks({{p + "self_attn.o_proj.weight", {h, H * hd}, 0, h, q0, q1}}, fmt));
+    if (c.attention_bias) {  // the same rows of the biases, in qkv's row order
+      MSI_ASSIGN_OR_RETURN(std::vector<float> qb, ld.vec(p + "self_attn.q_proj.bias", H * hd));
+      MSI_ASSIGN_OR_RETURN(std::vector<float> kb, ld.vec(p + "self_attn.k_proj.bias", KV * hd));
+      MSI_ASSIGN_OR_RETURN(std::vector<float> vb, ld.vec(p + "self_attn.v_proj.bias", KV * hd));
+      L.qkv_bias.assign(qb.begin() + q0, qb.begin() + q1);
+      L.qkv_bias.insert(L.qkv_bias.end(), kb.begin() + k0, kb.begin() + k1);
+      L.qkv_bias.insert(L.qkv_bias.end(), vb.begin() + k0, vb.begin() + k1);
+    }
+    if (c.qk_norm) {
+      MSI_ASSIGN_OR_RETURN(L.q_norm, ld.vec(p + "self_attn.q_norm.weight", hd));
+      MSI_ASSIGN_OR_RETURN(L.k_norm, ld.vec(p + "self_attn.k_norm.weight", hd));
+    }
+  }
+  L.experts.resize(E);
+  if (!moe) return ok_status();
+  if (ffn_width > 0 && holds_shared_experts(options, i, false)) {
+    MSI_RETURN_IF_ERROR(load_shared_experts(ld, options, ffn, ffn_width, h, fmt, L));
+  }
+  return load_routed_experts(ld, c, i, options, fmt, L);
+}
+
+// DeepSeek-V3's multi-token-prediction modules follow the decoder layers; the
+// engine does not run them: their tensors are marked used, with one log line.
+void skip_nextn_predict_layers(Loader& ld, const Checkpoint& ckpt, const ModelConfig& c,
+                               const std::string& dir) {
+  if (c.nextn_predict_layers <= 0) return;
+  int64_t skipped = 0;
+  for (const auto& [name, t] : ckpt.tensors()) {
+    const std::string rest = name.rfind("model.layers.", 0) == 0 ? name.substr(13) : "";
+    const size_t dot = rest.find('.');
+    if (dot == std::string::npos || dot == 0) continue;
+    const std::string idx = rest.substr(0, dot);
+    if (idx.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (std::stoll(idx) >= c.layers) {
+      ld.skip(name);
+      ++skipped;
+    }
+  }
+  MSI_LOG(INFO) << dir << ": skipped " << skipped << " tensors of " << c.nextn_predict_layers
+                << " multi-token-prediction layer(s) (model.layers." << c.layers
+                << ".. ; not run by the engine)";
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& dir,
+                                                           const LoadOptions& options) {
+  auto w = std::unique_ptr<ModelWeights>(new ModelWeights());
+  MSI_ASSIGN_OR_RETURN(w->config_, load_model_config(dir));
+  w->dir_ = dir;
+  const ModelConfig& c = w->config_;
+  MSI_RETURN_IF_ERROR(check_load_options(c, dir, options));
+  MSI_ASSIGN_OR_RETURN(w->checkpoint_, Checkpoint::open(dir));
+  w->attention_tp_rank_ = options.attention_tp_rank;
+  w->attention_tp_size_ = options.attention_tp_size;
+  Loader ld(w->checkpoint_, dir, w->config_);
+  const int64_t h = c.hidden, V = c.vocab;
+  // Ranks > 0 of an attention replica hold only their heads' slices.
+  if (options.attention && options.attention_tp_rank == 0) {
     MSI_ASSIGN_OR_RETURN(w->embed_view_, ld.get("model.embed_tokens.weight", {V, h}));
     if (w->embed_view_->dtype == DType::kF8E4M3 || w->embed_view_->dtype == DType::kU8) {
       return invalid_argument(w->embed_view_->file + ": tensor 'model.embed_tokens.weight' is " +
@@ -118,153 +230,25 @@ StatusOr<std::unique_ptr<ModelWeights>> ModelWeights::load(const std::string& di
     }
     if (w->embed_view_->dtype != DType::kBF16) append_bf16(*w->embed_view_, w->embed_copy_);
     MSI_ASSIGN_OR_RETURN(w->final_norm_, ld.vec("model.norm.weight", h));
-    if (c.tied_embeddings) {
-      MSI_ASSIGN_OR_RETURN(w->lm_head_, ld.pack({{"model.embed_tokens.weight", {V, h}}}, fmt));
-    } else {
-      MSI_ASSIGN_OR_RETURN(w->lm_head_, ld.pack({{"lm_head.weight", {V, h}}}, fmt));
-    }
+    const char* head = c.tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    MSI_ASSIGN_OR_RETURN(w->lm_head_, ld.pack({{head, {V, h}}}, dense_format(options.weights)));
   } else {
     for (const char* n : {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}) {
       ld.skip(n);
     }
   }
-  const bool mla = c.kv_lora_rank > 0;
   w->layers_.resize(c.layers);
   for (int i = 0; i < c.layers; ++i) {
     LayerWeights& L = w->layers_[i];
-    const std::string p = layer_prefix(i);
-    if (mla) {
+    if (c.kv_lora_rank > 0) {
       MSI_RETURN_IF_ERROR(load_deepseek_layer(ld, c, i, options, L));
-      continue;
-    }
-    if (is_gpt_oss(c)) {
+    } else if (is_gpt_oss(c)) {
       MSI_RETURN_IF_ERROR(load_gpt_oss_layer(ld, w->checkpoint_, dir, c, i, options, L));
-      continue;
-    }
-    // GLM-4.5 has DeepSeek's layer pattern: a dense layer's MLP or a MoE
-    // layer's shared experts run on the attention side (rank 0).
-    const bool moe = c.is_moe_layer(i);
-    const std::string ffn = moe ? p + "mlp.shared_experts." : p + "mlp.";
-    const int64_t ffn_width = moe ? c.shared_expert_ffn : c.dense_ffn;
-    const std::vector<std::string> attn_names = {
-        p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
-        p + "self_attn.v_proj.weight", p + "self_attn.o_proj.weight",
-        p + "self_attn.q_proj.bias",   p + "self_attn.k_proj.bias",
-        p + "self_attn.v_proj.bias",   p + "self_attn.q_norm.weight",
-        p + "self_attn.k_norm.weight"};
-    const std::vector<std::string> rest_names = {
-        p + "input_layernorm.weight", p + "post_attention_layernorm.weight",
-        router_tensor_name(c, i),     p + "mlp.gate.e_score_correction_bias",
-        ffn + "gate_proj.weight",     ffn + "up_proj.weight",
-        ffn + "down_proj.weight"};
-    if (options.attention) {
-      if (attention_rest) {
-        MSI_ASSIGN_OR_RETURN(L.input_norm, ld.vec(p + "input_layernorm.weight", h));
-        MSI_ASSIGN_OR_RETURN(L.post_attn_norm, ld.vec(p + "post_attention_layernorm.weight", h));
-        if (moe) {
-          MSI_ASSIGN_OR_RETURN(L.router, ld.pack({{router_tensor_name(c, i), {E, h}}},
-                                                 kernels::cpu::WeightFormat::kBf16));
-          if (c.topk_method == ModelConfig::TopkMethod::kNoauxTc) {
-            MSI_ASSIGN_OR_RETURN(L.router_bias,
-                                 ld.vec_f32(p + "mlp.gate.e_score_correction_bias", E));
-          }
-        }
-        if (ffn_width > 0 && (!moe || holds_shared_experts(options, i, true))) {
-          MSI_ASSIGN_OR_RETURN(L.dense_ffn.w13, ld.pack({{ffn + "gate_proj.weight", {ffn_width, h}},
-                                                         {ffn + "up_proj.weight", {ffn_width, h}}},
-                                                        fmt));
-          MSI_ASSIGN_OR_RETURN(L.dense_ffn.w2,
-                               ld.pack({{ffn + "down_proj.weight", {h, ffn_width}}}, fmt));
-        } else if (ffn_width > 0) {  // the shared experts, held by an expert worker
-          for (const char* m : {"gate_proj", "up_proj", "down_proj"}) ld.skip(ffn + m + ".weight");
-        }
-      } else {
-        for (const auto& n : rest_names) ld.skip(n);
-      }
-      // Rank atp_rank: its heads' rows of q, k and v (the KV heads its query
-      // heads read: a share, or one replicated head), the same columns of o
-      // (all of them at tp 1).
-      const int64_t q0 = atp_rank * (H / atp) * hd, q1 = q0 + (H / atp) * hd;
-      const int64_t k0 =
-          c.first_kv_head_of_attention_rank(static_cast<int>(atp_rank), static_cast<int>(atp)) * hd;
-      const int64_t k1 = k0 + c.kv_heads_per_attention_rank(static_cast<int>(atp)) * hd;
-      if (atp == 1) {
-        MSI_ASSIGN_OR_RETURN(L.qkv, ld.pack({{p + "self_attn.q_proj.weight", {H * hd, h}},
-                                             {p + "self_attn.k_proj.weight", {KV * hd, h}},
-                                             {p + "self_attn.v_proj.weight", {KV * hd, h}}},
-                                            fmt));
-        MSI_ASSIGN_OR_RETURN(L.o, ld.pack({{p + "self_attn.o_proj.weight", {h, H * hd}}}, fmt));
-      } else {
-        MSI_ASSIGN_OR_RETURN(
-            L.qkv, ld.pack_blocks({{p + "self_attn.q_proj.weight", {H * hd, h}, q0, q1, 0, h},
-                                   {p + "self_attn.k_proj.weight", {KV * hd, h}, k0, k1, 0, h},
-                                   {p + "self_attn.v_proj.weight", {KV * hd, h}, k0, k1, 0, h}},
-                                  fmt));
-        MSI_ASSIGN_OR_RETURN(
-            L.o, ld.pack_blocks({{p + "self_attn.o_proj.weight", {h, H * hd}, 0, h, q0, q1}}, fmt));
-      }
-      if (c.attention_bias) {  // the same rows of the biases, in qkv's row order
-        MSI_ASSIGN_OR_RETURN(std::vector<float> qb, ld.vec(p + "self_attn.q_proj.bias", H * hd));
-        MSI_ASSIGN_OR_RETURN(std::vector<float> kb, ld.vec(p + "self_attn.k_proj.bias", KV * hd));
-        MSI_ASSIGN_OR_RETURN(std::vector<float> vb, ld.vec(p + "self_attn.v_proj.bias", KV * hd));
-        L.qkv_bias.assign(qb.begin() + q0, qb.begin() + q1);
-        L.qkv_bias.insert(L.qkv_bias.end(), kb.begin() + k0, kb.begin() + k1);
-        L.qkv_bias.insert(L.qkv_bias.end(), vb.begin() + k0, vb.begin() + k1);
-      }
-      if (c.qk_norm) {
-        MSI_ASSIGN_OR_RETURN(L.q_norm, ld.vec(p + "self_attn.q_norm.weight", hd));
-        MSI_ASSIGN_OR_RETURN(L.k_norm, ld.vec(p + "self_attn.k_norm.weight", hd));
-      }
     } else {
-      for (const auto& n : attn_names) ld.skip(n);
-      for (const auto& n : rest_names) ld.skip(n);
-    }
-    L.experts.resize(E);
-    if (moe && ffn_width > 0 && holds_shared_experts(options, i, false)) {
-      MSI_RETURN_IF_ERROR(load_shared_experts(ld, options, ffn, ffn_width, h, fmt, L));
-    }
-    for (int e = 0; moe && e < E; ++e) {
-      const ExpertTensorNames n = expert_tensor_names(c, i, e);
-      const bool want =
-          options.all_experts ||
-          std::find(options.experts.begin(), options.experts.end(), e) != options.experts.end();
-      if (!want) {
-        for (const auto& s : {n.w1, n.w2, n.w3}) ld.skip(s);
-        continue;
-      }
-      if (tp == 1) {
-        MSI_ASSIGN_OR_RETURN(L.experts[e].w13, ld.pack({{n.w1, {F, h}}, {n.w3, {F, h}}}, fmt));
-        MSI_ASSIGN_OR_RETURN(L.experts[e].w2, ld.pack({{n.w2, {h, F}}}, fmt));
-      } else {
-        // Shard tp_rank: its rows of w1 and w3, the same columns of w2.
-        const int64_t f0 = tp_rank * (F / tp), f1 = f0 + F / tp;
-        MSI_ASSIGN_OR_RETURN(
-            L.experts[e].w13,
-            ld.pack_blocks({{n.w1, {F, h}, f0, f1, 0, h}, {n.w3, {F, h}, f0, f1, 0, h}}, fmt));
-        MSI_ASSIGN_OR_RETURN(L.experts[e].w2, ld.pack_blocks({{n.w2, {h, F}, 0, h, f0, f1}}, fmt));
-      }
+      MSI_RETURN_IF_ERROR(load_gqa_layer(ld, c, i, options, L));
     }
   }
-  // DeepSeek-V3's multi-token-prediction modules follow the decoder layers;
-  // the engine does not run them.
-  if (c.nextn_predict_layers > 0) {
-    const std::string first = layer_prefix(c.layers);
-    int64_t skipped = 0;
-    for (const auto& [name, t] : w->checkpoint_.tensors()) {
-      const std::string rest = name.rfind("model.layers.", 0) == 0 ? name.substr(13) : "";
-      const size_t dot = rest.find('.');
-      if (dot == std::string::npos || dot == 0) continue;
-      const std::string idx = rest.substr(0, dot);
-      if (idx.find_first_not_of("0123456789") != std::string::npos) continue;
-      if (std::stoll(idx) >= c.layers) {
-        ld.skip(name);
-        ++skipped;
-      }
-    }
-    MSI_LOG(INFO) << dir << ": skipped " << skipped << " tensors of " << c.nextn_predict_layers
-                  << " multi-token-prediction layer(s) (model.layers." << c.layers
-                  << ".. ; not run by the engine)";
-  }
+  skip_nextn_predict_layers(ld, w->checkpoint_, c, dir);
   // Return the staging memory and any other free heap pages to the system, so
   // the resident set is the packed weights.
   ld.release_staging();

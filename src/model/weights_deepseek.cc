@@ -1,5 +1,5 @@
-// DeepSeek-V2/V3 layers (MLA attention) and the shared experts of every
-// model that has them.
+// DeepSeek-V2/V3 layers (MLA attention), the shared experts of every model
+// that has them, and the routed experts of every model but gpt-oss.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -38,6 +38,32 @@ Status load_shared_experts(Loader& ld, const LoadOptions& o, const std::string& 
   return ok_status();
 }
 
+Status load_routed_experts(Loader& ld, const ModelConfig& c, int i, const LoadOptions& options,
+                           kernels::cpu::WeightFormat fmt, LayerWeights& L) {
+  const int64_t h = c.hidden, F = c.expert_ffn;
+  const int64_t tp = options.expert_tp_size, tp_rank = options.expert_tp_rank;
+  const int64_t f0 = tp_rank * (F / tp), f1 = f0 + F / tp;
+  L.experts.resize(c.experts);
+  for (int e = 0; e < c.experts; ++e) {
+    const ExpertTensorNames n = expert_tensor_names(c, i, e);
+    const bool want =
+        options.all_experts ||
+        std::find(options.experts.begin(), options.experts.end(), e) != options.experts.end();
+    if (!want) {
+      for (const auto& s : {n.w1, n.w2, n.w3}) {
+        ld.skip(s);
+        if (c.fp8_weights) ld.skip(fp8_scale_name(s));
+      }
+      continue;
+    }
+    MSI_ASSIGN_OR_RETURN(
+        L.experts[e].w13,
+        ld.pack_blocks({{n.w1, {F, h}, f0, f1, 0, h}, {n.w3, {F, h}, f0, f1, 0, h}}, fmt));
+    MSI_ASSIGN_OR_RETURN(L.experts[e].w2, ld.pack_blocks({{n.w2, {h, F}, 0, h, f0, f1}}, fmt));
+  }
+  return ok_status();
+}
+
 // One DeepSeek-V2/V3 decoder layer: MLA attention, then a dense MLP (layers
 // below first_k_dense_replace) or the router (with e_score_correction_bias when
 // stored), the routed experts and the shared experts. Attention tp rank r of
@@ -52,7 +78,7 @@ Status load_deepseek_layer(Loader& ld, const ModelConfig& c, int i, const LoadOp
   const kernels::cpu::WeightFormat fmt = dense_format(options.weights);
   const int64_t h = c.hidden, H = c.heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim,
                 vd = c.v_head_dim, R = c.kv_lora_rank, QL = c.q_lora_rank;
-  const int64_t E = c.experts, F = c.expert_ffn;
+  const int64_t E = c.experts;
   const bool moe = c.is_moe_layer(i);
   std::vector<std::string> attention_side = {p + "input_layernorm.weight",
                                              p + "post_attention_layernorm.weight",
@@ -145,26 +171,7 @@ Status load_deepseek_layer(Loader& ld, const ModelConfig& c, int i, const LoadOp
     MSI_RETURN_IF_ERROR(load_shared_experts(ld, options, p + "mlp.shared_experts.",
                                             c.shared_expert_ffn, h, fmt, L));
   }
-  const int64_t tp = options.expert_tp_size, tp_rank = options.expert_tp_rank;
-  for (int e = 0; e < E; ++e) {
-    const ExpertTensorNames n = expert_tensor_names(c, i, e);
-    const bool want =
-        options.all_experts ||
-        std::find(options.experts.begin(), options.experts.end(), e) != options.experts.end();
-    if (!want) {
-      for (const auto& s : {n.w1, n.w2, n.w3}) {
-        ld.skip(s);
-        ld.skip(fp8_scale_name(s));
-      }
-      continue;
-    }
-    const int64_t f0 = tp_rank * (F / tp), f1 = f0 + F / tp;
-    MSI_ASSIGN_OR_RETURN(
-        L.experts[e].w13,
-        ld.pack_blocks({{n.w1, {F, h}, f0, f1, 0, h}, {n.w3, {F, h}, f0, f1, 0, h}}, fmt));
-    MSI_ASSIGN_OR_RETURN(L.experts[e].w2, ld.pack_blocks({{n.w2, {h, F}, 0, h, f0, f1}}, fmt));
-  }
-  return ok_status();
+  return load_routed_experts(ld, c, i, options, fmt, L);
 }
 
 }  // namespace msinfer::model::internal

@@ -176,6 +176,13 @@ bool holds_shared_experts(const LoadOptions& o, int i, bool attention_rank0);
 Status load_shared_experts(Loader& ld, const LoadOptions& o, const std::string& ffn, int64_t width,
                            int64_t h, kernels::cpu::WeightFormat fmt, LayerWeights& L);
 
+// MoE layer i's routed experts that LoadOptions names into L.experts (sized
+// to the expert count): whole at expert tp 1, else shard r of tp (rows
+// [r F/tp, (r+1) F/tp) of w1 and w3, the same columns of w2). The others'
+// tensors (and FP8 scales) are marked used, not read.
+Status load_routed_experts(Loader& ld, const ModelConfig& c, int i, const LoadOptions& options,
+                           kernels::cpu::WeightFormat fmt, LayerWeights& L);
+
 // One DeepSeek-V2/V3 decoder layer: MLA attention, then a dense MLP (layers
 // below first_k_dense_replace) or the router (with e_score_correction_bias when
 // stored), the routed experts and the shared experts. Attention tp rank r of
