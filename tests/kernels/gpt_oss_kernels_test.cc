@@ -192,7 +192,9 @@ TEST(TopkSoftmaxTest, SoftmaxOverTheTopKLogits) {
     for (int64_t k = 0; k < K; ++k) {
       sum += w[t * K + k];
       EXPECT_NEAR(w[t * K + k], std::exp(double(l[t * E + ids[t * K + k]])) / denom, 1e-6);
-      if (k > 0) EXPECT_GE(w[t * K + k - 1], w[t * K + k]);
+      if (k > 0) {
+        EXPECT_GE(w[t * K + k - 1], w[t * K + k]);
+      }
     }
     EXPECT_NEAR(sum, 1.0, 1e-6);
   }

@@ -60,7 +60,7 @@ TEST_P(DeepSeekDisaggregatedTest, SameTokensAsTheColocatedEngine) {
                               "--attention-workers 2 --expert-workers 3 --micro-batches 2"}) {
     EXPECT_EQ(testing::generate(args + " " + d).tokens, ref) << GetParam() << " " << d;
   }
-  for (const std::string d :
+  for (const std::string& d :
        {"--attention-workers 1 --expert-workers 3 --micro-batches 2 --tp-attention 2 "
         "--placement " + replicated,
         std::string("--attention-workers 1 --expert-workers 2 --micro-batches 2 --tp-expert 2")}) {

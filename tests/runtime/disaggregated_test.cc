@@ -1116,7 +1116,9 @@ TEST(PrefixCacheDisaggregatedTest, RepeatedPromptsHitEachWorkersCache) {
         got[ev.request_id].push_back(ev.token);
       }
     }
-    if (round == 0) EXPECT_EQ(router->counters().prefix_queries, 4 * 200);
+    if (round == 0) {
+      EXPECT_EQ(router->counters().prefix_queries, 4 * 200);
+    }
   }
   EXPECT_EQ(router->counters().prefix_queries, 8 * 200);
   EXPECT_GE(router->counters().prefix_hits, 4 * 128);

@@ -51,7 +51,7 @@ TEST(Glm4MoeDisaggregatedTest, SameTokensAsTheColocatedEngine) {
         "--attention-workers 2 --expert-workers 3 --micro-batches 2 --shared-experts expert"}) {
     EXPECT_EQ(testing::generate(args + " " + d).tokens, ref) << d;
   }
-  for (const std::string d :
+  for (const std::string& d :
        {"--attention-workers 1 --expert-workers 3 --micro-batches 2 --tp-attention 2 "
         "--placement " +
             replicated,

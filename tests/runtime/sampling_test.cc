@@ -249,7 +249,9 @@ TEST(SamplingTest, LargeVocabularyDistributionIsTheFullSortsDefinition) {
       EXPECT_EQ(got[0], 0.0);  // suppressed (ids 0, 97, ...): never drawn
       // The flat case's top_p 0.9 keeps thousands of tokens: past any
       // first slice the sampler sorts.
-      if (amplitude < 1.f && top_k == 0 && top_p == 0.9f) EXPECT_GT(support, 10000);
+      if (amplitude < 1.f && top_k == 0 && top_p == 0.9f) {
+        EXPECT_GT(support, 10000);
+      }
     }
   }
 }
