@@ -379,15 +379,9 @@ Fail chat_messages(const Json& j, const ApiContext& ctx, ApiRequest* out) {
   return std::nullopt;
 }
 
-}  // namespace
-
-std::optional<ApiError> parse_request_fields(const std::string& body, bool chat,
-                                             const ApiContext& ctx, ApiRequest* out) {
-  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return bad_request("the body is not valid JSON");
-  if (!j.is_object()) return bad_request("the body must be a JSON object");
-  ApiRequest r;
-  r.chat = chat;
+// The model's name and how many choices of how many sequences (n, best_of:
+// completions only); the bound is the server's.
+Fail model_and_choices(const Json& j, bool chat, const ApiContext& ctx, ApiRequest* r) {
   if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
     if (!it->is_string()) return wrong_type("model", "a string", *it);
     if (it->get<std::string>() != ctx.served_model_name) {
@@ -424,9 +418,13 @@ std::optional<ApiError> parse_request_fields(const std::string& body, bool chat,
                          "best_of");
     }
   }
-  r.n = static_cast<int>(n);
-  r.best_of = static_cast<int>(best_of);
-  // Refused: what would change the output and is not implemented.
+  r->n = static_cast<int>(n);
+  r->best_of = static_cast<int>(best_of);
+  return std::nullopt;
+}
+
+// What would change the output and is not implemented is refused.
+Fail refused_output_fields(const Json& j) {
   bool echo = false;
   if (auto f = get_bool(j, "echo", &echo)) return f;
   if (echo) return bad_request("echo is not supported", "echo");
@@ -440,18 +438,19 @@ std::optional<ApiError> parse_request_fields(const std::string& body, bool chat,
                          "response_format");
     }
   }
-  if (auto f = refused_fields(j)) return f;
-  // The prompt (token ids here; text and conversations in resolve_prompt()).
-  if (auto f = chat ? chat_messages(j, ctx, &r) : completion_prompt(j, ctx, &r)) return f;
-  if (!chat && !r.prompt_text && r.prompt.empty()) return bad_request("the prompt is empty", "prompt");
-  // Sampling.
-  runtime::SamplingParams& sp = r.sampling;
+  return refused_fields(j);
+}
+
+// The sampling parameters (OpenAI's and vLLM's extensions) into
+// r->sampling; max_tokens is checked against the prompt later.
+Fail sampling_fields(const Json& j, const ApiContext& ctx, ApiRequest* r) {
+  runtime::SamplingParams& sp = r->sampling;
   // max_tokens (or max_completion_tokens, which wins): checked against the
   // prompt's length in resolve_prompt(); absent or null, the length left.
-  r.max_tokens_key = present(j, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-  if (auto f = get_int(j, r.max_tokens_key, &r.max_tokens_asked)) return f;
-  if (present(j, r.max_tokens_key) && r.max_tokens_asked < 1) {
-    return bad_request("'" + r.max_tokens_key + "' must be >= 1", r.max_tokens_key);
+  r->max_tokens_key = present(j, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  if (auto f = get_int(j, r->max_tokens_key, &r->max_tokens_asked)) return f;
+  if (present(j, r->max_tokens_key) && r->max_tokens_asked < 1) {
+    return bad_request("'" + r->max_tokens_key + "' must be >= 1", r->max_tokens_key);
   }
   double temperature = 1.0, top_p = 1.0, fp = 0, pp = 0;
   if (auto f = get_number(j, "temperature", &temperature)) return f;
@@ -489,7 +488,7 @@ std::optional<ApiError> parse_request_fields(const std::string& body, bool chat,
     if (auto f = token_ids(*it, "stop_token_ids", ctx.vocab, &sp.stop_token_ids)) return f;
   }
   // Harmony: <|return|> ends the answer, <|call|> a tool call (vLLM adds both).
-  if (r.harmony) {
+  if (r->harmony) {
     for (int32_t id : {ctx.harmony->ret, ctx.harmony->call}) {
       if (std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), id) ==
           sp.stop_token_ids.end()) {
@@ -497,16 +496,16 @@ std::optional<ApiError> parse_request_fields(const std::string& body, bool chat,
       }
     }
   }
-  if (auto f = get_bool(j, "include_stop_str_in_output", &r.include_stop_str_in_output)) return f;
-  if (auto f = get_bool(j, "skip_special_tokens", &r.skip_special_tokens)) return f;
+  if (auto f = get_bool(j, "include_stop_str_in_output", &r->include_stop_str_in_output)) return f;
+  if (auto f = get_bool(j, "skip_special_tokens", &r->skip_special_tokens)) return f;
   if (present(j, "add_special_tokens")) {
     bool add = false;
     if (auto f = get_bool(j, "add_special_tokens", &add)) return f;
-    r.add_special_tokens = add;
+    r->add_special_tokens = add;
   }
   int64_t seed = 0;
   if (auto f = get_int(j, "seed", &seed)) return f;
-  r.seeded = present(j, "seed");
+  r->seeded = present(j, "seed");
   if (auto f = get_bool(j, "ignore_eos", &sp.ignore_eos)) return f;
   sp.temperature = static_cast<float>(temperature);
   sp.top_p = static_cast<float>(top_p);
@@ -518,17 +517,22 @@ std::optional<ApiError> parse_request_fields(const std::string& body, bool chat,
   sp.min_tokens = static_cast<int>(min_tokens);
   // No seed: a fresh one, so that repeated requests get varied samples (a
   // seed keeps them reproducible).
-  sp.seed = r.seeded ? static_cast<uint64_t>(seed) : random_seed();
-  // Logprobs: completions take an integer (top n), chat a boolean plus top_logprobs.
+  sp.seed = r->seeded ? static_cast<uint64_t>(seed) : random_seed();
+  return std::nullopt;
+}
+
+// Logprobs: completions take an integer (top n), chat a boolean plus top_logprobs.
+Fail logprob_fields(const Json& j, bool chat, ApiRequest* r) {
+  runtime::SamplingParams& sp = r->sampling;
   if (chat) {
-    if (auto f = get_bool(j, "logprobs", &r.logprobs)) return f;
+    if (auto f = get_bool(j, "logprobs", &r->logprobs)) return f;
     int64_t top = 0;
     if (auto f = get_int(j, "top_logprobs", &top)) return f;
     if (top < 0 || top > 20) return bad_request("'top_logprobs' must be in 0..20", "top_logprobs");
-    if (top > 0 && !r.logprobs) {
+    if (top > 0 && !r->logprobs) {
       return bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs");
     }
-    sp.logprobs = r.logprobs ? static_cast<int>(top) : -1;
+    sp.logprobs = r->logprobs ? static_cast<int>(top) : -1;
   } else {
     int64_t lp = -1;
     if (auto it = j.find("logprobs"); it != j.end() && it->is_boolean()) {
@@ -536,48 +540,78 @@ std::optional<ApiError> parse_request_fields(const std::string& body, bool chat,
     }
     if (auto f = get_int(j, "logprobs", &lp)) return f;
     if (lp < -1 || lp > 20) return bad_request("'logprobs' must be in 0..20", "logprobs");
-    r.logprobs = lp >= 0;
+    r->logprobs = lp >= 0;
     sp.logprobs = static_cast<int>(lp);
   }
-  // Stop strings.
+  return std::nullopt;
+}
+
+// Stop strings: a string or an array of them, empty ones dropped.
+Fail stop_strings(const Json& j, ApiRequest* r) {
   if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
     if (it->is_string()) {
-      r.stop.push_back(it->get<std::string>());
+      r->stop.push_back(it->get<std::string>());
     } else if (it->is_array()) {
       for (const auto& s : *it) {
         if (!s.is_string())
           return bad_request("'stop' must be a string or an array of strings", "stop");
-        r.stop.push_back(s.get<std::string>());
+        r->stop.push_back(s.get<std::string>());
       }
     } else {
       return wrong_type("stop", "a string or an array of strings", *it);
     }
-    r.stop.erase(std::remove(r.stop.begin(), r.stop.end(), std::string()), r.stop.end());
-    if (r.stop.size() > 16) return bad_request("at most 16 stop strings", "stop");
-    for (const auto& s : r.stop) {
+    r->stop.erase(std::remove(r->stop.begin(), r->stop.end(), std::string()), r->stop.end());
+    if (r->stop.size() > 16) return bad_request("at most 16 stop strings", "stop");
+    for (const auto& s : r->stop) {
       if (s.size() > 256) return bad_request("a stop string is longer than 256 bytes", "stop");
     }
   }
-  // Streaming.
-  if (auto f = get_bool(j, "stream", &r.stream)) return f;
+  return std::nullopt;
+}
+
+// stream and stream_options.
+Fail stream_fields(const Json& j, ApiRequest* r) {
+  if (auto f = get_bool(j, "stream", &r->stream)) return f;
   if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return wrong_type("stream_options", "an object", *it);
-    if (!r.stream) return bad_request("'stream_options' needs 'stream': true", "stream_options");
-    if (auto f = get_bool(*it, "include_usage", &r.include_usage)) {
+    if (!r->stream) return bad_request("'stream_options' needs 'stream': true", "stream_options");
+    if (auto f = get_bool(*it, "include_usage", &r->include_usage)) {
       f->param = "stream_options.include_usage";
       return f;
     }
   }
   // A stream sends every sequence as it is made: none can be left out.
-  if (r.stream && r.best_of != r.n) {
+  if (r->stream && r->best_of != r->n) {
     return bad_request("'best_of' must equal n when streaming", "best_of");
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<ApiError> parse_request_fields(const std::string& body, bool chat,
+                                             const ApiContext& ctx, ApiRequest* out) {
+  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return bad_request("the body is not valid JSON");
+  if (!j.is_object()) return bad_request("the body must be a JSON object");
+  ApiRequest r;
+  r.chat = chat;
+  if (auto f = model_and_choices(j, chat, ctx, &r)) return f;
+  if (auto f = refused_output_fields(j)) return f;
+  // The prompt (token ids here; text and conversations in resolve_prompt()).
+  if (auto f = chat ? chat_messages(j, ctx, &r) : completion_prompt(j, ctx, &r)) return f;
+  if (!chat && !r.prompt_text && r.prompt.empty())
+    return bad_request("the prompt is empty", "prompt");
+  if (auto f = sampling_fields(j, ctx, &r)) return f;
+  if (auto f = logprob_fields(j, chat, &r)) return f;
+  if (auto f = stop_strings(j, &r)) return f;
+  if (auto f = stream_fields(j, &r)) return f;
   // best_of > n ranks the sequences by cumulative logprob: the engine must
   // report each token's (reported to the client only if `logprobs` asks).
-  if (r.best_of > r.n) sp.logprobs = std::max(sp.logprobs, 0);
+  if (r.best_of > r.n) r.sampling.logprobs = std::max(r.sampling.logprobs, 0);
   // What validate() checks that depends on max_tokens waits for it
   // (resolve_prompt()).
-  runtime::SamplingParams check = sp;
+  runtime::SamplingParams check = r.sampling;
   check.max_tokens = 1;
   check.min_tokens = 0;
   Status v = check.validate();
