@@ -46,48 +46,47 @@ namespace {
 // (2 kv_lora + rope). `absorb+value_up` (mla_absorb_query + mla_value_up):
 // bytes are W_UK and W_UV in bf16, FLOPs 2 x heads x kv_lora x (nope + v).
 // Each level's roofline uses the limits measured at that level just before.
-int run_bench_mla(const std::vector<int64_t>& contexts, int threads, int64_t block_size, bool quick,
-                  bool json) {
-  namespace k = kernels::cpu;
-  struct Shape {
-    const char* name;
-    int64_t heads, kv_lora, rope, nope, v;
-  };
-  const Shape shapes[] = {{"deepseek-v3", 128, 512, 64, 128, 128},
-                          {"small-deepseek", 8, 256, 32, 64, 64}};
-  k::set_compute_threads(threads);
-  k::enter_compute_thread();
-  const k::IsaLevel saved = k::active_isa();
-  std::vector<k::IsaLevel> levels;
-  std::vector<bench::MachineLimits> limits;
-  for (k::IsaLevel level : k::all_isa_levels()) {
-    if (!k::isa_supported(level)) continue;
-    Status s = k::force_isa(level);
-    if (!s.ok()) return report_error("bench kernels", s);
-    levels.push_back(level);
-    limits.push_back(bench::measure_machine(quick));
+struct MlaShape {
+  const char* name;
+  int64_t heads, kv_lora, rope, nope, v;
+};
+
+// Uniform in [-1, 1), from a xorshift state.
+float next_uniform(uint64_t& x) {
+  x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+  return static_cast<float>(static_cast<double>(x >> 11) / 4503599627370496.0 - 1.0);
+}
+
+// The levels this CPU runs, each with the limits measured at it, and the
+// rows measured so far.
+class MlaBench {
+ public:
+  MlaBench(int threads, bool quick) : threads_(threads), min_seconds_(quick ? 0.05 : 0.2) {}
+
+  // Measures each level's limits (kernel threads set first).
+  Status measure_levels(bool quick) {
+    for (kernels::cpu::IsaLevel level : kernels::cpu::all_isa_levels()) {
+      if (!kernels::cpu::isa_supported(level)) continue;
+      MSI_RETURN_IF_ERROR(kernels::cpu::force_isa(level));
+      levels_.push_back(level);
+      limits_.push_back(bench::measure_machine(quick));
+    }
+    return ok_status();
   }
-  const double min_seconds = quick ? 0.05 : 0.2;
-  using Clock = std::chrono::steady_clock;
-  uint64_t x = 0x9e3779b97f4a7c15ull;
-  auto next = [&x] {  // uniform in [-1, 1)
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    return static_cast<float>(static_cast<double>(x >> 11) / 4503599627370496.0 - 1.0);
-  };
-  Json rows = Json::array();
-  Table t({"shape", "kernel", "context", "level", "before ms", "after ms", "speedup", "GFLOP/s",
-           "GB/s", "roofline", "bound"});
-  // Times before() and after() alternately; returns an error if their
-  // outputs differ by more than 1e-4 of the largest.
-  auto measure = [&](const Shape& sh, const std::string& kernel, int64_t ctx, double flops,
-                     double bytes, const std::function<void()>& before,
-                     const std::function<void()>& after, const std::vector<float>& want,
-                     const std::vector<float>& got) -> Status {
-    for (size_t li = 0; li < levels.size(); ++li) {
-      const k::IsaLevel level = levels[li];
+
+  // Times before() and after() alternately at every level; an error if
+  // their outputs differ by more than 1e-4 of the largest.
+  Status measure(const MlaShape& sh, const std::string& kernel, int64_t ctx, double flops,
+                 double bytes, const std::function<void()>& before,
+                 const std::function<void()>& after, const std::vector<float>& want,
+                 const std::vector<float>& got) {
+    namespace k = kernels::cpu;
+    using Clock = std::chrono::steady_clock;
+    for (size_t li = 0; li < levels_.size(); ++li) {
+      const k::IsaLevel level = levels_[li];
       MSI_RETURN_IF_ERROR(k::force_isa(level));
       double tb = 1e30, ta = 1e30, sb = 0, sa = 0;
-      for (int rep = 0; rep < 3 || sb < min_seconds || sa < min_seconds; ++rep) {
+      for (int rep = 0; rep < 3 || sb < min_seconds_ || sa < min_seconds_; ++rep) {
         const auto t0 = Clock::now();
         before();
         const auto t1 = Clock::now();
@@ -107,105 +106,159 @@ int run_bench_mla(const std::vector<int64_t>& contexts, int threads, int64_t blo
                               " differs from the reference by " + fmt(err / top, 6) +
                               " (relative)");
       }
-      const bench::MachineLimits& m = limits[li];
-      const double bw = threads == 1 ? m.read_bw_1t : m.read_bw;
-      const double peak = threads == 1 ? m.fp32_flops_1t : m.fp32_flops;
-      const double t_mem = bytes / bw, t_fma = flops / peak, roof = std::max(t_mem, t_fma);
-      const std::string bound = t_mem >= t_fma ? "memory" : "compute (fp32)";
-      t.add_row({sh.name, kernel, ctx > 0 ? std::to_string(ctx) : "", k::isa_name(level),
-                 fmt(tb * 1e3, 3), fmt(ta * 1e3, 3), fmt(tb / ta, 1), fmt(flops / ta / 1e9, 1),
-                 fmt(bytes / ta / 1e9, 2), fmt_pct(roof / ta), bound});
-      rows.push_back(Json{{"shape", sh.name},
-                          {"kernel", kernel},
-                          {"heads", sh.heads},
-                          {"kv_lora", sh.kv_lora},
-                          {"rope", sh.rope},
-                          {"context", ctx},
-                          {"level", k::isa_name(level)},
-                          {"before_seconds", tb},
-                          {"after_seconds", ta},
-                          {"speedup", tb / ta},
-                          {"flops", flops},
-                          {"bytes", bytes},
-                          {"read_bandwidth", bw},
-                          {"fp32_peak", peak},
-                          {"roofline_fraction", roof / ta},
-                          {"bound", bound}});
-      std::fprintf(stderr, "  mla %s %s %lld %s: %.3f ms -> %.3f ms\n", sh.name, kernel.c_str(),
-                   static_cast<long long>(ctx), k::isa_name(level), tb * 1e3, ta * 1e3);
+      add_row(sh, kernel, ctx, li, flops, bytes, tb, ta);
     }
     return ok_status();
-  };
-  for (const Shape& sh : shapes) {
-    const int64_t d = sh.kv_lora + sh.rope, H = sh.heads, R = sh.kv_lora;
-    std::vector<float> q_lat(H * R), q_pe(H * sh.rope), want(H * R), got(H * R);
-    for (float& v : q_lat) v = next();
-    for (float& v : q_pe) v = next();
-    for (int64_t ctx : contexts) {
-      const int64_t blocks = (ctx + block_size - 1) / block_size;
-      std::vector<bf16> pool(static_cast<size_t>(blocks * block_size * d));
-      std::vector<int32_t> table(static_cast<size_t>(blocks));
-      for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>(b);
-      for (bf16& v : pool) v = float_to_bf16(next());
-      const k::PagedKvLayer kv{pool.data(), nullptr, block_size, 1, d};
-      const int32_t pos = static_cast<int32_t>(ctx - 1);
-      const int32_t* tab = table.data();
-      const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
-      Status s = measure(
-          sh, "attention", ctx, 2.0 * H * ctx * (d + R), 2.0 * ctx * d,
-          [&] {
-            k::mla_attention_reference(q_lat.data(), q_pe.data(), 1, H, R, sh.rope, kv, &pos, &tab,
-                                       scale, want.data());
-          },
-          [&] {
-            k::mla_attention(q_lat.data(), q_pe.data(), 1, H, R, sh.rope, kv, &pos, &tab, scale,
-                             got.data());
-          },
-          want, got);
-      if (!s.ok()) return report_error("bench kernels", s);
+  }
+
+  int report(bool json) const {
+    namespace k = kernels::cpu;
+    Json machine = Json::object();
+    for (size_t li = 0; li < levels_.size(); ++li) {
+      machine[k::isa_name(levels_[li])] = limits_[li].to_json();
     }
-    std::vector<bf16> w_uk(H * sh.nope * R), w_uv(H * sh.v * R);
-    for (bf16& v : w_uk) v = float_to_bf16(next() * 0.1f);
-    for (bf16& v : w_uv) v = float_to_bf16(next() * 0.1f);
-    std::vector<float> q_nope(H * sh.nope), out_want(H * sh.v + H * R), out_got(out_want.size());
-    for (float& v : q_nope) v = next();
-    Status s = measure(
-        sh, "absorb+value_up", 0, 2.0 * H * R * (sh.nope + sh.v),
-        2.0 * static_cast<double>(w_uk.size() + w_uv.size()),
-        [&] {
-          k::mla_absorb_query_reference(q_nope.data(), 1, H, sh.nope, R, w_uk.data(),
-                                        out_want.data());
-          k::mla_value_up_reference(q_lat.data(), 1, H, R, sh.v, w_uv.data(),
-                                    out_want.data() + H * R);
-        },
-        [&] {
-          k::mla_absorb_query(q_nope.data(), 1, H, sh.nope, R, w_uk.data(), out_got.data());
-          k::mla_value_up(q_lat.data(), 1, H, R, sh.v, w_uv.data(), out_got.data() + H * R);
-        },
-        out_want, out_got);
-    if (!s.ok()) return report_error("bench kernels", s);
-  }
-  Status s = k::force_isa(saved);
-  if (!s.ok()) return report_error("bench kernels", s);
-  Json machine = Json::object();
-  for (size_t li = 0; li < levels.size(); ++li) {
-    machine[k::isa_name(levels[li])] = limits[li].to_json();
-  }
-  if (json) {
-    std::cout << Json{{"machine", machine}, {"threads", threads}, {"mla", rows}}.dump(2) << "\n";
+    if (json) {
+      std::cout << Json{{"machine", machine}, {"threads", threads_}, {"mla", rows_}}.dump(2)
+                << "\n";
+      return 0;
+    }
+    std::printf("machine: %s; %d kernel thread(s); limits at each level (%s):\n",
+                limits_.front().cpu.c_str(), threads_,
+                threads_ == 1 ? "one thread" : "all threads");
+    for (size_t li = 0; li < levels_.size(); ++li) {
+      std::printf("  %-11s fp32 FMA peak %.0f GFLOP/s, read bandwidth %.1f GB/s\n",
+                  k::isa_name(levels_[li]), peak(li) / 1e9, bandwidth(li) / 1e9);
+    }
+    std::printf("\n");
+    std::cout << table_.to_string();
     return 0;
   }
-  std::printf("machine: %s; %d kernel thread(s); limits at each level (%s):\n",
-              limits.front().cpu.c_str(), threads, threads == 1 ? "one thread" : "all threads");
-  for (size_t li = 0; li < levels.size(); ++li) {
-    const bench::MachineLimits& m = limits[li];
-    std::printf("  %-11s fp32 FMA peak %.0f GFLOP/s, read bandwidth %.1f GB/s\n",
-                k::isa_name(levels[li]), (threads == 1 ? m.fp32_flops_1t : m.fp32_flops) / 1e9,
-                (threads == 1 ? m.read_bw_1t : m.read_bw) / 1e9);
+
+ private:
+  double bandwidth(size_t li) const {
+    return threads_ == 1 ? limits_[li].read_bw_1t : limits_[li].read_bw;
   }
-  std::printf("\n");
-  std::cout << t.to_string();
-  return 0;
+  double peak(size_t li) const {
+    return threads_ == 1 ? limits_[li].fp32_flops_1t : limits_[li].fp32_flops;
+  }
+
+  // One row: the kernel at level li took tb (reference) and ta seconds.
+  void add_row(const MlaShape& sh, const std::string& kernel, int64_t ctx, size_t li, double flops,
+               double bytes, double tb, double ta) {
+    const char* level = kernels::cpu::isa_name(levels_[li]);
+    const double bw = bandwidth(li), fl = peak(li);
+    const double t_mem = bytes / bw, t_fma = flops / fl, roof = std::max(t_mem, t_fma);
+    const std::string bound = t_mem >= t_fma ? "memory" : "compute (fp32)";
+    table_.add_row({sh.name, kernel, ctx > 0 ? std::to_string(ctx) : "", level, fmt(tb * 1e3, 3),
+                    fmt(ta * 1e3, 3), fmt(tb / ta, 1), fmt(flops / ta / 1e9, 1),
+                    fmt(bytes / ta / 1e9, 2), fmt_pct(roof / ta), bound});
+    rows_.push_back(Json{{"shape", sh.name},
+                         {"kernel", kernel},
+                         {"heads", sh.heads},
+                         {"kv_lora", sh.kv_lora},
+                         {"rope", sh.rope},
+                         {"context", ctx},
+                         {"level", level},
+                         {"before_seconds", tb},
+                         {"after_seconds", ta},
+                         {"speedup", tb / ta},
+                         {"flops", flops},
+                         {"bytes", bytes},
+                         {"read_bandwidth", bw},
+                         {"fp32_peak", fl},
+                         {"roofline_fraction", roof / ta},
+                         {"bound", bound}});
+    std::fprintf(stderr, "  mla %s %s %lld %s: %.3f ms -> %.3f ms\n", sh.name, kernel.c_str(),
+                 static_cast<long long>(ctx), level, tb * 1e3, ta * 1e3);
+  }
+
+  int threads_;
+  double min_seconds_;
+  std::vector<kernels::cpu::IsaLevel> levels_;
+  std::vector<bench::MachineLimits> limits_;
+  Json rows_ = Json::array();
+  Table table_{{"shape", "kernel", "context", "level", "before ms", "after ms", "speedup",
+                "GFLOP/s", "GB/s", "roofline", "bound"}};
+};
+
+// mla_attention for one decode token over `ctx` positions of random latents.
+Status bench_mla_attention(MlaBench& b, const MlaShape& sh, int64_t ctx, int64_t block_size,
+                           const std::vector<float>& q_lat, const std::vector<float>& q_pe,
+                           uint64_t& rng) {
+  namespace k = kernels::cpu;
+  const int64_t d = sh.kv_lora + sh.rope, H = sh.heads, R = sh.kv_lora;
+  std::vector<float> want(H * R), got(H * R);
+  const int64_t blocks = (ctx + block_size - 1) / block_size;
+  std::vector<bf16> pool(static_cast<size_t>(blocks * block_size * d));
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int64_t i = 0; i < blocks; ++i) table[i] = static_cast<int32_t>(i);
+  for (bf16& v : pool) v = float_to_bf16(next_uniform(rng));
+  const k::PagedKvLayer kv{pool.data(), nullptr, block_size, 1, d};
+  const int32_t pos = static_cast<int32_t>(ctx - 1);
+  const int32_t* tab = table.data();
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  return b.measure(
+      sh, "attention", ctx, 2.0 * H * ctx * (d + R), 2.0 * ctx * d,
+      [&] {
+        k::mla_attention_reference(q_lat.data(), q_pe.data(), 1, H, R, sh.rope, kv, &pos, &tab,
+                                   scale, want.data());
+      },
+      [&] {
+        k::mla_attention(q_lat.data(), q_pe.data(), 1, H, R, sh.rope, kv, &pos, &tab, scale,
+                         got.data());
+      },
+      want, got);
+}
+
+// mla_absorb_query + mla_value_up for one token.
+Status bench_mla_absorb(MlaBench& b, const MlaShape& sh, const std::vector<float>& q_lat,
+                        uint64_t& rng) {
+  namespace k = kernels::cpu;
+  const int64_t H = sh.heads, R = sh.kv_lora;
+  std::vector<bf16> w_uk(H * sh.nope * R), w_uv(H * sh.v * R);
+  for (bf16& v : w_uk) v = float_to_bf16(next_uniform(rng) * 0.1f);
+  for (bf16& v : w_uv) v = float_to_bf16(next_uniform(rng) * 0.1f);
+  std::vector<float> q_nope(H * sh.nope), want(H * sh.v + H * R), got(want.size());
+  for (float& v : q_nope) v = next_uniform(rng);
+  return b.measure(
+      sh, "absorb+value_up", 0, 2.0 * H * R * (sh.nope + sh.v),
+      2.0 * static_cast<double>(w_uk.size() + w_uv.size()),
+      [&] {
+        k::mla_absorb_query_reference(q_nope.data(), 1, H, sh.nope, R, w_uk.data(), want.data());
+        k::mla_value_up_reference(q_lat.data(), 1, H, R, sh.v, w_uv.data(), want.data() + H * R);
+      },
+      [&] {
+        k::mla_absorb_query(q_nope.data(), 1, H, sh.nope, R, w_uk.data(), got.data());
+        k::mla_value_up(q_lat.data(), 1, H, R, sh.v, w_uv.data(), got.data() + H * R);
+      },
+      want, got);
+}
+
+int run_bench_mla(const std::vector<int64_t>& contexts, int threads, int64_t block_size, bool quick,
+                  bool json) {
+  namespace k = kernels::cpu;
+  const MlaShape shapes[] = {{"deepseek-v3", 128, 512, 64, 128, 128},
+                             {"small-deepseek", 8, 256, 32, 64, 64}};
+  k::set_compute_threads(threads);
+  k::enter_compute_thread();
+  const k::IsaLevel saved = k::active_isa();
+  MlaBench b(threads, quick);
+  Status s = b.measure_levels(quick);
+  uint64_t rng = 0x9e3779b97f4a7c15ull;
+  for (const MlaShape& sh : shapes) {
+    if (!s.ok()) break;
+    std::vector<float> q_lat(sh.heads * sh.kv_lora), q_pe(sh.heads * sh.rope);
+    for (float& v : q_lat) v = next_uniform(rng);
+    for (float& v : q_pe) v = next_uniform(rng);
+    for (int64_t ctx : contexts) {
+      s = bench_mla_attention(b, sh, ctx, block_size, q_lat, q_pe, rng);
+      if (!s.ok()) break;
+    }
+    if (s.ok()) s = bench_mla_absorb(b, sh, q_lat, rng);
+  }
+  if (s.ok()) s = k::force_isa(saved);
+  if (!s.ok()) return report_error("bench kernels", s);
+  return b.report(json);
 }
 
 int run_bench_kernels(int argc, char** argv) {
