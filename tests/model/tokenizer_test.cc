@@ -76,6 +76,39 @@ TEST(TokenizerTest, ByteLevelDecodeMapsEveryByteAndNothingElse) {
   EXPECT_EQ(t->decode({300, 258}), "\xc4\xa0<x>a \xad");
 }
 
+// Text that is not UTF-8 (a byte-level tokenizer can encode any bytes):
+// the pre-tokenizer's regex matches each well-formed run on its own and each
+// stray byte is a piece of its own, so every byte comes back; the
+// well-formed runs are split as they would be alone. PCRE2 is never handed
+// an ill-formed subject (undefined there): overlong forms, surrogates and
+// code points past U+10FFFF count as ill-formed, as PCRE2's check has it.
+TEST(TokenizerTest, ByteLevelKeepsEveryByteOfTextThatIsNotUtf8) {
+  Json vocab = Json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_level_char(static_cast<uint8_t>(b))] = b;
+  Json merges = Json::array();
+  // "hi" and "Ġhi" as tokens: one piece each when the regex splits there.
+  vocab["hi"] = 256;
+  vocab["\xc4\xa0hi"] = 257;
+  merges.push_back("h i");
+  merges.push_back("\xc4\xa0 hi");
+  Json j{{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}},
+         {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
+         {"decoder", {{"type", "ByteLevel"}}}};
+  auto t = Tokenizer::from_json(j, nullptr, "test");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  for (const std::string& text :
+       {std::string("hi \xff hi"), std::string("\xc0\x80hi hi\xed\xa0\x80"),
+        std::string("\xf4\x90\x80\x80 hi\xe2\x82"), std::string("\x80"),
+        std::string("hi \xe2\x82\xac hi \xf0\x9f\x98\x80")}) {
+    const std::vector<int32_t> ids = t->encode(text);
+    EXPECT_EQ(t->decode(ids), text) << ::testing::PrintToString(ids);
+  }
+  // The well-formed runs around a stray byte split as they would alone.
+  const std::vector<int32_t> hi = t->encode("hi hi");
+  ASSERT_EQ(hi, (std::vector<int32_t>{256, 257}));
+  EXPECT_EQ(t->encode("hi hi\xffhi hi"), (std::vector<int32_t>{256, 257, 0xff, 256, 257}));
+}
+
 TEST(TokenizerTest, MalformedFilesAreErrors) {
   Json j = byte_level_tokenizer();
   j["model"]["type"] = "WordPiece";

@@ -39,6 +39,35 @@ inline size_t utf8_len(unsigned char c) {
   return 1;  // invalid lead byte: treat as one unit
 }
 
+// The length of the well-formed UTF-8 sequence at s[i] (RFC 3629: shortest
+// form, no surrogates, at most U+10FFFF; what PCRE2's UTF check accepts), or
+// 0 where s[i] does not start one.
+inline size_t utf8_sequence_at(std::string_view s, size_t i) {
+  const auto at = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
+  const unsigned char c = at(0);
+  if (c < 0x80) return 1;
+  size_t n;
+  unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range
+  if (c >= 0xc2 && c <= 0xdf) {
+    n = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    n = 3;
+    if (c == 0xe0) lo = 0xa0;  // not overlong
+    if (c == 0xed) hi = 0x9f;  // not a surrogate
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    n = 4;
+    if (c == 0xf0) lo = 0x90;  // not overlong
+    if (c == 0xf4) hi = 0x8f;  // at most U+10FFFF
+  } else {
+    return 0;
+  }
+  if (i + n > s.size() || at(1) < lo || at(1) > hi) return 0;
+  for (size_t k = 2; k < n; ++k) {
+    if ((at(k) & 0xc0) != 0x80) return 0;
+  }
+  return n;
+}
+
 inline std::vector<std::string> utf8_chars(std::string_view s) {
   std::vector<std::string> out;
   for (size_t i = 0; i < s.size();) {
@@ -139,9 +168,31 @@ class Regex {
   ~Regex() {
     if (code_) pcre2_code_free(code_);
   }
-  // Non-overlapping matches as [begin, end) byte ranges.
+  // Non-overlapping matches as [begin, end) byte ranges. PCRE2 matches
+  // only well-formed UTF-8 (told it is checked, it is undefined on anything
+  // else): in text that is not, each maximal well-formed run is matched on
+  // its own and each byte outside them is a match of its own, so a
+  // pre-tokenizer loses no byte.
   std::vector<std::pair<size_t, size_t>> find_all(std::string_view s) const {
     std::vector<std::pair<size_t, size_t>> out;
+    size_t run = 0;  // where the current well-formed run starts
+    for (size_t i = 0; i < s.size();) {
+      if (const size_t n = utf8_sequence_at(s, i); n > 0) {
+        i += n;
+        continue;
+      }
+      if (i > run) find_all_in_run(s.substr(run, i - run), run, out);
+      out.emplace_back(i, i + 1);
+      run = ++i;
+    }
+    if (run < s.size()) find_all_in_run(s.substr(run), run, out);
+    return out;
+  }
+
+ private:
+  // find_all over well-formed UTF-8, at byte offset `base` of the whole text.
+  void find_all_in_run(std::string_view s, size_t base,
+                       std::vector<std::pair<size_t, size_t>>& out) const {
     pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
     size_t pos = 0;
     while (pos <= s.size()) {
@@ -154,14 +205,12 @@ class Regex {
         pos = e + (e < s.size() ? utf8_len(static_cast<unsigned char>(s[e])) : 1);
         continue;
       }
-      out.emplace_back(b, e);
+      out.emplace_back(base + b, base + e);
       pos = e;
     }
     pcre2_match_data_free(md);
-    return out;
   }
 
- private:
   pcre2_code* code_ = nullptr;
 };
 
