@@ -31,7 +31,7 @@ using Filter = Value (*)(const FilterCall&);
 
 Value length(const FilterCall& c) {
   const Value& x = c.x;
-  if (x.kind == Value::kString) return Value::integer(static_cast<int64_t>(x.s.size()));
+  if (x.kind == Value::kString) return Value::integer(static_cast<int64_t>(characters(x.s).size()));
   if (x.kind == Value::kArray) return Value::integer(static_cast<int64_t>(x.a->size()));
   if (x.kind == Value::kObject) return Value::integer(static_cast<int64_t>(x.o->items.size()));
   throw Error("filter length needs a string, list or mapping");
@@ -76,7 +76,8 @@ Value first_or_last(const FilterCall& c) {
   }
   if (x.kind == Value::kString) {
     if (x.s.empty()) return Value();
-    return Value::str(std::string(1, f == "first" ? x.s.front() : x.s.back()));
+    const std::vector<std::string> chars = characters(x.s);
+    return Value::str(f == "first" ? chars.front() : chars.back());
   }
   throw Error("filter " + f + " needs a list or a string");
 }
@@ -87,7 +88,7 @@ Value list(const FilterCall& c) {
   if (x.kind == Value::kObject) return in.member(x, "keys").fn->call({}, {});
   if (x.kind == Value::kString) {
     Array out;
-    for (char ch : x.s) out.push_back(Value::str(std::string(1, ch)));
+    for (std::string& ch : characters(x.s)) out.push_back(Value::str(std::move(ch)));
     return Value::array(std::move(out));
   }
   throw Error("filter list needs an iterable");
@@ -95,7 +96,12 @@ Value list(const FilterCall& c) {
 
 Value reverse(const FilterCall& c) {
   const Value& x = c.x;
-  if (x.kind == Value::kString) return Value::str(std::string(x.s.rbegin(), x.s.rend()));
+  if (x.kind == Value::kString) {
+    std::vector<std::string> chars = characters(x.s);
+    std::string r;
+    for (auto c = chars.rbegin(); c != chars.rend(); ++c) r += *c;
+    return Value::str(r);
+  }
   c.need(Value::kArray, "a list");
   Array r(x.a->rbegin(), x.a->rend());
   return Value::array(std::move(r));

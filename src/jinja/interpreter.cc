@@ -111,7 +111,7 @@ void Interpreter::exec_for(const Stmt& st, Scope& s, std::string& out) {
   } else if (it.kind == Value::kObject) {
     for (const auto& [k, v] : it.o->items) items.push_back(Value::str(k));
   } else if (it.kind == Value::kString) {
-    for (char c : it.s) items.push_back(Value::str(std::string(1, c)));
+    for (std::string& c : characters(it.s)) items.push_back(Value::str(std::move(c)));
   } else {
     throw Error("cannot loop over " + to_string(it));
   }
@@ -198,9 +198,10 @@ Value Interpreter::eval(const Expr& e, Scope& s) {
         return (*x.a)[i];
       }
       if (x.kind == Value::kString && k.kind == Value::kInt) {
-        const int64_t i = norm_index(k.i, static_cast<int64_t>(x.s.size()));
-        if (i < 0 || i >= static_cast<int64_t>(x.s.size())) return Value();
-        return Value::str(std::string(1, x.s[i]));
+        std::vector<std::string> chars = characters(x.s);
+        const int64_t i = norm_index(k.i, static_cast<int64_t>(chars.size()));
+        if (i < 0 || i >= static_cast<int64_t>(chars.size())) return Value();
+        return Value::str(std::move(chars[i]));
       }
       if (k.kind == Value::kString) return member(x, k.s);
       if (x.kind == Value::kUndefined) throw Error("cannot index undefined");
@@ -343,10 +344,12 @@ Value Interpreter::slice(const Value& x, const Expr& e, Scope& s) {
   const int64_t step = step_o.value_or(1);
   if (step == 0) throw Error("slice step must not be 0");
   int64_t n;
+  std::vector<std::string> chars;
   if (x.kind == Value::kArray) {
     n = static_cast<int64_t>(x.a->size());
   } else if (x.kind == Value::kString) {
-    n = static_cast<int64_t>(x.s.size());
+    chars = characters(x.s);
+    n = static_cast<int64_t>(chars.size());
   } else {
     throw Error("only lists and strings can be sliced");
   }
@@ -362,7 +365,7 @@ Value Interpreter::slice(const Value& x, const Expr& e, Scope& s) {
     if (x.kind == Value::kArray) {
       out.push_back((*x.a)[i]);
     } else {
-      str += x.s[i];
+      str += chars[i];
     }
   }
   return x.kind == Value::kArray ? Value::array(std::move(out)) : Value::str(str);

@@ -175,6 +175,22 @@ bool equal(const Value& x, const Value& y) {
   }
 }
 
+std::vector<std::string> characters(const std::string& s) {
+  std::vector<std::string> out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 1;
+    if (i + n > s.size()) n = 1;
+    for (size_t k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) n = 1;
+    }
+    out.push_back(s.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
 // JavaScript's String.prototype.trim whitespace, in UTF-8.
 size_t ws_len(const std::string& s, size_t i) {
   static const char* kMulti[] = {"\xC2\xA0",     "\xE1\x9A\x80", "\xE2\x80\xA8", "\xE2\x80\xA9",

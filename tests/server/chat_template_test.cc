@@ -152,6 +152,19 @@ TEST(ChatTemplate, Constructs) {
             "1");
 }
 
+// A string is a sequence of characters, not bytes, as in Jinja (Python):
+// loops, indexing, slices, length, first, last, list and reverse never split
+// a UTF-8 character ("é" is two bytes, "😀" four).
+TEST(ChatTemplate, StringsAreSequencesOfCharacters) {
+  const Json ctx{{"s", "h\xc3\xa9llo \xf0\x9f\x98\x80!"}};  // "héllo 😀!"
+  EXPECT_EQ(*render("{{ s[1:3] }}|{{ s[::-1] }}|{{ s[1] }}|{{ s[-2] }}", ctx),
+            "\xc3\xa9l|!\xf0\x9f\x98\x80 oll\xc3\xa9h|\xc3\xa9|\xf0\x9f\x98\x80");
+  EXPECT_EQ(*render("{{ s | length }}|{{ s | first }}{{ 'é' | last }}|{{ s | reverse }}", ctx),
+            "8|h\xc3\xa9|!\xf0\x9f\x98\x80 oll\xc3\xa9h");
+  EXPECT_EQ(*render("{% for c in s %}{{ c }}.{% endfor %}|{{ s | list | join(',') }}", ctx),
+            "h.\xc3\xa9.l.l.o. .\xf0\x9f\x98\x80.!.|h,\xc3\xa9,l,l,o, ,\xf0\x9f\x98\x80,!");
+}
+
 TEST(ChatTemplate, ErrorsAreStatusesNotCrashes) {
   EXPECT_FALSE(ChatTemplate::parse("{% if %}").ok());
   EXPECT_FALSE(ChatTemplate::parse("{% for x in y %}").ok());

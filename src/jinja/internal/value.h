@@ -131,6 +131,13 @@ std::string to_json(const Value& v, int indent, int depth);
 // null equals undefined only.
 double js_to_number(const Value& v);
 bool equal(const Value& x, const Value& y);
+// A string as a sequence, as Jinja (Python) sees it: its characters (code
+// points), each as its UTF-8 bytes; a byte that starts no well-formed
+// character is one of its own. Loops, indexing, slices, length, first,
+// last, list and reverse over a string use these, so none splits a
+// character.
+std::vector<std::string> characters(const std::string& s);
+
 // JavaScript's String.prototype.trim whitespace, in UTF-8: the length of the
 // whitespace character at s[i] (0: none).
 size_t ws_len(const std::string& s, size_t i);
