@@ -358,8 +358,10 @@ void exec_again_with_bounded_openmp_spin(int argc, char** argv) {
       cmd != "worker") {
     return;
   }
-  if (std::getenv("GOMP_SPINCOUNT") != nullptr || std::getenv("OMP_WAIT_POLICY") != nullptr) {
-    return;
+  // Empty counts as unset, as libgomp reads it.
+  for (const char* v : {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"}) {
+    const char* x = std::getenv(v);
+    if (x != nullptr && *x != '\0') return;
   }
   if (::setenv("GOMP_SPINCOUNT", kOpenmpSpinCount, 1) != 0) return;
   ::execv("/proc/self/exe", argv);
