@@ -119,7 +119,7 @@ Value join(const FilterCall& c) {
 Value to_int(const FilterCall& c) {
   const Value& x = c.x;
   if (x.kind == Value::kInt) return x;
-  if (x.kind == Value::kFloat) return Value::integer(static_cast<int64_t>(x.f));
+  if (x.kind == Value::kFloat) return integer_or_number(std::trunc(x.f));
   if (x.kind == Value::kString) return Value::integer(std::strtoll(x.s.c_str(), nullptr, 10));
   return Value::integer(0);
 }
@@ -133,7 +133,10 @@ Value to_float(const FilterCall& c) {
 
 Value abs(const FilterCall& c) {
   const Value& x = c.x;
-  if (x.kind == Value::kInt) return Value::integer(x.i < 0 ? -x.i : x.i);
+  if (x.kind == Value::kInt) {  // -INT64_MIN is past int64
+    if (x.i == INT64_MIN) return Value::number(9223372036854775808.0);
+    return Value::integer(x.i < 0 ? -x.i : x.i);
+  }
   if (x.kind == Value::kFloat) return Value::number(std::fabs(x.f));
   throw Error("filter abs needs a number");
 }

@@ -241,7 +241,10 @@ Value Interpreter::eval(const Expr& e, Scope& s) {
       if (e.name == "not") return Value::boolean(!x.truthy());
       if (!x.is_number()) throw Error("unary " + e.name + " needs a number");
       if (e.name == "+") return x;
-      return x.kind == Value::kInt ? Value::integer(-x.i) : Value::number(-x.f);
+      if (x.kind == Value::kInt) {  // -INT64_MIN is past int64
+        return x.i == INT64_MIN ? Value::number(9223372036854775808.0) : Value::integer(-x.i);
+      }
+      return Value::number(-x.f);
     }
     case Expr::kBinary: {
       if (e.name == "and") {
@@ -287,20 +290,35 @@ Value Interpreter::binary(const std::string& op, const Value& l, const Value& r)
   if (l.is_number() && r.is_number()) {
     const bool fl = l.kind == Value::kFloat || r.kind == Value::kFloat;
     const double a = l.num(), b = r.num();
-    if (op == "+") return fl ? Value::number(a + b) : Value::integer(l.i + r.i);
-    if (op == "-") return fl ? Value::number(a - b) : Value::integer(l.i - r.i);
-    if (op == "*") return fl ? Value::number(a * b) : Value::integer(l.i * r.i);
+    // Integers that overflow int64 go on as doubles (integer_or_number).
+    int64_t v = 0;
+    if (op == "+") {
+      if (!fl && !__builtin_add_overflow(l.i, r.i, &v)) return Value::integer(v);
+      return Value::number(a + b);
+    }
+    if (op == "-") {
+      if (!fl && !__builtin_sub_overflow(l.i, r.i, &v)) return Value::integer(v);
+      return Value::number(a - b);
+    }
+    if (op == "*") {
+      if (!fl && !__builtin_mul_overflow(l.i, r.i, &v)) return Value::integer(v);
+      return Value::number(a * b);
+    }
     if (op == "/") {
       return Value::number(a / b);
     }
     if (op == "//") {
       if (b == 0) throw Error("division by zero");
-      return fl ? Value::number(std::floor(a / b))
-                : Value::integer(static_cast<int64_t>(std::floor(a / b)));
+      if (fl) return Value::number(std::floor(a / b));
+      if (l.i == INT64_MIN && r.i == -1) return Value::number(9223372036854775808.0);
+      int64_t q = l.i / r.i;  // rounded toward zero; floor it
+      if (l.i % r.i != 0 && (l.i < 0) != (r.i < 0)) --q;
+      return Value::integer(q);
     }
     if (op == "%") {
       if (!fl) {
         if (r.i == 0) throw Error("modulo by zero");
+        if (r.i == -1) return Value::integer(0);  // INT64_MIN % -1 overflows
         return Value::integer(l.i % r.i);
       }
       return Value::number(std::fmod(a, b));

@@ -20,7 +20,7 @@ Value Interpreter::member(const Value& obj, const std::string& key) {
     return Value();
   }
   if (obj.kind == Value::kString) {
-    if (key == "length") return Value::integer(static_cast<int64_t>(obj.s.size()));
+    if (key == "length") return Value::integer(static_cast<int64_t>(characters(obj.s).size()));
     return method(obj, key);
   }
   if (obj.kind == Value::kArray) {
@@ -181,9 +181,10 @@ Value Interpreter::call_global(const std::string& n, const Args& a, const Kwargs
     }
     if (step == 0) throw Error("range() step must not be 0");
     Array out;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+    for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
       out.push_back(Value::integer(i));
       if (out.size() > 1000000) throw Error("range() too long");
+      if (__builtin_add_overflow(i, step, &i)) break;  // past int64: past stop
     }
     return Value::array(std::move(out));
   }

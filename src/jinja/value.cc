@@ -22,10 +22,18 @@ Value from_json(const Json& j) {
     case Json::value_t::boolean:
       return Value::boolean(j.get<bool>());
     case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned:
       return Value::integer(j.get<int64_t>());
-    case Json::value_t::number_float:
-      return Value::number(j.get<double>());
+    case Json::value_t::number_unsigned:  // past INT64_MAX: a double
+      if (j.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+        return Value::number(static_cast<double>(j.get<uint64_t>()));
+      }
+      return Value::integer(j.get<int64_t>());
+    case Json::value_t::number_float: {
+      // The reference makes a whole number an integer (Number.isInteger):
+      // a context's 3.0 prints "3", as there.
+      const double d = j.get<double>();
+      return std::trunc(d) == d ? integer_or_number(d) : Value::number(d);
+    }
     case Json::value_t::string:
       return Value::str(j.get<std::string>());
     case Json::value_t::array: {
@@ -43,15 +51,48 @@ Value from_json(const Json& j) {
   }
 }
 
+Value integer_or_number(double d) {
+  // [-2^63, 2^63): int64's range, both ends exact as doubles.
+  if (d >= -9223372036854775808.0 && d < 9223372036854775808.0) {
+    return Value::integer(static_cast<int64_t>(d));
+  }
+  return Value::number(d);
+}
+
 std::string js_number(double d) {
   if (std::isnan(d)) return "NaN";
   if (std::isinf(d)) return d > 0 ? "Infinity" : "-Infinity";
+  if (d == 0) return "0";  // and -0, as JavaScript writes it
+  // The shortest digits that read back as d, and their decimal exponent.
   char b[40];
   for (int p = 1; p <= 17; ++p) {
-    std::snprintf(b, sizeof(b), "%.*g", p, d);
+    std::snprintf(b, sizeof(b), "%.*e", p - 1, d);
     if (std::strtod(b, nullptr) == d) break;
   }
-  return b;
+  std::string digits;
+  const char* c = b;
+  const bool negative = *c == '-';
+  if (negative) ++c;
+  for (; *c != 'e'; ++c) {
+    if (*c != '.') digits += *c;
+  }
+  const int k = static_cast<int>(digits.size());
+  const int n = std::atoi(c + 1) + 1;  // d = 0.digits x 10^n
+  // ECMAScript's Number::toString: plain digits below 1e21 and down to 1e-6,
+  // else d.ddde+x.
+  std::string out = negative ? "-" : "";
+  if (k <= n && n <= 21) {
+    out += digits + std::string(static_cast<size_t>(n - k), '0');
+  } else if (0 < n && n <= 21) {
+    out += digits.substr(0, static_cast<size_t>(n)) + "." + digits.substr(static_cast<size_t>(n));
+  } else if (-6 < n && n <= 0) {
+    out += "0." + std::string(static_cast<size_t>(-n), '0') + digits;
+  } else {
+    out += digits.substr(0, 1);
+    if (k > 1) out += "." + digits.substr(1);
+    out += (n - 1 < 0 ? "e-" : "e+") + std::to_string(std::abs(n - 1));
+  }
+  return out;
 }
 
 std::string json_string(const std::string& s) {
@@ -120,7 +161,15 @@ std::string to_string(const Value& v) {
     case Value::kInt:
       return std::to_string(v.i);
     case Value::kFloat:
-      return std::fmod(v.f, 1.0) == 0 ? js_number(v.f) + ".0" : js_number(v.f);
+      // The reference: a whole number as toFixed(1) writes it ("3.0"; past
+      // 1e21 as toString), any other as toString.
+      if (v.f == 0) return "0.0";  // -0 too
+      if (std::fmod(v.f, 1.0) == 0 && std::fabs(v.f) < 1e21) {
+        char b[400];
+        std::snprintf(b, sizeof(b), "%.1f", v.f);
+        return b;
+      }
+      return js_number(v.f);
     case Value::kString:
       return v.s;
     case Value::kArray: {

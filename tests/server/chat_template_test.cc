@@ -165,6 +165,41 @@ TEST(ChatTemplate, StringsAreSequencesOfCharacters) {
             "h.\xc3\xa9.l.l.o. .\xf0\x9f\x98\x80.!.|h,\xc3\xa9,l,l,o, ,\xf0\x9f\x98\x80,!");
 }
 
+// Integer arithmetic past int64 goes on in doubles, as the reference's
+// numbers are (no signed overflow: the server fuzzer found '+' overflowing,
+// UBSan's report); a whole double prints as the reference's toFixed(1) does.
+// The rest stays exact integers.
+TEST(ChatTemplate, IntegersPastInt64BecomeNumbersNotOverflows) {
+  EXPECT_EQ(*render("{{ 9223372036854775807 + 3 }}"), "9223372036854775808.0");
+  EXPECT_EQ(*render("{{ -9223372036854775807 - 3 }}"), "-9223372036854775808.0");
+  EXPECT_EQ(*render("{{ 4611686018427387904 * 4 }}"), "18446744073709551616.0");
+  EXPECT_EQ(*render("{{ 9223372036854775807 - 1 }}|{{ -(9223372036854775807) }}|"
+                    "{{ 9223372036854775807 // 1 }}|{{ -7 // 2 }}|{{ 7 // -2 }}"),
+            "9223372036854775806|-9223372036854775807|9223372036854775807|-4|-4");
+  EXPECT_EQ(*render("{% set m = -9223372036854775807 - 1 %}{{ m }}|{{ -m }}|{{ m | abs }}|"
+                    "{{ m // -1 }}|{{ m % -1 }}"),
+            "-9223372036854775808|9223372036854775808.0|9223372036854775808.0|"
+            "9223372036854775808.0|0");
+  EXPECT_EQ(*render("{{ x | int }}|{{ 2.9 | int }}|{{ -2.9 | int }}", {{"x", 1e300}}),
+            "1e+300|2|-2");
+  EXPECT_EQ(*render("{{ range(9223372036854775806, 9223372036854775807, 2) | list | length }}"),
+            "1");
+}
+
+// Numbers print as the reference (JavaScript) prints them: plain digits
+// from 1e-6 up to 1e21, exponents beyond, whole floats with ".0".
+TEST(ChatTemplate, NumbersPrintAsJavaScriptPrintsThem) {
+  // A whole number in the context is an integer, as the reference has it
+  // (Number.isInteger); past int64 it stays a double (the reference prints
+  // 1e20 without ".0").
+  const Json x{{"a", 1e20}, {"b", 1e21}, {"c", 0.000001}, {"d", 1e-7}, {"e", -1.5e-10}, {"w", 3.0}};
+  EXPECT_EQ(*render("{{ 0.1 + 0.2 }}|{{ a }}|{{ b }}|{{ c }}|{{ d }}|{{ e }}|{{ w }}", x),
+            "0.30000000000000004|100000000000000000000.0|1e+21|0.000001|1e-7|-1.5e-10|3");
+  EXPECT_EQ(
+      *render("{{ 2.5 }}|{{ 3.0 }}|{{ -0.0 }}|{{ [1.5, 2.0] | tojson }}|{{ [e] | tojson }}", x),
+      "2.5|3.0|0.0|[1.5, 2]|[-1.5e-10]");
+}
+
 TEST(ChatTemplate, ErrorsAreStatusesNotCrashes) {
   EXPECT_FALSE(ChatTemplate::parse("{% if %}").ok());
   EXPECT_FALSE(ChatTemplate::parse("{% for x in y %}").ok());

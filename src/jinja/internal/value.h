@@ -119,6 +119,11 @@ struct Callable {
 Value from_json(const Json& j);
 // A number as JavaScript's String(number) writes it.
 std::string js_number(double d);
+// A whole double as an integer where int64 holds it, else the double
+// (beyond int64, and NaN and the infinities): integer arithmetic that
+// overflows goes on in doubles, as the reference's numbers do.
+Value integer_or_number(double d);
+
 // A value as text, as the reference converts it (none: "null", a list:
 // its items joined by ","); {{ }} prints none and undefined as nothing.
 std::string to_string(const Value& v);
