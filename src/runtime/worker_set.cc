@@ -138,7 +138,13 @@ std::vector<std::string> worker_env(const WorkerConfig& c, int rank, bool join,
     if (eq != nullptr) env[std::string(*e, static_cast<size_t>(eq - *e))] = eq + 1;
   }
   env.emplace("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / P)));
-  env.emplace("OMP_WAIT_POLICY", "PASSIVE");
+  if (env.emplace("OMP_WAIT_POLICY", "PASSIVE").second) {
+    // msinfer's own bounded spin (kernels/cpu/threads.h), which this
+    // process got from main(), would win over PASSIVE's none in libgomp:
+    // the workers sleep at once, as measured.
+    auto spin = env.find("GOMP_SPINCOUNT");
+    if (spin != env.end() && spin->second == kernels::cpu::kOpenmpSpinCount) env.erase(spin);
+  }
   // A plan's per-role thread counts (msinfer plan --devices cpu) win over both.
   const int role_threads =
       role_of(c, rank).role == WorkerRole::kAttention ? c.attention_threads : c.expert_threads;

@@ -1332,6 +1332,25 @@ TEST_F(ServeTest, OpenmpThreadsSpinBrieflyUnlessTheEnvironmentChooses) {
     EXPECT_EQ(environment_of(s.pid()).find("\nGOMP_SPINCOUNT="), std::string::npos);
   }
   ::unsetenv("OMP_WAIT_POLICY");
+  {
+    // A disaggregated server's workers sleep at once (OMP_WAIT_POLICY
+    // PASSIVE, as docs/RUNTIME.md measured it): the server's own bounded
+    // spin would win over it in libgomp, so they do not inherit it.
+    Server s("--attention-workers 1 --expert-workers 1 --micro-batches 1");
+    ASSERT_GT(s.port(), 0) << s.stderr_text();
+    EXPECT_NE(environment_of(s.pid()).find("\nGOMP_SPINCOUNT=10000\n"), std::string::npos);
+    std::ifstream f("/proc/" + std::to_string(s.pid()) + "/task/" + std::to_string(s.pid()) +
+                    "/children");
+    int workers = 0;
+    for (pid_t child = 0; f >> child;) {
+      const std::string env = environment_of(child);
+      if (env.find("\nMSINFER_RANK=") == std::string::npos) continue;  // not a worker
+      ++workers;
+      EXPECT_NE(env.find("\nOMP_WAIT_POLICY=PASSIVE\n"), std::string::npos) << env;
+      EXPECT_EQ(env.find("\nGOMP_SPINCOUNT="), std::string::npos) << env;
+    }
+    EXPECT_EQ(workers, 2);
+  }
   for (const auto& [k, v] : saved) ::setenv(k.c_str(), v.c_str(), 1);
 }
 

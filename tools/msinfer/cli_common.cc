@@ -14,6 +14,8 @@
 #include <filesystem>
 #include <iostream>
 
+#include "msinfer/kernels/cpu/threads.h"
+
 namespace msinfer::cli {
 namespace {
 
@@ -363,7 +365,7 @@ void exec_again_with_bounded_openmp_spin(int argc, char** argv) {
     const char* x = std::getenv(v);
     if (x != nullptr && *x != '\0') return;
   }
-  if (::setenv("GOMP_SPINCOUNT", kOpenmpSpinCount, 1) != 0) return;
+  if (::setenv("GOMP_SPINCOUNT", kernels::cpu::kOpenmpSpinCount, 1) != 0) return;
   ::execv("/proc/self/exe", argv);
   ::unsetenv("GOMP_SPINCOUNT");  // not applied: say what this process runs with
 }

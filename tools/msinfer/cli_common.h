@@ -86,9 +86,9 @@ void open_closed_standard_fds();
 // s beside two busy loops; 21 s at 10,000 spins, same speed alone). libgomp
 // reads its environment when it is loaded, before main(): so for the commands
 // that run kernels, when neither GOMP_SPINCOUNT nor OMP_WAIT_POLICY is set,
-// this sets GOMP_SPINCOUNT to kOpenmpSpinCount and executes the binary again
-// (same pid, same arguments). A failed exec leaves OpenMP's default.
-inline constexpr const char* kOpenmpSpinCount = "10000";
+// this sets GOMP_SPINCOUNT to kernels::cpu::kOpenmpSpinCount and executes
+// the binary again (same pid, same arguments). A failed exec leaves OpenMP's
+// default.
 void exec_again_with_bounded_openmp_spin(int argc, char** argv);
 
 // Installs handlers for SIGINT, SIGTERM, SIGHUP and SIGQUIT that remove this

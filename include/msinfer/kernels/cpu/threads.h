@@ -13,4 +13,9 @@ int compute_threads();
 // Applies the setting to the calling thread (cheap when nothing changed).
 void enter_compute_thread();
 
+// GOMP_SPINCOUNT as msinfer sets it when the environment chose no OpenMP
+// wait policy (tools/msinfer/cli_common.h): idle threads spin this many
+// times, not libgomp's 300,000, before they sleep.
+inline constexpr const char* kOpenmpSpinCount = "10000";
+
 }  // namespace msinfer::kernels::cpu
