@@ -34,14 +34,29 @@ TEST(FitLineTest, HandComputed) {
   EXPECT_NEAR(f.intercept, 2, 1e-12);
 }
 
+// A preset's model in a temporary directory, removed with it (also when a
+// test fails).
+struct TempModel {
+  explicit TempModel(const std::string& preset)
+      : dir(::testing::TempDir() + "/msinfer_profile_" + preset + "_" + std::to_string(getpid())) {
+    model::MakeModelOptions mo;
+    mo.preset = preset;
+    mo.out_dir = dir;
+    made = model::make_model(mo);
+  }
+  ~TempModel() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  std::string dir;
+  Status made;
+};
+
 TEST(ProfileTest, WritesAFileThePlannerReads) {
-  const std::string dir = ::testing::TempDir() + "/msinfer_profile_model_" + std::to_string(getpid());
-  model::MakeModelOptions mo;
-  mo.preset = "tiny-mixtral";
-  mo.out_dir = dir;
-  ASSERT_TRUE(model::make_model(mo).ok());
+  const TempModel m("tiny-mixtral");
+  ASSERT_TRUE(m.made.ok()) << m.made.to_string();
   ProfileOptions o;
-  o.model_dir = dir;
+  o.model_dir = m.dir;
   o.seq_len = 64;
   o.attention_batches = {1, 4, 16};
   o.expert_batches = {1, 8, 64};
@@ -61,21 +76,16 @@ TEST(ProfileTest, WritesAFileThePlannerReads) {
   // Too small a KV budget is refused, not crashed on.
   o.kv_cache_mb = 0;
   EXPECT_EQ(profile_model(o).status().code(), StatusCode::kResourceExhausted);
-  std::filesystem::remove_all(dir);
 }
 
 // A model whose first layer is dense (DeepSeek's first_k_dense_replace):
 // T_a and T_e are timed on its MoE layers only (the expert loop aborted on
 // layer 0's missing experts before).
 TEST(ProfileTest, ADenseFirstLayerIsSkipped) {
-  const std::string dir =
-      ::testing::TempDir() + "/msinfer_profile_deepseek_" + std::to_string(getpid());
-  model::MakeModelOptions mo;
-  mo.preset = "tiny-deepseek-v3";
-  mo.out_dir = dir;
-  ASSERT_TRUE(model::make_model(mo).ok());
+  const TempModel m("tiny-deepseek-v3");
+  ASSERT_TRUE(m.made.ok()) << m.made.to_string();
   ProfileOptions o;
-  o.model_dir = dir;
+  o.model_dir = m.dir;
   o.seq_len = 16;
   o.attention_batches = {1, 4};
   o.expert_batches = {1, 8};
@@ -85,7 +95,6 @@ TEST(ProfileTest, ADenseFirstLayerIsSkipped) {
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r->attention.size(), 2u);
   EXPECT_EQ(r->expert.size(), 2u);
-  std::filesystem::remove_all(dir);
 }
 
 // The transfer model fitted to M2N rows gives back each measured one-way time
