@@ -123,4 +123,26 @@ StatusOr<const TensorView*> fp8_scale(const Checkpoint& ckpt, const ModelConfig&
   return s;
 }
 
+Status load_gqa_projections(Loader& ld, const ModelConfig& c, const std::string& a, int atp_rank,
+                            int atp, kernels::cpu::WeightFormat fmt, LayerWeights& L) {
+  const int64_t h = c.hidden, hd = c.head_dim, H = c.heads, KV = c.kv_heads;
+  const int64_t q0 = atp_rank * (H / atp) * hd, q1 = q0 + (H / atp) * hd;
+  const int64_t k0 = c.first_kv_head_of_attention_rank(atp_rank, atp) * hd;
+  const int64_t k1 = k0 + c.kv_heads_per_attention_rank(atp) * hd;
+  MSI_ASSIGN_OR_RETURN(L.qkv, ld.pack_blocks({{a + "q_proj.weight", {H * hd, h}, q0, q1, 0, h},
+                                              {a + "k_proj.weight", {KV * hd, h}, k0, k1, 0, h},
+                                              {a + "v_proj.weight", {KV * hd, h}, k0, k1, 0, h}},
+                                             fmt));
+  MSI_ASSIGN_OR_RETURN(L.o,
+                       ld.pack_blocks({{a + "o_proj.weight", {h, H * hd}, 0, h, q0, q1}}, fmt));
+  if (!c.attention_bias) return ok_status();
+  MSI_ASSIGN_OR_RETURN(std::vector<float> qb, ld.vec(a + "q_proj.bias", H * hd));
+  MSI_ASSIGN_OR_RETURN(std::vector<float> kb, ld.vec(a + "k_proj.bias", KV * hd));
+  MSI_ASSIGN_OR_RETURN(std::vector<float> vb, ld.vec(a + "v_proj.bias", KV * hd));
+  L.qkv_bias.assign(qb.begin() + q0, qb.begin() + q1);
+  L.qkv_bias.insert(L.qkv_bias.end(), kb.begin() + k0, kb.begin() + k1);
+  L.qkv_bias.insert(L.qkv_bias.end(), vb.begin() + k0, vb.begin() + k1);
+  return ok_status();
+}
+
 }  // namespace msinfer::model::internal

@@ -111,7 +111,7 @@ Status load_gqa_layer(Loader& ld, const ModelConfig& c, int i, const LoadOptions
                       LayerWeights& L) {
   const std::string p = layer_prefix(i);
   const kernels::cpu::WeightFormat fmt = dense_format(options.weights);
-  const int64_t h = c.hidden, hd = c.head_dim, H = c.heads, KV = c.kv_heads, E = c.experts;
+  const int64_t h = c.hidden, hd = c.head_dim, E = c.experts;
   const int64_t atp = options.attention_tp_size, atp_rank = options.attention_tp_rank;
   const bool attention_rest = options.attention && atp_rank == 0;
   const bool moe = c.is_moe_layer(i);
@@ -153,25 +153,8 @@ Status load_gqa_layer(Loader& ld, const ModelConfig& c, int i, const LoadOptions
     } else {
       for (const auto& n : rest_names) ld.skip(n);
     }
-    const int64_t q0 = atp_rank * (H / atp) * hd, q1 = q0 + (H / atp) * hd;
-    const int64_t k0 =
-        c.first_kv_head_of_attention_rank(static_cast<int>(atp_rank), static_cast<int>(atp)) * hd;
-    const int64_t k1 = k0 + c.kv_heads_per_attention_rank(static_cast<int>(atp)) * hd;
-    MSI_ASSIGN_OR_RETURN(
-        L.qkv, ld.pack_blocks({{p + "self_attn.q_proj.weight", {H * hd, h}, q0, q1, 0, h},
-                               {p + "self_attn.k_proj.weight", {KV * hd, h}, k0, k1, 0, h},
-                               {p + "self_attn.v_proj.weight", {KV * hd, h}, k0, k1, 0, h}},
-                              fmt));
-    MSI_ASSIGN_OR_RETURN(
-        L.o, ld.pack_blocks({{p + "self_attn.o_proj.weight", {h, H * hd}, 0, h, q0, q1}}, fmt));
-    if (c.attention_bias) {  // the same rows of the biases, in qkv's row order
-      MSI_ASSIGN_OR_RETURN(std::vector<float> qb, ld.vec(p + "self_attn.q_proj.bias", H * hd));
-      MSI_ASSIGN_OR_RETURN(std::vector<float> kb, ld.vec(p + "self_attn.k_proj.bias", KV * hd));
-      MSI_ASSIGN_OR_RETURN(std::vector<float> vb, ld.vec(p + "self_attn.v_proj.bias", KV * hd));
-      L.qkv_bias.assign(qb.begin() + q0, qb.begin() + q1);
-      L.qkv_bias.insert(L.qkv_bias.end(), kb.begin() + k0, kb.begin() + k1);
-      L.qkv_bias.insert(L.qkv_bias.end(), vb.begin() + k0, vb.begin() + k1);
-    }
+    MSI_RETURN_IF_ERROR(load_gqa_projections(ld, c, p + "self_attn.", static_cast<int>(atp_rank),
+                                             static_cast<int>(atp), fmt, L));
     if (c.qk_norm) {
       MSI_ASSIGN_OR_RETURN(L.q_norm, ld.vec(p + "self_attn.q_norm.weight", hd));
       MSI_ASSIGN_OR_RETURN(L.k_norm, ld.vec(p + "self_attn.k_norm.weight", hd));

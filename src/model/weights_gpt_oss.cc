@@ -92,7 +92,7 @@ Status load_gpt_oss_layer(Loader& ld, const Checkpoint& ckpt, const std::string&
                           LayerWeights& L) {
   const std::string p = layer_prefix(i), a = p + "self_attn.", x = p + "mlp.experts.";
   const kernels::cpu::WeightFormat fmt = dense_format(options.weights);
-  const int64_t h = c.hidden, hd = c.head_dim, H = c.heads, KV = c.kv_heads, F = c.expert_ffn;
+  const int64_t h = c.hidden, H = c.heads, F = c.expert_ffn;
   const int64_t E = c.experts;
   const int atp = options.attention_tp_size, atp_rank = options.attention_tp_rank;
   const bool rest = options.attention && atp_rank == 0;
@@ -107,27 +107,14 @@ Status load_gpt_oss_layer(Loader& ld, const Checkpoint& ckpt, const std::string&
   if (!options.attention) {
     for (const auto& n : attn_names) ld.skip(n);
   } else {
-    const int64_t q0 = atp_rank * (H / atp) * hd, q1 = q0 + (H / atp) * hd;
-    const int64_t k0 = c.first_kv_head_of_attention_rank(atp_rank, atp) * hd;
-    const int64_t k1 = k0 + c.kv_heads_per_attention_rank(atp) * hd;
-    MSI_ASSIGN_OR_RETURN(L.qkv, ld.pack_blocks({{a + "q_proj.weight", {H * hd, h}, q0, q1, 0, h},
-                                                {a + "k_proj.weight", {KV * hd, h}, k0, k1, 0, h},
-                                                {a + "v_proj.weight", {KV * hd, h}, k0, k1, 0, h}},
-                                               fmt));
-    MSI_ASSIGN_OR_RETURN(L.o,
-                         ld.pack_blocks({{a + "o_proj.weight", {h, H * hd}, 0, h, q0, q1}}, fmt));
+    MSI_RETURN_IF_ERROR(load_gqa_projections(ld, c, a, atp_rank, atp, fmt, L));
     if (c.attention_bias) {
-      MSI_ASSIGN_OR_RETURN(std::vector<float> qb, ld.vec(a + "q_proj.bias", H * hd));
-      MSI_ASSIGN_OR_RETURN(std::vector<float> kb, ld.vec(a + "k_proj.bias", KV * hd));
-      MSI_ASSIGN_OR_RETURN(std::vector<float> vb, ld.vec(a + "v_proj.bias", KV * hd));
-      L.qkv_bias.assign(qb.begin() + q0, qb.begin() + q1);
-      L.qkv_bias.insert(L.qkv_bias.end(), kb.begin() + k0, kb.begin() + k1);
-      L.qkv_bias.insert(L.qkv_bias.end(), vb.begin() + k0, vb.begin() + k1);
       MSI_ASSIGN_OR_RETURN(std::vector<float> ob, ld.vec(a + "o_proj.bias", h));
       if (rest) L.o_bias = std::move(ob);
     }
     MSI_ASSIGN_OR_RETURN(std::vector<float> sinks, ld.vec(a + "sinks", H));
-    L.sinks.assign(sinks.begin() + q0 / hd, sinks.begin() + q1 / hd);
+    const int64_t h0 = atp_rank * (H / atp);  // this rank's first head
+    L.sinks.assign(sinks.begin() + h0, sinks.begin() + h0 + H / atp);
   }
   if (rest) {
     MSI_ASSIGN_OR_RETURN(L.input_norm, ld.vec(p + "input_layernorm.weight", h));

@@ -176,6 +176,15 @@ bool holds_shared_experts(const LoadOptions& o, int i, bool attention_rank0);
 Status load_shared_experts(Loader& ld, const LoadOptions& o, const std::string& ffn, int64_t width,
                            int64_t h, kernels::cpu::WeightFormat fmt, LayerWeights& L);
 
+// The GQA projections of one attention tp rank (`a` = "model.layers.i.self_attn."):
+// its heads' rows of q, k and v (the KV heads its query heads read: a
+// share, or one replicated head) into L.qkv, the same columns of o into L.o
+// (everything at tp 1), and with c.attention_bias the same rows of the q,
+// k and v biases, in qkv's row order, into L.qkv_bias. o_proj's bias
+// (gpt-oss) is the caller's.
+Status load_gqa_projections(Loader& ld, const ModelConfig& c, const std::string& a, int atp_rank,
+                            int atp, kernels::cpu::WeightFormat fmt, LayerWeights& L);
+
 // MoE layer i's routed experts that LoadOptions names into L.experts (sized
 // to the expert count): whole at expert tp 1, else shard r of tp (rows
 // [r F/tp, (r+1) F/tp) of w1 and w3, the same columns of w2). The others'
