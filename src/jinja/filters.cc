@@ -31,7 +31,7 @@ using Filter = Value (*)(const FilterCall&);
 
 Value length(const FilterCall& c) {
   const Value& x = c.x;
-  if (x.kind == Value::kString) return Value::integer(static_cast<int64_t>(characters(x.s).size()));
+  if (x.kind == Value::kString) return Value::integer(static_cast<int64_t>(character_count(x.s)));
   if (x.kind == Value::kArray) return Value::integer(static_cast<int64_t>(x.a->size()));
   if (x.kind == Value::kObject) return Value::integer(static_cast<int64_t>(x.o->items.size()));
   throw Error("filter length needs a string, list or mapping");

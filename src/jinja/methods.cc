@@ -20,7 +20,7 @@ Value Interpreter::member(const Value& obj, const std::string& key) {
     return Value();
   }
   if (obj.kind == Value::kString) {
-    if (key == "length") return Value::integer(static_cast<int64_t>(characters(obj.s).size()));
+    if (key == "length") return Value::integer(static_cast<int64_t>(character_count(obj.s)));
     return method(obj, key);
   }
   if (obj.kind == Value::kArray) {

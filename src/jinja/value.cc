@@ -224,20 +224,36 @@ bool equal(const Value& x, const Value& y) {
   }
 }
 
+namespace {
+
+// The length of the character at s[i] (1 for a byte that starts none).
+size_t character_at(const std::string& s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 1;
+  if (i + n > s.size()) return 1;
+  for (size_t k = 1; k < n; ++k) {
+    if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return 1;
+  }
+  return n;
+}
+
+}  // namespace
+
 std::vector<std::string> characters(const std::string& s) {
   std::vector<std::string> out;
   out.reserve(s.size());
   for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 1;
-    if (i + n > s.size()) n = 1;
-    for (size_t k = 1; k < n; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) n = 1;
-    }
+    const size_t n = character_at(s, i);
     out.push_back(s.substr(i, n));
     i += n;
   }
   return out;
+}
+
+size_t character_count(const std::string& s) {
+  size_t count = 0;
+  for (size_t i = 0; i < s.size(); i += character_at(s, i)) ++count;
+  return count;
 }
 
 // JavaScript's String.prototype.trim whitespace, in UTF-8.

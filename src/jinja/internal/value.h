@@ -142,6 +142,8 @@ bool equal(const Value& x, const Value& y);
 // last, list and reverse over a string use these, so none splits a
 // character.
 std::vector<std::string> characters(const std::string& s);
+// characters(s).size(), without making them.
+size_t character_count(const std::string& s);
 
 // JavaScript's String.prototype.trim whitespace, in UTF-8: the length of the
 // whitespace character at s[i] (0: none).
