@@ -1,6 +1,7 @@
 #include "msinfer/runtime/engine.h"
 
 #include <algorithm>
+#include <sstream>
 #include <string>
 
 #include "msinfer/kernels/cpu/threads.h"
@@ -84,7 +85,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mo
                                             std::move(attention), std::move(experts)));
 }
 
-Status Engine::add(GenerationRequest r) {
+Status Engine::check_request(const GenerationRequest& r) const {
   const ModelConfig& c = config();
   if (r.prompt.empty()) return invalid_argument("request " + std::to_string(r.id) + ": empty prompt");
   for (int32_t t : r.prompt) {
@@ -99,13 +100,6 @@ Status Engine::add(GenerationRequest r) {
     return invalid_argument("request " + std::to_string(r.id) + ": n = " + std::to_string(r.n) +
                             " is outside 1.." + std::to_string(GenerationRequest::kMaxSequences));
   }
-  // The id names the request's KV block table: a second request under the
-  // same id would share (and, finishing first, free) the other's blocks.
-  const auto same_id = [&](const Running& o) { return o.req.id == r.id; };
-  if (std::any_of(waiting_.begin(), waiting_.end(), same_id) ||
-      std::any_of(running_.begin(), running_.end(), same_id)) {
-    return invalid_argument("request " + std::to_string(r.id) + ": the id is already in use");
-  }
   const int64_t need = static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens;
   if (need > c.max_position_embeddings) {
     return resource_exhausted("request " + std::to_string(r.id) + ": prompt + max_tokens = " +
@@ -117,6 +111,18 @@ Status Engine::add(GenerationRequest r) {
                               std::to_string(need) + " tokens does not fit the KV cache (" +
                               std::to_string(kv_.capacity_tokens()) +
                               " tokens); raise --kv-cache-mb or lower --max-tokens");
+  }
+  return ok_status();
+}
+
+Status Engine::add(GenerationRequest r) {
+  MSI_RETURN_IF_ERROR(check_request(r));
+  // The id names the request: cancel() and the events go by it.
+  const auto same_id = [&](const Running& o) { return o.req.id == r.id; };
+  if (std::any_of(waiting_.begin(), waiting_.end(), same_id) ||
+      std::any_of(running_.begin(), running_.end(), same_id) ||
+      std::any_of(parked_.begin(), parked_.end(), same_id)) {
+    return invalid_argument("request " + std::to_string(r.id) + ": the id is already in use");
   }
   Running run;
   run.tokens = r.prompt;
@@ -136,7 +142,110 @@ bool Engine::cancel(int64_t id) {
     if (of(r)) kv_.release(r.seq);
   }
   found += std::erase_if(running_, of);
+  for (const Running& r : parked_) {
+    if (of(r)) kv_.release(r.seq);
+  }
+  found += std::erase_if(parked_, of);
   return found > 0;
+}
+
+std::vector<PrefilledSequence> Engine::take_prefilled() {
+  std::vector<PrefilledSequence> out;
+  for (Running& r : parked_) {
+    PrefilledSequence& p = out.emplace_back();
+    p.kv_layout = kv_.layout_id();
+    p.kv.resize(static_cast<size_t>(kv_.transfer_bytes(r.computed)));
+    kv_.export_kv(r.seq, r.computed, p.kv.data());
+    kv_.release(r.seq);
+    std::ostringstream rng;
+    rng << r.rng;
+    p.rng = rng.str();
+    p.request = std::move(r.req);
+    p.request.prefill_only = false;
+    p.index = r.index;
+    p.tokens = std::move(r.tokens);
+    p.computed = r.computed;
+    p.generated = r.generated;
+  }
+  parked_.clear();
+  return out;
+}
+
+Status Engine::add_prefilled(PrefilledSequence s) {
+  const std::string what = "prefilled request " + std::to_string(s.request.id);
+  s.request.prefill_only = false;
+  MSI_RETURN_IF_ERROR(check_request(s.request));
+  const int64_t len = static_cast<int64_t>(s.tokens.size());
+  const int64_t plen = static_cast<int64_t>(s.request.prompt.size());
+  if (s.index < 0 || s.index >= s.request.n) {
+    return invalid_argument(what + ": sequence " + std::to_string(s.index) +
+                            " of n = " + std::to_string(s.request.n));
+  }
+  if (s.generated < 1 || len != plen + s.generated || s.computed != len - 1 ||
+      !std::equal(s.request.prompt.begin(), s.request.prompt.end(), s.tokens.begin())) {
+    return invalid_argument(
+        what + ": " + std::to_string(len) + " tokens (" + std::to_string(s.generated) +
+        " generated after a prompt of " + std::to_string(plen) + "), K/V of " +
+        std::to_string(s.computed) +
+        "; expected the prompt, its generated tokens and K/V of all but the last");
+  }
+  if (s.generated >= s.request.sampling.max_tokens) {
+    return invalid_argument(what + ": already has its max_tokens");
+  }
+  for (size_t i = static_cast<size_t>(plen); i < s.tokens.size(); ++i) {
+    if (s.tokens[i] < 0 || s.tokens[i] >= config().vocab) {
+      return invalid_argument(what + ": token id " + std::to_string(s.tokens[i]) +
+                              " outside the vocabulary");
+    }
+  }
+  if (s.kv_layout != kv_.layout_id()) {
+    return invalid_argument(what +
+                            ": its K/V come from a KV cache of another layout (model, "
+                            "block size or attention split)");
+  }
+  if (static_cast<int64_t>(s.kv.size()) != kv_.transfer_bytes(s.computed)) {
+    return invalid_argument(what + ": " + std::to_string(s.kv.size()) + " bytes of K/V for " +
+                            std::to_string(s.computed) + " positions, not " +
+                            std::to_string(kv_.transfer_bytes(s.computed)));
+  }
+  if (!kv_.host_pools()) {
+    return unimplemented("prefilled sequences need the KV cache in host memory (--device cpu)");
+  }
+  const auto same = [&](const Running& o) {
+    return o.req.id == s.request.id && (o.index == s.index || o.fork_into > 1);
+  };
+  if (std::any_of(waiting_.begin(), waiting_.end(), same) ||
+      std::any_of(running_.begin(), running_.end(), same) ||
+      std::any_of(parked_.begin(), parked_.end(), same)) {
+    return invalid_argument(what + ": sequence " + std::to_string(s.index) + " is already here");
+  }
+  Running run;
+  std::istringstream rng(s.rng);
+  rng >> run.rng;
+  if (rng.fail()) return invalid_argument(what + ": unreadable sampler state");
+  run.seq = next_seq_++;
+  run.index = s.index;
+  run.tokens = std::move(s.tokens);
+  run.computed = s.computed;
+  run.generated = s.generated;
+  run.cached_tokens = 0;
+  run.kv_import = std::move(s.kv);
+  run.req = std::move(s.request);
+  waiting_.push_back(std::move(run));
+  return ok_status();
+}
+
+bool Engine::admit_prefilled(Running& r, int64_t reserved) {
+  const int64_t need = kv_.transfer_blocks(r.computed);
+  if (!running_.empty() && need + reserved > kv_.free_blocks()) return false;
+  if (!kv_.import_kv(r.seq, r.computed, r.kv_import.data(),
+                     static_cast<int64_t>(r.kv_import.size()))
+           .ok()) {
+    return false;
+  }
+  std::vector<uint8_t>().swap(r.kv_import);
+  kv_.cache_blocks(r.seq, r.tokens.data(), r.computed);
+  return true;
 }
 
 // First come, first served: a request is admitted when the blocks of every
@@ -160,6 +269,12 @@ void Engine::admit() {
   }
   while (!waiting_.empty()) {
     Running& r = waiting_.front();
+    if (!r.kv_import.empty()) {
+      if (!admit_prefilled(r, next_step + watermark)) break;
+      running_.push_back(std::move(r));
+      waiting_.pop_front();
+      continue;
+    }
     const int64_t len = static_cast<int64_t>(r.tokens.size());
     // Cached blocks it shares cost nothing, unless no one holds them: then
     // they count as free now and stop being free once it takes them.
@@ -415,18 +530,24 @@ StatusOr<std::vector<TokenEvent>> Engine::step() {
     // n > 1: the other sequences start from this prompt's K/V and logits
     // (forked before r's token is appended: they have the same tokens).
     std::vector<Running> born = r.fork_into > 1 ? fork_sequences(r) : std::vector<Running>{};
-    if (sample_next(r, lg, &events)) done.push_back(owners[j]);
+    const bool finished = sample_next(r, lg, &events);
+    if (finished || r.req.prefill_only) done.push_back(owners[j]);
+    if (!finished && r.req.prefill_only) {
+      parked_.push_back(std::move(r));  // with its blocks
+      r.seq = -1;
+    }
     for (Running& s : born) {
       if (sample_next(s, lg, &events)) {
         kv_.release(s.seq);  // finished at its first token
       } else {
-        forked.push_back(std::move(s));
+        (s.req.prefill_only ? parked_ : forked).push_back(std::move(s));
       }
     }
   }
+  // Finished ones free their blocks; parked ones (moved out) hold theirs.
   std::sort(done.rbegin(), done.rend());
   for (size_t i : done) {
-    kv_.release(running_[i].seq);
+    if (running_[i].seq >= 0) kv_.release(running_[i].seq);
     running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
   }
   // The forked sequences count as admitted now (the latest: preempted first).

@@ -469,6 +469,89 @@ const int32_t* KvCache::block_table(int64_t id, int group) const {
   return it->second.blocks[static_cast<size_t>(group)].data();
 }
 
+uint64_t KvCache::layout_id() const {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the numbers that fix where a value lives
+  auto mix = [&](int64_t v) {
+    for (int i = 0; i < 8; ++i)
+      h = (h ^ static_cast<uint64_t>((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+  };
+  for (int64_t v :
+       {block_size_, slot_elems_, kv_heads_, head_dim_, static_cast<int64_t>(group_layers_),
+        static_cast<int64_t>(kv_pools_), static_cast<int64_t>(layer_group_.size())}) {
+    mix(v);
+  }
+  for (int64_t w : group_window_) mix(w);
+  for (size_t l = 0; l < layer_group_.size(); ++l) mix(layer_group_[l] * 65536 + layer_index_[l]);
+  return h;
+}
+
+int64_t KvCache::transfer_blocks(int64_t tokens) const {
+  int64_t n = 0;
+  for (int g = 0; g < groups(); ++g) n += blocks_for(tokens) - first_needed(g, tokens);
+  return n;
+}
+
+int64_t KvCache::transfer_bytes(int64_t tokens) const {
+  return transfer_blocks(tokens) * group_layers_ * kv_pools_ * block_size_ * slot_elems_ *
+         static_cast<int64_t>(sizeof(bf16));
+}
+
+// export_kv and import_kv walk the same order: group, table entry, layer of
+// the group, K then V; `copy(pool block, wire offset)` moves one block of one pool.
+template <typename Copy>
+void KvCache::walk_transfer(const Table& table, int64_t tokens, Copy copy) const {
+  const size_t block_elems = static_cast<size_t>(block_size_ * slot_elems_);
+  size_t wire = 0;
+  for (int g = 0; g < groups(); ++g) {
+    const std::vector<int32_t>& t = table.blocks[static_cast<size_t>(g)];
+    for (int64_t i = first_needed(g, tokens); i < blocks_for(tokens); ++i) {
+      const int32_t b = t[static_cast<size_t>(i)];
+      MSI_CHECK(b != kFreed) << "block " << i << " of layer group " << g << " was released";
+      for (int j = 0; j < group_layers_; ++j) {
+        const size_t at =
+            (static_cast<size_t>(j) * static_cast<size_t>(num_blocks_) + static_cast<size_t>(b)) *
+            block_elems;
+        for (const ZeroPages* pool : {&k_, &v_}) {
+          if (pool->empty()) continue;
+          copy(pool->as<bf16>() + at, wire, block_elems * sizeof(bf16));
+          wire += block_elems * sizeof(bf16);
+        }
+      }
+    }
+  }
+}
+
+void KvCache::export_kv(int64_t id, int64_t tokens, uint8_t* out) const {
+  MSI_CHECK(host_pools()) << "export_kv needs the K/V pools in this process";
+  auto it = tables_.find(id);
+  MSI_CHECK(it != tables_.end()) << "no KV blocks for sequence " << id;
+  for (int g = 0; g < groups(); ++g) {
+    MSI_CHECK(static_cast<int64_t>(it->second.blocks[static_cast<size_t>(g)].size()) >=
+              blocks_for(tokens))
+        << "sequence " << id << " holds fewer than " << tokens << " positions";
+  }
+  walk_transfer(it->second, tokens, [&](const bf16* block, size_t wire, size_t bytes) {
+    std::memcpy(out + wire, block, bytes);
+  });
+}
+
+Status KvCache::import_kv(int64_t id, int64_t tokens, const uint8_t* data, int64_t size) {
+  MSI_CHECK(tables_.find(id) == tables_.end()) << "sequence " << id << " holds KV blocks";
+  if (!host_pools()) return invalid_argument("KV import needs the K/V pools in this process");
+  if (tokens < 1 || size != transfer_bytes(tokens)) {
+    return invalid_argument("KV transfer of " + std::to_string(size) + " bytes for " +
+                            std::to_string(tokens) + " positions; this cache expects " +
+                            std::to_string(tokens < 1 ? 0 : transfer_bytes(tokens)));
+  }
+  // reserve with from = tokens takes exactly the entries export_kv wrote:
+  // all of a full-attention group's, a sliding group's window of `tokens`.
+  MSI_RETURN_IF_ERROR(reserve(id, tokens, tokens));
+  walk_transfer(tables_.at(id), tokens, [&](bf16* block, size_t wire, size_t bytes) {
+    std::memcpy(block, data + wire, bytes);
+  });
+  return ok_status();
+}
+
 kernels::cpu::PagedKvLayer KvCache::layer(int l) {
   if (k_.empty()) return kernels::cpu::PagedKvLayer{nullptr, nullptr, block_size_, kv_heads_, head_dim_};
   const size_t off = static_cast<size_t>(layer_index_[static_cast<size_t>(l)]) *

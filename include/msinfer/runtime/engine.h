@@ -99,6 +99,26 @@ struct GenerationRequest {
   // best_of where the server keeps the best n of them.
   int n = 1;
   static constexpr int kMaxSequences = 256;
+  // Prefill/decode disaggregation: each sequence stops after its first token
+  // (produced as usual, finished only if that token ends it) and waits, its
+  // K/V held, for Engine::take_prefilled to hand it to a decoding engine.
+  bool prefill_only = false;
+};
+
+// A sequence whose prompt one engine computed, for another engine to decode
+// (Engine::take_prefilled, Engine::add_prefilled; docs/RUNTIME.md,
+// "Prefill/decode disaggregation"). Its first token was sampled where the
+// prompt was; the decoding engine samples the rest as the first engine would
+// have: same tokens, same generator state.
+struct PrefilledSequence {
+  GenerationRequest request;    // prefill_only cleared
+  int32_t index = 0;            // which of the request's n sequences (TokenEvent::index)
+  std::vector<int32_t> tokens;  // prompt + tokens generated so far
+  int64_t computed = 0;         // positions whose K/V `kv` holds: tokens.size() - 1
+  int64_t generated = 0;
+  std::string rng;          // the sampler's std::mt19937_64, as operator<< writes it
+  uint64_t kv_layout = 0;   // KvCache::layout_id of the cache that wrote kv
+  std::vector<uint8_t> kv;  // KvCache::export_kv of positions [0, computed)
 };
 
 // One token produced for a request in a step.
@@ -159,6 +179,19 @@ class Engine {
   // frees its KV blocks; it produces no more events. False if no such
   // request is here.
   bool cancel(int64_t id);
+  // Prefill/decode disaggregation. The sequences of prefill_only requests
+  // that have their first token, each with its K/V copied out (their blocks
+  // freed here, their registered blocks staying cached).
+  std::vector<PrefilledSequence> take_prefilled();
+  // Prefilled sequences waiting for take_prefilled.
+  int64_t prefilled() const { return static_cast<int64_t>(parked_.size()); }
+  // Queues a sequence another engine prefilled: at admission its K/V are
+  // copied into blocks of this cache and it decodes from its next token on
+  // (a preemption later makes it recompute, as any sequence). The checks of
+  // add(), a request id in use only by other sequences of the same request,
+  // and INVALID_ARGUMENT for K/V of another cache layout or size, or a
+  // sequence that is finished or has no K/V.
+  Status add_prefilled(PrefilledSequence s);
   bool idle() const { return waiting_.empty() && running_.empty(); }
   // Sequences admitted into the batch / queued (a request with n > 1 counts
   // n once it has forked).
@@ -208,7 +241,13 @@ class Engine {
     std::mt19937_64 rng;
     bool preempted = false;  // chosen as a victim during this step's planning
     int64_t cached_tokens = -1;  // prefix cache hit at its first admission (-1: not yet)
+    std::vector<uint8_t> kv_import;  // add_prefilled: K/V of [0, computed), until admitted
   };
+  // What add() and add_prefilled() check of a request (not its id).
+  Status check_request(const GenerationRequest& r) const;
+  // Admits a prefilled sequence (the front of waiting_) if its blocks are free
+  // beyond `reserved`; false when they are not.
+  bool admit_prefilled(Running& r, int64_t reserved);
   Engine(std::shared_ptr<const model::ModelWeights> w, KvCache kv, const EngineOptions& o,
          std::unique_ptr<AttentionCompute> attention, std::unique_ptr<ExpertBackend> experts);
   void admit();
@@ -232,6 +271,7 @@ class Engine {
   std::unique_ptr<ExpertBackend> experts_;
   std::deque<Running> waiting_;   // new requests, and preempted ones at the front
   std::vector<Running> running_;  // in admission order
+  std::vector<Running> parked_;   // prefill_only sequences with their first token
   EngineCounters counters_;
   int64_t next_seq_ = 0;  // Running::seq of the next sequence
   double cost_token_ = 0, cost_position_ = 0;

@@ -150,6 +150,31 @@ class KvCache {
   // next step, so copy-on-write would copy it as often, later, and need a
   // check on every write.
   int64_t fork(int64_t parent, int64_t child, int64_t tokens, bool copy_partial);
+  // Prefill/decode handoff (docs/RUNTIME.md, "Prefill/decode
+  // disaggregation"): the K/V of a sequence's first `tokens` positions move
+  // to another cache of the same layout, block by block, and the sequence
+  // goes on there from position `tokens` without recomputing them.
+  //
+  // What identifies the layout (block size, K/V slot, pools, layer groups
+  // and their windows): two caches whose layouts differ cannot exchange
+  // blocks. The model's weights are the caller's to match.
+  uint64_t layout_id() const;
+  // Bytes export_kv writes for `tokens` positions: in each group the table
+  // entries computing position `tokens` on needs (all of a full-attention
+  // group's, a sliding group's window), whole blocks, K then V per layer.
+  int64_t transfer_bytes(int64_t tokens) const;
+  // Blocks import_kv takes from free_blocks().
+  int64_t transfer_blocks(int64_t tokens) const;
+  // Writes sequence `id`'s K/V of positions [0, tokens) that transfer_bytes
+  // counts into out[0..transfer_bytes(tokens)). Host pools only; the
+  // sequence must hold those blocks.
+  void export_kv(int64_t id, int64_t tokens, uint8_t* out) const;
+  // Starts sequence `id` (which must hold no table) holding positions [0,
+  // tokens) from `size` bytes export_kv wrote in a cache of this layout_id():
+  // takes transfer_blocks(tokens) blocks and copies. RESOURCE_EXHAUSTED
+  // (nothing taken) when they are not free; INVALID_ARGUMENT for a size that
+  // is not transfer_bytes(tokens) or a cache without host pools.
+  Status import_kv(int64_t id, int64_t tokens, const uint8_t* data, int64_t size);
   // Turns prefix caching on (before any table exists); `salt` starts every
   // chain: whatever else changes the K/V of a token sequence (model, weights).
   void enable_prefix_caching(uint64_t salt);
@@ -220,6 +245,10 @@ class KvCache {
   int64_t first_needed(int g, int64_t pos) const;
   // Entries group g's table reaches for reserve(.., tokens, .., hold_to).
   int64_t entries_needed(int g, int64_t tokens, int64_t hold_to) const;
+  // Calls copy(block in a pool, offset in export_kv's bytes, bytes) for
+  // every block of one pool a transfer of `tokens` positions moves, in order.
+  template <typename Copy>
+  void walk_transfer(const Table& table, int64_t tokens, Copy copy) const;
   // A block for a new use (refs 1): an unregistered free one, else the least
   // recently released cached one, unregistered. One must be free.
   int32_t take_block();

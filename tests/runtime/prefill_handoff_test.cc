@@ -1,0 +1,238 @@
+// Prefill/decode handoff between two engines (Engine::take_prefilled,
+// Engine::add_prefilled, KvCache::export_kv / import_kv): a sequence
+// prefilled by one engine and decoded by another produces the tokens one
+// engine produces, on every tiny preset, greedy and sampled.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <utility>
+
+#include "msinfer/runtime/engine.h"
+#include "test_models.h"
+
+namespace msinfer::runtime {
+namespace {
+
+using Key = std::pair<int64_t, int32_t>;  // (request, sequence)
+using Tokens = std::map<Key, std::vector<int32_t>>;
+
+std::shared_ptr<const model::ModelWeights> load(const std::string& preset) {
+  auto w = model::ModelWeights::load(testing::test_model_dir(preset), {});
+  EXPECT_TRUE(w.ok()) << w.status().to_string();
+  return w.ok() ? std::shared_ptr<const model::ModelWeights>(std::move(w).value()) : nullptr;
+}
+
+std::unique_ptr<Engine> engine(std::shared_ptr<const model::ModelWeights> w,
+                               int64_t kv_bytes = 8 << 20, int64_t block = 4,
+                               int64_t max_step_tokens = 256) {
+  EngineOptions o;
+  o.kv_cache_bytes = kv_bytes;
+  o.block_size = block;
+  o.max_step_tokens = max_step_tokens;
+  auto e = Engine::create(std::move(w), o);
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  return std::move(e).value();
+}
+
+std::vector<int32_t> prompt_of(int64_t n, int32_t seed, int32_t vocab) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    p[static_cast<size_t>(i)] = (seed * 131 + 17 * static_cast<int32_t>(i)) % vocab;
+  return p;
+}
+
+// Greedy; seeded at temperature 1 with n = 2 and penalties; with logprobs
+// (the decoding engine's logits must be the ones one engine sees).
+std::vector<GenerationRequest> requests(int32_t vocab) {
+  std::vector<GenerationRequest> out;
+  for (int i = 0; i < 3; ++i) {
+    GenerationRequest r{10 + i, prompt_of(20 + 11 * i, i + 1, vocab), {}};
+    r.sampling.max_tokens = 7;
+    r.sampling.ignore_eos = true;
+    if (i == 1) {
+      r.sampling.temperature = 1.f;
+      r.sampling.seed = 99;
+      r.sampling.presence_penalty = 0.5f;
+      r.n = 2;
+    }
+    if (i == 2) r.sampling.logprobs = 2;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void collect(const std::vector<TokenEvent>& events, Tokens* out) {
+  for (const TokenEvent& ev : events) {
+    EXPECT_EQ(ev.finish_reason == FinishReason::kError, false) << ev.error;
+    (*out)[{ev.request_id, ev.index}].push_back(ev.token);
+  }
+}
+
+Tokens run(Engine& e, Tokens out = {}) {
+  for (int guard = 0; !e.idle() && guard < 10000; ++guard) collect(e.step().value(), &out);
+  EXPECT_TRUE(e.idle());
+  return out;
+}
+
+// Prefills `rs` on `prefill` (prefill_only), hands every sequence to
+// `decode` and decodes there; returns every sequence's tokens.
+Tokens disaggregated(Engine& prefill, Engine& decode, std::vector<GenerationRequest> rs) {
+  Tokens out;
+  for (GenerationRequest& r : rs) {
+    r.prefill_only = true;
+    EXPECT_TRUE(prefill.add(r).ok());
+  }
+  out = run(prefill, std::move(out));
+  for (const auto& [key, tokens] : out) EXPECT_EQ(tokens.size(), 1u) << "request " << key.first;
+  EXPECT_EQ(prefill.prefilled() > 0, prefill.kv_usage() > 0);  // held by the waiting sequences
+  for (PrefilledSequence& s : prefill.take_prefilled()) {
+    EXPECT_EQ(s.generated, 1);
+    EXPECT_FALSE(s.request.prefill_only);
+    const Status st = decode.add_prefilled(std::move(s));
+    EXPECT_TRUE(st.ok()) << st.to_string();
+  }
+  EXPECT_EQ(prefill.prefilled(), 0);
+  EXPECT_EQ(prefill.kv_usage(), 0.0);  // handed off: nothing held
+  return run(decode, std::move(out));
+}
+
+// The K/V of every preset's cache (MLA latents in DeepSeek's, sliding
+// windows of 16 in gpt-oss's: prompts up to 42 tokens leave a sliding
+// group's early blocks behind), prefilled in one engine and decoded in
+// another, give the single engine's tokens for every sequence.
+TEST(PrefillHandoffTest, DecodingElsewhereGivesTheTokensOfOneEngine) {
+  for (const char* preset : {"tiny-mixtral", "tiny-qwen3moe", "tiny-deepseek-v3",
+                             "tiny-deepseek-v2-lite", "tiny-gpt-oss", "tiny-glm4-moe"}) {
+    SCOPED_TRACE(preset);
+    auto w = load(preset);
+    ASSERT_NE(w, nullptr);
+    const auto rs = requests(static_cast<int32_t>(w->config().vocab));
+    auto one = engine(w);
+    for (const auto& r : rs) ASSERT_TRUE(one->add(r).ok());
+    const Tokens expected = run(*one);
+    ASSERT_EQ(expected.size(), 4u);  // three requests, one of two sequences
+    auto prefill = engine(w);
+    auto decode = engine(w);
+    EXPECT_EQ(disaggregated(*prefill, *decode, rs), expected);
+    EXPECT_EQ(decode->kv_usage(), 0.0);
+    // What the decoding engine was handed is in its prefix cache now: the
+    // whole prompt but its last block; with sliding windows nothing, since
+    // the blocks before the window stayed with the prefill engine.
+    GenerationRequest again = rs[0];
+    again.id = 50;
+    ASSERT_TRUE(decode->add(again).ok());
+    const auto first = decode->step().value();
+    ASSERT_FALSE(first.empty());
+    const bool sliding = w->config().attention_window(0) > 0 || w->config().attention_window(1) > 0;
+    EXPECT_EQ(first[0].cached_tokens,
+              sliding ? 0 : (static_cast<int64_t>(again.prompt.size()) - 1) / 4 * 4);
+  }
+}
+
+// A decoding engine too small for every handed-off sequence at once preempts
+// some; they recompute their prompt and tokens so far and still end with the
+// single engine's tokens.
+TEST(PrefillHandoffTest, AHandedOffSequencePreemptedRecomputesTheSameTokens) {
+  auto w = load("tiny-mixtral");
+  ASSERT_NE(w, nullptr);
+  std::vector<GenerationRequest> rs;
+  for (int i = 0; i < 4; ++i) {
+    GenerationRequest r{i, prompt_of(30, i + 3, static_cast<int32_t>(w->config().vocab)), {}};
+    r.sampling.max_tokens = 24;
+    r.sampling.ignore_eos = true;
+    rs.push_back(r);
+  }
+  auto one = engine(w);
+  for (const auto& r : rs) ASSERT_TRUE(one->add(r).ok());
+  const Tokens expected = run(*one);
+  auto prefill = engine(w);
+  // 4 sequences of up to 54 positions need 56 blocks of 4; the pool holds 40.
+  const int64_t block_bytes = KvCache::bytes_per_token(w->config()) * 4;
+  auto decode = engine(w, 40 * block_bytes);
+  ASSERT_EQ(decode->kv_cache().total_blocks(), 40);
+  EXPECT_EQ(disaggregated(*prefill, *decode, rs), expected);
+  EXPECT_GT(decode->counters().preemptions, 0);
+  EXPECT_EQ(decode->kv_usage(), 0.0);
+}
+
+// A first token that ends its sequence leaves nothing to hand off; a
+// cancelled prefilled sequence frees its blocks.
+TEST(PrefillHandoffTest, FinishedAndCancelledSequencesAreNotHandedOff) {
+  auto w = load("tiny-mixtral");
+  ASSERT_NE(w, nullptr);
+  auto e = engine(w);
+  const auto p = prompt_of(10, 1, static_cast<int32_t>(w->config().vocab));
+  GenerationRequest done{1, p, {}}, cancelled{2, p, {}};
+  done.sampling.max_tokens = 1;
+  cancelled.sampling.max_tokens = 5;
+  done.prefill_only = cancelled.prefill_only = true;
+  ASSERT_TRUE(e->add(done).ok());
+  ASSERT_TRUE(e->add(cancelled).ok());
+  const auto events = e->step().value();
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_TRUE(events[0].finished);
+  EXPECT_FALSE(events[1].finished);
+  EXPECT_TRUE(e->idle());
+  EXPECT_EQ(e->prefilled(), 1);
+  EXPECT_GT(e->kv_usage(), 0.0);  // the parked sequence holds its prompt's blocks
+  EXPECT_FALSE(e->add(cancelled).ok()) << "its id is in use while it waits";
+  EXPECT_TRUE(e->cancel(2));
+  EXPECT_EQ(e->prefilled(), 0);
+  EXPECT_EQ(e->kv_usage(), 0.0);
+  EXPECT_TRUE(e->take_prefilled().empty());
+}
+
+// What a decoding engine refuses: K/V of another cache layout or size, a
+// sequence whose counts do not agree, one with all its tokens, a sequence
+// already there, a sampler state it cannot read.
+TEST(PrefillHandoffTest, MismatchedHandoffsAreRefused) {
+  auto w = load("tiny-mixtral");
+  ASSERT_NE(w, nullptr);
+  auto prefill = engine(w);
+  GenerationRequest r{7, prompt_of(13, 2, static_cast<int32_t>(w->config().vocab)), {}};
+  r.sampling.max_tokens = 4;
+  r.prefill_only = true;
+  ASSERT_TRUE(prefill->add(r).ok());
+  run(*prefill);
+  auto taken = prefill->take_prefilled();
+  ASSERT_EQ(taken.size(), 1u);
+  const PrefilledSequence good = taken[0];
+  EXPECT_EQ(static_cast<int64_t>(good.kv.size()), prefill->kv_cache().transfer_bytes(13));
+  auto refused = [&](PrefilledSequence s, const std::string& why) {
+    auto decode = engine(w);
+    const Status st = decode->add_prefilled(std::move(s));
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << why << ": " << st.to_string();
+    EXPECT_TRUE(decode->idle());
+  };
+  {
+    auto other_blocks = engine(w, 8 << 20, 8);  // a block of 8 tokens: another layout
+    EXPECT_EQ(other_blocks->add_prefilled(good).code(), StatusCode::kInvalidArgument);
+  }
+  PrefilledSequence s = good;
+  s.kv.pop_back();
+  refused(s, "short K/V");
+  s = good;
+  s.computed = 12;
+  refused(s, "K/V of fewer positions than the tokens before the last");
+  s = good;
+  s.tokens.push_back(3);
+  refused(s, "tokens beyond those generated");
+  s = good;
+  s.generated = 4;
+  s.tokens.insert(s.tokens.end(), 3, 5);
+  s.computed = static_cast<int64_t>(s.tokens.size()) - 1;
+  refused(s, "max_tokens reached");
+  s = good;
+  s.rng = "not a generator";
+  refused(s, "sampler state");
+  s = good;
+  s.index = 1;
+  refused(s, "sequence 1 of n = 1");
+  auto decode = engine(w);
+  ASSERT_TRUE(decode->add_prefilled(good).ok());
+  EXPECT_EQ(decode->add_prefilled(good).code(), StatusCode::kInvalidArgument);  // already there
+  EXPECT_EQ(decode->add(r).code(), StatusCode::kInvalidArgument);               // its id is in use
+}
+
+}  // namespace
+}  // namespace msinfer::runtime
