@@ -19,8 +19,8 @@ void Session::start() {
 }
 
 bool Session::idle() const {
-  return !closed_ && reading_ && header_bytes_ == 0 && buf_.size() == 0 && !gen_ && !preparing_ &&
-         !writing_ && out_queue_.empty();
+  return !closed_ && reading_ && header_bytes_ == 0 && buf_.size() == 0 && !answer_ &&
+         !preparing_ && !writing_ && out_queue_.empty();
 }
 
 void Session::close() {
@@ -31,9 +31,10 @@ void Session::close() {
   }
   // Much read (a large body, a header flood): its buffers' pages go back.
   if (bytes_read_ + static_cast<int64_t>(buf_.capacity()) > (32 << 10)) srv_.trim_soon();
-  if (gen_ && !gen_->done) {
-    end_generation(*gen_);
-    if (Scheduler* s = srv_.scheduler.load()) s->cancel(gen_->id);
+  if (answer_) {
+    const int64_t id = answer_->id();
+    end_answer();
+    if (Scheduler* s = srv_.scheduler.load()) s->cancel(id);
   }
   beast::error_code ec;
   sock_.shutdown(tcp::socket::shutdown_both, ec);
@@ -149,14 +150,13 @@ void Session::internal_failure(const char* what, const char* why) {
   std::fprintf(stderr, "msinfer: server: %s failed: %s\n", what, why);
   if (closed_) return;
   preparing_ = false;
-  if (gen_) {
-    if (!gen_->done) {
-      end_generation(*gen_);
-      if (Scheduler* s = srv_.scheduler.load()) s->cancel(gen_->id);
-    }
+  if (answer_) {
+    const int64_t id = answer_->id();
+    const bool stream = answer_->request().stream;
+    end_answer();
+    if (Scheduler* s = srv_.scheduler.load()) s->cancel(id);
     // A stream's status line may be out: nothing sensible can follow.
-    if (gen_->req.stream) return close();
-    gen_.reset();
+    if (stream) return close();
   }
   respond_error(
       error_of(500, "internal_error", std::string("internal error while ") + what + ": " + why),
@@ -184,7 +184,7 @@ void Session::on_watch(beast::error_code ec, size_t n) {
     close();
     return;
   }
-  if ((gen_ && !gen_->done) || preparing_) {
+  if (answer_ || preparing_) {
     watch();
   } else if (response_done_ && !writing_) {
     do_read();

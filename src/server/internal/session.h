@@ -1,10 +1,10 @@
-// One client connection (Session): reads requests (limits, timeouts),
-// writes answers (queued, back-pressure, batched submits), and runs a
-// generation's answer. Its parts by job: http_session.cc (reading, writing,
-// closing), http_routes.cc (the route table and the endpoints' handlers),
-// http_generation.cc (a completion's answer: submit, stream chunks, the
-// final JSON). Lives on the event loop's thread; kept alive by the handlers
-// of its pending operations.
+// One client connection (Session): reads requests (limits, timeouts) and
+// writes answers (queued, back-pressure, batched submits). Its parts by
+// job: http_session.cc (reading, writing, closing), http_routes.cc (the
+// route table and the endpoints' handlers), http_generation.cc (a completion
+// request: parse, tokenize on the prompt pool, submit, write what its
+// CompletionAnswer makes of the tokens). Lives on the event loop's thread;
+// kept alive by the handlers of its pending operations.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +13,7 @@
 #include <span>
 #include <string>
 
-#include "generation.h"
+#include "completion_answer.h"
 #include "server_impl.h"
 
 namespace msinfer::server {
@@ -91,42 +91,16 @@ class Session : public std::enable_shared_from_this<Session> {
   void on_batch_sent(long res);
   void on_write(beast::error_code ec);
 
-  // ---- a generation's answer (http_generation.cc) ----
-  // Loop: the prompt pool is done with gen's prompt.
-  void prepared(std::shared_ptr<Generation> gen, const std::optional<ApiError>& err);
-  // Hands a parsed request to the scheduler and starts its answer.
-  void submit(std::shared_ptr<Generation> gen);
-  Json base(const Generation& g, bool chunked) const;
-  Json stream_chunk(const Generation& g, int index, const Json& delta_or_text, const Json& logprobs,
-                    const Json& finish_reason) const;
-  // stream_chunk(g, index, text, null, null) as SSE, from a template made on
-  // the choice's first call: the JSON of every other field is the same for
-  // the whole stream, so only the text is escaped per token (nlohmann builds
-  // and sorts a tree per chunk otherwise: most of the server's time per token).
-  // reasoning: the chunk's delta is {"reasoning_content": text} (harmony).
-  std::string text_chunk(Generation& g, int index, const std::string& text,
-                         bool reasoning = false) const;
-  // Logprobs of the tokens in `events` in the API's shape; appended to `acc`.
-  // Each token's text is what it adds to the text after the token before it
-  // (TextStream::token_bytes), so the tokens join into the text; the
-  // alternatives are read in the same place.
-  void add_logprobs(const Generation& g, Choice& ch, const runtime::TokenEvent& ev, Json* acc);
-  // flush: the round where held stream text goes out (every stream_interval-th).
-  // A stream's chunks go out choice by choice in index order within a round,
-  // so n choices interleave as OpenAI's do; each choice ends with its own
-  // finish_reason chunk, the response once every choice has ended.
+  // ---- a completion request (http_generation.cc) ----
+  // Loop: the prompt pool is done with the request's prompt.
+  void prepared(std::shared_ptr<ApiRequest> req, const std::optional<ApiError>& err);
+  // Hands a resolved request to the scheduler and starts its answer.
+  void submit(std::shared_ptr<ApiRequest> req);
+  // Writes what the answer makes of a round of token events.
   void on_tokens(int64_t id, std::span<const runtime::TokenEvent> events, bool flush);
-  // The generated tokens of every choice returned (usage: the prompt once,
-  // the completions summed).
-  static int64_t completion_tokens(const Generation& g);
-  // The generation's response is complete (or abandoned): nothing more is
-  // delivered to it.
-  void end_generation(Generation& g);
-  // Every choice ended: the answer. With best_of > n, the n sequences with
-  // the highest cumulative logprob (vLLM's rule), best first, as choices
-  // 0..n-1; the others are dropped (usage counts the returned ones).
-  void finish_plain(Generation& g);
   void on_error(int64_t id, const Status& st);
+  // The answer is complete or abandoned: nothing more is delivered to it.
+  void end_answer();
 
   HttpServer::Impl& srv_;
   tcp::socket sock_;
@@ -134,7 +108,7 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer buf_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::string out_queue_, out_writing_;
-  std::shared_ptr<Generation> gen_;
+  std::shared_ptr<CompletionAnswer> answer_;  // the request being answered
   std::string client_;        // the peer's address: per-client connection counts
   int64_t header_bytes_ = 0;  // of the request being read
   int64_t bytes_read_ = 0;    // on this connection
