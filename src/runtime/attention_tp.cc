@@ -37,11 +37,12 @@ class AttentionTpRank {
     lo.attention_tp_rank = tp_rank_;
     lo.attention_tp_size = c_.tp_attention;
     MSI_ASSIGN_OR_RETURN(w_, model::ModelWeights::load(c_.model_dir, lo));
-    MSI_ASSIGN_OR_RETURN(KvCache kv, KvCache::create(attention_tp_config(*w_), c_.kv_cache_bytes));
+    MSI_ASSIGN_OR_RETURN(KvCache kv,
+                         KvCache::create(attention_tp_config(*w_), c_.engine.kv_cache_bytes));
     kv_ = std::make_unique<KvCache>(std::move(kv));
     runner_ = std::make_unique<AttentionRunner>(*w_);
     row_bytes_ = w_->config().hidden * 4;
-    stats_ = std::make_unique<WorkerStats>(c_.micro_batches, w_->config().layers);
+    stats_ = std::make_unique<WorkerStats>(c_.engine.micro_batches, w_->config().layers);
     return ok_status();
   }
 

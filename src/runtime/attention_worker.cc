@@ -76,7 +76,7 @@ Status AttentionWorker::start(comm::Bootstrap& boot) {
   ep_ = std::make_unique<comm::M2NEndpoint>(std::move(transport),
                                             std::chrono::milliseconds(c_.timeout_ms));
   ep_->set_yield_when_idle(comm::oversubscribed(comm::local_process_count(c_.processes())));
-  stats_ = std::make_unique<WorkerStats>(c_.micro_batches, mc.layers);
+  stats_ = std::make_unique<WorkerStats>(c_.engine.micro_batches, mc.layers);
   auto remote = std::make_unique<internal::RemoteExperts>(c_, mc, index_, *ep_, stats_.get());
   MSI_RETURN_IF_ERROR(remote->attach(boot));
   experts_ = remote.get();
@@ -84,17 +84,11 @@ Status AttentionWorker::start(comm::Bootstrap& boot) {
     peers_ = std::make_unique<internal::AttentionTpLeader>(c_, mc, index_, stats_.get(), *ep_);
     MSI_RETURN_IF_ERROR(peers_->attach(boot));
   }
-  EngineOptions eo;
+  EngineOptions eo = c_.engine;  // the deployment's, plus what only this process sets
   eo.attention_peers = peers_.get();
-  eo.kv_cache_bytes = c_.kv_cache_bytes;
-  eo.micro_batches = c_.micro_batches;
-  eo.max_step_tokens = c_.max_step_tokens;
   eo.step_when_idle = true;
   eo.device = c_.attention_device;
-  eo.attention_cost_per_token = c_.attention_cost_per_token;
-  eo.attention_cost_per_position = c_.attention_cost_per_position;
-  eo.prefix_caching = c_.prefix_caching;
-  eo.prefix_cache_events = c_.prefix_caching;  // reported with each step, for the router's index
+  eo.prefix_cache_events = eo.prefix_caching;  // reported with each step, for the router's index
   MSI_ASSIGN_OR_RETURN(engine_, Engine::create(weights_, eo, std::move(remote)));
   experts_->set_between_polls([this] { return between_polls(); });
   control::Ready ready{index_, control::kProtocolVersion,

@@ -1,7 +1,13 @@
 #include "msinfer/runtime/control.h"
 
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -155,8 +161,148 @@ StatusOr<Placement> read_placement(const Json& j, const std::string& where) {
   return Placement::from_json(*it, experts, where + ": placement");
 }
 
+// Reads an enum field by its flag name with `parse` (name, where).
+template <typename E, typename Parse>
+Status read_enum(Fields& f, const char* key, E* out, const std::string& where, Parse parse) {
+  std::string name;
+  f.optional(key, &name);
+  MSI_RETURN_IF_ERROR(f.status());
+  if (name.empty()) return ok_status();
+  auto e = parse(name, where + ": field '" + key + "'");
+  if (!e.ok()) return e.status();
+  *out = *e;
+  return ok_status();
+}
+
+}  // namespace
+}  // namespace control
+
+Json worker_config_json(const WorkerConfig& c) {
+  const EngineOptions& e = c.engine;
+  Json j{{"model_dir", c.model_dir},
+         {"attention_workers", c.attention_workers},
+         {"expert_workers", c.expert_workers},
+         {"engine",
+          {{"kv_cache_bytes", e.kv_cache_bytes},
+           {"block_size", e.block_size},
+           {"max_step_tokens", e.max_step_tokens},
+           {"micro_batches", e.micro_batches},
+           {"attention_cost_per_token", e.attention_cost_per_token},
+           {"attention_cost_per_position", e.attention_cost_per_position},
+           {"prefix_caching", e.prefix_caching},
+           {"prefix_cache_salt", e.prefix_cache_salt}}},
+         {"tp_expert", c.tp_expert},
+         {"tp_expert_reduce", expert_reduce_name(c.tp_expert_reduce)},
+         {"shared_experts", shared_experts_name(c.shared_experts)},
+         {"tp_attention", c.tp_attention},
+         {"attention_threads", c.attention_threads},
+         {"expert_threads", c.expert_threads},
+         {"provider", c.provider},
+         {"address", c.address},
+         {"timeout_ms", c.timeout_ms},
+         {"weights", kernels::cpu::weight_format_name(c.weights)},
+         {"attention_device", c.attention_device},
+         {"expert_device", c.expert_device},
+         {"routing", routing_policy_name(c.routing)},
+         {"routing_load_slack", c.routing_load_slack},
+         {"resubmit", c.resubmit},
+         {"respawn", c.respawn},
+         {"rebalance_every", c.rebalance_every},
+         {"rebalance_slots", c.rebalance_slots},
+         {"rebalance_gain", c.rebalance_gain},
+         {"rebalance_fixed_rows", c.rebalance_fixed_rows}};
+  if (c.placement.workers > 0) j["placement"] = c.placement.to_json();
+  return j;
+}
+
+StatusOr<WorkerConfig> worker_config_from_json(const Json& j, const std::string& where) {
+  using control::Fields;
+  if (!j.is_object()) return invalid_argument(where + ": not an object");
+  WorkerConfig c;
+  Fields f(j, where);
+  f.required("model_dir", &c.model_dir)
+      .optional("attention_workers", &c.attention_workers)
+      .optional("expert_workers", &c.expert_workers)
+      .optional("tp_expert", &c.tp_expert)
+      .optional("tp_attention", &c.tp_attention)
+      .optional("attention_threads", &c.attention_threads)
+      .optional("expert_threads", &c.expert_threads)
+      .optional("provider", &c.provider)
+      .optional("address", &c.address)
+      .optional("timeout_ms", &c.timeout_ms)
+      .optional("attention_device", &c.attention_device)
+      .optional("expert_device", &c.expert_device)
+      .optional("routing_load_slack", &c.routing_load_slack)
+      .optional("resubmit", &c.resubmit)
+      .optional("respawn", &c.respawn)
+      .optional("rebalance_every", &c.rebalance_every)
+      .optional("rebalance_slots", &c.rebalance_slots)
+      .optional("rebalance_gain", &c.rebalance_gain)
+      .optional("rebalance_fixed_rows", &c.rebalance_fixed_rows);
+  MSI_RETURN_IF_ERROR(f.status());
+  MSI_RETURN_IF_ERROR(
+      control::read_enum(f, "tp_expert_reduce", &c.tp_expert_reduce, where, parse_expert_reduce));
+  MSI_RETURN_IF_ERROR(
+      control::read_enum(f, "shared_experts", &c.shared_experts, where, parse_shared_experts));
+  MSI_RETURN_IF_ERROR(control::read_enum(f, "routing", &c.routing, where, parse_routing_policy));
+  MSI_RETURN_IF_ERROR(control::read_enum(
+      f, "weights", &c.weights, where,
+      [](const std::string& name, const std::string& w) -> StatusOr<kernels::cpu::WeightFormat> {
+        auto fmt = kernels::cpu::parse_weight_format(name);
+        if (!fmt.ok()) return invalid_argument(w + ": " + fmt.status().message());
+        return fmt;
+      }));
+  if (auto e = j.find("engine"); e != j.end()) {
+    if (!e->is_object()) return invalid_argument(where + ": field 'engine' is not an object");
+    EngineOptions& o = c.engine;
+    MSI_RETURN_IF_ERROR(Fields(*e, where + ": engine")
+                            .optional("kv_cache_bytes", &o.kv_cache_bytes)
+                            .optional("block_size", &o.block_size)
+                            .optional("max_step_tokens", &o.max_step_tokens)
+                            .optional("micro_batches", &o.micro_batches)
+                            .optional("attention_cost_per_token", &o.attention_cost_per_token)
+                            .optional("attention_cost_per_position", &o.attention_cost_per_position)
+                            .optional("prefix_caching", &o.prefix_caching)
+                            .optional("prefix_cache_salt", &o.prefix_cache_salt)
+                            .status());
+  }
+  // Ranges the workers rely on (the CLI checked them with the model at hand).
+  auto in = [&](const char* name, int64_t v, int64_t lo, int64_t hi) -> Status {
+    if (v >= lo && v <= hi) return ok_status();
+    return invalid_argument(where + ": field '" + name + "' must be in " + std::to_string(lo) +
+                            ".." + std::to_string(hi) + ", not " + std::to_string(v));
+  };
+  MSI_RETURN_IF_ERROR(in("attention_workers", c.attention_workers, 1, 128));
+  MSI_RETURN_IF_ERROR(in("expert_workers", c.expert_workers, 1, 128));
+  MSI_RETURN_IF_ERROR(in("tp_expert", c.tp_expert, 1, Placement::kMaxTp));
+  MSI_RETURN_IF_ERROR(in("tp_attention", c.tp_attention, 1, Placement::kMaxTp));
+  MSI_RETURN_IF_ERROR(in("engine.micro_batches", c.engine.micro_batches, 1, 16));
+  MSI_RETURN_IF_ERROR(in("engine.max_step_tokens", c.engine.max_step_tokens, 1, 1 << 20));
+  MSI_RETURN_IF_ERROR(in("engine.block_size", c.engine.block_size, 1, 1 << 16));
+  MSI_RETURN_IF_ERROR(in("engine.kv_cache_bytes", c.engine.kv_cache_bytes, 1, int64_t{1} << 50));
+  MSI_RETURN_IF_ERROR(in("timeout_ms", c.timeout_ms, 100, int64_t{1} << 30));
+  if (j.contains("placement")) {
+    MSI_ASSIGN_OR_RETURN(c.placement, control::read_placement(j, where));
+    if (c.placement.workers != c.expert_workers) {
+      return invalid_argument(where + ": the placement places experts on " +
+                              std::to_string(c.placement.workers) + " expert workers, not " +
+                              std::to_string(c.expert_workers));
+    }
+  }
+  return c;
+}
+
+namespace control {
+namespace {
+
 // ---- commands ----
 
+Json command_json(const Configure& c) {
+  return Json{{"config", worker_config_json(c.config)},
+              {"role", worker_role_name(c.role)},
+              {"index", c.index},
+              {"tp_rank", c.tp_rank}};
+}
 Json command_json(const Exit&) { return {}; }
 Json command_json(const Step&) { return {}; }
 Json command_json(const Add& a) {
@@ -228,6 +374,26 @@ Status read_command(const Json& j, const std::string& w, Add* a) {
       .optional("n", &r.n);
   return f.status();
 }
+Status read_command(const Json& j, const std::string& w, Configure* c) {
+  std::string role;
+  MSI_RETURN_IF_ERROR(Fields(j, w)
+                          .required("role", &role)
+                          .required("index", &c->index)
+                          .optional("tp_rank", &c->tp_rank)
+                          .status());
+  MSI_ASSIGN_OR_RETURN(c->role, parse_worker_role(role));
+  auto it = j.find("config");
+  if (it == j.end()) return invalid_argument(w + ": field 'config' is missing");
+  MSI_ASSIGN_OR_RETURN(c->config, worker_config_from_json(*it, w + ": config"));
+  const int tp = c->role == WorkerRole::kAttention ? c->config.tp_attention : c->config.tp_expert;
+  const int workers =
+      c->role == WorkerRole::kAttention ? c->config.attention_workers : c->config.expert_workers;
+  if (c->index < 0 || c->index >= workers || c->tp_rank < 0 || c->tp_rank >= tp) {
+    return invalid_argument(w + ": " + role + " worker " + std::to_string(c->index) + " rank " +
+                            std::to_string(c->tp_rank) + " is not in the deployment");
+  }
+  return ok_status();
+}
 Status read_command(const Json&, const std::string&, Exit*) { return ok_status(); }
 Status read_command(const Json&, const std::string&, Step*) { return ok_status(); }
 Status read_command(const Json& j, const std::string& w, Cancel* c) {
@@ -284,9 +450,9 @@ Status read_command(const Json& j, const std::string& w, JoinBlobs* c) {
 }
 
 constexpr const char* kOps[] = {
-    "exit",           "step",    "add",        "cancel",    "stats",  "drop_expert",
-    "drop_attention", "card",    "add_expert", "placement", "routed", "prepare",
-    "prepared",       "abandon", "units",      "switch",    "blobs",  "add_attention"};
+    "configure",      "exit",  "step",       "add",       "cancel",       "stats",   "drop_expert",
+    "drop_attention", "card",  "add_expert", "placement", "routed",       "prepare", "prepared",
+    "abandon",        "units", "switch",     "blobs",     "add_attention"};
 static_assert(std::size(kOps) == std::variant_size_v<Command>);
 
 // ---- events ----
@@ -570,6 +736,37 @@ Status check_protocol(int protocol, const std::string& who) {
   return failed_precondition(who + " speaks control protocol " + std::to_string(protocol) +
                              ", this router " + std::to_string(kProtocolVersion) +
                              " (a worker from another msinfer build?)");
+}
+
+StatusOr<Configure> read_configure(int fd, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::string line;
+  constexpr size_t kMaxBytes = 64 << 20;  // a placement of 4096 workers is far less
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    if (left <= 0)
+      return Status(StatusCode::kDeadlineExceeded,
+                    "no configuration from the router on fd " + std::to_string(fd));
+    pollfd p{fd, POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
+    if (r < 0 && errno != EINTR) return unavailable(std::string("poll: ") + std::strerror(errno));
+    if (r <= 0) continue;
+    char ch = 0;
+    const ssize_t n = ::read(fd, &ch, 1);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0)
+      return unavailable("the router closed fd " + std::to_string(fd) +
+                         " before the configuration");
+    if (ch == '\n') break;
+    line += ch;
+    if (line.size() > kMaxBytes) return invalid_argument("the configuration line is over 64 MiB");
+  }
+  MSI_ASSIGN_OR_RETURN(Command c, decode_command(line, "the router's configuration"));
+  if (auto* conf = std::get_if<Configure>(&c)) return std::move(*conf);
+  return invalid_argument(std::string("expected the router's configuration first, got '") +
+                          op_name(c) + "'");
 }
 
 std::optional<Command> WorkerChannel::next(int timeout_ms, bool* eof) {

@@ -148,8 +148,8 @@ Status ExpertWorker::load() {
   h_ = mc_->hidden;
   row_bytes_ = h_ * 4;
   hdr_ = header_rows(counts(), row_bytes_);
-  served_.assign(static_cast<size_t>(c_.micro_batches), 0);
-  stats_ = std::make_unique<WorkerStats>(c_.micro_batches, mc_->layers, mc_->experts);
+  served_.assign(static_cast<size_t>(c_.engine.micro_batches), 0);
+  stats_ = std::make_unique<WorkerStats>(c_.engine.micro_batches, mc_->layers, mc_->experts);
   ffn_flops_per_row_ = 2.0 * 3.0 * static_cast<double>(h_) * static_cast<double>(mc_->expert_ffn);
   routed_since_.assign(static_cast<size_t>(mc_->layers) * mc_->experts, 0);
   return ok_status();
@@ -233,7 +233,7 @@ Status ExpertWorker::serve() {
     size_t got = 0;
     MSI_RETURN_IF_ERROR(ep_->progress(&got));
     bool worked = false;
-    for (int k = 0; k < c_.micro_batches; ++k) {
+    for (int k = 0; k < c_.engine.micro_batches; ++k) {
       bool served = false;
       const int64_t seen_ns = wall_ns();
       if (dispatch_->all_arrived(k)) {
@@ -282,7 +282,7 @@ Status ExpertWorker::serve_unit(int k, bool* served) {
   const uint32_t seq = static_cast<uint32_t>(served_[k]);
   MSI_RETURN_IF_ERROR(dispatch_->verify(k, seq));
   const int layer = static_cast<int>(served_[k] % mc_->layers);
-  if (units_++ % (static_cast<int64_t>(c_.micro_batches) * mc_->layers) == 0) {
+  if (units_++ % (static_cast<int64_t>(c_.engine.micro_batches) * mc_->layers) == 0) {
     stats_->routed.begin_step();
   }
   if (combine_) MSI_RETURN_IF_ERROR(combine_->wait_sent(k));
@@ -465,7 +465,7 @@ Status ExpertWorker::command(control::Command& cmd) {
       error("units: expected " + std::to_string(served_.size()) + " counts before the first unit");
     } else {
       served_ = u->served;
-      units_ = served_.empty() ? 0 : served_[0] * c_.micro_batches;
+      units_ = served_.empty() ? 0 : served_[0] * c_.engine.micro_batches;
       channel_.send(control::UnitsSet{});
     }
   } else if (std::holds_alternative<control::Switch>(cmd)) {

@@ -41,11 +41,12 @@ Status RemoteExperts::drop_expert_worker(int w, bool mid_step, bool keep_placeme
 }
 
 Status RemoteExperts::set_units(const std::vector<int64_t>& served) {
-  if (!steps_done_.empty() || served.size() != static_cast<size_t>(c_.micro_batches)) {
+  if (!steps_done_.empty() || served.size() != static_cast<size_t>(c_.engine.micro_batches)) {
     return invalid_argument("attention worker " + std::to_string(index_) + ": units: expected " +
-                            std::to_string(c_.micro_batches) + " counts before the first unit");
+                            std::to_string(c_.engine.micro_batches) +
+                            " counts before the first unit");
   }
-  for (int k = 0; k < c_.micro_batches; ++k) steps_done_[k] = served[static_cast<size_t>(k)];
+  for (int k = 0; k < c_.engine.micro_batches; ++k) steps_done_[k] = served[static_cast<size_t>(k)];
   return ok_status();
 }
 

@@ -40,11 +40,7 @@ TokenEvent error_event(int64_t id, std::string why) {
 
 Router::Router() = default;
 
-Router::~Router() {
-  shutdown();
-  if (!own_placement_file_.empty()) ::unlink(own_placement_file_.c_str());
-  if (!join_placement_file_.empty()) ::unlink(join_placement_file_.c_str());
-}
+Router::~Router() { shutdown(); }
 
 // What start() and start_launched() share: the configuration, the worker
 // set, the expected workers by role, the rebalancer.
@@ -62,11 +58,9 @@ StatusOr<std::unique_ptr<Router>> Router::create(const WorkerConfig& c) {
   return r;
 }
 
-StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std::string& exe,
-                                                const std::string& placement_file) {
+StatusOr<std::unique_ptr<Router>> Router::start(const WorkerConfig& c, const std::string& exe) {
   MSI_ASSIGN_OR_RETURN(std::unique_ptr<Router> r, create(c));
   r->exe_ = exe;
-  r->placement_file_ = placement_file;
   MSI_RETURN_IF_ERROR(r->spawn());
   return r;
 }
@@ -82,7 +76,7 @@ StatusOr<std::unique_ptr<Router>> Router::start_launched(const WorkerConfig& c,
 
 Status Router::spawn() {
   serving_ = false;
-  MSI_RETURN_IF_ERROR(workers_->spawn(exe_, placement_file_));
+  MSI_RETURN_IF_ERROR(workers_->spawn(exe_));
   return wait_ready();
 }
 
@@ -278,20 +272,6 @@ DeploymentHealth Router::health() const {
   return d;
 }
 
-// The workers read their placement from a file: this router's own,
-// $TMPDIR/msinfer-router-<pid>-<name>.json (removed when the router goes).
-StatusOr<std::string> Router::write_placement_file(const std::string& name,
-                                                   const Placement& p) const {
-  const char* tmp = std::getenv("TMPDIR");
-  const std::string path = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
-                           "/msinfer-router-" + std::to_string(::getpid()) + "-" + name + ".json";
-  std::ofstream f(path, std::ios::trunc);
-  f << p.to_json().dump() << "\n";
-  f.close();
-  if (!f) return unavailable("cannot write " + path);
-  return path;
-}
-
 Status Router::recover() {
   // A recovery that cannot go on stops the deployment with the death's cause.
   auto give_up = [&](const std::string& why, const std::string& because) {
@@ -332,10 +312,6 @@ Status Router::recover() {
     attention_to_replace_.clear();
     awaited_.clear();
     before_loss_.reset();
-    // The workers read their placement from a file: this router's own.
-    auto file = write_placement_file("placement", c_.placement);
-    if (!file.ok()) return give_up(why, file.status().message());
-    placement_file_ = own_placement_file_ = *file;
     std::fprintf(
         stderr, "msinfer: router: %s; restarting the deployment %s (restart %d of at most %d)\n",
         why.c_str(),
@@ -509,7 +485,7 @@ Status Router::submit(const GenerationRequest& r) {
     view[static_cast<size_t>(a)].live = !lead(a).dead;
     view[static_cast<size_t>(a)].load = lead(a).load;
   }
-  if (c_.routing == RoutingPolicy::kCacheAware && c_.prefix_caching &&
+  if (c_.routing == RoutingPolicy::kCacheAware && c_.engine.prefix_caching &&
       live_attention_workers() > 1) {
     // The chain under each replica's salt and block size (all the same
     // unless the replicas were started differently): hashed once per pair.

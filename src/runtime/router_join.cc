@@ -72,13 +72,7 @@ void Router::start_replacement() {
                  replacements_);
     return;
   }
-  auto file = write_placement_file("join", *before_loss_);
-  if (!file.ok()) {
-    std::fprintf(stderr, "msinfer: router: no replacement: %s\n", file.status().message().c_str());
-    return;
-  }
-  join_placement_file_ = *file;
-  auto forked = workers_->fork_worker(c_.attention_processes() + w, exe_, join_placement_file_,
+  auto forked = workers_->fork_worker(c_.attention_processes() + w, exe_, *before_loss_,
                                       /*join=*/true);
   if (!forked.ok()) {
     std::fprintf(stderr, "msinfer: router: no replacement for expert worker %d: %s\n", w,
@@ -112,13 +106,8 @@ void Router::start_attention_replacement() {
   }
   // A placement every worker holds experts in (the workers' own check): the
   // one before any expert worker was lost; finish_attention_join drops those.
-  auto file = write_placement_file("join", experts_lost_ > 0 ? *before_loss_ : c_.placement);
-  if (!file.ok()) {
-    std::fprintf(stderr, "msinfer: router: no replacement: %s\n", file.status().message().c_str());
-    return;
-  }
-  join_placement_file_ = *file;
-  auto forked = workers_->fork_worker(a * c_.tp_attention, exe_, join_placement_file_,
+  auto forked = workers_->fork_worker(a * c_.tp_attention, exe_,
+                                      experts_lost_ > 0 ? *before_loss_ : c_.placement,
                                       /*join=*/true);
   if (!forked.ok()) {
     std::fprintf(stderr, "msinfer: router: no replacement for attention worker %d: %s\n", a,

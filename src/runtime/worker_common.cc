@@ -59,14 +59,14 @@ namespace {
 // destination K times (+1 for remote shared experts), plus the header.
 int64_t dispatch_rows(const WorkerConfig& c, const ModelConfig& mc) {
   const int64_t shared = shared_experts_remote(c, mc) ? 1 : 0;
-  return c.max_step_tokens * (mc.top_k + shared) +
+  return c.engine.max_step_tokens * (mc.top_k + shared) +
          header_rows(mc.experts + shared, static_cast<int64_t>(mc.hidden) * 4);
 }
 
 int64_t tp_max_header_rows(const WorkerConfig& c, const ModelConfig& mc, int64_t row_bytes) {
   const int64_t blocks =
       (mc.max_position_embeddings + KvCache::kDefaultBlockSize - 1) / KvCache::kDefaultBlockSize;
-  return ((3 + c.max_step_tokens * (2 + blocks)) * 4 + row_bytes - 1) / row_bytes;
+  return ((3 + c.engine.max_step_tokens * (2 + blocks)) * 4 + row_bytes - 1) / row_bytes;
 }
 
 // The most rows any channel of `c` may carry in one message.
@@ -74,8 +74,8 @@ int64_t largest_message_rows(const WorkerConfig& c, const ModelConfig& mc) {
   int64_t rows = dispatch_rows(c, mc);
   if (has_reduce_channel(c)) rows *= c.attention_workers;
   if (c.tp_attention > 1) {
-    rows = std::max(
-        rows, c.max_step_tokens + tp_max_header_rows(c, mc, static_cast<int64_t>(mc.hidden) * 4));
+    rows = std::max(rows, c.engine.max_step_tokens +
+                              tp_max_header_rows(c, mc, static_cast<int64_t>(mc.hidden) * 4));
   }
   return rows;
 }
@@ -92,7 +92,7 @@ comm::M2NShape shape(const WorkerConfig& c, const ModelConfig& mc, int channel) 
       c.tp_expert_reduce == ExpertReduce::kAttentionSum ? c.expert_processes() : c.expert_workers;
   s.senders = channel == 0 ? c.attention_workers : answering;
   s.receivers = channel == 0 ? c.expert_processes() : c.attention_workers;
-  s.slots = c.micro_batches;
+  s.slots = c.engine.micro_batches;
   s.row_bytes = static_cast<int64_t>(mc.hidden) * 4;
   s.max_rows = std::min<int64_t>(kMaxRows, dispatch_rows(c, mc));
   s.channel = channel;
@@ -127,8 +127,8 @@ comm::M2NShape tp_broadcast_shape(const WorkerConfig& c, const ModelConfig& mc) 
   s.receivers = c.tp_attention - 1;
   s.slots = 1;
   s.row_bytes = static_cast<int64_t>(mc.hidden) * 4;
-  s.max_rows =
-      std::min<int64_t>(kMaxRows, c.max_step_tokens + tp_max_header_rows(c, mc, s.row_bytes));
+  s.max_rows = std::min<int64_t>(kMaxRows,
+                                 c.engine.max_step_tokens + tp_max_header_rows(c, mc, s.row_bytes));
   s.channel = 1;
   return s;
 }
@@ -138,7 +138,7 @@ comm::M2NShape tp_partial_shape(const WorkerConfig& c, const ModelConfig& mc) {
   s.receivers = 1;
   s.slots = 1;
   s.row_bytes = static_cast<int64_t>(mc.hidden) * 4;
-  s.max_rows = std::min<int64_t>(kMaxRows, c.max_step_tokens);
+  s.max_rows = std::min<int64_t>(kMaxRows, c.engine.max_step_tokens);
   s.channel = 0;
   return s;
 }
@@ -206,11 +206,11 @@ int64_t max_step_tokens_limit(const WorkerConfig& c, const ModelConfig& mc) {
   WorkerConfig t = c;
   int64_t lo = 0, hi = internal::kMaxRows;  // rows grow with tokens: the last that fits
   while (lo < hi) {
-    t.max_step_tokens = (lo + hi + 1) / 2;
+    t.engine.max_step_tokens = (lo + hi + 1) / 2;
     if (internal::largest_message_rows(t, mc) <= internal::kMaxRows) {
-      lo = t.max_step_tokens;
+      lo = t.engine.max_step_tokens;
     } else {
-      hi = t.max_step_tokens - 1;
+      hi = t.engine.max_step_tokens - 1;
     }
   }
   return lo;

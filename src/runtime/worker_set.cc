@@ -65,63 +65,6 @@ bool close_on_exec_from(int first) {
   return true;
 }
 
-// The command line of bootstrap rank `rank`'s worker.
-std::vector<std::string> worker_args(const WorkerConfig& c, const std::string& exe,
-                                     const RankRole& role, const std::string& placement_file) {
-  const int A = c.attention_workers, N = c.expert_workers;
-  std::vector<std::string> args = {exe,
-                                   "worker",
-                                   "--role",
-                                   worker_role_name(role.role),
-                                   "--index",
-                                   std::to_string(role.index),
-                                   "--model",
-                                   c.model_dir,
-                                   "--attention-workers",
-                                   std::to_string(A),
-                                   "--expert-workers",
-                                   std::to_string(N),
-                                   "--micro-batches",
-                                   std::to_string(c.micro_batches),
-                                   "--kv-cache-mb",
-                                   std::to_string(c.kv_cache_bytes >> 20),
-                                   "--max-num-batched-tokens",
-                                   std::to_string(c.max_step_tokens),
-                                   "--fabric-provider",
-                                   c.provider,
-                                   "--timeout-ms",
-                                   std::to_string(c.timeout_ms),
-                                   "--weights",
-                                   kernels::cpu::weight_format_name(c.weights),
-                                   "--attention-device",
-                                   c.attention_device,
-                                   "--expert-device",
-                                   c.expert_device,
-                                   "--tp-expert",
-                                   std::to_string(c.tp_expert),
-                                   "--tp-expert-reduce",
-                                   expert_reduce_name(c.tp_expert_reduce),
-                                   "--tp-attention",
-                                   std::to_string(c.tp_attention),
-                                   "--tp-rank",
-                                   std::to_string(role.tp_rank),
-                                   "--shared-experts",
-                                   shared_experts_name(c.shared_experts)};
-  if (c.attention_cost_per_token > 0 || c.attention_cost_per_position > 0) {
-    char cost[64];
-    std::snprintf(cost, sizeof cost, "%.17g,%.17g", c.attention_cost_per_token,
-                  c.attention_cost_per_position);
-    args.push_back("--attention-cost");
-    args.push_back(cost);
-  }
-  if (!c.prefix_caching) args.push_back("--no-prefix-caching");
-  if (!placement_file.empty()) {
-    args.push_back("--placement");
-    args.push_back(placement_file);
-  }
-  return args;
-}
-
 // The environment of bootstrap rank `rank`'s worker: this process's, plus
 // the rendezvous (the bootstrap server, or MSINFER_JOIN for a replacement).
 std::vector<std::string> worker_env(const WorkerConfig& c, int rank, bool join,
@@ -166,19 +109,19 @@ std::vector<std::string> worker_env(const WorkerConfig& c, int rank, bool join,
 
 }  // namespace
 
-Status WorkerSet::spawn(const std::string& exe, const std::string& placement_file) {
+Status WorkerSet::spawn(const std::string& exe) {
   workers_.clear();
   MSI_ASSIGN_OR_RETURN(server_, comm::BootstrapServer::start(c_.processes()));
   ::signal(SIGPIPE, SIG_IGN);
   for (int rank = 0; rank < c_.processes(); ++rank) {
-    MSI_ASSIGN_OR_RETURN(WorkerProcess w, fork_worker(rank, exe, placement_file, /*join=*/false));
+    MSI_ASSIGN_OR_RETURN(WorkerProcess w, fork_worker(rank, exe, c_.placement, /*join=*/false));
     workers_.push_back(w);
   }
   return ok_status();
 }
 
 StatusOr<WorkerProcess> WorkerSet::fork_worker(int rank, const std::string& exe,
-                                               const std::string& placement_file, bool join) {
+                                               const Placement& placement, bool join) {
   const RankRole role = role_of(c_, rank);
   WorkerProcess w;
   w.role = role.role;
@@ -188,7 +131,12 @@ StatusOr<WorkerProcess> WorkerSet::fork_worker(int rank, const std::string& exe,
   if (::pipe2(to_child, O_CLOEXEC) != 0 || ::pipe2(from_child, O_CLOEXEC) != 0) {
     return internal_error("router: pipe failed");
   }
-  std::vector<std::string> args = worker_args(c_, exe, role, placement_file);
+  // Its configuration is the first line on its command pipe, written
+  // below: the pipe holds it until the worker reads it.
+  control::Configure configure{c_, role.role, role.index, role.tp_rank};
+  configure.config.placement = placement;
+  const std::string configuration = control::encode(configure);
+  std::vector<std::string> args = {exe, "worker"};
   std::vector<std::string> env_lines = worker_env(c_, rank, join, server_.get());
   // Everything the child needs is built here: between fork and exec it only
   // makes system calls (the bootstrap server's thread may hold the
@@ -235,6 +183,13 @@ StatusOr<WorkerProcess> WorkerSet::fork_worker(int rank, const std::string& exe,
   ::close(from_child[1]);
   w.in = to_child[1];
   w.out = from_child[0];
+  if (!write_line(w.in, configuration)) {
+    // It died before reading a line (next_death reports how).
+    std::fprintf(stderr, "msinfer: router: cannot configure %s\n",
+                 role.role == WorkerRole::kAttention
+                     ? attention_process_name(role.index, role.tp_rank, c_.tp_attention).c_str()
+                     : expert_process_name(role.index, role.tp_rank, c_.tp_expert).c_str());
+  }
   return w;
 }
 

@@ -25,19 +25,15 @@ WorkerConfig two_replicas(const std::string& dir) {
   c.model_dir = dir;
   c.attention_workers = 2;
   c.expert_workers = 2;
-  c.micro_batches = 2;
+  c.engine.micro_batches = 2;
   c.placement = Placement::round_robin(8, 2);
   c.timeout_ms = 2000;
   return c;
 }
 
+// A router for `c` (its workers configured with it, placement included).
 StatusOr<std::unique_ptr<Router>> start_router(const WorkerConfig& c) {
-  static int files = 0;
-  const std::string placement = ::testing::TempDir() + "/cache_routing_placement_" +
-                                std::to_string(::getpid()) + "_" + std::to_string(files++) +
-                                ".json";
-  std::ofstream(placement) << c.placement.to_json().dump();
-  return Router::start(c, kBinary, placement);
+  return Router::start(c, kBinary);
 }
 
 // A chat's prompt: `n` tokens of a sequence of its own (`chat`), the first

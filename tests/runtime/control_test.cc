@@ -23,6 +23,47 @@ Placement two_worker_placement() {
   return p;
 }
 
+// A deployment's configuration with no field left at its default.
+Configure every_field_configure() {
+  Configure c;
+  WorkerConfig& w = c.config;
+  w.model_dir = "/models/m";
+  w.attention_workers = 3;
+  w.expert_workers = 2;
+  w.engine.kv_cache_bytes = 3 << 20;
+  w.engine.block_size = 16;
+  w.engine.max_step_tokens = 96;
+  w.engine.micro_batches = 2;
+  w.engine.attention_cost_per_token = 1.5;
+  w.engine.attention_cost_per_position = 0.25;
+  w.engine.prefix_caching = false;
+  w.engine.prefix_cache_salt = 18446744073709551557ull;
+  w.tp_expert = 2;
+  w.tp_expert_reduce = ExpertReduce::kAllReduce;
+  w.shared_experts = SharedExpertsOn::kExpert;
+  w.tp_attention = 2;
+  w.attention_threads = 3;
+  w.expert_threads = 1;
+  w.placement = two_worker_placement();
+  w.provider = "socket";
+  w.address = "10.0.0.1";
+  w.timeout_ms = 1234;
+  w.weights = kernels::cpu::WeightFormat::kInt8;
+  w.attention_device = "cuda:1";
+  w.expert_device = "cuda:0";
+  w.routing = RoutingPolicy::kRoundRobin;
+  w.routing_load_slack = 99;
+  w.resubmit = w.respawn = true;
+  w.rebalance_every = 5;
+  w.rebalance_slots = 4;
+  w.rebalance_gain = 1.25;
+  w.rebalance_fixed_rows = 0.5;
+  c.role = WorkerRole::kExpert;
+  c.index = 1;
+  c.tp_rank = 1;
+  return c;
+}
+
 // One of every command, no field left at its default.
 std::vector<Command> every_command() {
   Add add;
@@ -60,7 +101,8 @@ std::vector<Command> every_command() {
           SetUnits{{4, 5, 6}},
           Switch{},
           JoinBlobs{{"a", std::string("\x01\x02", 2), ""}},
-          AddAttention{1, std::string("\x00\xfe card", 7)}};
+          AddAttention{1, std::string("\x00\xfe card", 7)},
+          every_field_configure()};
 }
 
 std::vector<Event> every_event() {
@@ -184,6 +226,72 @@ TEST(ControlTest, FieldsSurviveTheRoundTrip) {
       << negative.status().message();
 }
 
+// A forked worker's configuration travels whole: every field of
+// WorkerConfig, the EngineOptions it embeds, the enums, the placement.
+TEST(ControlTest, ConfigureCarriesTheWholeConfiguration) {
+  const Configure sent = every_field_configure();
+  auto back = decode_command(encode(sent), "test");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  const Configure& got = std::get<Configure>(*back);
+  EXPECT_EQ(worker_config_json(got.config), worker_config_json(sent.config));
+  EXPECT_EQ(got.role, WorkerRole::kExpert);
+  EXPECT_EQ(got.index, 1);
+  EXPECT_EQ(got.tp_rank, 1);
+  const WorkerConfig& w = got.config;
+  EXPECT_EQ(w.engine.kv_cache_bytes, 3 << 20);
+  EXPECT_EQ(w.engine.block_size, 16);
+  EXPECT_EQ(w.engine.max_step_tokens, 96);
+  EXPECT_EQ(w.engine.micro_batches, 2);
+  EXPECT_DOUBLE_EQ(w.engine.attention_cost_per_position, 0.25);
+  EXPECT_FALSE(w.engine.prefix_caching);
+  EXPECT_EQ(w.engine.prefix_cache_salt, 18446744073709551557ull);
+  EXPECT_EQ(w.tp_expert_reduce, ExpertReduce::kAllReduce);
+  EXPECT_EQ(w.shared_experts, SharedExpertsOn::kExpert);
+  EXPECT_EQ(w.routing, RoutingPolicy::kRoundRobin);
+  EXPECT_EQ(w.weights, kernels::cpu::WeightFormat::kInt8);
+  EXPECT_EQ(w.placement.replicas[2], (std::vector<std::pair<int, double>>{{0, 0.25}, {1, 0.75}}));
+  EXPECT_EQ(w.attention_device, "cuda:1");
+  EXPECT_TRUE(w.resubmit && w.respawn);
+  EXPECT_DOUBLE_EQ(w.rebalance_fixed_rows, 0.5);
+  // What a document leaves out keeps WorkerConfig's defaults.
+  auto minimal = worker_config_from_json(Json{{"model_dir", "m"}}, "doc");
+  ASSERT_TRUE(minimal.ok()) << minimal.status().message();
+  EXPECT_EQ(worker_config_json(*minimal), worker_config_json([] {
+              WorkerConfig d;
+              d.model_dir = "m";
+              return d;
+            }()));
+}
+
+// The configuration is the first line of the command pipe, read a byte at a
+// time: the commands after it stay for the worker's channel.
+TEST(ControlTest, AWorkerReadsItsConfigurationAndNothingMore) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const std::string lines = encode(every_field_configure()) + "\n" + encode(Step{}) + "\n";
+  ASSERT_EQ(::write(fds[1], lines.data(), lines.size()), static_cast<ssize_t>(lines.size()));
+  auto c = read_configure(fds[0], 1000);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->config.model_dir, "/models/m");
+  WorkerChannel ch(fds[0], fds[1], "worker");
+  auto next = ch.next(1000);
+  ASSERT_TRUE(next.has_value());
+  EXPECT_TRUE(std::holds_alternative<Step>(*next));
+  // Anything else first is an error naming what came; so is a closed pipe,
+  // and nothing at all within the timeout.
+  const std::string step = encode(Step{}) + "\n";
+  ASSERT_EQ(::write(fds[1], step.data(), step.size()), static_cast<ssize_t>(step.size()));
+  auto wrong = read_configure(fds[0], 1000);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("got 'step'"), std::string::npos)
+      << wrong.status().message();
+  auto none = read_configure(fds[0], 50);
+  EXPECT_EQ(none.status().code(), StatusCode::kDeadlineExceeded);
+  ::close(fds[1]);
+  EXPECT_EQ(read_configure(fds[0], 1000).status().code(), StatusCode::kUnavailable);
+  ::close(fds[0]);
+}
+
 TEST(ControlTest, AnAddWithOnlyItsIdAndPromptTakesTheSamplingDefaults) {
   auto c = decode_command(R"({"op": "add", "id": 1, "prompt": [3]})", "test");
   ASSERT_TRUE(c.ok()) << c.status().message();
@@ -219,6 +327,24 @@ TEST(ControlTest, MalformedMessagesAreErrorsNamingTheField) {
       {R"({"op": "prepare", "placement": {"expert_workers": 0, "experts": []}})", "expert_workers"},
       {R"({"op": "units", "served": {}})", "'served'"},
       {R"({"op": "blobs", "blobs": ["0"]})", "not hex"},
+      {R"({"op": "configure", "role": "expert", "index": 0})", "'config' is missing"},
+      {R"({"op": "configure", "role": "chef", "index": 0, "config": {"model_dir": "m"}})",
+       "unknown worker role 'chef'"},
+      {R"({"op": "configure", "role": "expert", "index": 0, "config": {}})", "'model_dir'"},
+      {R"({"op": "configure", "role": "expert", "index": 1, "config": {"model_dir": "m"}})",
+       "expert worker 1 rank 0 is not in the deployment"},
+      {R"({"op": "configure", "role": "expert", "index": 0,
+           "config": {"model_dir": "m", "engine": {"micro_batches": 17}}})",
+       "'engine.micro_batches' must be in 1..16"},
+      {R"({"op": "configure", "role": "expert", "index": 0,
+           "config": {"model_dir": "m", "engine": {"max_step_tokens": "many"}}})",
+       "engine: field 'max_step_tokens'"},
+      {R"({"op": "configure", "role": "expert", "index": 0,
+           "config": {"model_dir": "m", "routing": "random"}})",
+       "routing"},
+      {R"({"op": "configure", "role": "expert", "index": 0,
+           "config": {"model_dir": "m", "placement": {"expert_workers": 2, "experts": [0, 1]}}})",
+       "places experts on 2 expert workers, not 1"},
   };
   for (const Case& c : commands) {
     auto d = decode_command(c.line, "test");

@@ -189,13 +189,12 @@ TEST(DeepSeekFailureTest, ADeadExpertWorkersExpertsMoveToTheirReplicas) {
   c.model_dir = dir;
   c.attention_workers = 1;
   c.expert_workers = 3;
-  c.micro_batches = 2;
+  c.engine.micro_batches = 2;
   c.placement = two_replicas_each(16, 3);
   c.timeout_ms = 2000;
   // (Under --shared-experts expert a worker holds some layers' shared
   // experts, which have no replica: the router restarts instead.)
   c.shared_experts = SharedExpertsOn::kAttention;
-  const std::string placement = write_file("failure_placement.json", c.placement.to_json().dump());
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 3; ++i) {
     GenerationRequest r;
@@ -209,7 +208,7 @@ TEST(DeepSeekFailureTest, ADeadExpertWorkersExpertsMoveToTheirReplicas) {
   std::map<std::string, pid_t> pids;
   int lost = 0;
   {
-    auto started = Router::start(c, kBinary, placement);
+    auto started = Router::start(c, kBinary);
     ASSERT_TRUE(started.ok()) << started.status().to_string();
     std::unique_ptr<Router> router = std::move(started).value();  // stops the workers
     pids["attention0"] = router->pid_of("attention", 0);
@@ -253,12 +252,10 @@ TEST(DeepSeekFailureTest, ADeadExpertWorkerHoldingSharedExpertsRestartsTheDeploy
   c.model_dir = dir;
   c.attention_workers = 1;
   c.expert_workers = 3;
-  c.micro_batches = 2;
+  c.engine.micro_batches = 2;
   c.placement = two_replicas_each(16, 3);
   c.timeout_ms = 2000;
   c.shared_experts = SharedExpertsOn::kExpert;
-  const std::string placement =
-      write_file("shared_failure_placement.json", c.placement.to_json().dump());
   GenerationRequest r;
   r.id = 1;
   r.prompt = {5, 9, 22, 40, 7, 8};
@@ -267,7 +264,7 @@ TEST(DeepSeekFailureTest, ADeadExpertWorkerHoldingSharedExpertsRestartsTheDeploy
   std::vector<int32_t> tokens;
   int restarts = 0;
   {
-    auto started = Router::start(c, kBinary, placement);
+    auto started = Router::start(c, kBinary);
     ASSERT_TRUE(started.ok()) << started.status().to_string();
     std::unique_ptr<Router> router = std::move(started).value();
     // Layer 1, tiny-deepseek-v3's one MoE layer: its shared expert is on worker 1.

@@ -240,7 +240,7 @@ WorkerConfig failure_config(const std::string& dir, int attention, int experts, 
   c.model_dir = dir;
   c.attention_workers = attention;
   c.expert_workers = experts;
-  c.micro_batches = 2;
+  c.engine.micro_batches = 2;
   c.placement = Placement::round_robin(8, experts);
   c.timeout_ms = 2000;
   c.resubmit = resubmit;
@@ -268,14 +268,9 @@ std::vector<GenerationRequest> failure_requests(int n, int max_tokens) {
   return out;
 }
 
-// A router for `c`, its placement written to a file of the test's own.
+// A router for `c` (its workers configured with it, placement included).
 StatusOr<std::unique_ptr<Router>> start_router(const WorkerConfig& c) {
-  static int files = 0;
-  const std::string placement = ::testing::TempDir() + "/failure_placement_" +
-                                std::to_string(::getpid()) + "_" + std::to_string(files++) +
-                                ".json";
-  std::ofstream(placement) << c.placement.to_json().dump();
-  return Router::start(c, kBinary, placement);
+  return Router::start(c, kBinary);
 }
 
 // `victim` ("attention" or "expert", index) is SIGKILLed after `kill_after`
@@ -963,7 +958,7 @@ WorkerConfig rebalance_config(const std::string& dir, const Placement& p) {
   c.model_dir = dir;
   c.attention_workers = 1;
   c.expert_workers = 2;
-  c.micro_batches = 2;
+  c.engine.micro_batches = 2;
   c.placement = p;
   c.timeout_ms = 5000;
   c.rebalance_every = 2;
@@ -1027,7 +1022,7 @@ INSTANTIATE_TEST_SUITE_P(TpExpert, RebalanceTest, ::testing::Values(1, 2));
 // replicated, then the least popular one (the upper half's favourite) is.
 TEST(RebalanceSkewTest, ThePlacementFollowsASkewThatChanges) {
   const SkewedModel m = skewed_model(/*flip_half=*/true);
-  auto started = Router::start(rebalance_config(m.dir, Placement::round_robin(8, 2)), kBinary, "");
+  auto started = Router::start(rebalance_config(m.dir, Placement::round_robin(8, 2)), kBinary);
   ASSERT_TRUE(started.ok()) << started.status().to_string();
   std::unique_ptr<Router> router = std::move(started).value();
   std::map<std::string, pid_t> pids{{"attention", router->pid_of("attention", 0)},

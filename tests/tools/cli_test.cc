@@ -364,8 +364,9 @@ TEST(CliEngineTest, MaxNumBatchedTokensChunksPromptsWithTheSameOutput) {
   EXPECT_EQ(parse(large.out)["steps"].get<int>(), 1 + 3);
   expect_refused("generate --model " + tiny_model() + " --prompt hi --max-num-batched-tokens 0",
                  "--max-num-batched-tokens: 0 is out of range");
-  expect_refused("worker --role attention --model " + tiny_model() +
-                     " --attention-workers 1 --expert-workers 1 --max-num-batched-tokens 40000",
+  expect_refused("generate --model " + tiny_model() +
+                     " --prompt-ids 5 --attention-workers 1 --expert-workers 1"
+                     " --max-num-batched-tokens 40000",
                  "--max-num-batched-tokens 40000 is more than this deployment's M2N messages");
 }
 
@@ -445,9 +446,15 @@ TEST(CliHardeningTest, EverySubcommandRefusesBadInput) {
   expect_refused("bench serve --offline", "--model is required");
   expect_refused("bench frobnicate", "unknown benchmark 'frobnicate'");
   expect_refused("profile --seconds 1", "--model is required");
-  expect_refused("worker --role attention", "--model is required");
-  expect_refused("worker --model " + tiny_model() + " --role chef",
-                 "--role must be attention or expert");
+  // A worker's configuration comes from its router (control::Configure on
+  // fd 3), never from flags.
+  expect_refused("worker --role attention", "unknown flag --role");
+  {
+    CliRun w = run("worker");
+    EXPECT_NE(w.code, 0);
+    EXPECT_NE(w.err.find("started by a router, which configures it on fd 3"), std::string::npos)
+        << w.err;
+  }
   expect_refused("frobnicate", "unknown command 'frobnicate'");
   // Item 9: no talk of a "built-in model" for commands that need a directory.
   CliRun r = run("profile --model nosuchname");

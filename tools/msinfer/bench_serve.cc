@@ -46,7 +46,7 @@ StatusOr<Json> predict(const ModelConfig& mc, const runtime::WorkerConfig& c, in
   // This runtime moves fp32 rows (the planner's default assumes bf16).
   sm.dispatch_bytes_per_token = 4.0 * mc.hidden * mc.top_k;
   sm.expert_bytes_per_token = 4.0 * mc.hidden;
-  const double A = c.attention_workers, m = c.micro_batches;
+  const double A = c.attention_workers, m = c.engine.micro_batches;
   const double b_a = static_cast<double>(requests) / A / m;  // decode tokens per micro-batch
   planner::StageTimes t;
   t.t_a = sm.t_attention(b_a);
@@ -73,10 +73,10 @@ StatusOr<Json> predict(const ModelConfig& mc, const runtime::WorkerConfig& c, in
     t.t_c = sm.t_comm(b_a, rows_max);
     j["t_c_s"] = t.t_c;
   }
-  const double T = planner::iteration_time(t, c.micro_batches, mc.layers);
+  const double T = planner::iteration_time(t, c.engine.micro_batches, mc.layers);
   j["iteration_s"] = T;
   j["decode_tokens_per_s"] = static_cast<double>(requests) / T;
-  j["full_overlap"] = planner::full_overlap(t, c.micro_batches);
+  j["full_overlap"] = planner::full_overlap(t, c.engine.micro_batches);
   return j;
 }
 
@@ -309,7 +309,7 @@ StatusOr<Deployed> start_deployed(const FlagSet& flags, const BenchServeOptions&
     d.config = dep.config;
     d.description = "disaggregated: " + std::to_string(d.config->attention_workers) +
                     " attention + " + std::to_string(d.config->expert_workers) +
-                    " expert workers, m=" + std::to_string(d.config->micro_batches);
+                    " expert workers, m=" + std::to_string(d.config->engine.micro_batches);
   } else {
     model::LoadOptions lo;
     lo.weights = o.weights;

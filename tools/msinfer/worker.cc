@@ -127,8 +127,8 @@ namespace {
 // A deployment whose steps would not fit its M2N messages is bad input.
 Status check_step_budget(const runtime::WorkerConfig& c, const ModelConfig& model) {
   const int64_t limit = runtime::max_step_tokens_limit(c, model);
-  if (c.max_step_tokens <= limit) return ok_status();
-  return invalid_argument("--max-num-batched-tokens " + std::to_string(c.max_step_tokens) +
+  if (c.engine.max_step_tokens <= limit) return ok_status();
+  return invalid_argument("--max-num-batched-tokens " + std::to_string(c.engine.max_step_tokens) +
                           " is more than this deployment's M2N messages hold (at most " +
                           std::to_string(limit) + " tokens a step with top_k " +
                           std::to_string(model.top_k) + ")");
@@ -230,8 +230,8 @@ namespace {
 StatusOr<runtime::WorkerConfig> process_config_from_flags(const FlagSet& flags) {
   runtime::WorkerConfig c;
   c.model_dir = flags.get_string("model");
-  c.kv_cache_bytes = flags.get_int("kv-cache-mb") << 20;
-  c.max_step_tokens = step_token_budget(flags);
+  c.engine.kv_cache_bytes = flags.get_int("kv-cache-mb") << 20;
+  c.engine.max_step_tokens = step_token_budget(flags);
   c.provider = flags.get_string("fabric-provider");
   if (c.provider.empty()) c.provider = comm::launched_by_mpi() ? "socket" : "direct";
   c.timeout_ms = static_cast<int>(flags.get_int("timeout-ms"));
@@ -252,9 +252,9 @@ StatusOr<runtime::WorkerConfig> process_config_from_flags(const FlagSet& flags) 
   c.expert_device =
       flags.get_string("expert-device").empty() ? device : flags.get_string("expert-device");
   MSI_ASSIGN_OR_RETURN(auto cost, parse_attention_cost(flags.get_string("attention-cost")));
-  c.attention_cost_per_token = cost.first;
-  c.attention_cost_per_position = cost.second;
-  c.prefix_caching = !flags.get_bool("no-prefix-caching");
+  c.engine.attention_cost_per_token = cost.first;
+  c.engine.attention_cost_per_position = cost.second;
+  c.engine.prefix_caching = !flags.get_bool("no-prefix-caching");
   MSI_ASSIGN_OR_RETURN(c.shared_experts,
                        runtime::parse_shared_experts(flags.get_string("shared-experts"),
                                                      flags.origin("shared-experts")));
@@ -350,14 +350,14 @@ StatusOr<runtime::WorkerConfig> worker_config_from_flags(const FlagSet& flags,
   MSI_ASSIGN_OR_RETURN(runtime::WorkerConfig c, process_config_from_flags(flags));
   c.attention_workers = static_cast<int>(flags.get_int("attention-workers"));
   c.expert_workers = static_cast<int>(flags.get_int("expert-workers"));
-  c.micro_batches = static_cast<int>(flags.get_int("micro-batches"));
+  c.engine.micro_batches = static_cast<int>(flags.get_int("micro-batches"));
   if (c.attention_workers < 1 || c.attention_workers > 128) {
     return invalid_argument("--attention-workers must be in 1..128");
   }
   if (c.expert_workers < 1 || c.expert_workers > 128) {
     return invalid_argument("--expert-workers must be in 1..128");
   }
-  if (c.micro_batches < 1 || c.micro_batches > 16)
+  if (c.engine.micro_batches < 1 || c.engine.micro_batches > 16)
     return invalid_argument("--micro-batches must be in 1..16");
   MSI_ASSIGN_OR_RETURN(c.placement,
                        placement_from_flags(flags, model, c.expert_workers, "--expert-workers"));
@@ -379,13 +379,13 @@ StatusOr<runtime::WorkerConfig> worker_config_from_cpu_plan(const FlagSet& flags
   MSI_ASSIGN_OR_RETURN(runtime::WorkerConfig c, process_config_from_flags(flags));
   c.attention_workers = d.attention_workers;
   c.expert_workers = d.expert_workers;
-  c.micro_batches = d.micro_batches;
+  c.engine.micro_batches = d.micro_batches;
   c.attention_threads = d.attention_threads;
   c.expert_threads = d.expert_threads;
   if (!flags.was_set("kv-cache-mb") && j["plan"].contains("kv_cache_mb")) {
     JsonFields f(j["plan"], path + ": plan");
     MSI_ASSIGN_OR_RETURN(int64_t mb, f.integer_in("kv_cache_mb", 1, 1 << 20));
-    c.kv_cache_bytes = mb << 20;
+    c.engine.kv_cache_bytes = mb << 20;
   }
   MSI_ASSIGN_OR_RETURN(c.placement, placement_from_flags(flags, model, c.expert_workers,
                                                          path + "'s expert workers"));
@@ -415,8 +415,8 @@ StatusOr<runtime::WorkerConfig> worker_config_from_plan(const FlagSet& flags,
   MSI_ASSIGN_OR_RETURN(runtime::WorkerConfig c, process_config_from_flags(flags));
   c.attention_workers = d.attention_nodes;
   c.expert_workers = d.expert_nodes();
-  c.micro_batches = d.micro_batches;
-  if (c.attention_workers > 128 || c.micro_batches > 16) {
+  c.engine.micro_batches = d.micro_batches;
+  if (c.attention_workers > 128 || c.engine.micro_batches > 16) {
     return invalid_argument(path + ": attention_nodes must be <= 128 and micro_batches <= 16 here");
   }
   // A placement (e.g. from `msinfer balance`) must fit the plan's expert nodes.
@@ -465,11 +465,11 @@ void choose_expert_reduce_by_model(const ModelConfig& model, runtime::WorkerConf
   planner::RuntimeShape shape;
   shape.attention_workers = c->attention_workers;
   shape.expert_workers = c->expert_workers;
-  shape.micro_batches = c->micro_batches;
+  shape.micro_batches = c->engine.micro_batches;
   shape.tp_attention = c->tp_attention;
   shape.tp_expert = c->tp_expert;
   shape.tokens_per_micro_batch =
-      std::max(1.0, static_cast<double>(c->max_step_tokens) / c->micro_batches);
+      std::max(1.0, static_cast<double>(c->engine.max_step_tokens) / c->engine.micro_batches);
   const auto flat = planner::UtilCurve::make({{1, 1.0}}, "flat");
   const planner::RuntimeReductionChoice r =
       planner::prefer_runtime_expert_reduction(model, host, shape, *flat);
@@ -526,7 +526,7 @@ StatusOr<Deployment> start_deployment(const FlagSet& flags) {
     choose_expert_reduce_by_model(model, &d.config);
   }
   std::fprintf(stderr, "msinfer: %d attention worker(s), %d expert worker(s), %d micro-batch(es)\n",
-               c.attention_workers, c.expert_workers, c.micro_batches);
+               c.attention_workers, c.expert_workers, c.engine.micro_batches);
   if (model.shared_expert_ffn > 0) {
     std::fprintf(stderr, "msinfer: shared experts on the %s workers (--shared-experts %s)\n",
                  runtime::shared_experts_name(c.shared_experts),
@@ -545,7 +545,7 @@ StatusOr<Deployment> start_deployment(const FlagSet& flags) {
     MSI_ASSIGN_OR_RETURN(d.router, runtime::Router::start_launched(c, *launcher));
   } else {
     MSI_ASSIGN_OR_RETURN(std::string exe, self_executable());
-    MSI_ASSIGN_OR_RETURN(d.router, runtime::Router::start(c, exe, flags.get_string("placement")));
+    MSI_ASSIGN_OR_RETURN(d.router, runtime::Router::start(c, exe));
   }
   std::fprintf(stderr, "%s", d.router->describe().c_str());
   return d;
@@ -578,28 +578,33 @@ runtime::EngineOptions colocated_engine_options(const FlagSet& flags) {
 
 int run_worker(int argc, char** argv) {
   FlagSet flags("worker",
-                "One worker process of a disaggregated deployment (started by the router).");
-  flags.add_string("role", "", "attention | expert");
-  flags.add_int("index", 0, 0, 127, "worker index within its role");
-  flags.add_int("tp-rank", 0, 0, runtime::Placement::kMaxTp - 1,
-                "the process within its worker's tp group (with --tp-expert / --tp-attention)");
-  flags.add_string("model", "", "model directory");
-  flags.add_int("kv-cache-mb", 256, 1, 1 << 20, "KV cache budget (attention workers)");
-  add_step_budget_flag(flags);
-  add_engine_flags(flags);
-  add_deployment_flags(flags);
+                "One worker process of a disaggregated deployment, started by the router of "
+                "`generate` / `serve` / `bench serve` with --attention-workers: its configuration "
+                "is the router's first command (a Configure) on fd 3, its answers go to fd 4. "
+                "Not for use by hand.");
   if (auto done = parse_command_line(flags, "worker", argc, argv, 2)) return *done;
-  Status s;
-  if (flags.get_string("model").empty()) {
-    return report_error("worker", invalid_argument("--model is required (a model directory)"));
+  // The router writes the configuration at once; a minute covers a machine
+  // slow to exec us.
+  auto configure = runtime::control::read_configure(3, 60000);
+  if (!configure.ok()) {
+    return report_error("worker",
+                        configure.status().with_context(
+                            "the worker subcommand is started by a router, which configures it "
+                            "on fd 3"));
   }
-  if (flags.get_string("role") != "attention" && flags.get_string("role") != "expert") {
-    return report_error("worker", invalid_argument("--role must be attention or expert"));
+  const runtime::WorkerConfig& c = configure->config;
+  const int index = configure->index, tp_rank = configure->tp_rank;
+  const bool expert = configure->role == runtime::WorkerRole::kExpert;
+  const std::string who = expert ? runtime::expert_process_name(index, tp_rank, c.tp_expert)
+                                 : runtime::attention_process_name(index, tp_rank, c.tp_attention);
+  auto model = load_model_config(c.model_dir);
+  if (!model.ok()) return report_error(("worker (" + who + ")").c_str(), model.status());
+  if (static_cast<int64_t>(c.placement.replicas.size()) != model->experts) {
+    return report_error(("worker (" + who + ")").c_str(),
+                        invalid_argument("the router's placement has " +
+                                         std::to_string(c.placement.replicas.size()) +
+                                         " experts, the model " + std::to_string(model->experts)));
   }
-  auto model = load_model_config(flags.get_string("model"));
-  if (!model.ok()) return report_error("worker", model.status());
-  auto c = worker_config_from_flags(flags, *model);
-  if (!c.ok()) return report_error("worker", c.status());
   // A replacement joining a running deployment (the router's --respawn)
   // exchanges its M2N card with the router over the command pipes.
   StatusOr<std::unique_ptr<comm::Bootstrap>> boot = std::unique_ptr<comm::Bootstrap>();
@@ -615,28 +620,10 @@ int run_worker(int argc, char** argv) {
     boot = comm::make_bootstrap_from_env();
   }
   if (!boot.ok()) return report_error("worker", boot.status());
-  const std::string role = flags.get_string("role");
-  const int index = static_cast<int>(flags.get_int("index"));
-  const int tp_rank = static_cast<int>(flags.get_int("tp-rank"));
-  if (tp_rank >= (flags.get_string("role") == "expert" ? c->tp_expert : c->tp_attention)) {
-    return report_error("worker",
-                        invalid_argument("--tp-rank must be below --tp-expert (expert) or "
-                                         "--tp-attention (attention)"));
-  }
   // The router's command pipe is fd 3, the answer pipe fd 4.
-  if (role == "expert") {
-    s = runtime::run_expert_worker(*c, index, tp_rank, **boot, 3, 4);
-  } else if (role == "attention") {
-    s = runtime::run_attention_worker(*c, index, tp_rank, **boot, 3, 4);
-  } else {
-    s = invalid_argument("--role must be attention or expert");
-  }
-  if (!s.ok()) {
-    const std::string who = role == "expert"
-                                ? runtime::expert_process_name(index, tp_rank, c->tp_expert)
-                                : runtime::attention_process_name(index, tp_rank, c->tp_attention);
-    return report_error(("worker (" + who + ")").c_str(), s);
-  }
+  const Status s = expert ? runtime::run_expert_worker(c, index, tp_rank, **boot, 3, 4)
+                          : runtime::run_attention_worker(c, index, tp_rank, **boot, 3, 4);
+  if (!s.ok()) return report_error(("worker (" + who + ")").c_str(), s);
   return 0;
 }
 

@@ -6,7 +6,7 @@
 // router writes fd 3, reads fd 4) or the TCP socket of a launched rank.
 // Commands (router -> worker) carry {"op": NAME}, events (worker -> router)
 // {"event": NAME}; every other field is the struct's, by the same name.
-// Every command but DropExpert, DropAttention and Exit is answered by exactly
+// Every command but Configure, DropExpert, DropAttention and Exit is answered by exactly
 // one event: the one its comment names, or Error.
 //
 // Versioning: a worker's first event, Ready (or, for a launched rank, the
@@ -30,6 +30,7 @@
 #include "msinfer/core/status.h"
 #include "msinfer/runtime/engine.h"
 #include "msinfer/runtime/placement.h"
+#include "msinfer/runtime/worker_config.h"
 
 namespace msinfer::runtime {
 
@@ -46,7 +47,8 @@ namespace control {
 // 3: both of those.
 // 5: Ready carries the prefix cache's salt and block size, Stepped the
 // cache's registrations and evictions (cache-aware routing).
-inline constexpr int kProtocolVersion = 5;
+// 6: Configure, a forked worker's configuration as one document.
+inline constexpr int kProtocolVersion = 6;
 
 // The most prefix-cache events (hashes) one Stepped carries; the rest go with
 // the next steps (KvCache::take_cache_events). 4096 hashes are ~80 KB of JSON,
@@ -56,6 +58,15 @@ inline constexpr int64_t kMaxCacheEvents = 4096;
 
 // ---- commands: router -> worker ----
 
+// A worker the router forked: its first command, the deployment's
+// configuration and which worker it is (no answer: the worker bootstraps and
+// says Ready). A rank that a launcher (mpirun / srun) started reads the job's
+// command line instead.
+struct Configure {
+  WorkerConfig config;
+  WorkerRole role = WorkerRole::kAttention;
+  int index = 0, tp_rank = 0;
+};
 // Stop serving and exit (no answer). Also read mid-step by an attention worker.
 struct Exit {};
 // Attention worker: run one engine step. Answer: Stepped.
@@ -134,9 +145,9 @@ struct AddAttention {
   std::string card;
 };
 
-using Command = std::variant<Exit, Step, Add, Cancel, GetStats, DropExpert, DropAttention, GetCard,
-                             AddExpert, SetPlacement, GetRouted, Prepare, GetPrepared, Abandon,
-                             SetUnits, Switch, JoinBlobs, AddAttention>;
+using Command = std::variant<Configure, Exit, Step, Add, Cancel, GetStats, DropExpert,
+                             DropAttention, GetCard, AddExpert, SetPlacement, GetRouted, Prepare,
+                             GetPrepared, Abandon, SetUnits, Switch, JoinBlobs, AddAttention>;
 
 // ---- events: worker -> router ----
 
@@ -252,6 +263,11 @@ StatusOr<T> expect(Event e, const std::string& who) {
   return internal_error(who + ": expected the event '" + event_name(Event{T{}}) + "', got '" +
                         event_name(e) + "'");
 }
+
+// A forked worker's configuration: the first line on `fd` (read a byte at a
+// time, so nothing after it is consumed), which must be a Configure.
+// DEADLINE_EXCEEDED after `timeout_ms`; INVALID_ARGUMENT for anything else.
+StatusOr<Configure> read_configure(int fd, int timeout_ms);
 
 // The worker's end of the control channel: reads commands from `in_fd` and
 // writes events to `out_fd`. A line it cannot read as a command is logged on

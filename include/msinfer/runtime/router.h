@@ -88,9 +88,9 @@ struct DeploymentHealth {
 
 class Router {
  public:
-  // `exe` is the msinfer binary; `placement_file` may be empty (round robin).
-  static StatusOr<std::unique_ptr<Router>> start(const WorkerConfig& c, const std::string& exe,
-                                                 const std::string& placement_file);
+  // `exe` is the msinfer binary; each worker it forks is configured with `c`
+  // (control::Configure).
+  static StatusOr<std::unique_ptr<Router>> start(const WorkerConfig& c, const std::string& exe);
   // Rank 0 of a launcher's job whose other ranks call join_launched_deployment.
   static StatusOr<std::unique_ptr<Router>> start_launched(const WorkerConfig& c,
                                                           comm::Bootstrap& launcher);
@@ -170,7 +170,7 @@ class Router {
   };
   struct Joining;  // a replacement expert worker joining (router_join.cc)
   Router();
-  // Forks this host's workers (placement_file_ when set) and waits for them.
+  // Forks this host's workers (configured with c_) and waits for them.
   Status spawn();
   // Every worker's Ready (its protocol checked, its memory noted).
   Status wait_ready();
@@ -232,7 +232,6 @@ class Router {
   // replacement joins; a replacement that fails falls back to a restart.
   void drop_expert_worker(internal::WorkerProcess& w, const std::string& why, bool keep_placement);
   Status wait_for_replacement();
-  StatusOr<std::string> write_placement_file(const std::string& name, const Placement& p) const;
   // Sends `r` to the live attention worker the routing policy picks.
   Status submit(const GenerationRequest& r);
   // Resubmits the requests of dropped workers (lost_), or fails them into
@@ -255,8 +254,7 @@ class Router {
   std::vector<int64_t> lost_;            // requests of a dropped worker, to resubmit
   std::vector<TokenEvent> failed_;       // their error events, for the next step()
   Status stopped_ = ok_status();         // why the deployment was stopped, once it was
-  std::string exe_, placement_file_;     // start(): how to start the workers again
-  std::string own_placement_file_;       // written for a restart; removed at the end
+  std::string exe_;                      // start(): the binary that starts the workers again
   std::string restart_why_;              // a death to recover from, until recover()
   int restart_without_ = -1;             // the dead expert worker to leave out, or -1
   int restarts_ = 0;
@@ -270,7 +268,6 @@ class Router {
   EngineCounters counters_before_;         // of the attention worker processes replaced so far
   std::vector<int> awaited_;               // of those, the ones serving waits for
   std::unique_ptr<Joining> joining_;
-  std::string join_placement_file_;
   int replacements_ = 0;  // started, at most kMaxRestarts
   int joined_ = 0;
   bool recovering_ = false;  // in recover(): every worker restarts

@@ -65,7 +65,7 @@ class RemoteExperts : public ExpertBackend {
     return comm::PeerCard{ep_.transport().address(), combine_region_}.encode();
   }
   std::vector<int64_t> units() const {
-    std::vector<int64_t> n(static_cast<size_t>(c_.micro_batches), 0);
+    std::vector<int64_t> n(static_cast<size_t>(c_.engine.micro_batches), 0);
     for (const auto& [k, done] : steps_done_) n[static_cast<size_t>(k)] = done;
     return n;
   }

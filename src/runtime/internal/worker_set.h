@@ -69,13 +69,14 @@ class WorkerSet {
   ~WorkerSet() { stop(); }
 
   // Forks every worker of the configuration on this host (`exe`'s `worker`
-  // subcommand, reading `placement_file` when set) behind a bootstrap server
-  // of its own; does not wait for them (wait_ready).
-  Status spawn(const std::string& exe, const std::string& placement_file);
-  // Forks bootstrap rank `rank`; with `join`, a replacement that bootstraps
-  // through the router's pipes (router_pipe_bootstrap) into a running deployment.
-  StatusOr<WorkerProcess> fork_worker(int rank, const std::string& exe,
-                                      const std::string& placement_file, bool join);
+  // subcommand, configured by a Configure command with the configuration)
+  // behind a bootstrap server of its own; does not wait for them (wait_ready).
+  Status spawn(const std::string& exe);
+  // Forks bootstrap rank `rank`, configured with `placement` in place of the
+  // configuration's; with `join`, a replacement that bootstraps through the
+  // router's pipes (router_pipe_bootstrap) into a running deployment.
+  StatusOr<WorkerProcess> fork_worker(int rank, const std::string& exe, const Placement& placement,
+                                      bool join);
   // Rank 0 of a launcher's job: publishes the bootstrap and control addresses
   // and accepts every other rank's control connection (its Hello checked:
   // the job's secret, the protocol version).
