@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "../common/byte_tokenizer.h"
 #include "../common/prometheus_text.h"
 #include "msinfer/core/process.h"
 #include "msinfer/server/bench_client.h"
@@ -47,18 +48,7 @@ TEST(ParseRequest, DefaultsAndLimits) {
   EXPECT_FLOAT_EQ(r.sampling.frequency_penalty, 0.5f);
 }
 
-// A tokenizer of the 256 bytes (byte-level, no merges) and a chat template.
-const model::Tokenizer& byte_tokenizer() {
-  static const model::Tokenizer t = [] {
-    Json vocab = Json::object();
-    for (int b = 0; b < 256; ++b) vocab[model::byte_level_char(static_cast<uint8_t>(b))] = b;
-    Json tj{{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", Json::array()}}},
-            {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
-            {"decoder", {{"type", "ByteLevel"}}}};
-    return std::move(model::Tokenizer::from_json(tj, nullptr, "t")).value();
-  }();
-  return t;
-}
+using testing::byte_tokenizer;
 
 const ChatTemplate& simple_template() {
   static const ChatTemplate t =

@@ -5,22 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include "../common/byte_tokenizer.h"
 #include "internal/http_wire.h"
 
 namespace msinfer::server {
 namespace {
 
-const model::Tokenizer& byte_tokenizer() {
-  static const model::Tokenizer t = [] {
-    Json vocab = Json::object();
-    for (int b = 0; b < 256; ++b) vocab[model::byte_level_char(static_cast<uint8_t>(b))] = b;
-    Json tj{{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", Json::array()}}},
-            {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
-            {"decoder", {{"type", "ByteLevel"}}}};
-    return std::move(model::Tokenizer::from_json(tj, nullptr, "t")).value();
-  }();
-  return t;
-}
+using testing::byte_tokenizer;
 
 ApiContext context() {
   ApiContext c;
