@@ -1161,6 +1161,36 @@ TEST(BenchServeTest, MultiTurnChatsHitThePrefixCache) {
   }
 }
 
+// The mixed workload: decoding requests, then long prompts sent among them
+// once each has its first token; both kinds reported apart, every token
+// accounted for, co-located and disaggregated.
+TEST(BenchServeTest, AMixedWorkloadSendsLongPromptsAmongDecodingRequests) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  for (const std::string& d :
+       {std::string(""), std::string(" --attention-workers 1 --expert-workers 1")}) {
+    const std::string out = msinfer::testing::run_capture(
+        kBinary + " bench serve --offline --model " + dir +
+        " --dataset mixed --num-prompts 5 --input-len 12 --output-len 20 --long-prompts 2"
+        " --long-input-len 300 --long-output-len 3 --long-interval 4"
+        " --max-num-batched-tokens 64 --idle-seconds 0 --json" +
+        d + " 2>/dev/null");
+    auto j = parse_json(out, "bench serve --json");
+    ASSERT_TRUE(j.ok()) << d << ": " << out.substr(0, 300);
+    EXPECT_EQ((*j)["dataset"], "mixed");
+    EXPECT_EQ((*j)["num_prompts"].get<int64_t>(), 7) << d;
+    EXPECT_EQ((*j)["generated_tokens"].get<int64_t>(), 5 * 20 + 2 * 3) << d;
+    EXPECT_EQ((*j)["input_tokens"].get<int64_t>(), 5 * 12 + 2 * 300) << d;
+    EXPECT_EQ((*j)["prefix_cache_query_tokens"].get<int64_t>(), 5 * 12 + 2 * 300) << d;
+    // A 300-token prompt at 64 tokens a step takes 5 steps to its first
+    // token, and the decoding requests step meanwhile.
+    EXPECT_GT((*j)["long_ttft_ms_p50"].get<double>(), 0) << d;
+    EXPECT_GT((*j)["decoding_tbt_ms_p50"].get<double>(), 0) << d;
+    EXPECT_GE((*j)["decoding_tbt_ms_max"].get<double>(), (*j)["decoding_tbt_ms_p50"].get<double>())
+        << d;
+    EXPECT_GE((*j)["steps"].get<int64_t>(), 20) << d;
+  }
+}
+
 TEST(BenchServeTest, WorkerCountersAccountForEveryToken) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
   const std::string err =

@@ -136,10 +136,18 @@ void add_bench_serve_flags(FlagSet& flags) {
                    "offline also multi-turn: --users chats of --turns turns each, every prompt\n"
                    "a shared system prompt of --system-len tokens, then the chat so far (each\n"
                    "earlier turn's --input-len user tokens and its answer), then --input-len new\n"
-                   "tokens; a user's next turn is sent when its answer ends (TTFT from then)");
+                   "tokens; a user's next turn is sent when its answer ends (TTFT from then);\n"
+                   "offline also mixed: --num-prompts decoding requests, and once every one of\n"
+                   "them has its first token --long-prompts prompts of --long-input-len tokens,\n"
+                   "one every --long-interval steps (the TBT of the decoding requests is\n"
+                   "reported apart: what a long prefill costs them)");
   flags.add_int("users", 32, 1, 100000, "multi-turn: chats, run at once");
   flags.add_int("turns", 8, 1, 10000, "multi-turn: turns per chat");
   flags.add_int("system-len", 256, 0, 1 << 20, "multi-turn: tokens of the shared system prompt");
+  flags.add_int("long-prompts", 4, 1, 100000, "mixed: long prompts sent among the decoding ones");
+  flags.add_int("long-input-len", 4096, 1, 1 << 20, "mixed: tokens of each long prompt");
+  flags.add_int("long-output-len", 16, 1, 1 << 20, "mixed: tokens generated for each long prompt");
+  flags.add_int("long-interval", 8, 0, 1 << 20, "mixed: steps between two long prompts");
   flags.add_string("goodput", "",
                    "online: SLOs a good request meets, e.g. 'ttft:500 tpot:50 e2el:5000' (ms)");
   flags.add_string("served-model-name", "", "online: the model name to send (default: none)");
@@ -178,10 +186,15 @@ void add_bench_serve_flags(FlagSet& flags) {
 // colocated_engine_options read them there.
 struct BenchServeOptions {
   std::string model_dir;
-  std::string dataset;  // random | multi-turn
+  std::string dataset;  // random | multi-turn | mixed
   bool multi_turn = false;
   int64_t users = 0, turns = 0, system_len = 0;
-  int64_t prompts = 0;                    // P: requests (multi-turn: users x turns)
+  // mixed: the long prompts, sent once every decoding request has its first
+  // token, one each `long_interval` steps.
+  bool mixed = false;
+  int64_t long_prompts = 0, long_input_len = 0, long_output_len = 0, long_interval = 0;
+  int64_t prompts = 0;   // P: requests (multi-turn: users x turns; mixed: decoding + long)
+  int64_t decoding = 0;  // requests sent at the start (mixed: the decoding ones)
   int64_t input_len = 0, output_len = 0;  // I, O
   double ratio = 0;                       // --random-range-ratio
   uint64_t seed = 0;
@@ -231,9 +244,15 @@ StatusOr<BenchServeOptions> bench_serve_options(const FlagSet& flags) {
   // Ranges (--num-prompts 1..100000, ...) are checked by the flag parser.
   o.dataset = flags.get_string("dataset");
   o.multi_turn = o.dataset == "multi-turn";
-  if (!o.multi_turn && o.dataset != "random") {
-    return invalid_argument("--dataset " + o.dataset + ": offline runs random or multi-turn");
+  o.mixed = o.dataset == "mixed";
+  if (!o.multi_turn && !o.mixed && o.dataset != "random") {
+    return invalid_argument("--dataset " + o.dataset +
+                            ": offline runs random, multi-turn or mixed");
   }
+  o.long_prompts = o.mixed ? flags.get_int("long-prompts") : 0;
+  o.long_input_len = flags.get_int("long-input-len");
+  o.long_output_len = flags.get_int("long-output-len");
+  o.long_interval = flags.get_int("long-interval");
   o.users = flags.get_int("users");
   o.turns = flags.get_int("turns");
   o.system_len = flags.get_int("system-len");
@@ -244,6 +263,8 @@ StatusOr<BenchServeOptions> bench_serve_options(const FlagSet& flags) {
     if (planner::is_cpu_plan_document(*j)) o.cpu_plan = std::move(j).value();
   }
   apply_cpu_plan_workload(flags, o);
+  o.decoding = o.prompts;
+  o.prompts += o.long_prompts;
   o.ratio = flags.get_double("random-range-ratio");
   o.seed = static_cast<uint64_t>(flags.get_int("seed"));
   o.warmups = flags.get_int("num-warmups");
@@ -336,7 +357,7 @@ class Workload {
       chats_.assign(static_cast<size_t>(o.users), system_prompt_);
       for (int64_t u = 0; u < o.users; ++u) reqs_.push_back(next_turn(u, 0));
     }
-    for (int64_t i = 0; i < (o.multi_turn ? 0 : o.prompts); ++i) {
+    for (int64_t i = 0; i < (o.multi_turn ? 0 : o.decoding); ++i) {
       runtime::GenerationRequest req;
       req.id = i + 1;
       const int64_t in = random_length(rng_, o.input_len, o.ratio),
@@ -346,6 +367,15 @@ class Workload {
       total_in_ += in;
       req.sampling.ignore_eos = true;
       reqs_.push_back(std::move(req));
+    }
+    for (int64_t i = 0; i < o.long_prompts; ++i) {
+      runtime::GenerationRequest req;
+      req.id = o.decoding + i + 1;
+      for (int64_t t = 0; t < o.long_input_len; ++t) req.prompt.push_back(token_(rng_));
+      req.sampling.max_tokens = static_cast<int>(o.long_output_len);
+      req.sampling.ignore_eos = true;
+      total_in_ += o.long_input_len;
+      long_.push_back(std::move(req));
     }
   }
 
@@ -371,6 +401,14 @@ class Workload {
     return std::nullopt;
   }
   int64_t total_in() const { return total_in_; }
+  // Mixed: the long prompt due `steps` steps after every decoding request
+  // had its first token (one each long_interval steps), if one is.
+  std::optional<runtime::GenerationRequest> due_long(int64_t steps) {
+    if (next_long_ >= long_.size() || steps < static_cast<int64_t>(next_long_) * o_.long_interval) {
+      return std::nullopt;
+    }
+    return long_[next_long_++];
+  }
 
  private:
   runtime::GenerationRequest next_turn(int64_t user, int64_t turn) {
@@ -393,6 +431,8 @@ class Workload {
   std::vector<runtime::GenerationRequest> reqs_;
   std::vector<std::vector<int32_t>> chats_;  // multi-turn: system prompt, turns, answers
   std::vector<int32_t> system_prompt_;
+  std::vector<runtime::GenerationRequest> long_;  // mixed: ids after the decoding ones
+  size_t next_long_ = 0;
   int64_t total_in_ = 0;  // prompt tokens of every request made
 };
 
@@ -415,7 +455,7 @@ Status run_warmups(const BenchServeOptions& o, Deployed& d, Workload& load) {
 // What the measured run saw.
 struct Measured {
   std::map<int64_t, std::vector<double>> times;  // request -> token times (s since t0)
-  std::map<int64_t, double> sent;                // multi-turn: request -> when sent (s since t0)
+  std::map<int64_t, double> sent;  // multi-turn, mixed's long: request -> when sent (s since t0)
   int64_t decode_tokens = 0, steps = 0;
   double decode_from = 0;  // when every request had its first token (s since t0)
   double end = 0;
@@ -433,8 +473,17 @@ StatusOr<Measured> run_measured(const BenchServeOptions& o, Deployed& d, Workloa
   for (const auto& req : load.initial()) {
     MSI_RETURN_IF_ERROR(d.add(req).with_context("request " + std::to_string(req.id)));
   }
-  int64_t first_tokens = 0;
-  while (d.busy()) {
+  int64_t first_tokens = 0, decode_steps = 0;
+  while (true) {
+    if (m.decode_from > 0) {
+      // Mixed: the long prompts go out among the decoding requests.
+      while (auto next = load.due_long(decode_steps)) {
+        m.sent[next->id] = std::chrono::duration<double>(clock::now() - t0).count();
+        MSI_RETURN_IF_ERROR(d.add(*next).with_context("request " + std::to_string(next->id)));
+      }
+      ++decode_steps;
+    }
+    if (!d.busy()) break;
     MSI_ASSIGN_OR_RETURN(auto events, d.step());
     const double now = std::chrono::duration<double>(clock::now() - t0).count();
     for (const auto& ev : events) {
@@ -451,7 +500,7 @@ StatusOr<Measured> run_measured(const BenchServeOptions& o, Deployed& d, Workloa
         MSI_RETURN_IF_ERROR(d.add(*next).with_context("request " + std::to_string(next->id)));
       }
     }
-    if (m.decode_from == 0 && first_tokens == o.prompts) {
+    if (m.decode_from == 0 && first_tokens == o.decoding) {
       m.decode_from = now;  // every request has its first token: the decode phase starts
       if (d.router) MSI_RETURN_IF_ERROR(d.router->stats(/*reset=*/true).status());
     }
@@ -487,11 +536,17 @@ StatusOr<Measured> run_measured(const BenchServeOptions& o, Deployed& d, Workloa
 StatusOr<Json> report(const BenchServeOptions& o, const Deployed& d, const Workload& load,
                       const Measured& m) {
   std::vector<double> ttft, tbt;
+  std::vector<double> decoding_tbt, long_ttft;  // mixed: the two kinds apart
   int64_t generated = 0;
   for (const auto& [id, t] : m.times) {
     auto at = m.sent.find(id);
     ttft.push_back(t.front() - (at == m.sent.end() ? 0.0 : at->second));
-    for (size_t i = 1; i < t.size(); ++i) tbt.push_back(t[i] - t[i - 1]);
+    const bool is_long = o.mixed && id > o.decoding;
+    if (is_long) long_ttft.push_back(ttft.back());
+    for (size_t i = 1; i < t.size(); ++i) {
+      tbt.push_back(t[i] - t[i - 1]);
+      if (o.mixed && !is_long) decoding_tbt.push_back(tbt.back());
+    }
     generated += static_cast<int64_t>(t.size());
   }
   const double end = m.end;
@@ -520,6 +575,19 @@ StatusOr<Json> report(const BenchServeOptions& o, const Deployed& d, const Workl
            {"prefill_tokens_computed", m.prefix_queries - m.prefix_hits},
            {"workers", m.workers},
            {"routing", m.routing.to_json()}};
+  if (o.mixed) {
+    out["long_prompts"] = o.long_prompts;
+    out["long_input_len"] = o.long_input_len;
+    out["long_interval"] = o.long_interval;
+    out["decoding_tbt_ms_p50"] = percentile(decoding_tbt, 0.5) * 1e3;
+    out["decoding_tbt_ms_p99"] = percentile(decoding_tbt, 0.99) * 1e3;
+    out["decoding_tbt_ms_max"] =
+        decoding_tbt.empty() ? 0.0
+                             : *std::max_element(decoding_tbt.begin(), decoding_tbt.end()) * 1e3;
+    out["long_ttft_ms_p50"] = percentile(long_ttft, 0.5) * 1e3;
+    out["long_ttft_ms_max"] =
+        long_ttft.empty() ? 0.0 : *std::max_element(long_ttft.begin(), long_ttft.end()) * 1e3;
+  }
   // max / mean predicted attention time of a step's micro-batches (m > 1).
   if (d.engine) {
     out["micro_batch_balance"] = d.engine->micro_batch_balance();
@@ -628,6 +696,15 @@ void print_report(const BenchServeOptions& o, const Json& out, const Measured& m
       queries, hits,
       queries > 0 ? 100.0 * static_cast<double>(hits) / static_cast<double>(queries) : 0.0,
       queries - hits);
+  if (o.mixed) {
+    std::printf(
+        "mixed: decoding requests' TBT p50 %.2f ms, p99 %.2f ms, max %.2f ms; %lld long prompts of "
+        "%lld tokens: TTFT p50 %.1f ms, max %.1f ms\n",
+        out["decoding_tbt_ms_p50"].get<double>(), out["decoding_tbt_ms_p99"].get<double>(),
+        out["decoding_tbt_ms_max"].get<double>(), static_cast<long long>(o.long_prompts),
+        static_cast<long long>(o.long_input_len), out["long_ttft_ms_p50"].get<double>(),
+        out["long_ttft_ms_max"].get<double>());
+  }
   std::printf("%s\n", routing_summary(out["routing"]).c_str());
   if (out.contains("micro_batch_balance") && out["micro_batch_balance"].get<double>() > 0) {
     std::printf("micro-batches: max/mean predicted attention time %.3f (1 = equal)\n",
