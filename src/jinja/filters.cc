@@ -76,8 +76,8 @@ Value first_or_last(const FilterCall& c) {
   }
   if (x.kind == Value::kString) {
     if (x.s.empty()) return Value();
-    const std::vector<std::string> chars = characters(x.s);
-    return Value::str(f == "first" ? chars.front() : chars.back());
+    const auto [at, len] = character_span(x.s, f == "first" ? 0 : -1);
+    return Value::str(x.s.substr(at, len));
   }
   throw Error("filter " + f + " needs a list or a string");
 }
@@ -88,7 +88,11 @@ Value list(const FilterCall& c) {
   if (x.kind == Value::kObject) return in.member(x, "keys").fn->call({}, {});
   if (x.kind == Value::kString) {
     Array out;
-    for (std::string& ch : characters(x.s)) out.push_back(Value::str(std::move(ch)));
+    for (size_t i = 0; i < x.s.size();) {
+      const size_t next = next_character(x.s, i);
+      out.push_back(Value::str(x.s.substr(i, next - i)));
+      i = next;
+    }
     return Value::array(std::move(out));
   }
   throw Error("filter list needs an iterable");
@@ -97,10 +101,14 @@ Value list(const FilterCall& c) {
 Value reverse(const FilterCall& c) {
   const Value& x = c.x;
   if (x.kind == Value::kString) {
-    std::vector<std::string> chars = characters(x.s);
     std::string r;
-    for (auto c = chars.rbegin(); c != chars.rend(); ++c) r += *c;
-    return Value::str(r);
+    r.reserve(x.s.size());
+    for (size_t e = x.s.size(); e > 0;) {
+      const size_t b = previous_character(x.s, e);
+      r.append(x.s, b, e - b);
+      e = b;
+    }
+    return Value::str(std::move(r));
   }
   c.need(Value::kArray, "a list");
   Array r(x.a->rbegin(), x.a->rend());

@@ -111,7 +111,11 @@ void Interpreter::exec_for(const Stmt& st, Scope& s, std::string& out) {
   } else if (it.kind == Value::kObject) {
     for (const auto& [k, v] : it.o->items) items.push_back(Value::str(k));
   } else if (it.kind == Value::kString) {
-    for (std::string& c : characters(it.s)) items.push_back(Value::str(std::move(c)));
+    for (size_t i = 0; i < it.s.size();) {
+      const size_t next = next_character(it.s, i);
+      items.push_back(Value::str(it.s.substr(i, next - i)));
+      i = next;
+    }
   } else {
     throw Error("cannot loop over " + to_string(it));
   }
@@ -198,10 +202,9 @@ Value Interpreter::eval(const Expr& e, Scope& s) {
         return (*x.a)[i];
       }
       if (x.kind == Value::kString && k.kind == Value::kInt) {
-        std::vector<std::string> chars = characters(x.s);
-        const int64_t i = norm_index(k.i, static_cast<int64_t>(chars.size()));
-        if (i < 0 || i >= static_cast<int64_t>(chars.size())) return Value();
-        return Value::str(std::move(chars[i]));
+        const auto [at, len] = character_span(x.s, k.i);
+        if (at == std::string::npos) return Value();
+        return Value::str(x.s.substr(at, len));
       }
       if (k.kind == Value::kString) return member(x, k.s);
       if (x.kind == Value::kUndefined) throw Error("cannot index undefined");
@@ -362,12 +365,10 @@ Value Interpreter::slice(const Value& x, const Expr& e, Scope& s) {
   const int64_t step = step_o.value_or(1);
   if (step == 0) throw Error("slice step must not be 0");
   int64_t n;
-  std::vector<std::string> chars;
   if (x.kind == Value::kArray) {
     n = static_cast<int64_t>(x.a->size());
   } else if (x.kind == Value::kString) {
-    chars = characters(x.s);
-    n = static_cast<int64_t>(chars.size());
+    n = static_cast<int64_t>(character_count(x.s));
   } else {
     throw Error("only lists and strings can be sliced");
   }
@@ -377,16 +378,35 @@ Value Interpreter::slice(const Value& x, const Expr& e, Scope& s) {
     return step > 0 ? std::clamp<int64_t>(i, 0, n) : std::clamp<int64_t>(i, -1, n - 1);
   };
   const int64_t b = clamp(start, step > 0 ? 0 : n - 1), en = clamp(stop, step > 0 ? n : -1);
-  Array out;
-  std::string str;
-  for (int64_t i = b; step > 0 ? i < en : i > en; i += step) {
-    if (x.kind == Value::kArray) {
-      out.push_back((*x.a)[i]);
-    } else {
-      str += chars[i];
-    }
+  // The indices b, b + step, ... before en; none past int64 (b and en lie
+  // in [-1, n], so a step that large ends the slice).
+  auto advance = [&](int64_t i) -> std::optional<int64_t> {
+    int64_t next;
+    if (__builtin_add_overflow(i, step, &next) || (step > 0 ? next >= en : next <= en))
+      return std::nullopt;
+    return next;
+  };
+  if (step > 0 ? b >= en : b <= en)
+    return x.kind == Value::kArray ? Value::array() : Value::str("");
+  if (x.kind == Value::kArray) {
+    Array out;
+    for (std::optional<int64_t> i = b; i; i = advance(*i)) out.push_back((*x.a)[*i]);
+    return Value::array(std::move(out));
   }
-  return x.kind == Value::kArray ? Value::array(std::move(out)) : Value::str(str);
+  // A string: its characters walked once, from character b, |step| at a time.
+  const std::string& str = x.s;
+  std::string out;
+  size_t at = character_span(str, b).first;
+  for (std::optional<int64_t> i = b;;) {
+    out.append(str, at, next_character(str, at) - at);
+    const std::optional<int64_t> next = advance(*i);
+    if (!next) break;
+    for (int64_t k = *i; k != *next; k += step > 0 ? 1 : -1) {
+      at = step > 0 ? next_character(str, at) : previous_character(str, at);
+    }
+    i = next;
+  }
+  return Value::str(std::move(out));
 }
 
 }  // namespace msinfer::jinja

@@ -252,8 +252,44 @@ std::vector<std::string> characters(const std::string& s) {
 
 size_t character_count(const std::string& s) {
   size_t count = 0;
-  for (size_t i = 0; i < s.size(); i += character_at(s, i)) ++count;
+  for (size_t i = 0; i < s.size(); ++count) {
+    i += static_cast<unsigned char>(s[i]) < 0x80 ? 1 : character_at(s, i);
+  }
   return count;
+}
+
+size_t next_character(const std::string& s, size_t i) {
+  return i + (static_cast<unsigned char>(s[i]) < 0x80 ? 1 : character_at(s, i));
+}
+
+size_t previous_character(const std::string& s, size_t e) {
+  // Every byte that is not a continuation byte (10xxxxxx) starts a character
+  // (none before it can take it in), so the character that ends at e starts
+  // at the nearest such byte within 4 bytes if that one's character ends at
+  // e, else it is the last byte alone.
+  auto continuation = [&](size_t i) { return (static_cast<unsigned char>(s[i]) & 0xc0) == 0x80; };
+  const size_t last = e - 1;
+  if (!continuation(last)) return last;
+  for (size_t q = last; q > 0 && last - q < 3;) {
+    --q;
+    if (!continuation(q)) return q + character_at(s, q) == e ? q : last;
+  }
+  return last;
+}
+
+std::pair<size_t, size_t> character_span(const std::string& s, int64_t k) {
+  constexpr std::pair<size_t, size_t> kNone{std::string::npos, 0};
+  if (k >= 0) {
+    size_t i = 0;
+    for (; k > 0 && i < s.size(); --k) i = next_character(s, i);
+    if (i >= s.size()) return kNone;
+    return {i, next_character(s, i) - i};
+  }
+  size_t e = s.size();
+  for (; k < -1 && e > 0; ++k) e = previous_character(s, e);
+  if (e == 0) return kNone;
+  const size_t b = previous_character(s, e);
+  return {b, e - b};
 }
 
 // JavaScript's String.prototype.trim whitespace, in UTF-8.

@@ -142,8 +142,19 @@ bool equal(const Value& x, const Value& y);
 // last, list and reverse over a string use these, so none splits a
 // character.
 std::vector<std::string> characters(const std::string& s);
-// characters(s).size(), without making them.
+// characters(s).size(), without making them. (characters() is the
+// definition: the interpreter walks with the functions below, which the
+// tests compare with it.)
 size_t character_count(const std::string& s);
+// The bytes of characters(s)[k] as {offset, length} (k < 0: counted from
+// the end, as Python's s[k]), walking only as far as k from the end it
+// starts at; {npos, 0} when there is no such character.
+std::pair<size_t, size_t> character_span(const std::string& s, int64_t k);
+// The byte after the character that starts at s[i] (i < s.size()), and the
+// start of the character that ends at s[e] (0 < e, e the end of one): steps
+// through characters(s) without making them.
+size_t next_character(const std::string& s, size_t i);
+size_t previous_character(const std::string& s, size_t e);
 
 // JavaScript's String.prototype.trim whitespace, in UTF-8: the length of the
 // whitespace character at s[i] (0: none).
