@@ -2,11 +2,46 @@
 // renderer writes them, its loose equality, and JavaScript's whitespace.
 #include "internal/value.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 namespace msinfer::jinja {
+
+Budget::Budget(int64_t max_steps, size_t max_bytes, std::chrono::steady_clock::time_point deadline)
+    : next_check_(std::min(max_steps + 1, kStepsPerClockRead)),
+      max_steps_(max_steps),
+      max_bytes_(max_bytes),
+      deadline_(deadline) {}
+
+void Budget::check() {
+  if (steps_ > max_steps_) {
+    throw LimitError("the template ran past its step limit (" + std::to_string(max_steps_) +
+                         " steps: statements, expressions, loop iterations, calls, copies)",
+                     false);
+  }
+  if (deadline_ != std::chrono::steady_clock::time_point::max() &&
+      std::chrono::steady_clock::now() >= deadline_) {
+    throw LimitError("the template was still rendering at its deadline (after " +
+                         std::to_string(steps_) + " steps)",
+                     true);
+  }
+  next_check_ = std::min(max_steps_ + 1, steps_ + kStepsPerClockRead);
+}
+
+void Budget::too_large(const char* what) const {
+  throw LimitError(
+      std::string(what) + " passed the size limit (" + std::to_string(max_bytes_) + " bytes)",
+      false);
+}
+
+size_t list_bytes(const Array& a) {
+  size_t n = 0;
+  for (const Value& v : a) n += item_bytes(v);
+  return n;
+}
 
 Value* Object::find(const std::string& k) {
   for (auto& [key, v] : items) {
@@ -99,58 +134,10 @@ std::string json_string(const std::string& s) {
   return Json(s).dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-// tojson as the reference writes it: ", " and ": " separators, or indented.
-std::string to_json(const Value& v, int indent, int depth) {
-  switch (v.kind) {
-    case Value::kUndefined:
-    case Value::kNull:
-      return "null";
-    case Value::kBool:
-      return v.b ? "true" : "false";
-    case Value::kInt:
-      return std::to_string(v.i);
-    case Value::kFloat:
-      return js_number(v.f);
-    case Value::kString:
-      return json_string(v.s);
-    case Value::kArray:
-    case Value::kObject: {
-      const std::string ind(indent > 0 ? indent : 0, ' ');
-      std::string base = "\n";
-      for (int d = 0; d < depth; ++d) base += ind;
-      const std::string child = base + ind;
-      std::vector<std::string> core;
-      if (v.kind == Value::kArray) {
-        for (const auto& e : *v.a) core.push_back(to_json(e, indent, depth + 1));
-      } else {
-        for (const auto& [k, e] : v.o->items) {
-          core.push_back((indent > 0 ? child : "") + "\"" + k +
-                         "\": " + to_json(e, indent, depth + 1));
-        }
-      }
-      std::string out;
-      if (v.kind == Value::kArray) {
-        if (indent > 0) {
-          out = "[" + child;
-          for (size_t i = 0; i < core.size(); ++i) out += (i ? "," + child : "") + core[i];
-          return out + base + "]";
-        }
-        out = "[";
-        for (size_t i = 0; i < core.size(); ++i) out += (i ? ", " : "") + core[i];
-        return out + "]";
-      }
-      out = "{";
-      for (size_t i = 0; i < core.size(); ++i)
-        out += (i ? (indent > 0 ? "," : ", ") : "") + core[i];
-      return out + (indent > 0 ? base : "") + "}";
-    }
-    case Value::kFunction:
-      throw Error("cannot convert a function to JSON");
-  }
-  return "";
-}
+namespace {
 
-std::string to_string(const Value& v) {
+// A value that is not a list as text.
+std::string to_text(const Value& v) {
   switch (v.kind) {
     case Value::kUndefined:
       return "undefined";
@@ -172,17 +159,114 @@ std::string to_string(const Value& v) {
       return js_number(v.f);
     case Value::kString:
       return v.s;
-    case Value::kArray: {
-      std::string s;
-      for (size_t i = 0; i < v.a->size(); ++i) s += (i ? "," : "") + to_string((*v.a)[i]);
-      return s;
-    }
+    case Value::kArray:
+      throw Error("to_text of a list");  // to_string() prints lists
     case Value::kObject:
       return "[object Map]";
     case Value::kFunction:
       return "[function]";
   }
   return "";
+}
+
+[[noreturn]] void too_deep() {
+  throw LimitError("a value nested more than " + std::to_string(kMaxPrintDepth) +
+                       " lists or mappings deep (or holding itself) cannot be printed",
+                   false);
+}
+
+// tojson of v, at `depth` lists and mappings deep, appended to *out.
+void append_json(const Value& v, int indent, int depth, Budget& b, std::string* out) {
+  b.step();
+  switch (v.kind) {
+    case Value::kUndefined:
+    case Value::kNull:
+      *out += "null";
+      break;
+    case Value::kBool:
+      *out += v.b ? "true" : "false";
+      break;
+    case Value::kInt:
+      *out += std::to_string(v.i);
+      break;
+    case Value::kFloat:
+      *out += js_number(v.f);
+      break;
+    case Value::kString:
+      b.copied(v.s.size());
+      *out += json_string(v.s);
+      break;
+    case Value::kArray:
+    case Value::kObject: {
+      if (depth >= kMaxPrintDepth) too_deep();
+      const size_t ind = indent > 0 ? static_cast<size_t>(indent) : 0;
+      b.size(ind * static_cast<size_t>(depth + 1) + 1, "a string the template built");
+      const std::string base = "\n" + std::string(ind * static_cast<size_t>(depth), ' ');
+      const std::string child = base + std::string(ind, ' ');
+      if (v.kind == Value::kArray) {
+        *out += '[';
+        if (ind > 0) *out += child;
+        for (size_t i = 0; i < v.a->size(); ++i) {
+          if (i > 0) *out += ind > 0 ? "," + child : ", ";
+          append_json((*v.a)[i], indent, depth + 1, b, out);
+        }
+        if (ind > 0) *out += base;
+        *out += ']';
+      } else {
+        *out += '{';
+        for (size_t i = 0; i < v.o->items.size(); ++i) {
+          const auto& [k, e] = v.o->items[i];
+          if (i > 0) *out += ind > 0 ? "," : ", ";
+          if (ind > 0) *out += child;
+          *out += '"';
+          *out += k;
+          *out += "\": ";
+          append_json(e, indent, depth + 1, b, out);
+        }
+        if (ind > 0) *out += base;
+        *out += '}';
+      }
+      break;
+    }
+    case Value::kFunction:
+      throw Error("cannot convert a function to JSON");
+  }
+  b.size(out->size(), "a string the template built");
+}
+
+// to_string of v, at `depth` lists deep, appended to *out.
+void append_text(const Value& v, int depth, Budget& b, std::string* out) {
+  b.step();
+  if (v.kind != Value::kArray) {
+    b.copied(v.s.size());
+    *out += to_text(v);
+  } else {
+    if (depth >= kMaxPrintDepth) too_deep();
+    for (size_t i = 0; i < v.a->size(); ++i) {
+      if (i > 0) *out += ',';
+      append_text((*v.a)[i], depth + 1, b, out);
+    }
+  }
+  b.size(out->size(), "a string the template built");
+}
+
+}  // namespace
+
+// tojson as the reference writes it: ", " and ": " separators, or indented.
+std::string to_json(const Value& v, int indent, Budget& budget) {
+  std::string out;
+  append_json(v, indent, 0, budget, &out);
+  return out;
+}
+
+std::string to_string(const Value& v, Budget& budget) {
+  if (v.kind == Value::kString) {  // the common case: no recursion, no copy to charge twice
+    budget.copied(v.s.size());
+    return v.s;
+  }
+  std::string out;
+  append_text(v, 0, budget, &out);
+  return out;
 }
 
 // The reference compares with JavaScript's loose equality (==): a boolean
