@@ -43,6 +43,43 @@ size_t list_bytes(const Array& a) {
   return n;
 }
 
+namespace {
+
+// The lists and mappings whose last owner is gone, still to be freed: while
+// one is being freed, those it held wait here instead of being freed inside
+// it. Set on this thread while Value::release() frees.
+struct Unowned {
+  std::vector<std::shared_ptr<Array>> arrays;
+  std::vector<std::shared_ptr<Object>> objects;
+};
+thread_local Unowned* unowned = nullptr;
+
+}  // namespace
+
+void Value::release() noexcept {
+  Unowned* pending = unowned;
+  Unowned mine;
+  if (pending == nullptr) pending = &mine;
+  // Only this Value holds them (render-local values, one thread): move them
+  // out before its members are destroyed. Shared ones are only let go.
+  if (a && a.use_count() == 1) pending->arrays.push_back(std::move(a));
+  if (o && o.use_count() == 1) pending->objects.push_back(std::move(o));
+  if (pending != &mine) return;  // an outer release() frees them
+  unowned = &mine;
+  while (!mine.arrays.empty() || !mine.objects.empty()) {
+    if (!mine.arrays.empty()) {
+      std::shared_ptr<Array> x = std::move(mine.arrays.back());
+      mine.arrays.pop_back();
+      x.reset();  // its items' containers join the lists above
+    } else {
+      std::shared_ptr<Object> x = std::move(mine.objects.back());
+      mine.objects.pop_back();
+      x.reset();
+    }
+  }
+  unowned = nullptr;
+}
+
 Value* Object::find(const std::string& k) {
   for (auto& [key, v] : items) {
     if (key == k) return &v;

@@ -127,6 +127,25 @@ TEST(RenderLimits, SharedAndSelfHoldingValuesPrintWithinTheLimits) {
       "1,1,1,1,1,1,1,1|[[1, [2]], \"a\"]");
 }
 
+// Values nested 200000 deep (a list in a list in ..., a chain of
+// namespaces) are freed without recursing that deep: that overflowed the
+// stack when the render's scopes went.
+TEST(RenderLimits, DeeplyNestedValuesAreFreedWithoutRecursion) {
+  auto lists = render(
+      "{% set ns = namespace(l=[]) %}{% for i in range(200000) %}{% set ns.l = [ns.l] %}"
+      "{% endfor %}done",
+      RenderOptions());
+  ASSERT_TRUE(lists.ok()) << lists.status().message();
+  EXPECT_EQ(*lists, "done");
+  auto chain = render(
+      "{% set ns = namespace(tail=namespace()) %}{% set ns.head = ns.tail %}"
+      "{% for i in range(200000) %}{% set t = namespace() %}{% set ns.tail.next = t %}"
+      "{% set ns.tail = t %}{% endfor %}{{ ns.head.next.next is defined }}",
+      RenderOptions());
+  ASSERT_TRUE(chain.ok()) << chain.status().message();
+  EXPECT_EQ(*chain, "true");
+}
+
 TEST(RenderLimits, ARenderStillRunningAtItsDeadlineFails) {
   const std::string t =
       "{% for a in range(100) %}{% for b in range(100) %}{% endfor %}{% endfor %}";

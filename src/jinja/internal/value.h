@@ -39,6 +39,18 @@ struct Value {
   std::shared_ptr<Object> o;  // shared: namespace() attributes are set in place
   std::shared_ptr<Callable> fn;
 
+  Value() = default;
+  Value(const Value&) = default;
+  Value(Value&&) noexcept = default;
+  Value& operator=(const Value&) = default;
+  Value& operator=(Value&&) noexcept = default;
+  // Lists and mappings nest as deep as a template makes them (a list of a
+  // list of ..., a chain of namespaces): their last owner frees them one
+  // level at a time, never recursing as deep as they nest.
+  ~Value() {
+    if (a || o) release();
+  }
+
   static Value null() {
     Value v;
     v.kind = kNull;
@@ -104,6 +116,9 @@ struct Value {
     }
     return false;
   }
+
+ private:
+  void release() noexcept;
 };
 
 struct Error : std::runtime_error {
