@@ -11,10 +11,13 @@
 namespace msinfer::jinja {
 
 Budget::Budget(int64_t max_steps, size_t max_bytes, std::chrono::steady_clock::time_point deadline)
-    : next_check_(std::min(max_steps + 1, kStepsPerClockRead)),
-      max_steps_(max_steps),
+    // At most 2^62 (no limit in practice), so that the counts below never
+    // pass int64.
+    : max_steps_(std::min<int64_t>(max_steps, int64_t{1} << 62)),
       max_bytes_(max_bytes),
-      deadline_(deadline) {}
+      deadline_(deadline) {
+  next_check_ = std::min(max_steps_ + 1, kStepsPerClockRead);
+}
 
 void Budget::check() {
   if (steps_ > max_steps_) {

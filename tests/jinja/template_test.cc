@@ -41,6 +41,7 @@ TEST(RenderLimits, LoopsPastTheStepLimitFail) {
   auto r = render(nested, limits(1000000, 1 << 20));
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(*r, std::string(5000, 'x'));
+  EXPECT_TRUE(render(nested, limits(INT64_MAX, 1 << 20)).ok());  // no limit, no overflow
   // Macro calls are counted too (recursion is bounded at 64 deep; a macro
   // called from a loop is not).
   const std::string calls =

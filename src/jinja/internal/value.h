@@ -162,8 +162,8 @@ class Budget {
   [[noreturn]] void too_large(const char* what) const;
 
   int64_t steps_ = 0;
-  int64_t next_check_;
   int64_t max_steps_;
+  int64_t next_check_;
   size_t max_bytes_;
   std::chrono::steady_clock::time_point deadline_;
 };
