@@ -12,6 +12,12 @@
 
 namespace msinfer::jinja {
 
+Interpreter::~Interpreter() {
+  for (const auto& w : assigned_) {
+    if (std::shared_ptr<Object> o = w.lock()) o->items.clear();
+  }
+}
+
 void Interpreter::exec(const Body& body, Scope& s, std::string& out) {
   for (const auto& st : body) exec(*st, s, out);
 }
@@ -61,6 +67,10 @@ void Interpreter::exec(const Stmt& st, Scope& s, std::string& out) {
       } else if (st.target->kind == Expr::kAttr) {
         Value obj = eval(*st.target->args[0], s);
         if (obj.kind != Value::kObject) throw Error("cannot assign to a member of a non-object");
+        if (!obj.o->assigned) {
+          obj.o->assigned = true;
+          assigned_.push_back(obj.o);
+        }
         if (Value* slot = obj.o->find(st.target->name)) {
           *slot = v;
         } else {

@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <ctime>
 #include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "ast.h"
 #include "value.h"
@@ -39,6 +41,12 @@ class Scope {
 class Interpreter {
  public:
   Interpreter(std::time_t now, Budget budget) : now_(now), budget_(budget) {}
+  // Empties the mappings whose attributes the template set: one can hold
+  // itself (ns.me = ns, or through a list), a cycle that would outlive the
+  // render. Destroy it before the scopes of the render.
+  ~Interpreter();
+  Interpreter(const Interpreter&) = delete;
+  Interpreter& operator=(const Interpreter&) = delete;
   // The text of `b` (a template, a macro's body, a block set's).
   std::string run(const Body& b, Scope& s) {
     std::string out;
@@ -86,6 +94,7 @@ class Interpreter {
   std::time_t now_;  // what strftime_now() formats
   Budget budget_;
   int calls_ = 0;
+  std::vector<std::weak_ptr<Object>> assigned_;  // the mappings ~Interpreter empties
 
   static int64_t norm_index(int64_t i, int64_t n) { return i < 0 ? i + n : i; }
 };

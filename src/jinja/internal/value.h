@@ -24,6 +24,7 @@ struct Value;
 using Array = std::vector<Value>;
 struct Object {
   std::vector<std::pair<std::string, Value>> items;  // insertion order
+  bool assigned = false;  // a template set one of its attributes (Interpreter)
   Value* find(const std::string& k);
 };
 struct Callable;
