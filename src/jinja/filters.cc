@@ -44,10 +44,10 @@ Value tojson(const FilterCall& c) {
     if (k == "indent" && v.kind == Value::kInt) indent = static_cast<int>(v.i);
   }
   if (!a.empty() && a[0].kind == Value::kInt) indent = static_cast<int>(a[0].i);
-  return Value::str(to_json(x, indent, 0));
+  return Value::str(to_json(x, indent, in.budget()));
 }
 
-Value string(const FilterCall& c) { return Value::str(to_string(c.x)); }
+Value string(const FilterCall& c) { return Value::str(to_string(c.x, c.in.budget())); }
 
 Value trim(const FilterCall& c) {
   c.need(Value::kString, "a string");
@@ -76,8 +76,8 @@ Value first_or_last(const FilterCall& c) {
   }
   if (x.kind == Value::kString) {
     if (x.s.empty()) return Value();
-    const std::vector<std::string> chars = characters(x.s);
-    return Value::str(f == "first" ? chars.front() : chars.back());
+    const auto [at, len] = character_span(x.s, f == "first" ? 0 : -1);
+    return Value::str(x.s.substr(at, len));
   }
   throw Error("filter " + f + " needs a list or a string");
 }
@@ -87,8 +87,16 @@ Value list(const FilterCall& c) {
   if (x.kind == Value::kArray) return x;
   if (x.kind == Value::kObject) return in.member(x, "keys").fn->call({}, {});
   if (x.kind == Value::kString) {
+    const size_t n = character_count(x.s);
+    in.budget().size(n * sizeof(Value) + x.s.size(), "a list the template built");
+    in.budget().copied(n * sizeof(Value));
     Array out;
-    for (std::string& ch : characters(x.s)) out.push_back(Value::str(std::move(ch)));
+    out.reserve(n);
+    for (size_t i = 0; i < x.s.size();) {
+      const size_t next = next_character(x.s, i);
+      out.push_back(Value::str(x.s.substr(i, next - i)));
+      i = next;
+    }
     return Value::array(std::move(out));
   }
   throw Error("filter list needs an iterable");
@@ -97,10 +105,14 @@ Value list(const FilterCall& c) {
 Value reverse(const FilterCall& c) {
   const Value& x = c.x;
   if (x.kind == Value::kString) {
-    std::vector<std::string> chars = characters(x.s);
     std::string r;
-    for (auto c = chars.rbegin(); c != chars.rend(); ++c) r += *c;
-    return Value::str(r);
+    r.reserve(x.s.size());
+    for (size_t e = x.s.size(); e > 0;) {
+      const size_t b = previous_character(x.s, e);
+      r.append(x.s, b, e - b);
+      e = b;
+    }
+    return Value::str(std::move(r));
   }
   c.need(Value::kArray, "a list");
   Array r(x.a->rbegin(), x.a->rend());
@@ -110,10 +122,17 @@ Value reverse(const FilterCall& c) {
 Value join(const FilterCall& c) {
   const auto& [in, f, x, a, kw] = c;
   c.need(Value::kArray, "a list");
-  const std::string sep = a.empty() ? "" : to_string(a[0]);
+  Budget& b = in.budget();
+  const std::string sep = a.empty() ? "" : to_string(a[0], b);
   std::string r;
-  for (size_t i = 0; i < x.a->size(); ++i) r += (i ? sep : "") + to_string((*x.a)[i]);
-  return Value::str(r);
+  for (size_t i = 0; i < x.a->size(); ++i) {
+    const std::string item = to_string((*x.a)[i], b);
+    b.size(r.size() + (i ? sep.size() : 0) + item.size(), "a string the template built");
+    b.copied(sep.size());
+    if (i) r += sep;
+    r += item;
+  }
+  return Value::str(std::move(r));
 }
 
 Value to_int(const FilterCall& c) {
@@ -148,6 +167,7 @@ Value unique(const FilterCall& c) {
   c.need(Value::kArray, "a list");
   Array out;
   for (const auto& v : *x.a) {
+    c.in.budget().step(static_cast<int64_t>(out.size()) + 1);  // the comparisons
     if (std::none_of(out.begin(), out.end(), [&](const Value& o) { return equal(o, v); }))
       out.push_back(v);
   }
@@ -158,30 +178,40 @@ Value unique(const FilterCall& c) {
 Value select_or_map(const FilterCall& c) {
   const auto& [in, f, x, a, kw] = c;
   c.need(Value::kArray, "a list");
+  Budget& b = in.budget();
   Array out;
+  size_t bytes = 0;  // map's items are new values: the list is checked as it grows
   for (const auto& v : *x.a) {
+    b.step();
     if (f == "map") {
       std::string attr;
       for (const auto& [k, kv] : kw) {
-        if (k == "attribute") attr = to_string(kv);
+        if (k == "attribute") attr = to_string(kv, b);
       }
       if (!attr.empty()) {
         out.push_back(v.kind == Value::kObject ? in.member(v, attr) : Value());
       } else if (!a.empty()) {
         Args rest(a.begin() + 1, a.end());
-        out.push_back(in.filter(to_string(a[0]), v, rest, {}));
+        out.push_back(in.filter(to_string(a[0], b), v, rest, {}));
+      } else {
+        continue;
       }
+      bytes += item_bytes(out.back());
+      b.size(bytes, "a list the template built");
+      b.copied(out.back().s.size());
       continue;
     }
     Value subject = v;
     size_t ti = 0;
     if (f == "selectattr" || f == "rejectattr") {
       if (a.empty()) throw Error("filter " + f + " needs an attribute");
-      subject = v.kind == Value::kObject ? in.member(v, to_string(a[0])) : Value();
+      subject = v.kind == Value::kObject ? in.member(v, to_string(a[0], b)) : Value();
       ti = 1;
     }
     bool keep = subject.truthy();
-    if (a.size() > ti) keep = in.test(to_string(a[ti]), subject, Args(a.begin() + ti + 1, a.end()));
+    if (a.size() > ti) {
+      keep = in.test(to_string(a[ti], b), subject, Args(a.begin() + ti + 1, a.end()));
+    }
     if (f == "rejectattr" || f == "reject") keep = !keep;
     if (keep) out.push_back(v);
   }
@@ -197,7 +227,9 @@ Value indent(const FilterCall& c) {
     if (k == "width") width = kv.i;
     if (k == "first") first = kv.truthy();
   }
-  const std::string pad(static_cast<size_t>(std::max<int64_t>(0, width)), ' ');
+  const size_t pad_bytes = static_cast<size_t>(std::max<int64_t>(0, width));
+  in.budget().size(pad_bytes, "a string the template built");
+  const std::string pad(pad_bytes, ' ');
   std::string r;
   size_t p = 0;
   bool line_start = true;
@@ -205,7 +237,11 @@ Value indent(const FilterCall& c) {
   while (p <= x.s.size()) {
     const size_t nl = x.s.find('\n', p);
     const std::string ln = x.s.substr(p, nl == std::string::npos ? std::string::npos : nl - p);
-    if (line_start && ((is_first && first) || (!is_first && !ln.empty()))) r += pad;
+    const bool padded = line_start && ((is_first && first) || (!is_first && !ln.empty()));
+    in.budget().size(r.size() + (padded ? pad.size() : 0) + ln.size() + 1,
+                     "a string the template built");
+    in.budget().copied((padded ? pad.size() : 0) + ln.size());
+    if (padded) r += pad;
     r += ln;
     is_first = false;
     if (nl == std::string::npos) break;
@@ -222,10 +258,14 @@ Value replace(const FilterCall& c) {
 
 Value sort(const FilterCall& c) {
   c.need(Value::kArray, "a list");
+  Budget& b = c.in.budget();
+  b.copied(list_bytes(*c.x.a));
   Array r = *c.x.a;
-  std::stable_sort(r.begin(), r.end(), [](const Value& p, const Value& q) {
+  // A comparison that throws (past the budget) leaves r, a copy, unsorted.
+  std::stable_sort(r.begin(), r.end(), [&b](const Value& p, const Value& q) {
+    b.step();
     if (p.is_number() && q.is_number()) return p.num() < q.num();
-    return to_string(p) < to_string(q);
+    return to_string(p, b) < to_string(q, b);
   });
   return Value::array(std::move(r));
 }

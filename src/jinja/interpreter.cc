@@ -3,26 +3,42 @@
 // operators), with the reference renderer's semantics.
 #include "internal/interpreter.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <utility>
 
 namespace msinfer::jinja {
 
+Interpreter::~Interpreter() {
+  for (const auto& w : assigned_) {
+    if (std::shared_ptr<Object> o = w.lock()) o->items.clear();
+  }
+}
+
 void Interpreter::exec(const Body& body, Scope& s, std::string& out) {
   for (const auto& st : body) exec(*st, s, out);
 }
 
+void Interpreter::append(std::string& out, const std::string& text) {
+  budget_.size(out.size() + text.size(), "the rendered text");
+  budget_.copied(text.size());
+  out += text;
+}
+
 void Interpreter::exec(const Stmt& st, Scope& s, std::string& out) {
+  budget_.step();
   switch (st.kind) {
     case Stmt::kText:
-      out += st.text;
+      append(out, st.text);
       return;
     case Stmt::kOutput: {
       Value v = eval(*st.expr, s);
-      if (v.kind != Value::kNull && v.kind != Value::kUndefined) out += to_string(v);
-      if (out.size() > (64u << 20)) throw Error("the rendered text exceeds 64 MiB");
+      if (v.kind != Value::kNull && v.kind != Value::kUndefined) {
+        append(out, v.kind == Value::kString ? v.s : to_string(v, budget_));
+      }
       return;
     }
     case Stmt::kIf:
@@ -51,6 +67,10 @@ void Interpreter::exec(const Stmt& st, Scope& s, std::string& out) {
       } else if (st.target->kind == Expr::kAttr) {
         Value obj = eval(*st.target->args[0], s);
         if (obj.kind != Value::kObject) throw Error("cannot assign to a member of a non-object");
+        if (!obj.o->assigned) {
+          obj.o->assigned = true;
+          assigned_.push_back(obj.o);
+        }
         if (Value* slot = obj.o->find(st.target->name)) {
           *slot = v;
         } else {
@@ -66,6 +86,7 @@ void Interpreter::exec(const Stmt& st, Scope& s, std::string& out) {
       const Stmt* def = &st;
       Scope* defining = &s;
       fn->call = [this, def, defining](const Args& args, const Kwargs& kw) {
+        budget_.step(kCallSteps);
         if (++calls_ > 64) {
           --calls_;
           throw Error("macro calls nested too deeply");
@@ -105,15 +126,27 @@ void Interpreter::exec(const Stmt& st, Scope& s, std::string& out) {
 
 void Interpreter::exec_for(const Stmt& st, Scope& s, std::string& out) {
   Value it = eval(*st.expr, s);
+  // The items, copied (a loop's body may rebind what it loops over).
   Array items;
   if (it.kind == Value::kArray) {
+    budget_.copied(list_bytes(*it.a));
     items = *it.a;
   } else if (it.kind == Value::kObject) {
+    budget_.step(static_cast<int64_t>(it.o->items.size()));
     for (const auto& [k, v] : it.o->items) items.push_back(Value::str(k));
   } else if (it.kind == Value::kString) {
-    for (std::string& c : characters(it.s)) items.push_back(Value::str(std::move(c)));
+    // A character each: a list of that many strings.
+    const size_t n = character_count(it.s);
+    budget_.size(n * sizeof(Value) + it.s.size(), "a list the template built");
+    budget_.copied(n * sizeof(Value));
+    items.reserve(n);
+    for (size_t i = 0; i < it.s.size();) {
+      const size_t next = next_character(it.s, i);
+      items.push_back(Value::str(it.s.substr(i, next - i)));
+      i = next;
+    }
   } else {
-    throw Error("cannot loop over " + to_string(it));
+    throw Error("cannot loop over " + to_string(it, budget_));
   }
   auto bind = [&](Scope& sc, const Value& v) {
     if (st.targets.size() == 1) {
@@ -135,10 +168,11 @@ void Interpreter::exec_for(const Stmt& st, Scope& s, std::string& out) {
   }
   const int64_t n = static_cast<int64_t>(items.size());
   for (int64_t i = 0; i < n; ++i) {
-    if (++steps_ > 10000000) throw Error("the template runs too long");
+    budget_.step(kIterationSteps);
     Scope body(&s);
     Value loop = Value::object();
     auto& L = loop.o->items;
+    L.reserve(9);
     L.emplace_back("index", Value::integer(i + 1));
     L.emplace_back("index0", Value::integer(i));
     L.emplace_back("revindex", Value::integer(n - i));
@@ -165,6 +199,14 @@ void Interpreter::exec_for(const Stmt& st, Scope& s, std::string& out) {
 }
 
 Value Interpreter::eval(const Expr& e, Scope& s) {
+  budget_.step();
+  Value v = eval_node(e, s);
+  // A string is copied wherever it goes (a name's value, a member, a result).
+  if (v.kind == Value::kString) budget_.copied(v.s.size());
+  return v;
+}
+
+Value Interpreter::eval_node(const Expr& e, Scope& s) {
   switch (e.kind) {
     case Expr::kLiteral:
       return e.literal;
@@ -177,13 +219,13 @@ Value Interpreter::eval(const Expr& e, Scope& s) {
     case Expr::kList: {
       Array a;
       for (const auto& x : e.args) a.push_back(eval(*x, s));
-      return Value::array(std::move(a));
+      return list(std::move(a));
     }
     case Expr::kDict: {
       Value d = Value::object();
       for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
         Value k = eval(*e.args[i], s);
-        d.o->items.emplace_back(to_string(k), eval(*e.args[i + 1], s));
+        d.o->items.emplace_back(to_string(k, budget_), eval(*e.args[i + 1], s));
       }
       return d;
     }
@@ -198,10 +240,9 @@ Value Interpreter::eval(const Expr& e, Scope& s) {
         return (*x.a)[i];
       }
       if (x.kind == Value::kString && k.kind == Value::kInt) {
-        std::vector<std::string> chars = characters(x.s);
-        const int64_t i = norm_index(k.i, static_cast<int64_t>(chars.size()));
-        if (i < 0 || i >= static_cast<int64_t>(chars.size())) return Value();
-        return Value::str(std::move(chars[i]));
+        const auto [at, len] = character_span(x.s, k.i);
+        if (at == std::string::npos) return Value();
+        return Value::str(x.s.substr(at, len));
       }
       if (k.kind == Value::kString) return member(x, k.s);
       if (x.kind == Value::kUndefined) throw Error("cannot index undefined");
@@ -263,6 +304,14 @@ Value Interpreter::eval(const Expr& e, Scope& s) {
   return Value();
 }
 
+Value Interpreter::concatenate(const Value& l, const Value& r) {
+  std::string text = to_string(l, budget_);
+  const std::string right = to_string(r, budget_);
+  budget_.size(text.size() + right.size(), "a string the template built");
+  text += right;
+  return Value::str(std::move(text));
+}
+
 Value Interpreter::binary(const std::string& op, const Value& l, const Value& r) {
   if (op == "==") return Value::boolean(equal(l, r));
   if (op == "!=") return Value::boolean(!equal(l, r));
@@ -286,7 +335,7 @@ Value Interpreter::binary(const std::string& op, const Value& l, const Value& r)
   }
   if (l.kind == Value::kNull || r.kind == Value::kNull)
     throw Error("cannot apply " + op + " to none");
-  if (op == "~") return Value::str(to_string(l) + to_string(r));
+  if (op == "~") return concatenate(l, r);
   if (l.is_number() && r.is_number()) {
     const bool fl = l.kind == Value::kFloat || r.kind == Value::kFloat;
     const double a = l.num(), b = r.num();
@@ -329,12 +378,15 @@ Value Interpreter::binary(const std::string& op, const Value& l, const Value& r)
     if (op == ">=") return Value::boolean(a >= b);
   }
   if (l.kind == Value::kArray && r.kind == Value::kArray && op == "+") {
+    const size_t bytes = list_bytes(*l.a) + list_bytes(*r.a);
+    budget_.size(bytes, "a list the template built");
+    budget_.copied(bytes);
     Array c = *l.a;
     c.insert(c.end(), r.a->begin(), r.a->end());
     return Value::array(std::move(c));
   }
   if ((l.kind == Value::kString || r.kind == Value::kString) && op == "+") {
-    return Value::str(to_string(l) + to_string(r));
+    return concatenate(l, r);
   }
   if (l.kind == Value::kString && r.kind == Value::kString) {
     if (op == "<") return Value::boolean(l.s < r.s);
@@ -343,9 +395,15 @@ Value Interpreter::binary(const std::string& op, const Value& l, const Value& r)
     if (op == ">=") return Value::boolean(l.s >= r.s);
   }
   if (l.kind == Value::kString && r.kind == Value::kInt && op == "*") {
+    if (r.i <= 0 || l.s.empty()) return Value::str("");
+    const uint64_t times = static_cast<uint64_t>(r.i);
+    const size_t bytes = times > budget_.max_bytes() / l.s.size() ? SIZE_MAX : l.s.size() * times;
+    budget_.size(bytes, "a string the template built");
+    budget_.copied(bytes);
     std::string s;
-    for (int64_t i = 0; i < r.i && s.size() < (1u << 24); ++i) s += l.s;
-    return Value::str(s);
+    s.reserve(bytes);
+    for (uint64_t i = 0; i < times; ++i) s += l.s;
+    return Value::str(std::move(s));
   }
   throw Error("unsupported operation " + op);
 }
@@ -362,12 +420,10 @@ Value Interpreter::slice(const Value& x, const Expr& e, Scope& s) {
   const int64_t step = step_o.value_or(1);
   if (step == 0) throw Error("slice step must not be 0");
   int64_t n;
-  std::vector<std::string> chars;
   if (x.kind == Value::kArray) {
     n = static_cast<int64_t>(x.a->size());
   } else if (x.kind == Value::kString) {
-    chars = characters(x.s);
-    n = static_cast<int64_t>(chars.size());
+    n = static_cast<int64_t>(character_count(x.s));
   } else {
     throw Error("only lists and strings can be sliced");
   }
@@ -377,16 +433,34 @@ Value Interpreter::slice(const Value& x, const Expr& e, Scope& s) {
     return step > 0 ? std::clamp<int64_t>(i, 0, n) : std::clamp<int64_t>(i, -1, n - 1);
   };
   const int64_t b = clamp(start, step > 0 ? 0 : n - 1), en = clamp(stop, step > 0 ? n : -1);
-  Array out;
-  std::string str;
-  for (int64_t i = b; step > 0 ? i < en : i > en; i += step) {
-    if (x.kind == Value::kArray) {
-      out.push_back((*x.a)[i]);
-    } else {
-      str += chars[i];
-    }
+  // The indices b, b + step, ... before en; none past int64 (b and en lie
+  // in [-1, n], so a step that large ends the slice).
+  auto advance = [&](int64_t i) -> std::optional<int64_t> {
+    int64_t next;
+    if (__builtin_add_overflow(i, step, &next) || (step > 0 ? next >= en : next <= en))
+      return std::nullopt;
+    return next;
+  };
+  if (step > 0 ? b >= en : b <= en) return x.kind == Value::kArray ? list({}) : Value::str("");
+  if (x.kind == Value::kArray) {
+    Array out;
+    for (std::optional<int64_t> i = b; i; i = advance(*i)) out.push_back((*x.a)[*i]);
+    return list(std::move(out));
   }
-  return x.kind == Value::kArray ? Value::array(std::move(out)) : Value::str(str);
+  // A string: its characters walked once, from character b, |step| at a time.
+  const std::string& str = x.s;
+  std::string out;
+  size_t at = character_span(str, b).first;
+  for (std::optional<int64_t> i = b;;) {
+    out.append(str, at, next_character(str, at) - at);
+    const std::optional<int64_t> next = advance(*i);
+    if (!next) break;
+    for (int64_t k = *i; k != *next; k += step > 0 ? 1 : -1) {
+      at = step > 0 ? next_character(str, at) : previous_character(str, at);
+    }
+    i = next;
+  }
+  return Value::str(std::move(out));
 }
 
 }  // namespace msinfer::jinja

@@ -45,14 +45,15 @@ Value Interpreter::method(const Value& self, const std::string& m) {
         return a.size() > 1 ? a[1] : Value::null();
       };
     } else {
-      fn->call = [self, m](const Args&, const Kwargs&) {
+      fn->call = [this, self, m](const Args&, const Kwargs&) {
         Array out;
         for (const auto& [k, x] : self.o->items) {
           if (m == "items") out.push_back(Value::array({Value::str(k), x}));
           if (m == "keys") out.push_back(Value::str(k));
           if (m == "values") out.push_back(x);
         }
-        return Value::array(std::move(out));
+        budget_.copied(list_bytes(out));
+        return list(std::move(out));
       };
     }
     return v;
@@ -91,12 +92,20 @@ Value Interpreter::method(const Value& self, const std::string& m) {
       throw Error(m + "() needs a string or a tuple of strings");
     };
   } else if (m == "split") {
-    fn->call = [s](const Args& a, const Kwargs&) {
+    fn->call = [this, s](const Args& a, const Kwargs&) {
+      // One item per piece: as many as the string has bytes, each a Value.
       Array out;
+      size_t bytes = 0;
+      auto add = [&](std::string piece) {
+        bytes += sizeof(Value) + piece.size();
+        budget_.size(bytes, "a list the template built");
+        budget_.step();
+        out.push_back(Value::str(std::move(piece)));
+      };
       if (a.empty() || a[0].kind == Value::kNull) {
         std::istringstream in(s);
         std::string w;
-        while (in >> w) out.push_back(Value::str(w));
+        while (in >> w) add(std::move(w));
         return Value::array(std::move(out));
       }
       if (a[0].kind != Value::kString || a[0].s.empty())
@@ -107,14 +116,14 @@ Value Interpreter::method(const Value& self, const std::string& m) {
       for (;;) {
         const size_t at = s.find(sep, from);
         if (at == std::string::npos || (max >= 0 && static_cast<int64_t>(out.size()) >= max)) break;
-        out.push_back(Value::str(s.substr(from, at - from)));
+        add(s.substr(from, at - from));
         from = at + sep.size();
       }
-      out.push_back(Value::str(s.substr(from)));
+      add(s.substr(from));
       return Value::array(std::move(out));
     };
   } else if (m == "replace") {
-    fn->call = [s](const Args& a, const Kwargs&) {
+    fn->call = [this, s](const Args& a, const Kwargs&) {
       if (a.size() < 2 || a[0].kind != Value::kString || a[1].kind != Value::kString) {
         throw Error("replace() needs two strings");
       }
@@ -126,6 +135,8 @@ Value Interpreter::method(const Value& self, const std::string& m) {
       for (;;) {
         const size_t at = s.find(from, p);
         if (at == std::string::npos || count == 0) break;
+        budget_.size(r.size() + (at - p) + a[1].s.size(), "a string the template built");
+        budget_.copied(at - p + a[1].s.size());
         r.append(s, p, at - p);
         r += a[1].s;
         p = at + from.size();
@@ -156,7 +167,9 @@ Value Interpreter::method(const Value& self, const std::string& m) {
 }
 
 Value Interpreter::call_global(const std::string& n, const Args& a, const Kwargs& kw) {
-  if (n == "raise_exception") throw Error(a.empty() ? "raise_exception()" : to_string(a[0]));
+  if (n == "raise_exception") {
+    throw Error(a.empty() ? "raise_exception()" : to_string(a[0], budget_));
+  }
   if (n == "strftime_now") {  // transformers' global: the local time, strftime's format
     if (a.empty() || a[0].kind != Value::kString) throw Error("strftime_now(format)");
     std::tm tm{};
@@ -180,11 +193,25 @@ Value Interpreter::call_global(const std::string& n, const Args& a, const Kwargs
       if (a.size() > 2) step = a[2].i;
     }
     if (step == 0) throw Error("range() step must not be 0");
+    // ceil((stop - start) / step) items, in unsigned arithmetic: the span
+    // of two int64s may be past int64.
+    uint64_t count = 0;
+    if (step > 0 ? start < stop : start > stop) {
+      const uint64_t span = step > 0 ? static_cast<uint64_t>(stop) - static_cast<uint64_t>(start)
+                                     : static_cast<uint64_t>(start) - static_cast<uint64_t>(stop);
+      const uint64_t stride =
+          step > 0 ? static_cast<uint64_t>(step) : 0 - static_cast<uint64_t>(step);
+      count = (span - 1) / stride + 1;
+    }
+    budget_.size(count > budget_.max_bytes() / sizeof(Value) ? SIZE_MAX : count * sizeof(Value),
+                 "a list the template built");
+    budget_.step(static_cast<int64_t>(count));
     Array out;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
+    out.reserve(count);
+    int64_t i = start;
+    for (uint64_t k = 0; k < count; ++k) {
       out.push_back(Value::integer(i));
-      if (out.size() > 1000000) throw Error("range() too long");
-      if (__builtin_add_overflow(i, step, &i)) break;  // past int64: past stop
+      if (k + 1 < count) i += step;  // the last item is within int64; so is each before it
     }
     return Value::array(std::move(out));
   }

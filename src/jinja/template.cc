@@ -35,10 +35,16 @@ StatusOr<Template> Template::parse(const std::string& source) {
 }
 
 StatusOr<std::string> Template::render(const Json& context) const {
-  return render(context, std::time(nullptr));
+  return render(context, RenderOptions());
 }
 
 StatusOr<std::string> Template::render(const Json& context, std::time_t now) const {
+  RenderOptions o;
+  o.now = now;
+  return render(context, o);
+}
+
+StatusOr<std::string> Template::render(const Json& context, const RenderOptions& options) const {
   if (!impl_) return failed_precondition("template: not parsed");
   try {
     Scope globals(nullptr);
@@ -46,8 +52,12 @@ StatusOr<std::string> Template::render(const Json& context, std::time_t now) con
       for (const auto& [k, v] : context.items()) globals.set(k, from_json(v));
     }
     Scope top(&globals);
-    Interpreter in(now);
+    Interpreter in(options.now.value_or(std::time(nullptr)),
+                   Budget(options.max_steps, options.max_bytes, options.deadline));
     return in.run(impl_->body, top);
+  } catch (const LimitError& e) {
+    return e.deadline ? Status(StatusCode::kDeadlineExceeded, e.what())
+                      : resource_exhausted(e.what());
   } catch (const Error& e) {
     return invalid_argument(e.what());
   } catch (const BreakSignal&) {

@@ -2,11 +2,86 @@
 // renderer writes them, its loose equality, and JavaScript's whitespace.
 #include "internal/value.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 namespace msinfer::jinja {
+
+Budget::Budget(int64_t max_steps, size_t max_bytes, std::chrono::steady_clock::time_point deadline)
+    // At most 2^62 (no limit in practice), so that the counts below never
+    // pass int64.
+    : max_steps_(std::min<int64_t>(max_steps, int64_t{1} << 62)),
+      max_bytes_(max_bytes),
+      deadline_(deadline) {
+  next_check_ = std::min(max_steps_ + 1, kStepsPerClockRead);
+}
+
+void Budget::check() {
+  if (steps_ > max_steps_) {
+    throw LimitError("the template ran past its step limit (" + std::to_string(max_steps_) +
+                         " steps: statements, expressions, loop iterations, calls, copies)",
+                     false);
+  }
+  if (deadline_ != std::chrono::steady_clock::time_point::max() &&
+      std::chrono::steady_clock::now() >= deadline_) {
+    throw LimitError("the template was still rendering at its deadline (after " +
+                         std::to_string(steps_) + " steps)",
+                     true);
+  }
+  next_check_ = std::min(max_steps_ + 1, steps_ + kStepsPerClockRead);
+}
+
+void Budget::too_large(const char* what) const {
+  throw LimitError(
+      std::string(what) + " passed the size limit (" + std::to_string(max_bytes_) + " bytes)",
+      false);
+}
+
+size_t list_bytes(const Array& a) {
+  size_t n = 0;
+  for (const Value& v : a) n += item_bytes(v);
+  return n;
+}
+
+namespace {
+
+// The lists and mappings whose last owner is gone, still to be freed: while
+// one is being freed, those it held wait here instead of being freed inside
+// it. Set on this thread while Value::release() frees.
+struct Unowned {
+  std::vector<std::shared_ptr<Array>> arrays;
+  std::vector<std::shared_ptr<Object>> objects;
+};
+thread_local Unowned* unowned = nullptr;
+
+}  // namespace
+
+void Value::release() noexcept {
+  Unowned* pending = unowned;
+  Unowned mine;
+  if (pending == nullptr) pending = &mine;
+  // Only this Value holds them (render-local values, one thread): move them
+  // out before its members are destroyed. Shared ones are only let go.
+  if (a && a.use_count() == 1) pending->arrays.push_back(std::move(a));
+  if (o && o.use_count() == 1) pending->objects.push_back(std::move(o));
+  if (pending != &mine) return;  // an outer release() frees them
+  unowned = &mine;
+  while (!mine.arrays.empty() || !mine.objects.empty()) {
+    if (!mine.arrays.empty()) {
+      std::shared_ptr<Array> x = std::move(mine.arrays.back());
+      mine.arrays.pop_back();
+      x.reset();  // its items' containers join the lists above
+    } else {
+      std::shared_ptr<Object> x = std::move(mine.objects.back());
+      mine.objects.pop_back();
+      x.reset();
+    }
+  }
+  unowned = nullptr;
+}
 
 Value* Object::find(const std::string& k) {
   for (auto& [key, v] : items) {
@@ -99,58 +174,10 @@ std::string json_string(const std::string& s) {
   return Json(s).dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-// tojson as the reference writes it: ", " and ": " separators, or indented.
-std::string to_json(const Value& v, int indent, int depth) {
-  switch (v.kind) {
-    case Value::kUndefined:
-    case Value::kNull:
-      return "null";
-    case Value::kBool:
-      return v.b ? "true" : "false";
-    case Value::kInt:
-      return std::to_string(v.i);
-    case Value::kFloat:
-      return js_number(v.f);
-    case Value::kString:
-      return json_string(v.s);
-    case Value::kArray:
-    case Value::kObject: {
-      const std::string ind(indent > 0 ? indent : 0, ' ');
-      std::string base = "\n";
-      for (int d = 0; d < depth; ++d) base += ind;
-      const std::string child = base + ind;
-      std::vector<std::string> core;
-      if (v.kind == Value::kArray) {
-        for (const auto& e : *v.a) core.push_back(to_json(e, indent, depth + 1));
-      } else {
-        for (const auto& [k, e] : v.o->items) {
-          core.push_back((indent > 0 ? child : "") + "\"" + k +
-                         "\": " + to_json(e, indent, depth + 1));
-        }
-      }
-      std::string out;
-      if (v.kind == Value::kArray) {
-        if (indent > 0) {
-          out = "[" + child;
-          for (size_t i = 0; i < core.size(); ++i) out += (i ? "," + child : "") + core[i];
-          return out + base + "]";
-        }
-        out = "[";
-        for (size_t i = 0; i < core.size(); ++i) out += (i ? ", " : "") + core[i];
-        return out + "]";
-      }
-      out = "{";
-      for (size_t i = 0; i < core.size(); ++i)
-        out += (i ? (indent > 0 ? "," : ", ") : "") + core[i];
-      return out + (indent > 0 ? base : "") + "}";
-    }
-    case Value::kFunction:
-      throw Error("cannot convert a function to JSON");
-  }
-  return "";
-}
+namespace {
 
-std::string to_string(const Value& v) {
+// A value that is not a list as text.
+std::string to_text(const Value& v) {
   switch (v.kind) {
     case Value::kUndefined:
       return "undefined";
@@ -172,17 +199,114 @@ std::string to_string(const Value& v) {
       return js_number(v.f);
     case Value::kString:
       return v.s;
-    case Value::kArray: {
-      std::string s;
-      for (size_t i = 0; i < v.a->size(); ++i) s += (i ? "," : "") + to_string((*v.a)[i]);
-      return s;
-    }
+    case Value::kArray:
+      throw Error("to_text of a list");  // to_string() prints lists
     case Value::kObject:
       return "[object Map]";
     case Value::kFunction:
       return "[function]";
   }
   return "";
+}
+
+[[noreturn]] void too_deep() {
+  throw LimitError("a value nested more than " + std::to_string(kMaxPrintDepth) +
+                       " lists or mappings deep (or holding itself) cannot be printed",
+                   false);
+}
+
+// tojson of v, at `depth` lists and mappings deep, appended to *out.
+void append_json(const Value& v, int indent, int depth, Budget& b, std::string* out) {
+  b.step();
+  switch (v.kind) {
+    case Value::kUndefined:
+    case Value::kNull:
+      *out += "null";
+      break;
+    case Value::kBool:
+      *out += v.b ? "true" : "false";
+      break;
+    case Value::kInt:
+      *out += std::to_string(v.i);
+      break;
+    case Value::kFloat:
+      *out += js_number(v.f);
+      break;
+    case Value::kString:
+      b.copied(v.s.size());
+      *out += json_string(v.s);
+      break;
+    case Value::kArray:
+    case Value::kObject: {
+      if (depth >= kMaxPrintDepth) too_deep();
+      const size_t ind = indent > 0 ? static_cast<size_t>(indent) : 0;
+      b.size(ind * static_cast<size_t>(depth + 1) + 1, "a string the template built");
+      const std::string base = "\n" + std::string(ind * static_cast<size_t>(depth), ' ');
+      const std::string child = base + std::string(ind, ' ');
+      if (v.kind == Value::kArray) {
+        *out += '[';
+        if (ind > 0) *out += child;
+        for (size_t i = 0; i < v.a->size(); ++i) {
+          if (i > 0) *out += ind > 0 ? "," + child : ", ";
+          append_json((*v.a)[i], indent, depth + 1, b, out);
+        }
+        if (ind > 0) *out += base;
+        *out += ']';
+      } else {
+        *out += '{';
+        for (size_t i = 0; i < v.o->items.size(); ++i) {
+          const auto& [k, e] = v.o->items[i];
+          if (i > 0) *out += ind > 0 ? "," : ", ";
+          if (ind > 0) *out += child;
+          *out += '"';
+          *out += k;
+          *out += "\": ";
+          append_json(e, indent, depth + 1, b, out);
+        }
+        if (ind > 0) *out += base;
+        *out += '}';
+      }
+      break;
+    }
+    case Value::kFunction:
+      throw Error("cannot convert a function to JSON");
+  }
+  b.size(out->size(), "a string the template built");
+}
+
+// to_string of v, at `depth` lists deep, appended to *out.
+void append_text(const Value& v, int depth, Budget& b, std::string* out) {
+  b.step();
+  if (v.kind != Value::kArray) {
+    b.copied(v.s.size());
+    *out += to_text(v);
+  } else {
+    if (depth >= kMaxPrintDepth) too_deep();
+    for (size_t i = 0; i < v.a->size(); ++i) {
+      if (i > 0) *out += ',';
+      append_text((*v.a)[i], depth + 1, b, out);
+    }
+  }
+  b.size(out->size(), "a string the template built");
+}
+
+}  // namespace
+
+// tojson as the reference writes it: ", " and ": " separators, or indented.
+std::string to_json(const Value& v, int indent, Budget& budget) {
+  std::string out;
+  append_json(v, indent, 0, budget, &out);
+  return out;
+}
+
+std::string to_string(const Value& v, Budget& budget) {
+  if (v.kind == Value::kString) {  // the common case: no recursion, no copy to charge twice
+    budget.copied(v.s.size());
+    return v.s;
+  }
+  std::string out;
+  append_text(v, 0, budget, &out);
+  return out;
 }
 
 // The reference compares with JavaScript's loose equality (==): a boolean
@@ -252,8 +376,44 @@ std::vector<std::string> characters(const std::string& s) {
 
 size_t character_count(const std::string& s) {
   size_t count = 0;
-  for (size_t i = 0; i < s.size(); i += character_at(s, i)) ++count;
+  for (size_t i = 0; i < s.size(); ++count) {
+    i += static_cast<unsigned char>(s[i]) < 0x80 ? 1 : character_at(s, i);
+  }
   return count;
+}
+
+size_t next_character(const std::string& s, size_t i) {
+  return i + (static_cast<unsigned char>(s[i]) < 0x80 ? 1 : character_at(s, i));
+}
+
+size_t previous_character(const std::string& s, size_t e) {
+  // Every byte that is not a continuation byte (10xxxxxx) starts a character
+  // (none before it can take it in), so the character that ends at e starts
+  // at the nearest such byte within 4 bytes if that one's character ends at
+  // e, else it is the last byte alone.
+  auto continuation = [&](size_t i) { return (static_cast<unsigned char>(s[i]) & 0xc0) == 0x80; };
+  const size_t last = e - 1;
+  if (!continuation(last)) return last;
+  for (size_t q = last; q > 0 && last - q < 3;) {
+    --q;
+    if (!continuation(q)) return q + character_at(s, q) == e ? q : last;
+  }
+  return last;
+}
+
+std::pair<size_t, size_t> character_span(const std::string& s, int64_t k) {
+  constexpr std::pair<size_t, size_t> kNone{std::string::npos, 0};
+  if (k >= 0) {
+    size_t i = 0;
+    for (; k > 0 && i < s.size(); --k) i = next_character(s, i);
+    if (i >= s.size()) return kNone;
+    return {i, next_character(s, i) - i};
+  }
+  size_t e = s.size();
+  for (; k < -1 && e > 0; ++k) e = previous_character(s, e);
+  if (e == 0) return kNone;
+  const size_t b = previous_character(s, e);
+  return {b, e - b};
 }
 
 // JavaScript's String.prototype.trim whitespace, in UTF-8.

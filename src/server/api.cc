@@ -643,7 +643,16 @@ std::optional<ApiError> resolve_prompt(const ApiContext& ctx, ApiRequest* r,
                    {"add_generation_prompt", r->add_generation_prompt}};
       // Absent, a template keeps its own default (gpt-oss's: medium).
       if (!r->reasoning_effort.empty()) context["reasoning_effort"] = r->reasoning_effort;
-      text = ctx.chat_template->render(context);
+      // Within jinja's default limits, with room for a conversation of up to
+      // max_prompt_bytes written out a few times over, and by the deadline:
+      // an operator's template that does too much fails this request only.
+      jinja::RenderOptions limits;
+      limits.deadline = deadline;
+      if (ctx.max_prompt_bytes > 0) {
+        limits.max_bytes =
+            std::max(limits.max_bytes, 4 * static_cast<size_t>(ctx.max_prompt_bytes));
+      }
+      text = ctx.chat_template->render(context, limits);
     } else {  // a harmony model without a template of its own
       HarmonyOptions o;
       if (!r->reasoning_effort.empty()) o.reasoning_effort = r->reasoning_effort;
@@ -651,6 +660,11 @@ std::optional<ApiError> resolve_prompt(const ApiContext& ctx, ApiRequest* r,
       text = render_harmony(r->messages, r->add_generation_prompt, o);
     }
     r->messages = Json();
+    if (!text.ok() && text.status().code() == StatusCode::kDeadlineExceeded) {
+      return bad_request(
+          "rendering the chat template took longer than this server allows (--tokenize-timeout)",
+          param);
+    }
     if (!text.ok()) return bad_request("chat template: " + text.status().message(), param);
     // The template writes the special tokens itself (BOS included).
     if (auto f = tokenize(*text, r->add_special_tokens.value_or(false))) return f;

@@ -23,12 +23,19 @@ StatusOr<ChatTemplate> ChatTemplate::parse(const std::string& source) {
 }
 
 StatusOr<std::string> ChatTemplate::render(const Json& context) const {
-  return render(context, std::time(nullptr));
+  return render(context, jinja::RenderOptions());
 }
 
 StatusOr<std::string> ChatTemplate::render(const Json& context, std::time_t now) const {
+  jinja::RenderOptions o;
+  o.now = now;
+  return render(context, o);
+}
+
+StatusOr<std::string> ChatTemplate::render(const Json& context,
+                                           const jinja::RenderOptions& options) const {
   if (!template_.parsed()) return failed_precondition("chat template: not parsed");
-  return template_.render(context, now);
+  return template_.render(context, options);
 }
 
 namespace {

@@ -121,6 +121,45 @@ TEST(ParseRequest, TextIsTokenizedOnlyByResolvePrompt) {
   EXPECT_FALSE(needs_tokenizer(r));
 }
 
+// A chat template that does too much fails the one request (400, naming the
+// limit), within jinja's limits and the request's deadline (issue 43: a
+// fuzzed template rendered for minutes).
+TEST(ParseRequest, AnExpensiveChatTemplateFailsItsRequestNamingTheLimit) {
+  ApiContext c = ctx();
+  c.vocab = 256;
+  c.tokenizer = &byte_tokenizer();
+  const ChatTemplate loops =
+      std::move(ChatTemplate::parse("{% for a in range(100000) %}{% for b in range(100000) "
+                                    "%}{% endfor %}{% endfor %}{{ messages[0].content }}"))
+          .value();
+  const ChatTemplate big = std::move(ChatTemplate::parse("{{ 'x' * 100000000 }}")).value();
+  const std::string body = R"({"messages": [{"role": "user", "content": "hi"}]})";
+  ApiRequest r;
+  // Past the deadline: the same answer as a prompt not tokenized in time.
+  c.chat_template = &loops;
+  ASSERT_FALSE(parse_request_fields(body, true, c, &r));
+  auto late = resolve_prompt(c, &r, std::chrono::steady_clock::now());
+  ASSERT_TRUE(late.has_value());
+  EXPECT_EQ(late->http_status, 400);
+  EXPECT_EQ(late->param, "messages");
+  EXPECT_NE(late->message.find("--tokenize-timeout"), std::string::npos) << late->message;
+  // Past the size limit: the default 32 MiB, or room for the contents of a
+  // conversation of max_prompt_bytes four times over.
+  c.chat_template = &big;
+  for (const auto& [prompt_bytes, limit] :
+       {std::pair<int64_t, const char*>{1000, "33554432"}, {16 << 20, "67108864"}}) {
+    c.max_prompt_bytes = prompt_bytes;
+    ASSERT_FALSE(parse_request_fields(body, true, c, &r));
+    auto e = resolve_prompt(c, &r, std::chrono::steady_clock::time_point::max());
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->http_status, 400);
+    EXPECT_NE(e->message.find("chat template: a string the template built passed the size limit (" +
+                              std::string(limit) + " bytes)"),
+              std::string::npos)
+        << e->message;
+  }
+}
+
 TEST(ParseRequest, Refusals) {
   ApiRequest r;
   struct Case {

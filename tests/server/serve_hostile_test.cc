@@ -15,6 +15,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -245,6 +247,40 @@ TEST_F(ServeHostileTest, LongPromptsAreRefusedBeforeTokenizationOrAtTheDeadline)
   // Ordinary prompts go on being served.
   EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hello there", "max_tokens": 2})").status,
             200);
+}
+
+// An operator's chat template that does too much (issue 43: a fuzzed one
+// rendered for minutes and held 1.8 GB) fails each chat request with a 400
+// naming the render's step limit, rendered on the prompt pool: /health is
+// answered throughout, and the server goes on serving.
+TEST_F(ServeHostileTest, AnExpensiveChatTemplateFailsItsRequestsAndStallsNoOne) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / ("msinfer-expensive-template-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (const auto& e : fs::directory_iterator(model_dir())) {
+    if (e.path().filename() != "chat_template.jinja") {
+      fs::create_symlink(e.path(), dir / e.path().filename());
+    }
+  }
+  // 10^10 iterations: only the step limit ends it (the deadline is far).
+  std::ofstream(dir / "chat_template.jinja")
+      << "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
+         "{{ messages[0].content }}";
+  Server s("--tokenize-timeout 300", dir);
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  HealthProbe probe(s.port());
+  auto chat = post(s, "/v1/chat/completions",
+                   R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})");
+  probe.expect_healthy("the render of a template past its step limit");
+  EXPECT_EQ(chat.status, 400) << chat.body;
+  EXPECT_NE(chat.body.find("chat template: the template ran past its step limit"),
+            std::string::npos)
+      << chat.body;
+  EXPECT_NE(chat.body.find("\"param\":\"messages\""), std::string::npos) << chat.body;
+  EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hello", "max_tokens": 2})").status, 200);
+  EXPECT_EQ(::kill(s.pid(), 0), 0) << "the server died: " << s.stderr_text();
+  fs::remove_all(dir);
 }
 
 TEST_F(ServeHostileTest, OneClientCannotTakeEveryConnection) {

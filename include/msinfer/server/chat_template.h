@@ -31,8 +31,12 @@ class ChatTemplate {
   // raises (raise_exception) or a type error. strftime_now(format), the
   // global transformers gives templates (gpt-oss's writes the date with it),
   // formats `now` in local time (the second form: a fixed clock, for tests).
+  // The third form within `options`' limits (jinja::RenderOptions: steps,
+  // bytes, a deadline; RESOURCE_EXHAUSTED or DEADLINE_EXCEEDED past one),
+  // the others within the defaults.
   StatusOr<std::string> render(const Json& context) const;
   StatusOr<std::string> render(const Json& context, std::time_t now) const;
+  StatusOr<std::string> render(const Json& context, const jinja::RenderOptions& options) const;
 
  private:
   jinja::Template template_;

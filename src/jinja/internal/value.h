@@ -6,6 +6,7 @@
 // Statuses at its boundary.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -23,6 +24,7 @@ struct Value;
 using Array = std::vector<Value>;
 struct Object {
   std::vector<std::pair<std::string, Value>> items;  // insertion order
+  bool assigned = false;  // a template set one of its attributes (Interpreter)
   Value* find(const std::string& k);
 };
 struct Callable;
@@ -37,6 +39,18 @@ struct Value {
   std::shared_ptr<Array> a;
   std::shared_ptr<Object> o;  // shared: namespace() attributes are set in place
   std::shared_ptr<Callable> fn;
+
+  Value() = default;
+  Value(const Value&) = default;
+  Value(Value&&) noexcept = default;
+  Value& operator=(const Value&) = default;
+  Value& operator=(Value&&) noexcept = default;
+  // Lists and mappings nest as deep as a template makes them (a list of a
+  // list of ..., a chain of namespaces): their last owner frees them one
+  // level at a time, never recursing as deep as they nest.
+  ~Value() {
+    if (a || o) release();
+  }
 
   static Value null() {
     Value v;
@@ -103,11 +117,62 @@ struct Value {
     }
     return false;
   }
+
+ private:
+  void release() noexcept;
 };
 
 struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+// A render past one of its limits (RenderOptions): Template reports it as
+// RESOURCE_EXHAUSTED, or DEADLINE_EXCEEDED when `deadline`.
+struct LimitError : Error {
+  LimitError(const std::string& what, bool past_deadline) : Error(what), deadline(past_deadline) {}
+  bool deadline;
+};
+
+// What one render may still spend (RenderOptions' limits), charged as it
+// goes: step() for work, size() for a value about to be built. Throws
+// LimitError past a limit. One render's, used on its thread only.
+class Budget {
+ public:
+  // One step per this many bytes copied into a value.
+  static constexpr size_t kBytesPerStep = 64;
+  // The clock is read once per this many steps (tens of microseconds).
+  static constexpr int64_t kStepsPerClockRead = 4096;
+
+  Budget(int64_t max_steps, size_t max_bytes, std::chrono::steady_clock::time_point deadline);
+  // n units of work.
+  void step(int64_t n = 1) {
+    steps_ += n;
+    if (steps_ >= next_check_) check();
+  }
+  // n bytes copied (a string looked up or built).
+  void copied(size_t n) { step(static_cast<int64_t>(n / kBytesPerStep)); }
+  // A value of n bytes is about to be built; `what` names it in the error
+  // ("the rendered text", "a string the template built", ...).
+  void size(size_t n, const char* what) const {
+    if (n > max_bytes_) too_large(what);
+  }
+  size_t max_bytes() const { return max_bytes_; }
+  int64_t steps() const { return steps_; }
+
+ private:
+  void check();
+  [[noreturn]] void too_large(const char* what) const;
+
+  int64_t steps_ = 0;
+  int64_t max_steps_;
+  int64_t next_check_;
+  size_t max_bytes_;
+  std::chrono::steady_clock::time_point deadline_;
+};
+
+// What a list holds, as size() counts it: its items, and the bytes of the
+// strings among them (lists and mappings among them are shared, not copied).
+size_t list_bytes(const Array& a);
+inline size_t item_bytes(const Value& v) { return sizeof(Value) + v.s.size(); }
 
 using Args = std::vector<Value>;
 using Kwargs = std::vector<std::pair<std::string, Value>>;
@@ -126,11 +191,16 @@ Value integer_or_number(double d);
 
 // A value as text, as the reference converts it (none: "null", a list:
 // its items joined by ","); {{ }} prints none and undefined as nothing.
-std::string to_string(const Value& v);
+// Lists share their items, so a list nested n deep can print 2^n items:
+// `budget` is charged for each item and bounds the text and the depth.
+std::string to_string(const Value& v, Budget& budget);
 // A JSON string literal, invalid UTF-8 replaced.
 std::string json_string(const std::string& s);
-// tojson as the reference writes it: ", " and ": " separators, or indented.
-std::string to_json(const Value& v, int indent, int depth);
+// tojson as the reference writes it: ", " and ": " separators, or indented;
+// charged to `budget` as to_string is (a namespace can hold itself).
+std::string to_json(const Value& v, int indent, Budget& budget);
+// The nesting of lists and mappings that to_string and to_json follow.
+inline constexpr int kMaxPrintDepth = 256;
 // The reference compares with JavaScript's loose equality (==): a boolean
 // compares as 0/1, a string with a number as the number it spells ("" is 0),
 // null equals undefined only.
@@ -142,8 +212,19 @@ bool equal(const Value& x, const Value& y);
 // last, list and reverse over a string use these, so none splits a
 // character.
 std::vector<std::string> characters(const std::string& s);
-// characters(s).size(), without making them.
+// characters(s).size(), without making them. (characters() is the
+// definition: the interpreter walks with the functions below, which the
+// tests compare with it.)
 size_t character_count(const std::string& s);
+// The bytes of characters(s)[k] as {offset, length} (k < 0: counted from
+// the end, as Python's s[k]), walking only as far as k from the end it
+// starts at; {npos, 0} when there is no such character.
+std::pair<size_t, size_t> character_span(const std::string& s, int64_t k);
+// The byte after the character that starts at s[i] (i < s.size()), and the
+// start of the character that ends at s[e] (0 < e, e the end of one): steps
+// through characters(s) without making them.
+size_t next_character(const std::string& s, size_t i);
+size_t previous_character(const std::string& s, size_t e);
 
 // JavaScript's String.prototype.trim whitespace, in UTF-8: the length of the
 // whitespace character at s[i] (0: none).
