@@ -576,6 +576,34 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
   return out;
 }
 
+bool Tokenizer::decode_skips(int32_t id, bool skip_special_tokens) const {
+  const Impl& m = *impl_;
+  return id < 0 || id >= static_cast<int32_t>(m.id_to_token.size()) ||
+         (skip_special_tokens && m.special[id]);
+}
+
+bool Tokenizer::decode_concatenates() const {
+  bool fused = false;
+  for (const Decoder& d : impl_->decoders) {
+    switch (d.kind) {
+      case Decoder::kByteLevel:  // byte by byte, wherever the tokens end
+        break;
+      case Decoder::kFuse:
+        fused = true;
+        break;
+      case Decoder::kReplace:  // per token, until fused: then across tokens
+      case Decoder::kByteFallback:
+      case Decoder::kStrip:
+        if (fused) return false;
+        break;
+      case Decoder::kMetaspace:  // the first token's space is dropped
+        if (d.prepend_scheme != "never") return false;
+        break;
+    }
+  }
+  return true;
+}
+
 int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->id_to_token.size()); }
 
 std::optional<int32_t> Tokenizer::token_id(std::string_view token) const {
@@ -632,9 +660,27 @@ std::string StreamingDecoder::push(int32_t id) {
     // window at the tokens since the last such point. They stay as context
     // for decoders that treat the start of the text specially (Metaspace,
     // Strip), which then cut the same way in `all` and in `emitted_`.
-    ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(context_));
-    context_ = ids_.size();
-    emitted_ = t_.decode(ids_, skip_).size();
+    if (t_.decode_concatenates()) {
+      // What the new window decodes to is what it added to `all`.
+      ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(context_));
+      context_ = ids_.size();
+      emitted_ = all.size() - context_bytes_;
+      context_bytes_ = emitted_;
+    } else {
+      // The window is the tokens since the last point; where those start
+      // with tokens decode() leaves out, it keeps the last one before them
+      // that it does not: a start-sensitive decoder then sees a start of
+      // text in the window only where the text has one (a skipped special
+      // token is no context: a "▁word" after it would lose its space).
+      size_t cut = context_;
+      if (cut < ids_.size() && t_.decode_skips(ids_[cut], skip_)) {
+        while (cut > 0 && t_.decode_skips(ids_[cut - 1], skip_)) --cut;
+        if (cut > 0) --cut;
+      }
+      ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(cut));
+      context_ = ids_.size();
+      emitted_ = t_.decode(ids_, skip_).size();
+    }
   }
   return out;
 }

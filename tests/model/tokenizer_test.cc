@@ -1,8 +1,6 @@
 #include "msinfer/model/tokenizer.h"
 
 #include <gtest/gtest.h>
-
-#include "../common/subprocess.h"
 #include <malloc.h>
 #include <sys/wait.h>
 
@@ -10,8 +8,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
+#include "../common/subprocess.h"
 #include "msinfer/model/make_model.h"
 
 namespace msinfer::model {
@@ -322,6 +322,26 @@ TEST_P(RealTokenizerTest, StreamingDecodeNeverSplitsACharacter) {
       for (int32_t id : all) out += s.push(id);
       out += s.finish();
       EXPECT_EQ(out, t->decode(all, skip)) << GetParam() << " text #" << i << " skip " << skip;
+    }
+  }
+  // Ids no text encodes to: byte tokens in any order (characters cut and
+  // never completed), special tokens, whitespace, ids past the vocabulary.
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> any(0, static_cast<int32_t>(t->vocab_size()) + 5);
+  for (int round = 0; round < 20; ++round) {
+    std::vector<int32_t> ids_r(300);
+    for (int32_t& id : ids_r) id = any(rng);
+    for (bool skip : {true, false}) {
+      StreamingDecoder s(*t, skip);
+      std::string out;
+      for (int32_t id : ids_r) out += s.push(id);
+      out += s.finish();
+      // finish() ends a cut character with U+FFFD; everything before it is
+      // the decode.
+      const std::string whole = t->decode(ids_r, skip);
+      const size_t kept = utf8_complete_prefix(whole);
+      EXPECT_EQ(out.substr(0, kept), whole.substr(0, kept))
+          << GetParam() << " round " << round << " skip " << skip;
     }
   }
 }

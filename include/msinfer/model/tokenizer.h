@@ -46,6 +46,14 @@ class Tokenizer {
                                         std::chrono::steady_clock::time_point deadline) const;
   // Raw bytes of the decoded ids (may end inside a UTF-8 character).
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const;
+  // Whether decode(a + b) is always decode(a) + decode(b): no decoder treats
+  // the start of the text specially (Metaspace prepending a space) or works
+  // across tokens after they are fused (Replace, ByteFallback, Strip after
+  // Fuse). StreamingDecoder then decodes each window once.
+  bool decode_concatenates() const;
+  // Whether decode() leaves `id` out: outside the vocabulary, or a special
+  // token when skip_special_tokens.
+  bool decode_skips(int32_t id, bool skip_special_tokens) const;
 
   int64_t vocab_size() const;  // highest id + 1, added tokens included
   std::optional<int32_t> token_id(std::string_view token) const;
@@ -76,7 +84,8 @@ class StreamingDecoder {
   // context_) were out before the last whole-character point.
   std::vector<int32_t> ids_;
   size_t context_ = 0;
-  size_t emitted_ = 0;  // bytes of decode(ids_) already returned
+  size_t emitted_ = 0;        // bytes of decode(ids_) already returned
+  size_t context_bytes_ = 0;  // bytes of decode(ids_[0, context_))
 };
 
 // Length of the longest prefix of s that ends on a UTF-8 character boundary:
