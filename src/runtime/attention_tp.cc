@@ -71,7 +71,7 @@ class AttentionTpRank {
                  "msinfer: %s ready (pid %d): heads %d..%d; RSS %.0f MiB (weights %.1f MiB)\n",
                  me_.c_str(), ::getpid(), tp_rank_ * (mc.heads / tp),
                  (tp_rank_ + 1) * (mc.heads / tp) - 1, rss_mb, weights_mb);
-    channel_.send(control::Ready{index_, control::kProtocolVersion, rss_mb, weights_mb});
+    channel_.send(control::Ready::of(index_, rss_mb, weights_mb));
     return ok_status();
   }
 

@@ -1,6 +1,7 @@
 // An attention worker of a disaggregated deployment (rank 0 of its replica):
 // the engine with RemoteExperts as its expert backend, driven by the router's
 // commands (docs/RUNTIME.md).
+#include <algorithm>
 #include <deque>
 
 #include "internal/attention_tp.h"
@@ -44,6 +45,9 @@ class AttentionWorker {
   Status drop_expert(const control::DropExpert& d, bool mid_step);
   Status add_expert(const control::AddExpert& a);
   Status step();
+  // A prefilled sequence whose K/V a prefill worker writes into the staging
+  // region: waits for its immediate, then queues it in the engine.
+  control::Event add_prefilled(control::AddPrefilled& a);
 
   const WorkerConfig& c_;
   const int index_;
@@ -56,6 +60,11 @@ class AttentionWorker {
   std::unique_ptr<internal::AttentionTpLeader> peers_;
   std::unique_ptr<Engine> engine_;
   std::deque<control::Command> deferred_;  // read mid-step, handled after it
+  // With prefill workers: the K/V staging region they write into, on a
+  // transport of its own (its immediates are the prefill workers' only).
+  std::unique_ptr<comm::Transport> kv_transport_;
+  std::unique_ptr<comm::RegionMemory> kv_region_;
+  std::vector<uint32_t> kv_arrived_;  // immediates seen, not yet taken
   // An Exit read mid-step ends the step and the worker (the router is
   // stopping the deployment, perhaps because an expert worker died without
   // replicas).
@@ -91,12 +100,19 @@ Status AttentionWorker::start(comm::Bootstrap& boot) {
   eo.prefix_cache_events = eo.prefix_caching;  // reported with each step, for the router's index
   MSI_ASSIGN_OR_RETURN(engine_, Engine::create(weights_, eo, std::move(remote)));
   experts_->set_between_polls([this] { return between_polls(); });
-  control::Ready ready{index_, control::kProtocolVersion,
-                       read_process_memory().rss_bytes / 1048576.0,
-                       weights_->packed_bytes() / 1048576.0};
+  control::Ready ready = control::Ready::of(index_, read_process_memory().rss_bytes / 1048576.0,
+                                            weights_->packed_bytes() / 1048576.0);
   if (engine_->kv_cache().prefix_caching()) {
     ready.prefix_salt = engine_->kv_cache().prefix_salt();
     ready.kv_block_size = engine_->kv_cache().block_size();
+  }
+  if (c_.prefill_workers > 0) {
+    MSI_ASSIGN_OR_RETURN(kv_transport_, internal::make_transport(c_));
+    MSI_ASSIGN_OR_RETURN(kv_region_,
+                         kv_transport_->allocate(static_cast<size_t>(c_.kv_transfer_bytes)));
+    MSI_ASSIGN_OR_RETURN(comm::RemoteRegion region,
+                         kv_transport_->register_memory(kv_region_->data(), kv_region_->size()));
+    ready.kv_card = comm::PeerCard{kv_transport_->address(), region}.encode();
   }
   channel_.send(ready);
   return ok_status();
@@ -172,6 +188,38 @@ Status AttentionWorker::step() {
   return ok_status();
 }
 
+control::Event AttentionWorker::add_prefilled(control::AddPrefilled& a) {
+  const int64_t id = a.sequence.request.id;
+  if (!kv_transport_) return control::Refused{id, me_ + ": no K/V staging region"};
+  if (a.bytes < 0 || static_cast<uint64_t>(a.bytes) > kv_region_->size()) {
+    return control::Refused{
+        id, me_ + ": " + std::to_string(a.bytes) + " bytes of K/V exceed the staging region"};
+  }
+  // The write's immediate comes after its bytes (transport.h): once it is
+  // here, the region holds the K/V.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(c_.timeout_ms);
+  std::vector<comm::Completion> done;
+  while (std::find(kv_arrived_.begin(), kv_arrived_.end(), a.imm) == kv_arrived_.end()) {
+    done.clear();
+    if (Status s = kv_transport_->poll(&done, 16); !s.ok())
+      return control::Refused{id, s.message()};
+    for (const auto& d : done) {
+      if (d.kind == comm::Completion::Kind::kRemoteWrite) kv_arrived_.push_back(d.imm);
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return control::Refused{id, me_ + ": the K/V of request " + std::to_string(id) +
+                                      " did not arrive within " + std::to_string(c_.timeout_ms) +
+                                      " ms"};
+    }
+    if (done.empty()) ep_->relax(1 << 20);
+  }
+  kv_arrived_.erase(std::find(kv_arrived_.begin(), kv_arrived_.end(), a.imm));
+  a.sequence.kv.assign(kv_region_->data(), kv_region_->data() + a.bytes);
+  Status s = engine_->add_prefilled(std::move(a.sequence));
+  if (!s.ok()) return control::Refused{id, s.message()};
+  return control::Added{id};
+}
+
 // One command; *exit when the worker is to stop. A command an attention
 // worker does not serve is answered with an error; the worker goes on.
 Status AttentionWorker::handle(control::Command& cmd, bool* exit) {
@@ -191,6 +239,8 @@ Status AttentionWorker::handle(control::Command& cmd, bool* exit) {
   } else if (auto* c = std::get_if<Cancel>(&cmd)) {
     const bool found = engine_->cancel(c->id);
     channel_.send(Cancelled{found, engine_->kv_usage()});
+  } else if (auto* ap = std::get_if<AddPrefilled>(&cmd)) {
+    channel_.send(add_prefilled(*ap));
   } else if (auto* st = std::get_if<GetStats>(&cmd)) {
     Json j = stats_->to_json();
     j["micro_batch_balance"] = engine_->micro_batch_balance();

@@ -16,13 +16,22 @@
 namespace msinfer::runtime {
 
 const char* worker_role_name(WorkerRole r) {
-  return r == WorkerRole::kAttention ? "attention" : "expert";
+  switch (r) {
+    case WorkerRole::kAttention:
+      return "attention";
+    case WorkerRole::kExpert:
+      return "expert";
+    case WorkerRole::kPrefill:
+      return "prefill";
+  }
+  return "?";
 }
 
 StatusOr<WorkerRole> parse_worker_role(const std::string& s) {
   if (s == "attention") return WorkerRole::kAttention;
   if (s == "expert") return WorkerRole::kExpert;
-  return invalid_argument("unknown worker role '" + s + "' (attention or expert)");
+  if (s == "prefill") return WorkerRole::kPrefill;
+  return invalid_argument("unknown worker role '" + s + "' (attention, expert or prefill)");
 }
 
 namespace control {
@@ -210,7 +219,9 @@ Json worker_config_json(const WorkerConfig& c) {
          {"rebalance_every", c.rebalance_every},
          {"rebalance_slots", c.rebalance_slots},
          {"rebalance_gain", c.rebalance_gain},
-         {"rebalance_fixed_rows", c.rebalance_fixed_rows}};
+         {"rebalance_fixed_rows", c.rebalance_fixed_rows},
+         {"prefill_workers", c.prefill_workers},
+         {"kv_transfer_bytes", c.kv_transfer_bytes}};
   if (c.placement.workers > 0) j["placement"] = c.placement.to_json();
   return j;
 }
@@ -238,7 +249,9 @@ StatusOr<WorkerConfig> worker_config_from_json(const Json& j, const std::string&
       .optional("rebalance_every", &c.rebalance_every)
       .optional("rebalance_slots", &c.rebalance_slots)
       .optional("rebalance_gain", &c.rebalance_gain)
-      .optional("rebalance_fixed_rows", &c.rebalance_fixed_rows);
+      .optional("rebalance_fixed_rows", &c.rebalance_fixed_rows)
+      .optional("prefill_workers", &c.prefill_workers)
+      .optional("kv_transfer_bytes", &c.kv_transfer_bytes);
   MSI_RETURN_IF_ERROR(f.status());
   MSI_RETURN_IF_ERROR(
       control::read_enum(f, "tp_expert_reduce", &c.tp_expert_reduce, where, parse_expert_reduce));
@@ -281,6 +294,8 @@ StatusOr<WorkerConfig> worker_config_from_json(const Json& j, const std::string&
   MSI_RETURN_IF_ERROR(in("engine.block_size", c.engine.block_size, 1, 1 << 16));
   MSI_RETURN_IF_ERROR(in("engine.kv_cache_bytes", c.engine.kv_cache_bytes, 1, int64_t{1} << 50));
   MSI_RETURN_IF_ERROR(in("timeout_ms", c.timeout_ms, 100, int64_t{1} << 30));
+  MSI_RETURN_IF_ERROR(in("prefill_workers", c.prefill_workers, 0, 64));
+  MSI_RETURN_IF_ERROR(in("kv_transfer_bytes", c.kv_transfer_bytes, 1, int64_t{1} << 40));
   if (j.contains("placement")) {
     MSI_ASSIGN_OR_RETURN(c.placement, control::read_placement(j, where));
     if (c.placement.workers != c.expert_workers) {
@@ -296,6 +311,11 @@ namespace control {
 namespace {
 
 // ---- commands ----
+
+// A prefilled sequence without its K/V (those move over the transport), as
+// AddPrefilled and KvSent carry it under "sequence".
+Json sequence_json(const PrefilledSequence& p);
+Status read_sequence(const Json& j, const std::string& w, PrefilledSequence* p);
 
 Json command_json(const Configure& c) {
   return Json{{"config", worker_config_json(c.config)},
@@ -323,7 +343,8 @@ Json command_json(const Add& a) {
               {"repetition_penalty", s.repetition_penalty},
               {"min_tokens", s.min_tokens},
               {"logprobs", s.logprobs},
-              {"n", r.n}};
+              {"n", r.n},
+              {"prefill_only", r.prefill_only}};
 }
 Json command_json(const Cancel& c) { return Json{{"id", c.id}}; }
 Json command_json(const GetStats& c) { return Json{{"reset", c.reset}}; }
@@ -344,6 +365,17 @@ Json command_json(const SetUnits& c) { return Json{{"served", c.served}}; }
 Json command_json(const Switch&) { return {}; }
 Json command_json(const AddAttention& c) {
   return Json{{"worker", c.worker}, {"card", internal::to_hex(c.card)}};
+}
+Json command_json(const ConnectKv& c) {
+  Json cards = Json::array();
+  for (const auto& card : c.cards) cards.push_back(internal::to_hex(card));
+  return Json{{"cards", cards}};
+}
+Json command_json(const SendKv& c) {
+  return Json{{"id", c.id}, {"index", c.index}, {"worker", c.worker}, {"imm", c.imm}};
+}
+Json command_json(const AddPrefilled& c) {
+  return Json{{"sequence", sequence_json(c.sequence)}, {"imm", c.imm}, {"bytes", c.bytes}};
 }
 Json command_json(const JoinBlobs& c) {
   Json b = Json::array();
@@ -371,8 +403,39 @@ Status read_command(const Json& j, const std::string& w, Add* a) {
       .optional("repetition_penalty", &s.repetition_penalty)
       .optional("min_tokens", &s.min_tokens)
       .optional("logprobs", &s.logprobs)
-      .optional("n", &r.n);
+      .optional("n", &r.n)
+      .optional("prefill_only", &r.prefill_only);
   return f.status();
+}
+
+Json sequence_json(const PrefilledSequence& p) {
+  return Json{{"request", command_json(Add{p.request})},
+              {"index", p.index},
+              {"tokens", p.tokens},
+              {"computed", p.computed},
+              {"generated", p.generated},
+              {"rng", p.rng},
+              {"kv_layout", p.kv_layout}};
+}
+Status read_sequence(const Json& j, const std::string& w, PrefilledSequence* p) {
+  Json request;
+  MSI_RETURN_IF_ERROR(Fields(j, w).required("sequence", &request).status());
+  if (!request.is_object()) return invalid_argument(w + ": field 'sequence' is not an object");
+  Json req;
+  MSI_RETURN_IF_ERROR(Fields(request, w + ": sequence")
+                          .required("request", &req)
+                          .required("index", &p->index)
+                          .required("tokens", &p->tokens)
+                          .required("computed", &p->computed)
+                          .required("generated", &p->generated)
+                          .required("rng", &p->rng)
+                          .required("kv_layout", &p->kv_layout)
+                          .status());
+  if (!req.is_object()) return invalid_argument(w + ": sequence: field 'request' is not an object");
+  Add add;
+  MSI_RETURN_IF_ERROR(read_command(req, w + ": sequence: request", &add));
+  p->request = std::move(add.request);
+  return ok_status();
 }
 Status read_command(const Json& j, const std::string& w, Configure* c) {
   std::string role;
@@ -385,9 +448,12 @@ Status read_command(const Json& j, const std::string& w, Configure* c) {
   auto it = j.find("config");
   if (it == j.end()) return invalid_argument(w + ": field 'config' is missing");
   MSI_ASSIGN_OR_RETURN(c->config, worker_config_from_json(*it, w + ": config"));
-  const int tp = c->role == WorkerRole::kAttention ? c->config.tp_attention : c->config.tp_expert;
-  const int workers =
-      c->role == WorkerRole::kAttention ? c->config.attention_workers : c->config.expert_workers;
+  const int tp = c->role == WorkerRole::kAttention ? c->config.tp_attention
+                 : c->role == WorkerRole::kExpert  ? c->config.tp_expert
+                                                   : 1;
+  const int workers = c->role == WorkerRole::kAttention ? c->config.attention_workers
+                      : c->role == WorkerRole::kExpert  ? c->config.expert_workers
+                                                        : c->config.prefill_workers;
   if (c->index < 0 || c->index >= workers || c->tp_rank < 0 || c->tp_rank >= tp) {
     return invalid_argument(w + ": " + role + " worker " + std::to_string(c->index) + " rank " +
                             std::to_string(c->tp_rank) + " is not in the deployment");
@@ -437,6 +503,30 @@ Status read_command(const Json& j, const std::string& w, SetUnits* c) {
   return Fields(j, w).required("served", &c->served).status();
 }
 Status read_command(const Json&, const std::string&, Switch*) { return ok_status(); }
+Status read_command(const Json& j, const std::string& w, ConnectKv* c) {
+  std::vector<std::string> hex;
+  MSI_RETURN_IF_ERROR(Fields(j, w).required("cards", &hex).status());
+  c->cards.assign(hex.size(), "");
+  for (size_t i = 0; i < hex.size(); ++i) {
+    if (!internal::from_hex(hex[i], &c->cards[i])) {
+      return invalid_argument(w + ": card " + std::to_string(i) + " is not hex");
+    }
+  }
+  return ok_status();
+}
+Status read_command(const Json& j, const std::string& w, SendKv* c) {
+  return Fields(j, w)
+      .required("id", &c->id)
+      .required("index", &c->index)
+      .required("worker", &c->worker)
+      .required("imm", &c->imm)
+      .status();
+}
+Status read_command(const Json& j, const std::string& w, AddPrefilled* c) {
+  MSI_RETURN_IF_ERROR(Fields(j, w).required("imm", &c->imm).required("bytes", &c->bytes).status());
+  if (c->bytes < 0) return invalid_argument(w + ": field 'bytes' is negative");
+  return read_sequence(j, w, &c->sequence);
+}
 Status read_command(const Json& j, const std::string& w, JoinBlobs* c) {
   std::vector<std::string> hex;
   MSI_RETURN_IF_ERROR(Fields(j, w).required("blobs", &hex).status());
@@ -450,9 +540,10 @@ Status read_command(const Json& j, const std::string& w, JoinBlobs* c) {
 }
 
 constexpr const char* kOps[] = {
-    "configure",      "exit",  "step",       "add",       "cancel",       "stats",   "drop_expert",
-    "drop_attention", "card",  "add_expert", "placement", "routed",       "prepare", "prepared",
-    "abandon",        "units", "switch",     "blobs",     "add_attention"};
+    "configure",     "exit",           "step",    "add",          "cancel",    "stats",
+    "drop_expert",   "drop_attention", "card",    "add_expert",   "placement", "routed",
+    "prepare",       "prepared",       "abandon", "units",        "switch",    "blobs",
+    "add_attention", "connect_kv",     "send_kv", "add_prefilled"};
 static_assert(std::size(kOps) == std::variant_size_v<Command>);
 
 // ---- events ----
@@ -466,6 +557,7 @@ Json event_json(const Ready& e) {
     j["prefix_salt"] = e.prefix_salt;
     j["kv_block_size"] = e.kv_block_size;
   }
+  if (!e.kv_card.empty()) j["kv_card"] = internal::to_hex(e.kv_card);
   return j;
 }
 Json event_json(const Stepped& e) {
@@ -493,6 +585,13 @@ Json event_json(const Stepped& e) {
   if (e.discarded) j["discarded"] = true;
   if (!e.cache_stored.empty()) j["cache_stored"] = e.cache_stored;
   if (!e.cache_removed.empty()) j["cache_removed"] = e.cache_removed;
+  if (!e.prefilled.empty()) {
+    Json p = Json::array();
+    for (const Prefilled& x : e.prefilled) {
+      p.push_back(Json{{"sequence", sequence_json(x.sequence)}, {"bytes", x.bytes}});
+    }
+    j["prefilled"] = std::move(p);
+  }
   return j;
 }
 Json event_json(const Added& e) { return Json{{"id", e.id}}; }
@@ -515,16 +614,24 @@ Json event_json(const Switched& e) {
 }
 Json event_json(const JoinAllgather& e) { return Json{{"blob", internal::to_hex(e.blob)}}; }
 Json event_json(const AttentionAdded& e) { return Json{{"worker", e.worker}}; }
+Json event_json(const KvConnected&) { return {}; }
+Json event_json(const KvSent& e) {
+  return Json{{"id", e.id}, {"index", e.index}, {"bytes", e.bytes}, {"seconds", e.seconds}};
+}
 
 Status read_event(const Json& j, const std::string& w, Ready* e) {
-  return Fields(j, w)
-      .required("index", &e->index)
-      .required("protocol", &e->protocol)
-      .optional("rss_mb", &e->rss_mb)
-      .optional("weights_mb", &e->weights_mb)
-      .optional("prefix_salt", &e->prefix_salt)
-      .optional("kv_block_size", &e->kv_block_size)
-      .status();
+  const Status st = Fields(j, w)
+                        .required("index", &e->index)
+                        .required("protocol", &e->protocol)
+                        .optional("rss_mb", &e->rss_mb)
+                        .optional("weights_mb", &e->weights_mb)
+                        .optional("prefix_salt", &e->prefix_salt)
+                        .optional("kv_block_size", &e->kv_block_size)
+                        .status();
+  MSI_RETURN_IF_ERROR(st);
+  if (!j.contains("kv_card")) return ok_status();
+  Fields f(j, w);
+  return read_hex(f, "kv_card", &e->kv_card, w);
 }
 Status read_event(const Json& j, const std::string& w, Stepped* e) {
   Json events;
@@ -539,6 +646,17 @@ Status read_event(const Json& j, const std::string& w, Stepped* e) {
       .optional("cache_stored", &e->cache_stored)
       .optional("cache_removed", &e->cache_removed);
   MSI_RETURN_IF_ERROR(f.status());
+  if (auto p = j.find("prefilled"); p != j.end()) {
+    if (!p->is_array()) return invalid_argument(w + ": field 'prefilled' is not an array");
+    for (size_t i = 0; i < p->size(); ++i) {
+      const std::string at = w + ": prefilled[" + std::to_string(i) + "]";
+      if (!(*p)[i].is_object()) return invalid_argument(at + " is not an object");
+      Prefilled x;
+      MSI_RETURN_IF_ERROR(Fields((*p)[i], at).required("bytes", &x.bytes).status());
+      MSI_RETURN_IF_ERROR(read_sequence((*p)[i], at, &x.sequence));
+      e->prefilled.push_back(std::move(x));
+    }
+  }
   const size_t cache_events = e->cache_stored.size() + e->cache_removed.size();
   if (cache_events > static_cast<size_t>(kMaxCacheEvents)) {
     return invalid_argument(w + ": " + std::to_string(cache_events) +
@@ -618,15 +736,25 @@ Status read_event(const Json& j, const std::string& w, Switched* e) {
 Status read_event(const Json& j, const std::string& w, AttentionAdded* e) {
   return Fields(j, w).required("worker", &e->worker).status();
 }
+Status read_event(const Json&, const std::string&, KvConnected*) { return ok_status(); }
+Status read_event(const Json& j, const std::string& w, KvSent* e) {
+  return Fields(j, w)
+      .required("id", &e->id)
+      .required("index", &e->index)
+      .required("bytes", &e->bytes)
+      .optional("seconds", &e->seconds)
+      .status();
+}
 Status read_event(const Json& j, const std::string& w, JoinAllgather* e) {
   Fields f(j, w);
   return read_hex(f, "blob", &e->blob, w);
 }
 
-constexpr const char* kEvents[] = {
-    "ready",    "stepped",   "added",        "refused",       "cancelled", "stats",
-    "error",    "card",      "expert_added", "placement_set", "routed",    "preparing",
-    "prepared", "abandoned", "units_set",    "switched",      "allgather", "attention_added"};
+constexpr const char* kEvents[] = {"ready",        "stepped",         "added",        "refused",
+                                   "cancelled",    "stats",           "error",        "card",
+                                   "expert_added", "placement_set",   "routed",       "preparing",
+                                   "prepared",     "abandoned",       "units_set",    "switched",
+                                   "allgather",    "attention_added", "kv_connected", "kv_sent"};
 static_assert(std::size(kEvents) == std::variant_size_v<Event>);
 
 // The variant alternative whose name is `name` in `names`, default-made and

@@ -49,8 +49,7 @@ class ExpertWorker {
   Status run(comm::Bootstrap& boot) {
     MSI_RETURN_IF_ERROR(load());
     MSI_RETURN_IF_ERROR(connect(boot));
-    announce(" ready (pid " + std::to_string(::getpid()) + ")",
-             control::Ready{index_, control::kProtocolVersion});
+    announce(" ready (pid " + std::to_string(::getpid()) + ")", control::Ready::of(index_));
     return serve();
   }
 

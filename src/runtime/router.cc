@@ -96,7 +96,9 @@ Status Router::wait_ready() {
     w.rss_mb = ready->rss_mb;
     w.prefix_salt = ready->prefix_salt;
     w.kv_block_size = ready->kv_block_size;
+    w.kv_card = ready->kv_card;
   }
+  MSI_RETURN_IF_ERROR(connect_prefill_workers());
   serving_ = true;
   publish_health();
   return ok_status();
@@ -175,6 +177,11 @@ Status Router::check_children() {
 
 Status Router::on_death(const internal::WorkerDeath& d) {
   WorkerProcess& w = workers_->all()[d.slot];
+  if (w.role == WorkerRole::kPrefill) {
+    // Its requests are prefilled again elsewhere; nothing else depends on it.
+    drop_prefill_worker(w, d.how);
+    return ok_status();
+  }
   ++deaths_[static_cast<int>(w.role)];
   switch (internal::decide_recovery(c_, deployment_state(), w, d.code)) {
     case DeathAction::kDropAttention:
@@ -210,6 +217,7 @@ Status Router::fail_deployment(Status why) {
   // Every request in flight fails with it (the caller's error, or the
   // scheduler's for the others): none is running and no KV block is held.
   in_flight_.clear();
+  prefilling_.clear();
   load_of_.clear();
   requests_.clear();
   lost_.clear();
@@ -237,6 +245,7 @@ void Router::publish_health() {
     for (auto& v : up) v.assign(v.size(), 0);
   }
   for (const WorkerProcess& w : workers_->all()) {
+    if (w.role == WorkerRole::kPrefill) continue;
     auto& v = up[static_cast<int>(w.role)];
     if (w.index >= 0 && w.index < static_cast<int>(v.size()) && (w.dead || w.in < 0)) {
       v[static_cast<size_t>(w.index)] = 0;
@@ -328,7 +337,9 @@ Status Router::recover() {
     publish_health();
     // Every request in flight starts again from prompt + delivered tokens.
     for (const auto& [id, a] : in_flight_) lost_.push_back(id);
+    for (const auto& [id, p] : prefilling_) lost_.push_back(id);
     in_flight_.clear();
+    prefilling_.clear();
     load_of_.clear();
     std::fprintf(stderr, "msinfer: router: restarted in %.2f s; resubmitting %zu request(s)\n",
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
@@ -466,7 +477,16 @@ auto Router::retried_after_restart(Op op) -> decltype(op()) {
 
 Status Router::add(const GenerationRequest& r) {
   MSI_RETURN_IF_ERROR(stopped_);
-  MSI_RETURN_IF_ERROR(retried_after_restart([&] { return submit(r); }));
+  MSI_RETURN_IF_ERROR(retried_after_restart([&]() -> Status {
+    // A request of one sequence is prefilled on a prefill worker where one
+    // is alive (n > 1: each sequence would move its own copy of the
+    // prompt's K/V; not done).
+    if (r.n == 1 && c_.prefill_workers > 0) {
+      MSI_ASSIGN_OR_RETURN(bool sent, submit_prefill(r));
+      if (sent) return ok_status();
+    }
+    return submit(r);
+  }));
   requests_[r.id] = Tracked{r, {}, r.n};
   return ok_status();
 }
@@ -479,6 +499,27 @@ Status Router::submit(const GenerationRequest& r) {
   // prefix of the request's block chain, within the load slack of the least
   // loaded. One that dies while taking the request is dropped and the next
   // one tried.
+  const int best = choose_attention_worker(r);
+  if (best < 0) return Status(StatusCode::kUnavailable, "no attention worker is alive");
+  auto e = ask(lead(best), control::Add{r}, std::chrono::milliseconds(-1), "");
+  if (!e.ok()) {
+    if (lead(best).dead) return submit(r);  // it died: try the others
+    return e.status();
+  }
+  if (auto* refused = std::get_if<control::Refused>(&*e)) {
+    return Status(StatusCode::kResourceExhausted,
+                  refused->error.empty() ? std::string("refused") : refused->error);
+  }
+  MSI_RETURN_IF_ERROR(
+      control::expect<control::Added>(std::move(e).value(), name_of(lead(best))).status());
+  const int64_t load = static_cast<int64_t>(r.prompt.size()) + int64_t{r.n} * r.sampling.max_tokens;
+  lead(best).load += load;
+  in_flight_[r.id] = best;
+  load_of_[r.id] = load;
+  return ok_status();
+}
+
+int Router::choose_attention_worker(const GenerationRequest& r) {
   const int n = c_.attention_workers;
   std::vector<ReplicaView> view(static_cast<size_t>(n));
   for (int a = 0; a < n; ++a) {
@@ -504,24 +545,7 @@ Status Router::submit(const GenerationRequest& r) {
       view[static_cast<size_t>(a)].cached_blocks = w.prefix_index.match(chain);
     }
   }
-  const int best = choose_attention_replica(c_.routing, view, c_.routing_load_slack, &round_robin_);
-  if (best < 0) return Status(StatusCode::kUnavailable, "no attention worker is alive");
-  auto e = ask(lead(best), control::Add{r}, std::chrono::milliseconds(-1), "");
-  if (!e.ok()) {
-    if (lead(best).dead) return submit(r);  // it died: try the others
-    return e.status();
-  }
-  if (auto* refused = std::get_if<control::Refused>(&*e)) {
-    return Status(StatusCode::kResourceExhausted,
-                  refused->error.empty() ? std::string("refused") : refused->error);
-  }
-  MSI_RETURN_IF_ERROR(
-      control::expect<control::Added>(std::move(e).value(), name_of(lead(best))).status());
-  const int64_t load = static_cast<int64_t>(r.prompt.size()) + int64_t{r.n} * r.sampling.max_tokens;
-  lead(best).load += load;
-  in_flight_[r.id] = best;
-  load_of_[r.id] = load;
-  return ok_status();
+  return choose_attention_replica(c_.routing, view, c_.routing_load_slack, &round_robin_);
 }
 
 Status Router::cancel(int64_t id) {
@@ -536,6 +560,17 @@ Status Router::cancel_once(int64_t id) {
                                  [&](const TokenEvent& e) { return e.request_id == id; }),
                   failed_.end());
   };
+  if (auto pf = prefilling_.find(id); pf != prefilling_.end()) {
+    WorkerProcess& p = workers_->prefill(pf->second);
+    p.load -= load_of_[id];
+    load_of_.erase(id);
+    prefilling_.erase(pf);
+    auto e = ask(p, control::Cancel{id}, std::chrono::milliseconds(c_.timeout_ms),
+                 "did not answer a cancel");
+    if (!e.ok() && !p.dead) return e.status();
+    forget();
+    return ok_status();
+  }
   auto it = in_flight_.find(id);
   if (it == in_flight_.end()) {
     forget();
@@ -568,6 +603,7 @@ double Router::kv_usage() const {
 EngineCounters Router::counters() const {
   EngineCounters s = counters_before_;
   for (int a = 0; a < c_.attention_workers; ++a) s += lead(a).counters;
+  for (int p = 0; p < c_.prefill_workers; ++p) s += workers_->prefill(p).counters;
   return s;
 }
 
@@ -591,6 +627,15 @@ StatusOr<std::vector<TokenEvent>> Router::step() {
 Status Router::step_once(std::vector<TokenEvent>* events) {
   MSI_RETURN_IF_ERROR(stopped_);
   MSI_RETURN_IF_ERROR(resubmit_lost());
+  if (!prefilling_.empty()) {
+    // The prefill workers step beside the attention workers, not in
+    // lockstep: a long prompt's step never holds up a decoding one. With
+    // nothing decoding, the router waits for them instead of spinning.
+    MSI_RETURN_IF_ERROR(start_prefill_steps());
+    MSI_RETURN_IF_ERROR(collect_prefill_steps(/*wait=*/in_flight_.empty(), events));
+    MSI_RETURN_IF_ERROR(resubmit_lost());
+    if (in_flight_.empty()) return ok_status();
+  }
   std::vector<char> stepping(static_cast<size_t>(c_.attention_workers), 0);
   for (int a = 0; a < c_.attention_workers; ++a) {
     if (lead(a).dead) continue;

@@ -65,11 +65,12 @@ bool close_on_exec_from(int first) {
   return true;
 }
 
-// The environment of bootstrap rank `rank`'s worker: this process's, plus
-// the rendezvous (the bootstrap server, or MSINFER_JOIN for a replacement).
-std::vector<std::string> worker_env(const WorkerConfig& c, int rank, bool join,
+// The environment of a worker of `role`: this process's, plus for bootstrap
+// rank `rank` (none for a prefill worker: rank < 0) the rendezvous (the
+// bootstrap server, or MSINFER_JOIN for a replacement).
+std::vector<std::string> worker_env(const WorkerConfig& c, WorkerRole role, int rank, bool join,
                                     const comm::BootstrapServer* server) {
-  const int P = c.processes();
+  const int P = c.processes() + c.prefill_workers;
   // Share the cores: each worker gets nproc / workers OpenMP threads that
   // sleep when idle (spinning OpenMP threads of one process starve another
   // process's M2N polling; measured 100 ms per step instead of ~1 ms).
@@ -89,10 +90,16 @@ std::vector<std::string> worker_env(const WorkerConfig& c, int rank, bool join,
     if (spin != env.end() && spin->second == kernels::cpu::kOpenmpSpinCount) env.erase(spin);
   }
   // A plan's per-role thread counts (msinfer plan --devices cpu) win over both.
-  const int role_threads =
-      role_of(c, rank).role == WorkerRole::kAttention ? c.attention_threads : c.expert_threads;
+  const int role_threads = role == WorkerRole::kAttention ? c.attention_threads
+                           : role == WorkerRole::kExpert  ? c.expert_threads
+                                                          : 0;
   if (role_threads > 0) env["OMP_NUM_THREADS"] = std::to_string(role_threads);
-  if (join) {
+  if (rank < 0) {
+    env.erase("MSINFER_BOOTSTRAP");
+    env.erase("MSINFER_JOIN");
+    env.erase("MSINFER_RANK");
+    env.erase("MSINFER_WORLD_SIZE");
+  } else if (join) {
     env.erase("MSINFER_BOOTSTRAP");
     env["MSINFER_JOIN"] = "1";
   } else {
@@ -100,8 +107,10 @@ std::vector<std::string> worker_env(const WorkerConfig& c, int rank, bool join,
     env["MSINFER_JOB_SECRET"] = server->secret();  // as NCCL hands out its unique id
     env.erase("MSINFER_JOIN");
   }
-  env["MSINFER_RANK"] = std::to_string(rank);
-  env["MSINFER_WORLD_SIZE"] = std::to_string(P);
+  if (rank >= 0) {
+    env["MSINFER_RANK"] = std::to_string(rank);
+    env["MSINFER_WORLD_SIZE"] = std::to_string(c.processes());
+  }
   std::vector<std::string> env_lines;
   for (const auto& [k, v] : env) env_lines.push_back(k + "=" + v);
   return env_lines;
@@ -117,12 +126,32 @@ Status WorkerSet::spawn(const std::string& exe) {
     MSI_ASSIGN_OR_RETURN(WorkerProcess w, fork_worker(rank, exe, c_.placement, /*join=*/false));
     workers_.push_back(w);
   }
+  // Prefill workers after the ranks (prefill(p)): no bootstrap of theirs.
+  for (int p = 0; p < c_.prefill_workers; ++p) {
+    const RankRole role{WorkerRole::kPrefill, p, 0};
+    control::Configure configure{c_, role.role, p, 0};
+    MSI_ASSIGN_OR_RETURN(WorkerProcess w, fork_process(role, exe, control::encode(configure),
+                                                       worker_env(c_, role.role, /*rank=*/-1,
+                                                                  /*join=*/false, nullptr)));
+    workers_.push_back(w);
+  }
   return ok_status();
 }
 
 StatusOr<WorkerProcess> WorkerSet::fork_worker(int rank, const std::string& exe,
                                                const Placement& placement, bool join) {
   const RankRole role = role_of(c_, rank);
+  // Its configuration is the first line on its command pipe (fork_process):
+  // the pipe holds it until the worker reads it.
+  control::Configure configure{c_, role.role, role.index, role.tp_rank};
+  configure.config.placement = placement;
+  return fork_process(role, exe, control::encode(configure),
+                      worker_env(c_, role.role, rank, join, server_.get()));
+}
+
+StatusOr<WorkerProcess> WorkerSet::fork_process(const RankRole& role, const std::string& exe,
+                                                const std::string& configuration,
+                                                std::vector<std::string> env_lines) {
   WorkerProcess w;
   w.role = role.role;
   w.index = role.index;
@@ -131,13 +160,7 @@ StatusOr<WorkerProcess> WorkerSet::fork_worker(int rank, const std::string& exe,
   if (::pipe2(to_child, O_CLOEXEC) != 0 || ::pipe2(from_child, O_CLOEXEC) != 0) {
     return internal_error("router: pipe failed");
   }
-  // Its configuration is the first line on its command pipe, written
-  // below: the pipe holds it until the worker reads it.
-  control::Configure configure{c_, role.role, role.index, role.tp_rank};
-  configure.config.placement = placement;
-  const std::string configuration = control::encode(configure);
   std::vector<std::string> args = {exe, "worker"};
-  std::vector<std::string> env_lines = worker_env(c_, rank, join, server_.get());
   // Everything the child needs is built here: between fork and exec it only
   // makes system calls (the bootstrap server's thread may hold the
   // allocator's lock at the fork).
@@ -185,10 +208,7 @@ StatusOr<WorkerProcess> WorkerSet::fork_worker(int rank, const std::string& exe,
   w.out = from_child[0];
   if (!write_line(w.in, configuration)) {
     // It died before reading a line (next_death reports how).
-    std::fprintf(stderr, "msinfer: router: cannot configure %s\n",
-                 role.role == WorkerRole::kAttention
-                     ? attention_process_name(role.index, role.tp_rank, c_.tp_attention).c_str()
-                     : expert_process_name(role.index, role.tp_rank, c_.tp_expert).c_str());
+    std::fprintf(stderr, "msinfer: router: cannot configure %s\n", name_of(w).c_str());
   }
   return w;
 }
@@ -277,7 +297,14 @@ pid_t WorkerSet::pid_of(WorkerRole role, int index) const {
   return -1;
 }
 
+int WorkerSet::live_prefill_workers() const {
+  int n = 0;
+  for (int p = 0; p < c_.prefill_workers; ++p) n += prefill(p).dead ? 0 : 1;
+  return n;
+}
+
 std::string WorkerSet::name_of(const WorkerProcess& w) const {
+  if (w.role == WorkerRole::kPrefill) return "prefill worker " + std::to_string(w.index);
   if (w.role == WorkerRole::kExpert) return expert_process_name(w.index, w.tp_rank, c_.tp_expert);
   return attention_process_name(w.index, w.tp_rank, c_.tp_attention);
 }

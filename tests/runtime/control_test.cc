@@ -64,6 +64,23 @@ Configure every_field_configure() {
   return c;
 }
 
+// A prefilled sequence without its K/V, no field at its default.
+PrefilledSequence a_prefilled_sequence() {
+  PrefilledSequence p;
+  p.request.id = 42;
+  p.request.prompt = {5, 9, 22};
+  p.request.sampling.max_tokens = 7;
+  p.request.sampling.temperature = 0.5f;
+  p.request.sampling.seed = 11;
+  p.index = 0;
+  p.tokens = {5, 9, 22, 17};
+  p.computed = 3;
+  p.generated = 1;
+  p.rng = "123 456";
+  p.kv_layout = 18446744073709551557ull;
+  return p;
+}
+
 // One of every command, no field left at its default.
 std::vector<Command> every_command() {
   Add add;
@@ -102,7 +119,10 @@ std::vector<Command> every_command() {
           Switch{},
           JoinBlobs{{"a", std::string("\x01\x02", 2), ""}},
           AddAttention{1, std::string("\x00\xfe card", 7)},
-          every_field_configure()};
+          every_field_configure(),
+          ConnectKv{{std::string("\x01card", 5), ""}},
+          SendKv{42, 0, 1, 4294967295u},
+          AddPrefilled{a_prefilled_sequence(), 7, 65536}};
 }
 
 std::vector<Event> every_event() {
@@ -124,8 +144,15 @@ std::vector<Event> every_event() {
   t3.finished = true;
   t3.finish_reason = runtime::FinishReason::kError;
   t3.error = "lost";
-  return {Ready{3, kProtocolVersion, 120.5, 64.25, 18446744073709551557ull, 128},
-          Stepped{{t1, t2, t3}, 5, 0.5, true, {2, 1000, 256}, {18446744073709551557ull, 7}, {9}},
+  Ready ready = Ready::of(3, 120.5, 64.25);
+  ready.prefix_salt = 18446744073709551557ull;
+  ready.kv_block_size = 128;
+  ready.kv_card = std::string("\x00kv card", 8);
+  Stepped stepped{{t1, t2, t3}, 5, 0.5, true, {2, 1000, 256}, {18446744073709551557ull, 7},
+                  {9},          {}};
+  stepped.prefilled.push_back(Prefilled{a_prefilled_sequence(), 65536});
+  return {ready,
+          stepped,
           Added{42},
           Refused{43, "KV budget"},
           Cancelled{true, 0.25},
@@ -141,7 +168,9 @@ std::vector<Event> every_event() {
           UnitsSet{},
           Switched{{0, 2}, 300.0, 128.0},
           JoinAllgather{std::string("\x10\x00\x7f", 3)},
-          AttentionAdded{1}};
+          AttentionAdded{1},
+          KvConnected{},
+          KvSent{42, 0, 65536, 0.002}};
 }
 
 TEST(ControlTest, EveryCommandRoundTrips) {
@@ -290,6 +319,43 @@ TEST(ControlTest, AWorkerReadsItsConfigurationAndNothingMore) {
   ::close(fds[1]);
   EXPECT_EQ(read_configure(fds[0], 1000).status().code(), StatusCode::kUnavailable);
   ::close(fds[0]);
+}
+
+// Prefill/decode disaggregation's messages keep every field: the sequence
+// (its sampler state and K/V layout too), the staging card, the immediate.
+TEST(ControlTest, PrefilledSequencesSurviveTheRoundTrip) {
+  auto add = decode_command(encode(AddPrefilled{a_prefilled_sequence(), 7, 65536}), "test");
+  ASSERT_TRUE(add.ok()) << add.status().message();
+  const AddPrefilled& a = std::get<AddPrefilled>(*add);
+  EXPECT_EQ(a.imm, 7u);
+  EXPECT_EQ(a.bytes, 65536);
+  EXPECT_EQ(a.sequence.tokens, (std::vector<int32_t>{5, 9, 22, 17}));
+  EXPECT_EQ(a.sequence.rng, "123 456");
+  EXPECT_EQ(a.sequence.kv_layout, 18446744073709551557ull);
+  EXPECT_EQ(a.sequence.request.sampling.seed, 11u);
+  EXPECT_EQ(a.sequence.request.prompt, (std::vector<int32_t>{5, 9, 22}));
+  auto ready = decode_event(encode(every_event()[0]), "test");
+  ASSERT_TRUE(ready.ok());
+  EXPECT_EQ(std::get<Ready>(*ready).kv_card, std::string("\x00kv card", 8));
+  auto step = decode_event(encode(every_event()[1]), "test");
+  ASSERT_TRUE(step.ok());
+  ASSERT_EQ(std::get<Stepped>(*step).prefilled.size(), 1u);
+  EXPECT_EQ(std::get<Stepped>(*step).prefilled[0].bytes, 65536);
+  EXPECT_EQ(std::get<Stepped>(*step).prefilled[0].sequence.generated, 1);
+  GenerationRequest r;
+  r.id = 1;
+  r.prompt = {3};
+  r.prefill_only = true;
+  auto prefill = decode_command(encode(Add{r}), "test");
+  ASSERT_TRUE(prefill.ok());
+  EXPECT_TRUE(std::get<Add>(*prefill).request.prefill_only);
+  for (const char* bad : {R"({"op": "add_prefilled", "imm": 1, "bytes": -1, "sequence": {}})",
+                          R"({"op": "add_prefilled", "imm": 1, "bytes": 8})",
+                          R"({"op": "connect_kv", "cards": ["zz"]})",
+                          R"({"op": "send_kv", "id": 1, "index": 0, "worker": 0, "imm": -1})"}) {
+    auto d = decode_command(bad, "test");
+    EXPECT_FALSE(d.ok()) << bad;
+  }
 }
 
 TEST(ControlTest, AnAddWithOnlyItsIdAndPromptTakesTheSamplingDefaults) {

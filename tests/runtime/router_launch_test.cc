@@ -107,7 +107,7 @@ TEST(RouterLaunchTest, StrayControlConnectionsDelayNoWorker) {
                            : Json{{"rank", rank}, {"pid", 1}, {"host", "h"}, {"secret", secret}};
     hello["protocol"] = control::kProtocolVersion;  // checked at the handshake
     send_line(*fd, hello.dump());
-    send_line(*fd, control::encode(control::Ready{rank - 1, control::kProtocolVersion, 1.0, 0}));
+    send_line(*fd, control::encode(control::Ready::of(rank - 1, 1.0, 0)));
     ranks.push_back(*fd);
   }
   // The old router read hellos one by one, 30 s each: it would still wait here.
@@ -156,7 +156,7 @@ TEST(RouterLaunchTest, AFloodOfSilentConnectionsHoldsBoundedFds) {
     Json hello{{"rank", rank}, {"pid", 1}, {"host", "h"}, {"secret", secret}};
     hello["protocol"] = control::kProtocolVersion;
     send_line(*fd, hello.dump());
-    send_line(*fd, control::encode(control::Ready{rank - 1, control::kProtocolVersion, 1.0, 0}));
+    send_line(*fd, control::encode(control::Ready::of(rank - 1, 1.0, 0)));
     ranks.push_back(*fd);
   }
   ASSERT_EQ(started.wait_for(20s), std::future_status::ready);

@@ -575,6 +575,17 @@ StatusOr<Json> report(const BenchServeOptions& o, const Deployed& d, const Workl
            {"prefill_tokens_computed", m.prefix_queries - m.prefix_hits},
            {"workers", m.workers},
            {"routing", m.routing.to_json()}};
+  if (d.router && d.config->prefill_workers > 0) {
+    // Prefill/decode disaggregation: what moved from the prefill workers.
+    const auto& k = d.router->kv_transfers();
+    out["prefill_workers"] = d.config->prefill_workers;
+    out["kv_transfers"] = {
+        {"sequences", k.sequences},
+        {"bytes", k.bytes},
+        {"write_s", k.write_s},
+        {"ms_per_sequence", k.sequences > 0 ? k.write_s * 1e3 / k.sequences : 0.0},
+        {"fallbacks", k.fallbacks}};
+  }
   if (o.mixed) {
     out["long_prompts"] = o.long_prompts;
     out["long_input_len"] = o.long_input_len;

@@ -33,6 +33,14 @@ void add_deployment_flags(FlagSet& flags) {
                    "TCP) | shm | tcp | verbs | efa (libfabric providers); default: direct for a\n"
                    "local deployment, socket for one launched by mpirun/srun",
                    "MSINFER_FABRIC_PROVIDER");
+  flags.add_int("prefill-workers", 0, 0, 64,
+                "prefill/decode disaggregation: processes (each a co-located engine with every\n"
+                "weight) that compute the prompts; each sequence's K/V then moves over the\n"
+                "M2N transport to the attention worker that decodes it (requests of n = 1;\n"
+                "0: the attention workers prefill; docs/RUNTIME.md)");
+  flags.add_int("kv-transfer-mb", 64, 1, 1 << 20,
+                "with --prefill-workers: each attention worker's K/V staging region; a\n"
+                "sequence whose K/V are larger is prefilled again on the attention worker");
   flags.add_int("timeout-ms", 10000, 100, 3600000,
                 "M2N timeout: a worker silent this long is reported failed");
   flags.add_bool("resubmit",
@@ -192,6 +200,19 @@ Status check_deployment_flags(const FlagSet& flags) {
     return invalid_argument(
         "--rebalance-slots, --rebalance-gain and --rebalance-fixed-rows need --rebalance-every");
   }
+  if (flags.get_int("prefill-workers") > 0 || flags.was_set("kv-transfer-mb")) {
+    if (!deployment_requested(flags)) {
+      return invalid_argument(
+          "--prefill-workers and --kv-transfer-mb need a disaggregated deployment "
+          "(--attention-workers and --expert-workers, or --plan)");
+    }
+    if (flags.get_int("tp-attention") > 1) {
+      return invalid_argument("--prefill-workers with --tp-attention > 1 is not built yet");
+    }
+    if (comm::launched_by_mpi()) {
+      return invalid_argument("--prefill-workers under mpirun / srun is not built yet");
+    }
+  }
   for (const char* f : {"resubmit", "respawn"}) {
     if (flags.get_bool(f) && !deployment_requested(flags)) {
       return invalid_argument(std::string("--") + f +
@@ -237,6 +258,8 @@ StatusOr<runtime::WorkerConfig> process_config_from_flags(const FlagSet& flags) 
   c.timeout_ms = static_cast<int>(flags.get_int("timeout-ms"));
   if (c.timeout_ms < 100) return invalid_argument("--timeout-ms must be >= 100");
   c.resubmit = flags.get_bool("resubmit");
+  c.prefill_workers = static_cast<int>(flags.get_int("prefill-workers"));
+  c.kv_transfer_bytes = flags.get_int("kv-transfer-mb") << 20;
   c.respawn = flags.get_bool("respawn");
   c.rebalance_every = static_cast<int>(flags.get_int("rebalance-every"));
   c.rebalance_slots = static_cast<int>(flags.get_int("rebalance-slots"));
@@ -595,6 +618,13 @@ int run_worker(int argc, char** argv) {
   const runtime::WorkerConfig& c = configure->config;
   const int index = configure->index, tp_rank = configure->tp_rank;
   const bool expert = configure->role == runtime::WorkerRole::kExpert;
+  if (configure->role == runtime::WorkerRole::kPrefill) {
+    // No bootstrap rank: the router hands it the attention workers' regions.
+    const Status s = runtime::run_prefill_worker(c, index, 3, 4);
+    if (!s.ok())
+      return report_error(("worker (prefill worker " + std::to_string(index) + ")").c_str(), s);
+    return 0;
+  }
   const std::string who = expert ? runtime::expert_process_name(index, tp_rank, c.tp_expert)
                                  : runtime::attention_process_name(index, tp_rank, c.tp_attention);
   auto model = load_model_config(c.model_dir);

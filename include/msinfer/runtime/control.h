@@ -35,8 +35,10 @@
 namespace msinfer::runtime {
 
 // The two kinds of worker process of a disaggregated deployment.
-enum class WorkerRole { kAttention, kExpert };
-const char* worker_role_name(WorkerRole r);  // "attention", "expert"
+// Prefill workers (P/D disaggregation) are no bootstrap ranks: they reach
+// the attention workers over a transport of their own (ConnectKv).
+enum class WorkerRole { kAttention, kExpert, kPrefill };
+const char* worker_role_name(WorkerRole r);  // "attention", "expert", "prefill"
 StatusOr<WorkerRole> parse_worker_role(const std::string& s);
 
 namespace control {
@@ -48,7 +50,9 @@ namespace control {
 // 5: Ready carries the prefix cache's salt and block size, Stepped the
 // cache's registrations and evictions (cache-aware routing).
 // 6: Configure, a forked worker's configuration as one document.
-inline constexpr int kProtocolVersion = 6;
+// 7: prefill workers: Add's prefill_only, Stepped's prefilled, Ready's
+// kv_card, ConnectKv / KvConnected, SendKv / KvSent, AddPrefilled.
+inline constexpr int kProtocolVersion = 7;
 
 // The most prefix-cache events (hashes) one Stepped carries; the rest go with
 // the next steps (KvCache::take_cache_events). 4096 hashes are ~80 KB of JSON,
@@ -145,14 +149,50 @@ struct AddAttention {
   std::string card;
 };
 
-using Command = std::variant<Configure, Exit, Step, Add, Cancel, GetStats, DropExpert,
-                             DropAttention, GetCard, AddExpert, SetPlacement, GetRouted, Prepare,
-                             GetPrepared, Abandon, SetUnits, Switch, JoinBlobs, AddAttention>;
+// Prefill worker: the attention workers' K/V staging regions, by attention
+// worker (comm::PeerCard bytes; empty for one that is gone). Answer:
+// KvConnected.
+struct ConnectKv {
+  std::vector<std::string> cards;
+};
+// Prefill worker: write the K/V of sequence (id, index), prefilled and
+// waiting, into attention worker `worker`'s staging region at offset 0,
+// raising immediate `imm` there; the sequence leaves this worker. Answer:
+// KvSent, or Refused when its K/V do not fit the region (the sequence stays).
+struct SendKv {
+  int64_t id = 0;
+  int index = 0;
+  int worker = 0;
+  uint32_t imm = 0;
+};
+// Attention worker: a prefilled sequence whose `bytes` of K/V a prefill
+// worker wrote into this worker's staging region, announced by immediate
+// `imm`: wait for it, take the bytes and queue the sequence
+// (Engine::add_prefilled). Answer: Added or Refused.
+struct AddPrefilled {
+  PrefilledSequence sequence;  // its kv empty: the bytes are in the region
+  uint32_t imm = 0;
+  int64_t bytes = 0;
+};
+
+using Command =
+    std::variant<Configure, Exit, Step, Add, Cancel, GetStats, DropExpert, DropAttention, GetCard,
+                 AddExpert, SetPlacement, GetRouted, Prepare, GetPrepared, Abandon, SetUnits,
+                 Switch, JoinBlobs, AddAttention, ConnectKv, SendKv, AddPrefilled>;
 
 // ---- events: worker -> router ----
 
 // The worker's weights are loaded and its M2N wired (the handshake).
 struct Ready {
+  // This version's Ready of worker `index`.
+  static Ready of(int index, double rss_mb = 0, double weights_mb = 0) {
+    Ready r;
+    r.index = index;
+    r.protocol = kProtocolVersion;
+    r.rss_mb = rss_mb;
+    r.weights_mb = weights_mb;
+    return r;
+  }
   int index = 0;
   int protocol = 0;
   double rss_mb = 0, weights_mb = 0;
@@ -162,6 +202,14 @@ struct Ready {
   // prefix caching (or an expert process).
   uint64_t prefix_salt = 0;
   int64_t kv_block_size = 0;
+  // An attention worker of a deployment with prefill workers: its K/V
+  // staging region (comm::PeerCard bytes); empty otherwise.
+  std::string kv_card;
+};
+// A sequence a prefill worker holds for SendKv: all but its K/V, and their size.
+struct Prefilled {
+  PrefilledSequence sequence;  // its kv empty
+  int64_t bytes = 0;
 };
 // The answer to Step. `running`: requests running or waiting; `discarded`: the
 // step lost an expert worker's answers and runs again.
@@ -175,6 +223,9 @@ struct Stepped {
   // registered and unregistered (evicted) since the last Stepped, a hash once
   // per layer group it changed in; at most kMaxCacheEvents together.
   std::vector<uint64_t> cache_stored, cache_removed;
+  // A prefill worker: the sequences that have their first token and wait
+  // for SendKv.
+  std::vector<Prefilled> prefilled;
 };
 struct Added {
   int64_t id = 0;
@@ -228,9 +279,20 @@ struct AttentionAdded {
   int worker = 0;
 };
 
-using Event = std::variant<Ready, Stepped, Added, Refused, Cancelled, StatsReport, Error, CardInfo,
-                           ExpertAdded, PlacementSet, RoutedRows, Preparing, PreparedState,
-                           Abandoned, UnitsSet, Switched, JoinAllgather, AttentionAdded>;
+struct KvConnected {};
+// A prefill worker wrote a sequence's K/V (SendKv): its bytes and how long
+// the write took.
+struct KvSent {
+  int64_t id = 0;
+  int64_t index = 0;
+  int64_t bytes = 0;
+  double seconds = 0;
+};
+
+using Event =
+    std::variant<Ready, Stepped, Added, Refused, Cancelled, StatsReport, Error, CardInfo,
+                 ExpertAdded, PlacementSet, RoutedRows, Preparing, PreparedState, Abandoned,
+                 UnitsSet, Switched, JoinAllgather, AttentionAdded, KvConnected, KvSent>;
 
 // A launched rank's first line on its control socket (under mpirun / srun).
 struct Hello {

@@ -74,4 +74,10 @@ Status run_expert_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bo
 Status run_attention_worker(const WorkerConfig& c, int index, int tp_rank, comm::Bootstrap& boot,
                             int in_fd, int out_fd);
 
+// A prefill worker (prefill_worker.cc; docs/RUNTIME.md, "Prefill/decode
+// disaggregation"): a co-located engine that computes prompts and writes each
+// sequence's K/V into the staging region of the attention worker the router
+// names. No bootstrap rank.
+Status run_prefill_worker(const WorkerConfig& c, int index, int in_fd, int out_fd);
+
 }  // namespace msinfer::runtime

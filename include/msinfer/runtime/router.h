@@ -104,7 +104,9 @@ class Router {
   // Removes request `id` from its attention worker (freeing its KV blocks);
   // it produces no more events.
   Status cancel(int64_t id);
-  bool idle() const { return in_flight_.empty() && lost_.empty() && failed_.empty(); }
+  bool idle() const {
+    return in_flight_.empty() && prefilling_.empty() && lost_.empty() && failed_.empty();
+  }
   // Why the deployment stopped (a death it did not recover from, found by
   // any call); ok while it serves.
   const Status& stopped() const { return stopped_; }
@@ -152,6 +154,15 @@ class Router {
   int replacements() const { return replacements_; }
   int replacements_joined() const { return joined_; }
   int steps_rerun() const { return steps_rerun_; }
+  // Prefill/decode disaggregation: sequences whose K/V moved from a prefill
+  // worker to an attention worker, their bytes and the prefill workers'
+  // write time; requests that fell back to prefilling on an attention
+  // worker (a transfer that failed, or K/V beyond the staging region).
+  struct KvTransfers {
+    int64_t sequences = 0, bytes = 0, fallbacks = 0;
+    double write_s = 0;
+  };
+  const KvTransfers& kv_transfers() const { return kv_transfers_; }
   // Placements switched to by online rebalancing so far.
   int rebalances() const;
   static constexpr int64_t kRebalanceMinRows = runtime::kRebalanceMinRows;
@@ -234,6 +245,28 @@ class Router {
   Status wait_for_replacement();
   // Sends `r` to the live attention worker the routing policy picks.
   Status submit(const GenerationRequest& r);
+  // The live attention worker the routing policy picks for `r`, or -1.
+  int choose_attention_worker(const GenerationRequest& r);
+  // ---- prefill workers (docs/RUNTIME.md, "Prefill/decode disaggregation") ----
+  // Sends `r` to the least loaded live prefill worker; false when none is.
+  StatusOr<bool> submit_prefill(const GenerationRequest& r);
+  // Each attention worker's K/V staging region to every prefill worker.
+  Status connect_prefill_workers();
+  // Steps every prefill worker with work that is not stepping already.
+  Status start_prefill_steps();
+  // Takes the answers of the stepping prefill workers that have one (all of
+  // them, waiting, when `wait`): their events, then each prefilled
+  // sequence's K/V moved to an attention worker.
+  Status collect_prefill_steps(bool wait, std::vector<TokenEvent>* events);
+  Status take_prefill_step(internal::WorkerProcess& p, control::Stepped&& s,
+                           std::vector<TokenEvent>* events);
+  // Moves one prefilled sequence from prefill worker `p` to an attention
+  // worker; a transfer that cannot be made sends the request to be
+  // prefilled again on an attention worker.
+  Status transfer(internal::WorkerProcess& p, control::Prefilled&& x);
+  // The request is to be prefilled again on an attention worker (lost_).
+  void fall_back(int64_t id, const std::string& why);
+  void drop_prefill_worker(internal::WorkerProcess& p, const std::string& why);
   // Resubmits the requests of dropped workers (lost_), or fails them into
   // failed_, which step() hands out. An error when the deployment stopped
   // or is to restart meanwhile.
@@ -249,6 +282,9 @@ class Router {
   std::unique_ptr<internal::WorkerSet> workers_;
   std::unique_ptr<internal::Rebalancer> rebalancer_;
   std::map<int64_t, int> in_flight_;     // request id -> attention worker
+  std::map<int64_t, int> prefilling_;    // request id -> prefill worker
+  uint32_t kv_imm_ = 0;                  // the last K/V transfer's immediate
+  KvTransfers kv_transfers_;
   std::map<int64_t, int64_t> load_of_;   // request id -> its share of the worker's load
   std::map<int64_t, Tracked> requests_;  // every request in flight
   std::vector<int64_t> lost_;            // requests of a dropped worker, to resubmit

@@ -85,6 +85,13 @@ struct WorkerConfig {
   int rebalance_slots = 0;
   double rebalance_gain = 1.1;
   double rebalance_fixed_rows = 0;
+  // Prefill/decode disaggregation (docs/RUNTIME.md): prefill_workers
+  // processes, each a co-located engine with every weight, compute the
+  // prompts; each sequence's K/V then moves over the M2N transport into a
+  // staging region of kv_transfer_bytes on the attention worker the router
+  // routes it to, which decodes it. 0: the attention workers prefill.
+  int prefill_workers = 0;
+  int64_t kv_transfer_bytes = 64ll << 20;
 };
 
 // The document a forked worker is configured with (control::Configure):

@@ -37,6 +37,11 @@ struct WorkerProcess {
   uint64_t prefix_salt = 0;
   int64_t kv_block_size = 0;
   PrefixIndex prefix_index;
+  // Attention workers of a deployment with prefill workers (Ready): their
+  // K/V staging region (comm::PeerCard bytes).
+  std::string kv_card;
+  // Prefill workers: a Step was sent and its answer not read yet.
+  bool stepping = false;
   bool dead = false;  // died and was dropped
   void close_channel();
   void reaped();  // its exit was seen
@@ -77,6 +82,11 @@ class WorkerSet {
   // router's pipes (router_pipe_bootstrap) into a running deployment.
   StatusOr<WorkerProcess> fork_worker(int rank, const std::string& exe, const Placement& placement,
                                       bool join);
+  // Forks `exe worker` as `role` with `env_lines`, its command pipe holding
+  // `configuration` (a Configure) as its first line.
+  StatusOr<WorkerProcess> fork_process(const RankRole& role, const std::string& exe,
+                                       const std::string& configuration,
+                                       std::vector<std::string> env_lines);
   // Rank 0 of a launcher's job: publishes the bootstrap and control addresses
   // and accepts every other rank's control connection (its Hello checked:
   // the job's secret, the protocol version).
@@ -102,6 +112,12 @@ class WorkerSet {
     return workers_[static_cast<size_t>(a) * c_.tp_attention];
   }
   int live_attention_workers() const;
+  // Prefill worker p (after the bootstrap ranks), and those alive.
+  WorkerProcess& prefill(int p) { return workers_[static_cast<size_t>(c_.processes() + p)]; }
+  const WorkerProcess& prefill(int p) const {
+    return workers_[static_cast<size_t>(c_.processes() + p)];
+  }
+  int live_prefill_workers() const;
   pid_t pid_of(WorkerRole role, int index) const;
   std::string name_of(const WorkerProcess& w) const;
   std::string describe() const;  // one line per worker

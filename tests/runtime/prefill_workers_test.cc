@@ -1,0 +1,149 @@
+// Prefill/decode disaggregation through the msinfer binary's workers
+// (docs/RUNTIME.md): prefill workers compute the prompts, each sequence's
+// K/V moves over the M2N transport into an attention worker's staging
+// region, and the attention worker decodes it. Greedy tokens are the
+// co-located engine's; a dead prefill worker's requests are prefilled again;
+// K/V beyond the staging region fall back to the attention workers.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <map>
+
+#include "msinfer/runtime/router.h"
+#include "test_models.h"
+
+namespace msinfer::runtime {
+namespace {
+
+const std::string kBinary = MSINFER_BINARY;
+
+WorkerConfig deployment(const std::string& dir, int experts, const std::string& provider) {
+  WorkerConfig c;
+  c.model_dir = dir;
+  c.attention_workers = 2;
+  c.expert_workers = 2;
+  c.engine.micro_batches = 2;
+  c.placement = Placement::round_robin(experts, 2);
+  c.timeout_ms = 4000;
+  c.provider = provider;
+  c.prefill_workers = 1;
+  return c;
+}
+
+// Prompts long enough that a sliding window (gpt-oss: 16) leaves blocks
+// behind, of different lengths.
+std::vector<GenerationRequest> requests(int32_t vocab) {
+  std::vector<GenerationRequest> out;
+  for (int i = 0; i < 4; ++i) {
+    GenerationRequest r;
+    r.id = i + 1;
+    for (int t = 0; t < 30 + 9 * i; ++t) r.prompt.push_back((7 + 31 * t + 13 * i) % vocab);
+    r.sampling.max_tokens = 6;
+    r.sampling.ignore_eos = true;
+    out.push_back(r);
+  }
+  return out;
+}
+
+std::map<int64_t, std::vector<int32_t>> colocated(const std::string& dir,
+                                                  const std::vector<GenerationRequest>& rs) {
+  auto w = model::ModelWeights::load(dir, {});
+  EXPECT_TRUE(w.ok()) << w.status().to_string();
+  auto e = Engine::create(std::shared_ptr<const model::ModelWeights>(std::move(w).value()), {});
+  EXPECT_TRUE(e.ok());
+  for (const auto& r : rs) EXPECT_TRUE((*e)->add(r).ok());
+  std::map<int64_t, std::vector<int32_t>> out;
+  for (int g = 0; !(*e)->idle() && g < 1000; ++g) {
+    for (const auto& ev : (*e)->step().value()) out[ev.request_id].push_back(ev.token);
+  }
+  return out;
+}
+
+// Runs `rs` through a router of `c`; `on_step(router, i)` before step i.
+template <typename OnStep>
+std::map<int64_t, std::vector<int32_t>> through(const WorkerConfig& c,
+                                                const std::vector<GenerationRequest>& rs,
+                                                Router::KvTransfers* moved, OnStep on_step) {
+  std::map<int64_t, std::vector<int32_t>> out;
+  auto started = Router::start(c, kBinary);
+  EXPECT_TRUE(started.ok()) << started.status().to_string();
+  if (!started.ok()) return out;
+  std::unique_ptr<Router> router = std::move(started).value();  // stops the workers
+  for (const auto& r : rs) EXPECT_TRUE(router->add(r).ok());
+  for (int i = 0; !router->idle() && i < 5000; ++i) {
+    on_step(*router, i);
+    auto events = router->step();
+    EXPECT_TRUE(events.ok()) << events.status().to_string();
+    if (!events.ok()) break;
+    for (const auto& ev : *events) {
+      EXPECT_NE(ev.finish_reason, FinishReason::kError) << ev.error;
+      out[ev.request_id].push_back(ev.token);
+    }
+  }
+  EXPECT_TRUE(router->idle());
+  if (moved != nullptr) *moved = router->kv_transfers();
+  return out;
+}
+
+// Every tiny preset's K/V (MLA latents, sliding windows, GQA with biases)
+// over both of msinfer's transports: the co-located engine's tokens, every
+// sequence moved, none prefilled twice.
+TEST(PrefillWorkersTest, DecodingAfterATransferGivesTheColocatedTokens) {
+  for (const char* preset : {"tiny-mixtral", "tiny-deepseek-v3", "tiny-gpt-oss"}) {
+    for (const char* provider : {"direct", "socket"}) {
+      SCOPED_TRACE(std::string(preset) + " over " + provider);
+      const std::string dir = testing::test_model_dir(preset);
+      auto mc = load_model_config(dir);
+      ASSERT_TRUE(mc.ok());
+      const auto rs = requests(static_cast<int32_t>(mc->vocab));
+      Router::KvTransfers moved;
+      const auto got = through(deployment(dir, static_cast<int>(mc->experts), provider), rs, &moved,
+                               [](Router&, int) {});
+      EXPECT_EQ(got, colocated(dir, rs));
+      EXPECT_EQ(moved.sequences, 4);
+      EXPECT_EQ(moved.fallbacks, 0);
+      EXPECT_GT(moved.bytes, 0);
+    }
+  }
+}
+
+// The prefill worker killed while it holds requests: they are prefilled
+// again (on the attention workers: none is left), with the same tokens.
+TEST(PrefillWorkersTest, AKilledPrefillWorkersRequestsArePrefilledAgain) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  auto rs = requests(256);
+  for (auto& r : rs) r.prompt.resize(600, 5);  // several steps of prefill each
+  WorkerConfig c = deployment(dir, 8, "direct");
+  c.engine.max_step_tokens = 64;
+  Router::KvTransfers moved;
+  bool killed = false;
+  const auto got = through(c, rs, &moved, [&](Router& router, int i) {
+    if (i == 2 && !killed) {
+      ASSERT_GT(router.pid_of(WorkerRole::kPrefill, 0), 0);
+      ::kill(router.pid_of(WorkerRole::kPrefill, 0), SIGKILL);
+      killed = true;
+    }
+  });
+  EXPECT_TRUE(killed);
+  EXPECT_EQ(got, colocated(dir, rs));
+  EXPECT_LT(moved.sequences, 4);  // at least one was still prefilling when it died
+}
+
+// K/V larger than the staging region: the request is prefilled again on
+// an attention worker, with the same tokens.
+TEST(PrefillWorkersTest, KvBeyondTheStagingRegionFallsBackToTheAttentionWorkers) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  auto rs = requests(256);
+  rs[0].prompt.resize(3000, 9);  // 24 blocks of 32 KiB of K/V (tiny-mixtral)
+  WorkerConfig c = deployment(dir, 8, "direct");
+  c.kv_transfer_bytes = 256 << 10;  // the others' one block each fits
+  c.engine.kv_cache_bytes = 64 << 20;
+  Router::KvTransfers moved;
+  const auto got = through(c, rs, &moved, [](Router&, int) {});
+  EXPECT_EQ(got, colocated(dir, rs));
+  EXPECT_EQ(moved.fallbacks, 1);
+  EXPECT_EQ(moved.sequences, 3);
+}
+
+}  // namespace
+}  // namespace msinfer::runtime
