@@ -32,6 +32,13 @@ std::string harmony_date(std::time_t now) {
 
 namespace {
 
+// A message's role; "" unless it is a string (a message of another shape
+// is left out, never an exception).
+std::string role_of(const Json& m) {
+  auto it = m.is_object() ? m.find("role") : m.end();
+  return it != m.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 const std::string& text_of(const Json& m) {
   static const std::string kEmpty;
   auto it = m.find("content");
@@ -51,7 +58,7 @@ StatusOr<std::string> render_harmony(const Json& messages, bool add_generation_p
          "\n\n# Valid channels: analysis, commentary, final. Channel must be included for every "
          "message.<|end|>";
   size_t first = 0;
-  if (!messages.empty() && messages[0].is_object() && messages[0].value("role", "") == "system") {
+  if (!messages.empty() && role_of(messages[0]) == "system") {
     first = 1;
     if (const std::string& dev = text_of(messages[0]); !dev.empty()) {
       out += "<|start|>developer<|message|># Instructions\n\n" + dev + "\n\n<|end|>";
@@ -59,7 +66,7 @@ StatusOr<std::string> render_harmony(const Json& messages, bool add_generation_p
   }
   for (size_t i = first; i < messages.size(); ++i) {
     const Json& m = messages[i];
-    const std::string role = m.is_object() ? m.value("role", "") : "";
+    const std::string role = role_of(m);
     const std::string& content = text_of(m);
     if (role == "user") {
       out += "<|start|>user<|message|>" + content + "<|end|>";

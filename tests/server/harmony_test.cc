@@ -91,6 +91,21 @@ TEST(HarmonyRender, RefusesToolsAndChannelTags) {
   EXPECT_NE(c.status().message().find("messages[0].content"), std::string::npos);
 }
 
+// Messages of any shape render or are refused, never throw: a role that is
+// no string is no role (the message is left out), a message that is no
+// object is left out (found by the server fuzzer: {"role": 9223372036854775807}).
+TEST(HarmonyRender, MessagesOfAnyShapeNeverThrow) {
+  const Json odd =
+      Json::array({Json{{"role", 9223372036854775807LL}}, Json{{"role", Json::array()}}, Json(3),
+                   Json{{"role", "user"}, {"content", 7}}, msg("user", "q")});
+  auto r = render_harmony(odd, true, {});
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  auto plain = render_harmony(
+      Json::array({Json{{"role", "user"}, {"content", ""}}, msg("user", "q")}), true, {});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(*r, *plain);  // the odd ones left out; content 7 is no text
+}
+
 // gpt-oss's chat_template.jinja (huggingface.co/openai/gpt-oss-20b,
 // Apache-2.0) is not in this repository: point MSINFER_GPT_OSS_CHAT_TEMPLATE
 // at a copy to run this test.
