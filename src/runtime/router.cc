@@ -218,6 +218,7 @@ Status Router::fail_deployment(Status why) {
   // scheduler's for the others): none is running and no KV block is held.
   in_flight_.clear();
   prefilling_.clear();
+  prefill_events_.clear();
   load_of_.clear();
   requests_.clear();
   lost_.clear();
@@ -561,6 +562,9 @@ Status Router::cancel_once(int64_t id) {
                   failed_.end());
   };
   if (auto pf = prefilling_.find(id); pf != prefilling_.end()) {
+    MSI_RETURN_IF_ERROR(settle_prefill(workers_->prefill(pf->second)));
+  }
+  if (auto pf = prefilling_.find(id); pf != prefilling_.end()) {
     WorkerProcess& p = workers_->prefill(pf->second);
     p.load -= load_of_[id];
     load_of_.erase(id);
@@ -626,6 +630,8 @@ StatusOr<std::vector<TokenEvent>> Router::step() {
 
 Status Router::step_once(std::vector<TokenEvent>* events) {
   MSI_RETURN_IF_ERROR(stopped_);
+  for (auto& ev : prefill_events_) events->push_back(std::move(ev));  // taken between steps
+  prefill_events_.clear();
   MSI_RETURN_IF_ERROR(resubmit_lost());
   if (!prefilling_.empty()) {
     // The prefill workers step beside the attention workers, not in
@@ -705,6 +711,7 @@ StatusOr<std::vector<Json>> Router::stats(bool reset) {
 }
 
 StatusOr<std::vector<Json>> Router::stats_once(bool reset) {
+  MSI_RETURN_IF_ERROR(settle_prefill_workers());  // a stepping one answers its step first
   for (auto& w : workers_->all()) {
     if (w.dead) continue;
     // One that died meanwhile is dropped (or the deployment restarts or

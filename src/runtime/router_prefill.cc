@@ -38,6 +38,8 @@ StatusOr<bool> Router::submit_prefill(const GenerationRequest& r) {
       if (!w.dead && (best == nullptr || w.load < best->load)) best = &w;
     }
     if (best == nullptr) return false;  // none alive: the attention workers prefill
+    MSI_RETURN_IF_ERROR(settle_prefill(*best));  // its step's answer first
+    if (best->dead) continue;
     auto e = ask(*best, control::Add{r}, std::chrono::milliseconds(c_.timeout_ms),
                  "did not answer an add");
     if (!e.ok() && best->dead) continue;  // it died: the next one
@@ -67,6 +69,29 @@ Status Router::start_prefill_steps() {
   return ok_status();
 }
 
+Status Router::settle_prefill(WorkerProcess& w) {
+  if (w.dead || !w.stepping) return ok_status();
+  auto e = read_answer(w, std::chrono::milliseconds(-1), StatusCode::kDeadlineExceeded, "");
+  return take_prefill_answer(w, std::move(e), &prefill_events_);
+}
+
+Status Router::settle_prefill_workers() {
+  for (int p = 0; p < c_.prefill_workers; ++p) {
+    MSI_RETURN_IF_ERROR(settle_prefill(workers_->prefill(p)));
+  }
+  return ok_status();
+}
+
+Status Router::take_prefill_answer(WorkerProcess& w, StatusOr<control::Event> e,
+                                   std::vector<TokenEvent>* events) {
+  w.stepping = false;
+  if (!e.ok() && w.dead) return ok_status();  // dropped: its requests go elsewhere
+  MSI_RETURN_IF_ERROR(e.status());
+  MSI_ASSIGN_OR_RETURN(control::Stepped st,
+                       control::expect<control::Stepped>(std::move(e).value(), name_of(w)));
+  return take_prefill_step(w, std::move(st), events);
+}
+
 Status Router::collect_prefill_steps(bool wait, std::vector<TokenEvent>* events) {
   for (int p = 0; p < c_.prefill_workers; ++p) {
     WorkerProcess& w = workers_->prefill(p);
@@ -77,15 +102,12 @@ Status Router::collect_prefill_steps(bool wait, std::vector<TokenEvent>* events)
       if (eof) MSI_RETURN_IF_ERROR(check_children());  // its death, when it is one
       continue;
     }
-    StatusOr<control::Event> e = line.empty() ? read_answer(w, std::chrono::milliseconds(-1),
-                                                            StatusCode::kDeadlineExceeded, "")
-                                              : control::decode_event(line, name_of(w));
-    w.stepping = false;
-    if (!e.ok() && w.dead) continue;  // dropped: its requests go elsewhere
-    MSI_RETURN_IF_ERROR(e.status());
-    MSI_ASSIGN_OR_RETURN(control::Stepped st,
-                         control::expect<control::Stepped>(std::move(e).value(), name_of(w)));
-    MSI_RETURN_IF_ERROR(take_prefill_step(w, std::move(st), events));
+    MSI_RETURN_IF_ERROR(take_prefill_answer(
+        w,
+        line.empty()
+            ? read_answer(w, std::chrono::milliseconds(-1), StatusCode::kDeadlineExceeded, "")
+            : control::decode_event(line, name_of(w)),
+        events));
   }
   return ok_status();
 }

@@ -129,6 +129,35 @@ TEST(PrefillWorkersTest, AKilledPrefillWorkersRequestsArePrefilledAgain) {
   EXPECT_LT(moved.sequences, 4);  // at least one was still prefilling when it died
 }
 
+// Requests, a cancel and the stats arrive while the prefill worker is
+// stepping: its step's answer is taken first, nothing is mixed up, and the
+// tokens are the co-located engine's.
+TEST(PrefillWorkersTest, CommandsWhileAPrefillWorkerStepsWaitForItsAnswer) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  auto rs = requests(256);
+  // The first decodes after one prefill step; the others take several, so
+  // the prefill worker steps while the attention workers decode.
+  for (auto& r : rs) r.prompt.resize(r.id == 1 ? 30 : 600, 5 + static_cast<int32_t>(r.id));
+  WorkerConfig c = deployment(dir, 8, "direct");
+  c.engine.max_step_tokens = 64;
+  c.engine.micro_batches = 1;
+  const std::vector<GenerationRequest> first(rs.begin(), rs.begin() + 2);
+  GenerationRequest cancelled = rs[3];
+  cancelled.id = 99;
+  const auto got = through(c, first, nullptr, [&](Router& router, int i) {
+    if (i == 2) {
+      EXPECT_TRUE(router.add(rs[2]).ok());
+      EXPECT_TRUE(router.add(cancelled).ok());
+    }
+    if (i == 3) EXPECT_TRUE(router.stats(false).ok());
+    if (i == 4) EXPECT_TRUE(router.cancel(99).ok());
+  });
+  const std::vector<GenerationRequest> kept(rs.begin(), rs.begin() + 3);
+  auto expected = colocated(dir, kept);
+  EXPECT_EQ(got.count(99), 0u) << "cancelled before its first token";
+  EXPECT_EQ(got, expected);
+}
+
 // K/V larger than the staging region: the request is prefilled again on
 // an attention worker, with the same tokens.
 TEST(PrefillWorkersTest, KvBeyondTheStagingRegionFallsBackToTheAttentionWorkers) {

@@ -105,7 +105,8 @@ class Router {
   // it produces no more events.
   Status cancel(int64_t id);
   bool idle() const {
-    return in_flight_.empty() && prefilling_.empty() && lost_.empty() && failed_.empty();
+    return in_flight_.empty() && prefilling_.empty() && lost_.empty() && failed_.empty() &&
+           prefill_events_.empty();
   }
   // Why the deployment stopped (a death it did not recover from, found by
   // any call); ok while it serves.
@@ -260,6 +261,13 @@ class Router {
   Status collect_prefill_steps(bool wait, std::vector<TokenEvent>* events);
   Status take_prefill_step(internal::WorkerProcess& p, control::Stepped&& s,
                            std::vector<TokenEvent>* events);
+  Status take_prefill_answer(internal::WorkerProcess& w, StatusOr<control::Event> e,
+                             std::vector<TokenEvent>* events);
+  // A prefill worker that is stepping answers its Step before anything else:
+  // before another command to it, its answer is taken (its events kept in
+  // prefill_events_ for the next step()).
+  Status settle_prefill(internal::WorkerProcess& w);
+  Status settle_prefill_workers();
   // Moves one prefilled sequence from prefill worker `p` to an attention
   // worker; a transfer that cannot be made sends the request to be
   // prefilled again on an attention worker.
@@ -284,6 +292,7 @@ class Router {
   std::map<int64_t, int> in_flight_;     // request id -> attention worker
   std::map<int64_t, int> prefilling_;    // request id -> prefill worker
   uint32_t kv_imm_ = 0;                  // the last K/V transfer's immediate
+  std::vector<TokenEvent> prefill_events_;  // taken outside step(), delivered by the next
   KvTransfers kv_transfers_;
   std::map<int64_t, int64_t> load_of_;   // request id -> its share of the worker's load
   std::map<int64_t, Tracked> requests_;  // every request in flight
