@@ -225,6 +225,22 @@ TEST_F(ServeTest, OpenAiClientCoLocatedGreedyEqualsGenerate) {
   EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
 }
 
+// Prefill/decode disaggregation through serve (issue 50): the official
+// client's completions and chat completions, streamed and not, each prompt
+// prefilled on the prefill worker and its K/V moved to the attention worker:
+// the co-located engine's greedy text.
+TEST_F(ServeTest, OpenAiClientWithPrefillWorkersGreedyEqualsGenerate) {
+  if (!fs::exists(node_modules() / "openai")) GTEST_SKIP() << "run scripts/fetch-js-clients first";
+  Server s("--attention-workers 1 --expert-workers 1 --prefill-workers 1");
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  EXPECT_NE(s.stderr_text().find("prefill worker 0: pid"), std::string::npos) << s.stderr_text();
+  const Json r = run_openai(s, "Hello, experts", 12);
+  check_openai(r, generate_json("Hello, experts", 12), 12);
+  EXPECT_EQ(s.stderr_text().find("prefilled again"), std::string::npos) << s.stderr_text();
+  EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
+  if (HasFailure()) ADD_FAILURE() << "server stderr:\n" << s.stderr_text();
+}
+
 TEST_F(ServeTest, OpenAiClientDisaggregatedGreedyEqualsGenerate) {
   if (!fs::exists(node_modules() / "openai")) GTEST_SKIP() << "run scripts/fetch-js-clients first";
   const std::string deployment = "--attention-workers 1 --expert-workers 2 --micro-batches 2";
