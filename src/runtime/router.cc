@@ -219,6 +219,7 @@ Status Router::fail_deployment(Status why) {
   in_flight_.clear();
   prefilling_.clear();
   prefill_events_.clear();
+  prefill_again_.clear();
   load_of_.clear();
   requests_.clear();
   lost_.clear();
@@ -452,6 +453,12 @@ Status Router::resubmit_lost() {
     GenerationRequest r = t->second.request;
     r.prompt.insert(r.prompt.end(), t->second.delivered.begin(), t->second.delivered.end());
     r.sampling.max_tokens -= static_cast<int>(t->second.delivered.size());
+    // A dead prefill worker's request goes to another prefill worker when
+    // one is alive; any other goes to an attention worker.
+    if (prefill_again_.erase(id) != 0 && r.n == 1) {
+      auto sent = submit_prefill(r);
+      if (sent.ok() && *sent) continue;
+    }
     Status s = submit(r);
     if (s.ok()) continue;
     if (!restart_why_.empty()) {  // recover() resubmits it after the restart

@@ -215,14 +215,20 @@ void Router::drop_prefill_worker(WorkerProcess& p, const std::string& why) {
   p.stepping = false;
   p.close_channel();
   p.load = 0;
-  std::fprintf(stderr, "msinfer: router: %s; its requests are prefilled again\n", why.c_str());
+  std::fprintf(stderr,
+               "msinfer: router: %s; its requests are prefilled again (on another prefill "
+               "worker if one is alive)\n",
+               why.c_str());
   for (auto it = prefilling_.begin(); it != prefilling_.end();) {
     if (it->second != p.index) {
       ++it;
       continue;
     }
     load_of_.erase(it->first);
-    if (requests_.count(it->first) != 0) lost_.push_back(it->first);
+    if (requests_.count(it->first) != 0) {
+      lost_.push_back(it->first);
+      prefill_again_.insert(it->first);
+    }
     it = prefilling_.erase(it);
   }
 }

@@ -107,8 +107,8 @@ TEST(PrefillWorkersTest, DecodingAfterATransferGivesTheColocatedTokens) {
   }
 }
 
-// The prefill worker killed while it holds requests: they are prefilled
-// again (on the attention workers: none is left), with the same tokens.
+// The only prefill worker killed while it holds requests: they are
+// prefilled again on the attention workers, with the same tokens.
 TEST(PrefillWorkersTest, AKilledPrefillWorkersRequestsArePrefilledAgain) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
   auto rs = requests(256);
@@ -156,6 +156,29 @@ TEST(PrefillWorkersTest, CommandsWhileAPrefillWorkerStepsWaitForItsAnswer) {
   auto expected = colocated(dir, kept);
   EXPECT_EQ(got.count(99), 0u) << "cancelled before its first token";
   EXPECT_EQ(got, expected);
+}
+
+// With two prefill workers, one killed mid-prompt: its requests go to the
+// other, which moves them on; nothing is prefilled on an attention worker.
+TEST(PrefillWorkersTest, AKilledPrefillWorkersRequestsGoToAnother) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  auto rs = requests(256);
+  for (auto& r : rs) r.prompt.resize(600, 5 + static_cast<int32_t>(r.id));
+  WorkerConfig c = deployment(dir, 8, "socket");
+  c.prefill_workers = 2;
+  c.engine.max_step_tokens = 64;
+  Router::KvTransfers moved;
+  bool killed = false;
+  const auto got = through(c, rs, &moved, [&](Router& router, int i) {
+    if (i == 2 && !killed) {
+      ::kill(router.pid_of(WorkerRole::kPrefill, 1), SIGKILL);
+      killed = true;
+    }
+  });
+  EXPECT_TRUE(killed);
+  EXPECT_EQ(got, colocated(dir, rs));
+  EXPECT_EQ(moved.sequences, 4);
+  EXPECT_EQ(moved.fallbacks, 0);
 }
 
 // K/V larger than the staging region: the request is prefilled again on

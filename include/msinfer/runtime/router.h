@@ -50,6 +50,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -293,6 +294,7 @@ class Router {
   std::map<int64_t, int> prefilling_;    // request id -> prefill worker
   uint32_t kv_imm_ = 0;                  // the last K/V transfer's immediate
   std::vector<TokenEvent> prefill_events_;  // taken outside step(), delivered by the next
+  std::set<int64_t> prefill_again_;         // lost_ requests of a dead prefill worker: to another
   KvTransfers kv_transfers_;
   std::map<int64_t, int64_t> load_of_;   // request id -> its share of the worker's load
   std::map<int64_t, Tracked> requests_;  // every request in flight
