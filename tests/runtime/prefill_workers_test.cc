@@ -86,11 +86,11 @@ std::map<int64_t, std::vector<int32_t>> through(const WorkerConfig& c,
 }
 
 // Every tiny preset's K/V (MLA latents, sliding windows, GQA with biases)
-// over both of msinfer's transports: the co-located engine's tokens, every
+// over msinfer's two transports and libfabric's tcp provider: the co-located engine's tokens, every
 // sequence moved, none prefilled twice.
 TEST(PrefillWorkersTest, DecodingAfterATransferGivesTheColocatedTokens) {
   for (const char* preset : {"tiny-mixtral", "tiny-deepseek-v3", "tiny-gpt-oss"}) {
-    for (const char* provider : {"direct", "socket"}) {
+    for (const char* provider : {"direct", "socket", "tcp"}) {  // tcp: libfabric's
       SCOPED_TRACE(std::string(preset) + " over " + provider);
       const std::string dir = testing::test_model_dir(preset);
       auto mc = load_model_config(dir);
@@ -179,6 +179,29 @@ TEST(PrefillWorkersTest, AKilledPrefillWorkersRequestsGoToAnother) {
   EXPECT_EQ(got, colocated(dir, rs));
   EXPECT_EQ(moved.sequences, 4);
   EXPECT_EQ(moved.fallbacks, 0);
+}
+
+// An attention worker killed while prompts are prefilled (--resubmit): a
+// sequence routed to it, or in flight there, ends on the other one; every
+// request still gives the co-located engine's tokens.
+TEST(PrefillWorkersTest, ATransferToADeadAttentionWorkerGoesToAnother) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  auto rs = requests(256);
+  for (auto& r : rs) r.prompt.resize(r.id == 1 ? 30 : 400, 5 + static_cast<int32_t>(r.id));
+  WorkerConfig c = deployment(dir, 8, "direct");
+  c.engine.max_step_tokens = 64;
+  c.engine.micro_batches = 1;
+  c.resubmit = true;
+  c.routing = RoutingPolicy::kRoundRobin;  // both attention workers take sequences
+  bool killed = false;
+  const auto got = through(c, rs, nullptr, [&](Router& router, int i) {
+    if (i == 3 && !killed) {
+      ::kill(router.pid_of(WorkerRole::kAttention, 0), SIGKILL);
+      killed = true;
+    }
+  });
+  EXPECT_TRUE(killed);
+  EXPECT_EQ(got, colocated(dir, rs));
 }
 
 // K/V larger than the staging region: the request is prefilled again on
