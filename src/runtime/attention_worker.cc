@@ -230,12 +230,7 @@ Status AttentionWorker::handle(control::Command& cmd, bool* exit) {
     MSI_RETURN_IF_ERROR(step());
     *exit = exit_mid_step_;
   } else if (auto* a = std::get_if<Add>(&cmd)) {
-    Status s = engine_->add(a->request);
-    if (s.ok()) {
-      channel_.send(Added{a->request.id});
-    } else {
-      channel_.send(Refused{a->request.id, s.message()});
-    }
+    channel_.send(internal::add_request(*engine_, a->request));
   } else if (auto* c = std::get_if<Cancel>(&cmd)) {
     const bool found = engine_->cancel(c->id);
     channel_.send(Cancelled{found, engine_->kv_usage()});

@@ -170,12 +170,7 @@ Status PrefillWorker::handle(control::Command& cmd, bool* exit) {
     MSI_RETURN_IF_ERROR(step());
   } else if (auto* a = std::get_if<Add>(&cmd)) {
     a->request.prefill_only = true;
-    Status s = engine_->add(a->request);
-    if (s.ok()) {
-      channel_.send(Added{a->request.id});
-    } else {
-      channel_.send(Refused{a->request.id, s.message()});
-    }
+    channel_.send(internal::add_request(*engine_, a->request));
   } else if (auto* c = std::get_if<Cancel>(&cmd)) {
     bool found = engine_->cancel(c->id);
     for (auto it = ready_.begin(); it != ready_.end();) {

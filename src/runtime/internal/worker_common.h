@@ -38,6 +38,14 @@ inline int64_t wall_ns() {
       .count();
 }
 
+// The answer to an Add: the request queued in `engine` (Added), or why not
+// (Refused).
+inline control::Event add_request(Engine& engine, const GenerationRequest& r) {
+  const Status s = engine.add(r);
+  if (s.ok()) return control::Added{r.id};
+  return control::Refused{r.id, s.message()};
+}
+
 inline double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
