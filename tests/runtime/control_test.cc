@@ -120,7 +120,7 @@ std::vector<Command> every_command() {
           JoinBlobs{{"a", std::string("\x01\x02", 2), ""}},
           AddAttention{1, std::string("\x00\xfe card", 7)},
           every_field_configure(),
-          ConnectKv{{std::string("\x01card", 5), ""}},
+          ConnectKv{{std::string("\x01" "card", 5), ""}},
           SendKv{42, 0, 1, 4294967295u},
           AddPrefilled{a_prefilled_sequence(), 7, 65536}};
 }
