@@ -151,8 +151,9 @@ Status PrefillWorker::step() {
   for (PrefilledSequence& p : engine_->take_prefilled()) {
     control::Prefilled info;
     info.bytes = static_cast<int64_t>(p.kv.size());
+    std::vector<uint8_t> kv = std::move(p.kv);  // the report carries all but the K/V
     info.sequence = p;
-    info.sequence.kv.clear();
+    p.kv = std::move(kv);
     answer.prefilled.push_back(std::move(info));
     ready_[{p.request.id, p.index}] = std::move(p);
   }

@@ -573,8 +573,7 @@ Status Router::cancel_once(int64_t id) {
   }
   if (auto pf = prefilling_.find(id); pf != prefilling_.end()) {
     WorkerProcess& p = workers_->prefill(pf->second);
-    p.load -= load_of_[id];
-    load_of_.erase(id);
+    unload(p, id);
     prefilling_.erase(pf);
     auto e = ask(p, control::Cancel{id}, std::chrono::milliseconds(c_.timeout_ms),
                  "did not answer a cancel");
@@ -598,10 +597,16 @@ Status Router::cancel_once(int64_t id) {
   MSI_ASSIGN_OR_RETURN(control::Cancelled c,
                        control::expect<control::Cancelled>(std::move(e).value(), name_of(w)));
   w.kv_usage = c.kv_usage;
-  w.load -= load_of_[id];
-  load_of_.erase(id);
+  unload(w, id);
   in_flight_.erase(it);
   return ok_status();
+}
+
+void Router::unload(WorkerProcess& w, int64_t id) {
+  auto l = load_of_.find(id);
+  if (l == load_of_.end()) return;
+  w.load -= l->second;
+  load_of_.erase(l);
 }
 
 double Router::kv_usage() const {
@@ -688,11 +693,7 @@ Status Router::take_step(int a, control::Stepped&& s, std::vector<TokenEvent>* e
     }
     if (request_done) {
       in_flight_.erase(ev.request_id);
-      auto l = load_of_.find(ev.request_id);
-      if (l != load_of_.end()) {
-        lead(a).load -= l->second;
-        load_of_.erase(l);
-      }
+      unload(lead(a), ev.request_id);
     }
     events->push_back(std::move(ev));
   }

@@ -123,11 +123,7 @@ Status Router::take_prefill_step(WorkerProcess& p, control::Stepped&& s,
     }
     if (ev.finished) {
       prefilling_.erase(ev.request_id);
-      auto l = load_of_.find(ev.request_id);
-      if (l != load_of_.end()) {
-        p.load -= l->second;
-        load_of_.erase(l);
-      }
+      unload(p, ev.request_id);
     }
     events->push_back(std::move(ev));
   }
@@ -147,11 +143,7 @@ Status Router::transfer(WorkerProcess& p, control::Prefilled&& x) {
   const int64_t id = x.sequence.request.id;
   if (prefilling_.count(id) == 0) return ok_status();  // cancelled meanwhile
   prefilling_.erase(id);
-  auto l = load_of_.find(id);
-  if (l != load_of_.end()) {
-    p.load -= l->second;
-    load_of_.erase(l);
-  }
+  unload(p, id);
   auto drop_on_prefill = [&] {
     if (!p.dead) {
       (void)ask(p, control::Cancel{id}, std::chrono::milliseconds(c_.timeout_ms),
@@ -163,6 +155,7 @@ Status Router::transfer(WorkerProcess& p, control::Prefilled&& x) {
     fall_back(id, std::to_string(x.bytes) + " bytes of K/V exceed --kv-transfer-mb");
     return ok_status();
   }
+  // Routed by its tokens so far, as a request of them would be.
   GenerationRequest route = x.sequence.request;
   route.prompt = x.sequence.tokens;
   const int a = choose_attention_worker(route);
@@ -171,7 +164,6 @@ Status Router::transfer(WorkerProcess& p, control::Prefilled&& x) {
   // The attention worker waits for the immediate while the prefill worker
   // writes (a transport may need the receiver's progress to move the bytes).
   const uint32_t imm = ++kv_imm_;
-  const GenerationRequest request = x.sequence.request;
   const int index = x.sequence.index;
   Status sent = send_command(d, control::AddPrefilled{std::move(x.sequence), imm, x.bytes});
   if (!sent.ok()) {
@@ -203,7 +195,7 @@ Status Router::transfer(WorkerProcess& p, control::Prefilled&& x) {
   ++kv_transfers_.sequences;
   kv_transfers_.bytes += x.bytes;
   if (kv != nullptr) kv_transfers_.write_s += kv->seconds;
-  const int64_t load = static_cast<int64_t>(route.prompt.size()) + request.sampling.max_tokens;
+  const int64_t load = static_cast<int64_t>(route.prompt.size()) + route.sampling.max_tokens;
   d.load += load;
   in_flight_[id] = a;
   load_of_[id] = load;

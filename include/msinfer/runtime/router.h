@@ -247,6 +247,8 @@ class Router {
   Status wait_for_replacement();
   // Sends `r` to the live attention worker the routing policy picks.
   Status submit(const GenerationRequest& r);
+  // Request `id` leaves worker `w`: its share of w's load goes (if any).
+  void unload(internal::WorkerProcess& w, int64_t id);
   // The live attention worker the routing policy picks for `r`, or -1.
   int choose_attention_worker(const GenerationRequest& r);
   // ---- prefill workers (docs/RUNTIME.md, "Prefill/decode disaggregation") ----
