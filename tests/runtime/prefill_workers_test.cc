@@ -149,8 +149,12 @@ TEST(PrefillWorkersTest, CommandsWhileAPrefillWorkerStepsWaitForItsAnswer) {
       EXPECT_TRUE(router.add(rs[2]).ok());
       EXPECT_TRUE(router.add(cancelled).ok());
     }
-    if (i == 3) EXPECT_TRUE(router.stats(false).ok());
-    if (i == 4) EXPECT_TRUE(router.cancel(99).ok());
+    if (i == 3) {
+      EXPECT_TRUE(router.stats(false).ok());
+    }
+    if (i == 4) {
+      EXPECT_TRUE(router.cancel(99).ok());
+    }
   });
   const std::vector<GenerationRequest> kept(rs.begin(), rs.begin() + 3);
   auto expected = colocated(dir, kept);
