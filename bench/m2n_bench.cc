@@ -153,8 +153,8 @@ std::vector<double> gather_at_root(const std::vector<double>& lat, int world) {
 
 }  // namespace
 
-std::string mpi_btl_for(const std::string& provider) {
-  return comm::transport_within_host(provider) ? "vader" : "tcp";
+std::string mpi_btl_for(comm::TransportKind transport) {
+  return comm::transport_within_host(transport) ? "vader" : "tcp";
 }
 
 Json m2n_rows_to_json(const std::vector<M2NBenchRow>& rows) {
@@ -179,7 +179,8 @@ StatusOr<std::vector<M2NBenchRow>> run_m2n_bench(const M2NBenchOptions& o) {
 #else
   // libfabric's shm reads FI_SHM_DISABLE_CMA once per process: choose for the
   // largest size of this run (FabricOptions::max_message_bytes explains why).
-  if (o.provider == "shm" && std::getenv("FI_SHM_DISABLE_CMA") == nullptr) {
+  if (o.transport == comm::TransportKind::kFabricShm &&
+      std::getenv("FI_SHM_DISABLE_CMA") == nullptr) {
     const int64_t largest = *std::max_element(o.sizes.begin(), o.sizes.end());
     ::setenv("FI_SHM_DISABLE_CMA", largest >= (1 << 20) ? "0" : "1", 1);
   }
@@ -208,7 +209,7 @@ StatusOr<std::vector<M2NBenchRow>> run_m2n_bench(const M2NBenchOptions& o) {
     e.bytes = size;
     e.iterations = o.iterations;
     e.warmup = std::max(3, o.iterations / 10);
-    e.provider = o.provider;
+    e.transport = o.transport;
     e.zipf = o.zipf;
     e.verify = o.verify;
     e.timeout_ms = 30000;
@@ -244,7 +245,8 @@ StatusOr<std::vector<M2NBenchRow>> run_m2n_bench(const M2NBenchOptions& o) {
       if (boot->rank() == 0) {
         M2NBenchRow row;
         row.name = names[v];
-        row.provider = v == 0 ? o.provider : mpi_btl_for(o.provider);  // MPI: its btl
+        row.provider =
+            v == 0 ? comm::transport_name(o.transport) : mpi_btl_for(o.transport);  // MPI: its btl
         row.size = size;
         row.row_bytes = e.row_bytes;
         row.senders = o.senders;

@@ -108,7 +108,7 @@ StatusOr<std::unique_ptr<Exchange>> Exchange::open(Bootstrap& boot, const Exchan
     transport = o.inproc->endpoint();
   } else {
     FabricOptions fo;
-    fo.provider = o.provider;
+    fo.transport = o.transport;
     fo.max_message_bytes = max_rows * o.row_bytes;
     fo.write_timeout_ms = o.timeout_ms;
     MSI_ASSIGN_OR_RETURN(transport, make_transport(fo));

@@ -166,7 +166,12 @@ class FabricTransport : public Transport {
 
   Status init(const FabricOptions& o) {
     write_timeout_ = std::chrono::milliseconds(o.write_timeout_ms);
-    if (o.provider == "shm" && std::getenv("FI_SHM_DISABLE_CMA") == nullptr) {
+    if (transport_is_msinfer(o.transport)) {
+      return invalid_argument(std::string("libfabric: '") + transport_name(o.transport) +
+                              "' is not a libfabric provider");
+    }
+    const std::string provider = transport_name(o.transport);
+    if (o.transport == TransportKind::kFabricShm && std::getenv("FI_SHM_DISABLE_CMA") == nullptr) {
       const bool cma = o.shm_single_copy == FabricOptions::SingleCopy::kOn ||
                        o.max_message_bytes >= (1 << 20);
       ::setenv("FI_SHM_DISABLE_CMA", cma ? "0" : "1", 0);
@@ -185,19 +190,17 @@ class FabricTransport : public Transport {
         FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
     hints->domain_attr->threading = FI_THREAD_DOMAIN;
     hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
-    if (!o.provider.empty()) {
-      const std::string p = o.provider == "tcp" ? "tcp;ofi_rxm" : o.provider;
-      hints->fabric_attr->prov_name = strdup(p.c_str());
-    }
+    hints->fabric_attr->prov_name =
+        strdup(o.transport == TransportKind::kFabricTcp ? "tcp;ofi_rxm" : provider.c_str());
     int rc = fi_getinfo(FI_VERSION(1, 9), o.address.empty() ? nullptr : o.address.c_str(),
                         nullptr, o.address.empty() ? 0 : FI_SOURCE, hints, &info_);
     fi_freeinfo(hints);
     if (rc != 0 || info_ == nullptr) {
-      return Status(StatusCode::kUnavailable,
-                    "libfabric: no provider '" + o.provider +
-                        "' with RDM endpoints, RMA writes and CQ data" +
-                        (o.address.empty() ? "" : " on " + o.address) + " (" + fi_strerror(-rc) +
-                        "); try --fabric-provider shm or tcp");
+      return Status(StatusCode::kUnavailable, "libfabric: no provider '" + provider +
+                                                  "' with RDM endpoints, RMA writes and CQ data" +
+                                                  (o.address.empty() ? "" : " on " + o.address) +
+                                                  " (" + fi_strerror(-rc) +
+                                                  "); try --fabric-provider shm or tcp");
     }
     provider_ = info_->fabric_attr->prov_name;
     if (info_->domain_attr->cq_data_size < 4) {

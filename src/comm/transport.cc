@@ -6,13 +6,57 @@
 
 namespace msinfer::comm {
 
-StatusOr<std::unique_ptr<Transport>> make_transport(const FabricOptions& options) {
-  if (options.provider == "direct") return make_direct_transport(options);
-  if (options.provider == "socket") return make_socket_transport(options);
-  return make_fabric_transport(options);
+namespace {
+constexpr TransportKind kAllTransports[] = {TransportKind::kDirect,      TransportKind::kSocket,
+                                            TransportKind::kFabricShm,   TransportKind::kFabricTcp,
+                                            TransportKind::kFabricVerbs, TransportKind::kFabricEfa};
+}  // namespace
+
+const char* transport_name(TransportKind kind) {
+  switch (kind) {
+    case TransportKind::kDirect:
+      return "direct";
+    case TransportKind::kSocket:
+      return "socket";
+    case TransportKind::kFabricShm:
+      return "shm";
+    case TransportKind::kFabricTcp:
+      return "tcp";
+    case TransportKind::kFabricVerbs:
+      return "verbs";
+    case TransportKind::kFabricEfa:
+      return "efa";
+  }
+  return "?";
 }
 
-bool transport_within_host(const std::string& name) { return name == "direct" || name == "shm"; }
+StatusOr<TransportKind> parse_transport(std::string_view name) {
+  std::string names;
+  for (TransportKind k : kAllTransports) {
+    if (name == transport_name(k)) return k;
+    names += std::string(names.empty() ? "" : ", ") + transport_name(k);
+  }
+  return invalid_argument("unknown provider '" + std::string(name) + "' (" + names + ")");
+}
+
+bool transport_within_host(TransportKind kind) {
+  return kind == TransportKind::kDirect || kind == TransportKind::kFabricShm;
+}
+
+bool transport_is_msinfer(TransportKind kind) {
+  return kind == TransportKind::kDirect || kind == TransportKind::kSocket;
+}
+
+StatusOr<std::unique_ptr<Transport>> make_transport(const FabricOptions& options) {
+  switch (options.transport) {
+    case TransportKind::kDirect:
+      return make_direct_transport(options);
+    case TransportKind::kSocket:
+      return make_socket_transport(options);
+    default:
+      return make_fabric_transport(options);
+  }
+}
 
 namespace {
 class HeapMemory : public RegionMemory {

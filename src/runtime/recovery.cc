@@ -35,7 +35,7 @@ bool tolerates_attention_loss(const WorkerConfig& c) {
 // the attention workers' progress first; and no placement switch half done.
 bool can_drop_expert_in_place(const WorkerConfig& c, const DeploymentState& s) {
   return s.serving && !s.switching && c.tp_attention == 1 && c.tp_expert == 1 &&
-         (c.provider == "direct" || c.provider == "socket");
+         comm::transport_is_msinfer(c.transport);
 }
 
 bool replaceable(const WorkerConfig& c, const DeploymentState& s, const WorkerProcess& w) {
@@ -45,7 +45,7 @@ bool replaceable(const WorkerConfig& c, const DeploymentState& s, const WorkerPr
 bool can_replace_attention(const WorkerConfig& c, const DeploymentState& s,
                            const WorkerProcess& w) {
   return w.role == WorkerRole::kAttention && replaceable(c, s, w) && c.tp_attention == 1 &&
-         c.tp_expert == 1 && (c.provider == "direct" || c.provider == "socket");
+         c.tp_expert == 1 && comm::transport_is_msinfer(c.transport);
 }
 
 // Only workers the router forked (a launcher's ranks are not its to start):

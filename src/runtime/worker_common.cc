@@ -151,7 +151,7 @@ void idle_pause(int64_t idle_since_ns) {
 
 StatusOr<std::unique_ptr<comm::Transport>> make_transport(const WorkerConfig& c) {
   comm::FabricOptions fo;
-  fo.provider = c.provider;
+  fo.transport = c.transport;
   fo.write_timeout_ms = c.timeout_ms;
   fo.address = c.address;
   // A send must not wait for the receiver: an expert worker progresses the

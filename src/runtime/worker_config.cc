@@ -26,7 +26,7 @@ Json worker_config_json(const WorkerConfig& c) {
          {"tp_attention", c.tp_attention},
          {"attention_threads", c.attention_threads},
          {"expert_threads", c.expert_threads},
-         {"provider", c.provider},
+         {"transport", comm::transport_name(c.transport)},
          {"address", c.address},
          {"timeout_ms", c.timeout_ms},
          {"weights", kernels::cpu::weight_format_name(c.weights)},
@@ -58,7 +58,6 @@ StatusOr<WorkerConfig> worker_config_from_json(const Json& j, const std::string&
       .optional("tp_attention", &c.tp_attention)
       .optional("attention_threads", &c.attention_threads)
       .optional("expert_threads", &c.expert_threads)
-      .optional("provider", &c.provider)
       .optional("address", &c.address)
       .optional("timeout_ms", &c.timeout_ms)
       .optional("attention_device", &c.attention_device)
@@ -78,6 +77,13 @@ StatusOr<WorkerConfig> worker_config_from_json(const Json& j, const std::string&
   MSI_RETURN_IF_ERROR(
       internal::read_enum(f, "shared_experts", &c.shared_experts, where, parse_shared_experts));
   MSI_RETURN_IF_ERROR(internal::read_enum(f, "routing", &c.routing, where, parse_routing_policy));
+  MSI_RETURN_IF_ERROR(internal::read_enum(
+      f, "transport", &c.transport, where,
+      [](const std::string& name, const std::string& w) -> StatusOr<comm::TransportKind> {
+        auto t = comm::parse_transport(name);
+        if (!t.ok()) return invalid_argument(w + ": " + t.status().message());
+        return t;
+      }));
   MSI_RETURN_IF_ERROR(internal::read_enum(
       f, "weights", &c.weights, where,
       [](const std::string& name, const std::string& w) -> StatusOr<kernels::cpu::WeightFormat> {

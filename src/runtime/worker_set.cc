@@ -502,7 +502,7 @@ Status join_launched_deployment(const WorkerConfig& config, comm::Bootstrap& lau
   c.tp_expert_reduce = rank0_reduce;
   if (c.tp_expert > 1) c.placement.tp_expert_reduce = rank0_reduce;
   // Transports that cross hosts bind the address peers reach this host by.
-  if (c.address.empty() && !comm::transport_within_host(c.provider)) {
+  if (c.address.empty() && !comm::transport_within_host(c.transport)) {
     c.address = comm::local_address();
   }
   // As the local router does for its children: share this host's cores among

@@ -32,7 +32,7 @@ using msinfer::testing::shm_objects_removed;
 
 std::unique_ptr<Transport> open_direct(int timeout_ms = 5000) {
   FabricOptions o;
-  o.provider = "direct";
+  o.transport = TransportKind::kDirect;
   o.write_timeout_ms = timeout_ms;
   auto t = make_transport(o);
   EXPECT_TRUE(t.ok()) << t.status().to_string();

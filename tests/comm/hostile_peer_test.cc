@@ -28,7 +28,7 @@ namespace {
 
 std::unique_ptr<Transport> open_transport(const std::string& provider) {
   FabricOptions o;
-  o.provider = provider;
+  o.transport = *parse_transport(provider);
   o.write_timeout_ms = 2000;
   auto t = make_transport(o);
   EXPECT_TRUE(t.ok()) << t.status().to_string();
@@ -261,7 +261,7 @@ bool delivered(Transport& writer, Transport& target, uint32_t imm) {
 // after them.
 TEST(HostilePeerTest, SilentSocketConnectionsAreClosedAndAPeerIsServed) {
   FabricOptions o;
-  o.provider = "socket";
+  o.transport = TransportKind::kSocket;
   o.write_timeout_ms = 2000;
   o.hello_timeout_ms = 300;
   auto made = make_transport(o);
@@ -347,7 +347,7 @@ TEST(HostilePeerTest, SocketTransportOutOfFdsKeepsServing) {
     const int logfd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (logfd < 0 || ::dup2(logfd, 2) < 0) ::_exit(10);
     FabricOptions o;
-    o.provider = "socket";
+    o.transport = TransportKind::kSocket;
     auto t = make_transport(o);
     if (!t.ok()) ::_exit(11);
     std::vector<uint8_t> memory(4096, 0);

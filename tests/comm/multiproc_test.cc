@@ -118,7 +118,7 @@ constexpr int kCorrectnessTimeoutMs = 30000;
 TEST_P(MultiprocTest, EveryByteArrivesUpTo4x4) {
   for (auto [m, n] : {std::pair{1, 1}, {2, 2}, {4, 4}, {3, 2}}) {
     ExchangeOptions o;
-    o.provider = GetParam();
+    o.transport = *parse_transport(GetParam());
     o.senders = m;
     o.receivers = n;
     o.bytes = 64 * 1024;
@@ -143,7 +143,7 @@ TEST_P(MultiprocTest, EveryByteArrivesUpTo4x4) {
 // one 2x2 run in five of `bench m2n --size 32k --iters 300` before.
 TEST_P(MultiprocTest, ThousandsOfRoundsStayCorrect) {
   ExchangeOptions o;
-  o.provider = GetParam();
+  o.transport = *parse_transport(GetParam());
   o.senders = 2;
   o.receivers = 2;
   o.bytes = 32 * 1024;
@@ -160,7 +160,7 @@ TEST_P(MultiprocTest, ThousandsOfRoundsStayCorrect) {
 
 TEST_P(MultiprocTest, AKilledPeerIsNamedWithinTheTimeout) {
   ExchangeOptions o;
-  o.provider = GetParam();
+  o.transport = *parse_transport(GetParam());
   o.senders = 2;
   o.receivers = 2;
   o.bytes = 4096;
@@ -213,7 +213,7 @@ TEST(ShmEndpointTest, ObjectsOfKilledProcessesAreNoObstacleAndAreRemoved) {
     // Stand in for a dead process with this pid: libfabric's default name.
     std::ofstream("/dev/shm/" + std::to_string(::getpid()) + ":0:0") << "stale";
     FabricOptions o;
-    o.provider = "shm";
+    o.transport = TransportKind::kFabricShm;
     auto t = make_fabric_transport(o);
     if (!t.ok()) ::_exit(1);
     if (::write(ready[1], "1", 1) != 1) ::_exit(1);
@@ -232,7 +232,7 @@ TEST(ShmEndpointTest, ObjectsOfKilledProcessesAreNoObstacleAndAreRemoved) {
   ASSERT_TRUE(opened) << "the endpoint did not open next to a stale object";
 
   FabricOptions o;
-  o.provider = "shm";
+  o.transport = TransportKind::kFabricShm;
   auto t = make_fabric_transport(o);
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   EXPECT_TRUE(shm_objects_removed(child)) << "the dead process's object was not removed";

@@ -11,7 +11,7 @@
 
 int main() {
   msinfer::comm::FabricOptions o;
-  o.provider = "direct";
+  o.transport = msinfer::comm::TransportKind::kDirect;
   auto t = msinfer::comm::make_transport(o);
   if (!t.ok()) {
     std::cerr << t.status().to_string() << "\n";

@@ -61,6 +61,39 @@ class Pump {
   std::thread thread_;
 };
 
+// Transports are named on the command line and in a worker's configuration;
+// each name stands for one kind, and each kind knows what it can do.
+TEST(TransportKindTest, NamesRoundTripAndUnknownNamesAreRefused) {
+  int msinfer_own = 0, within_host = 0;
+  for (TransportKind k :
+       {TransportKind::kDirect, TransportKind::kSocket, TransportKind::kFabricShm,
+        TransportKind::kFabricTcp, TransportKind::kFabricVerbs, TransportKind::kFabricEfa}) {
+    auto back = parse_transport(transport_name(k));
+    ASSERT_TRUE(back.ok()) << transport_name(k);
+    EXPECT_EQ(*back, k);
+    msinfer_own += transport_is_msinfer(k);
+    within_host += transport_within_host(k);
+  }
+  EXPECT_EQ(msinfer_own, 2);
+  EXPECT_TRUE(transport_is_msinfer(TransportKind::kDirect) &&
+              transport_is_msinfer(TransportKind::kSocket));
+  EXPECT_EQ(within_host, 2);
+  EXPECT_TRUE(transport_within_host(TransportKind::kDirect) &&
+              transport_within_host(TransportKind::kFabricShm));
+  for (const char* bad : {"", "ib", "TCP", "tcp;ofi_rxm", "fabric:shm"}) {
+    auto t = parse_transport(bad);
+    ASSERT_FALSE(t.ok()) << bad;
+    EXPECT_EQ(t.status().message(),
+              std::string("unknown provider '") + bad + "' (direct, socket, shm, tcp, verbs, efa)");
+  }
+  // libfabric's constructor takes only libfabric's providers.
+  FabricOptions o;
+  o.transport = TransportKind::kDirect;
+  auto f = make_fabric_transport(o);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("'direct' is not a libfabric provider"), std::string::npos);
+}
+
 // libfabric is opened when a libfabric transport is made, not when the
 // binary starts (fabric_lazy.cc); msinfer's own transports never open it.
 TEST(FabricLibraryTest, LoadsOnlyForALibfabricTransport) {
@@ -71,10 +104,10 @@ TEST(FabricLibraryTest, LoadsOnlyForALibfabricTransport) {
   };
   EXPECT_FALSE(loaded()) << "libfabric.so.1 loaded at start";
   FabricOptions o;
-  o.provider = "socket";
+  o.transport = TransportKind::kSocket;
   ASSERT_TRUE(make_transport(o).ok());
   EXPECT_FALSE(loaded()) << "the socket transport opened libfabric";
-  o.provider = "tcp";
+  o.transport = TransportKind::kFabricTcp;
   auto t = make_transport(o);
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   EXPECT_TRUE(loaded());
@@ -88,7 +121,7 @@ TEST(SocketPeerLossTest, AGonePeerIsForgottenOnlyWhenTolerated) {
   for (bool tolerate : {true, false}) {
     SCOPED_TRACE(tolerate ? "tolerated" : "not tolerated");
     FabricOptions o;
-    o.provider = "socket";
+    o.transport = TransportKind::kSocket;
     o.tolerate_peer_loss = tolerate;
     auto a = make_transport(o);
     o.tolerate_peer_loss = false;
@@ -142,7 +175,7 @@ class TransportContractTest : public ::testing::TestWithParam<std::string> {
  protected:
   std::unique_ptr<Transport> open() {
     FabricOptions o;
-    o.provider = GetParam();
+    o.transport = *parse_transport(GetParam());
     auto t = make_transport(o);
     EXPECT_TRUE(t.ok()) << t.status().to_string();
     return t.ok() ? std::move(*t) : nullptr;

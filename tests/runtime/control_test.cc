@@ -45,7 +45,7 @@ Configure every_field_configure() {
   w.attention_threads = 3;
   w.expert_threads = 1;
   w.placement = two_worker_placement();
-  w.provider = "socket";
+  w.transport = comm::TransportKind::kSocket;
   w.address = "10.0.0.1";
   w.timeout_ms = 1234;
   w.weights = kernels::cpu::WeightFormat::kInt8;
@@ -277,6 +277,7 @@ TEST(ControlTest, ConfigureCarriesTheWholeConfiguration) {
   EXPECT_EQ(w.tp_expert_reduce, ExpertReduce::kAllReduce);
   EXPECT_EQ(w.shared_experts, SharedExpertsOn::kExpert);
   EXPECT_EQ(w.routing, RoutingPolicy::kRoundRobin);
+  EXPECT_EQ(w.transport, comm::TransportKind::kSocket);
   EXPECT_EQ(w.weights, kernels::cpu::WeightFormat::kInt8);
   EXPECT_EQ(w.placement.replicas[2], (std::vector<std::pair<int, double>>{{0, 0.25}, {1, 0.75}}));
   EXPECT_EQ(w.attention_device, "cuda:1");
@@ -408,6 +409,12 @@ TEST(ControlTest, MalformedMessagesAreErrorsNamingTheField) {
       {R"({"op": "configure", "role": "expert", "index": 0,
            "config": {"model_dir": "m", "routing": "random"}})",
        "routing"},
+      {R"({"op": "configure", "role": "expert", "index": 0,
+           "config": {"model_dir": "m", "transport": "ib"}})",
+       "field 'transport': unknown provider 'ib' (direct, socket, shm, tcp, verbs, efa)"},
+      {R"({"op": "configure", "role": "expert", "index": 0,
+           "config": {"model_dir": "m", "transport": 3}})",
+       "transport"},
       {R"({"op": "configure", "role": "expert", "index": 0,
            "config": {"model_dir": "m", "placement": {"expert_workers": 2, "experts": [0, 1]}}})",
        "places experts on 2 expert workers, not 1"},

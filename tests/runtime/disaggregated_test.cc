@@ -427,7 +427,7 @@ TEST_P(ExpertFailureTransportTest, ADeadExpertWorkersExpertsMoveToTheirReplicas)
   const auto reqs = failure_requests(4, 12);
   WorkerConfig c = failure_config(dir, 2, 3, /*resubmit=*/false);
   c.placement = two_replicas_each(3);
-  c.provider = GetParam();
+  c.transport = *comm::parse_transport(GetParam());
   const FailureRun run = run_with_kill(c, reqs, "expert", 1, /*kill_after=*/4);
   expect_all_finished_right(run, reqs, dir);
   EXPECT_EQ(run.restarts, 0);
@@ -459,7 +459,7 @@ TEST_P(ExpertFailureTransportTest, ADeadAttentionWorkersRequestsAreResubmitted) 
   const std::string dir = testing::test_model_dir("tiny-mixtral");
   const auto reqs = failure_requests(4, 12);
   WorkerConfig c = failure_config(dir, 2, 2, /*resubmit=*/true);
-  c.provider = GetParam();
+  c.transport = *comm::parse_transport(GetParam());
   const FailureRun run = run_with_kill(c, reqs, "attention", 1, /*kill_after=*/4);
   EXPECT_EQ(run.live_attention, 1);
   EXPECT_EQ(run.restarts, 0);

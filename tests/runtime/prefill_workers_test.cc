@@ -25,7 +25,7 @@ WorkerConfig deployment(const std::string& dir, int experts, const std::string& 
   c.engine.micro_batches = 2;
   c.placement = Placement::round_robin(experts, 2);
   c.timeout_ms = 4000;
-  c.provider = provider;
+  c.transport = *comm::parse_transport(provider);
   c.prefill_workers = 1;
   return c;
 }

@@ -478,11 +478,16 @@ int run_bench_m2n(int argc, char** argv) {
   o.senders = static_cast<int>(flags.get_int("senders"));
   o.receivers = static_cast<int>(flags.get_int("receivers"));
   o.iterations = static_cast<int>(flags.get_int("iters"));
-  o.provider = flags.get_string("provider");
   o.baseline_mpi = flags.get_string("baseline") == "mpi";
   o.verify = !flags.get_bool("no-verify");
-  if (o.provider != "direct" && o.provider != "socket" && o.provider != "shm" && o.provider != "tcp") {
-    return report_error("bench m2n", invalid_argument("--provider must be direct, socket, shm or tcp"));
+  {
+    auto t = comm::parse_transport(flags.get_string("provider"));
+    if (!t.ok() || *t == comm::TransportKind::kFabricVerbs ||
+        *t == comm::TransportKind::kFabricEfa) {
+      return report_error("bench m2n",
+                          invalid_argument("--provider must be direct, socket, shm or tcp"));
+    }
+    o.transport = *t;
   }
   if (flags.get_string("baseline") != "mpi" && flags.get_string("baseline") != "none") {
     return report_error("bench m2n", invalid_argument("--baseline must be mpi or none"));
@@ -529,7 +534,7 @@ int run_bench_m2n(int argc, char** argv) {
     // senders and receivers. Left to the scheduler, the placement drifts
     // mid-run (both senders on one core, say) and the one-way time with it,
     // 2-6x on the 2-core VM, for msinfer and MPI alike.
-    const std::string btl = bench::mpi_btl_for(o.provider);
+    const std::string btl = bench::mpi_btl_for(o.transport);
     std::vector<std::string> args = {"mpirun", "--allow-run-as-root", "--oversubscribe",
                                      "--map-by", "core", "--bind-to", "core:overload-allowed",
                                      "-np", std::to_string(o.senders + o.receivers),
@@ -590,8 +595,9 @@ int run_bench_m2n(int argc, char** argv) {
     std::cout << Json{{"results", bench::m2n_rows_to_json(*rows)}}.dump(2) << "\n";
     return 0;
   }
-  std::printf("M2N + N2M, %d senders x %d receivers, %s, %d rounds per size, one-way = round trip / 2\n\n",
-              o.senders, o.receivers, o.provider.c_str(), o.iterations);
+  std::printf(
+      "M2N + N2M, %d senders x %d receivers, %s, %d rounds per size, one-way = round trip / 2\n\n",
+      o.senders, o.receivers, comm::transport_name(o.transport), o.iterations);
   Table t({"size", "name", "p50 us", "p99 us", "GB/s per sender"});
   for (const auto& r : *rows) {
     t.add_row({fmt_si(static_cast<double>(r.size)) + "B", r.name, fmt(r.p50_us, 1), fmt(r.p99_us, 1),

@@ -145,11 +145,10 @@ Status check_step_budget(const runtime::WorkerConfig& c, const ModelConfig& mode
 }  // namespace
 
 Status check_deployment_flags(const FlagSet& flags) {
-  const std::string& p = flags.get_string("fabric-provider");
-  if (!p.empty() && p != "direct" && p != "socket" && p != "shm" && p != "tcp" && p != "verbs" &&
-      p != "efa") {
-    return invalid_argument(flags.origin("fabric-provider") + ": unknown provider '" + p +
-                            "' (direct, socket, shm, tcp, verbs, efa)");
+  if (const std::string& p = flags.get_string("fabric-provider"); !p.empty()) {
+    if (auto t = comm::parse_transport(p); !t.ok()) {
+      return invalid_argument(flags.origin("fabric-provider") + ": " + t.status().message());
+    }
   }
   if (!flags.get_string("plan").empty()) {
     for (const char* f : {"attention-workers", "expert-workers", "micro-batches"}) {
@@ -253,8 +252,12 @@ StatusOr<runtime::WorkerConfig> process_config_from_flags(const FlagSet& flags) 
   c.model_dir = flags.get_string("model");
   c.engine.kv_cache_bytes = flags.get_int("kv-cache-mb") << 20;
   c.engine.max_step_tokens = step_token_budget(flags);
-  c.provider = flags.get_string("fabric-provider");
-  if (c.provider.empty()) c.provider = comm::launched_by_mpi() ? "socket" : "direct";
+  if (const std::string& p = flags.get_string("fabric-provider"); !p.empty()) {
+    MSI_ASSIGN_OR_RETURN(c.transport, comm::parse_transport(p));
+  } else {
+    c.transport =
+        comm::launched_by_mpi() ? comm::TransportKind::kSocket : comm::TransportKind::kDirect;
+  }
   c.timeout_ms = static_cast<int>(flags.get_int("timeout-ms"));
   if (c.timeout_ms < 100) return invalid_argument("--timeout-ms must be >= 100");
   c.resubmit = flags.get_bool("resubmit");

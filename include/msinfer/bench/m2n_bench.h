@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "msinfer/comm/fabric_transport.h"
 #include "msinfer/core/json.h"
 #include "msinfer/core/status.h"
 
@@ -17,7 +18,7 @@ struct M2NBenchOptions {
   int senders = 4, receivers = 4;
   std::vector<int64_t> sizes = {262144};  // bytes per (sender, receiver) message
   int iterations = 50;
-  std::string provider = "direct";  // direct | socket | shm | tcp
+  comm::TransportKind transport = comm::TransportKind::kDirect;  // direct | socket | shm | tcp
   bool baseline_mpi = true;
   double zipf = 0;
   bool verify = true;
@@ -32,10 +33,10 @@ struct M2NBenchRow {
   double p50_us = 0, p99_us = 0, gbps = 0;  // one-way; GB/s per sender
 };
 
-// The Open MPI btl that carries the same traffic as msinfer's `provider`:
+// The Open MPI btl that carries the same traffic as msinfer's transport:
 // vader (shared memory) beside a transport within the host, tcp beside the
 // others.
-std::string mpi_btl_for(const std::string& provider);
+std::string mpi_btl_for(comm::TransportKind transport);
 
 // Under MPI (every rank calls it); rank 0 gets the rows, others an empty list.
 StatusOr<std::vector<M2NBenchRow>> run_m2n_bench(const M2NBenchOptions& o);

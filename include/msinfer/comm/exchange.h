@@ -27,7 +27,7 @@ struct ExchangeOptions {
   bool empty_to_last = false; // every sender sends 0 rows to the last receiver
   bool checksum = false;
   bool verify = true;         // fill and check every byte
-  std::string provider = "shm";  // libfabric provider, unless `inproc` is set
+  TransportKind transport = TransportKind::kFabricShm;  // unless `inproc` is set
   InprocFabric* inproc = nullptr;  // ranks as threads of one process (unit tests)
   int timeout_ms = 5000;
   bool barrier_each_iteration = false;  // benchmarks: every round starts together, and ends

@@ -14,15 +14,39 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "msinfer/comm/transport.h"
 
 namespace msinfer::comm {
 
+// The M2N transports a process can ask for (make_transport): msinfer's own
+// two, and the libfabric providers it is known to work over.
+enum class TransportKind {
+  kDirect,       // msinfer's, within a host (direct_transport.h)
+  kSocket,       // msinfer's, TCP (socket_transport.h)
+  kFabricShm,    // libfabric's shm: within a host
+  kFabricTcp,    // libfabric's tcp;ofi_rxm
+  kFabricVerbs,  // libfabric's verbs: InfiniBand, RoCE
+  kFabricEfa,    // libfabric's efa
+};
+
+// The name on the command line and in a worker's configuration: "direct",
+// "socket", "shm", "tcp", "verbs", "efa".
+const char* transport_name(TransportKind kind);
+// The kind so named; INVALID_ARGUMENT listing the names otherwise.
+StatusOr<TransportKind> parse_transport(std::string_view name);
+// Whether the transport reaches only processes on this host (direct,
+// libfabric's shm). The others bind the address other hosts reach this one by.
+bool transport_within_host(TransportKind kind);
+// Whether it is msinfer's own: a write to a dead peer does not fail the
+// writer (direct: it lands in shared memory; socket: with
+// tolerate_peer_loss), where a libfabric connection to it fails the
+// writer's progress.
+bool transport_is_msinfer(TransportKind kind);
+
 struct FabricOptions {
-  // libfabric provider name: "shm", "tcp" (tcp;ofi_rxm), "verbs", "efa", or
-  // "" to take libfabric's first RDM provider with RMA and CQ data.
-  std::string provider = "shm";
+  TransportKind transport = TransportKind::kFabricShm;
   // Pre-posted receives for FI_RX_CQ_DATA providers.
   int posted_receives = 256;
   // Largest single write expected. shm: below 1 MiB bounce buffers
@@ -59,15 +83,8 @@ struct FabricOptions {
 
 StatusOr<std::unique_ptr<Transport>> make_fabric_transport(const FabricOptions& options);
 
-// The transport a process asks for by name: "direct" (within a host,
-// direct_transport.h) and "socket" (TCP, socket_transport.h) are msinfer's
-// own; any other name is a libfabric provider.
+// The transport options.transport names.
 StatusOr<std::unique_ptr<Transport>> make_transport(const FabricOptions& options);
-
-// Whether the transport so named reaches only processes on this host
-// (direct, libfabric's shm). The others bind the address other hosts reach
-// this one by.
-bool transport_within_host(const std::string& name);
 
 // shm endpoints (libfabric's, and the direct transport's mailboxes and
 // regions) are shared-memory objects in /dev/shm; a killed process leaves its

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "msinfer/comm/fabric_transport.h"
 #include "msinfer/core/json.h"
 #include "msinfer/core/status.h"
 #include "msinfer/kernels/cpu/gemm.h"
@@ -49,8 +50,8 @@ struct WorkerConfig {
   int attention_threads = 0, expert_threads = 0;
   int processes() const { return attention_processes() + expert_processes(); }
   Placement placement;
-  std::string provider = "direct";  // M2N transport (comm::make_transport)
-  std::string address;  // local address for the fabric (multi-host); "" = provider's choice
+  comm::TransportKind transport = comm::TransportKind::kDirect;  // M2N (comm::make_transport)
+  std::string address;  // local address for the fabric (multi-host); "" = the transport's choice
   int timeout_ms = 10000;
   kernels::cpu::WeightFormat weights = kernels::cpu::WeightFormat::kBf16;  // GEMM weights
   std::string attention_device = "cpu", expert_device = "cpu";  // runtime/device_backend.h
