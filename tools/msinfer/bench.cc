@@ -450,30 +450,9 @@ StatusOr<std::vector<int64_t>> parse_sizes(const std::string& s) {
   return out;
 }
 
-int run_bench_m2n(int argc, char** argv) {
-  FlagSet flags("bench m2n",
-                "M2N then N2M rounds between M attention and N expert processes on this host:\n"
-                "one-way latency (round trip / 2) p50/p99 and GB/s per sender, every byte\n"
-                "verified; with the MPI baseline the same traffic goes through Open MPI\n"
-                "Isend/Irecv and MPI_Alltoallv in the same processes. Started directly, it\n"
-                "re-launches itself under mpirun (Open MPI) with M + N ranks.");
-  flags.add_int("senders", 4, 1, 128, "attention processes M");
-  flags.add_int("receivers", 4, 1, 128, "expert processes N");
-  flags.add_string("size", "2k,32k,256k,2m,8m", "bytes per (sender, receiver) message; list, k/m suffixes");
-  flags.add_int("iters", 50, 1, 1000000, "timed rounds per size");
-  flags.add_string("provider", "direct",
-                   "direct | socket (msinfer's shared-memory and TCP transports) | shm | tcp\n"
-                   "(libfabric providers); MPI uses the matching btl: vader for direct and shm,\n"
-                   "tcp for socket and tcp");
-  flags.add_string("baseline", "mpi", "mpi | none");
-  flags.add_string("imbalance", "none", "none | zipf:S (skewed rows per receiver)");
-  flags.add_bool("no-verify", "skip the byte checks (they run outside the timed span anyway)");
-  flags.add_bool("json", "print one JSON object");
-  flags.add_string("profile-into", "",
-                   "add the measured transfer model (nic_gb_s, nic_util_curve) to this profile "
-                   "JSON (from `msinfer profile`; created if missing) for plan/simulate/bench serve");
-  if (auto done = parse_command_line(flags, "bench m2n", argc, argv, 3)) return *done;
-  Status s;
+// bench m2n's flags, checked, before any rank starts (--profile-into is read
+// and re-written at the end).
+StatusOr<bench::M2NBenchOptions> m2n_options_from_flags(const FlagSet& flags) {
   bench::M2NBenchOptions o;
   o.senders = static_cast<int>(flags.get_int("senders"));
   o.receivers = static_cast<int>(flags.get_int("receivers"));
@@ -484,35 +463,30 @@ int run_bench_m2n(int argc, char** argv) {
     auto t = comm::parse_transport(flags.get_string("provider"));
     if (!t.ok() || *t == comm::TransportKind::kFabricVerbs ||
         *t == comm::TransportKind::kFabricEfa) {
-      return report_error("bench m2n",
-                          invalid_argument("--provider must be direct, socket, shm or tcp"));
+      return invalid_argument("--provider must be direct, socket, shm or tcp");
     }
     o.transport = *t;
   }
   if (flags.get_string("baseline") != "mpi" && flags.get_string("baseline") != "none") {
-    return report_error("bench m2n", invalid_argument("--baseline must be mpi or none"));
+    return invalid_argument("--baseline must be mpi or none");
   }
   const std::string imb = flags.get_string("imbalance");
   if (imb.rfind("zipf:", 0) == 0) {
     FlagSet one("bench m2n", "");
     one.add_double("imbalance", 1, 0, 16, "");
     if (!one.parse({"--imbalance=" + imb.substr(5)}).ok() || !(one.get_double("imbalance") > 0)) {
-      return report_error("bench m2n",
-                          invalid_argument("--imbalance zipf:S needs a number S in (0, 16], "
-                                           "got '" +
-                                           imb + "'"));
+      return invalid_argument("--imbalance zipf:S needs a number S in (0, 16], got '" + imb + "'");
     }
     o.zipf = one.get_double("imbalance");
   } else if (imb != "none") {
-    return report_error("bench m2n", invalid_argument("--imbalance: expected none or zipf:S"));
+    return invalid_argument("--imbalance: expected none or zipf:S");
   }
   auto sizes = parse_sizes(flags.get_string("size"));
-  if (!sizes.ok()) return report_error("bench m2n", sizes.status());
+  if (!sizes.ok()) return sizes.status();
   o.sizes = *sizes;
   const std::string& into_path = flags.get_string("profile-into");
   if (!into_path.empty()) {
-    // Before any rank starts: the file is read and re-written at the end.
-    s = check_output_path("--profile-into", into_path);
+    Status s = check_output_path("--profile-into", into_path);
     std::error_code ec;
     if (s.ok() && std::filesystem::exists(into_path, ec) &&
         !std::filesystem::is_regular_file(into_path, ec)) {
@@ -522,58 +496,103 @@ int run_bench_m2n(int argc, char** argv) {
       auto j = read_json_file(into_path);
       s = j.ok() ? ok_status() : j.status().with_context("--profile-into");
     }
-    if (!s.ok()) return report_error("bench m2n", s);
+    if (!s.ok()) return s;
   }
+  return o;
+}
 
-  if (!comm::launched_by_mpi()) {
-    // Re-launch under mpirun: one rank per process, the data over the chosen
-    // transport, MPI only for the bootstrap and the baseline (ob1 pml: UCX
-    // needs IB), on the btl that matches the transport.
-    // Ranks are bound round-robin to cores (rank r on core r mod cores), so on
-    // a host with fewer cores than ranks every core gets the same mix of
-    // senders and receivers. Left to the scheduler, the placement drifts
-    // mid-run (both senders on one core, say) and the one-way time with it,
-    // 2-6x on the 2-core VM, for msinfer and MPI alike.
-    const std::string btl = bench::mpi_btl_for(o.transport);
-    std::vector<std::string> args = {"mpirun", "--allow-run-as-root", "--oversubscribe",
-                                     "--map-by", "core", "--bind-to", "core:overload-allowed",
-                                     "-np", std::to_string(o.senders + o.receivers),
-                                     "--mca", "pml", "ob1",
-                                     "--mca", "btl", "self," + btl};
-    if (btl == "tcp") {
-      for (const char* a : {"--mca", "btl_tcp_if_include", "lo", "-x", "FI_TCP_IFACE=lo"}) args.push_back(a);
-    }
-    auto exe = self_executable();
-    if (!exe.ok()) return report_error("bench m2n", exe.status());
-    args.push_back(*exe);
-    for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
-    std::vector<char*> cargs;
-    for (auto& a : args) cargs.push_back(a.data());
-    cargs.push_back(nullptr);
-    // mpirun runs as a child, not in place of this process: once it exits, for
-    // whatever reason (SIGINT included: mpirun sends its ranks SIGTERM and, a
-    // second later, SIGKILL), the ranks' shared-memory objects are removed here.
-    std::fflush(stdout);
-    std::fflush(stderr);
-    const pid_t child = ::fork();
-    if (child < 0) {
-      return report_error("bench m2n",
-                          internal_error(std::string("fork: ") + std::strerror(errno)));
-    }
-    if (child == 0) {
-      ::execvp("mpirun", cargs.data());
-      std::fprintf(stderr, "msinfer bench m2n: cannot run mpirun (install openmpi-bin)\n");
-      ::_exit(127);
-    }
-    const int status = wait_forwarding_signals(child);
-    comm::remove_dead_shm_endpoints();
-    if (g_signal != 0) {  // interrupted: die of the same signal, as if it had come here
-      ::signal(g_signal, SIG_DFL);
-      ::raise(g_signal);
-    }
-    if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+// Started directly: runs this command again under mpirun and returns its exit
+// code.
+int relaunch_under_mpirun(const bench::M2NBenchOptions& o, int argc, char** argv) {
+  // Re-launch under mpirun: one rank per process, the data over the chosen
+  // transport, MPI only for the bootstrap and the baseline (ob1 pml: UCX
+  // needs IB), on the btl that matches the transport.
+  // Ranks are bound round-robin to cores (rank r on core r mod cores), so on
+  // a host with fewer cores than ranks every core gets the same mix of
+  // senders and receivers. Left to the scheduler, the placement drifts
+  // mid-run (both senders on one core, say) and the one-way time with it,
+  // 2-6x on the 2-core VM, for msinfer and MPI alike.
+  const std::string btl = bench::mpi_btl_for(o.transport);
+  std::vector<std::string> args = {"mpirun",
+                                   "--allow-run-as-root",
+                                   "--oversubscribe",
+                                   "--map-by",
+                                   "core",
+                                   "--bind-to",
+                                   "core:overload-allowed",
+                                   "-np",
+                                   std::to_string(o.senders + o.receivers),
+                                   "--mca",
+                                   "pml",
+                                   "ob1",
+                                   "--mca",
+                                   "btl",
+                                   "self," + btl};
+  if (btl == "tcp") {
+    for (const char* a : {"--mca", "btl_tcp_if_include", "lo", "-x", "FI_TCP_IFACE=lo"})
+      args.push_back(a);
   }
+  auto exe = self_executable();
+  if (!exe.ok()) return report_error("bench m2n", exe.status());
+  args.push_back(*exe);
+  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+  std::vector<char*> cargs;
+  for (auto& a : args) cargs.push_back(a.data());
+  cargs.push_back(nullptr);
+  // mpirun runs as a child, not in place of this process: once it exits, for
+  // whatever reason (SIGINT included: mpirun sends its ranks SIGTERM and, a
+  // second later, SIGKILL), the ranks' shared-memory objects are removed here.
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t child = ::fork();
+  if (child < 0) {
+    return report_error("bench m2n", internal_error(std::string("fork: ") + std::strerror(errno)));
+  }
+  if (child == 0) {
+    ::execvp("mpirun", cargs.data());
+    std::fprintf(stderr, "msinfer bench m2n: cannot run mpirun (install openmpi-bin)\n");
+    ::_exit(127);
+  }
+  const int status = wait_forwarding_signals(child);
+  comm::remove_dead_shm_endpoints();
+  if (g_signal != 0) {  // interrupted: die of the same signal, as if it had come here
+    ::signal(g_signal, SIG_DFL);
+    ::raise(g_signal);
+  }
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+int run_bench_m2n(int argc, char** argv) {
+  FlagSet flags("bench m2n",
+                "M2N then N2M rounds between M attention and N expert processes on this host:\n"
+                "one-way latency (round trip / 2) p50/p99 and GB/s per sender, every byte\n"
+                "verified; with the MPI baseline the same traffic goes through Open MPI\n"
+                "Isend/Irecv and MPI_Alltoallv in the same processes. Started directly, it\n"
+                "re-launches itself under mpirun (Open MPI) with M + N ranks.");
+  flags.add_int("senders", 4, 1, 128, "attention processes M");
+  flags.add_int("receivers", 4, 1, 128, "expert processes N");
+  flags.add_string("size", "2k,32k,256k,2m,8m",
+                   "bytes per (sender, receiver) message; list, k/m suffixes");
+  flags.add_int("iters", 50, 1, 1000000, "timed rounds per size");
+  flags.add_string("provider", "direct",
+                   "direct | socket (msinfer's shared-memory and TCP transports) | shm | tcp\n"
+                   "(libfabric providers); MPI uses the matching btl: vader for direct and shm,\n"
+                   "tcp for socket and tcp");
+  flags.add_string("baseline", "mpi", "mpi | none");
+  flags.add_string("imbalance", "none", "none | zipf:S (skewed rows per receiver)");
+  flags.add_bool("no-verify", "skip the byte checks (they run outside the timed span anyway)");
+  flags.add_bool("json", "print one JSON object");
+  flags.add_string(
+      "profile-into", "",
+      "add the measured transfer model (nic_gb_s, nic_util_curve) to this profile "
+      "JSON (from `msinfer profile`; created if missing) for plan/simulate/bench serve");
+  if (auto done = parse_command_line(flags, "bench m2n", argc, argv, 3)) return *done;
+  auto options = m2n_options_from_flags(flags);
+  if (!options.ok()) return report_error("bench m2n", options.status());
+  const bench::M2NBenchOptions& o = *options;
+  if (!comm::launched_by_mpi()) return relaunch_under_mpirun(o, argc, argv);
+  Status s;
   auto rows = bench::run_m2n_bench(o);
   if (!rows.ok()) return report_error("bench m2n", rows.status());
   if (rows->empty()) return 0;  // not rank 0
