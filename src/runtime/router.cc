@@ -50,6 +50,7 @@ StatusOr<std::unique_ptr<Router>> Router::create(const WorkerConfig& c) {
   r->workers_ = std::make_unique<internal::WorkerSet>(r->c_);
   r->expected_[static_cast<int>(WorkerRole::kAttention)] = c.attention_workers;
   r->expected_[static_cast<int>(WorkerRole::kExpert)] = c.expert_workers;
+  r->expected_[static_cast<int>(WorkerRole::kPrefill)] = c.prefill_workers;
   Router* self = r.get();
   r->rebalancer_ = std::make_unique<internal::Rebalancer>(
       r->c_, *r->workers_,
@@ -179,7 +180,9 @@ Status Router::on_death(const internal::WorkerDeath& d) {
   WorkerProcess& w = workers_->all()[d.slot];
   if (w.role == WorkerRole::kPrefill) {
     // Its requests are prefilled again elsewhere; nothing else depends on it.
+    ++deaths_[static_cast<int>(WorkerRole::kPrefill)];
     drop_prefill_worker(w, d.how);
+    publish_health();
     return ok_status();
   }
   ++deaths_[static_cast<int>(w.role)];
@@ -241,22 +244,25 @@ Status Router::fail_deployment(Status why) {
 // A worker is live while none of its processes died, was dropped or stopped
 // (a stopped process's channel is closed).
 void Router::publish_health() {
-  std::vector<char> up[2] = {std::vector<char>(static_cast<size_t>(c_.attention_workers), 1),
-                             std::vector<char>(static_cast<size_t>(c_.expert_workers), 1)};
+  std::vector<char> up[3] = {std::vector<char>(static_cast<size_t>(c_.attention_workers), 1),
+                             std::vector<char>(static_cast<size_t>(c_.expert_workers), 1),
+                             std::vector<char>(static_cast<size_t>(c_.prefill_workers), 1)};
   if (workers_->all().empty()) {
     for (auto& v : up) v.assign(v.size(), 0);
   }
   for (const WorkerProcess& w : workers_->all()) {
-    if (w.role == WorkerRole::kPrefill) continue;
     auto& v = up[static_cast<int>(w.role)];
     if (w.index >= 0 && w.index < static_cast<int>(v.size()) && (w.dead || w.in < 0)) {
       v[static_cast<size_t>(w.index)] = 0;
     }
   }
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < 3; ++r) {
     live_[r].store(static_cast<int>(std::count(up[r].begin(), up[r].end(), 1)),
                    std::memory_order_relaxed);
   }
+  kv_published_[0].store(kv_transfers_.sequences, std::memory_order_relaxed);
+  kv_published_[1].store(kv_transfers_.bytes, std::memory_order_relaxed);
+  kv_published_[2].store(kv_transfers_.fallbacks, std::memory_order_relaxed);
   recovering_now_.store(recovering_ || !awaited_.empty(), std::memory_order_relaxed);
   stopped_now_.store(!stopped_.ok(), std::memory_order_relaxed);
 }
@@ -274,6 +280,10 @@ DeploymentHealth Router::health() const {
   DeploymentHealth d;
   d.attention = role(WorkerRole::kAttention);
   d.expert = role(WorkerRole::kExpert);
+  d.prefill = role(WorkerRole::kPrefill);
+  d.kv_transfers = kv_published_[0].load(std::memory_order_relaxed);
+  d.kv_transfer_bytes = kv_published_[1].load(std::memory_order_relaxed);
+  d.kv_transfer_fallbacks = kv_published_[2].load(std::memory_order_relaxed);
   d.recovering = recovering_now_.load(std::memory_order_relaxed);
   d.stopped = stopped_now_.load(std::memory_order_relaxed);
   if (d.stopped) {
@@ -335,6 +345,7 @@ Status Router::recover() {
     }
     worker_restarts_[static_cast<int>(WorkerRole::kAttention)] += c_.attention_workers;
     worker_restarts_[static_cast<int>(WorkerRole::kExpert)] += c_.expert_workers;
+    worker_restarts_[static_cast<int>(WorkerRole::kPrefill)] += c_.prefill_workers;
     recovering_ = false;
     publish_health();
     // Every request in flight starts again from prompt + delivered tokens.

@@ -133,6 +133,7 @@ Status Router::take_prefill_step(WorkerProcess& p, control::Stepped&& s,
 
 void Router::fall_back(int64_t id, const std::string& why) {
   ++kv_transfers_.fallbacks;
+  publish_health();
   std::fprintf(stderr,
                "msinfer: router: request %lld is prefilled again on an attention worker: %s\n",
                static_cast<long long>(id), why.c_str());
@@ -195,6 +196,7 @@ Status Router::transfer(WorkerProcess& p, control::Prefilled&& x) {
   ++kv_transfers_.sequences;
   kv_transfers_.bytes += x.bytes;
   if (kv != nullptr) kv_transfers_.write_s += kv->seconds;
+  publish_health();
   const int64_t load = static_cast<int64_t>(route.prompt.size()) + route.sampling.max_tokens;
   d.load += load;
   in_flight_[id] = a;

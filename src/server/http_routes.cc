@@ -99,8 +99,14 @@ Metrics::Gauges metrics_gauges(HttpServer::Impl& srv) {
     g.routing = std::move(snap.routing);
     if (const auto h = s->health().workers) {
       for (const auto& [role, r] :
-           {std::pair{"attention", h->attention}, std::pair{"expert", h->expert}}) {
+           {std::pair{"attention", h->attention}, std::pair{"expert", h->expert},
+            std::pair{"prefill", h->prefill}}) {
+        if (r.expected == 0 && r.deaths == 0) continue;  // no prefill workers
         g.roles.push_back({role, r.live, r.expected, r.deaths, r.restarts});
+      }
+      if (h->prefill.expected > 0) {
+        g.kv_transfers = Metrics::Gauges::KvTransfers{h->kv_transfers, h->kv_transfer_bytes,
+                                                      h->kv_transfer_fallbacks};
       }
     }
   }

@@ -98,6 +98,7 @@ HealthAnswer health_answer(const Scheduler* scheduler, bool draining) {
     };
     body["workers"] =
         Json{{"attention", role(h.workers->attention)}, {"expert", role(h.workers->expert)}};
+    if (h.workers->prefill.expected > 0) body["workers"]["prefill"] = role(h.workers->prefill);
   }
   auto answer = [&](int status, const char* what) {
     body["status"] = what;

@@ -290,6 +290,17 @@ std::string Metrics::render(const Gauges& g) const {
     o << "msinfer:http_responses_total{" << l << ",code=\"" << code << "\"} " << n << "\n";
   }
   if (!g.roles.empty()) render_roles(o, l, g);
+  if (g.kv_transfers) {
+    counter("msinfer:kv_transfers_total",
+            "Prefill workers: sequences whose K/V moved to an attention worker.",
+            static_cast<double>(g.kv_transfers->sequences));
+    counter("msinfer:kv_transfer_bytes_total", "Prefill workers: the K/V bytes those moved.",
+            static_cast<double>(g.kv_transfers->bytes));
+    counter("msinfer:kv_transfer_fallbacks_total",
+            "Prefill workers: requests prefilled on an attention worker instead (a failed "
+            "transfer, or K/V beyond the staging region).",
+            static_cast<double>(g.kv_transfers->fallbacks));
+  }
   if (!g.workers.empty()) render_workers(o, l, g.workers);
   if (g.routing.is_object() && g.routing.contains("expert_tokens") &&
       g.routing["expert_tokens"].is_array()) {

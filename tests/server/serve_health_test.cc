@@ -53,7 +53,7 @@ using testing::source_dir;
 std::map<std::string, pid_t> worker_pids(const Server& s) {
   std::map<std::string, pid_t> pids;
   const std::string err = s.stderr_text();
-  const std::regex line("(attention|expert) worker ([0-9]+): pid ([0-9]+)");
+  const std::regex line("(attention|expert|prefill) worker ([0-9]+): pid ([0-9]+)");
   for (auto it = std::sregex_iterator(err.begin(), err.end(), line); it != std::sregex_iterator();
        ++it) {
     pids[(*it)[1].str() + (*it)[2].str()] = std::stoi((*it)[3]);
@@ -273,6 +273,54 @@ TEST_F(ServeHealthTest, AWorkerDownIsDegradedAndARespawnRestoresIt) {
     EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
     if (HasFailure()) ADD_FAILURE() << "server stderr:\n" << s.stderr_text();
   }
+}
+
+// Prefill workers (issue 50) in /health and /metrics: their live and
+// expected count beside the other roles, the K/V transfers counted; one
+// killed is a death, /health says "degraded" (200), and the other goes on
+// prefilling, its transfers counted on.
+TEST_F(ServeHealthTest, PrefillWorkersReachHealthAndMetrics) {
+  Server s("--attention-workers 1 --expert-workers 1 --prefill-workers 2");
+  ASSERT_GT(s.port(), 0) << s.stderr_text();
+  const auto pids = worker_pids(s);
+  ASSERT_EQ(pids.size(), 4u) << s.stderr_text();
+  Json workers = workers_body(1, 1, 1, 1);
+  workers["prefill"] = {{"live", 2}, {"expected", 2}};
+  HttpResult h = curl(s.url() + "/health");
+  EXPECT_EQ(h.status, 200);
+  EXPECT_EQ(Json::parse(h.body, nullptr, false), (Json{{"status", "ok"}, {"workers", workers}}))
+      << h.body;
+  const std::string label = "{model_name=\"" + model_dir().filename().string() + "\"}";
+  auto m = scrape(s);
+  EXPECT_EQ(metric(m, "msinfer:kv_transfers_total" + label), 0);
+  EXPECT_EQ(by_role(m, "msinfer:workers_live", "prefill"), 2);
+  EXPECT_EQ(by_role(m, "msinfer:workers_expected", "prefill"), 2);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi there", "max_tokens": 4})").status, 200);
+  }
+  m = scrape(s);
+  EXPECT_EQ(metric(m, "msinfer:kv_transfers_total" + label), 2);
+  EXPECT_GT(metric(m, "msinfer:kv_transfer_bytes_total" + label), 0);
+  EXPECT_EQ(metric(m, "msinfer:kv_transfer_fallbacks_total" + label), 0);
+  EXPECT_EQ(by_role(m, "msinfer:worker_deaths_total", "prefill"), 0);
+
+  ASSERT_EQ(::kill(pids.at("prefill1"), SIGKILL), 0);
+  EXPECT_TRUE(
+      wait_role_metric(s, "msinfer:worker_deaths_total", "prefill", 1, std::chrono::seconds(30)));
+  h = wait_health(s, "degraded", std::chrono::seconds(30));
+  EXPECT_EQ(h.status, 200);
+  workers["prefill"] = {{"live", 1}, {"expected", 2}};
+  EXPECT_EQ(Json::parse(h.body, nullptr, false),
+            (Json{{"status", "degraded"}, {"workers", workers}}))
+      << h.body;
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": "hi there", "max_tokens": 4})").status, 200);
+  }
+  m = scrape(s);
+  EXPECT_EQ(metric(m, "msinfer:kv_transfers_total" + label), 4);
+  EXPECT_EQ(by_role(m, "msinfer:workers_live", "prefill"), 1);
+  EXPECT_EQ(s.stop(SIGTERM, std::chrono::seconds(30)), 0);
+  if (HasFailure()) ADD_FAILURE() << "server stderr:\n" << s.stderr_text();
 }
 
 // The process_* family is there, plausible, and parses as Prometheus text

@@ -80,6 +80,11 @@ struct RoleHealth {
 };
 struct DeploymentHealth {
   RoleHealth attention, expert;
+  RoleHealth prefill;  // prefill/decode disaggregation's (expected 0 without)
+  // Prefill workers so far: sequences whose K/V moved to an attention worker
+  // and its bytes; requests prefilled on an attention worker instead (a
+  // failed transfer, or K/V beyond the staging region).
+  int64_t kv_transfers = 0, kv_transfer_bytes = 0, kv_transfer_fallbacks = 0;
   // Serving waits: for a replacement without which some experts have no
   // worker, or for a restart of every worker.
   bool recovering = false;
@@ -322,8 +327,11 @@ class Router {
   bool recovering_ = false;  // in recover(): every worker restarts
   // What health() reads, by role (WorkerRole as an index); written on the
   // router's thread only (publish_health and the counters), read by any.
-  std::atomic<int> live_[2] = {0, 0}, expected_[2] = {0, 0};
-  std::atomic<int64_t> deaths_[2] = {0, 0}, worker_restarts_[2] = {0, 0};
+  // By WorkerRole: attention, expert, prefill.
+  std::atomic<int> live_[3] = {0, 0, 0}, expected_[3] = {0, 0, 0};
+  std::atomic<int64_t> deaths_[3] = {0, 0, 0}, worker_restarts_[3] = {0, 0, 0};
+  // kv_transfers_'s sequences, bytes and fallbacks, for health().
+  std::atomic<int64_t> kv_published_[3] = {0, 0, 0};
   std::atomic<bool> recovering_now_{false}, stopped_now_{false};
   mutable std::mutex stop_mu_;
   std::string stop_reason_;  // GUARDED_BY(stop_mu_): stopped_'s message, for health()

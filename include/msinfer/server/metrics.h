@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -63,10 +64,16 @@ class Metrics {
     // A deployment's workers by role (runtime::Router::health): empty when
     // co-located.
     struct Role {
-      std::string role;  // "attention", "expert"
+      std::string role;  // "attention", "expert", "prefill" (with prefill workers)
       int64_t live = 0, expected = 0, deaths = 0, restarts = 0;
     };
     std::vector<Role> roles;
+    // Prefill/decode disaggregation (runtime::DeploymentHealth): shown with
+    // prefill workers only.
+    struct KvTransfers {
+      int64_t sequences = 0, bytes = 0, fallbacks = 0;
+    };
+    std::optional<KvTransfers> kv_transfers;
     // The process_* family of this process (read_process_stats), unless false.
     bool process = true;
   };
