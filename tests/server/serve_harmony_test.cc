@@ -44,9 +44,14 @@ struct Safetensors {
   size_t data_at = 0;
   bool load(const std::string& p) {
     path = p;
-    std::ifstream f(p, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(f), {});
-    if (bytes.size() < 8) return false;
+    // One read: the file holds two 200k-row tensors, and a character at a
+    // time took seconds under ASan.
+    std::ifstream f(p, std::ios::binary | std::ios::ate);
+    if (!f) return false;
+    bytes.resize(static_cast<size_t>(f.tellg()));
+    f.seekg(0);
+    f.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!f || bytes.size() < 8) return false;
     uint64_t n = 0;
     std::memcpy(&n, bytes.data(), 8);
     header = Json::parse(bytes.substr(8, n));
@@ -78,8 +83,9 @@ class ServeHarmony : public ::testing::Test {
               0);
     auto tok = model::Tokenizer::load(dir_->string());
     ASSERT_TRUE(tok.ok()) << tok.status().message();
+    tokenizer_ = new model::Tokenizer(std::move(tok).value());
     auto id = [&](const std::string& text) {
-      const std::vector<int32_t> v = tok->encode(text, false);
+      const std::vector<int32_t> v = tokenizer_->encode(text, false);
       EXPECT_EQ(v.size(), 1u) << "'" << text << "' is not one token";
       return v.empty() ? 0 : v[0];
     };
@@ -142,17 +148,22 @@ class ServeHarmony : public ::testing::Test {
     }
     delete dir_;
     dir_ = nullptr;
+    delete tokenizer_;
+    tokenizer_ = nullptr;
   }
   void SetUp() override {
     if (dir_ == nullptr) {
       GTEST_SKIP() << "needs .cache/tokenizers/gptoss (scripts/fetch-tokenizers) and the openai "
                       "npm client (scripts/fetch-js-clients)";
     }
+    ASSERT_NE(tokenizer_, nullptr) << "the suite's set-up failed";
   }
   void expect_harmony_chats(const std::string& deployment);
   static fs::path* dir_;
+  static model::Tokenizer* tokenizer_;  // the model's (o200k): loading it takes seconds under ASan
 };
 fs::path* ServeHarmony::dir_ = nullptr;
+model::Tokenizer* ServeHarmony::tokenizer_ = nullptr;
 
 // The split the tokens say: each body after `<|channel|>NAME<|message|>` up
 // to the next special token; analysis bodies are the reasoning, final
@@ -198,9 +209,7 @@ void ServeHarmony::expect_harmony_chats(const std::string& deployment) {
       "included for every message.<|end|><|start|>developer<|message|># Instructions\n\n"
       "Answer in one word.\n\n<|end|><|start|>user<|message|>" +
       user + "<|end|><|start|>assistant";
-  auto tok = model::Tokenizer::load(dir_->string());
-  ASSERT_TRUE(tok.ok());
-  const int64_t prompt_tokens = static_cast<int64_t>(tok->encode(prompt, false).size());
+  const int64_t prompt_tokens = static_cast<int64_t>(tokenizer_->encode(prompt, false).size());
   // A completion of that text and more first: its KV blocks go to the prefix
   // cache, and the chat's prompt finds every whole block of it there only if
   // its tokens are the same.
