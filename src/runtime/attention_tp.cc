@@ -37,8 +37,9 @@ class AttentionTpRank {
     lo.attention_tp_rank = tp_rank_;
     lo.attention_tp_size = c_.tp_attention;
     MSI_ASSIGN_OR_RETURN(w_, model::ModelWeights::load(c_.model_dir, lo));
-    MSI_ASSIGN_OR_RETURN(KvCache kv,
-                         KvCache::create(attention_tp_config(*w_), c_.engine.kv_cache_bytes));
+    MSI_ASSIGN_OR_RETURN(
+        KvCache kv,
+        KvCache::create(attention_tp_config(*w_), c_.engine.kv_cache_bytes, c_.engine.block_size));
     kv_ = std::make_unique<KvCache>(std::move(kv));
     runner_ = std::make_unique<AttentionRunner>(*w_);
     row_bytes_ = w_->config().hidden * 4;
@@ -149,14 +150,14 @@ class AttentionTpRank {
       if (at + 2 > words) return malformed("header too short");
       const int32_t pos = word(at), n = word(at + 1);
       at += 2;
-      if (pos < 0 || pos >= mc.max_position_embeddings ||
-          n != pos / KvCache::kDefaultBlockSize + 1 || at + n > words) {
+      if (pos < 0 || pos >= mc.max_position_embeddings || n != pos / kv_->block_size() + 1 ||
+          at + n > words) {
         return malformed("bad position or block table");
       }
       for (int32_t i = 0; i < n; ++i) {
         const int32_t blk = word(at + i);
         const bool released = blk == KvCache::kFreed && window > 0 &&
-                              (int64_t{i} + 1) * KvCache::kDefaultBlockSize <= pos - window + 1;
+                              (int64_t{i} + 1) * kv_->block_size() <= pos - window + 1;
         if (!released && (blk < 0 || blk >= kv_->total_blocks())) {
           return malformed("block id out of range");
         }
@@ -218,7 +219,7 @@ Status AttentionTpLeader::start(int l, const TokenBatch& b, const int32_t* const
   words_.assign({l, static_cast<int32_t>(T), 0});
   for (int64_t t = 0; t < T; ++t) {
     const int32_t pos = b.positions[t];
-    const int32_t n = static_cast<int32_t>(pos / KvCache::kDefaultBlockSize + 1);
+    const int32_t n = static_cast<int32_t>(pos / c_.engine.block_size + 1);
     words_.push_back(pos);
     words_.push_back(n);
     words_.insert(words_.end(), tables[t], tables[t] + n);

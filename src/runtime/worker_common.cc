@@ -65,7 +65,7 @@ int64_t dispatch_rows(const WorkerConfig& c, const ModelConfig& mc) {
 
 int64_t tp_max_header_rows(const WorkerConfig& c, const ModelConfig& mc, int64_t row_bytes) {
   const int64_t blocks =
-      (mc.max_position_embeddings + KvCache::kDefaultBlockSize - 1) / KvCache::kDefaultBlockSize;
+      (mc.max_position_embeddings + c.engine.block_size - 1) / c.engine.block_size;
   return ((3 + c.engine.max_step_tokens * (2 + blocks)) * 4 + row_bytes - 1) / row_bytes;
 }
 

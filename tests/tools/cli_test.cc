@@ -334,6 +334,53 @@ void expect_refused(const std::string& args, const std::string& expect, int code
   EXPECT_TRUE((*doc)["error"]["code"].is_string());
 }
 
+// --block-size pages every engine of the deployment (the attention tp ranks'
+// caches and block-table messages too) in blocks of that many tokens: the
+// same greedy tokens at every size, and a prefix shorter than the default
+// block is reused in smaller ones.
+TEST(CliEngineTest, BlockSizeGivesTheSameTokensAndReusesShorterPrefixes) {
+  const std::string g = "generate --model " + tiny_model() +
+                        " --prompt-ids 5,9,22,7,1,40,3,8,9,10,11,12,13,14,15,16,17 --max-tokens 12"
+                        " --ignore-eos --json";
+  CliRun base = run(g);
+  ASSERT_EQ(base.code, 0) << base.err;
+  const Json want = parse(base.out)["token_ids"];
+  EXPECT_EQ(want.size(), 12u);
+  for (const std::string& deployment :
+       {std::string(""), std::string(" --attention-workers 1 --expert-workers 1"),
+        std::string(" --attention-workers 1 --expert-workers 1 --tp-attention 2")}) {
+    for (const char* size : {"1", "5", "16"}) {
+      // Attention tp sends each token's block table with the step: a
+      // one-token block makes it as long as the context, beyond the message.
+      const std::string budget =
+          deployment.find("--tp-attention") != std::string::npos && size == std::string("1")
+              ? " --max-num-batched-tokens 64"
+              : "";
+      CliRun r = run(g + deployment + " --block-size " + size + budget);
+      ASSERT_EQ(r.code, 0) << deployment << " --block-size " << size << ": " << r.err;
+      EXPECT_EQ(parse(r.out)["token_ids"], want) << deployment << " --block-size " << size;
+    }
+  }
+  // Two chats of two turns behind a 40-token system prompt: in 128-token
+  // blocks nothing is whole to reuse; in 16-token ones the system prompt's
+  // first 32 tokens and more are.
+  const std::string b = "bench serve --offline --model " + tiny_model() +
+                        " --dataset multi-turn --users 2 --turns 2 --system-len 40 --input-len 8"
+                        " --output-len 4 --json";
+  CliRun big = run(b);
+  CliRun small = run(b + " --block-size 16");
+  ASSERT_EQ(big.code, 0) << big.err;
+  ASSERT_EQ(small.code, 0) << small.err;
+  EXPECT_EQ(parse(big.out)["prefix_cache_hit_tokens"].get<int64_t>(), 0);
+  EXPECT_GE(parse(small.out)["prefix_cache_hit_tokens"].get<int64_t>(), 3 * 32);
+  expect_refused("generate --model " + tiny_model() + " --prompt hi --block-size 0",
+                 "--block-size: 0 is out of range");
+  expect_refused("generate --model " + tiny_model() +
+                     " --prompt-ids 5 --attention-workers 1 --expert-workers 1 --tp-attention 2"
+                     " --block-size 1",
+                 "(--block-size) ids");
+}
+
 // --max-num-batched-tokens is the engine's step budget in generate, bench
 // serve and a deployment's workers: a prompt goes in in chunks of it, with
 // the same greedy tokens at every budget; bench serve takes more steps with

@@ -11,6 +11,7 @@
 #include "msinfer/kernels/cpu/isa.h"
 #include "msinfer/kernels/cpu/threads.h"
 #include "msinfer/runtime/device_backend.h"
+#include "msinfer/runtime/kv_cache.h"
 
 namespace msinfer::cli {
 
@@ -43,6 +44,11 @@ void add_engine_flags(FlagSet& flags) {
                    "PER_TOKEN,PER_POSITION: the attention cost model micro-batches are balanced\n"
                    "by (a token costs PER_TOKEN + PER_POSITION x its context; default: FLOPs\n"
                    "from the model's shape, K/V bytes at 8 FLOPs each)");
+  flags.add_int("block-size", runtime::KvCache::kDefaultBlockSize, 1, 1024,
+                "tokens per KV cache block (vLLM's name): the unit the cache is paged and a\n"
+                "prefix reused in; smaller blocks reuse more of a shared prefix (a request\n"
+                "finds whole blocks only) and leave less unused at a sequence's end, at more\n"
+                "block-table entries per token; every worker of a deployment uses it");
   flags.add_bool("no-prefix-caching",
                  "turn off automatic prefix caching: every prompt is computed whole (default:\n"
                  "on; full KV blocks are reused by later requests with the same tokens before\n"

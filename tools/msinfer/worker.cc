@@ -136,10 +136,15 @@ namespace {
 Status check_step_budget(const runtime::WorkerConfig& c, const ModelConfig& model) {
   const int64_t limit = runtime::max_step_tokens_limit(c, model);
   if (c.engine.max_step_tokens <= limit) return ok_status();
-  return invalid_argument("--max-num-batched-tokens " + std::to_string(c.engine.max_step_tokens) +
-                          " is more than this deployment's M2N messages hold (at most " +
-                          std::to_string(limit) + " tokens a step with top_k " +
-                          std::to_string(model.top_k) + ")");
+  return invalid_argument(
+      "--max-num-batched-tokens " + std::to_string(c.engine.max_step_tokens) +
+      " is more than this deployment's M2N messages hold (at most " + std::to_string(limit) +
+      " tokens a step with top_k " + std::to_string(model.top_k) + ")" +
+      (c.tp_attention > 1 ? "; with --tp-attention each token's block table travels in "
+                            "them too, up to " +
+                                std::to_string(model.max_position_embeddings) + " / " +
+                                std::to_string(c.engine.block_size) + " (--block-size) ids"
+                          : std::string()));
 }
 
 }  // namespace
@@ -281,6 +286,7 @@ StatusOr<runtime::WorkerConfig> process_config_from_flags(const FlagSet& flags) 
   c.engine.attention_cost_per_token = cost.first;
   c.engine.attention_cost_per_position = cost.second;
   c.engine.prefix_caching = !flags.get_bool("no-prefix-caching");
+  c.engine.block_size = flags.get_int("block-size");
   MSI_ASSIGN_OR_RETURN(c.shared_experts,
                        runtime::parse_shared_experts(flags.get_string("shared-experts"),
                                                      flags.origin("shared-experts")));
@@ -599,6 +605,7 @@ runtime::EngineOptions colocated_engine_options(const FlagSet& flags) {
     eo.attention_cost_per_position = cost->second;
   }
   eo.prefix_caching = !flags.get_bool("no-prefix-caching");
+  eo.block_size = flags.get_int("block-size");
   return eo;
 }
 
