@@ -604,6 +604,16 @@ TEST(MetricsTest, PrometheusText) {
                            "msinfer:workers_expected{model_name=\"m\",role=\"attention\"} 2\n"}) {
     EXPECT_NE(roles.find(line), std::string::npos) << line << "\n" << roles;
   }
+  // Prefill workers' K/V transfers: counters only where there are some.
+  EXPECT_EQ(roles.find("msinfer:kv_transfers_total"), std::string::npos);
+  g.kv_transfers = Metrics::Gauges::KvTransfers{7, 4096, 1};
+  const std::string kv = m.render(g);
+  for (const char* line : {"# TYPE msinfer:kv_transfers_total counter\n"
+                           "msinfer:kv_transfers_total{model_name=\"m\"} 7\n",
+                           "msinfer:kv_transfer_bytes_total{model_name=\"m\"} 4096\n",
+                           "msinfer:kv_transfer_fallbacks_total{model_name=\"m\"} 1\n"}) {
+    EXPECT_NE(kv.find(line), std::string::npos) << line << "\n" << kv;
+  }
   // The process_* family of this process, as the Prometheus clients write
   // it (no labels), with the values /proc gives.
   auto p = read_process_stats();

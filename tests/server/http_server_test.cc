@@ -329,6 +329,21 @@ TEST(HttpServerTest, HealthSaysWhatTheDeploymentCanServe) {
   HealthAnswer h = health_answer(&sched, false);
   EXPECT_EQ(h.status, 200);
   EXPECT_EQ(h.body, (Json{{"status", "ok"}, {"workers", whole}}));
+  // Prefill workers are listed beside the others, one down is degraded.
+  auto set_prefill = [&](int live, int expected) {
+    std::lock_guard<std::mutex> l(dep->mu);
+    dep->d.prefill = {live, expected, 0, 0};
+  };
+  set_prefill(2, 2);
+  h = health_answer(&sched, false);
+  EXPECT_EQ(h.body["status"], "ok");
+  EXPECT_EQ(h.body["workers"]["prefill"], (Json{{"live", 2}, {"expected", 2}}));
+  set_prefill(1, 2);
+  h = health_answer(&sched, false);
+  EXPECT_EQ(h.status, 200);
+  EXPECT_EQ(h.body["status"], "degraded");
+  set_prefill(0, 0);
+  EXPECT_FALSE(health_answer(&sched, false).body["workers"].contains("prefill"));
   set(2, 2, false);
   h = health_answer(&sched, false);
   EXPECT_EQ(h.status, 200);
