@@ -260,9 +260,6 @@ void Router::publish_health() {
     live_[r].store(static_cast<int>(std::count(up[r].begin(), up[r].end(), 1)),
                    std::memory_order_relaxed);
   }
-  kv_published_[0].store(kv_transfers_.sequences, std::memory_order_relaxed);
-  kv_published_[1].store(kv_transfers_.bytes, std::memory_order_relaxed);
-  kv_published_[2].store(kv_transfers_.fallbacks, std::memory_order_relaxed);
   recovering_now_.store(recovering_ || !awaited_.empty(), std::memory_order_relaxed);
   stopped_now_.store(!stopped_.ok(), std::memory_order_relaxed);
 }
@@ -281,9 +278,9 @@ DeploymentHealth Router::health() const {
   d.attention = role(WorkerRole::kAttention);
   d.expert = role(WorkerRole::kExpert);
   d.prefill = role(WorkerRole::kPrefill);
-  d.kv_transfers = kv_published_[0].load(std::memory_order_relaxed);
-  d.kv_transfer_bytes = kv_published_[1].load(std::memory_order_relaxed);
-  d.kv_transfer_fallbacks = kv_published_[2].load(std::memory_order_relaxed);
+  d.kv_transfers = kv_sequences_.load(std::memory_order_relaxed);
+  d.kv_transfer_bytes = kv_bytes_.load(std::memory_order_relaxed);
+  d.kv_transfer_fallbacks = kv_fallbacks_.load(std::memory_order_relaxed);
   d.recovering = recovering_now_.load(std::memory_order_relaxed);
   d.stopped = stopped_now_.load(std::memory_order_relaxed);
   if (d.stopped) {

@@ -131,9 +131,17 @@ Status Router::take_prefill_step(WorkerProcess& p, control::Stepped&& s,
   return ok_status();
 }
 
+Router::KvTransfers Router::kv_transfers() const {
+  KvTransfers k;
+  k.sequences = kv_sequences_.load(std::memory_order_relaxed);
+  k.bytes = kv_bytes_.load(std::memory_order_relaxed);
+  k.fallbacks = kv_fallbacks_.load(std::memory_order_relaxed);
+  k.write_s = kv_write_s_;
+  return k;
+}
+
 void Router::fall_back(int64_t id, const std::string& why) {
-  ++kv_transfers_.fallbacks;
-  publish_health();
+  kv_fallbacks_.fetch_add(1, std::memory_order_relaxed);
   std::fprintf(stderr,
                "msinfer: router: request %lld is prefilled again on an attention worker: %s\n",
                static_cast<long long>(id), why.c_str());
@@ -193,10 +201,9 @@ Status Router::transfer(WorkerProcess& p, control::Prefilled&& x) {
     fall_back(id, why.empty() ? std::string("an unexpected answer") : why);
     return ok_status();
   }
-  ++kv_transfers_.sequences;
-  kv_transfers_.bytes += x.bytes;
-  if (kv != nullptr) kv_transfers_.write_s += kv->seconds;
-  publish_health();
+  kv_sequences_.fetch_add(1, std::memory_order_relaxed);
+  kv_bytes_.fetch_add(x.bytes, std::memory_order_relaxed);
+  if (kv != nullptr) kv_write_s_ += kv->seconds;
   const int64_t load = static_cast<int64_t>(route.prompt.size()) + route.sampling.max_tokens;
   d.load += load;
   in_flight_[id] = a;

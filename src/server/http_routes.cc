@@ -101,7 +101,7 @@ Metrics::Gauges metrics_gauges(HttpServer::Impl& srv) {
       for (const auto& [role, r] :
            {std::pair{"attention", h->attention}, std::pair{"expert", h->expert},
             std::pair{"prefill", h->prefill}}) {
-        if (r.expected == 0 && r.deaths == 0) continue;  // no prefill workers
+        if (r.expected == 0) continue;  // no prefill workers
         g.roles.push_back({role, r.live, r.expected, r.deaths, r.restarts});
       }
       if (h->prefill.expected > 0) {

@@ -169,7 +169,7 @@ class Router {
     int64_t sequences = 0, bytes = 0, fallbacks = 0;
     double write_s = 0;
   };
-  const KvTransfers& kv_transfers() const { return kv_transfers_; }
+  KvTransfers kv_transfers() const;  // the router's thread (health() has the counts for any)
   // Placements switched to by online rebalancing so far.
   int rebalances() const;
   static constexpr int64_t kRebalanceMinRows = runtime::kRebalanceMinRows;
@@ -302,7 +302,10 @@ class Router {
   uint32_t kv_imm_ = 0;                  // the last K/V transfer's immediate
   std::vector<TokenEvent> prefill_events_;  // taken outside step(), delivered by the next
   std::set<int64_t> prefill_again_;         // lost_ requests of a dead prefill worker: to another
-  KvTransfers kv_transfers_;
+  // KvTransfers' counts, written on the router's thread and read by any
+  // (health()); the write time is the router thread's alone.
+  std::atomic<int64_t> kv_sequences_{0}, kv_bytes_{0}, kv_fallbacks_{0};
+  double kv_write_s_ = 0;
   std::map<int64_t, int64_t> load_of_;   // request id -> its share of the worker's load
   std::map<int64_t, Tracked> requests_;  // every request in flight
   std::vector<int64_t> lost_;            // requests of a dropped worker, to resubmit
@@ -330,8 +333,6 @@ class Router {
   // By WorkerRole: attention, expert, prefill.
   std::atomic<int> live_[3] = {0, 0, 0}, expected_[3] = {0, 0, 0};
   std::atomic<int64_t> deaths_[3] = {0, 0, 0}, worker_restarts_[3] = {0, 0, 0};
-  // kv_transfers_'s sequences, bytes and fallbacks, for health().
-  std::atomic<int64_t> kv_published_[3] = {0, 0, 0};
   std::atomic<bool> recovering_now_{false}, stopped_now_{false};
   mutable std::mutex stop_mu_;
   std::string stop_reason_;  // GUARDED_BY(stop_mu_): stopped_'s message, for health()
