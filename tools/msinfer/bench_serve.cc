@@ -183,7 +183,7 @@ void add_bench_serve_flags(FlagSet& flags) {
 
 // What an offline run asks for, checked before the deployment starts. The
 // deployment and engine flags stay in the FlagSet: start_deployment and
-// colocated_engine_options read them there.
+// engine_options_from_flags read them there.
 struct BenchServeOptions {
   std::string model_dir;
   std::string dataset;  // random | multi-turn | mixed
@@ -337,7 +337,7 @@ StatusOr<Deployed> start_deployed(const FlagSet& flags, const BenchServeOptions&
     MSI_ASSIGN_OR_RETURN(
         auto w, model::ModelWeights::load(
                     o.model_dir, runtime::host_load_options(lo, flags.get_string("device"))));
-    const runtime::EngineOptions eo = colocated_engine_options(flags);
+    const runtime::EngineOptions eo = engine_options_from_flags(flags);
     MSI_ASSIGN_OR_RETURN(d.engine, runtime::Engine::create(std::move(w), eo));
     d.description = "co-located engine, m=" + std::to_string(eo.micro_batches);
   }

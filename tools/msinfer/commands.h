@@ -97,9 +97,11 @@ int worker_rank_exit_code(const Deployment& d);
 // [base (1 - R), base (1 + R)], at least 1 (vLLM's random dataset).
 int64_t random_length(std::mt19937_64& rng, int64_t base, double ratio);
 
-// The co-located engine's options from --kv-cache-mb, --micro-batches and
-// --max-num-batched-tokens.
-runtime::EngineOptions colocated_engine_options(const FlagSet& flags);
+// The engine's options from the flags (--kv-cache-mb, --micro-batches,
+// --max-num-batched-tokens, --device, --attention-cost, --block-size,
+// --no-prefix-caching): the co-located engine's, and a deployment's
+// WorkerConfig::engine. apply_engine_flags checks --attention-cost first.
+runtime::EngineOptions engine_options_from_flags(const FlagSet& flags);
 
 // "routing over N steps: experts max/mean X[, expert workers max/mean Y]"
 // (no newline): the human summary of a RoutingStats document, as generate and

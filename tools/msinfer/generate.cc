@@ -77,7 +77,7 @@ void add_generate_flags(FlagSet& flags) {
 
 // What the flags ask for, checked before the model loads (issue 12 item 7).
 // The deployment and engine flags stay in the FlagSet: start_deployment and
-// colocated_engine_options read them there.
+// engine_options_from_flags read them there.
 struct GenerateOptions {
   std::string model_dir;
   std::string prompt;               // text, or
@@ -274,7 +274,7 @@ int run_generate(int argc, char** argv) {
     router = std::move(d->router);
     s = router->add(req);
   } else {
-    auto e = runtime::Engine::create(w, colocated_engine_options(flags));
+    auto e = runtime::Engine::create(w, engine_options_from_flags(flags));
     if (!e.ok()) return report_error("generate", e.status());
     engine = std::move(e).value();
     s = engine->add(req);

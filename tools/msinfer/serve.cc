@@ -130,7 +130,7 @@ void add_serve_flags(FlagSet& flags) {
 
 // What the flags ask for, checked before the model loads. The deployment and
 // engine flags stay in the FlagSet: start_deployment and
-// colocated_engine_options read them there.
+// engine_options_from_flags read them there.
 struct ServeOptions {
   std::string model_dir;
   bool exit_on_failure = true;
@@ -306,7 +306,7 @@ StatusOr<std::unique_ptr<server::GenerationBackend>> start_backend(
       auto w, model::ModelWeights::load(
                   o.model_dir, runtime::host_load_options(lo, flags.get_string("device"))));
   MSI_ASSIGN_OR_RETURN(auto e,
-                       runtime::Engine::create(std::move(w), colocated_engine_options(flags)));
+                       runtime::Engine::create(std::move(w), engine_options_from_flags(flags)));
   return server::engine_backend(std::move(e));
 }
 

@@ -255,8 +255,6 @@ namespace {
 StatusOr<runtime::WorkerConfig> process_config_from_flags(const FlagSet& flags) {
   runtime::WorkerConfig c;
   c.model_dir = flags.get_string("model");
-  c.engine.kv_cache_bytes = flags.get_int("kv-cache-mb") << 20;
-  c.engine.max_step_tokens = step_token_budget(flags);
   if (const std::string& p = flags.get_string("fabric-provider"); !p.empty()) {
     MSI_ASSIGN_OR_RETURN(c.transport, comm::parse_transport(p));
   } else {
@@ -277,16 +275,12 @@ StatusOr<runtime::WorkerConfig> process_config_from_flags(const FlagSet& flags) 
                                                                 flags.origin("routing")));
   c.routing_load_slack = flags.get_int("routing-load-slack");
   MSI_ASSIGN_OR_RETURN(c.weights, apply_engine_flags(flags));
+  c.engine = engine_options_from_flags(flags);  // the callers set micro_batches by the shape
   const std::string& device = flags.get_string("device");
   c.attention_device =
       flags.get_string("attention-device").empty() ? device : flags.get_string("attention-device");
   c.expert_device =
       flags.get_string("expert-device").empty() ? device : flags.get_string("expert-device");
-  MSI_ASSIGN_OR_RETURN(auto cost, parse_attention_cost(flags.get_string("attention-cost")));
-  c.engine.attention_cost_per_token = cost.first;
-  c.engine.attention_cost_per_position = cost.second;
-  c.engine.prefix_caching = !flags.get_bool("no-prefix-caching");
-  c.engine.block_size = flags.get_int("block-size");
   MSI_ASSIGN_OR_RETURN(c.shared_experts,
                        runtime::parse_shared_experts(flags.get_string("shared-experts"),
                                                      flags.origin("shared-experts")));
@@ -593,7 +587,7 @@ int worker_rank_exit_code(const Deployment& d) {
   return report_error(("rank " + std::to_string(d.worker_rank)).c_str(), d.worker_status);
 }
 
-runtime::EngineOptions colocated_engine_options(const FlagSet& flags) {
+runtime::EngineOptions engine_options_from_flags(const FlagSet& flags) {
   runtime::EngineOptions eo;
   eo.kv_cache_bytes = flags.get_int("kv-cache-mb") << 20;
   eo.max_step_tokens = step_token_budget(flags);
