@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <numeric>
 
 #include "msinfer/kernels/cpu/attention.h"
@@ -561,6 +562,60 @@ TEST_F(LevelsTest, ElementwiseKernelsMatchGeneric) {
     });
     EXPECT_LT(rel_err(l5, g5), kTol) << isa_name(level) << " gate + combine";
   }
+}
+
+// The sampler's kernels at every level this CPU runs, against a scalar
+// reference: exp_scaled within the vector exp's error (and -infinity, a
+// suppressed token, exactly 0 with no weight), argmax exactly (the first
+// largest; ties inside and across vectors, a maximum in the tail, NaNs that
+// must not win, all -infinity, all NaN).
+TEST_F(LevelsTest, SamplerKernelsAtEveryLevel) {
+  const float ninf = -std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  const IsaLevel saved = active_isa();
+  for (IsaLevel level : levels_here()) {
+    ASSERT_TRUE(force_isa(level).ok());
+    for (int64_t n : {1, 7, 16, 63, 64, 65, 130, 4096 + 5}) {
+      std::vector<float> x = randn(n, 31 + n, 3.0f);
+      x[n / 3] = ninf;
+      std::vector<float> out(n, -1.f);
+      const float shift = 2.5f, scale = 1.0f / 0.7f;
+      const double sum = exp_scaled(x.data(), n, shift, scale, out.data());
+      double want_sum = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double want = std::exp((static_cast<double>(x[i]) - shift) * scale);
+        want_sum += want;
+        EXPECT_NEAR(out[i], want, 2e-6 * want) << isa_name(level) << " n " << n << " i " << i;
+      }
+      EXPECT_EQ(out[n / 3], 0.f) << isa_name(level) << " n " << n;
+      EXPECT_NEAR(sum, want_sum, 1e-6 * want_sum) << isa_name(level) << " n " << n;
+      // argmax: random values, then the same with the largest tied at two
+      // places, in the tail, and behind NaNs.
+      for (int trial = 0; trial < 6; ++trial) {
+        std::vector<float> v = randn(n, 97 * n + trial, 2.0f);
+        if (trial == 1 && n > 1) v[n - 1] = v[0] = 100.f;
+        if (trial == 2) v[n - 1] = 100.f;
+        if (trial == 3) {
+          for (int64_t i = 0; i < n; i += 2) v[i] = nan;
+        }
+        if (trial == 4) std::fill(v.begin(), v.end(), ninf);
+        if (trial == 5) std::fill(v.begin(), v.end(), nan);
+        int64_t want = 0;
+        float m = ninf;
+        bool found = false;
+        for (int64_t i = 0; i < n; ++i) {
+          if (v[i] > m || (!found && v[i] == m)) {
+            m = v[i];
+            want = i;
+            found = true;
+          }
+        }
+        EXPECT_EQ(argmax(v.data(), n), want) << isa_name(level) << " n " << n << " trial " << trial;
+      }
+    }
+    EXPECT_EQ(argmax(nullptr, 0), 0) << isa_name(level);
+    EXPECT_EQ(exp_scaled(nullptr, 0, 0.f, 1.f, nullptr), 0.0) << isa_name(level);
+  }
+  ASSERT_TRUE(force_isa(saved).ok());
 }
 
 TEST(IsaTest, NamesParseAndForcingAboveTheCpuIsRefused) {

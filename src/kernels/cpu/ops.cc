@@ -25,4 +25,10 @@ void add_inplace(float* y, const float* x, int64_t n) {
 
 void softmax_inplace(float* x, int64_t n) { internal::active_kernels().softmax_inplace(x, n); }
 
+int64_t argmax(const float* x, int64_t n) { return internal::active_kernels().argmax(x, n); }
+
+double exp_scaled(const float* x, int64_t n, float shift, float scale, float* out) {
+  return internal::active_kernels().exp_scaled(x, n, shift, scale, out);
+}
+
 }  // namespace msinfer::kernels::cpu

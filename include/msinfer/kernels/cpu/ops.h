@@ -25,4 +25,17 @@ void add_inplace(float* y, const float* x, int64_t n);
 // In-place numerically stable softmax over n values.
 void softmax_inplace(float* x, int64_t n);
 
+// out[i] = exp((x[i] - shift) * scale) for i < n, in float; returns the sum
+// of out[0, n) in double. The sampler's weights over a vocabulary (shift the
+// largest logit, scale 1 / temperature). The SIMD levels use their vector
+// exp (relative error ~2e-7 against the generic level's std::exp); arguments
+// below -87 give ~0 (exp(-87) ~ 1.6e-38), -infinity gives 0 exactly.
+double exp_scaled(const float* x, int64_t n, float shift, float scale, float* out);
+
+// The index of the largest of x[n], the first on ties (as std::max_element);
+// NaNs are never chosen (all NaN, or n == 0: 0). Greedy sampling over a
+// vocabulary: the SIMD levels take the largest over vectors, then look for
+// its first index a vector at a time.
+int64_t argmax(const float* x, int64_t n);
+
 }  // namespace msinfer::kernels::cpu

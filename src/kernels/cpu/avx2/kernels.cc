@@ -14,6 +14,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -64,6 +65,15 @@ struct V {
   static __m256 fold8(reg v) { return v; }
   static void store8(float* p, __m256 v) { _mm256_store_ps(p, v); }
   static reg min(reg a, reg b) { return _mm256_min_ps(a, b); }
+  // The first lane where a == b, or -1.
+  static int first_equal(reg a, reg b) {
+    const int mask = _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ));
+    return mask ? __builtin_ctz(static_cast<unsigned>(mask)) : -1;
+  }
+  // v where a >= limit, else 0 (and where a is NaN).
+  static reg zero_below(reg a, reg limit, reg v) {
+    return _mm256_and_ps(v, _mm256_cmp_ps(a, limit, _CMP_GE_OQ));
+  }
   static reg round(reg x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   static reg fnma(reg a, reg b, reg c) { return _mm256_fnmadd_ps(a, b, c); }  // c - a * b
   // w8a8's integer operations (simd.inc, w8a8_direct).

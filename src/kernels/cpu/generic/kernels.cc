@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -80,6 +81,30 @@ void silu_mul(const float* gate_up, int64_t rows, int64_t f, float* out) {
   for_each_row(rows, rows * f > 65536, [&](int64_t r) {
     silu_mul_row_portable(gate_up + r * 2 * f, gate_up + r * 2 * f + f, 0, f, out + r * f);
   });
+}
+
+double exp_scaled(const float* x, int64_t n, float shift, float scale, float* out) {
+  return exp_scaled_portable(x, 0, n, shift, scale, out);
+}
+
+// The largest value over 16 independent lanes (each compare `v > m ? v : m`
+// is one packed max at any vector width: the compiler vectorises it), then
+// its first index.
+int64_t argmax(const float* x, int64_t n) {
+  constexpr int64_t kLanes = 16;
+  float lane[kLanes];
+  for (float& m : lane) m = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) lane[l] = x[i + l] > lane[l] ? x[i + l] : lane[l];
+  }
+  float m = lane[0];
+  for (int64_t l = 1; l < kLanes; ++l) m = lane[l] > m ? lane[l] : m;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  for (i = 0; i < n; ++i) {
+    if (x[i] == m) return i;
+  }
+  return 0;
 }
 
 }  // namespace

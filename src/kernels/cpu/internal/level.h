@@ -112,6 +112,9 @@ struct LevelKernels {
   void (*silu_mul)(const float* gate_up, int64_t rows, int64_t f, float* out);
   void (*add_inplace)(float* y, const float* x, int64_t n);
   void (*softmax_inplace)(float* x, int64_t n);
+  // ops.h's exp_scaled: out[i] = exp((x[i] - shift) * scale), returns their sum.
+  double (*exp_scaled)(const float* x, int64_t n, float shift, float scale, float* out);
+  int64_t (*argmax)(const float* x, int64_t n);  // ops.h's argmax
   // out[t] += sum_k weight[t*K+k] * results[slot_row[t*K+k]] (moe_combine's loop).
   void (*combine)(const float* weight, const int32_t* slot_row, int64_t tokens, int64_t top_k,
                   int64_t hidden, const float* results, float* out);
