@@ -2,31 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 
-namespace msinfer::runtime {
+#include "msinfer/kernels/cpu/ops.h"
 
-Status SamplingParams::validate() const {
-  if (!(temperature >= 0) || !std::isfinite(temperature)) {
-    return invalid_argument("temperature must be a finite number >= 0");
-  }
-  if (top_k < 0) return invalid_argument("top_k must be >= 0");
-  if (!(top_p > 0 && top_p <= 1)) return invalid_argument("top_p must be in (0, 1]");
-  if (max_tokens < 1) return invalid_argument("max_tokens must be >= 1");
-  for (float v : {frequency_penalty, presence_penalty}) {
-    if (!(v >= -2 && v <= 2)) return invalid_argument("penalties must be in [-2, 2]");
-  }
-  if (logprobs < -1 || logprobs > 20) return invalid_argument("logprobs must be in 0..20");
-  if (!(min_p >= 0 && min_p <= 1)) return invalid_argument("min_p must be in [0, 1]");
-  if (!(repetition_penalty > 0) || !std::isfinite(repetition_penalty)) {
-    return invalid_argument("repetition_penalty must be a finite number > 0");
-  }
-  if (min_tokens < 0 || min_tokens > max_tokens) {
-    return invalid_argument("min_tokens must be in 0..max_tokens");
-  }
-  return ok_status();
-}
+namespace msinfer::runtime {
 
 bool has_penalties(const SamplingParams& p) {
   return p.frequency_penalty != 0.f || p.presence_penalty != 0.f || p.repetition_penalty != 1.f;
@@ -96,121 +78,228 @@ float token_logprob(const float* logits, int64_t vocab, int32_t token, int top,
   return static_cast<float>(logits[token] - lse);
 }
 
-int64_t argmax(const float* x, int64_t n) {
-  // std::max_element compares each element with the best so far through a
-  // pointer the previous compare chose: a load on the critical path, ~12
-  // cycles an element (17% of tiny-mixtral's greedy decode). Two passes
-  // instead: the largest value over kLanes independent lanes (each compare
-  // `v > m ? v : m` is one packed max at any vector width), then the first
-  // index that holds it. NaNs never win; all NaN gives 0.
-  constexpr int64_t kLanes = 16;
-  float lane[kLanes];
-  for (float& m : lane) m = -std::numeric_limits<float>::infinity();
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int64_t l = 0; l < kLanes; ++l) lane[l] = x[i + l] > lane[l] ? x[i + l] : lane[l];
-  }
-  for (; i < n; ++i) lane[0] = x[i] > lane[0] ? x[i] : lane[0];
-  float m = lane[0];
-  for (int64_t l = 1; l < kLanes; ++l) m = lane[l] > m ? lane[l] : m;
-  for (i = 0; i < n; ++i) {
-    if (x[i] == m) return i;
-  }
-  return 0;
-}
+int64_t argmax(const float* x, int64_t n) { return kernels::cpu::argmax(x, n); }
 
 namespace {
 
-// The tokens sample_token() draws from in idx[0, n): most likely first (ties
-// to the lower id) when top_k or top_p cut, in id order when every token
-// stays, with their weights exp((logit - max) / temperature) in
-// w[0, n) (not normalised); returns n >= 1. Temperature > 0. idx and w are
-// scratch that keeps its size from call to call (only [0, n) means
-// anything): allocating and zeroing a vocabulary's worth of each per token
-// was a third of a sampled step at 200k tokens.
-int64_t candidates(const float* logits, int64_t vocab, const SamplingParams& p,
-                   std::vector<int32_t>& idx, std::vector<double>& w) {
-  const double mx = logits[argmax(logits, vocab)];
-  const auto weight = [&](int32_t t) -> double {
-    return std::exp((logits[t] - mx) / p.temperature);
+// Scratch of sample_token() and sampling_distribution(), per thread, kept
+// from call to call (only the part a call fills means anything): allocating
+// and zeroing a vocabulary's worth of each per token was a third of a
+// sampled step at 200k tokens.
+struct Scratch {
+  std::vector<float> all;      // every token's weight
+  std::vector<int32_t> idx;    // the candidates' ids
+  std::vector<float> w;        // and their weights
+  std::vector<double> mass;    // top_p: the weight in each bucket
+  std::vector<int32_t> edge;   // and the tokens of the bucket the cut falls in
+  std::vector<double> blocks;  // the draw's block sums
+};
+
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+// The tokens sample_token() draws from: ids idx[0, n) (null: every token,
+// ids 0..n) with their weights w[0, n) (not normalised); n >= 1. Most
+// likely first (ties to the lower id) after a top_k cut; otherwise in id
+// order, except that a top_p cut puts the tokens of the bucket it falls in
+// last, most likely first (the order does not change the distribution).
+struct Candidates {
+  const int32_t* idx;
+  const float* w;
+  int64_t n;
+};
+
+bool by_logit(const float* logits, int32_t a, int32_t b) {
+  return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+}
+
+// top_p without top_k over the candidates idx/w[0, size) (weights all[id])
+// whose weights sum to `total`: keeps, in place, the smallest set of the
+// most likely whose mass reaches top_p of the total (the token that reaches
+// it included, vLLM's rule), without sorting them; returns how many. Weights
+// are in (0, 1] (the largest is exp(0)), and a positive float's bits grow
+// with its value: bucketed by exponent and the top 6 bits of the mantissa
+// (steps of at most 2^(1/64)), the buckets are summed from the top until the
+// next would reach the mass; only that bucket's tokens are sorted, and taken
+// until it is reached. Sorting a flat 200k-token distribution whole took
+// 25 ms a token.
+int64_t nucleus(const float* logits, const float* all, float top_p, double total, int32_t* idx,
+                float* w, int64_t size, std::vector<double>& mass, std::vector<int32_t>& edge) {
+  constexpr uint32_t kBuckets = 8192;  // 1.0f is bucket 127 << 6 = 8128
+  const auto bucket = [](float x) {
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    return std::min(bits >> 17, kBuckets - 1);
   };
-  if (static_cast<int64_t>(idx.size()) < vocab) idx.resize(static_cast<size_t>(vocab));
-  int64_t size = 0;
-  if (p.min_p > 0.f) {
-    // min_p first (a cut relative to the largest probability, so top_k
-    // before or after keeps the same tokens): usually few are left to sort.
-    for (int32_t t = 0; t < static_cast<int32_t>(vocab); ++t) {
-      if (weight(t) >= p.min_p) idx[size++] = t;
+  mass.assign(kBuckets, 0.0);
+  for (int64_t i = 0; i < size; ++i) mass[bucket(w[i])] += w[i];
+  const double target = static_cast<double>(top_p) * total;
+  double above = 0;
+  uint32_t cut = kBuckets - 1;
+  for (; cut > 0 && above + mass[cut] < target; --cut) above += mass[cut];
+  int64_t n = 0;
+  edge.clear();
+  for (int64_t i = 0; i < size; ++i) {
+    const uint32_t b = bucket(w[i]);
+    if (b > cut) {
+      idx[n] = idx[i];
+      w[n++] = w[i];
+    } else if (b == cut) {
+      edge.push_back(idx[i]);
     }
-    if (size == 0) idx[size++] = static_cast<int32_t>(argmax(logits, vocab));
+  }
+  std::sort(edge.begin(), edge.end(), [&](int32_t a, int32_t b) { return by_logit(logits, a, b); });
+  double mass_so_far = above;
+  for (const int32_t t : edge) {
+    if (n > 0 && mass_so_far >= target) break;
+    idx[n] = t;
+    w[n++] = all[t];
+    mass_so_far += all[t];
+  }
+  return n;
+}
+
+// top_k without min_p: the k most likely by logit (a heap sort; the
+// weights of those k alone).
+Candidates top_k_only(const float* logits, int64_t vocab, const SamplingParams& p, Scratch& s) {
+  if (static_cast<int64_t>(s.idx.size()) < vocab) {
+    s.idx.resize(static_cast<size_t>(vocab));
+    s.w.resize(static_cast<size_t>(vocab));
+  }
+  int32_t* idx = s.idx.data();
+  float* w = s.w.data();
+  std::iota(idx, idx + vocab, 0);
+  const int64_t keep = std::min<int64_t>(p.top_k, vocab);
+  const auto order = [&](int32_t a, int32_t b) { return by_logit(logits, a, b); };
+  if (keep * 16 < vocab) {
+    std::partial_sort(idx, idx + keep, idx + vocab, order);
   } else {
-    std::iota(idx.begin(), idx.begin() + vocab, 0);
-    size = vocab;
+    std::sort(idx, idx + vocab, order);
   }
-  const auto first = idx.begin(), last = idx.begin() + size;
-  const auto by_logit = [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  };
-  if (p.top_k <= 0 && p.top_p >= 1.f) {
-    // Every token stays a candidate: no order is needed, and sorting a
-    // 200k vocabulary per token was most of a sampled step (82% of
-    // tiny-gpt-oss's serve time). Tokens of weight 0 can never be drawn.
-    if (static_cast<int64_t>(w.size()) < size) w.resize(static_cast<size_t>(size));
-    int64_t n = 0;
-    for (int64_t i = 0; i < size; ++i) {
-      const double x = weight(idx[i]);
-      if (x > 0) {
-        idx[n] = idx[i];
-        w[n++] = x;
-      }
-    }
-    if (n == 0) {
-      idx[0] = static_cast<int32_t>(argmax(logits, vocab));
-      w[0] = 1;
-      n = 1;
-    }
-    return n;
+  const float mx = logits[idx[0]], scale = 1.0f / p.temperature;
+  int64_t size = 0;
+  for (; size < keep; ++size) {
+    w[size] = std::exp((logits[idx[size]] - mx) * scale);
+    if (!(w[size] > 0)) break;  // weight 0 (suppressed): no candidate, nor any after it
   }
-  // top_k, else top_p: sort only as far as the cut can reach. For top_p
-  // alone, the sorted prefix grows until it holds the mass (the total is
-  // over every candidate, sorted or not).
-  int64_t keep = p.top_k > 0 && p.top_k < size ? p.top_k : size;
-  double total = 0;
+  if (size == 0) {
+    w[0] = 1.f;
+    return {idx, w, 1};
+  }
+  return {idx, w, size};
+}
+
+Candidates candidates(const float* logits, int64_t vocab, const SamplingParams& p, Scratch& s) {
+  if (p.top_k > 0 && p.min_p <= 0.f && p.top_p >= 1.f) return top_k_only(logits, vocab, p, s);
+  const float mx = logits[argmax(logits, vocab)];
+  if (static_cast<int64_t>(s.all.size()) < vocab) s.all.resize(static_cast<size_t>(vocab));
+  float* all = s.all.data();
+  const double everything = kernels::cpu::exp_scaled(logits, vocab, mx, 1.0f / p.temperature, all);
+  if (p.top_k <= 0 && p.top_p >= 1.f && p.min_p <= 0.f) {
+    // Every token stays: no order is needed, and sorting a 200k vocabulary
+    // per token was most of a sampled step (82% of tiny-gpt-oss's serve
+    // time). Tokens of weight 0 are never drawn.
+    if (everything > 0) return {nullptr, all, vocab};
+    s.idx.assign(1, static_cast<int32_t>(argmax(logits, vocab)));
+    s.w.assign(1, 1.f);
+    return {s.idx.data(), s.w.data(), 1};
+  }
+  if (static_cast<int64_t>(s.idx.size()) < vocab) {
+    s.idx.resize(static_cast<size_t>(vocab));
+    s.w.resize(static_cast<size_t>(vocab));
+  }
+  int32_t* idx = s.idx.data();
+  float* w = s.w.data();
+  // min_p first (a cut relative to the largest probability, so top_k before
+  // or after keeps the same tokens); tokens of weight 0 are no candidates.
+  const float floor = p.min_p;
+  int64_t size = 0;
+  for (int32_t t = 0; t < static_cast<int32_t>(vocab); ++t) {
+    if (all[t] > 0 && all[t] >= floor) {
+      idx[size] = t;
+      w[size++] = all[t];
+    }
+  }
+  double total = everything;  // without min_p the candidates hold every positive weight
+  if (floor > 0) total = std::accumulate(w, w + size, 0.0);
+  if (size == 0) {
+    idx[0] = static_cast<int32_t>(argmax(logits, vocab));
+    w[0] = 1.f;
+    return {idx, w, 1};
+  }
   if (p.top_k <= 0) {
-    for (int64_t i = 0; i < size; ++i) total += weight(idx[i]);
-    keep = std::min<int64_t>(size, 256);
+    // top_p alone, or min_p's candidates are the answer.
+    if (p.top_p >= 1.f) return {idx, w, size};
+    return {idx, w, nucleus(logits, all, p.top_p, total, idx, w, size, s.mass, s.edge)};
   }
-  for (;;) {
-    // A heap sort (partial_sort) is quick for a small prefix only; a large
-    // one is a plain sort of everything.
-    if (keep * 16 < size) {
-      std::partial_sort(first, first + keep, last, by_logit);
-    } else {
-      std::sort(first, last, by_logit);
-      if (p.top_k <= 0) keep = size;
-    }
-    if (p.top_k > 0 || keep == size) break;
-    double mass = 0;  // as the cut below sums it
-    for (int64_t i = 0; i < keep; ++i) mass += weight(idx[i]) / total;
-    if (mass >= p.top_p) break;
-    keep *= 16;
+  // top_k: sort only the k most likely (a heap sort is quick for a small
+  // prefix only; a large one is a plain sort of everything).
+  const int64_t keep = p.top_k < size ? p.top_k : size;
+  const auto first = idx, last = idx + size;
+  const auto order = [&](int32_t a, int32_t b) { return by_logit(logits, a, b); };
+  if (keep * 16 < size) {
+    std::partial_sort(first, first + keep, last, order);
+  } else {
+    std::sort(first, last, order);
   }
-  if (static_cast<int64_t>(w.size()) < keep) w.resize(static_cast<size_t>(keep));
   double sum = 0;
-  for (int64_t i = 0; i < keep; ++i) sum += w[i] = weight(idx[i]);
-  if (p.top_k <= 0) sum = total;
+  for (int64_t i = 0; i < keep; ++i) sum += w[i] = all[idx[i]];
   int64_t n = keep;
   if (p.top_p < 1.f) {
+    // top_p over the top_k, renormalised.
     double mass = 0;
     for (n = 0; n < keep;) {
       mass += w[n++] / sum;
       if (mass >= p.top_p) break;
     }
   }
-  // Tokens that cannot be drawn (-infinity: suppressed) are not candidates,
-  // so that rounding at the end of the draw cannot pick one.
-  while (n > 1 && !(w[n - 1] > 0)) --n;
-  return n;
+  return {idx, w, n};
+}
+
+// The index in [0, n) where the running sum of w first exceeds r, r uniform
+// in [0, sum w): block sums of 256 weights first (8 lanes: the compiler
+// vectorises them), then that block's running sum. Rounding can carry r
+// past a block's end (block and running sums round differently); the scan
+// then goes on into the next, and past the end it is the last token of
+// positive weight.
+int64_t draw(const float* w, int64_t n, std::mt19937_64& rng, std::vector<double>& blocks) {
+  constexpr int64_t kBlock = 256, kLanes = 8;
+  const int64_t nb = (n + kBlock - 1) / kBlock;
+  if (static_cast<int64_t>(blocks.size()) < nb) blocks.resize(static_cast<size_t>(nb));
+  double total = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t lo = b * kBlock, hi = std::min(n, lo + kBlock);
+    float lane[kLanes] = {};
+    int64_t i = lo;
+    for (; i + kLanes <= hi; i += kLanes) {
+      for (int64_t l = 0; l < kLanes; ++l) lane[l] += w[i + l];
+    }
+    double sum = 0;
+    for (; i < hi; ++i) sum += w[i];
+    for (float x : lane) sum += x;
+    total += blocks[b] = sum;
+  }
+  std::uniform_real_distribution<double> u(0.0, total);
+  const double r = u(rng);
+  double acc = 0;
+  int64_t b = 0;
+  while (b + 1 < nb && acc + blocks[b] <= r) acc += blocks[b++];
+  int64_t last = -1;
+  for (int64_t i = b * kBlock; i < n; ++i) {
+    if (!(w[i] > 0)) continue;
+    acc += w[i];
+    last = i;
+    if (r < acc) return i;
+  }
+  if (last >= 0) return last;
+  // Rounding carried r past every positive weight of the blocks after b:
+  // the last one before them.
+  for (int64_t i = b * kBlock - 1; i >= 0; --i) {
+    if (w[i] > 0) return i;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -218,18 +307,10 @@ int64_t candidates(const float* logits, int64_t vocab, const SamplingParams& p,
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p,
                      std::mt19937_64& rng) {
   if (p.temperature == 0.f || p.top_k == 1) return static_cast<int32_t>(argmax(logits, vocab));
-  // Per thread: the engine's step samples on one.
-  thread_local std::vector<int32_t> idx;
-  thread_local std::vector<double> w;
-  const int64_t n = candidates(logits, vocab, p, idx, w);
-  const double sum = std::accumulate(w.begin(), w.begin() + n, 0.0);
-  std::uniform_real_distribution<double> u(0.0, sum);
-  double r = u(rng), acc = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    acc += w[i];
-    if (r < acc) return idx[i];
-  }
-  return idx[n - 1];
+  Scratch& s = scratch();
+  const Candidates c = candidates(logits, vocab, p, s);
+  const int64_t i = draw(c.w, c.n, rng, s.blocks);
+  return c.idx ? c.idx[i] : static_cast<int32_t>(i);
 }
 
 std::vector<double> sampling_distribution(const float* logits, int64_t vocab,
@@ -239,11 +320,11 @@ std::vector<double> sampling_distribution(const float* logits, int64_t vocab,
     out[argmax(logits, vocab)] = 1.0;
     return out;
   }
-  std::vector<int32_t> idx;
-  std::vector<double> w;
-  const int64_t n = candidates(logits, vocab, p, idx, w);
-  const double sum = std::accumulate(w.begin(), w.begin() + n, 0.0);
-  for (int64_t i = 0; i < n; ++i) out[idx[i]] = w[i] / sum;
+  Scratch& s = scratch();
+  const Candidates c = candidates(logits, vocab, p, s);
+  double sum = 0;
+  for (int64_t i = 0; i < c.n; ++i) sum += c.w[i];
+  for (int64_t i = 0; i < c.n; ++i) out[c.idx ? c.idx[i] : i] += c.w[i] / sum;
   return out;
 }
 

@@ -62,7 +62,8 @@ float token_logprob(const float* logits, int64_t vocab, int32_t token, int top,
                     std::vector<std::pair<int32_t, float>>* top_out);
 
 // The index of the largest of x[n], the first on ties (as std::max_element);
-// NaNs are never chosen (all NaN, or n == 0: 0).
+// NaNs are never chosen (all NaN, or n == 0: 0). The active CPU level's
+// kernel (kernels::cpu::argmax).
 int64_t argmax(const float* x, int64_t n);
 
 // Picks a token from logits[vocab]; `rng` is the request's own generator.
