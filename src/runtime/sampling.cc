@@ -115,39 +115,45 @@ bool by_logit(const float* logits, int32_t a, int32_t b) {
   return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
 }
 
-// top_p without top_k over the candidates idx/w[0, size) (weights all[id])
-// whose weights sum to `total`: keeps, in place, the smallest set of the
-// most likely whose mass reaches top_p of the total (the token that reaches
-// it included, vLLM's rule), without sorting them; returns how many. Weights
-// are in (0, 1] (the largest is exp(0)), and a positive float's bits grow
-// with its value: bucketed by exponent and the top 6 bits of the mantissa
-// (steps of at most 2^(1/64)), the buckets are summed from the top until the
-// next would reach the mass; only that bucket's tokens are sorted, and taken
-// until it is reached. Sorting a flat 200k-token distribution whole took
-// 25 ms a token.
-int64_t nucleus(const float* logits, const float* all, float top_p, double total, int32_t* idx,
-                float* w, int64_t size, std::vector<double>& mass, std::vector<int32_t>& edge) {
+// top_p without top_k over the candidates: ids src_idx[0, size) (null:
+// every token, ids 0..size) with weights src_w (= all[id]) that sum to
+// `total`. Writes the smallest set of the most likely whose mass reaches
+// top_p of the total (the token that reaches it included, vLLM's rule) to
+// idx/w (which may be src_idx/src_w: it writes behind where it reads) and
+// returns how many, without sorting them. Weights are in [0, 1] (the largest
+// is exp(0)), and a positive float's bits grow with its value: bucketed by
+// exponent and the top 6 bits of the mantissa (steps of at most 2^(1/64)),
+// the buckets are summed from the top until the next would reach the mass;
+// only that bucket's tokens are sorted, and taken until it is reached.
+// Sorting a flat 200k-token distribution whole took 25 ms a token.
+int64_t nucleus(const float* logits, const float* all, float top_p, double total,
+                const int32_t* src_idx, const float* src_w, int64_t size, int32_t* idx, float* w,
+                Scratch& s) {
   constexpr uint32_t kBuckets = 8192;  // 1.0f is bucket 127 << 6 = 8128
   const auto bucket = [](float x) {
     uint32_t bits;
     std::memcpy(&bits, &x, sizeof bits);
     return std::min(bits >> 17, kBuckets - 1);
   };
+  std::vector<double>& mass = s.mass;
   mass.assign(kBuckets, 0.0);
-  for (int64_t i = 0; i < size; ++i) mass[bucket(w[i])] += w[i];
+  for (int64_t i = 0; i < size; ++i) mass[bucket(src_w[i])] += src_w[i];
   const double target = static_cast<double>(top_p) * total;
   double above = 0;
   uint32_t cut = kBuckets - 1;
   for (; cut > 0 && above + mass[cut] < target; --cut) above += mass[cut];
   int64_t n = 0;
+  std::vector<int32_t>& edge = s.edge;
   edge.clear();
   for (int64_t i = 0; i < size; ++i) {
-    const uint32_t b = bucket(w[i]);
+    const float x = src_w[i];
+    const uint32_t b = bucket(x);
+    const int32_t t = src_idx ? src_idx[i] : static_cast<int32_t>(i);
     if (b > cut) {
-      idx[n] = idx[i];
-      w[n++] = w[i];
-    } else if (b == cut) {
-      edge.push_back(idx[i]);
+      idx[n] = t;
+      w[n++] = x;
+    } else if (b == cut && x > 0) {
+      edge.push_back(t);
     }
   }
   std::sort(edge.begin(), edge.end(), [&](int32_t a, int32_t b) { return by_logit(logits, a, b); });
@@ -212,6 +218,14 @@ Candidates candidates(const float* logits, int64_t vocab, const SamplingParams& 
   }
   int32_t* idx = s.idx.data();
   float* w = s.w.data();
+  if (p.top_k <= 0 && p.min_p <= 0.f) {
+    // top_p alone (< 1 here) over every token: no copy of them first.
+    const int64_t n = nucleus(logits, all, p.top_p, everything, nullptr, all, vocab, idx, w, s);
+    if (n > 0) return {idx, w, n};
+    idx[0] = static_cast<int32_t>(argmax(logits, vocab));
+    w[0] = 1.f;
+    return {idx, w, 1};
+  }
   // min_p first (a cut relative to the largest probability, so top_k before
   // or after keeps the same tokens); tokens of weight 0 are no candidates.
   const float floor = p.min_p;
@@ -232,7 +246,7 @@ Candidates candidates(const float* logits, int64_t vocab, const SamplingParams& 
   if (p.top_k <= 0) {
     // top_p alone, or min_p's candidates are the answer.
     if (p.top_p >= 1.f) return {idx, w, size};
-    return {idx, w, nucleus(logits, all, p.top_p, total, idx, w, size, s.mass, s.edge)};
+    return {idx, w, nucleus(logits, all, p.top_p, total, idx, w, size, idx, w, s)};
   }
   // top_k: sort only the k most likely (a heap sort is quick for a small
   // prefix only; a large one is a plain sort of everything).
