@@ -40,6 +40,7 @@ void WorkerProcess::reaped() {
 }
 
 RankRole role_of(const WorkerConfig& c, int r) {
+  if (r >= c.processes()) return RankRole{WorkerRole::kPrefill, r - c.processes(), 0};
   if (r < c.attention_processes()) {
     return RankRole{WorkerRole::kAttention, r / c.tp_attention, r % c.tp_attention};
   }
@@ -334,14 +335,15 @@ std::string WorkerSet::describe() const {
 // exactly as over the pipes of a local deployment.
 
 Status check_launcher_size(const WorkerConfig& c, const comm::Bootstrap& launcher) {
-  const int need = 1 + c.processes();
+  const int need = 1 + c.processes() + c.prefill_workers;
   if (launcher.size() != need) {
-    return invalid_argument("the launcher started " + std::to_string(launcher.size()) +
-                            " ranks; this deployment needs 1 router + " +
-                            std::to_string(c.attention_processes()) + " attention + " +
-                            std::to_string(c.expert_processes()) +
-                            " expert worker processes = " + std::to_string(need) +
-                            " (e.g. mpirun -np " + std::to_string(need) + ")");
+    return invalid_argument(
+        "the launcher started " + std::to_string(launcher.size()) +
+        " ranks; this deployment needs 1 router + " + std::to_string(c.attention_processes()) +
+        " attention + " + std::to_string(c.expert_processes()) + " expert worker processes" +
+        (c.prefill_workers > 0 ? " + " + std::to_string(c.prefill_workers) + " prefill workers"
+                               : std::string()) +
+        " = " + std::to_string(need) + " (e.g. mpirun -np " + std::to_string(need) + ")");
   }
   return ok_status();
 }
@@ -367,7 +369,7 @@ struct WorkerSet::PendingHello {
 // do not present the job's secret are ignored (closed); a bad rank or protocol
 // is an error.
 Status WorkerSet::take_hello(PendingHello& p, const std::string& line, int* joined) {
-  const int P = c_.processes();
+  const int P = c_.processes() + c_.prefill_workers;
   auto hello = control::decode_hello(line, "worker hello");
   if (!hello.ok() || !comm::is_job_secret(hello->secret, server_->secret())) {
     ::close(p.fd);  // not one of the job's ranks: ignored
@@ -396,9 +398,11 @@ Status WorkerSet::take_hello(PendingHello& p, const std::string& line, int* join
 
 Status WorkerSet::accept_launched(comm::Bootstrap& launcher) {
   MSI_RETURN_IF_ERROR(check_launcher_size(c_, launcher));
-  const int P = c_.processes();
+  // The M2N ranks bootstrap through the server; prefill workers (the last
+  // ranks) only connect for commands.
+  const int P = c_.processes() + c_.prefill_workers;
   const std::string host = comm::local_address();
-  MSI_ASSIGN_OR_RETURN(server_, comm::BootstrapServer::start(P, host));
+  MSI_ASSIGN_OR_RETURN(server_, comm::BootstrapServer::start(c_.processes(), host));
   int port = 0;
   MSI_ASSIGN_OR_RETURN(const int listen_fd, comm::tcp_listen(host, 0, &port));
   ::signal(SIGPIPE, SIG_IGN);
@@ -514,12 +518,19 @@ Status join_launched_deployment(const WorkerConfig& config, comm::Bootstrap& lau
   const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
   const int A = c.attention_processes(), N = c.expert_processes();
   const RankRole role = role_of(c, rank - 1);  // launcher rank 0 is the router
-  const int role_threads =
-      role.role == WorkerRole::kAttention ? c.attention_threads : c.expert_threads;
+  const int role_threads = role.role == WorkerRole::kAttention ? c.attention_threads
+                           : role.role == WorkerRole::kExpert  ? c.expert_threads
+                                                               : 0;
   if (role_threads > 0) {
     kernels::cpu::set_compute_threads(role_threads);
   } else if (std::getenv("OMP_NUM_THREADS") == nullptr) {
     kernels::cpu::set_compute_threads(static_cast<int>(std::max(1L, cores / per_host)));
+  }
+  if (role.role == WorkerRole::kPrefill) {
+    // No M2N rank: the router hands it the attention workers' K/V regions.
+    Status s = run_prefill_worker(c, role.index, fd, fd);
+    ::close(fd);
+    return s;
   }
   MSI_ASSIGN_OR_RETURN(auto boot, comm::make_tcp_bootstrap(rank - 1, A + N, bootstrap, secret));
   Status s = role.role == WorkerRole::kAttention

@@ -1352,6 +1352,45 @@ TEST_P(TwoHostTest, MpirunDeploymentBetweenNamespacesMatchesTheColocatedEngine) 
   EXPECT_NE(e.str().find("ready"), std::string::npos) << e.str();
 }
 
+// Prefill/decode disaggregation across hosts (issue 50): the router, the
+// attention worker and the expert worker on host a, the prefill worker (the
+// launcher's last rank) on host b. Greedy tokens are the co-located
+// engine's, and every sequence's K/V crosses the veth into the attention
+// worker's staging region over the transport under test, none prefilled
+// again on the attention worker.
+TEST_P(TwoHostTest, PrefillWorkerOnTheOtherHostMovesEverySequencesKv) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  const std::string prompt =
+      "--model " + dir + " --prompt-ids 5,9,22,40,7,8,11 --max-tokens 12 --ignore-eos";
+  const auto ref = tokens_of(prompt);
+  ASSERT_EQ(ref.size(), 12u);
+  const std::string hosts = write_file("netns_hosts_pd", "10.77.0.1 slots=3\n10.77.0.2 slots=1\n");
+  const std::string deployment =
+      " --attention-workers 1 --expert-workers 1 --prefill-workers 1 --fabric-provider " +
+      GetParam() + " --json";
+  const std::string err =
+      ::testing::TempDir() + "/two_host_pd_stderr_" + std::to_string(::getpid());
+  const std::string out = msinfer::testing::run_capture(
+      mpirun(hosts, "-np 4 " + kBinary + " generate " + prompt + deployment + " 2>" + err));
+  std::stringstream e;
+  e << std::ifstream(err).rdbuf();
+  auto j = parse_json(out, "mpirun generate --json");
+  ASSERT_TRUE(j.ok()) << "stdout: " << out.substr(0, 300) << "\nstderr: " << e.str();
+  EXPECT_EQ((*j)["token_ids"].get<std::vector<int32_t>>(), ref) << e.str();
+  EXPECT_NE(e.str().find("prefill worker 0: rank 3 on"), std::string::npos) << e.str();
+  EXPECT_NE(e.str().find("(10.77.0.2, pid"), std::string::npos) << e.str();
+  // Four prompts through bench serve, which reports the transfers.
+  const std::string bench = msinfer::testing::run_capture(mpirun(
+      hosts, "-np 4 " + kBinary + " bench serve --offline --model " + dir +
+                 " --num-prompts 4 --input-len 40 --output-len 4" + deployment + " 2>/dev/null"));
+  auto b = parse_json(bench, "mpirun bench serve --json");
+  ASSERT_TRUE(b.ok()) << "stdout: " << bench.substr(0, 300);
+  const auto& kv = (*b)["kv_transfers"];
+  EXPECT_EQ(kv["sequences"], 4) << b->dump();
+  EXPECT_GT(kv["bytes"].get<int64_t>(), 0) << b->dump();
+  EXPECT_EQ(kv["fallbacks"], 0) << b->dump();
+}
+
 // Expert tensor parallelism across hosts (issue 14): the router and one
 // attention worker on host a, one expert worker (all experts) of two shards
 // on host b; dispatch and answers cross the veth, allreduce's partials go between the

@@ -213,9 +213,6 @@ Status check_deployment_flags(const FlagSet& flags) {
     if (flags.get_int("tp-attention") > 1) {
       return invalid_argument("--prefill-workers with --tp-attention > 1 is not built yet");
     }
-    if (comm::launched_by_mpi()) {
-      return invalid_argument("--prefill-workers under mpirun / srun is not built yet");
-    }
   }
   for (const char* f : {"resubmit", "respawn"}) {
     if (flags.get_bool(f) && !deployment_requested(flags)) {

@@ -56,9 +56,11 @@ struct WorkerDeath {
   StatusCode code = StatusCode::kUnavailable;
 };
 
-// The role of bootstrap rank r (0 .. processes()-1): attention processes come
-// first (replica a's tp ranks at a * tp_attention + r), then expert processes
-// (expert worker w's shards at attention processes + w * tp_expert + shard).
+// The role of worker r (0 .. processes() + prefill_workers - 1; the bootstrap
+// rank for r < processes()): attention processes come first (replica a's tp
+// ranks at a * tp_attention + r), then expert processes (expert worker w's
+// shards at attention processes + w * tp_expert + shard), then prefill
+// workers (no bootstrap rank; launcher rank r + 1 under mpirun / srun).
 struct RankRole {
   WorkerRole role;
   int index;
