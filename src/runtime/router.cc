@@ -182,6 +182,7 @@ Status Router::on_death(const internal::WorkerDeath& d) {
     // Its requests are prefilled again elsewhere; nothing else depends on it.
     ++deaths_[static_cast<int>(WorkerRole::kPrefill)];
     drop_prefill_worker(w, d.how);
+    if (internal::replaceable(c_, deployment_state(), w)) prefill_to_replace_.push_back(w.index);
     publish_health();
     return ok_status();
   }
@@ -328,6 +329,7 @@ Status Router::recover() {
     }
     to_replace_.clear();  // the restart starts every worker
     attention_to_replace_.clear();
+    prefill_to_replace_.clear();
     awaited_.clear();
     before_loss_.reset();
     std::fprintf(

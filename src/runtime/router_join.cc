@@ -315,6 +315,72 @@ Status Router::finish_attention_join(const control::Ready& ready) {
   return ok_status();
 }
 
+// prefill_to_replace_.front(): a prefill worker needs no bootstrap and no
+// other worker changes for it; its replacement loads the weights while the
+// deployment serves (requests are prefilled on the attention workers, or the
+// other prefill workers, meanwhile).
+void Router::start_prefill_replacement() {
+  const int p = prefill_to_replace_.front();
+  prefill_to_replace_.erase(prefill_to_replace_.begin());
+  if (replacements_ >= kMaxRestarts) {
+    std::fprintf(stderr,
+                 "msinfer: router: no replacement for prefill worker %d (%d started already)\n", p,
+                 replacements_);
+    return;
+  }
+  auto forked = workers_->fork_prefill_worker(p, exe_);
+  if (!forked.ok()) {
+    std::fprintf(stderr, "msinfer: router: no replacement for prefill worker %d: %s\n", p,
+                 forked.status().message().c_str());
+    return;
+  }
+  ++replacements_;
+  ++worker_restarts_[static_cast<int>(WorkerRole::kPrefill)];
+  joining_ = std::make_unique<Joining>(
+      Joining{std::move(forked).value(), 0, {}, "", std::chrono::steady_clock::now()});
+  std::fprintf(stderr,
+               "msinfer: router: starting a replacement for prefill worker %d (pid %d); it "
+               "takes requests once it has loaded its weights\n",
+               p, joining_->w.pid);
+}
+
+Status Router::finish_prefill_join(const control::Ready& ready) {
+  Joining& j = *joining_;
+  Status version = control::check_protocol(ready.protocol, name_of(j.w));
+  if (!version.ok()) {
+    abandon_join(version.message());
+    return ok_status();
+  }
+  control::ConnectKv connect;
+  for (int a = 0; a < c_.attention_workers; ++a) {
+    connect.cards.push_back(lead(a).dead ? std::string() : lead(a).kv_card);
+  }
+  auto e = ask(j.w, connect);
+  if (!joining_) return e.ok() ? unavailable("the replacement was given up") : e.status();
+  if (!e.ok() || !std::holds_alternative<control::KvConnected>(*e)) {
+    abandon_join(e.ok() ? control::encode(*e) : e.status().message());
+    return ok_status();
+  }
+  const int p = j.w.index;
+  WorkerProcess& slot = workers_->prefill(p);
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - j.since).count();
+  slot = j.w;  // watched from now on: a death is handled as any prefill worker's
+  slot.dead = false;
+  slot.stepping = false;
+  slot.rss_mb = ready.rss_mb;
+  slot.load = 0;
+  slot.counters = {};
+  joining_.reset();
+  ++joined_;
+  publish_health();
+  std::fprintf(stderr,
+               "msinfer: router: prefill worker %d is back (pid %d, %.2f s after it was "
+               "started): new requests are prefilled on it again\n",
+               p, slot.pid, took);
+  return ok_status();
+}
+
 Status Router::join_tick() {
   if (!stopped_.ok()) return ok_status();  // nothing joins a deployment that stopped
   if (!joining_) {
@@ -322,6 +388,8 @@ Status Router::join_tick() {
       start_replacement();
     } else if (!attention_to_replace_.empty() && serving_ && !rebalancer_->switching()) {
       start_attention_replacement();
+    } else if (!prefill_to_replace_.empty() && serving_) {
+      start_prefill_replacement();
     }
     return ok_status();
   }
@@ -346,8 +414,14 @@ Status Router::join_tick() {
       continue;
     }
     if (auto* r = std::get_if<control::Ready>(&*e)) {
-      return joining_->w.role == WorkerRole::kAttention ? finish_attention_join(*r)
-                                                        : finish_join(*r);
+      switch (joining_->w.role) {
+        case WorkerRole::kAttention:
+          return finish_attention_join(*r);
+        case WorkerRole::kPrefill:
+          return finish_prefill_join(*r);
+        default:
+          return finish_join(*r);
+      }
     }
     abandon_join(line);
     return ok_status();

@@ -129,14 +129,17 @@ Status WorkerSet::spawn(const std::string& exe) {
   }
   // Prefill workers after the ranks (prefill(p)): no bootstrap of theirs.
   for (int p = 0; p < c_.prefill_workers; ++p) {
-    const RankRole role{WorkerRole::kPrefill, p, 0};
-    control::Configure configure{c_, role.role, p, 0};
-    MSI_ASSIGN_OR_RETURN(WorkerProcess w, fork_process(role, exe, control::encode(configure),
-                                                       worker_env(c_, role.role, /*rank=*/-1,
-                                                                  /*join=*/false, nullptr)));
+    MSI_ASSIGN_OR_RETURN(WorkerProcess w, fork_prefill_worker(p, exe));
     workers_.push_back(w);
   }
   return ok_status();
+}
+
+StatusOr<WorkerProcess> WorkerSet::fork_prefill_worker(int p, const std::string& exe) {
+  const RankRole role{WorkerRole::kPrefill, p, 0};
+  control::Configure configure{c_, role.role, p, 0};
+  return fork_process(role, exe, control::encode(configure),
+                      worker_env(c_, role.role, /*rank=*/-1, /*join=*/false, nullptr));
 }
 
 StatusOr<WorkerProcess> WorkerSet::fork_worker(int rank, const std::string& exe,

@@ -6,6 +6,7 @@
 // K/V beyond the staging region fall back to the attention workers.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <map>
 
@@ -127,6 +128,60 @@ TEST(PrefillWorkersTest, AKilledPrefillWorkersRequestsArePrefilledAgain) {
   EXPECT_TRUE(killed);
   EXPECT_EQ(got, colocated(dir, rs));
   EXPECT_LT(moved.sequences, 4);  // at least one was still prefilling when it died
+}
+
+// --respawn: the only prefill worker killed while it holds requests; they
+// are prefilled again on the attention workers, a replacement is forked and
+// wired to the attention workers' staging regions while the deployment
+// serves, and the next requests' K/V move from it. Tokens are the
+// co-located engine's throughout.
+TEST(PrefillWorkersTest, UnderRespawnAKilledPrefillWorkerIsReplaced) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  auto rs = requests(256);
+  for (auto& r : rs) r.prompt.resize(600, 5);  // several steps of prefill each
+  WorkerConfig c = deployment(dir, 8, "direct");
+  c.engine.max_step_tokens = 64;
+  c.respawn = true;
+  auto started = Router::start(c, kBinary);
+  ASSERT_TRUE(started.ok()) << started.status().to_string();
+  std::unique_ptr<Router> router = std::move(started).value();  // stops the workers
+  std::map<int64_t, std::vector<int32_t>> got;
+  const auto run = [&](const std::vector<GenerationRequest>& batch, int kill_at) {
+    for (const auto& r : batch) ASSERT_TRUE(router->add(r).ok());
+    for (int i = 0; !router->idle() && i < 5000; ++i) {
+      if (i == kill_at) {
+        ASSERT_GT(router->pid_of(WorkerRole::kPrefill, 0), 0);
+        ::kill(router->pid_of(WorkerRole::kPrefill, 0), SIGKILL);
+      }
+      auto events = router->step();
+      ASSERT_TRUE(events.ok()) << events.status().to_string();
+      for (const auto& ev : *events) {
+        EXPECT_NE(ev.finish_reason, FinishReason::kError) << ev.error;
+        got[ev.request_id].push_back(ev.token);
+      }
+    }
+    ASSERT_TRUE(router->idle());
+  };
+  run(rs, /*kill_at=*/2);
+  const int64_t moved_before = router->kv_transfers().sequences;
+  EXPECT_LT(moved_before, 4);  // at least one was still prefilling when it died
+  // The replacement joins between steps (an idle router steps too).
+  for (int i = 0; i < 3000 && router->health().prefill.live == 0; ++i) {
+    ASSERT_TRUE(router->step().ok());
+    ::usleep(10000);
+  }
+  const DeploymentHealth h = router->health();
+  EXPECT_EQ(h.prefill.live, 1);
+  EXPECT_EQ(h.prefill.deaths, 1);
+  EXPECT_EQ(h.prefill.restarts, 1);
+  auto more = requests(256);
+  for (auto& r : more) r.id += 100;
+  run(more, /*kill_at=*/-1);
+  EXPECT_EQ(router->kv_transfers().sequences, moved_before + 4);  // all through the new one
+  EXPECT_EQ(router->kv_transfers().fallbacks, 0);
+  auto want = colocated(dir, rs);
+  for (const auto& [id, t] : colocated(dir, more)) want[id] = t;
+  EXPECT_EQ(got, want);
 }
 
 // Requests, a cancel and the stats arrive while the prefill worker is

@@ -230,6 +230,11 @@ class Router {
   void start_replacement();
   void start_attention_replacement();
   Status finish_attention_join(const control::Ready& ready);
+  // A prefill worker's replacement: forked with its configuration, it says
+  // Ready once its weights are in, then ConnectKv wires it to the attention
+  // workers' staging regions and it takes requests again.
+  void start_prefill_replacement();
+  Status finish_prefill_join(const control::Ready& ready);
   Status answer_join_allgather(const std::string& blob);
   Status finish_join(const control::Ready& ready);
   void abandon_join(const std::string& why);
@@ -322,6 +327,7 @@ class Router {
   std::optional<Placement> before_loss_;   // the placement when the first was dropped
   std::vector<int> to_replace_;            // dropped expert workers, under --respawn
   std::vector<int> attention_to_replace_;  // dropped attention workers, under --respawn
+  std::vector<int> prefill_to_replace_;    // dead prefill workers, under --respawn
   EngineCounters counters_before_;         // of the attention worker processes replaced so far
   std::vector<int> awaited_;               // of those, the ones serving waits for
   std::unique_ptr<Joining> joining_;

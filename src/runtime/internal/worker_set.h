@@ -84,6 +84,8 @@ class WorkerSet {
   // router's pipes (router_pipe_bootstrap) into a running deployment.
   StatusOr<WorkerProcess> fork_worker(int rank, const std::string& exe, const Placement& placement,
                                       bool join);
+  // Forks prefill worker p (no bootstrap rank: a co-located engine).
+  StatusOr<WorkerProcess> fork_prefill_worker(int p, const std::string& exe);
   // Forks `exe worker` as `role` with `env_lines`, its command pipe holding
   // `configuration` (a Configure) as its first line.
   StatusOr<WorkerProcess> fork_process(const RankRole& role, const std::string& exe,
