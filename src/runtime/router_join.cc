@@ -1,5 +1,5 @@
 // A replacement joins the running deployment (--respawn after an in-place
-// drop; docs/RUNTIME.md, "Failures"): an expert worker, or an attention
+// drop; docs/RUNTIME.md, "Failures"): an expert, attention or prefill
 // worker.
 #include <signal.h>
 #include <sys/wait.h>

@@ -1,5 +1,5 @@
-// Router::Joining: a replacement expert worker on its way into a running
-// deployment (router_join.cc). Private to runtime/.
+// Router::Joining: a replacement worker (expert, attention or prefill) on
+// its way into a running deployment (router_join.cc). Private to runtime/.
 #pragma once
 
 #include <chrono>
