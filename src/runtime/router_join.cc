@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 
 #include "internal/joining.h"
 #include "internal/line_io.h"
@@ -66,28 +67,39 @@ Status Router::wait_for_replacement() {
 void Router::start_replacement() {
   const int w = to_replace_.front();
   to_replace_.erase(to_replace_.begin());
+  start_joining(
+      WorkerRole::kExpert, w,
+      [&] {
+        return workers_->fork_worker(c_.attention_processes() + w, exe_, *before_loss_,
+                                     /*join=*/true);
+      },
+      before_loss_->shares_on(w), "joins once it has loaded its experts");
+}
+
+// Forks the replacement for `role` worker `index` with `fork` and makes it
+// the one joining (`shares`: an expert worker's, for its first allgather);
+// gives it up, logged, past kMaxRestarts replacements or when the fork fails.
+void Router::start_joining(WorkerRole role, int index,
+                           const std::function<StatusOr<WorkerProcess>()>& fork,
+                           std::vector<std::pair<int, double>> shares, const char* then) {
+  const std::string who = std::string(worker_role_name(role)) + " worker " + std::to_string(index);
   if (replacements_ >= kMaxRestarts) {
-    std::fprintf(stderr,
-                 "msinfer: router: no replacement for expert worker %d (%d started already)\n", w,
-                 replacements_);
+    std::fprintf(stderr, "msinfer: router: no replacement for %s (%d started already)\n",
+                 who.c_str(), replacements_);
     return;
   }
-  auto forked = workers_->fork_worker(c_.attention_processes() + w, exe_, *before_loss_,
-                                      /*join=*/true);
+  auto forked = fork();
   if (!forked.ok()) {
-    std::fprintf(stderr, "msinfer: router: no replacement for expert worker %d: %s\n", w,
+    std::fprintf(stderr, "msinfer: router: no replacement for %s: %s\n", who.c_str(),
                  forked.status().message().c_str());
     return;
   }
   ++replacements_;
-  ++worker_restarts_[static_cast<int>(WorkerRole::kExpert)];
-  joining_ =
-      std::make_unique<Joining>(Joining{std::move(forked).value(), 0, before_loss_->shares_on(w),
-                                        "", std::chrono::steady_clock::now()});
-  std::fprintf(stderr,
-               "msinfer: router: starting a replacement for expert worker %d (pid %d); it "
-               "joins once it has loaded its experts\n",
-               w, joining_->w.pid);
+  ++worker_restarts_[static_cast<int>(role)];
+  joining_ = std::make_unique<Joining>(Joining{std::move(forked).value(), 0, std::move(shares), "",
+                                               std::chrono::steady_clock::now()});
+  std::fprintf(stderr, "msinfer: router: starting a replacement for %s (pid %d); it %s\n",
+               who.c_str(), joining_->w.pid, then);
 }
 
 // An attention worker's replacement, for dropped attention worker
@@ -98,30 +110,16 @@ void Router::start_replacement() {
 void Router::start_attention_replacement() {
   const int a = attention_to_replace_.front();
   attention_to_replace_.erase(attention_to_replace_.begin());
-  if (replacements_ >= kMaxRestarts) {
-    std::fprintf(stderr,
-                 "msinfer: router: no replacement for attention worker %d (%d started already)\n",
-                 a, replacements_);
-    return;
-  }
   // A placement every worker holds experts in (the workers' own check): the
   // one before any expert worker was lost; finish_attention_join drops those.
-  auto forked = workers_->fork_worker(a * c_.tp_attention, exe_,
-                                      experts_lost_ > 0 ? *before_loss_ : c_.placement,
-                                      /*join=*/true);
-  if (!forked.ok()) {
-    std::fprintf(stderr, "msinfer: router: no replacement for attention worker %d: %s\n", a,
-                 forked.status().message().c_str());
-    return;
-  }
-  ++replacements_;
-  ++worker_restarts_[static_cast<int>(WorkerRole::kAttention)];
-  joining_ = std::make_unique<Joining>(
-      Joining{std::move(forked).value(), 0, {}, "", std::chrono::steady_clock::now()});
-  std::fprintf(stderr,
-               "msinfer: router: starting a replacement for attention worker %d (pid %d); it "
-               "joins once it has loaded its weights\n",
-               a, joining_->w.pid);
+  start_joining(
+      WorkerRole::kAttention, a,
+      [&] {
+        return workers_->fork_worker(a * c_.tp_attention, exe_,
+                                     experts_lost_ > 0 ? *before_loss_ : c_.placement,
+                                     /*join=*/true);
+      },
+      {}, "joins once it has loaded its weights");
 }
 
 // The first allgather wires the replacement: an expert worker's answers to
@@ -322,26 +320,9 @@ Status Router::finish_attention_join(const control::Ready& ready) {
 void Router::start_prefill_replacement() {
   const int p = prefill_to_replace_.front();
   prefill_to_replace_.erase(prefill_to_replace_.begin());
-  if (replacements_ >= kMaxRestarts) {
-    std::fprintf(stderr,
-                 "msinfer: router: no replacement for prefill worker %d (%d started already)\n", p,
-                 replacements_);
-    return;
-  }
-  auto forked = workers_->fork_prefill_worker(p, exe_);
-  if (!forked.ok()) {
-    std::fprintf(stderr, "msinfer: router: no replacement for prefill worker %d: %s\n", p,
-                 forked.status().message().c_str());
-    return;
-  }
-  ++replacements_;
-  ++worker_restarts_[static_cast<int>(WorkerRole::kPrefill)];
-  joining_ = std::make_unique<Joining>(
-      Joining{std::move(forked).value(), 0, {}, "", std::chrono::steady_clock::now()});
-  std::fprintf(stderr,
-               "msinfer: router: starting a replacement for prefill worker %d (pid %d); it "
-               "takes requests once it has loaded its weights\n",
-               p, joining_->w.pid);
+  start_joining(
+      WorkerRole::kPrefill, p, [&] { return workers_->fork_prefill_worker(p, exe_); }, {},
+      "takes requests once it has loaded its weights");
 }
 
 Status Router::finish_prefill_join(const control::Ready& ready) {

@@ -46,6 +46,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -229,6 +230,9 @@ class Router {
   StatusOr<control::Event> set_units_from_live_attention(internal::WorkerProcess& w);
   void start_replacement();
   void start_attention_replacement();
+  void start_joining(WorkerRole role, int index,
+                     const std::function<StatusOr<internal::WorkerProcess>()>& fork,
+                     std::vector<std::pair<int, double>> shares, const char* then);
   Status finish_attention_join(const control::Ready& ready);
   // A prefill worker's replacement: forked with its configuration, it says
   // Ready once its weights are in, then ConnectKv wires it to the attention
