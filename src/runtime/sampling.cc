@@ -167,23 +167,42 @@ int64_t nucleus(const float* logits, const float* all, float top_p, double total
   return n;
 }
 
-// top_k without min_p: the k most likely by logit (a heap sort; the
-// weights of those k alone).
-Candidates top_k_only(const float* logits, int64_t vocab, const SamplingParams& p, Scratch& s) {
+// idx/w with room for a vocabulary of candidates.
+void reserve_candidates(Scratch& s, int64_t vocab) {
   if (static_cast<int64_t>(s.idx.size()) < vocab) {
     s.idx.resize(static_cast<size_t>(vocab));
     s.w.resize(static_cast<size_t>(vocab));
   }
+}
+
+// Orders idx[0, size) so that its first `keep` are the most likely, in
+// order (ties to the lower id): a heap sort is quick for a small prefix
+// only; a large one is a plain sort of everything.
+void most_likely_first(const float* logits, int32_t* idx, int64_t size, int64_t keep) {
+  const auto order = [&](int32_t a, int32_t b) { return by_logit(logits, a, b); };
+  if (keep * 16 < size) {
+    std::partial_sort(idx, idx + keep, idx + size, order);
+  } else {
+    std::sort(idx, idx + size, order);
+  }
+}
+
+// The argmax alone, weight 1: where no token has a positive weight.
+Candidates argmax_only(const float* logits, int64_t vocab, Scratch& s) {
+  s.idx.assign(1, static_cast<int32_t>(argmax(logits, vocab)));
+  s.w.assign(1, 1.f);
+  return {s.idx.data(), s.w.data(), 1};
+}
+
+// top_k without min_p: the k most likely by logit (a heap sort; the
+// weights of those k alone).
+Candidates top_k_only(const float* logits, int64_t vocab, const SamplingParams& p, Scratch& s) {
+  reserve_candidates(s, vocab);
   int32_t* idx = s.idx.data();
   float* w = s.w.data();
   std::iota(idx, idx + vocab, 0);
   const int64_t keep = std::min<int64_t>(p.top_k, vocab);
-  const auto order = [&](int32_t a, int32_t b) { return by_logit(logits, a, b); };
-  if (keep * 16 < vocab) {
-    std::partial_sort(idx, idx + keep, idx + vocab, order);
-  } else {
-    std::sort(idx, idx + vocab, order);
-  }
+  most_likely_first(logits, idx, vocab, keep);
   const float mx = logits[idx[0]], scale = 1.0f / p.temperature;
   int64_t size = 0;
   for (; size < keep; ++size) {
@@ -207,24 +226,15 @@ Candidates candidates(const float* logits, int64_t vocab, const SamplingParams& 
     // Every token stays: no order is needed, and sorting a 200k vocabulary
     // per token was most of a sampled step (82% of tiny-gpt-oss's serve
     // time). Tokens of weight 0 are never drawn.
-    if (everything > 0) return {nullptr, all, vocab};
-    s.idx.assign(1, static_cast<int32_t>(argmax(logits, vocab)));
-    s.w.assign(1, 1.f);
-    return {s.idx.data(), s.w.data(), 1};
+    return everything > 0 ? Candidates{nullptr, all, vocab} : argmax_only(logits, vocab, s);
   }
-  if (static_cast<int64_t>(s.idx.size()) < vocab) {
-    s.idx.resize(static_cast<size_t>(vocab));
-    s.w.resize(static_cast<size_t>(vocab));
-  }
+  reserve_candidates(s, vocab);
   int32_t* idx = s.idx.data();
   float* w = s.w.data();
   if (p.top_k <= 0 && p.min_p <= 0.f) {
     // top_p alone (< 1 here) over every token: no copy of them first.
     const int64_t n = nucleus(logits, all, p.top_p, everything, nullptr, all, vocab, idx, w, s);
-    if (n > 0) return {idx, w, n};
-    idx[0] = static_cast<int32_t>(argmax(logits, vocab));
-    w[0] = 1.f;
-    return {idx, w, 1};
+    return n > 0 ? Candidates{idx, w, n} : argmax_only(logits, vocab, s);
   }
   // min_p first (a cut relative to the largest probability, so top_k before
   // or after keeps the same tokens); tokens of weight 0 are no candidates.
@@ -238,26 +248,15 @@ Candidates candidates(const float* logits, int64_t vocab, const SamplingParams& 
   }
   double total = everything;  // without min_p the candidates hold every positive weight
   if (floor > 0) total = std::accumulate(w, w + size, 0.0);
-  if (size == 0) {
-    idx[0] = static_cast<int32_t>(argmax(logits, vocab));
-    w[0] = 1.f;
-    return {idx, w, 1};
-  }
+  if (size == 0) return argmax_only(logits, vocab, s);
   if (p.top_k <= 0) {
     // top_p alone, or min_p's candidates are the answer.
     if (p.top_p >= 1.f) return {idx, w, size};
     return {idx, w, nucleus(logits, all, p.top_p, total, idx, w, size, idx, w, s)};
   }
-  // top_k: sort only the k most likely (a heap sort is quick for a small
-  // prefix only; a large one is a plain sort of everything).
+  // top_k: sort only the k most likely.
   const int64_t keep = p.top_k < size ? p.top_k : size;
-  const auto first = idx, last = idx + size;
-  const auto order = [&](int32_t a, int32_t b) { return by_logit(logits, a, b); };
-  if (keep * 16 < size) {
-    std::partial_sort(first, first + keep, last, order);
-  } else {
-    std::sort(first, last, order);
-  }
+  most_likely_first(logits, idx, size, keep);
   double sum = 0;
   for (int64_t i = 0; i < keep; ++i) sum += w[i] = all[idx[i]];
   int64_t n = keep;
