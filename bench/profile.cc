@@ -7,22 +7,55 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <thread>
 
 #include "internal/timing.h"
 #include "msinfer/kernels/cpu/isa.h"
+#include "msinfer/kernels/cpu/ops.h"
 #include "msinfer/runtime/device_backend.h"
 #include "msinfer/runtime/model_runner.h"
 
 namespace msinfer::bench {
 namespace {
 
-// One long round: the profile points each take `min_seconds`.
+// A profile point: the median of 5 rounds that together take `min_seconds`.
+// One long round let a burst of another process's work, or of the machine's
+// memory traffic, move a point by 15-25% between profiles a minute apart
+// (docs/PLANNER.md 8), and a local fit through two such points twice that.
 template <typename F>
-double one_round(F&& f, double min_seconds) {
-  return internal::seconds_per_call(f, min_seconds, /*rounds=*/1);
+double one_point(F&& f, double min_seconds) {
+  return internal::median_seconds_per_call(f, min_seconds, /*rounds=*/5);
+}
+
+double process_cpu_s() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
 }  // namespace
+
+double measure_group_cores(int threads, double seconds) {
+  threads = std::max(threads, 1);
+  const double cpu0 = process_cpu_s();
+  const auto start = std::chrono::steady_clock::now();
+  const auto until = start + std::chrono::duration<double>(seconds);
+  std::vector<std::thread> spinners;
+  for (int i = 0; i < threads; ++i) {
+    spinners.emplace_back([until] {
+      uint64_t x = 1;
+      while (std::chrono::steady_clock::now() < until) {
+        for (int k = 0; k < 1000; ++k) x = x * 6364136223846793005ull + 1442695040888963407ull;
+        asm volatile("" : "+r"(x));
+      }
+    });
+  }
+  for (std::thread& t : spinners) t.join();
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!(wall > 0)) return threads;
+  return std::clamp((process_cpu_s() - cpu0) / wall, 0.0, static_cast<double>(threads));
+}
 
 LinearFit fit_line(const std::vector<std::pair<double, double>>& pts) {
   LinearFit f;
@@ -83,11 +116,14 @@ Json ProfileResult::to_json(const ProfileOptions& o) const {
               {"cores", cores},
               {"memory_gb", memory_gb},
               {"cpu_share", cpu_share},
+              {"group_threads", group_threads},
+              {"group_cores", group_cores},
               {"isa", kernels::cpu::isa_name(kernels::cpu::active_isa())},
               {"weights", kernels::cpu::weight_format_name(o.weights)},
               {"device", o.device},
               {"attention_points_ms", pts(attention)},
               {"expert_points_ms", pts(expert)},
+              {"expert_next_points_ms", pts(expert_next)},
               {"head_points_ms", pts(head)},
               {"fit",
                {{"attention_r2", attention_fit.r2},
@@ -119,11 +155,6 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
                        runtime::KvCache::create(c, o.kv_cache_mb << 20, /*block_size=*/16,
                                                 runtime::is_cpu_device(o.device)));
   ProfileResult r;
-  auto process_cpu_s = [] {
-    timespec ts{};
-    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-  };
   const double cpu0 = process_cpu_s();
   const auto wall0 = std::chrono::steady_clock::now();
   MSI_ASSIGN_OR_RETURN(auto attn, runtime::make_attention_compute(o.device, *weights, kv));
@@ -148,7 +179,7 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
     }
     x.assign(b * c.hidden, 0.01f);
     int layer = 0;  // index into moe_layers
-    const double s = one_round(
+    const double s = one_point(
         [&] {
           MSI_CHECK(attn->attention_and_gate(moe_layers[layer], batch, kv, x.data(), &routed).ok());
           results.assign(routed.rows() * c.hidden, 0.f);
@@ -164,7 +195,7 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
   for (int64_t b : o.expert_batches) {
     std::vector<float> rows(b * c.hidden, 0.01f), out(b * c.hidden);
     int idx = 0;
-    const double s = one_round(
+    const double s = one_point(
         [&] {
           MSI_CHECK(experts
                         ->forward_group(moe_layers[idx / c.experts], {idx % c.experts}, {0, b},
@@ -176,19 +207,49 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
     r.expert.emplace_back(static_cast<double>(b), s);
     if (progress) progress("T_e(b_e = " + std::to_string(b) + ") = " + std::to_string(s * 1e3) + " ms");
   }
+  // A micro-batch after the first: an expert worker runs a layer's experts
+  // once per micro-batch, back to back (expert_worker.cc), so from the second
+  // micro-batch on it finds what of the layer's weights the caches kept.
+  // Timed as the runtime does it: each layer's experts twice in a row; a
+  // point is the second pass's time per expert, the median over the passes.
+  for (int64_t b : o.expert_batches) {
+    std::vector<float> rows(b * c.hidden, 0.01f), out(b * c.hidden);
+    auto pass = [&](int l) {
+      for (int e = 0; e < c.experts; ++e) {
+        MSI_CHECK(experts->forward_group(l, {e}, {0, b}, rows.data(), out.data()).ok());
+      }
+    };
+    std::vector<double> second;
+    const auto t0 = std::chrono::steady_clock::now();
+    int li = 0;
+    do {
+      pass(moe_layers[li]);
+      const auto s0 = std::chrono::steady_clock::now();
+      pass(moe_layers[li]);
+      second.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count() / c.experts);
+      li = (li + 1) % n_moe;
+    } while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() <
+             o.min_seconds);
+    std::nth_element(second.begin(), second.begin() + second.size() / 2, second.end());
+    const double s = second[second.size() / 2];
+    r.expert_next.emplace_back(static_cast<double>(b), s);
+    if (progress)
+      progress("T_e(b_e = " + std::to_string(b) +
+               "), next micro-batch = " + std::to_string(s * 1e3) + " ms");
+  }
   // The step's tail: final norm + LM head over b rows, and the greedy pick.
   for (int64_t b : o.head_batches) {
     std::vector<float> xs(b * c.hidden, 0.01f), lg(b * c.vocab);
     std::vector<const float*> rows;
     for (int64_t i = 0; i < b; ++i) rows.push_back(xs.data() + i * c.hidden);
     int64_t picked = 0;
-    const double s = one_round(
+    const double s = one_point(
         [&] {
           MSI_CHECK(attn->logits(rows, lg.data()).ok());
-          for (int64_t i = 0; i < b; ++i) {
-            const float* row = lg.data() + i * c.vocab;
-            picked += std::max_element(row, row + c.vocab) - row;
-          }
+          // The pick the runtime's greedy sampler makes (sampling.cc).
+          for (int64_t i = 0; i < b; ++i)
+            picked += kernels::cpu::argmax(lg.data() + i * c.vocab, c.vocab);
         },
         o.min_seconds);
     asm volatile("" : : "g"(picked) : "memory");  // keeps the picks from being optimised away
@@ -202,6 +263,15 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
   if (wall > 0) {
     r.cpu_share =
         std::min(1.0, (process_cpu_s() - cpu0) / wall / std::max(1, omp_get_max_threads()));
+  }
+  // The deployment's workers are one group of up to `cores` busy threads:
+  // what such a group gets is measured, not inferred from the one-thread
+  // share above (docs/PLANNER.md 8).
+  r.group_threads = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  r.group_cores = measure_group_cores(r.group_threads, std::max(0.1, o.min_seconds));
+  if (progress) {
+    progress("group of " + std::to_string(r.group_threads) +
+             " busy threads: " + std::to_string(r.group_cores) + " cores");
   }
   r.attention_fit = fit_line(r.attention);
   r.expert_fit = fit_line(r.expert);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <vector>
 
 namespace msinfer::bench::internal {
 
@@ -26,6 +27,31 @@ double seconds_per_call(F&& f, double min_seconds, int rounds = 3) {
     best = std::min(best, s / n);
   }
   return best;
+}
+
+// Seconds per call of f: one warm-up call, then `rounds` rounds that each repeat
+// f for at least min_seconds / rounds; the median round counts. For figures
+// that must describe the machine as it is (the planner's profile), not at its
+// best: a round that another process slowed or that ran alone is an outlier
+// either way.
+template <typename F>
+double median_seconds_per_call(F&& f, double min_seconds, int rounds) {
+  using clock = std::chrono::steady_clock;
+  f();
+  std::vector<double> per_call;
+  for (int round = 0; round < rounds; ++round) {
+    int64_t n = 0;
+    const auto t0 = clock::now();
+    double s = 0;
+    do {
+      f();
+      ++n;
+      s = std::chrono::duration<double>(clock::now() - t0).count();
+    } while (s < min_seconds / rounds);
+    per_call.push_back(s / n);
+  }
+  std::nth_element(per_call.begin(), per_call.begin() + rounds / 2, per_call.end());
+  return per_call[static_cast<size_t>(rounds / 2)];
 }
 
 }  // namespace msinfer::bench::internal

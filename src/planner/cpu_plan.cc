@@ -75,6 +75,7 @@ StatusOr<CpuProfile> parse_cpu_profile(const Json& j, const std::string& source)
   MSI_ASSIGN_OR_RETURN(p.attention_points, read_points(f, "attention_points_ms"));
   MSI_ASSIGN_OR_RETURN(p.expert_points, read_points(f, "expert_points_ms"));
   MSI_ASSIGN_OR_RETURN(p.head_points, read_points(f, "head_points_ms"));
+  MSI_ASSIGN_OR_RETURN(p.expert_next_points, read_points(f, "expert_next_points_ms"));
   MSI_ASSIGN_OR_RETURN(int64_t threads, f.integer_or("threads", 1));
   if (threads < 1 || threads > 4096) return f.field_error("threads", "must be in 1..4096");
   p.threads = static_cast<int>(threads);
@@ -88,6 +89,15 @@ StatusOr<CpuProfile> parse_cpu_profile(const Json& j, const std::string& source)
   MSI_ASSIGN_OR_RETURN(p.cpu_share, f.number_or("cpu_share", 1));
   if (!(p.cpu_share > 0 && p.cpu_share <= 1))
     return f.field_error("cpu_share", "must be in (0, 1]");
+  MSI_ASSIGN_OR_RETURN(int64_t group_threads, f.integer_or("group_threads", 0));
+  if (group_threads < 0 || group_threads > 4096)
+    return f.field_error("group_threads", "must be in 0..4096");
+  p.group_threads = static_cast<int>(group_threads);
+  MSI_ASSIGN_OR_RETURN(p.group_cores, f.number_or("group_cores", 0));
+  if (!(p.group_cores >= 0 && p.group_cores <= p.group_threads))
+    return f.field_error("group_cores", "must be in [0, group_threads]");
+  if (p.group_threads > 0 && !(p.group_cores > 0))
+    return f.field_error("group_cores", "must be > 0 when group_threads is set");
   MSI_ASSIGN_OR_RETURN(p.weights, f.string_or("weights", "bf16"));
   return p;
 }
@@ -120,7 +130,11 @@ CpuPrediction predict_cpu(const CpuSearchOptions& o, const CpuDeployment& d) {
   CpuPrediction p;
   const double A = d.attention_workers, N = d.expert_workers, m = d.micro_batches;
   const double b_a = static_cast<double>(d.batch_per_micro_batch);
-  const double E = mc.experts, K = mc.top_k, h = mc.hidden, L = mc.layers;
+  const double E = mc.experts, K = mc.top_k, h = mc.hidden;
+  // The pipeline runs over the MoE layers; dense layers (DeepSeek's
+  // first_k_dense_replace) are the attention workers' alone (below).
+  const int moe_layers = mc.moe_layers > 0 ? mc.moe_layers : mc.layers;
+  const double L = moe_layers;
   const double x = E / N;               // experts per expert worker
   const double rows = A * b_a * K / N;  // rows one expert worker gets per micro-batch, layer
   const double b_e = rows / x;          // rows per expert
@@ -138,25 +152,42 @@ CpuPrediction predict_cpu(const CpuSearchOptions& o, const CpuDeployment& d) {
   // Cores shared with other processes. Linux shares the CPU fairly between
   // scheduling groups (autogroups: one per session; every worker the
   // deployment forks is in its router's), then between a group's runnable
-  // threads. The profile, a group of its own, got cpu_share x threads cores
-  // (all of them when it was not held back); the deployment's group gets the
-  // same and splits it over the threads runnable in each stage, at most a
-  // core each: the side that computes; during an expert stage also the
-  // attention side where its waits spin (the runtime's processes fit the
-  // cores; they yield otherwise); with m >= 2 both sides compute at once.
-  // An idle expert worker sleeps after 2000 empty polls (expert_worker.cc),
-  // so it does not compete with the attention stage or the head.
+  // threads. What a group with r runnable threads gets, G(r), is measured:
+  // the profile's threads got cpu_share x threads, and group_threads busy
+  // threads (the machine's cores) got group_cores; between the two G is
+  // the line through them, beyond group_threads it stays (the cores are
+  // all taken). A profile without the second point gives every r the
+  // first's cores (all the cores when it was not held back). Each stage's
+  // threads split G(r) over the r runnable, at most a core each: the side
+  // that computes; during an expert stage also the attention side where
+  // its waits spin (the runtime's processes fit the cores; they yield
+  // otherwise); with m >= 2 both sides compute at once. An idle expert
+  // worker sleeps after 2000 empty polls (expert_worker.cc), so it does not
+  // compete with the attention stage or the head.
   const int cores = std::max(o.cores, 1);
   const double s_p = pr.cpu_share;
-  const double group = s_p < 1 ? s_p * pr.threads : static_cast<double>(cores);
+  const double r1 = pr.threads, g1 = s_p * pr.threads;
+  const bool measured = pr.group_threads > 0 && pr.group_cores > 0;
+  const double r2 = measured ? pr.group_threads : 0, g2 = pr.group_cores;
+  auto group_at = [&](double r) {
+    if (!measured) return s_p < 1 ? g1 : static_cast<double>(cores);
+    if (r <= r1) return g1;
+    if (r >= r2) return g2;
+    return g1 + (g2 - g1) * (r - r1) / (r2 - r1);
+  };
   const bool spin = d.processes() <= cores;
-  auto share = [&](double ours) { return std::min(1.0, group / ours); };
+  auto share = [&](double ours) { return std::min(1.0, group_at(ours) / ours); };
   const double att_threads = A * d.attention_threads;
   const double exp_threads = N * d.tp_expert * d.expert_threads;
   const bool overlap = d.micro_batches >= 2;
-  const double s_att = share(att_threads + (overlap ? exp_threads : 0));
-  const double s_exp = share(exp_threads + (spin || overlap ? att_threads : 0));
+  const double r_att = att_threads + (overlap ? exp_threads : 0);
+  const double r_exp = exp_threads + (spin || overlap ? att_threads : 0);
+  const double s_att = share(r_att);
+  const double s_exp = share(r_exp);
   const double s_head = share(att_threads);
+  // The work-conservation bound below uses the group with every worker
+  // thread runnable.
+  const double group = group_at(std::max({r_att, r_exp, att_threads + exp_threads}));
   const double s_prof = std::min(1.0, s_p);
   p.group_cores = group;
   p.share_factor_attention = s_prof / s_att;
@@ -167,9 +198,38 @@ CpuPrediction predict_cpu(const CpuSearchOptions& o, const CpuDeployment& d) {
   p.k3 = fe.slope * se * p.share_factor_expert;
   p.k4 = fe.intercept * se * p.share_factor_expert;
   p.t_attention = p.k1 * b_a + p.k2;
+  // A dense layer is an attention stage whose FFN is the dense one, on the
+  // attention worker's b_a rows, with nothing on the expert side: the
+  // profile times MoE layers only, so its FFN is the profiled expert FFN's
+  // line scaled by width (weights and FLOPs both scale with it), less the
+  // shared experts T_a holds already (they run with attention in the plans
+  // bench serve --plan starts). Spread over the MoE layers as section 3b
+  // spreads them on a GPU.
+  const double dense_layers = mc.layers - moe_layers;
+  if (dense_layers > 0 && mc.dense_ffn > 0 && mc.expert_ffn > 0) {
+    const LinearFit ff = o.local_fit ? local_fit(pr.expert_points, b_a, LinearFit{pr.k3, pr.k4})
+                                     : LinearFit{pr.k3, pr.k4};
+    const double width =
+        std::max<double>(0, static_cast<double>(mc.dense_ffn - mc.shared_expert_ffn) /
+                                static_cast<double>(mc.expert_ffn));
+    p.t_dense_layer =
+        p.t_attention + width * (ff.slope * b_a + ff.intercept) * se * p.share_factor_attention;
+    p.t_attention += dense_layers / L * p.t_dense_layer;
+  }
   // One FFN per expert the worker holds, one after another (expert_worker.cc);
   // a tp_expert shard computes 1/tp of each FFN's width.
   p.t_expert = x * (p.k3 * b_e + p.k4) / d.tp_expert;
+  p.t_expert_first = p.t_expert_next = p.t_expert;
+  if (d.micro_batches >= 2 && o.local_fit && !pr.expert_next_points.empty()) {
+    // From the second micro-batch of a layer on, the worker's experts run
+    // right after they ran: the profile's next-micro-batch points. The
+    // pipeline has one T_e per stage: the mean over the m micro-batches.
+    // (--global-fit keeps the single line of the first micro-batch.)
+    const LinearFit fn = local_fit(pr.expert_next_points, b_e, fe);
+    p.t_expert_next =
+        x * (fn.slope * b_e + fn.intercept) * se * p.share_factor_expert / d.tp_expert;
+    p.t_expert = (p.t_expert_first + (m - 1) * p.t_expert_next) / m;
+  }
   if (pr.nic_bandwidth) {
     // fp32 rows; with tp_expert each shard receives every row (attention-sum).
     const UtilCurve flat = *UtilCurve::make({{1.0, 1.0}}, "flat");
@@ -184,7 +244,7 @@ CpuPrediction predict_cpu(const CpuSearchOptions& o, const CpuDeployment& d) {
   t.t_a = p.t_attention;
   t.t_e = p.t_expert;
   t.t_c = p.t_comm;
-  p.layers_time = iteration_time(t, d.micro_batches, mc.layers);
+  p.layers_time = iteration_time(t, d.micro_batches, moe_layers);
   // What the workers compute per step, in CPU-seconds: no schedule finishes
   // a step before the cores have done it.
   // CPU-seconds: each stage's time at the profile's share, times that share
@@ -323,6 +383,9 @@ Json CpuPrediction::to_json() const {
               {"t_expert_ms", t_expert * 1e3},
               {"t_comm_ms", t_comm * 1e3},
               {"t_head_ms", t_head * 1e3},
+              {"t_dense_layer_ms", t_dense_layer * 1e3},
+              {"t_expert_first_ms", t_expert_first * 1e3},
+              {"t_expert_next_ms", t_expert_next * 1e3},
               {"layers_ms", layers_time * 1e3},
               {"cpu_seconds_per_step", cpu_seconds},
               {"cpu_bound_ms", cpu_bound * 1e3},

@@ -1,12 +1,12 @@
-#include "msinfer/bench/m2n_bench.h"
 #include "msinfer/bench/profile.h"
-#include "msinfer/planner/perf_model.h"
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
+#include "msinfer/bench/m2n_bench.h"
 #include "msinfer/model/make_model.h"
+#include "msinfer/planner/cpu_plan.h"
 #include "msinfer/planner/perf_model.h"
 
 namespace msinfer::bench {
@@ -66,6 +66,7 @@ TEST(ProfileTest, WritesAFileThePlannerReads) {
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   ASSERT_EQ(r->attention.size(), 3u);
   ASSERT_EQ(r->expert.size(), 3u);
+  ASSERT_EQ(r->expert_next.size(), 3u);  // the same batches, a later micro-batch
   // Timings are not asserted; the fit is checked against the points it came from.
   EXPECT_NEAR(r->attention_fit.slope,
               fit_line(r->attention).slope, 1e-15);
@@ -73,6 +74,16 @@ TEST(ProfileTest, WritesAFileThePlannerReads) {
   ASSERT_TRUE(p.ok()) << p.status().to_string();
   EXPECT_DOUBLE_EQ(*p->k1, r->attention_fit.slope);
   EXPECT_DOUBLE_EQ(*p->k4, r->expert_fit.intercept);
+  // The group share is a measurement of this process's threads: some CPU,
+  // never more than a core each; the CPU planner reads it back.
+  EXPECT_GE(r->group_threads, 1);
+  EXPECT_GT(r->group_cores, 0);
+  EXPECT_LE(r->group_cores, r->group_threads);
+  auto cp = planner::parse_cpu_profile(r->to_json(o), "profile.json");
+  ASSERT_TRUE(cp.ok()) << cp.status().to_string();
+  EXPECT_DOUBLE_EQ(cp->group_cores, r->group_cores);
+  ASSERT_EQ(cp->expert_next_points.size(), 3u);
+  EXPECT_NEAR(cp->expert_next_points[2].second, r->expert_next[2].second, 1e-12);
   // Too small a KV budget is refused, not crashed on.
   o.kv_cache_mb = 0;
   EXPECT_EQ(profile_model(o).status().code(), StatusCode::kResourceExhausted);

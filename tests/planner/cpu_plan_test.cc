@@ -111,6 +111,99 @@ TEST(CpuPlan, AProfileThatSharedItsCoresScalesToTheDeploymentsShare) {
   EXPECT_DOUBLE_EQ(predict_cpu(o, three).share_factor_attention, 2);
 }
 
+TEST(CpuPlan, AMeasuredGroupShareGivesEachStageItsRunnableThreadsShare) {
+  CpuSearchOptions o = options();
+  const CpuDeployment d{1, 1, 1, 1, 1, 1, 4};
+  // An idle machine: the one-thread profile got 99% of its core, two busy
+  // threads 1.98 cores. While the expert worker computes the attention
+  // worker spins: two runnable threads, a core each. Without the second
+  // point the group was the profile's 0.99 cores, so the expert stage ran
+  // at half speed (the discontinuity of section 8).
+  o.profile.cpu_share = 0.99;
+  EXPECT_DOUBLE_EQ(predict_cpu(o, d).share_factor_expert, 2);
+  o.profile.group_threads = 2;
+  o.profile.group_cores = 1.98;
+  const CpuPrediction idle = predict_cpu(o, d);
+  EXPECT_DOUBLE_EQ(idle.share_factor_expert, 1);
+  EXPECT_DOUBLE_EQ(idle.share_factor_attention, 1);
+  EXPECT_DOUBLE_EQ(idle.group_cores, 1.98);
+  // A loaded machine: one thread got half a core, two together 0.8 cores.
+  o.profile.cpu_share = 0.5;
+  o.profile.group_cores = 0.8;
+  const CpuPrediction loaded = predict_cpu(o, d);
+  EXPECT_DOUBLE_EQ(loaded.share_factor_expert, 0.5 / 0.4);  // 2 threads: 0.4 each
+  EXPECT_DOUBLE_EQ(loaded.share_factor_attention, 1);       // 1 thread: the profile's
+  // Three threads runnable at once (2 attention workers and the expert
+  // worker, m = 2) on two cores: the two-thread group's 0.8 cores over three.
+  const CpuDeployment three{2, 1, 2, 1, 1, 1, 4};
+  EXPECT_DOUBLE_EQ(predict_cpu(o, three).share_factor_attention, 0.5 / (0.8 / 3));
+  EXPECT_NEAR(predict_cpu(o, three).cpu_bound, predict_cpu(o, three).cpu_seconds / 0.8, 1e-12);
+}
+
+TEST(CpuPlan, DenseLayersAreTheAttentionWorkersWithTheDenseFfn) {
+  CpuSearchOptions o = options();
+  const CpuDeployment d{1, 1, 1, 1, 1, 1, 4};
+  const CpuPrediction all_moe = predict_cpu(o, d);
+  EXPECT_DOUBLE_EQ(all_moe.t_dense_layer, 0);
+  // DeepSeek's shape: the first of 4 layers dense (FFN 1024 wide), shared
+  // experts 256 wide in the MoE layers (in T_a already), experts 512 wide.
+  o.model.moe_layers = 3;
+  o.model.dense_ffn = 1024;
+  o.model.shared_expert_ffn = 256;
+  const CpuPrediction p = predict_cpu(o, d);
+  const double ffn = o.profile.k3 * 4 + o.profile.k4;  // the expert FFN at b_a = 4 rows
+  EXPECT_NEAR(p.t_dense_layer, all_moe.t_attention + (1024.0 - 256) / 512 * ffn, 1e-12);
+  // Its time is spread over the 3 MoE layers the pipeline runs; the expert
+  // side has 3 layers, not 4.
+  EXPECT_NEAR(p.t_attention, all_moe.t_attention + p.t_dense_layer / 3, 1e-12);
+  StageTimes t;
+  t.t_a = p.t_attention;
+  t.t_e = p.t_expert;
+  t.t_c = p.t_comm;
+  EXPECT_NEAR(p.layers_time, iteration_time(t, 1, 3), 1e-12);
+}
+
+TEST(CpuPlan, LaterMicroBatchesUseTheProfilesNextMicroBatchExpertTimes) {
+  CpuSearchOptions o = options();
+  o.local_fit = true;
+  // First-pass points on the line k3 b + k4 and second-pass points at 60%.
+  for (double b : {1.0, 2.0, 4.0, 8.0}) {
+    o.profile.expert_points.emplace_back(b, o.profile.k3 * b + o.profile.k4);
+    o.profile.expert_next_points.emplace_back(b, 0.6 * (o.profile.k3 * b + o.profile.k4));
+  }
+  CpuDeployment d{1, 1, 1, 1, 1, 1, 4};
+  const CpuPrediction one = predict_cpu(o, d);
+  EXPECT_DOUBLE_EQ(one.t_expert_next, one.t_expert);  // m = 1: no later micro-batch
+  d.micro_batches = 3;
+  const CpuPrediction three = predict_cpu(o, d);
+  EXPECT_NEAR(three.t_expert_next, 0.6 * three.t_expert_first, 1e-12);
+  EXPECT_NEAR(three.t_expert, (1 + 2 * 0.6) / 3 * three.t_expert_first, 1e-12);
+  // Without the points (older profiles) every micro-batch is a first one.
+  o.profile.expert_next_points.clear();
+  EXPECT_DOUBLE_EQ(predict_cpu(o, d).t_expert, predict_cpu(o, d).t_expert_first);
+}
+
+TEST(CpuPlan, AProfilesGroupShareIsReadAndChecked) {
+  Json j = {{"k1_ms_per_token", 0.1}, {"k2_ms", 0.5},       {"k3_ms_per_token", 0.02},
+            {"k4_ms", 1.0},           {"threads", 1},       {"cores", 2},
+            {"cpu_share", 0.9},       {"group_threads", 2}, {"group_cores", 1.7}};
+  auto p = parse_cpu_profile(j, "p.json");
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->group_threads, 2);
+  EXPECT_DOUBLE_EQ(p->group_cores, 1.7);
+  j["group_cores"] = 2.5;  // more cores than threads
+  auto bad = parse_cpu_profile(j, "p.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("group_cores"), std::string::npos);
+  j["group_cores"] = 0;  // threads without cores
+  EXPECT_FALSE(parse_cpu_profile(j, "p.json").ok());
+  j.erase("group_cores");
+  j.erase("group_threads");  // profiles before the measurement: none
+  p = parse_cpu_profile(j, "p.json");
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->group_threads, 0);
+}
+
 TEST(CpuPlan, LocalFitIsTheLineThroughTheBracketingPoints) {
   const std::vector<std::pair<double, double>> pts{{1, 1.0}, {2, 1.5}, {4, 3.5}, {8, 4.0}};
   const LinearFit g{9, 9};

@@ -41,6 +41,9 @@ LinearFit fit_line(const std::vector<std::pair<double, double>>& points);
 struct ProfileResult {
   std::vector<std::pair<double, double>> attention;  // (b_a, seconds)
   std::vector<std::pair<double, double>> expert;     // (b_e, seconds)
+  // The same FFNs for a micro-batch after the first: a layer's experts run
+  // again right after they ran (the caches hold part of their weights).
+  std::vector<std::pair<double, double>> expert_next;  // (b_e, seconds)
   // Once per step, outside the layers: final norm, LM head over the step's
   // rows and a greedy pick per row (the attention worker's, over all its
   // micro-batches' requests): T_head = head_per_token * b + head.
@@ -50,8 +53,18 @@ struct ProfileResult {
   // 1 on cores of its own; below 1 when other processes shared them, and the
   // times above are then that much longer than the work (docs/PLANNER.md 8).
   double cpu_share = 1;
+  // Cores that `group_threads` busy threads (the machine's cores) got
+  // together, measured after the points: what a deployment whose workers
+  // compute at once gets from the machine (docs/PLANNER.md 8, shared cores).
+  // group_threads on an idle machine.
+  int group_threads = 0;
+  double group_cores = 0;
   Json to_json(const ProfileOptions& o) const;  // the --profile file format
 };
+
+// The cores `threads` busy threads of this process get together over
+// `seconds` of wall time: CPU time over wall time, in [0, threads].
+double measure_group_cores(int threads, double seconds);
 
 // `progress` receives one line per measured point (may be null).
 StatusOr<ProfileResult> profile_model(const ProfileOptions& o,

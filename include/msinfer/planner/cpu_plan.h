@@ -29,6 +29,9 @@ struct CpuProfile {
   double head_per_token = 0, head = 0;
   bool has_head = false;  // profiles written before the head term lack it
   std::vector<std::pair<double, double>> attention_points, expert_points, head_points;
+  // An expert's FFN in a micro-batch after the first (the layer's experts ran
+  // just before; section 8); empty in profiles before it.
+  std::vector<std::pair<double, double>> expert_next_points;
   int threads = 1;
   int cores = 0;            // of the machine profiled (0: not recorded)
   double memory_bytes = 0;  // physical memory of the machine profiled (0: not recorded)
@@ -36,6 +39,10 @@ struct CpuProfile {
   // CPU time the profile got / (wall time x threads): below 1 when other
   // processes shared the cores while it measured (section 8, shared cores).
   double cpu_share = 1;
+  // Cores a group of group_threads busy threads got (measure_group_cores;
+  // 0: not measured, profiles before it): G(r) of predict_cpu.
+  int group_threads = 0;
+  double group_cores = 0;
   std::string weights = "bf16";
   std::optional<UtilCurve> nic_util;    // bench m2n --profile-into
   std::optional<double> nic_bandwidth;  // bytes/s
@@ -82,6 +89,12 @@ struct CpuPrediction {
   double k1 = 0, k2 = 0, k3 = 0, k4 = 0;             // at the workers' thread counts (s, s/token)
   double t_attention = 0, t_expert = 0, t_comm = 0;  // per layer and micro-batch (s)
   double t_head = 0;                                 // once per step on each attention worker (s)
+  // One dense layer of one micro-batch on an attention worker (0: none);
+  // t_attention holds the dense layers' share, spread over the MoE layers.
+  double t_dense_layer = 0;
+  // t_expert of the first micro-batch and of each later one (equal at m = 1
+  // or without the profile's next-micro-batch points); t_expert is their mean.
+  double t_expert_first = 0, t_expert_next = 0;
   double layers_time = 0;                            // iteration_time over the layers (s)
   double cpu_seconds = 0;                            // CPU time all workers compute per step
   double cpu_bound = 0;        // cpu_seconds / cores: the step cannot be shorter
