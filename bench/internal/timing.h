@@ -8,47 +8,43 @@
 
 namespace msinfer::bench::internal {
 
+// Seconds per call of f over one round that repeats f for at least `seconds`.
+template <typename F>
+double round_seconds_per_call(F&& f, double seconds) {
+  using clock = std::chrono::steady_clock;
+  int64_t n = 0;
+  const auto t0 = clock::now();
+  double s = 0;
+  do {
+    f();
+    ++n;
+    s = std::chrono::duration<double>(clock::now() - t0).count();
+  } while (s < seconds);
+  return s / static_cast<double>(n);
+}
+
 // Seconds per call of f: one warm-up call, then `rounds` rounds that each repeat
 // f for at least min_seconds / rounds; the best round counts.
 template <typename F>
 double seconds_per_call(F&& f, double min_seconds, int rounds = 3) {
-  using clock = std::chrono::steady_clock;
   f();  // warm up (primitive creation, page faults)
   double best = 1e30;
   for (int round = 0; round < rounds; ++round) {
-    int64_t n = 0;
-    const auto t0 = clock::now();
-    double s = 0;
-    do {
-      f();
-      ++n;
-      s = std::chrono::duration<double>(clock::now() - t0).count();
-    } while (s < min_seconds / rounds);
-    best = std::min(best, s / n);
+    best = std::min(best, round_seconds_per_call(f, min_seconds / rounds));
   }
   return best;
 }
 
-// Seconds per call of f: one warm-up call, then `rounds` rounds that each repeat
-// f for at least min_seconds / rounds; the median round counts. For figures
-// that must describe the machine as it is (the planner's profile), not at its
-// best: a round that another process slowed or that ran alone is an outlier
-// either way.
+// As seconds_per_call, but the median round counts. For figures that must
+// describe the machine as it is (the planner's profile), not at its best: a
+// round that another process slowed or that ran alone is an outlier either
+// way.
 template <typename F>
 double median_seconds_per_call(F&& f, double min_seconds, int rounds) {
-  using clock = std::chrono::steady_clock;
   f();
   std::vector<double> per_call;
   for (int round = 0; round < rounds; ++round) {
-    int64_t n = 0;
-    const auto t0 = clock::now();
-    double s = 0;
-    do {
-      f();
-      ++n;
-      s = std::chrono::duration<double>(clock::now() - t0).count();
-    } while (s < min_seconds / rounds);
-    per_call.push_back(s / n);
+    per_call.push_back(round_seconds_per_call(f, min_seconds / rounds));
   }
   std::nth_element(per_call.begin(), per_call.begin() + rounds / 2, per_call.end());
   return per_call[static_cast<size_t>(rounds / 2)];
