@@ -212,8 +212,9 @@ CpuPrediction predict_cpu(const CpuSearchOptions& o, const CpuDeployment& d) {
     const double width =
         std::max<double>(0, static_cast<double>(mc.dense_ffn - mc.shared_expert_ffn) /
                                 static_cast<double>(mc.expert_ffn));
+    // On the attention worker's threads: scaled as T_a is (sa), not T_e.
     p.t_dense_layer =
-        p.t_attention + width * (ff.slope * b_a + ff.intercept) * se * p.share_factor_attention;
+        p.t_attention + width * (ff.slope * b_a + ff.intercept) * sa * p.share_factor_attention;
     p.t_attention += dense_layers / L * p.t_dense_layer;
   }
   // One FFN per expert the worker holds, one after another (expert_worker.cc);

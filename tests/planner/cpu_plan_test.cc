@@ -161,6 +161,14 @@ TEST(CpuPlan, DenseLayersAreTheAttentionWorkersWithTheDenseFfn) {
   t.t_e = p.t_expert;
   t.t_c = p.t_comm;
   EXPECT_NEAR(p.layers_time, iteration_time(t, 1, 3), 1e-12);
+  // The dense FFN runs on the attention worker: its threads scale it, the
+  // expert worker's do not.
+  CpuDeployment two = d;
+  two.attention_threads = 2;
+  EXPECT_NEAR(predict_cpu(o, two).t_dense_layer, p.t_dense_layer / 2, 1e-12);
+  two = d;
+  two.expert_threads = 2;
+  EXPECT_NEAR(predict_cpu(o, two).t_dense_layer, p.t_dense_layer, 1e-12);
 }
 
 TEST(CpuPlan, LaterMicroBatchesUseTheProfilesNextMicroBatchExpertTimes) {
