@@ -231,8 +231,7 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
       li = (li + 1) % n_moe;
     } while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() <
              o.min_seconds);
-    std::nth_element(second.begin(), second.begin() + second.size() / 2, second.end());
-    const double s = second[second.size() / 2];
+    const double s = internal::median(std::move(second));
     r.expert_next.emplace_back(static_cast<double>(b), s);
     if (progress)
       progress("T_e(b_e = " + std::to_string(b) +

@@ -3,10 +3,18 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace msinfer::bench::internal {
+
+// The middle value (the upper one of an even count); `v` must not be empty.
+inline double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
 
 // Seconds per call of f over one round that repeats f for at least `seconds`.
 template <typename F>
@@ -46,8 +54,7 @@ double median_seconds_per_call(F&& f, double min_seconds, int rounds) {
   for (int round = 0; round < rounds; ++round) {
     per_call.push_back(round_seconds_per_call(f, min_seconds / rounds));
   }
-  std::nth_element(per_call.begin(), per_call.begin() + rounds / 2, per_call.end());
-  return per_call[static_cast<size_t>(rounds / 2)];
+  return median(std::move(per_call));
 }
 
 }  // namespace msinfer::bench::internal
