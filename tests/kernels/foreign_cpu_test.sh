@@ -13,6 +13,11 @@ set -euo pipefail
 # It checks the level each CPU selects by itself: a level forced on the whole
 # suite (MSINFER_ISA=generic ctest) would cap the emulated runs too.
 unset MSINFER_ISA
+# msinfer runs itself again with GOMP_SPINCOUNT set unless it is set already
+# (exec_again_with_bounded_openmp_spin); qemu-user does not follow that exec,
+# so the second process would run natively and check nothing on a machine
+# whose own CPU is another level (Zen 5: avx512bf16 where avx2 is expected).
+export GOMP_SPINCOUNT=10000
 msinfer=$1 levels_test=$2 model=$3
 command -v qemu-x86_64 >/dev/null || { echo "qemu-x86_64 not installed (scripts/setup installs qemu-user): skipped"; exit 77; }
 [ -f "$model/config.json" ] || "$msinfer" make-model --preset tiny-mixtral --out "$model" >/dev/null
