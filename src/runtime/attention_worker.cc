@@ -3,6 +3,7 @@
 // commands (docs/RUNTIME.md).
 #include <algorithm>
 #include <deque>
+#include <map>
 
 #include "internal/attention_tp.h"
 #include "internal/remote_experts.h"
@@ -45,9 +46,13 @@ class AttentionWorker {
   Status drop_expert(const control::DropExpert& d, bool mid_step);
   Status add_expert(const control::AddExpert& a);
   Status step();
-  // A prefilled sequence whose K/V a prefill worker writes into the staging
-  // region: waits for its immediate, then queues it in the engine.
+  // A prefilled sequence whose K/V a prefill worker is to write: blocks in
+  // the pool when they are free now, else the staging region.
   control::Event add_prefilled(control::AddPrefilled& a);
+  // Its K/V are being written: waits for the immediate, then decodes it.
+  control::Event commit_kv(const control::CommitKv& c);
+  // Waits up to the timeout for immediate `imm` from a prefill worker.
+  Status wait_for_kv(uint32_t imm, int64_t id);
 
   const WorkerConfig& c_;
   const int index_;
@@ -58,13 +63,21 @@ class AttentionWorker {
   std::unique_ptr<WorkerStats> stats_;
   internal::RemoteExperts* experts_ = nullptr;  // owned by engine_
   std::unique_ptr<internal::AttentionTpLeader> peers_;
-  std::unique_ptr<Engine> engine_;
-  std::deque<control::Command> deferred_;  // read mid-step, handled after it
-  // With prefill workers: the K/V staging region they write into, on a
-  // transport of its own (its immediates are the prefill workers' only).
+  // With prefill workers: a transport of its own for the K/V they write
+  // (its immediates are theirs only), its staging region, and the KV
+  // pool's region when the engine's pool is the transport's memory
+  // (RemoteRegion bytes; empty: everything goes through the staging region).
+  // Before engine_: the pool's memory may outlive the transport, not the
+  // other way round.
   std::unique_ptr<comm::Transport> kv_transport_;
   std::unique_ptr<comm::RegionMemory> kv_region_;
+  std::string pool_region_;
   std::vector<uint32_t> kv_arrived_;  // immediates seen, not yet taken
+  // AddPrefilled sequences until their CommitKv, by (id, index): placed in
+  // the pool (the engine holds them), or staged (their sequence here).
+  std::map<std::pair<int64_t, int>, std::optional<control::AddPrefilled>> pending_kv_;
+  std::unique_ptr<Engine> engine_;
+  std::deque<control::Command> deferred_;  // read mid-step, handled after it
   // An Exit read mid-step ends the step and the worker (the router is
   // stopping the deployment, perhaps because an expert worker died without
   // replicas).
@@ -94,6 +107,25 @@ Status AttentionWorker::start(comm::Bootstrap& boot) {
     MSI_RETURN_IF_ERROR(peers_->attach(boot));
   }
   EngineOptions eo = c_.engine;  // the deployment's, plus what only this process sets
+  if (c_.prefill_workers > 0) {
+    MSI_ASSIGN_OR_RETURN(kv_transport_, internal::make_transport(c_));
+    // The pool in the transport's memory, so that prefill workers write
+    // blocks straight into it; where that memory is short (the direct
+    // transport's /dev/shm), the pool is the engine's own and every
+    // transfer lands in the staging region.
+    eo.kv_pool_memory = [this](size_t bytes) -> std::shared_ptr<uint8_t> {
+      auto m = kv_transport_->allocate(bytes);
+      if (!m.ok()) {
+        std::fprintf(stderr,
+                     "msinfer: %s: the KV pool stays out of the transport's memory (%s); "
+                     "prefilled K/V come through the staging region\n",
+                     me_.c_str(), m.status().message().c_str());
+        return nullptr;
+      }
+      std::shared_ptr<comm::RegionMemory> owner = std::move(m).value();
+      return std::shared_ptr<uint8_t>(owner, owner->data());
+    };
+  }
   eo.attention_peers = peers_.get();
   eo.step_when_idle = true;
   eo.device = c_.attention_device;
@@ -107,7 +139,13 @@ Status AttentionWorker::start(comm::Bootstrap& boot) {
     ready.kv_block_size = engine_->kv_cache().block_size();
   }
   if (c_.prefill_workers > 0) {
-    MSI_ASSIGN_OR_RETURN(kv_transport_, internal::make_transport(c_));
+    const KvCache& kv = engine_->kv_cache();
+    if (kv.pool_memory_given()) {
+      MSI_ASSIGN_OR_RETURN(
+          comm::RemoteRegion pool,
+          kv_transport_->register_memory(kv.pool_data(), static_cast<size_t>(kv.pool_bytes())));
+      pool_region_ = pool.encode();
+    }
     MSI_ASSIGN_OR_RETURN(kv_region_,
                          kv_transport_->allocate(static_cast<size_t>(c_.kv_transfer_bytes)));
     MSI_ASSIGN_OR_RETURN(comm::RemoteRegion region,
@@ -190,34 +228,79 @@ Status AttentionWorker::step() {
 
 control::Event AttentionWorker::add_prefilled(control::AddPrefilled& a) {
   const int64_t id = a.sequence.request.id;
+  const std::pair<int64_t, int> key{id, a.sequence.index};
   if (!kv_transport_) return control::Refused{id, me_ + ": no K/V staging region"};
+  if (pending_kv_.count(key) != 0) {
+    return control::Refused{id, me_ + ": its K/V are awaited already"};
+  }
+  control::KvPlaced out;
+  out.id = id;
+  out.index = a.sequence.index;
+  if (!pool_region_.empty()) {
+    auto placed = engine_->place_prefilled(a.sequence, a.bytes);
+    if (!placed.ok()) return control::Refused{id, placed.status().message()};
+    if (placed->has_value()) {
+      out.target.region = pool_region_;
+      out.target.placed = std::move(**placed);
+      pending_kv_[key] = std::nullopt;
+      return out;
+    }
+  }
+  // The staging region holds one sequence's K/V at a time.
   if (a.bytes < 0 || static_cast<uint64_t>(a.bytes) > kv_region_->size()) {
     return control::Refused{
         id, me_ + ": " + std::to_string(a.bytes) + " bytes of K/V exceed the staging region"};
   }
-  // The write's immediate comes after its bytes (transport.h): once it is
-  // here, the region holds the K/V.
+  for (const auto& [k, staged] : pending_kv_) {
+    if (staged.has_value()) return control::Refused{id, me_ + ": the staging region is in use"};
+  }
+  pending_kv_[key] = std::move(a);
+  return out;
+}
+
+Status AttentionWorker::wait_for_kv(uint32_t imm, int64_t id) {
+  // The immediate comes with the last write, after its bytes and those of
+  // the writes before it (transport.h): once it is here, the K/V are.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(c_.timeout_ms);
   std::vector<comm::Completion> done;
-  while (std::find(kv_arrived_.begin(), kv_arrived_.end(), a.imm) == kv_arrived_.end()) {
+  while (std::find(kv_arrived_.begin(), kv_arrived_.end(), imm) == kv_arrived_.end()) {
     done.clear();
-    if (Status s = kv_transport_->poll(&done, 16); !s.ok())
-      return control::Refused{id, s.message()};
+    MSI_RETURN_IF_ERROR(kv_transport_->poll(&done, 16));
     for (const auto& d : done) {
-      if (d.kind == comm::Completion::Kind::kRemoteWrite) kv_arrived_.push_back(d.imm);
+      // 0: a write before the last one of a transfer.
+      if (d.kind == comm::Completion::Kind::kRemoteWrite && d.imm != 0)
+        kv_arrived_.push_back(d.imm);
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      return control::Refused{id, me_ + ": the K/V of request " + std::to_string(id) +
-                                      " did not arrive within " + std::to_string(c_.timeout_ms) +
-                                      " ms"};
+      return Status(StatusCode::kDeadlineExceeded,
+                    me_ + ": the K/V of request " + std::to_string(id) + " did not arrive within " +
+                        std::to_string(c_.timeout_ms) + " ms");
     }
     if (done.empty()) ep_->relax(1 << 20);
   }
-  kv_arrived_.erase(std::find(kv_arrived_.begin(), kv_arrived_.end(), a.imm));
-  a.sequence.kv.assign(kv_region_->data(), kv_region_->data() + a.bytes);
-  Status s = engine_->add_prefilled(std::move(a.sequence));
-  if (!s.ok()) return control::Refused{id, s.message()};
-  return control::Added{id};
+  kv_arrived_.erase(std::find(kv_arrived_.begin(), kv_arrived_.end(), imm));
+  return ok_status();
+}
+
+control::Event AttentionWorker::commit_kv(const control::CommitKv& c) {
+  auto it = pending_kv_.find({c.id, c.index});
+  if (it == pending_kv_.end()) {
+    return control::Refused{c.id, me_ + ": no prefilled sequence " + std::to_string(c.id) + "/" +
+                                      std::to_string(c.index) + " awaits its K/V"};
+  }
+  std::optional<control::AddPrefilled> staged = std::move(it->second);
+  pending_kv_.erase(it);
+  const Status arrived = wait_for_kv(c.imm, c.id);
+  if (!staged.has_value()) {  // placed: the bytes are in its blocks, or it frees them
+    engine_->commit_prefilled(c.id, c.index, arrived.ok());
+    if (!arrived.ok()) return control::Refused{c.id, arrived.message()};
+    return control::Added{c.id};
+  }
+  if (!arrived.ok()) return control::Refused{c.id, arrived.message()};
+  staged->sequence.kv.assign(kv_region_->data(), kv_region_->data() + staged->bytes);
+  Status s = engine_->add_prefilled(std::move(staged->sequence));
+  if (!s.ok()) return control::Refused{c.id, s.message()};
+  return control::Added{c.id};
 }
 
 // One command; *exit when the worker is to stop. A command an attention
@@ -232,10 +315,13 @@ Status AttentionWorker::handle(control::Command& cmd, bool* exit) {
   } else if (auto* a = std::get_if<Add>(&cmd)) {
     channel_.send(internal::add_request(*engine_, a->request));
   } else if (auto* c = std::get_if<Cancel>(&cmd)) {
-    const bool found = engine_->cancel(c->id);
+    const bool found = engine_->cancel(c->id);  // placed sequences too
+    std::erase_if(pending_kv_, [&](const auto& p) { return p.first.first == c->id; });
     channel_.send(Cancelled{found, engine_->kv_usage()});
   } else if (auto* ap = std::get_if<AddPrefilled>(&cmd)) {
     channel_.send(add_prefilled(*ap));
+  } else if (auto* ck = std::get_if<CommitKv>(&cmd)) {
+    channel_.send(commit_kv(*ck));
   } else if (auto* st = std::get_if<GetStats>(&cmd)) {
     Json j = stats_->to_json();
     j["micro_batch_balance"] = engine_->micro_batch_balance();

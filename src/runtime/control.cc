@@ -105,11 +105,24 @@ Json command_json(const ConnectKv& c) {
   for (const auto& card : c.cards) cards.push_back(internal::to_hex(card));
   return Json{{"cards", cards}};
 }
+Json target_json(const KvTarget& t) {
+  if (t.region.empty()) return Json::object();  // the staging region
+  return Json{{"region", internal::to_hex(t.region)},
+              {"table", t.placed.table},
+              {"pool_blocks", t.placed.pool_blocks}};
+}
 Json command_json(const SendKv& c) {
-  return Json{{"id", c.id}, {"index", c.index}, {"worker", c.worker}, {"imm", c.imm}};
+  return Json{{"id", c.id},
+              {"index", c.index},
+              {"worker", c.worker},
+              {"imm", c.imm},
+              {"target", target_json(c.target)}};
 }
 Json command_json(const AddPrefilled& c) {
-  return Json{{"sequence", sequence_json(c.sequence)}, {"imm", c.imm}, {"bytes", c.bytes}};
+  return Json{{"sequence", sequence_json(c.sequence)}, {"bytes", c.bytes}};
+}
+Json command_json(const CommitKv& c) {
+  return Json{{"id", c.id}, {"index", c.index}, {"imm", c.imm}};
 }
 Json command_json(const JoinBlobs& c) {
   Json b = Json::array();
@@ -248,18 +261,37 @@ Status read_command(const Json& j, const std::string& w, ConnectKv* c) {
   }
   return ok_status();
 }
+// KvTarget under "target" (the table's shape and blocks are checked where
+// it is used: KvCache::transfer_spans).
+Status read_target(const Json& j, const std::string& w, KvTarget* t) {
+  Json target;
+  MSI_RETURN_IF_ERROR(Fields(j, w).required("target", &target).status());
+  if (!target.is_object()) return invalid_argument(w + ": field 'target' is not an object");
+  if (!target.contains("region")) return ok_status();
+  Fields f(target, w + ": target");
+  f.required("table", &t->placed.table).required("pool_blocks", &t->placed.pool_blocks);
+  return read_hex(f, "region", &t->region, w + ": target");
+}
 Status read_command(const Json& j, const std::string& w, SendKv* c) {
+  MSI_RETURN_IF_ERROR(Fields(j, w)
+                          .required("id", &c->id)
+                          .required("index", &c->index)
+                          .required("worker", &c->worker)
+                          .required("imm", &c->imm)
+                          .status());
+  return read_target(j, w, &c->target);
+}
+Status read_command(const Json& j, const std::string& w, AddPrefilled* c) {
+  MSI_RETURN_IF_ERROR(Fields(j, w).required("bytes", &c->bytes).status());
+  if (c->bytes < 0) return invalid_argument(w + ": field 'bytes' is negative");
+  return read_sequence(j, w, &c->sequence);
+}
+Status read_command(const Json& j, const std::string& w, CommitKv* c) {
   return Fields(j, w)
       .required("id", &c->id)
       .required("index", &c->index)
-      .required("worker", &c->worker)
       .required("imm", &c->imm)
       .status();
-}
-Status read_command(const Json& j, const std::string& w, AddPrefilled* c) {
-  MSI_RETURN_IF_ERROR(Fields(j, w).required("imm", &c->imm).required("bytes", &c->bytes).status());
-  if (c->bytes < 0) return invalid_argument(w + ": field 'bytes' is negative");
-  return read_sequence(j, w, &c->sequence);
 }
 Status read_command(const Json& j, const std::string& w, JoinBlobs* c) {
   std::vector<std::string> hex;
@@ -274,10 +306,10 @@ Status read_command(const Json& j, const std::string& w, JoinBlobs* c) {
 }
 
 constexpr const char* kOps[] = {
-    "configure",     "exit",           "step",    "add",          "cancel",    "stats",
-    "drop_expert",   "drop_attention", "card",    "add_expert",   "placement", "routed",
-    "prepare",       "prepared",       "abandon", "units",        "switch",    "blobs",
-    "add_attention", "connect_kv",     "send_kv", "add_prefilled"};
+    "configure",     "exit",           "step",    "add",           "cancel",    "stats",
+    "drop_expert",   "drop_attention", "card",    "add_expert",    "placement", "routed",
+    "prepare",       "prepared",       "abandon", "units",         "switch",    "blobs",
+    "add_attention", "connect_kv",     "send_kv", "add_prefilled", "commit_kv"};
 static_assert(std::size(kOps) == std::variant_size_v<Command>);
 
 // ---- events ----
@@ -350,7 +382,14 @@ Json event_json(const JoinAllgather& e) { return Json{{"blob", internal::to_hex(
 Json event_json(const AttentionAdded& e) { return Json{{"worker", e.worker}}; }
 Json event_json(const KvConnected&) { return {}; }
 Json event_json(const KvSent& e) {
-  return Json{{"id", e.id}, {"index", e.index}, {"bytes", e.bytes}, {"seconds", e.seconds}};
+  return Json{{"id", e.id},
+              {"index", e.index},
+              {"bytes", e.bytes},
+              {"seconds", e.seconds},
+              {"writes", e.writes}};
+}
+Json event_json(const KvPlaced& e) {
+  return Json{{"id", e.id}, {"index", e.index}, {"target", target_json(e.target)}};
 }
 
 Status read_event(const Json& j, const std::string& w, Ready* e) {
@@ -477,18 +516,23 @@ Status read_event(const Json& j, const std::string& w, KvSent* e) {
       .required("index", &e->index)
       .required("bytes", &e->bytes)
       .optional("seconds", &e->seconds)
+      .optional("writes", &e->writes)
       .status();
+}
+Status read_event(const Json& j, const std::string& w, KvPlaced* e) {
+  MSI_RETURN_IF_ERROR(Fields(j, w).required("id", &e->id).required("index", &e->index).status());
+  return read_target(j, w, &e->target);
 }
 Status read_event(const Json& j, const std::string& w, JoinAllgather* e) {
   Fields f(j, w);
   return read_hex(f, "blob", &e->blob, w);
 }
 
-constexpr const char* kEvents[] = {"ready",        "stepped",         "added",        "refused",
-                                   "cancelled",    "stats",           "error",        "card",
-                                   "expert_added", "placement_set",   "routed",       "preparing",
-                                   "prepared",     "abandoned",       "units_set",    "switched",
-                                   "allgather",    "attention_added", "kv_connected", "kv_sent"};
+constexpr const char* kEvents[] = {
+    "ready",        "stepped",   "added",        "refused",       "cancelled", "stats",
+    "error",        "card",      "expert_added", "placement_set", "routed",    "preparing",
+    "prepared",     "abandoned", "units_set",    "switched",      "allgather", "attention_added",
+    "kv_connected", "kv_sent",   "kv_placed"};
 static_assert(std::size(kEvents) == std::variant_size_v<Event>);
 
 // The variant alternative whose name is `name` in `names`, default-made and

@@ -58,8 +58,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const model::Mo
     return unimplemented(
         "attention tensor parallelism runs on the CPU, with the engine on rank 0 and its peers");
   }
-  MSI_ASSIGN_OR_RETURN(KvCache kv, KvCache::create(attention_tp_config(*w), options.kv_cache_bytes,
-                                                   options.block_size, /*host_pools=*/cpu));
+  MSI_ASSIGN_OR_RETURN(
+      KvCache kv, KvCache::create(attention_tp_config(*w), options.kv_cache_bytes,
+                                  options.block_size, /*host_pools=*/cpu, options.kv_pool_memory));
   if (options.prefix_caching) {
     // The K/V of a token sequence depend on the weights, where they run and
     // (attention-tp) which heads this rank keeps; the cache dies with the
@@ -121,7 +122,8 @@ Status Engine::add(GenerationRequest r) {
   const auto same_id = [&](const Running& o) { return o.req.id == r.id; };
   if (std::any_of(waiting_.begin(), waiting_.end(), same_id) ||
       std::any_of(running_.begin(), running_.end(), same_id) ||
-      std::any_of(parked_.begin(), parked_.end(), same_id)) {
+      std::any_of(parked_.begin(), parked_.end(), same_id) ||
+      std::any_of(placed_.begin(), placed_.end(), same_id)) {
     return invalid_argument("request " + std::to_string(r.id) + ": the id is already in use");
   }
   Running run;
@@ -138,25 +140,27 @@ bool Engine::cancel(int64_t id) {
   // Every sequence of it: n > 1 has several, in either list.
   const auto of = [&](const Running& r) { return r.req.id == id; };
   size_t found = std::erase_if(waiting_, of);
-  for (const Running& r : running_) {
-    if (of(r)) kv_.release(r.seq);
+  for (std::vector<Running>* q : {&running_, &parked_, &placed_}) {
+    for (const Running& r : *q) {
+      if (of(r)) kv_.release(r.seq);
+    }
+    found += std::erase_if(*q, of);
   }
-  found += std::erase_if(running_, of);
-  for (const Running& r : parked_) {
-    if (of(r)) kv_.release(r.seq);
-  }
-  found += std::erase_if(parked_, of);
   return found > 0;
 }
 
-std::vector<PrefilledSequence> Engine::take_prefilled() {
+std::vector<PrefilledSequence> Engine::take_prefilled(bool copy_kv) {
   std::vector<PrefilledSequence> out;
   for (Running& r : parked_) {
     PrefilledSequence& p = out.emplace_back();
     p.kv_layout = kv_.layout_id();
-    p.kv.resize(static_cast<size_t>(kv_.transfer_bytes(r.computed)));
-    kv_.export_kv(r.seq, r.computed, p.kv.data());
-    kv_.release(r.seq);
+    if (copy_kv) {
+      p.kv.resize(static_cast<size_t>(kv_.transfer_bytes(r.computed)));
+      kv_.export_kv(r.seq, r.computed, p.kv.data());
+      kv_.release(r.seq);
+    } else {
+      p.kv_seq = r.seq;
+    }
     std::ostringstream rng;
     rng << r.rng;
     p.rng = rng.str();
@@ -171,7 +175,7 @@ std::vector<PrefilledSequence> Engine::take_prefilled() {
   return out;
 }
 
-Status Engine::add_prefilled(PrefilledSequence s) {
+StatusOr<Engine::Running> Engine::check_prefilled(PrefilledSequence& s, int64_t kv_bytes) {
   const std::string what = "prefilled request " + std::to_string(s.request.id);
   s.request.prefill_only = false;
   MSI_RETURN_IF_ERROR(check_request(s.request));
@@ -203,8 +207,8 @@ Status Engine::add_prefilled(PrefilledSequence s) {
                             ": its K/V come from a KV cache of another layout (model, "
                             "block size or attention split)");
   }
-  if (static_cast<int64_t>(s.kv.size()) != kv_.transfer_bytes(s.computed)) {
-    return invalid_argument(what + ": " + std::to_string(s.kv.size()) + " bytes of K/V for " +
+  if (kv_bytes != kv_.transfer_bytes(s.computed)) {
+    return invalid_argument(what + ": " + std::to_string(kv_bytes) + " bytes of K/V for " +
                             std::to_string(s.computed) + " positions, not " +
                             std::to_string(kv_.transfer_bytes(s.computed)));
   }
@@ -214,9 +218,12 @@ Status Engine::add_prefilled(PrefilledSequence s) {
   const auto same = [&](const Running& o) {
     return o.req.id == s.request.id && (o.index == s.index || o.fork_into > 1);
   };
-  if (std::any_of(waiting_.begin(), waiting_.end(), same) ||
-      std::any_of(running_.begin(), running_.end(), same) ||
-      std::any_of(parked_.begin(), parked_.end(), same)) {
+  for (const std::vector<Running>* q : {&running_, &parked_, &placed_}) {
+    if (std::any_of(q->begin(), q->end(), same)) {
+      return invalid_argument(what + ": sequence " + std::to_string(s.index) + " is already here");
+    }
+  }
+  if (std::any_of(waiting_.begin(), waiting_.end(), same)) {
     return invalid_argument(what + ": sequence " + std::to_string(s.index) + " is already here");
   }
   Running run;
@@ -229,10 +236,52 @@ Status Engine::add_prefilled(PrefilledSequence s) {
   run.computed = s.computed;
   run.generated = s.generated;
   run.cached_tokens = 0;
-  run.kv_import = std::move(s.kv);
   run.req = std::move(s.request);
+  return run;
+}
+
+Status Engine::add_prefilled(PrefilledSequence s) {
+  MSI_ASSIGN_OR_RETURN(Running run, check_prefilled(s, static_cast<int64_t>(s.kv.size())));
+  run.kv_import = std::move(s.kv);
   waiting_.push_back(std::move(run));
   return ok_status();
+}
+
+StatusOr<std::optional<PlacedKv>> Engine::place_prefilled(PrefilledSequence s, int64_t kv_bytes) {
+  MSI_ASSIGN_OR_RETURN(Running run, check_prefilled(s, kv_bytes));
+  // As admission does: the blocks of the running sequences' next step and
+  // the watermark stay free.
+  const int64_t watermark = std::max<int64_t>(1, kv_.total_blocks() / 100);
+  int64_t next_step = 0;
+  for (const Running& r : running_) {
+    const int64_t len = static_cast<int64_t>(r.tokens.size());
+    next_step += kv_.blocks_to_take(r.seq, std::min(len, r.computed + options_.max_step_tokens),
+                                    r.computed, len);
+  }
+  if (!waiting_.empty() ||
+      kv_.transfer_blocks(run.computed) + next_step + watermark > kv_.free_blocks() ||
+      !kv_.place_kv(run.seq, run.computed).ok()) {
+    return std::optional<PlacedKv>();  // the queue first; or no room now
+  }
+  PlacedKv out;
+  out.table = kv_.transfer_table(run.seq, run.computed);
+  out.pool_blocks = kv_.total_blocks();
+  placed_.push_back(std::move(run));
+  return std::optional<PlacedKv>(std::move(out));
+}
+
+bool Engine::commit_prefilled(int64_t id, int32_t index, bool arrived) {
+  auto it = std::find_if(placed_.begin(), placed_.end(),
+                         [&](const Running& r) { return r.req.id == id && r.index == index; });
+  if (it == placed_.end()) return false;
+  if (arrived) {
+    kv_.cache_blocks(it->seq, it->tokens.data(), it->computed);
+    running_.push_back(std::move(*it));  // it holds its blocks: nothing to admit
+  } else {
+    kv_.release(it->seq);
+  }
+  placed_.erase(it);
+  return true;
 }
 
 bool Engine::admit_prefilled(Running& r, int64_t reserved) {

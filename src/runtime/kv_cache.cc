@@ -19,7 +19,7 @@ int64_t KvCache::block_bytes() const {
 }
 
 StatusOr<KvCache> KvCache::create(const ModelConfig& c, int64_t budget_bytes, int64_t block_size,
-                                  bool host_pools) {
+                                  bool host_pools, const PoolMemory& pool_memory) {
   if (block_size < 1) return invalid_argument("KV block size must be >= 1");
   KvCache kv;
   kv.block_size_ = block_size;
@@ -69,10 +69,16 @@ StatusOr<KvCache> KvCache::create(const ModelConfig& c, int64_t budget_bytes, in
   const size_t n =
       static_cast<size_t>(kv.group_layers_ * kv.num_blocks_ * block_size * kv.slot_elems_);
   if (host_pools) {
-    MSI_ASSIGN_OR_RETURN(kv.k_, ZeroPages::allocate(n * sizeof(bf16)));
-    if (!mla) {
-      MSI_ASSIGN_OR_RETURN(kv.v_, ZeroPages::allocate(n * sizeof(bf16)));
+    const size_t bytes = static_cast<size_t>(kv.kv_pools_) * n * sizeof(bf16);
+    if (pool_memory) kv.external_ = pool_memory(bytes);
+    uint8_t* base = kv.external_.get();
+    if (base == nullptr) {
+      MSI_ASSIGN_OR_RETURN(kv.own_, ZeroPages::allocate(bytes));
+      base = kv.own_.data();
     }
+    kv.k_ = reinterpret_cast<bf16*>(base);
+    if (!mla) kv.v_ = kv.k_ + n;
+    kv.pool_bytes_ = static_cast<int64_t>(bytes);
   }
   for (int64_t b = kv.num_blocks_ - 1; b >= 0; --b) kv.free_.push_back(static_cast<int32_t>(b));
   kv.refs_.assign(static_cast<size_t>(kv.num_blocks_), 0);
@@ -435,9 +441,9 @@ int64_t KvCache::fork(int64_t parent, int64_t child, int64_t tokens, bool copy_p
       for (int j = 0; j < group_layers_; ++j) {
         const size_t pool_off =
             static_cast<size_t>(j) * static_cast<size_t>(num_blocks_) * block_elems;
-        for (ZeroPages* pool : {&k_, &v_}) {
-          if (pool->empty()) continue;
-          bf16* base = pool->as<bf16>() + pool_off;
+        for (bf16* pool : {k_, v_}) {
+          if (pool == nullptr) continue;
+          bf16* base = pool + pool_off;
           std::memcpy(base + static_cast<size_t>(dst) * block_elems,
                       base + static_cast<size_t>(src) * block_elems, block_elems * sizeof(bf16));
         }
@@ -481,6 +487,7 @@ uint64_t KvCache::layout_id() const {
     mix(v);
   }
   for (int64_t w : group_window_) mix(w);
+  mix(2);  // export_kv's order: 2 = group, layer, pool, entry
   for (size_t l = 0; l < layer_group_.size(); ++l) mix(layer_group_[l] * 65536 + layer_index_[l]);
   return h;
 }
@@ -496,33 +503,30 @@ int64_t KvCache::transfer_bytes(int64_t tokens) const {
          static_cast<int64_t>(sizeof(bf16));
 }
 
-// export_kv and import_kv walk the same order: group, table entry, layer of
-// the group, K then V; `copy(pool block, wire offset)` moves one block of one pool.
-template <typename Copy>
-void KvCache::walk_transfer(const Table& table, int64_t tokens, Copy copy) const {
-  const size_t block_elems = static_cast<size_t>(block_size_ * slot_elems_);
-  size_t wire = 0;
+// Every transfer walks the same order: group, layer of the group, K then V,
+// table entry; a fresh pool hands out consecutive blocks, so one layer's
+// entries are mostly one run.
+template <typename Visit>
+void KvCache::walk_transfer(const std::vector<std::vector<int32_t>>& table, int64_t tokens,
+                            int64_t pool_blocks, Visit visit) const {
+  const int64_t block = block_size_ * slot_elems_ * static_cast<int64_t>(sizeof(bf16));
   for (int g = 0; g < groups(); ++g) {
-    const std::vector<int32_t>& t = table.blocks[static_cast<size_t>(g)];
-    for (int64_t i = first_needed(g, tokens); i < blocks_for(tokens); ++i) {
-      const int32_t b = t[static_cast<size_t>(i)];
-      MSI_CHECK(b != kFreed) << "block " << i << " of layer group " << g << " was released";
-      for (int j = 0; j < group_layers_; ++j) {
-        const size_t at =
-            (static_cast<size_t>(j) * static_cast<size_t>(num_blocks_) + static_cast<size_t>(b)) *
-            block_elems;
-        for (const ZeroPages* pool : {&k_, &v_}) {
-          if (pool->empty()) continue;
-          copy(pool->as<bf16>() + at, wire, block_elems * sizeof(bf16));
-          wire += block_elems * sizeof(bf16);
+    const std::vector<int32_t>& t = table[static_cast<size_t>(g)];
+    const int64_t first = first_needed(g, tokens), end = blocks_for(tokens);
+    for (int j = 0; j < group_layers_; ++j) {
+      for (int p = 0; p < kv_pools_; ++p) {
+        const int64_t pool_at = (static_cast<int64_t>(p) * group_layers_ + j) * pool_blocks * block;
+        for (int64_t i = first; i < end; ++i) {
+          const int32_t b = t[static_cast<size_t>(i)];
+          MSI_CHECK(b != kFreed) << "block " << i << " of layer group " << g << " was released";
+          visit(pool_at + b * block, block);
         }
       }
     }
   }
 }
 
-void KvCache::export_kv(int64_t id, int64_t tokens, uint8_t* out) const {
-  MSI_CHECK(host_pools()) << "export_kv needs the K/V pools in this process";
+const KvCache::Table& KvCache::transfer_source(int64_t id, int64_t tokens) const {
   auto it = tables_.find(id);
   MSI_CHECK(it != tables_.end()) << "no KV blocks for sequence " << id;
   for (int g = 0; g < groups(); ++g) {
@@ -530,34 +534,114 @@ void KvCache::export_kv(int64_t id, int64_t tokens, uint8_t* out) const {
               blocks_for(tokens))
         << "sequence " << id << " holds fewer than " << tokens << " positions";
   }
-  walk_transfer(it->second, tokens, [&](const bf16* block, size_t wire, size_t bytes) {
-    std::memcpy(out + wire, block, bytes);
-  });
+  return it->second;
+}
+
+void KvCache::export_kv(int64_t id, int64_t tokens, uint8_t* out) const {
+  MSI_CHECK(host_pools()) << "export_kv needs the K/V pools in this process";
+  walk_transfer(transfer_source(id, tokens).blocks, tokens, num_blocks_,
+                [&](int64_t at, int64_t bytes) {
+                  std::memcpy(out, pool_data() + at, static_cast<size_t>(bytes));
+                  out += bytes;
+                });
 }
 
 Status KvCache::import_kv(int64_t id, int64_t tokens, const uint8_t* data, int64_t size) {
-  MSI_CHECK(tables_.find(id) == tables_.end()) << "sequence " << id << " holds KV blocks";
   if (!host_pools()) return invalid_argument("KV import needs the K/V pools in this process");
   if (tokens < 1 || size != transfer_bytes(tokens)) {
     return invalid_argument("KV transfer of " + std::to_string(size) + " bytes for " +
                             std::to_string(tokens) + " positions; this cache expects " +
                             std::to_string(tokens < 1 ? 0 : transfer_bytes(tokens)));
   }
-  // reserve with from = tokens takes exactly the entries export_kv wrote:
-  // all of a full-attention group's, a sliding group's window of `tokens`.
-  MSI_RETURN_IF_ERROR(reserve(id, tokens, tokens));
-  walk_transfer(tables_.at(id), tokens, [&](bf16* block, size_t wire, size_t bytes) {
-    std::memcpy(block, data + wire, bytes);
+  MSI_RETURN_IF_ERROR(place_kv(id, tokens));
+  walk_transfer(tables_.at(id).blocks, tokens, num_blocks_, [&](int64_t at, int64_t bytes) {
+    std::memcpy(pool_data() + at, data, static_cast<size_t>(bytes));
+    data += bytes;
   });
   return ok_status();
 }
 
+std::vector<KvCache::Copy> KvCache::pair_spans(const std::vector<Span>& from,
+                                               const std::vector<Span>& to) {
+  std::vector<Copy> out;
+  size_t i = 0, j = 0;
+  int64_t di = 0, dj = 0;  // bytes of from[i] / to[j] already covered
+  while (i < from.size() && j < to.size()) {
+    const int64_t n = std::min(from[i].bytes - di, to[j].bytes - dj);
+    out.push_back(Copy{from[i].offset + di, to[j].offset + dj, n});
+    di += n;
+    dj += n;
+    if (di == from[i].bytes) ++i, di = 0;
+    if (dj == to[j].bytes) ++j, dj = 0;
+  }
+  return out;
+}
+
+Status KvCache::place_kv(int64_t id, int64_t tokens) {
+  MSI_CHECK(tables_.find(id) == tables_.end()) << "sequence " << id << " holds KV blocks";
+  if (!host_pools()) return invalid_argument("KV transfers need the K/V pools in this process");
+  if (tokens < 1) return invalid_argument("a KV transfer of no positions");
+  // reserve with from = tokens takes exactly the entries a transfer moves:
+  // all of a full-attention group's, a sliding group's window of `tokens`.
+  return reserve(id, tokens, tokens);
+}
+
+std::vector<std::vector<int32_t>> KvCache::transfer_table(int64_t id, int64_t tokens) const {
+  const Table& t = transfer_source(id, tokens);
+  std::vector<std::vector<int32_t>> out(static_cast<size_t>(groups()));
+  for (int g = 0; g < groups(); ++g) {
+    const auto& blocks = t.blocks[static_cast<size_t>(g)];
+    out[static_cast<size_t>(g)].assign(blocks.begin() + first_needed(g, tokens),
+                                       blocks.begin() + blocks_for(tokens));
+  }
+  return out;
+}
+
+StatusOr<std::vector<KvCache::Span>> KvCache::transfer_spans(
+    const std::vector<std::vector<int32_t>>& table, int64_t tokens, int64_t pool_blocks) const {
+  if (tokens < 1 || pool_blocks < 1 || static_cast<int>(table.size()) != groups()) {
+    return invalid_argument("a K/V block table of " + std::to_string(table.size()) +
+                            " layer groups for " + std::to_string(tokens) +
+                            " positions; this cache has " + std::to_string(groups()));
+  }
+  // walk_transfer reads entries [first_needed, blocks_for) of a full table:
+  // give it one whose leading entries are placeholders.
+  std::vector<std::vector<int32_t>> full(table.size());
+  for (int g = 0; g < groups(); ++g) {
+    const auto& t = table[static_cast<size_t>(g)];
+    const int64_t first = first_needed(g, tokens);
+    if (static_cast<int64_t>(t.size()) != blocks_for(tokens) - first) {
+      return invalid_argument("layer group " + std::to_string(g) + " of a K/V block table has " +
+                              std::to_string(t.size()) + " blocks, not " +
+                              std::to_string(blocks_for(tokens) - first));
+    }
+    for (int32_t b : t) {
+      if (b < 0 || b >= pool_blocks) {
+        return invalid_argument("K/V block " + std::to_string(b) + " outside a pool of " +
+                                std::to_string(pool_blocks));
+      }
+    }
+    full[static_cast<size_t>(g)].assign(static_cast<size_t>(first), 0);
+    full[static_cast<size_t>(g)].insert(full[static_cast<size_t>(g)].end(), t.begin(), t.end());
+  }
+  std::vector<Span> spans;
+  walk_transfer(full, tokens, pool_blocks, [&](int64_t at, int64_t bytes) {
+    if (!spans.empty() && spans.back().offset + spans.back().bytes == at) {
+      spans.back().bytes += bytes;
+    } else {
+      spans.push_back(Span{at, bytes});
+    }
+  });
+  return spans;
+}
+
 kernels::cpu::PagedKvLayer KvCache::layer(int l) {
-  if (k_.empty()) return kernels::cpu::PagedKvLayer{nullptr, nullptr, block_size_, kv_heads_, head_dim_};
+  if (k_ == nullptr)
+    return kernels::cpu::PagedKvLayer{nullptr, nullptr, block_size_, kv_heads_, head_dim_};
   const size_t off = static_cast<size_t>(layer_index_[static_cast<size_t>(l)]) *
                      static_cast<size_t>(num_blocks_ * block_size_ * slot_elems_);
-  return kernels::cpu::PagedKvLayer{k_.as<bf16>() + off, v_.empty() ? nullptr : v_.as<bf16>() + off,
-                                    block_size_, kv_heads_, head_dim_};
+  return kernels::cpu::PagedKvLayer{k_ + off, v_ == nullptr ? nullptr : v_ + off, block_size_,
+                                    kv_heads_, head_dim_};
 }
 
 }  // namespace msinfer::runtime

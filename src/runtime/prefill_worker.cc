@@ -1,10 +1,12 @@
 // A prefill worker (prefill/decode disaggregation, docs/RUNTIME.md): a
 // co-located engine with every weight that computes prompts (their requests
-// prefill_only), keeps each sequence that has its first token with its K/V
-// copied out (Engine::take_prefilled), and writes those K/V into the staging
-// region of the attention worker the router names (SendKv) over an M2N
-// transport of its own: one write with immediate, from a registered buffer.
-// Not a bootstrap rank: the regions come from the router (ConnectKv).
+// prefill_only), keeps each sequence that has its first token with its
+// blocks held (Engine::take_prefilled(false)), and writes those K/V from its
+// KV pool (registered with an M2N transport of its own) to the attention
+// worker the router names (SendKv): into the blocks that worker took in its
+// own pool, or into its staging region; writes with immediate, one per run
+// contiguous at both ends. Not a bootstrap rank: the staging regions come
+// from the router (ConnectKv), the pool's with each SendKv.
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -49,9 +51,8 @@ class PrefillWorker {
   const std::string me_;
   control::WorkerChannel channel_;
   std::unique_ptr<Engine> engine_;
-  std::unique_ptr<comm::Transport> transport_;
-  std::vector<uint8_t> send_;  // registered: every write's source
-  std::vector<int> peers_;     // by attention worker: transport handle, -1 when none
+  std::unique_ptr<comm::Transport> transport_;  // its KV pool registered: every write's source
+  std::vector<int> peers_;  // by attention worker: transport handle, -1 when none
   std::vector<comm::RemoteRegion> regions_;
   std::map<std::pair<int64_t, int64_t>, PrefilledSequence> ready_;  // (id, index)
   uint64_t writes_ = 0;
@@ -68,8 +69,9 @@ Status PrefillWorker::start() {
   eo.device = "cpu";
   MSI_ASSIGN_OR_RETURN(engine_, Engine::create(weights, eo));
   MSI_ASSIGN_OR_RETURN(transport_, internal::make_transport(c_));
-  send_.resize(static_cast<size_t>(c_.kv_transfer_bytes));
-  MSI_RETURN_IF_ERROR(transport_->register_memory(send_.data(), send_.size()).status());
+  const KvCache& kv = engine_->kv_cache();
+  MSI_RETURN_IF_ERROR(
+      transport_->register_memory(kv.pool_data(), static_cast<size_t>(kv.pool_bytes())).status());
   channel_.send(control::Ready::of(index_, read_process_memory().rss_bytes / 1048576.0,
                                    weights->packed_bytes() / 1048576.0));
   return ok_status();
@@ -100,37 +102,60 @@ control::Event PrefillWorker::send_kv(const control::SendKv& s) {
     return control::Refused{
         s.id, me_ + ": no K/V region of attention worker " + std::to_string(s.worker)};
   }
-  const std::vector<uint8_t>& kv = it->second.kv;
-  const comm::RemoteRegion& region = regions_[static_cast<size_t>(s.worker)];
-  if (kv.size() > send_.size() || kv.size() > region.length) {
+  const PrefilledSequence& p = it->second;
+  const KvCache& kv = engine_->kv_cache();
+  const int64_t bytes = kv.transfer_bytes(p.computed);
+  auto from =
+      kv.transfer_spans(kv.transfer_table(p.kv_seq, p.computed), p.computed, kv.total_blocks());
+  if (!from.ok()) return control::Refused{s.id, from.status().message()};
+  // Where they go: the blocks the attention worker took, or its staging region.
+  comm::RemoteRegion region = regions_[static_cast<size_t>(s.worker)];
+  std::vector<KvCache::Span> to{{0, bytes}};
+  if (!s.target.region.empty()) {
+    auto r = comm::RemoteRegion::decode(s.target.region);
+    if (!r.ok()) return control::Refused{s.id, me_ + ": " + r.status().message()};
+    region = *r;
+    auto spans = kv.transfer_spans(s.target.placed.table, p.computed, s.target.placed.pool_blocks);
+    if (!spans.ok()) return control::Refused{s.id, me_ + ": " + spans.status().message()};
+    to = std::move(spans).value();
+  } else if (static_cast<uint64_t>(bytes) > region.length) {
     return control::Refused{
-        s.id, me_ + ": " + std::to_string(kv.size()) + " bytes of K/V exceed the staging region"};
+        s.id, me_ + ": " + std::to_string(bytes) + " bytes of K/V exceed the staging region"};
   }
+  // One write per run contiguous at both ends; only the last raises the
+  // immediate.
+  const std::vector<KvCache::Copy> pieces = KvCache::pair_spans(*from, to);
   const auto t0 = std::chrono::steady_clock::now();
-  std::memcpy(send_.data(), kv.data(), kv.size());
-  const uint64_t context = ++writes_;
-  Status st = transport_->write(peers_[static_cast<size_t>(s.worker)], send_.data(), kv.size(),
-                                region, 0, s.imm, context);
-  // The buffer is reused by the next write: wait until this one left it.
+  const int peer = peers_[static_cast<size_t>(s.worker)];
+  const uint64_t first = writes_ + 1;
+  Status st = ok_status();
+  for (size_t k = 0; k < pieces.size() && st.ok(); ++k) {
+    st = transport_->write(
+        peer, kv.pool_data() + pieces[k].from, static_cast<size_t>(pieces[k].bytes), region,
+        static_cast<uint64_t>(pieces[k].to), k + 1 == pieces.size() ? s.imm : 0, ++writes_);
+  }
+  // The blocks are freed only once every write has left them.
   std::vector<comm::Completion> done;
   const auto deadline = t0 + std::chrono::milliseconds(c_.timeout_ms);
-  bool sent = false;
-  while (st.ok() && !sent) {
+  uint64_t left = writes_ + 1 - first;
+  while (st.ok() && left > 0) {
     done.clear();
-    st = transport_->poll(&done, 16);
+    st = transport_->poll(&done, 64);
     for (const auto& d : done) {
-      if (d.kind == comm::Completion::Kind::kLocalWrite && d.context == context) sent = true;
+      if (d.kind == comm::Completion::Kind::kLocalWrite && d.context >= first) --left;
     }
-    if (!sent && std::chrono::steady_clock::now() > deadline) {
-      st = Status(StatusCode::kDeadlineExceeded, me_ + ": the K/V write did not complete");
+    if (left > 0 && std::chrono::steady_clock::now() > deadline) {
+      st = Status(StatusCode::kDeadlineExceeded, me_ + ": the K/V writes did not complete");
     }
   }
   if (!st.ok()) return control::Refused{s.id, st.message()};
   control::KvSent out;
   out.id = s.id;
   out.index = s.index;
-  out.bytes = static_cast<int64_t>(kv.size());
+  out.bytes = bytes;
   out.seconds = internal::seconds_since(t0);
+  out.writes = static_cast<int64_t>(pieces.size());
+  engine_->release_prefilled(p.kv_seq);
   ready_.erase(it);
   return out;
 }
@@ -148,12 +173,10 @@ Status PrefillWorker::step() {
   answer.running = engine_->running() + engine_->waiting() + static_cast<int64_t>(ready_.size());
   answer.kv_usage = engine_->kv_usage();
   answer.counters = engine_->counters();
-  for (PrefilledSequence& p : engine_->take_prefilled()) {
-    control::Prefilled info;
-    info.bytes = static_cast<int64_t>(p.kv.size());
-    std::vector<uint8_t> kv = std::move(p.kv);  // the report carries all but the K/V
+  for (PrefilledSequence& p : engine_->take_prefilled(/*copy_kv=*/false)) {
+    control::Prefilled info;  // the sequence; its K/V stay in the pool
+    info.bytes = engine_->kv_cache().transfer_bytes(p.computed);
     info.sequence = p;
-    p.kv = std::move(kv);
     answer.prefilled.push_back(std::move(info));
     ready_[{p.request.id, p.index}] = std::move(p);
   }
@@ -179,6 +202,7 @@ Status PrefillWorker::handle(control::Command& cmd, bool* exit) {
         ++it;
         continue;
       }
+      engine_->release_prefilled(it->second.kv_seq);
       it = ready_.erase(it);
       found = true;
     }

@@ -1,7 +1,8 @@
 // The router's side of prefill/decode disaggregation (docs/RUNTIME.md,
 // "Prefill/decode disaggregation"): requests go to prefill workers first;
-// each prefilled sequence's K/V move over the transport into the staging
-// region of the attention worker the routing policy picks, which decodes it.
+// each prefilled sequence's K/V move over the transport into the KV pool
+// (or, where its blocks are not free, the staging region) of the attention
+// worker the routing policy picks, which decodes it.
 #include <algorithm>
 
 #include "internal/line_io.h"
@@ -136,6 +137,8 @@ Router::KvTransfers Router::kv_transfers() const {
   k.sequences = kv_sequences_.load(std::memory_order_relaxed);
   k.bytes = kv_bytes_.load(std::memory_order_relaxed);
   k.fallbacks = kv_fallbacks_.load(std::memory_order_relaxed);
+  k.into_pool = kv_into_pool_;
+  k.writes = kv_writes_;
   k.write_s = kv_write_s_;
   return k;
 }
@@ -159,28 +162,43 @@ Status Router::transfer(WorkerProcess& p, control::Prefilled&& x) {
                 "did not answer a cancel");
     }
   };
-  if (x.bytes > c_.kv_transfer_bytes) {
-    drop_on_prefill();
-    fall_back(id, std::to_string(x.bytes) + " bytes of K/V exceed --kv-transfer-mb");
-    return ok_status();
-  }
   // Routed by its tokens so far, as a request of them would be.
   GenerationRequest route = x.sequence.request;
   route.prompt = x.sequence.tokens;
   const int a = choose_attention_worker(route);
   if (a < 0) return Status(StatusCode::kUnavailable, "no attention worker is alive");
   WorkerProcess& d = lead(a);
+  const int index = x.sequence.index;
+  auto why_of = [](const StatusOr<control::Event>& e) -> std::string {
+    if (!e.ok()) return e.status().message();
+    if (const auto* r = std::get_if<control::Refused>(&*e)) return r->error;
+    return "";
+  };
+  // Where the bytes go: blocks the attention worker takes now, or its
+  // staging region.
+  auto placed =
+      ask(d, control::AddPrefilled{std::move(x.sequence), x.bytes},
+          std::chrono::milliseconds(c_.timeout_ms), "did not answer a prefilled sequence");
+  if (!placed.ok() && !d.dead) return placed.status();
+  const auto* target = placed.ok() ? std::get_if<control::KvPlaced>(&*placed) : nullptr;
+  if (target == nullptr) {
+    drop_on_prefill();
+    const std::string why = why_of(placed);
+    fall_back(id, why.empty() ? std::string("an unexpected answer") : why);
+    return ok_status();
+  }
   // The attention worker waits for the immediate while the prefill worker
   // writes (a transport may need the receiver's progress to move the bytes).
-  const uint32_t imm = ++kv_imm_;
-  const int index = x.sequence.index;
-  Status sent = send_command(d, control::AddPrefilled{std::move(x.sequence), imm, x.bytes});
+  uint32_t imm = ++kv_imm_;
+  if (imm == 0) imm = ++kv_imm_;  // 0 marks the writes before a transfer's last
+  Status sent = send_command(d, control::CommitKv{id, index, imm});
   if (!sent.ok()) {
     drop_on_prefill();
     fall_back(id, sent.message());
     return d.dead ? ok_status() : sent;
   }
-  auto wrote = ask(p, control::SendKv{id, index, a, imm},
+  const bool into_pool = !target->target.region.empty();
+  auto wrote = ask(p, control::SendKv{id, index, a, imm, target->target},
                    std::chrono::milliseconds(c_.timeout_ms * 2), "did not answer a K/V transfer");
   auto added = read_answer(d, std::chrono::milliseconds(c_.timeout_ms * 2),
                            StatusCode::kDeadlineExceeded, "did not answer a prefilled sequence");
@@ -190,20 +208,20 @@ Status Router::transfer(WorkerProcess& p, control::Prefilled&& x) {
   const auto* kv = wrote.ok() ? std::get_if<control::KvSent>(&*wrote) : nullptr;
   const auto* ok = added.ok() ? std::get_if<control::Added>(&*added) : nullptr;
   if (ok == nullptr) {
-    auto why_of = [](const StatusOr<control::Event>& e) -> std::string {
-      if (!e.ok()) return e.status().message();
-      if (const auto* r = std::get_if<control::Refused>(&*e)) return r->error;
-      return "";
-    };
     std::string why = why_of(wrote);
     if (why.empty()) why = why_of(added);
     drop_on_prefill();
     fall_back(id, why.empty() ? std::string("an unexpected answer") : why);
     return ok_status();
   }
+  if (kv == nullptr) drop_on_prefill();  // it arrived, yet the prefill worker may hold it still
   kv_sequences_.fetch_add(1, std::memory_order_relaxed);
   kv_bytes_.fetch_add(x.bytes, std::memory_order_relaxed);
-  if (kv != nullptr) kv_write_s_ += kv->seconds;
+  if (into_pool) ++kv_into_pool_;
+  if (kv != nullptr) {
+    kv_write_s_ += kv->seconds;
+    kv_writes_ += kv->writes;
+  }
   const int64_t load = static_cast<int64_t>(route.prompt.size()) + route.sampling.max_tokens;
   d.load += load;
   in_flight_[id] = a;

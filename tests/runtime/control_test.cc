@@ -82,6 +82,15 @@ PrefilledSequence a_prefilled_sequence() {
 }
 
 // One of every command, no field left at its default.
+// Blocks of an attention worker's KV pool: two layer groups.
+KvTarget a_pool_target() {
+  KvTarget t;
+  t.region = std::string("\x00\x01pool\xff", 7);
+  t.placed.table = {{3, 4, 9}, {0}};
+  t.placed.pool_blocks = 12;
+  return t;
+}
+
 std::vector<Command> every_command() {
   Add add;
   add.request.id = 42;
@@ -120,9 +129,14 @@ std::vector<Command> every_command() {
           JoinBlobs{{"a", std::string("\x01\x02", 2), ""}},
           AddAttention{1, std::string("\x00\xfe card", 7)},
           every_field_configure(),
-          ConnectKv{{std::string("\x01" "card", 5), ""}},
-          SendKv{42, 0, 1, 4294967295u},
-          AddPrefilled{a_prefilled_sequence(), 7, 65536}};
+          ConnectKv{{std::string("\x01"
+                                 "card",
+                                 5),
+                     ""}},
+          SendKv{42, 0, 1, 4294967295u, {}},
+          SendKv{42, 1, 1, 7, a_pool_target()},
+          AddPrefilled{a_prefilled_sequence(), 65536},
+          CommitKv{42, 1, 4294967295u}};
 }
 
 std::vector<Event> every_event() {
@@ -170,7 +184,9 @@ std::vector<Event> every_event() {
           JoinAllgather{std::string("\x10\x00\x7f", 3)},
           AttentionAdded{1},
           KvConnected{},
-          KvSent{42, 0, 65536, 0.002}};
+          KvSent{42, 0, 65536, 0.002, 16},
+          KvPlaced{42, 0, {}},
+          KvPlaced{42, 1, a_pool_target()}};
 }
 
 TEST(ControlTest, EveryCommandRoundTrips) {
@@ -323,18 +339,28 @@ TEST(ControlTest, AWorkerReadsItsConfigurationAndNothingMore) {
 }
 
 // Prefill/decode disaggregation's messages keep every field: the sequence
-// (its sampler state and K/V layout too), the staging card, the immediate.
+// (its sampler state and K/V layout too), the staging card, the pool's
+// region and blocks, the immediate.
 TEST(ControlTest, PrefilledSequencesSurviveTheRoundTrip) {
-  auto add = decode_command(encode(AddPrefilled{a_prefilled_sequence(), 7, 65536}), "test");
+  auto add = decode_command(encode(AddPrefilled{a_prefilled_sequence(), 65536}), "test");
   ASSERT_TRUE(add.ok()) << add.status().message();
   const AddPrefilled& a = std::get<AddPrefilled>(*add);
-  EXPECT_EQ(a.imm, 7u);
   EXPECT_EQ(a.bytes, 65536);
   EXPECT_EQ(a.sequence.tokens, (std::vector<int32_t>{5, 9, 22, 17}));
   EXPECT_EQ(a.sequence.rng, "123 456");
   EXPECT_EQ(a.sequence.kv_layout, 18446744073709551557ull);
   EXPECT_EQ(a.sequence.request.sampling.seed, 11u);
   EXPECT_EQ(a.sequence.request.prompt, (std::vector<int32_t>{5, 9, 22}));
+  auto send = decode_command(encode(SendKv{42, 1, 1, 7, a_pool_target()}), "test");
+  ASSERT_TRUE(send.ok()) << send.status().message();
+  const SendKv& sk = std::get<SendKv>(*send);
+  EXPECT_EQ(sk.imm, 7u);
+  EXPECT_EQ(sk.target.region, a_pool_target().region);
+  EXPECT_EQ(sk.target.placed.table, a_pool_target().placed.table);
+  EXPECT_EQ(sk.target.placed.pool_blocks, 12);
+  auto staged = decode_event(encode(KvPlaced{42, 0, {}}), "test");
+  ASSERT_TRUE(staged.ok());
+  EXPECT_TRUE(std::get<KvPlaced>(*staged).target.region.empty());
   auto ready = decode_event(encode(every_event()[0]), "test");
   ASSERT_TRUE(ready.ok());
   EXPECT_EQ(std::get<Ready>(*ready).kv_card, std::string("\x00kv card", 8));
@@ -350,10 +376,17 @@ TEST(ControlTest, PrefilledSequencesSurviveTheRoundTrip) {
   auto prefill = decode_command(encode(Add{r}), "test");
   ASSERT_TRUE(prefill.ok());
   EXPECT_TRUE(std::get<Add>(*prefill).request.prefill_only);
-  for (const char* bad : {R"({"op": "add_prefilled", "imm": 1, "bytes": -1, "sequence": {}})",
-                          R"({"op": "add_prefilled", "imm": 1, "bytes": 8})",
-                          R"({"op": "connect_kv", "cards": ["zz"]})",
-                          R"({"op": "send_kv", "id": 1, "index": 0, "worker": 0, "imm": -1})"}) {
+  for (const char* bad :
+       {R"({"op": "add_prefilled", "bytes": -1, "sequence": {}})",
+        R"({"op": "add_prefilled", "bytes": 8})", R"({"op": "connect_kv", "cards": ["zz"]})",
+        R"({"op": "send_kv", "id": 1, "index": 0, "worker": 0, "imm": -1, "target": {}})",
+        R"({"op": "send_kv", "id": 1, "index": 0, "worker": 0, "imm": 1})",
+        R"({"op": "send_kv", "id": 1, "index": 0, "worker": 0, "imm": 1, "target": []})",
+        R"({"op": "send_kv", "id": 1, "index": 0, "worker": 0, "imm": 1,
+            "target": {"region": "00", "table": [[1, "a"]], "pool_blocks": 4}})",
+        R"({"op": "send_kv", "id": 1, "index": 0, "worker": 0, "imm": 1,
+            "target": {"region": "zz", "table": [], "pool_blocks": 4}})",
+        R"({"op": "commit_kv", "id": 1, "index": 0})"}) {
     auto d = decode_command(bad, "test");
     EXPECT_FALSE(d.ok()) << bad;
   }

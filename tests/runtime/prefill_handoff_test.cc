@@ -1,9 +1,12 @@
 // Prefill/decode handoff between two engines (Engine::take_prefilled,
-// Engine::add_prefilled, KvCache::export_kv / import_kv): a sequence
-// prefilled by one engine and decoded by another produces the tokens one
-// engine produces, on every tiny preset, greedy and sampled.
+// Engine::add_prefilled, KvCache::export_kv / import_kv; and without the
+// copies, Engine::place_prefilled / commit_prefilled with the bytes written
+// from pool to pool along KvCache::transfer_spans): a sequence prefilled by
+// one engine and decoded by another produces the tokens one engine
+// produces, on every tiny preset, greedy and sampled.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <map>
 #include <utility>
 
@@ -96,6 +99,51 @@ Tokens disaggregated(Engine& prefill, Engine& decode, std::vector<GenerationRequ
   return run(decode, std::move(out));
 }
 
+// As disaggregated, but each sequence's K/V go from the prefill engine's
+// pool straight into blocks the decoding engine placed, as a prefill worker
+// writes them (KvCache::pair_spans); `placed` counts those that went so (the
+// others, without room now, are copied: add_prefilled).
+Tokens in_place(Engine& prefill, Engine& decode, std::vector<GenerationRequest> rs, int* placed) {
+  Tokens out;
+  for (GenerationRequest& r : rs) {
+    r.prefill_only = true;
+    EXPECT_TRUE(prefill.add(r).ok());
+  }
+  out = run(prefill, std::move(out));
+  const KvCache& from = prefill.kv_cache();
+  const KvCache& to = decode.kv_cache();
+  *placed = 0;
+  for (PrefilledSequence& s : prefill.take_prefilled(/*copy_kv=*/false)) {
+    EXPECT_TRUE(s.kv.empty());
+    const int64_t seq = s.kv_seq, tokens = s.computed, id = s.request.id;
+    const int32_t index = s.index;
+    auto where = decode.place_prefilled(s, from.transfer_bytes(tokens));
+    EXPECT_TRUE(where.ok()) << where.status().to_string();
+    if (!where.ok()) continue;
+    if (!where->has_value()) {
+      s.kv.resize(static_cast<size_t>(from.transfer_bytes(tokens)));
+      from.export_kv(seq, tokens, s.kv.data());
+      EXPECT_TRUE(decode.add_prefilled(std::move(s)).ok());
+    } else {
+      auto src = from.transfer_spans(from.transfer_table(seq, tokens), tokens, from.total_blocks());
+      auto dst = to.transfer_spans((*where)->table, tokens, (*where)->pool_blocks);
+      EXPECT_TRUE(src.ok() && dst.ok());
+      if (!src.ok() || !dst.ok()) continue;
+      int64_t moved = 0;
+      for (const KvCache::Copy& c : KvCache::pair_spans(*src, *dst)) {
+        std::memcpy(to.pool_data() + c.to, from.pool_data() + c.from, static_cast<size_t>(c.bytes));
+        moved += c.bytes;
+      }
+      EXPECT_EQ(moved, from.transfer_bytes(tokens));
+      EXPECT_TRUE(decode.commit_prefilled(id, index, /*arrived=*/true));
+      ++*placed;
+    }
+    prefill.release_prefilled(seq);
+  }
+  EXPECT_EQ(prefill.kv_usage(), 0.0);  // every block given back
+  return run(decode, std::move(out));
+}
+
 // The K/V of every preset's cache (MLA latents in DeepSeek's, sliding
 // windows of 16 in gpt-oss's: prompts up to 42 tokens leave a sliding
 // group's early blocks behind), prefilled in one engine and decoded in
@@ -127,6 +175,123 @@ TEST(PrefillHandoffTest, DecodingElsewhereGivesTheTokensOfOneEngine) {
     EXPECT_EQ(first[0].cached_tokens,
               sliding ? 0 : (static_cast<int64_t>(again.prompt.size()) - 1) / 4 * 4);
   }
+}
+
+// The same without the copies, into a decoding engine whose pool is of
+// another size and whose free blocks are out of order (a finished request
+// gave them back): each sequence's K/V land, as scattered runs, in the
+// blocks it placed.
+TEST(PrefillHandoffTest, KvWrittenIntoPlacedBlocksGivesTheTokensOfOneEngine) {
+  for (const char* preset : {"tiny-mixtral", "tiny-deepseek-v3", "tiny-gpt-oss"}) {
+    SCOPED_TRACE(preset);
+    auto w = load(preset);
+    ASSERT_NE(w, nullptr);
+    const int32_t vocab = static_cast<int32_t>(w->config().vocab);
+    const auto rs = requests(vocab);
+    auto one = engine(w);
+    for (const auto& r : rs) ASSERT_TRUE(one->add(r).ok());
+    const Tokens expected = run(*one);
+    auto prefill = engine(w);
+    auto decode = engine(w, 6 << 20);
+    ASSERT_NE(decode->kv_cache().total_blocks(), prefill->kv_cache().total_blocks());
+    GenerationRequest before{90, prompt_of(37, 5, vocab), {}};
+    before.sampling.max_tokens = 3;
+    ASSERT_TRUE(decode->add(before).ok());
+    run(*decode);
+    decode->flush_prefix_cache();  // its blocks free again, the last freed first
+    int placed = 0;
+    EXPECT_EQ(in_place(*prefill, *decode, rs, &placed), expected);
+    EXPECT_EQ(placed, 4);
+    EXPECT_EQ(decode->kv_usage(), 0.0);
+  }
+}
+
+// A placed sequence whose K/V never came, and one cancelled before they
+// did, give their blocks back; a pool without room now places nothing.
+TEST(PrefillHandoffTest, PlacedBlocksAreFreedWhenTheKvDoNotCome) {
+  auto w = load("tiny-mixtral");
+  ASSERT_NE(w, nullptr);
+  const int32_t vocab = static_cast<int32_t>(w->config().vocab);
+  auto prefill = engine(w);
+  std::vector<PrefilledSequence> taken;
+  for (int i = 0; i < 2; ++i) {
+    GenerationRequest r{20 + i, prompt_of(30, i + 1, vocab), {}};
+    r.sampling.max_tokens = 4;
+    r.prefill_only = true;
+    ASSERT_TRUE(prefill->add(r).ok());
+  }
+  run(*prefill);
+  taken = prefill->take_prefilled(/*copy_kv=*/false);
+  ASSERT_EQ(taken.size(), 2u);
+  EXPECT_GT(prefill->kv_usage(), 0.0);  // held until released
+  const int64_t bytes = prefill->kv_cache().transfer_bytes(taken[0].computed);
+  auto decode = engine(w);
+  for (const PrefilledSequence& s : taken) {
+    auto where = decode->place_prefilled(s, bytes);
+    ASSERT_TRUE(where.ok());
+    ASSERT_TRUE(where->has_value());
+  }
+  EXPECT_GT(decode->kv_usage(), 0.0);
+  EXPECT_EQ(decode->place_prefilled(taken[0], bytes).status().code(),
+            StatusCode::kInvalidArgument);  // already placed
+  EXPECT_EQ(decode->place_prefilled(taken[1], bytes + 1).status().code(),
+            StatusCode::kInvalidArgument);  // not the bytes of its positions
+  EXPECT_TRUE(decode->commit_prefilled(20, 0, /*arrived=*/false));
+  EXPECT_FALSE(decode->commit_prefilled(20, 0, /*arrived=*/true));  // gone
+  EXPECT_TRUE(decode->cancel(21));
+  EXPECT_FALSE(decode->commit_prefilled(21, 0, /*arrived=*/true));
+  EXPECT_EQ(decode->kv_usage(), 0.0);
+  EXPECT_TRUE(decode->idle());
+  for (const PrefilledSequence& s : taken) prefill->release_prefilled(s.kv_seq);
+  EXPECT_EQ(prefill->kv_usage(), 0.0);
+  // 30 positions take 8 blocks of 4; a pool of 10 with a running request
+  // holding 8 has no room for them.
+  const int64_t block_bytes = KvCache::bytes_per_token(w->config()) * 4;
+  auto small = engine(w, 10 * block_bytes);
+  GenerationRequest busy{30, prompt_of(30, 7, vocab), {}};
+  busy.sampling.max_tokens = 2;
+  ASSERT_TRUE(small->add(busy).ok());
+  ASSERT_TRUE(small->step().ok());
+  auto none = small->place_prefilled(taken[0], bytes);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+}
+
+// Block tables off the wire: the wrong number of layer groups or blocks, a
+// block outside the pool.
+TEST(PrefillHandoffTest, TransferSpansRefuseTablesOfTheWrongShape) {
+  auto w = load("tiny-gpt-oss");  // two layer groups, one sliding
+  ASSERT_NE(w, nullptr);
+  auto e = engine(w);
+  const KvCache& kv = e->kv_cache();
+  ASSERT_EQ(kv.groups(), 2);
+  const int64_t tokens = 41;  // 11 blocks of 4; the sliding group's window of 16 needs 5
+  const int64_t full = kv.blocks_for(tokens);
+  const int64_t window = kv.transfer_blocks(tokens) - full;
+  ASSERT_LT(window, full);
+  std::vector<std::vector<int32_t>> good(2);
+  for (int g = 0; g < 2; ++g) {
+    const int64_t n = kv.group_window(g) > 0 ? window : full;
+    for (int64_t i = 0; i < n; ++i)
+      good[static_cast<size_t>(g)].push_back(static_cast<int32_t>(2 * i + g));
+  }
+  auto spans = kv.transfer_spans(good, tokens, 64);
+  ASSERT_TRUE(spans.ok()) << spans.status().to_string();
+  int64_t bytes = 0;
+  for (const auto& s : *spans) bytes += s.bytes;
+  EXPECT_EQ(bytes, kv.transfer_bytes(tokens));
+  auto bad = good;
+  bad.pop_back();
+  EXPECT_FALSE(kv.transfer_spans(bad, tokens, 64).ok());
+  bad = good;
+  bad[0].pop_back();
+  EXPECT_FALSE(kv.transfer_spans(bad, tokens, 64).ok());
+  bad = good;
+  bad[1][0] = 64;
+  EXPECT_FALSE(kv.transfer_spans(bad, tokens, 64).ok());
+  bad[1][0] = -1;
+  EXPECT_FALSE(kv.transfer_spans(bad, tokens, 64).ok());
+  EXPECT_FALSE(kv.transfer_spans(good, 0, 64).ok());
 }
 
 // A decoding engine too small for every handed-off sequence at once preempts

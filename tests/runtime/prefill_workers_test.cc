@@ -1,9 +1,10 @@
 // Prefill/decode disaggregation through the msinfer binary's workers
 // (docs/RUNTIME.md): prefill workers compute the prompts, each sequence's
-// K/V moves over the M2N transport into an attention worker's staging
-// region, and the attention worker decodes it. Greedy tokens are the
-// co-located engine's; a dead prefill worker's requests are prefilled again;
-// K/V beyond the staging region fall back to the attention workers.
+// K/V move over the M2N transport into blocks of an attention worker's KV
+// pool (or, without room there now, its staging region), and the attention
+// worker decodes it. Greedy tokens are the co-located engine's; a dead
+// prefill worker's requests are prefilled again; K/V that fit neither fall
+// back to the attention workers.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -28,6 +29,8 @@ WorkerConfig deployment(const std::string& dir, int experts, const std::string& 
   c.timeout_ms = 4000;
   c.transport = *comm::parse_transport(provider);
   c.prefill_workers = 1;
+  c.engine.kv_cache_bytes = 16 << 20;  // the pools live in /dev/shm with the direct transport
+  c.kv_transfer_bytes = 4 << 20;
   return c;
 }
 
@@ -102,6 +105,7 @@ TEST(PrefillWorkersTest, DecodingAfterATransferGivesTheColocatedTokens) {
                                [](Router&, int) {});
       EXPECT_EQ(got, colocated(dir, rs));
       EXPECT_EQ(moved.sequences, 4);
+      EXPECT_EQ(moved.into_pool, 4);  // written into the pools' blocks, no staging copy
       EXPECT_EQ(moved.fallbacks, 0);
       EXPECT_GT(moved.bytes, 0);
     }
@@ -263,20 +267,35 @@ TEST(PrefillWorkersTest, ATransferToADeadAttentionWorkerGoesToAnother) {
   EXPECT_EQ(got, colocated(dir, rs));
 }
 
-// K/V larger than the staging region: the request is prefilled again on
-// an attention worker, with the same tokens.
-TEST(PrefillWorkersTest, KvBeyondTheStagingRegionFallsBackToTheAttentionWorkers) {
+// One attention worker whose pool a long decoding request half fills: a
+// second long prompt's blocks are not free when its K/V come, so they go
+// through the staging region when it holds them, and otherwise the request
+// is prefilled again on the attention worker; either way the tokens are
+// the co-located engine's.
+TEST(PrefillWorkersTest, KvWithoutRoomInThePoolGoThroughTheStagingRegionOrFallBack) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
-  auto rs = requests(256);
-  rs[0].prompt.resize(3000, 9);  // 24 blocks of 32 KiB of K/V (tiny-mixtral)
-  WorkerConfig c = deployment(dir, 8, "direct");
-  c.kv_transfer_bytes = 256 << 10;  // the others' one block each fits
-  c.engine.kv_cache_bytes = 64 << 20;
-  Router::KvTransfers moved;
-  const auto got = through(c, rs, &moved, [](Router&, int) {});
-  EXPECT_EQ(got, colocated(dir, rs));
-  EXPECT_EQ(moved.fallbacks, 1);
-  EXPECT_EQ(moved.sequences, 3);
+  auto mc = load_model_config(dir);
+  ASSERT_TRUE(mc.ok());
+  const int64_t block = KvCache::bytes_per_token(*mc) * KvCache::kDefaultBlockSize;
+  std::vector<GenerationRequest> rs = requests(256);
+  rs.resize(2);
+  rs[0].prompt.resize(2000, 9);  // 16 blocks, 18 with its 200 tokens
+  rs[0].sampling.max_tokens = 200;
+  rs[1].prompt.resize(1900, 11);  // 15 blocks (+1 watermark): not free beside the first
+  const auto expected = colocated(dir, rs);
+  for (const bool staging_holds_it : {true, false}) {
+    SCOPED_TRACE(staging_holds_it ? "through the staging region" : "prefilled again");
+    WorkerConfig c = deployment(dir, 8, "direct");
+    c.attention_workers = 1;
+    c.engine.kv_cache_bytes = 31 * block;
+    c.kv_transfer_bytes = staging_holds_it ? 16 * block : 8 * block;
+    Router::KvTransfers moved;
+    const auto got = through(c, rs, &moved, [](Router&, int) {});
+    EXPECT_EQ(got, expected);
+    EXPECT_EQ(moved.into_pool, 1);
+    EXPECT_EQ(moved.sequences, staging_holds_it ? 2 : 1);
+    EXPECT_EQ(moved.fallbacks, staging_holds_it ? 0 : 1);
+  }
 }
 
 }  // namespace

@@ -581,7 +581,9 @@ StatusOr<Json> report(const BenchServeOptions& o, const Deployed& d, const Workl
     out["prefill_workers"] = d.config->prefill_workers;
     out["kv_transfers"] = {
         {"sequences", k.sequences},
+        {"into_pool", k.into_pool},
         {"bytes", k.bytes},
+        {"writes", k.writes},
         {"write_s", k.write_s},
         {"ms_per_sequence", k.sequences > 0 ? k.write_s * 1e3 / k.sequences : 0.0},
         {"fallbacks", k.fallbacks}};

@@ -39,8 +39,10 @@ void add_deployment_flags(FlagSet& flags) {
                 "M2N transport to the attention worker that decodes it (requests of n = 1;\n"
                 "0: the attention workers prefill; docs/RUNTIME.md)");
   flags.add_int("kv-transfer-mb", 64, 1, 1 << 20,
-                "with --prefill-workers: each attention worker's K/V staging region; a\n"
-                "sequence whose K/V are larger is prefilled again on the attention worker");
+                "with --prefill-workers: each attention worker's K/V staging region, for a\n"
+                "sequence whose blocks are not free in its KV pool when it arrives (the others\n"
+                "are written straight into the pool); one larger than that is prefilled again\n"
+                "on the attention worker");
   flags.add_int("timeout-ms", 10000, 100, 3600000,
                 "M2N timeout: a worker silent this long is reported failed");
   flags.add_bool("resubmit",

@@ -52,7 +52,9 @@ namespace control {
 // 6: Configure, a forked worker's configuration as one document.
 // 7: prefill workers: Add's prefill_only, Stepped's prefilled, Ready's
 // kv_card, ConnectKv / KvConnected, SendKv / KvSent, AddPrefilled.
-inline constexpr int kProtocolVersion = 7;
+// 8: K/V written into the attention worker's pool: AddPrefilled answered
+// with KvPlaced, CommitKv, SendKv's target.
+inline constexpr int kProtocolVersion = 8;
 
 // The most prefix-cache events (hashes) one Stepped carries; the rest go with
 // the next steps (KvCache::take_cache_events). 4096 hashes are ~80 KB of JSON,
@@ -155,30 +157,47 @@ struct AddAttention {
 struct ConnectKv {
   std::vector<std::string> cards;
 };
+// Where a prefilled sequence's K/V go on an attention worker: blocks of
+// its KV pool (`region`: the pool's comm::RemoteRegion bytes; `placed`:
+// Engine::place_prefilled's blocks), or, with `region` empty, its staging
+// region (ConnectKv's card) from offset 0.
+struct KvTarget {
+  std::string region;
+  PlacedKv placed;
+};
 // Prefill worker: write the K/V of sequence (id, index), prefilled and
-// waiting, into attention worker `worker`'s staging region at offset 0,
-// raising immediate `imm` there; the sequence leaves this worker. Answer:
-// KvSent, or Refused when its K/V do not fit the region (the sequence stays).
+// waiting, to attention worker `worker`'s `target`, the last write raising
+// immediate `imm` there (the others 0; writes to one peer complete in
+// order, transport.h); the sequence leaves this worker. Answer: KvSent, or
+// Refused (a target that does not fit; the sequence stays).
 struct SendKv {
   int64_t id = 0;
   int index = 0;
   int worker = 0;
   uint32_t imm = 0;
+  KvTarget target;
 };
-// Attention worker: a prefilled sequence whose `bytes` of K/V a prefill
-// worker wrote into this worker's staging region, announced by immediate
-// `imm`: wait for it, take the bytes and queue the sequence
-// (Engine::add_prefilled). Answer: Added or Refused.
+// Attention worker: a prefilled sequence with `bytes` of K/V: blocks for
+// them taken in its pool when they are free now (Engine::place_prefilled),
+// else its staging region. Answer: KvPlaced (where to write), or Refused.
 struct AddPrefilled {
-  PrefilledSequence sequence;  // its kv empty: the bytes are in the region
-  uint32_t imm = 0;
+  PrefilledSequence sequence;  // its kv empty: the bytes come over the transport
   int64_t bytes = 0;
+};
+// Attention worker: the K/V of AddPrefilled's sequence (id, index) are being
+// written; wait for immediate `imm`, then decode it (Engine::
+// commit_prefilled, or from the staging region Engine::add_prefilled).
+// Answer: Added, or Refused with the blocks freed (nothing came in time).
+struct CommitKv {
+  int64_t id = 0;
+  int index = 0;
+  uint32_t imm = 0;
 };
 
 using Command =
     std::variant<Configure, Exit, Step, Add, Cancel, GetStats, DropExpert, DropAttention, GetCard,
                  AddExpert, SetPlacement, GetRouted, Prepare, GetPrepared, Abandon, SetUnits,
-                 Switch, JoinBlobs, AddAttention, ConnectKv, SendKv, AddPrefilled>;
+                 Switch, JoinBlobs, AddAttention, ConnectKv, SendKv, AddPrefilled, CommitKv>;
 
 // ---- events: worker -> router ----
 
@@ -280,19 +299,26 @@ struct AttentionAdded {
 };
 
 struct KvConnected {};
-// A prefill worker wrote a sequence's K/V (SendKv): its bytes and how long
-// the write took.
+// Where an AddPrefilled sequence's K/V go (AddPrefilled).
+struct KvPlaced {
+  int64_t id = 0;
+  int index = 0;
+  KvTarget target;
+};
+// A prefill worker wrote a sequence's K/V (SendKv): its bytes, in how many
+// writes, and how long they took.
 struct KvSent {
   int64_t id = 0;
   int64_t index = 0;
   int64_t bytes = 0;
   double seconds = 0;
+  int64_t writes = 0;
 };
 
 using Event =
     std::variant<Ready, Stepped, Added, Refused, Cancelled, StatsReport, Error, CardInfo,
                  ExpertAdded, PlacementSet, RoutedRows, Preparing, PreparedState, Abandoned,
-                 UnitsSet, Switched, JoinAllgather, AttentionAdded, KvConnected, KvSent>;
+                 UnitsSet, Switched, JoinAllgather, AttentionAdded, KvConnected, KvSent, KvPlaced>;
 
 // A launched rank's first line on its control socket (under mpirun / srun).
 struct Hello {

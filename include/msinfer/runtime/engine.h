@@ -38,6 +38,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -89,6 +90,10 @@ struct EngineOptions {
   // take_prefix_cache_events (an attention worker reports them to the
   // router, which routes by them). Off: nothing is kept.
   bool prefix_cache_events = false;
+  // Where the KV cache's pools live (KvCache::PoolMemory; null: memory the
+  // cache maps itself). An attention worker that prefill workers write
+  // into gives its K/V transport's memory.
+  KvCache::PoolMemory kv_pool_memory;
 };
 
 struct GenerationRequest {
@@ -119,6 +124,17 @@ struct PrefilledSequence {
   std::string rng;          // the sampler's std::mt19937_64, as operator<< writes it
   uint64_t kv_layout = 0;   // KvCache::layout_id of the cache that wrote kv
   std::vector<uint8_t> kv;  // KvCache::export_kv of positions [0, computed)
+  // Engine::take_prefilled(false): the kv stays in the prefilling engine's
+  // cache under this table key (kv empty) until release_prefilled; -1
+  // otherwise. Not sent anywhere.
+  int64_t kv_seq = -1;
+};
+
+// Where a decoding engine placed a prefilled sequence's K/V
+// (Engine::place_prefilled): the blocks a sender writes them into.
+struct PlacedKv {
+  std::vector<std::vector<int32_t>> table;  // KvCache::transfer_table
+  int64_t pool_blocks = 0;                  // KvCache::total_blocks
 };
 
 // One token produced for a request in a step.
@@ -181,8 +197,12 @@ class Engine {
   bool cancel(int64_t id);
   // Prefill/decode disaggregation. The sequences of prefill_only requests
   // that have their first token, each with its K/V copied out (their blocks
-  // freed here, their registered blocks staying cached).
-  std::vector<PrefilledSequence> take_prefilled();
+  // freed here, their registered blocks staying cached), or, without
+  // `copy_kv`, its blocks still held under PrefilledSequence::kv_seq for a
+  // transfer from the pool (KvCache::transfer_spans) until
+  // release_prefilled(kv_seq).
+  std::vector<PrefilledSequence> take_prefilled(bool copy_kv = true);
+  void release_prefilled(int64_t kv_seq) { kv_.release(kv_seq); }
   // Prefilled sequences waiting for take_prefilled.
   int64_t prefilled() const { return static_cast<int64_t>(parked_.size()); }
   // Queues a sequence another engine prefilled: at admission its K/V are
@@ -192,6 +212,16 @@ class Engine {
   // and INVALID_ARGUMENT for K/V of another cache layout or size, or a
   // sequence that is finished or has no K/V.
   Status add_prefilled(PrefilledSequence s);
+  // add_prefilled without the copy: when the blocks for the `kv_bytes` of
+  // K/V (transfer_bytes of its computed positions) are free now beyond the
+  // watermark, takes them (KvCache::place_kv) and returns where they are, for
+  // a sender to write into; commit_prefilled then starts decoding it (true:
+  // the bytes are there) or frees them (false). Nullopt when they are not
+  // free (the caller copies instead: add_prefilled). The checks of
+  // add_prefilled; INVALID_ARGUMENT when the cache is not in host memory.
+  StatusOr<std::optional<PlacedKv>> place_prefilled(PrefilledSequence s, int64_t kv_bytes);
+  // False when no sequence (id, index) is placed.
+  bool commit_prefilled(int64_t id, int32_t index, bool arrived);
   bool idle() const { return waiting_.empty() && running_.empty(); }
   // Sequences admitted into the batch / queued (a request with n > 1 counts
   // n once it has forked).
@@ -243,8 +273,14 @@ class Engine {
     int64_t cached_tokens = -1;  // prefix cache hit at its first admission (-1: not yet)
     std::vector<uint8_t> kv_import;  // add_prefilled: K/V of [0, computed), until admitted
   };
+  // place_prefilled: sequences holding blocks that a sender writes into,
+  // until commit_prefilled.
+  std::vector<Running> placed_;
   // What add() and add_prefilled() check of a request (not its id).
   Status check_request(const GenerationRequest& r) const;
+  // What add_prefilled and place_prefilled check of a sequence whose K/V
+  // are `kv_bytes`; makes its Running (no blocks yet).
+  StatusOr<Running> check_prefilled(PrefilledSequence& s, int64_t kv_bytes);
   // Admits a prefilled sequence (the front of waiting_) if its blocks are free
   // beyond `reserved`; false when they are not.
   bool admit_prefilled(Running& r, int64_t reserved);

@@ -54,7 +54,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -79,11 +81,19 @@ class KvCache {
   // A table entry whose block a sliding group released (outside the window).
   static constexpr int32_t kFreed = -1;
 
+  // Memory for the K/V pools from elsewhere: at least `bytes` zeroed bytes,
+  // valid while the returned pointer (or a copy) lives; null to let the cache
+  // map its own. An attention worker that prefill workers write into gives
+  // its transport's registered memory (docs/RUNTIME.md, "Prefill/decode
+  // disaggregation").
+  using PoolMemory = std::function<std::shared_ptr<uint8_t>(size_t bytes)>;
+
   // RESOURCE_EXHAUSTED if the budget holds less than one block.
   // Without host_pools the blocks and tables are managed here but the K/V
   // values live elsewhere (a GPU's memory); layer() then has null pools.
   static StatusOr<KvCache> create(const ModelConfig& config, int64_t budget_bytes,
-                                  int64_t block_size = kDefaultBlockSize, bool host_pools = true);
+                                  int64_t block_size = kDefaultBlockSize, bool host_pools = true,
+                                  const PoolMemory& pool_memory = nullptr);
 
   // Bytes of K and V for one token across all layers.
   static int64_t bytes_per_token(const ModelConfig& config);
@@ -175,6 +185,51 @@ class KvCache {
   // (nothing taken) when they are not free; INVALID_ARGUMENT for a size that
   // is not transfer_bytes(tokens) or a cache without host pools.
   Status import_kv(int64_t id, int64_t tokens, const uint8_t* data, int64_t size);
+
+  // The same handoff without the copies: the sender writes from its pool
+  // memory straight into the receiver's (a transport's write-with-immediate).
+  // The bytes export_kv would write, in its order, lie in the pool memory as
+  // runs: a span is one run, contiguous in the pool.
+  struct Span {
+    int64_t offset = 0;  // in pool_data()
+    int64_t bytes = 0;
+  };
+  // The table entries a transfer of sequence `id`'s first `tokens` positions
+  // moves, per layer group (those export_kv walks); the sequence must hold them.
+  std::vector<std::vector<int32_t>> transfer_table(int64_t id, int64_t tokens) const;
+  // Where those bytes lie in the pool memory of a cache of this layout_id()
+  // with `pool_blocks` blocks whose sequence holds `table` (transfer_table
+  // there), in export_kv's order, adjacent runs merged. INVALID_ARGUMENT for
+  // a table of the wrong shape or a block outside the pool (a table off the
+  // wire).
+  StatusOr<std::vector<Span>> transfer_spans(const std::vector<std::vector<int32_t>>& table,
+                                             int64_t tokens, int64_t pool_blocks) const;
+  // One write of a transfer: `bytes` from offset `from` of the sender's
+  // pool memory to offset `to` of the receiver's (or of a staging region).
+  struct Copy {
+    int64_t from = 0, to = 0, bytes = 0;
+  };
+  // The writes that move the bytes of the sender's spans to the receiver's
+  // (both in export_kv's order), one per run contiguous at both ends; a
+  // staging region is the one span {0, transfer_bytes}. Stops where the
+  // shorter list ends.
+  static std::vector<Copy> pair_spans(const std::vector<Span>& from, const std::vector<Span>& to);
+  // Starts sequence `id` (which must hold no table) holding positions [0,
+  // tokens), taking transfer_blocks(tokens) blocks: import_kv without the
+  // copy. The K/V are written into its transfer_spans by someone else; then
+  // cache_blocks() (they are there) or release() (they never came).
+  // RESOURCE_EXHAUSTED (nothing taken) when the blocks are not free;
+  // INVALID_ARGUMENT without host pools.
+  Status place_kv(int64_t id, int64_t tokens);
+  // The pool memory (K's pools, then V's) and its size; null without host
+  // pools. What a transport registers so that peers write blocks into it
+  // (writable through a const cache: the blocks' bytes are not the cache's
+  // bookkeeping).
+  uint8_t* pool_data() const { return reinterpret_cast<uint8_t*>(k_); }
+  int64_t pool_bytes() const { return pool_bytes_; }
+  // Whether the pool memory came from create's pool_memory.
+  bool pool_memory_given() const { return external_ != nullptr; }
+
   // Turns prefix caching on (before any table exists); `salt` starts every
   // chain: whatever else changes the K/V of a token sequence (model, weights).
   void enable_prefix_caching(uint64_t salt);
@@ -229,7 +284,7 @@ class KvCache {
                             std::vector<uint64_t>* removed);
 
   // Whether the K/V pools are in this object (not a GPU's): fork() can copy.
-  bool host_pools() const { return !k_.empty(); }
+  bool host_pools() const { return k_ != nullptr; }
 
   kernels::cpu::PagedKvLayer layer(int l);
 
@@ -245,10 +300,16 @@ class KvCache {
   int64_t first_needed(int g, int64_t pos) const;
   // Entries group g's table reaches for reserve(.., tokens, .., hold_to).
   int64_t entries_needed(int g, int64_t tokens, int64_t hold_to) const;
-  // Calls copy(block in a pool, offset in export_kv's bytes, bytes) for
-  // every block of one pool a transfer of `tokens` positions moves, in order.
-  template <typename Copy>
-  void walk_transfer(const Table& table, int64_t tokens, Copy copy) const;
+  // Calls visit(offset in the pool memory of a cache with `pool_blocks`
+  // blocks, bytes) for every block of one pool a transfer of `tokens`
+  // positions moves, in export_kv's order: per group, per layer of the
+  // group, K then V, the table's entries (so that a fresh pool's consecutive
+  // blocks make one run).
+  template <typename Visit>
+  void walk_transfer(const std::vector<std::vector<int32_t>>& table, int64_t tokens,
+                     int64_t pool_blocks, Visit visit) const;
+  // Sequence id's table, checked to hold the positions [0, tokens).
+  const Table& transfer_source(int64_t id, int64_t tokens) const;
   // A block for a new use (refs 1): an unregistered free one, else the least
   // recently released cached one, unregistered. One must be free.
   int32_t take_block();
@@ -273,9 +334,14 @@ class KvCache {
   std::vector<int> layer_index_;       // per layer: its index in its group (its pool)
   std::vector<int64_t> group_window_;  // per group: window (0: full attention)
   bool sliding_ = false;               // some group has a window
-  // [S][blocks][block_size][slot] bf16, zero until written; v_ empty
-  // for MLA and both empty without host pools.
-  ZeroPages k_, v_;
+  // The pools, K's [S][blocks][block_size][slot] bf16 then V's, zero until
+  // written, in one piece of memory: own_, or external_ from create's
+  // pool_memory. v_ null for MLA, both null without host pools.
+  ZeroPages own_;
+  std::shared_ptr<uint8_t> external_;
+  bf16* k_ = nullptr;
+  bf16* v_ = nullptr;
+  int64_t pool_bytes_ = 0;
   std::vector<int32_t> free_;  // refs 0, not registered
   std::vector<int32_t> refs_;  // per block: tables that hold it
   std::unordered_map<int64_t, Table> tables_;

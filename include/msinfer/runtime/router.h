@@ -166,8 +166,12 @@ class Router {
   // worker to an attention worker, their bytes and the prefill workers'
   // write time; requests that fell back to prefilling on an attention
   // worker (a transfer that failed, or K/V beyond the staging region).
+  // Prefilled sequences moved (`into_pool` of them written straight into
+  // the attention worker's KV pool, the others through its staging region),
+  // their bytes and writes, requests prefilled again instead, the prefill
+  // workers' write time.
   struct KvTransfers {
-    int64_t sequences = 0, bytes = 0, fallbacks = 0;
+    int64_t sequences = 0, into_pool = 0, bytes = 0, writes = 0, fallbacks = 0;
     double write_s = 0;
   };
   KvTransfers kv_transfers() const;  // the router's thread (health() has the counts for any)
@@ -314,6 +318,7 @@ class Router {
   // KvTransfers' counts, written on the router's thread and read by any
   // (health()); the write time is the router thread's alone.
   std::atomic<int64_t> kv_sequences_{0}, kv_bytes_{0}, kv_fallbacks_{0};
+  int64_t kv_into_pool_ = 0, kv_writes_ = 0;
   double kv_write_s_ = 0;
   std::map<int64_t, int64_t> load_of_;   // request id -> its share of the worker's load
   std::map<int64_t, Tracked> requests_;  // every request in flight
