@@ -140,6 +140,7 @@ Router::KvTransfers Router::kv_transfers() const {
   k.into_pool = kv_into_pool_;
   k.writes = kv_writes_;
   k.write_s = kv_write_s_;
+  k.transfer_s = kv_transfer_s_;
   return k;
 }
 
@@ -174,6 +175,7 @@ Status Router::transfer(WorkerProcess& p, control::Prefilled&& x) {
     if (const auto* r = std::get_if<control::Refused>(&*e)) return r->error;
     return "";
   };
+  const auto t0 = std::chrono::steady_clock::now();
   // Where the bytes go: blocks the attention worker takes now, or its
   // staging region.
   auto placed =
@@ -214,6 +216,7 @@ Status Router::transfer(WorkerProcess& p, control::Prefilled&& x) {
     fall_back(id, why.empty() ? std::string("an unexpected answer") : why);
     return ok_status();
   }
+  kv_transfer_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (kv == nullptr) drop_on_prefill();  // it arrived, yet the prefill worker may hold it still
   kv_sequences_.fetch_add(1, std::memory_order_relaxed);
   kv_bytes_.fetch_add(x.bytes, std::memory_order_relaxed);

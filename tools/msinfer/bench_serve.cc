@@ -586,6 +586,8 @@ StatusOr<Json> report(const BenchServeOptions& o, const Deployed& d, const Workl
         {"writes", k.writes},
         {"write_s", k.write_s},
         {"ms_per_sequence", k.sequences > 0 ? k.write_s * 1e3 / k.sequences : 0.0},
+        {"transfer_s", k.transfer_s},
+        {"transfer_ms_per_sequence", k.sequences > 0 ? k.transfer_s * 1e3 / k.sequences : 0.0},
         {"fallbacks", k.fallbacks}};
   }
   if (o.mixed) {

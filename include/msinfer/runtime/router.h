@@ -169,10 +169,12 @@ class Router {
   // Prefilled sequences moved (`into_pool` of them written straight into
   // the attention worker's KV pool, the others through its staging region),
   // their bytes and writes, requests prefilled again instead, the prefill
-  // workers' write time.
+  // workers' write time, and the router's time in the transfers (the
+  // attention workers step none meanwhile: what a transfer holds up
+  // decoding by).
   struct KvTransfers {
     int64_t sequences = 0, into_pool = 0, bytes = 0, writes = 0, fallbacks = 0;
-    double write_s = 0;
+    double write_s = 0, transfer_s = 0;
   };
   KvTransfers kv_transfers() const;  // the router's thread (health() has the counts for any)
   // Placements switched to by online rebalancing so far.
@@ -319,7 +321,7 @@ class Router {
   // (health()); the write time is the router thread's alone.
   std::atomic<int64_t> kv_sequences_{0}, kv_bytes_{0}, kv_fallbacks_{0};
   int64_t kv_into_pool_ = 0, kv_writes_ = 0;
-  double kv_write_s_ = 0;
+  double kv_write_s_ = 0, kv_transfer_s_ = 0;
   std::map<int64_t, int64_t> load_of_;   // request id -> its share of the worker's load
   std::map<int64_t, Tracked> requests_;  // every request in flight
   std::vector<int64_t> lost_;            // requests of a dropped worker, to resubmit
