@@ -1,8 +1,10 @@
+#include <algorithm>
 #include <cstring>
 
 #include "msinfer/comm/direct_transport.h"
 #include "msinfer/comm/inproc_transport.h"
 #include "msinfer/comm/socket_transport.h"
+#include "msinfer/core/mapped_file.h"
 
 namespace msinfer::comm {
 
@@ -59,19 +61,22 @@ StatusOr<std::unique_ptr<Transport>> make_transport(const FabricOptions& options
 }
 
 namespace {
-class HeapMemory : public RegionMemory {
+// Zero pages the kernel maps at their first touch: a region as large as a
+// KV pool costs neither memory nor time until it is used.
+class ZeroMemory : public RegionMemory {
  public:
-  explicit HeapMemory(size_t n) : v_(n) {}
-  uint8_t* data() override { return v_.data(); }
-  size_t size() const override { return v_.size(); }
+  explicit ZeroMemory(ZeroPages z) : z_(std::move(z)) {}
+  uint8_t* data() override { return z_.data(); }
+  size_t size() const override { return z_.size(); }
 
  private:
-  std::vector<uint8_t> v_;
+  ZeroPages z_;
 };
 }  // namespace
 
 StatusOr<std::unique_ptr<RegionMemory>> Transport::allocate(size_t len) {
-  return std::unique_ptr<RegionMemory>(new HeapMemory(len));
+  MSI_ASSIGN_OR_RETURN(ZeroPages z, ZeroPages::allocate(std::max<size_t>(len, 1)));
+  return std::unique_ptr<RegionMemory>(new ZeroMemory(std::move(z)));
 }
 
 class InprocTransport : public Transport {

@@ -94,6 +94,12 @@ StatusOr<ZeroPages> ZeroPages::allocate(size_t bytes) {
     return resource_exhausted("cannot map " + std::to_string(bytes) + " bytes of memory (" +
                               std::strerror(errno) + ")");
   }
+  // Transparent huge pages where the system lets a process ask (Debian's
+  // default is "madvise"): a first touch maps 2 MiB at once. On these VMs a
+  // first touch of a 4 KiB page costs ~16 us (256 MiB: 1.0 s written once,
+  // 21 ms again; with huge pages 38 ms), which a KV cache pays while it
+  // prefills. Advice only: refused, the pages stay small.
+  (void)::madvise(p, bytes, MADV_HUGEPAGE);
   z.data_ = static_cast<uint8_t*>(p);
   z.size_ = bytes;
   return z;

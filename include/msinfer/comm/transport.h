@@ -74,9 +74,10 @@ class Transport {
   virtual std::string name() const = 0;
   // This endpoint's address, to hand to peers through the bootstrap.
   virtual std::string address() const = 0;
-  // Zeroed memory for a region peers will write into (register it next). Heap
-  // memory unless the transport's peers can store into it directly (the
-  // direct transport: shared memory).
+  // Zeroed memory for a region peers will write into (register it next).
+  // Anonymous zero pages (core's ZeroPages: mapped at first touch) unless the
+  // transport's peers can store into it directly (the direct transport:
+  // shared memory).
   virtual StatusOr<std::unique_ptr<RegionMemory>> allocate(size_t len);
   // Registers [base, base + len) as a source and a target of writes. The memory
   // must stay valid while peers may write into it.
