@@ -109,7 +109,8 @@ Json target_json(const KvTarget& t) {
   if (t.region.empty()) return Json::object();  // the staging region
   return Json{{"region", internal::to_hex(t.region)},
               {"table", t.placed.table},
-              {"pool_blocks", t.placed.pool_blocks}};
+              {"pool_blocks", t.placed.pool_blocks},
+              {"skip", t.placed.skip_blocks}};
 }
 Json command_json(const SendKv& c) {
   return Json{{"id", c.id},
@@ -269,7 +270,9 @@ Status read_target(const Json& j, const std::string& w, KvTarget* t) {
   if (!target.is_object()) return invalid_argument(w + ": field 'target' is not an object");
   if (!target.contains("region")) return ok_status();
   Fields f(target, w + ": target");
-  f.required("table", &t->placed.table).required("pool_blocks", &t->placed.pool_blocks);
+  f.required("table", &t->placed.table)
+      .required("pool_blocks", &t->placed.pool_blocks)
+      .optional("skip", &t->placed.skip_blocks);
   return read_hex(f, "region", &t->region, w + ": target");
 }
 Status read_command(const Json& j, const std::string& w, SendKv* c) {

@@ -258,14 +258,30 @@ StatusOr<std::optional<PlacedKv>> Engine::place_prefilled(PrefilledSequence s, i
     next_step += kv_.blocks_to_take(r.seq, std::min(len, r.computed + options_.max_step_tokens),
                                     r.computed, len);
   }
-  if (!waiting_.empty() ||
-      kv_.transfer_blocks(run.computed) + next_step + watermark > kv_.free_blocks() ||
-      !kv_.place_kv(run.seq, run.computed).ok()) {
+  // The blocks of its positions that the prefix cache holds need not come
+  // (a sliding layer group's window would need more care: none skipped);
+  // those no table holds count as free until taken.
+  int64_t skip = 0, evictable = 0;
+  if (kv_.prefix_caching() && kv_.groups() == 1) {
+    skip = kv_.cached_prefix_blocks(run.tokens.data(), run.computed, &evictable);
+  }
+  const int64_t need = kv_.transfer_blocks(run.computed) - skip + evictable;
+  if (!waiting_.empty() || need + next_step + watermark > kv_.free_blocks()) {
     return std::optional<PlacedKv>();  // the queue first; or no room now
   }
+  if (skip > 0) {
+    if (kv_.match_prefix(run.seq, run.tokens.data(), run.computed) != skip * kv_.block_size() ||
+        !kv_.reserve(run.seq, run.computed, run.computed).ok()) {
+      kv_.release(run.seq);
+      return std::optional<PlacedKv>();
+    }
+  } else if (!kv_.place_kv(run.seq, run.computed).ok()) {
+    return std::optional<PlacedKv>();
+  }
   PlacedKv out;
-  out.table = kv_.transfer_table(run.seq, run.computed);
+  out.table = kv_.transfer_table(run.seq, run.computed, skip);
   out.pool_blocks = kv_.total_blocks();
+  out.skip_blocks = skip;
   placed_.push_back(std::move(run));
   return std::optional<PlacedKv>(std::move(out));
 }

@@ -508,11 +508,11 @@ int64_t KvCache::transfer_bytes(int64_t tokens) const {
 // entries are mostly one run.
 template <typename Visit>
 void KvCache::walk_transfer(const std::vector<std::vector<int32_t>>& table, int64_t tokens,
-                            int64_t pool_blocks, Visit visit) const {
+                            int64_t pool_blocks, Visit visit, int64_t skip) const {
   const int64_t block = block_size_ * slot_elems_ * static_cast<int64_t>(sizeof(bf16));
   for (int g = 0; g < groups(); ++g) {
     const std::vector<int32_t>& t = table[static_cast<size_t>(g)];
-    const int64_t first = first_needed(g, tokens), end = blocks_for(tokens);
+    const int64_t first = std::max(first_needed(g, tokens), skip), end = blocks_for(tokens);
     for (int j = 0; j < group_layers_; ++j) {
       for (int p = 0; p < kv_pools_; ++p) {
         const int64_t pool_at = (static_cast<int64_t>(p) * group_layers_ + j) * pool_blocks * block;
@@ -586,30 +586,37 @@ Status KvCache::place_kv(int64_t id, int64_t tokens) {
   return reserve(id, tokens, tokens);
 }
 
-std::vector<std::vector<int32_t>> KvCache::transfer_table(int64_t id, int64_t tokens) const {
+std::vector<std::vector<int32_t>> KvCache::transfer_table(int64_t id, int64_t tokens,
+                                                          int64_t skip) const {
   const Table& t = transfer_source(id, tokens);
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(groups()));
   for (int g = 0; g < groups(); ++g) {
     const auto& blocks = t.blocks[static_cast<size_t>(g)];
-    out[static_cast<size_t>(g)].assign(blocks.begin() + first_needed(g, tokens),
+    out[static_cast<size_t>(g)].assign(blocks.begin() + std::max(first_needed(g, tokens), skip),
                                        blocks.begin() + blocks_for(tokens));
   }
   return out;
 }
 
 StatusOr<std::vector<KvCache::Span>> KvCache::transfer_spans(
-    const std::vector<std::vector<int32_t>>& table, int64_t tokens, int64_t pool_blocks) const {
+    const std::vector<std::vector<int32_t>>& table, int64_t tokens, int64_t pool_blocks,
+    int64_t skip) const {
   if (tokens < 1 || pool_blocks < 1 || static_cast<int>(table.size()) != groups()) {
     return invalid_argument("a K/V block table of " + std::to_string(table.size()) +
                             " layer groups for " + std::to_string(tokens) +
                             " positions; this cache has " + std::to_string(groups()));
+  }
+  if (skip < 0 || skip >= blocks_for(tokens) || (skip > 0 && sliding_)) {
+    return invalid_argument("a K/V transfer that skips " + std::to_string(skip) + " blocks of " +
+                            std::to_string(blocks_for(tokens)) +
+                            (sliding_ ? " (sliding layer groups skip none)" : ""));
   }
   // walk_transfer reads entries [first_needed, blocks_for) of a full table:
   // give it one whose leading entries are placeholders.
   std::vector<std::vector<int32_t>> full(table.size());
   for (int g = 0; g < groups(); ++g) {
     const auto& t = table[static_cast<size_t>(g)];
-    const int64_t first = first_needed(g, tokens);
+    const int64_t first = std::max(first_needed(g, tokens), skip);
     if (static_cast<int64_t>(t.size()) != blocks_for(tokens) - first) {
       return invalid_argument("layer group " + std::to_string(g) + " of a K/V block table has " +
                               std::to_string(t.size()) + " blocks, not " +
@@ -625,13 +632,16 @@ StatusOr<std::vector<KvCache::Span>> KvCache::transfer_spans(
     full[static_cast<size_t>(g)].insert(full[static_cast<size_t>(g)].end(), t.begin(), t.end());
   }
   std::vector<Span> spans;
-  walk_transfer(full, tokens, pool_blocks, [&](int64_t at, int64_t bytes) {
-    if (!spans.empty() && spans.back().offset + spans.back().bytes == at) {
-      spans.back().bytes += bytes;
-    } else {
-      spans.push_back(Span{at, bytes});
-    }
-  });
+  walk_transfer(
+      full, tokens, pool_blocks,
+      [&](int64_t at, int64_t bytes) {
+        if (!spans.empty() && spans.back().offset + spans.back().bytes == at) {
+          spans.back().bytes += bytes;
+        } else {
+          spans.push_back(Span{at, bytes});
+        }
+      },
+      skip);
   return spans;
 }
 

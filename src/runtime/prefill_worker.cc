@@ -104,10 +104,17 @@ control::Event PrefillWorker::send_kv(const control::SendKv& s) {
   }
   const PrefilledSequence& p = it->second;
   const KvCache& kv = engine_->kv_cache();
-  const int64_t bytes = kv.transfer_bytes(p.computed);
-  auto from =
-      kv.transfer_spans(kv.transfer_table(p.kv_seq, p.computed), p.computed, kv.total_blocks());
-  if (!from.ok()) return control::Refused{s.id, from.status().message()};
+  // Blocks the attention worker's prefix cache held already are not sent.
+  const int64_t skip = s.target.region.empty() ? 0 : s.target.placed.skip_blocks;
+  if (skip < 0 || skip >= kv.blocks_for(p.computed)) {
+    return control::Refused{s.id, me_ + ": skipping " + std::to_string(skip) + " of " +
+                                      std::to_string(kv.blocks_for(p.computed)) + " K/V blocks"};
+  }
+  auto from = kv.transfer_spans(kv.transfer_table(p.kv_seq, p.computed, skip), p.computed,
+                                kv.total_blocks(), skip);
+  if (!from.ok()) return control::Refused{s.id, me_ + ": " + from.status().message()};
+  int64_t bytes = 0;
+  for (const KvCache::Span& x : *from) bytes += x.bytes;
   // Where they go: the blocks the attention worker took, or its staging region.
   comm::RemoteRegion region = regions_[static_cast<size_t>(s.worker)];
   std::vector<KvCache::Span> to{{0, bytes}};
@@ -115,7 +122,8 @@ control::Event PrefillWorker::send_kv(const control::SendKv& s) {
     auto r = comm::RemoteRegion::decode(s.target.region);
     if (!r.ok()) return control::Refused{s.id, me_ + ": " + r.status().message()};
     region = *r;
-    auto spans = kv.transfer_spans(s.target.placed.table, p.computed, s.target.placed.pool_blocks);
+    auto spans =
+        kv.transfer_spans(s.target.placed.table, p.computed, s.target.placed.pool_blocks, skip);
     if (!spans.ok()) return control::Refused{s.id, me_ + ": " + spans.status().message()};
     to = std::move(spans).value();
   } else if (static_cast<uint64_t>(bytes) > region.length) {

@@ -219,7 +219,7 @@ Status Router::transfer(WorkerProcess& p, control::Prefilled&& x) {
   kv_transfer_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (kv == nullptr) drop_on_prefill();  // it arrived, yet the prefill worker may hold it still
   kv_sequences_.fetch_add(1, std::memory_order_relaxed);
-  kv_bytes_.fetch_add(x.bytes, std::memory_order_relaxed);
+  kv_bytes_.fetch_add(kv != nullptr ? kv->bytes : x.bytes, std::memory_order_relaxed);
   if (into_pool) ++kv_into_pool_;
   if (kv != nullptr) {
     kv_write_s_ += kv->seconds;

@@ -88,6 +88,7 @@ KvTarget a_pool_target() {
   t.region = std::string("\x00\x01pool\xff", 7);
   t.placed.table = {{3, 4, 9}, {0}};
   t.placed.pool_blocks = 12;
+  t.placed.skip_blocks = 2;
   return t;
 }
 
@@ -358,6 +359,7 @@ TEST(ControlTest, PrefilledSequencesSurviveTheRoundTrip) {
   EXPECT_EQ(sk.target.region, a_pool_target().region);
   EXPECT_EQ(sk.target.placed.table, a_pool_target().placed.table);
   EXPECT_EQ(sk.target.placed.pool_blocks, 12);
+  EXPECT_EQ(sk.target.placed.skip_blocks, 2);
   auto staged = decode_event(encode(KvPlaced{42, 0, {}}), "test");
   ASSERT_TRUE(staged.ok());
   EXPECT_TRUE(std::get<KvPlaced>(*staged).target.region.empty());

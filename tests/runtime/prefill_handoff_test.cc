@@ -102,8 +102,11 @@ Tokens disaggregated(Engine& prefill, Engine& decode, std::vector<GenerationRequ
 // As disaggregated, but each sequence's K/V go from the prefill engine's
 // pool straight into blocks the decoding engine placed, as a prefill worker
 // writes them (KvCache::pair_spans); `placed` counts those that went so (the
-// others, without room now, are copied: add_prefilled).
-Tokens in_place(Engine& prefill, Engine& decode, std::vector<GenerationRequest> rs, int* placed) {
+// others, without room now, are copied: add_prefilled); `skips` (may be
+// null) gets each placed one's blocks that the decoding engine's prefix
+// cache held (not written).
+Tokens in_place(Engine& prefill, Engine& decode, std::vector<GenerationRequest> rs, int* placed,
+                std::vector<int64_t>* skips = nullptr) {
   Tokens out;
   for (GenerationRequest& r : rs) {
     r.prefill_only = true;
@@ -125,8 +128,11 @@ Tokens in_place(Engine& prefill, Engine& decode, std::vector<GenerationRequest> 
       from.export_kv(seq, tokens, s.kv.data());
       EXPECT_TRUE(decode.add_prefilled(std::move(s)).ok());
     } else {
-      auto src = from.transfer_spans(from.transfer_table(seq, tokens), tokens, from.total_blocks());
-      auto dst = to.transfer_spans((*where)->table, tokens, (*where)->pool_blocks);
+      const int64_t skip = (*where)->skip_blocks;
+      if (skips != nullptr) skips->push_back(skip);
+      auto src = from.transfer_spans(from.transfer_table(seq, tokens, skip), tokens,
+                                     from.total_blocks(), skip);
+      auto dst = to.transfer_spans((*where)->table, tokens, (*where)->pool_blocks, skip);
       EXPECT_TRUE(src.ok() && dst.ok());
       if (!src.ok() || !dst.ok()) continue;
       int64_t moved = 0;
@@ -134,7 +140,8 @@ Tokens in_place(Engine& prefill, Engine& decode, std::vector<GenerationRequest> 
         std::memcpy(to.pool_data() + c.to, from.pool_data() + c.from, static_cast<size_t>(c.bytes));
         moved += c.bytes;
       }
-      EXPECT_EQ(moved, from.transfer_bytes(tokens));
+      const int64_t block_bytes = from.transfer_bytes(tokens) / from.transfer_blocks(tokens);
+      EXPECT_EQ(moved, from.transfer_bytes(tokens) - skip * block_bytes);
       EXPECT_TRUE(decode.commit_prefilled(id, index, /*arrived=*/true));
       ++*placed;
     }
@@ -202,6 +209,40 @@ TEST(PrefillHandoffTest, KvWrittenIntoPlacedBlocksGivesTheTokensOfOneEngine) {
     int placed = 0;
     EXPECT_EQ(in_place(*prefill, *decode, rs, &placed), expected);
     EXPECT_EQ(placed, 4);
+    EXPECT_EQ(decode->kv_usage(), 0.0);
+  }
+}
+
+// A prompt whose first blocks the decoding engine's prefix cache holds
+// (another sequence with the same start was handed to it before) has only
+// the rest written: those blocks are shared. Not with sliding layers, whose
+// windows leave the early blocks behind (none skipped there).
+TEST(PrefillHandoffTest, BlocksThePrefixCacheHoldsAreNotWrittenAgain) {
+  for (const char* preset : {"tiny-mixtral", "tiny-deepseek-v3", "tiny-gpt-oss"}) {
+    SCOPED_TRACE(preset);
+    auto w = load(preset);
+    ASSERT_NE(w, nullptr);
+    const int32_t vocab = static_cast<int32_t>(w->config().vocab);
+    std::vector<GenerationRequest> rs;
+    for (int i = 0; i < 2; ++i) {
+      GenerationRequest r{60 + i, prompt_of(30, 4, vocab), {}};
+      for (int t = 24; t < 30; ++t) r.prompt[static_cast<size_t>(t)] = (t * 7 + 13 * i) % vocab;
+      r.sampling.max_tokens = 5;
+      r.sampling.ignore_eos = true;
+      rs.push_back(r);
+    }
+    auto one = engine(w);
+    for (const auto& r : rs) ASSERT_TRUE(one->add(r).ok());
+    const Tokens expected = run(*one);
+    auto prefill = engine(w);
+    auto decode = engine(w);
+    int placed = 0;
+    std::vector<int64_t> skips;
+    EXPECT_EQ(in_place(*prefill, *decode, rs, &placed, &skips), expected);
+    EXPECT_EQ(placed, 2);
+    const bool sliding = w->config().attention_window(0) > 0 || w->config().attention_window(1) > 0;
+    // The second shares 24 tokens, 6 blocks of 4, with the first.
+    EXPECT_EQ(skips, (std::vector<int64_t>{0, sliding ? 0 : 6}));
     EXPECT_EQ(decode->kv_usage(), 0.0);
   }
 }
@@ -292,6 +333,8 @@ TEST(PrefillHandoffTest, TransferSpansRefuseTablesOfTheWrongShape) {
   bad[1][0] = -1;
   EXPECT_FALSE(kv.transfer_spans(bad, tokens, 64).ok());
   EXPECT_FALSE(kv.transfer_spans(good, 0, 64).ok());
+  EXPECT_FALSE(kv.transfer_spans(good, tokens, 64, 1).ok());  // sliding groups skip nothing
+  EXPECT_FALSE(kv.transfer_spans(good, tokens, 64, -1).ok());
 }
 
 // A decoding engine too small for every handed-off sequence at once preempts

@@ -267,6 +267,33 @@ TEST(PrefillWorkersTest, ATransferToADeadAttentionWorkerGoesToAnother) {
   EXPECT_EQ(got, colocated(dir, rs));
 }
 
+// Two prompts with the same first 300 tokens (2 full blocks of 128) into one
+// attention worker: the second's K/V leave out the blocks the first left in
+// its prefix cache; both give the co-located tokens.
+TEST(PrefillWorkersTest, BlocksTheAttentionWorkersCacheHoldsAreNotSent) {
+  const std::string dir = testing::test_model_dir("tiny-mixtral");
+  auto mc = load_model_config(dir);
+  ASSERT_TRUE(mc.ok());
+  const int64_t block = KvCache::bytes_per_token(*mc) * KvCache::kDefaultBlockSize;
+  std::vector<GenerationRequest> rs = requests(256);
+  rs.resize(2);
+  for (int i = 0; i < 2; ++i) {
+    std::vector<int32_t> p(300, 0);
+    for (int t = 0; t < 300; ++t) p[static_cast<size_t>(t)] = (t * 5 + 3) % 256;
+    p.insert(p.end(), rs[static_cast<size_t>(i)].prompt.begin(),
+             rs[static_cast<size_t>(i)].prompt.end());  // 30 and 39 tokens of their own
+    rs[static_cast<size_t>(i)].prompt = p;
+  }
+  WorkerConfig c = deployment(dir, 8, "socket");
+  c.attention_workers = 1;
+  Router::KvTransfers moved;
+  const auto got = through(c, rs, &moved, [](Router&, int) {});
+  EXPECT_EQ(got, colocated(dir, rs));
+  EXPECT_EQ(moved.sequences, 2);
+  EXPECT_EQ(moved.into_pool, 2);
+  EXPECT_EQ(moved.bytes, (3 + 1) * block);  // 330 and 339 positions: 3 blocks each, 2 shared
+}
+
 // One attention worker whose pool a long decoding request half fills: a
 // second long prompt's blocks are not free when its K/V come, so they go
 // through the staging region when it holds them, and otherwise the request

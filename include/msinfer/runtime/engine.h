@@ -133,8 +133,10 @@ struct PrefilledSequence {
 // Where a decoding engine placed a prefilled sequence's K/V
 // (Engine::place_prefilled): the blocks a sender writes them into.
 struct PlacedKv {
-  std::vector<std::vector<int32_t>> table;  // KvCache::transfer_table
+  std::vector<std::vector<int32_t>> table;  // KvCache::transfer_table(.., skip_blocks)
   int64_t pool_blocks = 0;                  // KvCache::total_blocks
+  // Leading blocks its prefix cache held already: not to be sent.
+  int64_t skip_blocks = 0;
 };
 
 // One token produced for a request in a step.
@@ -215,7 +217,9 @@ class Engine {
   // add_prefilled without the copy: when the blocks for the `kv_bytes` of
   // K/V (transfer_bytes of its computed positions) are free now beyond the
   // watermark, takes them (KvCache::place_kv) and returns where they are, for
-  // a sender to write into; commit_prefilled then starts decoding it (true:
+  // a sender to write into; with prefix caching and no sliding layers, the
+  // leading blocks the cache holds are shared instead (match_prefix) and
+  // left out (PlacedKv::skip_blocks); commit_prefilled then starts decoding it (true:
   // the bytes are there) or frees them (false). Nullopt when they are not
   // free (the caller copies instead: add_prefilled). The checks of
   // add_prefilled; INVALID_ARGUMENT when the cache is not in host memory.

@@ -195,15 +195,20 @@ class KvCache {
     int64_t bytes = 0;
   };
   // The table entries a transfer of sequence `id`'s first `tokens` positions
-  // moves, per layer group (those export_kv walks); the sequence must hold them.
-  std::vector<std::vector<int32_t>> transfer_table(int64_t id, int64_t tokens) const;
+  // moves, per layer group (those export_kv walks), less the first `skip`
+  // (blocks the receiver holds already: its prefix cache had them); the
+  // sequence must hold them.
+  std::vector<std::vector<int32_t>> transfer_table(int64_t id, int64_t tokens,
+                                                   int64_t skip = 0) const;
   // Where those bytes lie in the pool memory of a cache of this layout_id()
   // with `pool_blocks` blocks whose sequence holds `table` (transfer_table
-  // there), in export_kv's order, adjacent runs merged. INVALID_ARGUMENT for
-  // a table of the wrong shape or a block outside the pool (a table off the
-  // wire).
+  // there, with the same `skip`), in export_kv's order, adjacent runs
+  // merged. INVALID_ARGUMENT for a table of the wrong shape, a block outside
+  // the pool (a table off the wire), or a skip that is not below
+  // blocks_for(tokens) or, with sliding layer groups, not 0.
   StatusOr<std::vector<Span>> transfer_spans(const std::vector<std::vector<int32_t>>& table,
-                                             int64_t tokens, int64_t pool_blocks) const;
+                                             int64_t tokens, int64_t pool_blocks,
+                                             int64_t skip = 0) const;
   // One write of a transfer: `bytes` from offset `from` of the sender's
   // pool memory to offset `to` of the receiver's (or of a staging region).
   struct Copy {
@@ -303,11 +308,11 @@ class KvCache {
   // Calls visit(offset in the pool memory of a cache with `pool_blocks`
   // blocks, bytes) for every block of one pool a transfer of `tokens`
   // positions moves, in export_kv's order: per group, per layer of the
-  // group, K then V, the table's entries (so that a fresh pool's consecutive
-  // blocks make one run).
+  // group, K then V, the table's entries from max(first needed, skip) on
+  // (so that a fresh pool's consecutive blocks make one run).
   template <typename Visit>
   void walk_transfer(const std::vector<std::vector<int32_t>>& table, int64_t tokens,
-                     int64_t pool_blocks, Visit visit) const;
+                     int64_t pool_blocks, Visit visit, int64_t skip = 0) const;
   // Sequence id's table, checked to hold the positions [0, tokens).
   const Table& transfer_source(int64_t id, int64_t tokens) const;
   // A block for a new use (refs 1): an unregistered free one, else the least
