@@ -77,6 +77,14 @@ Tokens run(Engine& e, Tokens out = {}) {
   return out;
 }
 
+// Every sequence's tokens when one engine runs `rs`.
+Tokens in_one_engine(std::shared_ptr<const model::ModelWeights> w,
+                     const std::vector<GenerationRequest>& rs) {
+  auto one = engine(std::move(w));
+  for (const auto& r : rs) EXPECT_TRUE(one->add(r).ok());
+  return run(*one);
+}
+
 // Prefills `rs` on `prefill` (prefill_only), hands every sequence to
 // `decode` and decodes there; returns every sequence's tokens.
 Tokens disaggregated(Engine& prefill, Engine& decode, std::vector<GenerationRequest> rs) {
@@ -162,9 +170,7 @@ TEST(PrefillHandoffTest, DecodingElsewhereGivesTheTokensOfOneEngine) {
     auto w = load(preset);
     ASSERT_NE(w, nullptr);
     const auto rs = requests(static_cast<int32_t>(w->config().vocab));
-    auto one = engine(w);
-    for (const auto& r : rs) ASSERT_TRUE(one->add(r).ok());
-    const Tokens expected = run(*one);
+    const Tokens expected = in_one_engine(w, rs);
     ASSERT_EQ(expected.size(), 4u);  // three requests, one of two sequences
     auto prefill = engine(w);
     auto decode = engine(w);
@@ -195,9 +201,7 @@ TEST(PrefillHandoffTest, KvWrittenIntoPlacedBlocksGivesTheTokensOfOneEngine) {
     ASSERT_NE(w, nullptr);
     const int32_t vocab = static_cast<int32_t>(w->config().vocab);
     const auto rs = requests(vocab);
-    auto one = engine(w);
-    for (const auto& r : rs) ASSERT_TRUE(one->add(r).ok());
-    const Tokens expected = run(*one);
+    const Tokens expected = in_one_engine(w, rs);
     auto prefill = engine(w);
     auto decode = engine(w, 6 << 20);
     ASSERT_NE(decode->kv_cache().total_blocks(), prefill->kv_cache().total_blocks());
@@ -231,9 +235,7 @@ TEST(PrefillHandoffTest, BlocksThePrefixCacheHoldsAreNotWrittenAgain) {
       r.sampling.ignore_eos = true;
       rs.push_back(r);
     }
-    auto one = engine(w);
-    for (const auto& r : rs) ASSERT_TRUE(one->add(r).ok());
-    const Tokens expected = run(*one);
+    const Tokens expected = in_one_engine(w, rs);
     auto prefill = engine(w);
     auto decode = engine(w);
     int placed = 0;
@@ -350,9 +352,7 @@ TEST(PrefillHandoffTest, AHandedOffSequencePreemptedRecomputesTheSameTokens) {
     r.sampling.ignore_eos = true;
     rs.push_back(r);
   }
-  auto one = engine(w);
-  for (const auto& r : rs) ASSERT_TRUE(one->add(r).ok());
-  const Tokens expected = run(*one);
+  const Tokens expected = in_one_engine(w, rs);
   auto prefill = engine(w);
   // 4 sequences of up to 54 positions need 56 blocks of 4; the pool holds 40.
   const int64_t block_bytes = KvCache::bytes_per_token(w->config()) * 4;

@@ -63,6 +63,13 @@ std::map<int64_t, std::vector<int32_t>> colocated(const std::string& dir,
   return out;
 }
 
+// Bytes of one KV block of the model in `dir` (all layers, default block size).
+int64_t block_bytes(const std::string& dir) {
+  auto mc = load_model_config(dir);
+  EXPECT_TRUE(mc.ok());
+  return mc.ok() ? KvCache::bytes_per_token(*mc) * KvCache::kDefaultBlockSize : 0;
+}
+
 // Runs `rs` through a router of `c`; `on_step(router, i)` before step i.
 template <typename OnStep>
 std::map<int64_t, std::vector<int32_t>> through(const WorkerConfig& c,
@@ -272,9 +279,7 @@ TEST(PrefillWorkersTest, ATransferToADeadAttentionWorkerGoesToAnother) {
 // its prefix cache; both give the co-located tokens.
 TEST(PrefillWorkersTest, BlocksTheAttentionWorkersCacheHoldsAreNotSent) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
-  auto mc = load_model_config(dir);
-  ASSERT_TRUE(mc.ok());
-  const int64_t block = KvCache::bytes_per_token(*mc) * KvCache::kDefaultBlockSize;
+  const int64_t block = block_bytes(dir);
   std::vector<GenerationRequest> rs = requests(256);
   rs.resize(2);
   for (int i = 0; i < 2; ++i) {
@@ -301,9 +306,7 @@ TEST(PrefillWorkersTest, BlocksTheAttentionWorkersCacheHoldsAreNotSent) {
 // the co-located engine's.
 TEST(PrefillWorkersTest, KvWithoutRoomInThePoolGoThroughTheStagingRegionOrFallBack) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
-  auto mc = load_model_config(dir);
-  ASSERT_TRUE(mc.ok());
-  const int64_t block = KvCache::bytes_per_token(*mc) * KvCache::kDefaultBlockSize;
+  const int64_t block = block_bytes(dir);
   std::vector<GenerationRequest> rs = requests(256);
   rs.resize(2);
   rs[0].prompt.resize(2000, 9);  // 16 blocks, 18 with its 200 tokens
