@@ -291,9 +291,12 @@ control::Event AttentionWorker::commit_kv(const control::CommitKv& c) {
   std::optional<control::AddPrefilled> staged = std::move(it->second);
   pending_kv_.erase(it);
   const Status arrived = wait_for_kv(c.imm, c.id);
-  if (!staged.has_value()) {  // placed: the bytes are in its blocks, or it frees them
-    engine_->commit_prefilled(c.id, c.index, arrived.ok());
+  if (!staged.has_value()) {  // placed: the bytes are in its blocks
+    // Without them the blocks stay held until the router's Cancel: it sends
+    // that once the prefill worker has answered (or died), so no late write
+    // can land in blocks already given to another sequence.
     if (!arrived.ok()) return control::Refused{c.id, arrived.message()};
+    engine_->commit_prefilled(c.id, c.index, true);
     return control::Added{c.id};
   }
   if (!arrived.ok()) return control::Refused{c.id, arrived.message()};

@@ -212,7 +212,14 @@ Status Router::transfer(WorkerProcess& p, control::Prefilled&& x) {
   if (ok == nullptr) {
     std::string why = why_of(wrote);
     if (why.empty()) why = why_of(added);
-    drop_on_prefill();
+    drop_on_prefill();  // its writes are over once it answers this
+    if (into_pool && !d.dead) {
+      // The blocks the attention worker placed, held until now: no write of
+      // this transfer can come any more (the request goes elsewhere below).
+      auto c = ask(d, control::Cancel{id}, std::chrono::milliseconds(c_.timeout_ms),
+                   "did not answer a cancel");
+      if (!c.ok() && !d.dead) return c.status();
+    }
     fall_back(id, why.empty() ? std::string("an unexpected answer") : why);
     return ok_status();
   }
