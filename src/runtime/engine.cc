@@ -249,15 +249,6 @@ Status Engine::add_prefilled(PrefilledSequence s) {
 
 StatusOr<std::optional<PlacedKv>> Engine::place_prefilled(PrefilledSequence s, int64_t kv_bytes) {
   MSI_ASSIGN_OR_RETURN(Running run, check_prefilled(s, kv_bytes));
-  // As admission does: the blocks of the running sequences' next step and
-  // the watermark stay free.
-  const int64_t watermark = std::max<int64_t>(1, kv_.total_blocks() / 100);
-  int64_t next_step = 0;
-  for (const Running& r : running_) {
-    const int64_t len = static_cast<int64_t>(r.tokens.size());
-    next_step += kv_.blocks_to_take(r.seq, std::min(len, r.computed + options_.max_step_tokens),
-                                    r.computed, len);
-  }
   // The blocks of its positions that the prefix cache holds need not come
   // (a sliding layer group's window would need more care: none skipped);
   // those no table holds count as free until taken.
@@ -266,8 +257,8 @@ StatusOr<std::optional<PlacedKv>> Engine::place_prefilled(PrefilledSequence s, i
     skip = kv_.cached_prefix_blocks(run.tokens.data(), run.computed, &evictable);
   }
   const int64_t need = kv_.transfer_blocks(run.computed) - skip + evictable;
-  if (!waiting_.empty() || need + next_step + watermark > kv_.free_blocks()) {
-    return std::optional<PlacedKv>();  // the queue first; or no room now
+  if (!waiting_.empty() || need + blocks_kept_free() > kv_.free_blocks()) {
+    return std::optional<PlacedKv>();  // the queue first; or no room now, as admission counts
   }
   if (skip > 0) {
     if (kv_.match_prefix(run.seq, run.tokens.data(), run.computed) != skip * kv_.block_size() ||
@@ -313,6 +304,16 @@ bool Engine::admit_prefilled(Running& r, int64_t reserved) {
   return true;
 }
 
+int64_t Engine::blocks_kept_free() const {
+  const int64_t chunk = options_.max_step_tokens;
+  int64_t next_step = 0;
+  for (const Running& r : running_) {
+    const int64_t len = static_cast<int64_t>(r.tokens.size());
+    next_step += kv_.blocks_to_take(r.seq, std::min(len, r.computed + chunk), r.computed, len);
+  }
+  return next_step + std::max<int64_t>(1, kv_.total_blocks() / 100);  // the watermark
+}
+
 // First come, first served: a request is admitted when the blocks of every
 // token it must compute are free beyond what the running requests take in the
 // next step (a decode whose token starts a new block; a prompt's next chunk in
@@ -325,17 +326,12 @@ bool Engine::admit_prefilled(Running& r, int64_t reserved) {
 // recently admitted (plan_step).
 void Engine::admit() {
   if (waiting_.empty()) return;
-  const int64_t watermark = std::max<int64_t>(1, kv_.total_blocks() / 100);
   const int64_t chunk = options_.max_step_tokens;
-  int64_t next_step = 0;
-  for (const Running& r : running_) {
-    const int64_t len = static_cast<int64_t>(r.tokens.size());
-    next_step += kv_.blocks_to_take(r.seq, std::min(len, r.computed + chunk), r.computed, len);
-  }
+  const int64_t kept_free = blocks_kept_free();
   while (!waiting_.empty()) {
     Running& r = waiting_.front();
     if (!r.kv_import.empty()) {
-      if (!admit_prefilled(r, next_step + watermark)) break;
+      if (!admit_prefilled(r, kept_free)) break;
       running_.push_back(std::move(r));
       waiting_.pop_front();
       continue;
@@ -344,7 +340,7 @@ void Engine::admit() {
     // Cached blocks it shares cost nothing, unless no one holds them: then
     // they count as free now and stop being free once it takes them.
     const int64_t need = kv_.blocks_to_start(r.tokens.data(), len, chunk, nullptr);
-    if (!running_.empty() && need + next_step + watermark > kv_.free_blocks()) break;
+    if (!running_.empty() && need + kept_free > kv_.free_blocks()) break;
     r.computed = kv_.match_prefix(r.seq, r.tokens.data(), len);
     if (!kv_.reserve(r.seq, std::min(len, r.computed + chunk), r.computed, len).ok()) {
       kv_.release(r.seq);

@@ -187,7 +187,8 @@ struct AddPrefilled {
 // Attention worker: the K/V of AddPrefilled's sequence (id, index) are being
 // written; wait for immediate `imm`, then decode it (Engine::
 // commit_prefilled, or from the staging region Engine::add_prefilled).
-// Answer: Added, or Refused with the blocks freed (nothing came in time).
+// Answer: Added, or Refused (nothing came in time; placed blocks stay held
+// until the router's Cancel, once the prefill worker can write no more).
 struct CommitKv {
   int64_t id = 0;
   int index = 0;

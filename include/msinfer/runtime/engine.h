@@ -291,6 +291,9 @@ class Engine {
   Engine(std::shared_ptr<const model::ModelWeights> w, KvCache kv, const EngineOptions& o,
          std::unique_ptr<AttentionCompute> attention, std::unique_ptr<ExpertBackend> experts);
   void admit();
+  // Blocks admission leaves free: what the running sequences take in their
+  // next step, plus a watermark of 1% of the pool (admit()).
+  int64_t blocks_kept_free() const;
   // Takes blocks for this step's tokens of every running request, preempting
   // the most recently admitted ones when the pool runs out; returns
   // (running_ index, tokens to feed) per request that runs this step.
