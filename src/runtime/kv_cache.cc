@@ -507,18 +507,15 @@ int64_t KvCache::transfer_bytes(int64_t tokens) const {
 // table entry; a fresh pool hands out consecutive blocks, so one layer's
 // entries are mostly one run.
 template <typename Visit>
-void KvCache::walk_transfer(const std::vector<std::vector<int32_t>>& table, int64_t tokens,
-                            int64_t pool_blocks, Visit visit, int64_t skip) const {
+void KvCache::walk_transfer(const std::vector<std::vector<int32_t>>& entries, int64_t pool_blocks,
+                            Visit visit) const {
   const int64_t block = block_size_ * slot_elems_ * static_cast<int64_t>(sizeof(bf16));
   for (int g = 0; g < groups(); ++g) {
-    const std::vector<int32_t>& t = table[static_cast<size_t>(g)];
-    const int64_t first = std::max(first_needed(g, tokens), skip), end = blocks_for(tokens);
     for (int j = 0; j < group_layers_; ++j) {
       for (int p = 0; p < kv_pools_; ++p) {
         const int64_t pool_at = (static_cast<int64_t>(p) * group_layers_ + j) * pool_blocks * block;
-        for (int64_t i = first; i < end; ++i) {
-          const int32_t b = t[static_cast<size_t>(i)];
-          MSI_CHECK(b != kFreed) << "block " << i << " of layer group " << g << " was released";
+        for (const int32_t b : entries[static_cast<size_t>(g)]) {
+          MSI_CHECK(b != kFreed) << "a block of layer group " << g << " was released";
           visit(pool_at + b * block, block);
         }
       }
@@ -539,11 +536,10 @@ const KvCache::Table& KvCache::transfer_source(int64_t id, int64_t tokens) const
 
 void KvCache::export_kv(int64_t id, int64_t tokens, uint8_t* out) const {
   MSI_CHECK(host_pools()) << "export_kv needs the K/V pools in this process";
-  walk_transfer(transfer_source(id, tokens).blocks, tokens, num_blocks_,
-                [&](int64_t at, int64_t bytes) {
-                  std::memcpy(out, pool_data() + at, static_cast<size_t>(bytes));
-                  out += bytes;
-                });
+  walk_transfer(transfer_table(id, tokens), num_blocks_, [&](int64_t at, int64_t bytes) {
+    std::memcpy(out, pool_data() + at, static_cast<size_t>(bytes));
+    out += bytes;
+  });
 }
 
 Status KvCache::import_kv(int64_t id, int64_t tokens, const uint8_t* data, int64_t size) {
@@ -554,7 +550,7 @@ Status KvCache::import_kv(int64_t id, int64_t tokens, const uint8_t* data, int64
                             std::to_string(tokens < 1 ? 0 : transfer_bytes(tokens)));
   }
   MSI_RETURN_IF_ERROR(place_kv(id, tokens));
-  walk_transfer(tables_.at(id).blocks, tokens, num_blocks_, [&](int64_t at, int64_t bytes) {
+  walk_transfer(transfer_table(id, tokens), num_blocks_, [&](int64_t at, int64_t bytes) {
     std::memcpy(pool_data() + at, data, static_cast<size_t>(bytes));
     data += bytes;
   });
@@ -611,9 +607,6 @@ StatusOr<std::vector<KvCache::Span>> KvCache::transfer_spans(
                             std::to_string(blocks_for(tokens)) +
                             (sliding_ ? " (sliding layer groups skip none)" : ""));
   }
-  // walk_transfer reads entries [first_needed, blocks_for) of a full table:
-  // give it one whose leading entries are placeholders.
-  std::vector<std::vector<int32_t>> full(table.size());
   for (int g = 0; g < groups(); ++g) {
     const auto& t = table[static_cast<size_t>(g)];
     const int64_t first = std::max(first_needed(g, tokens), skip);
@@ -628,20 +621,15 @@ StatusOr<std::vector<KvCache::Span>> KvCache::transfer_spans(
                                 std::to_string(pool_blocks));
       }
     }
-    full[static_cast<size_t>(g)].assign(static_cast<size_t>(first), 0);
-    full[static_cast<size_t>(g)].insert(full[static_cast<size_t>(g)].end(), t.begin(), t.end());
   }
   std::vector<Span> spans;
-  walk_transfer(
-      full, tokens, pool_blocks,
-      [&](int64_t at, int64_t bytes) {
-        if (!spans.empty() && spans.back().offset + spans.back().bytes == at) {
-          spans.back().bytes += bytes;
-        } else {
-          spans.push_back(Span{at, bytes});
-        }
-      },
-      skip);
+  walk_transfer(table, pool_blocks, [&](int64_t at, int64_t bytes) {
+    if (!spans.empty() && spans.back().offset + spans.back().bytes == at) {
+      spans.back().bytes += bytes;
+    } else {
+      spans.push_back(Span{at, bytes});
+    }
+  });
   return spans;
 }
 

@@ -306,13 +306,13 @@ class KvCache {
   // Entries group g's table reaches for reserve(.., tokens, .., hold_to).
   int64_t entries_needed(int g, int64_t tokens, int64_t hold_to) const;
   // Calls visit(offset in the pool memory of a cache with `pool_blocks`
-  // blocks, bytes) for every block of one pool a transfer of `tokens`
-  // positions moves, in export_kv's order: per group, per layer of the
-  // group, K then V, the table's entries from max(first needed, skip) on
-  // (so that a fresh pool's consecutive blocks make one run).
+  // blocks, bytes) for every block of one pool that a transfer of `entries`
+  // (transfer_table: the blocks it moves, per group) moves, in export_kv's
+  // order: per group, per layer of the group, K then V, the entries (so
+  // that a fresh pool's consecutive blocks make one run).
   template <typename Visit>
-  void walk_transfer(const std::vector<std::vector<int32_t>>& table, int64_t tokens,
-                     int64_t pool_blocks, Visit visit, int64_t skip = 0) const;
+  void walk_transfer(const std::vector<std::vector<int32_t>>& entries, int64_t pool_blocks,
+                     Visit visit) const;
   // Sequence id's table, checked to hold the positions [0, tokens).
   const Table& transfer_source(int64_t id, int64_t tokens) const;
   // A block for a new use (refs 1): an unregistered free one, else the least
