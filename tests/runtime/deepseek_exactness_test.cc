@@ -30,7 +30,10 @@ void expect_matches_reference(const std::string& dir, const std::string& label) 
 class DeepSeekExactnessTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DeepSeekExactnessTest, LogitsAndGreedyTokensMatchTheReference) {
-  if (!testing::have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch and numpy not found";
+  if (const std::string why = testing::reference_unavailable("deepseek_reference.py");
+      !why.empty()) {
+    GTEST_SKIP() << why;
+  }
   expect_matches_reference(testing::test_model_dir(GetParam()), GetParam());
 }
 
@@ -38,7 +41,10 @@ TEST_P(DeepSeekExactnessTest, LogitsAndGreedyTokensMatchTheReference) {
 // are not powers of two (nor multiples of the fp8 block, so every weight has
 // partial 128x128 blocks), 12 experts in 3 groups of which 2 are kept, top-3.
 TEST(DeepSeekOddShapesTest, LogitsAndGreedyTokensMatchTheReference) {
-  if (!testing::have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch and numpy not found";
+  if (const std::string why = testing::reference_unavailable("deepseek_reference.py");
+      !why.empty()) {
+    GTEST_SKIP() << why;
+  }
   model::MakeModelOptions o;
   o.preset = "tiny-deepseek-v3";
   o.out_dir = (fs::path(::testing::TempDir()) / "deepseek_odd").string();

@@ -49,7 +49,10 @@ void expect_matches_reference(const std::string& dir, const std::string& label) 
 }
 
 TEST(Glm4MoeExactnessTest, TinyPresetMatchesTheReference) {
-  if (!testing::have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch and numpy not found";
+  if (const std::string why = testing::reference_unavailable("glm4_moe_reference.py");
+      !why.empty()) {
+    GTEST_SKIP() << why;
+  }
   expect_matches_reference(testing::test_model_dir("tiny-glm4-moe", /*seed=*/3), "tiny-glm4-moe");
 }
 
@@ -66,7 +69,10 @@ void PrintTo(const OddShape& s, std::ostream* os) { *os << s.name; }
 class Glm4MoeOddShapesTest : public ::testing::TestWithParam<OddShape> {};
 
 TEST_P(Glm4MoeOddShapesTest, MatchesTheReference) {
-  if (!testing::have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch and numpy not found";
+  if (const std::string why = testing::reference_unavailable("glm4_moe_reference.py");
+      !why.empty()) {
+    GTEST_SKIP() << why;
+  }
   model::MakeModelOptions o;
   o.preset = "tiny-glm4-moe";
   o.out_dir = (fs::path(::testing::TempDir()) / ("glm_" + GetParam().name)).string();

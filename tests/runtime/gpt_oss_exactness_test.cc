@@ -31,7 +31,10 @@ void expect_matches_reference(const std::string& dir, const std::string& label) 
 }
 
 TEST(GptOssExactnessTest, TinyPresetMatchesTheReference) {
-  if (!testing::have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch and numpy not found";
+  if (const std::string why = testing::reference_unavailable("gpt_oss_reference.py");
+      !why.empty()) {
+    GTEST_SKIP() << why;
+  }
   expect_matches_reference(testing::test_model_dir("tiny-gpt-oss"), "tiny-gpt-oss");
 }
 
@@ -58,7 +61,10 @@ std::string odd_shapes_dir() {
 }
 
 TEST(GptOssExactnessTest, OddShapesMatchTheReference) {
-  if (!testing::have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch and numpy not found";
+  if (const std::string why = testing::reference_unavailable("gpt_oss_reference.py");
+      !why.empty()) {
+    GTEST_SKIP() << why;
+  }
   expect_matches_reference(odd_shapes_dir(), "odd shapes");
 }
 
@@ -224,7 +230,10 @@ WindowRun run_window(const std::string& dir, const std::vector<int32_t>& prompt,
 // the sliding layers hold at most the window's blocks (8 positions: 3 blocks
 // of 4) after every step.
 TEST(GptOssExactnessTest, SlidingLayersHoldOnlyTheirWindowAndStayExact) {
-  if (!testing::have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch and numpy not found";
+  if (const std::string why = testing::reference_unavailable("gpt_oss_reference.py");
+      !why.empty()) {
+    GTEST_SKIP() << why;
+  }
   const std::string dir = window8_dir();
   std::vector<int32_t> prompt;
   for (int i = 0; i < 40; ++i) prompt.push_back((i * 37 + 11) % 200);

@@ -150,6 +150,20 @@ inline bool have_torch() {
               .empty();
 }
 
+// Why a model's own reference (tests/runtime/<script>) cannot run here, or
+// "" when it can: the script's --check exits 77 with the reason when the
+// published implementation's checkout or /usr/bin/python3's torch and numpy
+// are missing (any other exit is a test failure). The script looks for the checkout before it
+// imports torch, so a skip costs a Python start rather than torch's import.
+inline std::string reference_unavailable(const std::string& script) {
+  const std::string out =
+      msinfer::testing::run_capture("/usr/bin/python3 '" + std::string(MSINFER_SOURCE_DIR) +
+                                    "/tests/runtime/" + script + "' --check 2>&1; echo \" rc=$?\"");
+  if (out.find(" rc=0") != std::string::npos) return "";
+  if (out.find(" rc=77") == std::string::npos) ADD_FAILURE() << script << " --check: " << out;
+  return out;
+}
+
 // The PyTorch reference's greedy run: tokens[i] and logits[i] for step i
 // (step 0 after the prompt, step i after feeding token i - 1).
 struct TorchReference {
