@@ -1,9 +1,11 @@
 #include "msinfer/core/json.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <fstream>
+#include <thread>
 
 namespace msinfer {
 namespace {
@@ -30,6 +32,35 @@ TEST(JsonTest, WriteThenReadRoundTrips) {
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(*back, j);
   std::remove(path.c_str());
+}
+
+// A regular file is read in one piece of its size; what has no size (a
+// pipe), nothing (an empty file) or is no file (a directory) still reads as
+// before: the pipe to its end, the others as invalid JSON naming the path.
+TEST(JsonTest, ReadsFilesPipesAndRefusesWhatIsNoJson) {
+  const std::string dir = ::testing::TempDir();
+  Json big = Json::object();
+  for (int i = 0; i < 20000; ++i) big["token" + std::to_string(i)] = i;  // ~330 KB
+  ASSERT_TRUE(write_json_file(dir + "/big.json", big).ok());
+  auto back = read_json_file(dir + "/big.json");
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(*back, big);
+
+  const std::string fifo = dir + "/pipe.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::thread writer([&] { std::ofstream(fifo) << big.dump(); });
+  auto piped = read_json_file(fifo);
+  writer.join();
+  ASSERT_TRUE(piped.ok()) << piped.status().to_string();
+  EXPECT_EQ(*piped, big);
+
+  std::ofstream(dir + "/empty.json").close();
+  for (const std::string& bad : {dir + "/empty.json", dir}) {
+    auto r = read_json_file(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find(bad + ": not valid JSON"), std::string::npos)
+        << r.status().message();
+  }
 }
 
 TEST(JsonFieldsTest, TypedFieldsAndErrorsNameWhereAndKey) {
