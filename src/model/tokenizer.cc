@@ -321,16 +321,19 @@ StatusOr<Tokenizer> Tokenizer::from_json(const Json& j, const Json* config,
     return model.field_error("vocab", "must be an object of token -> id");
   }
   int32_t max_id = -1;
-  for (const auto& [tok, id] : j["model"]["vocab"].items()) {
+  const Json& vocab = j["model"]["vocab"];
+  m.vocab.reserve(vocab.size() + 1024);  // + added tokens: no rehash on the way
+  for (const auto& [tok, id] : vocab.items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (1 << 24)) {
       return invalid_argument(source + ": model.vocab['" + tok + "'] must be an id in 0..2^24");
     }
-    m.vocab[tok] = static_cast<int32_t>(id.get<int64_t>());
+    m.vocab.insert_or_assign(tok, static_cast<int32_t>(id.get<int64_t>()));
     max_id = std::max(max_id, static_cast<int32_t>(id.get<int64_t>()));
   }
   if (model.has("merges")) {
     const Json& merges = j["model"]["merges"];
     if (!merges.is_array()) return model.field_error("merges", "must be a list");
+    m.merge_rank.reserve(merges.size());
     for (size_t i = 0; i < merges.size(); ++i) {
       std::string key;
       if (merges[i].is_string()) {
