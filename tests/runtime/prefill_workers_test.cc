@@ -303,14 +303,16 @@ TEST(PrefillWorkersTest, BlocksTheAttentionWorkersCacheHoldsAreNotSent) {
 // second long prompt's blocks are not free when its K/V come, so they go
 // through the staging region when it holds them, and otherwise the request
 // is prefilled again on the attention worker; either way the tokens are
-// the co-located engine's.
+// the co-located engine's. The first decodes 500 tokens, longer than
+// the second's prefill takes: with 200, under ASan on a busy CI machine, it
+// once finished before the second's K/V came, and both went into the pool.
 TEST(PrefillWorkersTest, KvWithoutRoomInThePoolGoThroughTheStagingRegionOrFallBack) {
   const std::string dir = testing::test_model_dir("tiny-mixtral");
   const int64_t block = block_bytes(dir);
   std::vector<GenerationRequest> rs = requests(256);
   rs.resize(2);
-  rs[0].prompt.resize(2000, 9);  // 16 blocks, 18 with its 200 tokens
-  rs[0].sampling.max_tokens = 200;
+  rs[0].prompt.resize(2000, 9);  // 16 blocks, 20 with its 500 tokens
+  rs[0].sampling.max_tokens = 500;
   rs[1].prompt.resize(1900, 11);  // 15 blocks (+1 watermark): not free beside the first
   const auto expected = colocated(dir, rs);
   for (const bool staging_holds_it : {true, false}) {
