@@ -60,6 +60,9 @@ std::map<int64_t, std::vector<int32_t>> colocated(const std::string& dir,
   for (int g = 0; !(*e)->idle() && g < 1000; ++g) {
     for (const auto& ev : (*e)->step().value()) out[ev.request_id].push_back(ev.token);
   }
+  // A request longer than the steps would be cut short here and differ from
+  // the deployment's for that reason alone.
+  EXPECT_TRUE((*e)->idle()) << "the co-located run stopped at its 1,000 steps";
   return out;
 }
 
