@@ -1,6 +1,7 @@
 #include "msinfer/kernels/cpu/gemm.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include "test_util.h"
 
@@ -30,6 +31,33 @@ TEST(GemmTest, PackedMatchesReferenceOverOddShapes) {
       }
     }
   }
+}
+
+// Weights packed by one thread count and run by another. oneDNN (the amx
+// level's GEMM) picks its packed layout by M and by thread count: on an AMX
+// CPU with two threads, N = 64 gets one layout at M < 8 and another from 8 on,
+// so every M must run on the layout the weights were packed in (the engine's
+// workers aborted on it at M = 8 before).
+TEST(GemmTest, WeightsPackedAtOneThreadCountRunAtAnother) {
+  const int threads = omp_get_max_threads();
+  for (auto [pack_threads, run_threads] : {std::pair<int, int>{1, 2}, {2, 1}, {2, 2}}) {
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{64, 64}, {64, 128}, {96, 256}}) {
+      auto w = randn_bf16(n * k, 7 + n + k);
+      omp_set_num_threads(pack_threads);
+      auto p = PackedLinear::pack(w.data(), n, k);
+      ASSERT_TRUE(p.ok()) << p.status().to_string();
+      omp_set_num_threads(run_threads);
+      for (int64_t m : {1, 4, 8, 16, 32, 64, 128}) {
+        auto x = randn(m * k, 300 + m);
+        std::vector<float> y(m * n, -1.f), ref(m * n);
+        p->forward(x.data(), m, y.data());
+        linear_reference(w.data(), n, k, x.data(), m, ref.data());
+        EXPECT_LT(rel_err(y, ref), 1e-5) << "packed by " << pack_threads << " thread(s), run by "
+                                         << run_threads << ": n=" << n << " k=" << k << " m=" << m;
+      }
+    }
+  }
+  omp_set_num_threads(threads);
 }
 
 TEST(GemmTest, BucketsArePowersOfTwoThenMultiplesOf64) {

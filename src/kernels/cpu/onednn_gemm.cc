@@ -25,9 +25,11 @@ dnnl::engine& engine() {
   return *e;
 }
 
-dnnl::matmul::primitive_desc make_pd(int64_t m, int64_t n, int64_t k) {
+// `weights`: the packed layout the primitive must read (null: oneDNN picks).
+dnnl::matmul::primitive_desc make_pd(int64_t m, int64_t n, int64_t k,
+                                     const memory::desc* weights = nullptr) {
   memory::desc src({m, k}, dt::bf16, tag::ab);
-  memory::desc wei({k, n}, dt::bf16, tag::any);
+  memory::desc wei = weights ? *weights : memory::desc({k, n}, dt::bf16, tag::any);
   memory::desc dst({m, n}, dt::f32, tag::ab);
   return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, dst), engine());
 }
@@ -45,10 +47,18 @@ class PrimitiveCache {
     auto key = std::make_tuple(m, n, k);
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
-    auto pd = make_pd(m, n, k);
-    MSI_CHECK(pd.weights_desc() == packed)
-        << "oneDNN chose a different weight layout for M = " << m << " (N = " << n << ", K = " << k
-        << "); the packed layout is assumed independent of M";
+    // The weights were packed once, in the layout oneDNN picks for M = 1;
+    // every M reads that layout. Left to choose, oneDNN 2.6 picks by M and
+    // thread count: on an AMX CPU with two threads, N = 64 gets 64-column
+    // blocks at M < 8 (avx512_core_bf16) and 32-column ones from M = 8 on
+    // (AMX), and the AMX kernel takes the 64-column layout as well.
+    dnnl::matmul::primitive_desc pd;
+    try {
+      pd = make_pd(m, n, k, &packed);
+    } catch (const dnnl::error& e) {
+      MSI_CHECK(false) << "oneDNN has no bf16 matmul for M = " << m << " (N = " << n
+                       << ", K = " << k << ") on the weights' packed layout: " << e.what();
+    }
     dnnl::matmul prim(pd);
     cache_.emplace(key, prim);
     return prim;
