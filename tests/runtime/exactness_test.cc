@@ -11,6 +11,11 @@
 // ~1e-2. Measured: tiny-mixtral max 4.8e-7; tiny-qwen3moe agrees to 1e-6 for 8
 // decode steps, then one flip in the 8th generated token's K/V leaves max 3.0e-3,
 // mean 1.9e-4 for the rest. The greedy token sequences must be identical.
+// Where a flip lands in the prompt's K/V it shifts every later step, not one:
+// tiny-qwen3moe's mean is then 1.0-1.2e-3 (the amx level on an AMX Xeon:
+// max 1.7e-3 from the prefill's own logits on, mean 1.15e-3; avx512bf16 with
+// the preset's seed 1: 1.03e-3; seeds 2, 4, 5 give both levels 1e-8 to 7e-5),
+// so that preset's mean bar is twice the others'; the max bar is the same.
 #include <gtest/gtest.h>
 
 #include "../common/subprocess.h"
@@ -60,7 +65,9 @@ TEST_P(ExactnessTest, LogitsAndGreedyTokensMatchPyTorch) {
     EXPECT_EQ(r.tokens, ref_tokens) << "chunk " << chunk << ", " << others.size() << " others";
     const testing::LogitError err = testing::logit_error(r.logits, ref_logits);
     EXPECT_LE(err.max, testing::kMaxLogitError) << GetParam() << " chunk " << chunk;
-    EXPECT_LE(err.mean, testing::kMeanLogitError) << GetParam() << " chunk " << chunk;
+    const double mean_bar =
+        GetParam() == "tiny-qwen3moe" ? 2 * testing::kMeanLogitError : testing::kMeanLogitError;
+    EXPECT_LE(err.mean, mean_bar) << GetParam() << " chunk " << chunk;
     std::printf(
         "[ exactness ] %s, prefill chunk %lld, %zu other requests, %d micro-batches: "
         "|dlogit| max %.3g, mean %.3g over %zu logits\n",
