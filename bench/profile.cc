@@ -123,6 +123,7 @@ Json ProfileResult::to_json(const ProfileOptions& o) const {
               {"device", o.device},
               {"attention_points_ms", pts(attention)},
               {"expert_points_ms", pts(expert)},
+              {"attention_next_points_ms", pts(attention_next)},
               {"expert_next_points_ms", pts(expert_next)},
               {"head_points_ms", pts(head)},
               {"fit",
@@ -145,11 +146,13 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
   const ModelConfig& c = weights->config();
   int64_t max_ba = 0;
   for (int64_t b : o.attention_batches) max_ba = std::max(max_ba, b);
-  const int64_t need = max_ba * (o.seq_len + 1) * runtime::KvCache::bytes_per_token(c);
+  // Two micro-batches of the largest b_a (the attention walk below).
+  const int64_t need = 2 * max_ba * (o.seq_len + 1) * runtime::KvCache::bytes_per_token(c);
   if (need > (o.kv_cache_mb << 20)) {
-    return resource_exhausted("profile needs " + std::to_string(need >> 20) +
-                              " MiB of KV cache for b_a = " + std::to_string(max_ba) + " at " +
-                              std::to_string(o.seq_len) + " tokens; raise --kv-cache-mb");
+    return resource_exhausted(
+        "profile needs " + std::to_string(need >> 20) +
+        " MiB of KV cache for two micro-batches of b_a = " + std::to_string(max_ba) + " at " +
+        std::to_string(o.seq_len) + " tokens; raise --kv-cache-mb");
   }
   MSI_ASSIGN_OR_RETURN(runtime::KvCache kv,
                        runtime::KvCache::create(c, o.kv_cache_mb << 20, /*block_size=*/16,
@@ -169,28 +172,56 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
   }
   if (moe_layers.empty()) return invalid_argument(c.name + ": no MoE layer to profile");
   const int n_moe = static_cast<int>(moe_layers.size());
+  // The attention stage as a deployment runs it (docs/PLANNER.md 8): a walk
+  // over the MoE layers in which each layer's stage runs for one micro-batch
+  // (the first: since this layer's weights last ran, everything else the step
+  // reads went through the caches, here the other layers' attention and the
+  // layer's experts, untimed, as the expert worker streams them between two
+  // stages) and then for a second micro-batch of as many other requests right
+  // after it (a later micro-batch: it finds what of the layer's weights the
+  // first left in the caches). A point is the median per call over the walks.
   for (int64_t b : o.attention_batches) {
-    runtime::TokenBatch batch;
-    for (int64_t i = 0; i < b; ++i) {
-      MSI_RETURN_IF_ERROR(kv.reserve(i, o.seq_len + 1));
-      batch.ids.push_back(static_cast<int32_t>(i % c.vocab));
-      batch.positions.push_back(static_cast<int32_t>(o.seq_len));
-      for (int g = 0; g < kv.groups(); ++g) batch.tables_of(g).push_back(kv.block_table(i, g));
+    runtime::TokenBatch mb[2];
+    for (int k = 0; k < 2; ++k) {
+      for (int64_t i = k * b; i < (k + 1) * b; ++i) {
+        MSI_RETURN_IF_ERROR(kv.reserve(i, o.seq_len + 1));
+        mb[k].ids.push_back(static_cast<int32_t>(i % c.vocab));
+        mb[k].positions.push_back(static_cast<int32_t>(o.seq_len));
+        for (int g = 0; g < kv.groups(); ++g) mb[k].tables_of(g).push_back(kv.block_table(i, g));
+      }
     }
     x.assign(b * c.hidden, 0.01f);
-    int layer = 0;  // index into moe_layers
-    const double s = one_point(
-        [&] {
-          MSI_CHECK(attn->attention_and_gate(moe_layers[layer], batch, kv, x.data(), &routed).ok());
-          results.assign(routed.rows() * c.hidden, 0.f);
-          attn->combine(routed, results.data(), x.data());
-          std::fill(x.begin(), x.end(), 0.01f);  // keep activations bounded
-          layer = (layer + 1) % n_moe;
-        },
-        o.min_seconds);
+    std::vector<float> rows(c.hidden, 0.01f), out(c.hidden);
+    auto stage = [&](int l, const runtime::TokenBatch& batch) {
+      const auto t0 = std::chrono::steady_clock::now();
+      MSI_CHECK(attn->attention_and_gate(l, batch, kv, x.data(), &routed).ok());
+      results.assign(routed.rows() * c.hidden, 0.f);
+      attn->combine(routed, results.data(), x.data());
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::fill(x.begin(), x.end(), 0.01f);  // keep activations bounded
+      return s;
+    };
+    std::vector<double> first, next;
+    const auto t0 = std::chrono::steady_clock::now();
+    do {
+      for (int l : moe_layers) {
+        first.push_back(stage(l, mb[0]));
+        next.push_back(stage(l, mb[1]));
+        for (int e = 0; e < c.experts; ++e) {
+          MSI_CHECK(experts->forward_group(l, {e}, {0, 1}, rows.data(), out.data()).ok());
+        }
+      }
+    } while (first.size() < 3 * moe_layers.size() ||
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() <
+                 o.min_seconds);
+    const double s = internal::median(std::move(first));
+    const double sn = internal::median(std::move(next));
     r.attention.emplace_back(static_cast<double>(b), s);
-    for (int64_t i = 0; i < b; ++i) kv.release(i);
-    if (progress) progress("T_a(b_a = " + std::to_string(b) + ") = " + std::to_string(s * 1e3) + " ms");
+    r.attention_next.emplace_back(static_cast<double>(b), sn);
+    for (int64_t i = 0; i < 2 * b; ++i) kv.release(i);
+    if (progress)
+      progress("T_a(b_a = " + std::to_string(b) + ") = " + std::to_string(s * 1e3) +
+               " ms, next micro-batch = " + std::to_string(sn * 1e3) + " ms");
   }
   for (int64_t b : o.expert_batches) {
     std::vector<float> rows(b * c.hidden, 0.01f), out(b * c.hidden);

@@ -76,6 +76,7 @@ StatusOr<CpuProfile> parse_cpu_profile(const Json& j, const std::string& source)
   MSI_ASSIGN_OR_RETURN(p.expert_points, read_points(f, "expert_points_ms"));
   MSI_ASSIGN_OR_RETURN(p.head_points, read_points(f, "head_points_ms"));
   MSI_ASSIGN_OR_RETURN(p.expert_next_points, read_points(f, "expert_next_points_ms"));
+  MSI_ASSIGN_OR_RETURN(p.attention_next_points, read_points(f, "attention_next_points_ms"));
   MSI_ASSIGN_OR_RETURN(int64_t threads, f.integer_or("threads", 1));
   if (threads < 1 || threads > 4096) return f.field_error("threads", "must be in 1..4096");
   p.threads = static_cast<int>(threads);
@@ -197,7 +198,19 @@ CpuPrediction predict_cpu(const CpuSearchOptions& o, const CpuDeployment& d) {
   p.k2 = fa.intercept * sa * p.share_factor_attention;
   p.k3 = fe.slope * se * p.share_factor_expert;
   p.k4 = fe.intercept * se * p.share_factor_expert;
-  p.t_attention = p.k1 * b_a + p.k2;
+  // The first micro-batch of a layer finds the layer's attention weights
+  // gone from the caches (the rest of the step streamed through since); a
+  // later one runs right after it and finds part of them: the profile's
+  // next-micro-batch points. As for T_e below, the pipeline's one T_a per
+  // stage is the mean over the m micro-batches (--global-fit: the first's).
+  const double t_first = p.k1 * b_a + p.k2;
+  double t_next = t_first;
+  if (d.micro_batches >= 2 && o.local_fit && !pr.attention_next_points.empty()) {
+    const LinearFit fn = local_fit(pr.attention_next_points, b_a, fa);
+    t_next = (fn.slope * b_a + fn.intercept) * sa * p.share_factor_attention;
+  }
+  p.t_attention_first = t_first;
+  p.t_attention_next = t_next;
   // A dense layer is an attention stage whose FFN is the dense one, on the
   // attention worker's b_a rows, with nothing on the expert side: the
   // profile times MoE layers only, so its FFN is the profiled expert FFN's
@@ -213,10 +226,12 @@ CpuPrediction predict_cpu(const CpuSearchOptions& o, const CpuDeployment& d) {
         std::max<double>(0, static_cast<double>(mc.dense_ffn - mc.shared_expert_ffn) /
                                 static_cast<double>(mc.expert_ffn));
     // On the attention worker's threads: scaled as T_a is (sa), not T_e.
-    p.t_dense_layer =
-        p.t_attention + width * (ff.slope * b_a + ff.intercept) * sa * p.share_factor_attention;
-    p.t_attention += dense_layers / L * p.t_dense_layer;
+    const double ffn = width * (ff.slope * b_a + ff.intercept) * sa * p.share_factor_attention;
+    p.t_dense_layer = t_first + ffn;
+    p.t_attention_first += dense_layers / L * p.t_dense_layer;
+    p.t_attention_next += dense_layers / L * (t_next + ffn);
   }
+  p.t_attention = (p.t_attention_first + (m - 1) * p.t_attention_next) / m;
   // One FFN per expert the worker holds, one after another (expert_worker.cc);
   // a tp_expert shard computes 1/tp of each FFN's width.
   p.t_expert = x * (p.k3 * b_e + p.k4) / d.tp_expert;
@@ -385,6 +400,8 @@ Json CpuPrediction::to_json() const {
               {"t_comm_ms", t_comm * 1e3},
               {"t_head_ms", t_head * 1e3},
               {"t_dense_layer_ms", t_dense_layer * 1e3},
+              {"t_attention_first_ms", t_attention_first * 1e3},
+              {"t_attention_next_ms", t_attention_next * 1e3},
               {"t_expert_first_ms", t_expert_first * 1e3},
               {"t_expert_next_ms", t_expert_next * 1e3},
               {"layers_ms", layers_time * 1e3},

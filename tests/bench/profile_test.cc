@@ -65,6 +65,8 @@ TEST(ProfileTest, WritesAFileThePlannerReads) {
   auto r = profile_model(o);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   ASSERT_EQ(r->attention.size(), 3u);
+  ASSERT_EQ(r->attention_next.size(), 3u);  // the same batches, a later micro-batch
+  EXPECT_EQ(r->attention_next[1].first, 4.0);
   ASSERT_EQ(r->expert.size(), 3u);
   ASSERT_EQ(r->expert_next.size(), 3u);  // the same batches, a later micro-batch
   // Timings are not asserted; the fit is checked against the points it came from.
@@ -84,6 +86,8 @@ TEST(ProfileTest, WritesAFileThePlannerReads) {
   EXPECT_DOUBLE_EQ(cp->group_cores, r->group_cores);
   ASSERT_EQ(cp->expert_next_points.size(), 3u);
   EXPECT_NEAR(cp->expert_next_points[2].second, r->expert_next[2].second, 1e-12);
+  ASSERT_EQ(cp->attention_next_points.size(), 3u);
+  EXPECT_NEAR(cp->attention_next_points[2].second, r->attention_next[2].second, 1e-12);
   // Too small a KV budget is refused, not crashed on.
   o.kv_cache_mb = 0;
   EXPECT_EQ(profile_model(o).status().code(), StatusCode::kResourceExhausted);

@@ -191,6 +191,38 @@ TEST(CpuPlan, LaterMicroBatchesUseTheProfilesNextMicroBatchExpertTimes) {
   EXPECT_DOUBLE_EQ(predict_cpu(o, d).t_expert, predict_cpu(o, d).t_expert_first);
 }
 
+TEST(CpuPlan, LaterMicroBatchesUseTheProfilesNextMicroBatchAttentionTimes) {
+  CpuSearchOptions o = options();
+  o.local_fit = true;
+  o.profile.k2 = 20e-3;  // attention-bound: T_a 20.4 ms, T_e 8 x 1.02 ms
+  // First-micro-batch points on the line k1 b + k2, later ones at 70%.
+  for (double b : {1.0, 2.0, 4.0, 8.0}) {
+    o.profile.attention_points.emplace_back(b, o.profile.k1 * b + o.profile.k2);
+    o.profile.attention_next_points.emplace_back(b, 0.7 * (o.profile.k1 * b + o.profile.k2));
+  }
+  CpuDeployment d{1, 1, 1, 1, 1, 1, 4};
+  const CpuPrediction one = predict_cpu(o, d);
+  EXPECT_DOUBLE_EQ(one.t_attention_next, one.t_attention);  // m = 1: no later micro-batch
+  EXPECT_DOUBLE_EQ(one.t_attention_first, one.t_attention);
+  d.micro_batches = 3;
+  const CpuPrediction three = predict_cpu(o, d);
+  EXPECT_NEAR(three.t_attention_first, o.profile.k1 * 4 + o.profile.k2, 1e-12);
+  EXPECT_NEAR(three.t_attention_next, 0.7 * three.t_attention_first, 1e-12);
+  EXPECT_NEAR(three.t_attention, (1 + 2 * 0.7) / 3 * three.t_attention_first, 1e-12);
+  // The shorter stage shortens the step: the layers are attention-bound here.
+  CpuSearchOptions first_only = o;
+  first_only.profile.attention_next_points.clear();
+  EXPECT_LT(three.layers_time, predict_cpu(first_only, d).layers_time);
+  // Without the points (older profiles) or with --global-fit every
+  // micro-batch is a first one.
+  o.profile.attention_next_points.clear();
+  EXPECT_DOUBLE_EQ(predict_cpu(o, d).t_attention, predict_cpu(o, d).t_attention_first);
+  o.profile.attention_next_points.emplace_back(1.0, 0.0);
+  o.profile.attention_next_points.emplace_back(8.0, 0.0);
+  o.local_fit = false;
+  EXPECT_DOUBLE_EQ(predict_cpu(o, d).t_attention, predict_cpu(o, d).t_attention_first);
+}
+
 TEST(CpuPlan, AProfilesGroupShareIsReadAndChecked) {
   Json j = {{"k1_ms_per_token", 0.1}, {"k2_ms", 0.5},       {"k3_ms_per_token", 0.02},
             {"k4_ms", 1.0},           {"threads", 1},       {"cores", 2},

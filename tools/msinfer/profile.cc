@@ -20,16 +20,17 @@ int run_profile(int argc, char** argv) {
       "per-expert batch sizes, fits T_a = k1 b_a + k2 and T_e = k3 b_e + k4\n"
       "(docs/PLANNER.md, section 3b) and writes the file `msinfer plan --profile` reads.\n"
       "For `plan --devices cpu` (section 8) it also times the step's head (final norm,\n"
-      "LM head, greedy pick), a layer's experts run again right after (a later\n"
-      "micro-batch), and the cores this process's kernels and a group of as many busy\n"
-      "threads as the machine has cores get: run it on the machine as it will be\n"
-      "when the plan runs.");
+      "LM head, greedy pick), a layer's attention stage and experts run again right\n"
+      "after (a later micro-batch), and the cores this process's kernels and a group\n"
+      "of as many busy threads as the machine has cores get: run it on the machine\n"
+      "as it will be when the plan runs.");
   flags.add_string("model", "", "model directory");
   flags.add_string("out", "", "write the profile JSON here");
   flags.add_int("seq-len", 512, 1, 1 << 20, "context length of the decoding requests");
   flags.add_int("kv-cache-mb", 1024, 1, 1 << 20, "KV cache budget for the attention measurements");
   flags.add_double("seconds", 0.3, 0, 600,
-                   "measuring time per point (> 0): the median of 5 rounds that take it together");
+                   "measuring time per point (> 0): the median of 5 rounds that take it\n"
+                   "together (T_a: of the calls in walks over the layers that take it)");
   flags.add_bool("json", "print the profile JSON instead of tables");
   add_engine_flags(flags);
   if (auto done = parse_command_line(flags, "profile", argc, argv, 2)) return *done;

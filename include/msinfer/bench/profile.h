@@ -3,7 +3,9 @@
 // micro-batch on an attention worker: norms, QKV, attention over b_a requests of
 // `seq_len` context, O, router, fused gate, combine) and T_e = k3 b_e + k4 (one
 // expert's FFN on b_e tokens). Calls cycle through layers and experts so weights
-// stream from memory as they do in serving. The result is the file
+// stream from memory as they do in serving; the attention stage is timed in a
+// walk over the layers that streams each layer's experts between two stages,
+// as an expert worker does in a deployment. The result is the file
 // `msinfer plan --profile` reads.
 #pragma once
 
@@ -39,7 +41,11 @@ struct LinearFit {
 LinearFit fit_line(const std::vector<std::pair<double, double>>& points);
 
 struct ProfileResult {
-  std::vector<std::pair<double, double>> attention;  // (b_a, seconds)
+  // One layer's attention stage for the first micro-batch of a step (the
+  // layer's weights went through the caches since they last ran) and for a
+  // later one, right after the first on other requests.
+  std::vector<std::pair<double, double>> attention;       // (b_a, seconds)
+  std::vector<std::pair<double, double>> attention_next;  // (b_a, seconds)
   std::vector<std::pair<double, double>> expert;     // (b_e, seconds)
   // The same FFNs for a micro-batch after the first: a layer's experts run
   // again right after they ran (the caches hold part of their weights).

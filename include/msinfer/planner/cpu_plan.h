@@ -32,6 +32,9 @@ struct CpuProfile {
   // An expert's FFN in a micro-batch after the first (the layer's experts ran
   // just before; section 8); empty in profiles before it.
   std::vector<std::pair<double, double>> expert_next_points;
+  // The attention stage of a micro-batch after the first (the layer's stage
+  // ran just before on other requests); empty in profiles before it.
+  std::vector<std::pair<double, double>> attention_next_points;
   int threads = 1;
   int cores = 0;            // of the machine profiled (0: not recorded)
   double memory_bytes = 0;  // physical memory of the machine profiled (0: not recorded)
@@ -95,6 +98,8 @@ struct CpuPrediction {
   // t_expert of the first micro-batch and of each later one (equal at m = 1
   // or without the profile's next-micro-batch points); t_expert is their mean.
   double t_expert_first = 0, t_expert_next = 0;
+  // The same for t_attention (dense layers' share included).
+  double t_attention_first = 0, t_attention_next = 0;
   double layers_time = 0;                            // iteration_time over the layers (s)
   double cpu_seconds = 0;                            // CPU time all workers compute per step
   double cpu_bound = 0;        // cpu_seconds / cores: the step cannot be shorter
