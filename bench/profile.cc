@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <functional>
 #include <thread>
 
 #include "internal/timing.h"
@@ -17,15 +18,6 @@
 
 namespace msinfer::bench {
 namespace {
-
-// A profile point: the median of 5 rounds that together take `min_seconds`.
-// One long round let a burst of another process's work, or of the machine's
-// memory traffic, move a point by 15-25% between profiles a minute apart
-// (docs/PLANNER.md 8), and a local fit through two such points twice that.
-template <typename F>
-double one_point(F&& f, double min_seconds) {
-  return internal::median_seconds_per_call(f, min_seconds, /*rounds=*/5);
-}
 
 double process_cpu_s() {
   timespec ts{};
@@ -172,6 +164,22 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
   }
   if (moe_layers.empty()) return invalid_argument(c.name + ": no MoE layer to profile");
   const int n_moe = static_cast<int>(moe_layers.size());
+  // Every point is measured in kRounds rounds, and the rounds of all points
+  // are interleaved: pass p runs round p of each point in turn. A slow spell
+  // of the machine (another tenant's memory traffic on a shared host moved
+  // single points by 60% when each point's rounds ran back to back) then
+  // lands in one round of several points, which their medians drop, instead
+  // of in every round of one point.
+  constexpr int kRounds = 5;
+  const double round_s = o.min_seconds / kRounds;
+  std::vector<std::function<void()>> rounds;  // one per point; each call runs a round
+  // Per-call samples of walk-type points, and per-round means of the others.
+  struct Samples {
+    int64_t b = 0;
+    std::vector<double> times, next_times;
+  };
+  auto timed_round = [round_s](auto& f) { return internal::round_seconds_per_call(f, round_s); };
+
   // The attention stage as a deployment runs it (docs/PLANNER.md 8): a walk
   // over the MoE layers in which each layer's stage runs for one micro-batch
   // (the first: since this layer's weights last ran, everything else the step
@@ -179,113 +187,157 @@ StatusOr<ProfileResult> profile_model(const ProfileOptions& o,
   // layer's experts, untimed, as the expert worker streams them between two
   // stages) and then for a second micro-batch of as many other requests right
   // after it (a later micro-batch: it finds what of the layer's weights the
-  // first left in the caches). A point is the median per call over the walks.
-  for (int64_t b : o.attention_batches) {
-    runtime::TokenBatch mb[2];
-    for (int k = 0; k < 2; ++k) {
-      for (int64_t i = k * b; i < (k + 1) * b; ++i) {
-        MSI_RETURN_IF_ERROR(kv.reserve(i, o.seq_len + 1));
-        mb[k].ids.push_back(static_cast<int32_t>(i % c.vocab));
-        mb[k].positions.push_back(static_cast<int32_t>(o.seq_len));
-        for (int g = 0; g < kv.groups(); ++g) mb[k].tables_of(g).push_back(kv.block_table(i, g));
-      }
-    }
-    x.assign(b * c.hidden, 0.01f);
-    std::vector<float> rows(c.hidden, 0.01f), out(c.hidden);
-    auto stage = [&](int l, const runtime::TokenBatch& batch) {
-      const auto t0 = std::chrono::steady_clock::now();
-      MSI_CHECK(attn->attention_and_gate(l, batch, kv, x.data(), &routed).ok());
-      results.assign(routed.rows() * c.hidden, 0.f);
-      attn->combine(routed, results.data(), x.data());
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::fill(x.begin(), x.end(), 0.01f);  // keep activations bounded
-      return s;
-    };
-    std::vector<double> first, next;
-    const auto t0 = std::chrono::steady_clock::now();
-    do {
-      for (int l : moe_layers) {
-        first.push_back(stage(l, mb[0]));
-        next.push_back(stage(l, mb[1]));
-        for (int e = 0; e < c.experts; ++e) {
-          MSI_CHECK(experts->forward_group(l, {e}, {0, 1}, rows.data(), out.data()).ok());
+  // first left in the caches). A point is the median per call over its walks.
+  std::vector<Samples> attention(o.attention_batches.size());
+  std::vector<float> one_row(c.hidden, 0.01f), one_out(c.hidden);
+  for (size_t pi = 0; pi < o.attention_batches.size(); ++pi) {
+    attention[pi].b = o.attention_batches[pi];
+    rounds.push_back([&, pi] {
+      Samples& smp = attention[pi];
+      const int64_t b = smp.b;
+      runtime::TokenBatch mb[2];
+      for (int k = 0; k < 2; ++k) {
+        for (int64_t i = k * b; i < (k + 1) * b; ++i) {
+          MSI_CHECK(kv.reserve(i, o.seq_len + 1).ok());
+          mb[k].ids.push_back(static_cast<int32_t>(i % c.vocab));
+          mb[k].positions.push_back(static_cast<int32_t>(o.seq_len));
+          for (int g = 0; g < kv.groups(); ++g) mb[k].tables_of(g).push_back(kv.block_table(i, g));
         }
       }
-    } while (first.size() < 3 * moe_layers.size() ||
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() <
-                 o.min_seconds);
-    const double s = internal::median(std::move(first));
-    const double sn = internal::median(std::move(next));
-    r.attention.emplace_back(static_cast<double>(b), s);
-    r.attention_next.emplace_back(static_cast<double>(b), sn);
-    for (int64_t i = 0; i < 2 * b; ++i) kv.release(i);
-    if (progress)
-      progress("T_a(b_a = " + std::to_string(b) + ") = " + std::to_string(s * 1e3) +
-               " ms, next micro-batch = " + std::to_string(sn * 1e3) + " ms");
+      x.assign(b * c.hidden, 0.01f);
+      auto stage = [&](int l, const runtime::TokenBatch& batch) {
+        const auto t0 = std::chrono::steady_clock::now();
+        MSI_CHECK(attn->attention_and_gate(l, batch, kv, x.data(), &routed).ok());
+        results.assign(routed.rows() * c.hidden, 0.f);
+        attn->combine(routed, results.data(), x.data());
+        const double t =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::fill(x.begin(), x.end(), 0.01f);  // keep activations bounded
+        return t;
+      };
+      // What precedes a layer's first stage in the walk, untimed, for the
+      // walk's first layer: the last layer's stages and experts (before it
+      // ran whatever point this round follows, and the stage took 1.4x as
+      // long at b_a 1).
+      const int last = moe_layers.back();
+      stage(last, mb[0]);
+      stage(last, mb[1]);
+      for (int e = 0; e < c.experts; ++e) {
+        MSI_CHECK(experts->forward_group(last, {e}, {0, 1}, one_row.data(), one_out.data()).ok());
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      do {
+        for (int l : moe_layers) {
+          smp.times.push_back(stage(l, mb[0]));
+          smp.next_times.push_back(stage(l, mb[1]));
+          for (int e = 0; e < c.experts; ++e) {
+            MSI_CHECK(experts->forward_group(l, {e}, {0, 1}, one_row.data(), one_out.data()).ok());
+          }
+        }
+      } while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() <
+               round_s);
+      for (int64_t i = 0; i < 2 * b; ++i) kv.release(i);
+    });
   }
-  for (int64_t b : o.expert_batches) {
-    std::vector<float> rows(b * c.hidden, 0.01f), out(b * c.hidden);
-    int idx = 0;
-    const double s = one_point(
-        [&] {
-          MSI_CHECK(experts
-                        ->forward_group(moe_layers[idx / c.experts], {idx % c.experts}, {0, b},
-                                        rows.data(), out.data())
-                        .ok());
-          idx = (idx + 1) % (n_moe * c.experts);
-        },
-        o.min_seconds);
-    r.expert.emplace_back(static_cast<double>(b), s);
-    if (progress) progress("T_e(b_e = " + std::to_string(b) + ") = " + std::to_string(s * 1e3) + " ms");
+  // T_e: one expert's FFN on b_e rows, cycling through every MoE layer's
+  // experts (the per-round mean; a point is the median round).
+  std::vector<Samples> expert(o.expert_batches.size());
+  std::vector<std::vector<float>> expert_rows(o.expert_batches.size());
+  std::vector<float> expert_out;
+  for (size_t pi = 0; pi < o.expert_batches.size(); ++pi) {
+    const int64_t b = o.expert_batches[pi];
+    expert[pi].b = b;
+    expert_rows[pi].assign(b * c.hidden, 0.01f);
+    expert_out.resize(std::max<size_t>(expert_out.size(), b * c.hidden));
+    rounds.push_back([&, pi, b, idx = 0]() mutable {
+      auto f = [&] {
+        MSI_CHECK(experts
+                      ->forward_group(moe_layers[idx / c.experts], {idx % c.experts}, {0, b},
+                                      expert_rows[pi].data(), expert_out.data())
+                      .ok());
+        idx = (idx + 1) % (n_moe * c.experts);
+      };
+      if (expert[pi].times.empty()) f();  // warm-up: first touch of the buffers
+      expert[pi].times.push_back(timed_round(f));
+    });
   }
   // A micro-batch after the first: an expert worker runs a layer's experts
   // once per micro-batch, back to back (expert_worker.cc), so from the second
   // micro-batch on it finds what of the layer's weights the caches kept.
   // Timed as the runtime does it: each layer's experts twice in a row; a
   // point is the second pass's time per expert, the median over the passes.
-  for (int64_t b : o.expert_batches) {
-    std::vector<float> rows(b * c.hidden, 0.01f), out(b * c.hidden);
-    auto pass = [&](int l) {
-      for (int e = 0; e < c.experts; ++e) {
-        MSI_CHECK(experts->forward_group(l, {e}, {0, b}, rows.data(), out.data()).ok());
-      }
-    };
-    std::vector<double> second;
-    const auto t0 = std::chrono::steady_clock::now();
-    int li = 0;
-    do {
-      pass(moe_layers[li]);
-      const auto s0 = std::chrono::steady_clock::now();
-      pass(moe_layers[li]);
-      second.push_back(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count() / c.experts);
-      li = (li + 1) % n_moe;
-    } while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() <
-             o.min_seconds);
-    const double s = internal::median(std::move(second));
-    r.expert_next.emplace_back(static_cast<double>(b), s);
-    if (progress)
-      progress("T_e(b_e = " + std::to_string(b) +
-               "), next micro-batch = " + std::to_string(s * 1e3) + " ms");
+  for (size_t pi = 0; pi < o.expert_batches.size(); ++pi) {
+    const int64_t b = o.expert_batches[pi];
+    rounds.push_back([&, pi, b, li = 0]() mutable {
+      auto pass = [&](int l) {
+        for (int e = 0; e < c.experts; ++e) {
+          MSI_CHECK(
+              experts->forward_group(l, {e}, {0, b}, expert_rows[pi].data(), expert_out.data())
+                  .ok());
+        }
+      };
+      const auto t0 = std::chrono::steady_clock::now();
+      do {
+        pass(moe_layers[li]);
+        const auto s0 = std::chrono::steady_clock::now();
+        pass(moe_layers[li]);
+        expert[pi].next_times.push_back(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count() /
+            c.experts);
+        li = (li + 1) % n_moe;
+      } while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() <
+               round_s);
+    });
   }
   // The step's tail: final norm + LM head over b rows, and the greedy pick.
-  for (int64_t b : o.head_batches) {
-    std::vector<float> xs(b * c.hidden, 0.01f), lg(b * c.vocab);
-    std::vector<const float*> rows;
-    for (int64_t i = 0; i < b; ++i) rows.push_back(xs.data() + i * c.hidden);
-    int64_t picked = 0;
-    const double s = one_point(
-        [&] {
-          MSI_CHECK(attn->logits(rows, lg.data()).ok());
-          // The pick the runtime's greedy sampler makes (sampling.cc).
-          for (int64_t i = 0; i < b; ++i)
-            picked += kernels::cpu::argmax(lg.data() + i * c.vocab, c.vocab);
-        },
-        o.min_seconds);
-    asm volatile("" : : "g"(picked) : "memory");  // keeps the picks from being optimised away
-    r.head.emplace_back(static_cast<double>(b), s);
-    if (progress)
-      progress("T_head(b = " + std::to_string(b) + ") = " + std::to_string(s * 1e3) + " ms");
+  std::vector<Samples> head(o.head_batches.size());
+  std::vector<std::vector<float>> head_x(o.head_batches.size());
+  std::vector<float> head_logits;
+  int64_t picked = 0;
+  for (size_t pi = 0; pi < o.head_batches.size(); ++pi) {
+    const int64_t b = o.head_batches[pi];
+    head[pi].b = b;
+    head_x[pi].assign(b * c.hidden, 0.01f);
+    head_logits.resize(std::max<size_t>(head_logits.size(), b * c.vocab));
+    rounds.push_back([&, pi, b] {
+      std::vector<const float*> rows;
+      for (int64_t i = 0; i < b; ++i) rows.push_back(head_x[pi].data() + i * c.hidden);
+      auto f = [&] {
+        MSI_CHECK(attn->logits(rows, head_logits.data()).ok());
+        // The pick the runtime's greedy sampler makes (sampling.cc).
+        for (int64_t i = 0; i < b; ++i)
+          picked += kernels::cpu::argmax(head_logits.data() + i * c.vocab, c.vocab);
+      };
+      if (head[pi].times.empty()) f();  // warm-up
+      head[pi].times.push_back(timed_round(f));
+    });
+  }
+  for (int round = 0; round < kRounds; ++round) {
+    for (auto& run_round : rounds) run_round();
+    if (progress) {
+      progress("round " + std::to_string(round + 1) + " of " + std::to_string(kRounds) +
+               " of every point done");
+    }
+  }
+  asm volatile("" : : "g"(picked) : "memory");  // keeps the picks from being optimised away
+  auto report = [&](const std::string& what, int64_t b, double t) {
+    if (progress) progress(what + std::to_string(b) + ") = " + std::to_string(t * 1e3) + " ms");
+  };
+  for (Samples& smp : attention) {
+    r.attention.emplace_back(static_cast<double>(smp.b), internal::median(smp.times));
+    r.attention_next.emplace_back(static_cast<double>(smp.b), internal::median(smp.next_times));
+    report("T_a(b_a = ", smp.b, r.attention.back().second);
+    report("T_a, next micro-batch (b_a = ", smp.b, r.attention_next.back().second);
+  }
+  for (Samples& smp : expert) {
+    r.expert.emplace_back(static_cast<double>(smp.b), internal::median(smp.times));
+    r.expert_next.emplace_back(static_cast<double>(smp.b), internal::median(smp.next_times));
+    report("T_e(b_e = ", smp.b, r.expert.back().second);
+    report("T_e, next micro-batch (b_e = ", smp.b, r.expert_next.back().second);
+  }
+  for (Samples& smp : head) {
+    r.head.emplace_back(static_cast<double>(smp.b), internal::median(smp.times));
+    report("T_head(b = ", smp.b, r.head.back().second);
   }
   r.head_fit = fit_line(r.head);
   const double wall =

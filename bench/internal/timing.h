@@ -43,18 +43,4 @@ double seconds_per_call(F&& f, double min_seconds, int rounds = 3) {
   return best;
 }
 
-// As seconds_per_call, but the median round counts. For figures that must
-// describe the machine as it is (the planner's profile), not at its best: a
-// round that another process slowed or that ran alone is an outlier either
-// way.
-template <typename F>
-double median_seconds_per_call(F&& f, double min_seconds, int rounds) {
-  f();
-  std::vector<double> per_call;
-  for (int round = 0; round < rounds; ++round) {
-    per_call.push_back(round_seconds_per_call(f, min_seconds / rounds));
-  }
-  return median(std::move(per_call));
-}
-
 }  // namespace msinfer::bench::internal
