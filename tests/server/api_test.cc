@@ -615,10 +615,16 @@ TEST(MetricsTest, PrometheusText) {
     EXPECT_NE(kv.find(line), std::string::npos) << line << "\n" << kv;
   }
   // The process_* family of this process, as the Prometheus clients write
-  // it (no labels), with the values /proc gives.
+  // it (no labels), with the values /proc gives. /proc counts CPU time in
+  // clock ticks (10 ms), and on a fast machine this test had used less than
+  // one (the check read 0): it first uses 50 ms.
+  while (std::clock() < CLOCKS_PER_SEC / 20) {
+  }
   auto p = read_process_stats();
+  const double cpu_s = static_cast<double>(std::clock()) / CLOCKS_PER_SEC;
   ASSERT_TRUE(p.ok()) << p.status().message();
   EXPECT_GT(p->cpu_seconds, 0);
+  EXPECT_NEAR(p->cpu_seconds, cpu_s, 0.05);
   EXPECT_GT(p->resident_bytes, 1 << 20);
   EXPECT_GE(p->virtual_bytes, p->resident_bytes);
   EXPECT_GE(p->open_fds, 3);
