@@ -33,18 +33,22 @@ StatusOr<kernels::cpu::PackedLinear> random_mxfp4(int64_t n, int64_t k, uint64_t
   return kernels::cpu::PackedLinear::pack_mxfp4(blocks.data(), scales.data(), n, k);
 }
 
-// The compute roof of a row: the vdpbf16ps peak for the GEMMs (bf16 and int8
-// weights) at the levels that run them as bf16 dot products (avx512bf16, amx:
-// bf16_flops is probed there), the fp32 FMA peak for everything else (the
-// panel levels widen bf16/int8 to fp32; attention runs in fp32).
-double compute_peak(const KernelBenchRow& r, const MachineLimits& m) {
-  const bool bf16_dot = m.bf16_flops > 0 && r.kernel == "expert_ffn";
-  return bf16_dot ? m.bf16_flops : m.fp32_flops;
+// The compute roof of a row: the AMX tiles' peak for bf16 weights at the amx
+// level (oneDNN runs them on tiles); the vdpbf16ps peak for the other GEMMs
+// at the levels that run them as bf16 dot products (avx512bf16, amx: int8
+// weights); the fp32 FMA peak for everything else (the panel levels widen
+// bf16/int8 to fp32; attention runs in fp32).
+std::pair<double, const char*> compute_peak(const KernelBenchRow& r, const MachineLimits& m) {
+  if (m.amx_flops > 0 && r.kernel == "expert_ffn" && r.weights == "bf16") {
+    return {m.amx_flops, "amx"};
+  }
+  if (m.bf16_flops > 0 && r.kernel == "expert_ffn") return {m.bf16_flops, "bf16"};
+  return {m.fp32_flops, "fp32"};
 }
 
 void finish(KernelBenchRow& r, const MachineLimits& m) {
-  const double peak = compute_peak(r, m);
-  r.peak = peak == m.bf16_flops ? "bf16" : "fp32";
+  const auto [peak, name] = compute_peak(r, m);
+  r.peak = name;
   const double t_compute = r.flops / peak, t_memory = r.bytes / m.read_bw;
   r.bound = t_compute > t_memory ? "compute" : "memory";
   r.roofline_fraction = std::max(t_compute, t_memory) / r.seconds;

@@ -44,6 +44,52 @@ __attribute__((target("avx512f,avx512bf16"))) double bf16_loop(long iters) {
   return s;
 }
 
+// AMX: four 16x16 fp32 accumulator tiles, each += a 16x32 bf16 tile times a
+// 32x16 one (in pairs) per iteration: 4 x 16 x 16 x 32 x 2 FLOPs. Tile
+// registers only, so the level check (tests/kernels/check_level_code.sh) has
+// nothing to see; the process has AMX permission wherever the amx level is
+// active (kernels/cpu/isa.cc).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+__attribute__((target("amx-tile,amx-bf16"))) double amx_loop(long iters) {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.bytes_per_row[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+  alignas(64) uint16_t a[16 * 32], b[16 * 32];
+  for (uint16_t& x : a) x = 0x3f80;  // 1.0
+  for (uint16_t& x : b) x = 0x3c00;  // 2^-7: the sums stay small
+  _tile_loadd(4, a, 64);
+  _tile_loadd(5, a, 64);
+  _tile_loadd(6, b, 64);
+  _tile_loadd(7, b, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (long i = 0; i < iters; ++i) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  alignas(64) float c[4][16 * 16];
+  _tile_stored(0, c[0], 64);
+  _tile_stored(1, c[1], 64);
+  _tile_stored(2, c[2], 64);
+  _tile_stored(3, c[3], 64);
+  _tile_release();
+  double s = 0;
+  for (const auto& t : c) s += t[0] + t[255];
+  return s;
+}
+
 __attribute__((target("avx512f"))) double fma512_loop(long iters) {
   __m512 acc[24];
   for (int j = 0; j < 24; ++j) acc[j] = _mm512_set1_ps(static_cast<float>(j));
@@ -203,6 +249,8 @@ Json MachineLimits::to_json() const {
               {"fp32_gflops", fp32_flops / 1e9},
               {"bf16_gflops_1_thread", bf16_flops_1t / 1e9},
               {"bf16_gflops", bf16_flops / 1e9},
+              {"amx_bf16_gflops_1_thread", amx_flops_1t / 1e9},
+              {"amx_bf16_gflops", amx_flops / 1e9},
               {"read_gb_s_1_thread", read_bw_1t / 1e9},
               {"read_gb_s", read_bw / 1e9}};
 }
@@ -223,6 +271,12 @@ MachineLimits measure_machine(bool quick) {
     const PeakProbe bf16{bf16_loop, 24.0 * 64};
     m.bf16_flops_1t = peak(bf16, 1, iters);
     m.bf16_flops = peak(bf16, m.threads, iters);
+  }
+  if (level >= IsaLevel::kAmx) {
+    // One AMX iteration is 64x the work of a vdpbf16ps one.
+    const PeakProbe amx{amx_loop, 4.0 * 16 * 16 * 32 * 2};
+    m.amx_flops_1t = peak(amx, 1, iters / 64);
+    m.amx_flops = peak(amx, m.threads, iters / 64);
   }
   float (*sum)(const float*, size_t) =
       level >= IsaLevel::kAvx512 ? sum512 : level >= IsaLevel::kAvx2 ? sum256 : sum128;

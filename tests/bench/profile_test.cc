@@ -5,12 +5,38 @@
 #include <filesystem>
 
 #include "msinfer/bench/m2n_bench.h"
+#include "msinfer/bench/machine.h"
+#include "msinfer/kernels/cpu/isa.h"
 #include "msinfer/model/make_model.h"
 #include "msinfer/planner/cpu_plan.h"
 #include "msinfer/planner/perf_model.h"
 
 namespace msinfer::bench {
 namespace {
+
+// The AMX tiles' peak is probed at the amx level and only there (the
+// kernels bench's roofline for bf16 GEMMs at amx; a TDPBF16PS outside it
+// would fault on a CPU without AMX). No figure is asserted, only that the
+// probe ran and produced a positive rate.
+TEST(MachineTest, TheAmxPeakIsProbedAtTheAmxLevelOnly) {
+  using kernels::cpu::IsaLevel;
+  const IsaLevel saved = kernels::cpu::active_isa();
+  int checked = 0;
+  for (IsaLevel level : {IsaLevel::kAvx512Bf16, IsaLevel::kAmx}) {
+    if (!kernels::cpu::force_isa(level).ok()) continue;  // not on this CPU
+    const MachineLimits m = measure_machine(/*quick=*/true);
+    if (level == IsaLevel::kAmx) {
+      EXPECT_GT(m.amx_flops_1t, 0);
+      EXPECT_GT(m.amx_flops, 0);
+    } else {
+      EXPECT_EQ(m.amx_flops, 0);
+    }
+    EXPECT_GT(m.bf16_flops, 0);
+    ++checked;
+  }
+  ASSERT_TRUE(kernels::cpu::force_isa(saved).ok());
+  if (checked == 0) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+}
 
 TEST(FitLineTest, HandComputed) {
   // y = 2x + 1 exactly.

@@ -379,6 +379,10 @@ int run_bench_kernels(int argc, char** argv) {
     std::printf("bf16 peak %.0f GFLOP/s (1 thread %.0f); ", m.bf16_flops / 1e9,
                 m.bf16_flops_1t / 1e9);
   }
+  if (m.amx_flops > 0) {
+    std::printf("AMX bf16 peak %.0f GFLOP/s (1 thread %.0f); ", m.amx_flops / 1e9,
+                m.amx_flops_1t / 1e9);
+  }
   std::printf("read bandwidth %.1f GB/s (1 thread %.1f)\n\n", m.read_bw / 1e9, m.read_bw_1t / 1e9);
   // "x bf16": the bf16 expert FFN's time at the same tokens over this row's.
   auto vs_bf16 = [&](const bench::KernelBenchRow& row) -> std::string {

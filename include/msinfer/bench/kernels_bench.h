@@ -2,8 +2,9 @@
 // SwiGLU GEMMs) over 1..1024 tokens per expert and decode attention over
 // 128..4096 tokens of context, at the small-mixtral shapes, each against its
 // roofline: time_roofline = max(FLOPs / compute peak, bytes / read bandwidth),
-// with the bf16 peak for bf16 GEMMs where the level has vdpbf16ps and the fp32
-// FMA peak otherwise. Kernels run at the active CPU level (kernels/cpu/isa.h).
+// with the AMX tiles' peak for bf16 GEMMs at the amx level, the bf16 peak for
+// bf16 and int8 GEMMs where the level has vdpbf16ps and the fp32 FMA peak
+// otherwise. Kernels run at the active CPU level (kernels/cpu/isa.h).
 // mxfp4 weights (random e2m1 codes and scales, kept 4-bit: gemm.h) are
 // measured on request, e.g. at gpt-oss-20b's shapes (hidden = expert_ffn =
 // 2880) against bf16 in the same run; each row says the weight bytes one call
@@ -47,7 +48,7 @@ struct KernelBenchRow {
   double gb_s() const { return bytes / seconds / 1e9; }
   double roofline_fraction = 0;
   std::string bound;    // "compute" | "memory"
-  std::string peak;     // compute roof used: "bf16" | "fp32"
+  std::string peak;     // compute roof used: "amx" | "bf16" | "fp32"
 };
 
 struct KernelBenchResult {
