@@ -322,7 +322,9 @@ StatusOr<Tokenizer> Tokenizer::from_json(const Json& j, const Json* config,
   }
   int32_t max_id = -1;
   const Json& vocab = j["model"]["vocab"];
-  m.vocab.reserve(vocab.size() + 1024);  // + added tokens: no rehash on the way
+  const size_t added =
+      j.contains("added_tokens") && j["added_tokens"].is_array() ? j["added_tokens"].size() : 0;
+  m.vocab.reserve(vocab.size() + added);  // the added tokens join it: no rehash on the way
   for (const auto& [tok, id] : vocab.items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (1 << 24)) {
       return invalid_argument(source + ": model.vocab['" + tok + "'] must be an id in 0..2^24");
