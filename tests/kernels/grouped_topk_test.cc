@@ -115,10 +115,8 @@ TEST(GroupedTopKTest, MatchesDeepSeekReferenceGate) {
                             (s.bias ? "1 " : "0 ") + std::to_string(s.scale) + " 300 " +
                             std::to_string(++seed) + " 2>&1; echo \" rc=$?\"";
     const std::string out = msinfer::testing::run_capture(cmd);
-    if (out.find("rc=77") != std::string::npos ||
-        out.find("No module named") != std::string::npos) {
-      GTEST_SKIP() << out;
-    }
+    // The script exits 77 where it cannot run here (no checkout, no torch).
+    if (out.find("rc=77") != std::string::npos) GTEST_SKIP() << out;
     ASSERT_NE(out.find("rc=0"), std::string::npos) << out;
     auto j = parse_json(out.substr(0, out.rfind(" rc=")), "deepseek_reference.py --gate");
     ASSERT_TRUE(j.ok()) << j.status().to_string();

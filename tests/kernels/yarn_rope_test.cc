@@ -65,10 +65,8 @@ TEST(YarnRopeTest, MatchesDeepSeekReference) {
                   c.factor, c.original, c.max_seq, c.start, T, H);
     const std::string out = msinfer::testing::run_capture("/usr/bin/python3 " + script + args +
                                                           " 2>&1; echo \" rc=$?\"");
-    if (out.find("rc=77") != std::string::npos ||
-        out.find("No module named") != std::string::npos) {
-      GTEST_SKIP() << out;
-    }
+    // The script exits 77 where it cannot run here (no checkout, no torch).
+    if (out.find("rc=77") != std::string::npos) GTEST_SKIP() << out;
     ASSERT_NE(out.find("rc=0"), std::string::npos) << out;
     auto j = parse_json(out.substr(0, out.rfind(" rc=")), "deepseek_reference.py --rope");
     ASSERT_TRUE(j.ok()) << j.status().to_string();
