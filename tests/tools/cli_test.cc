@@ -487,6 +487,9 @@ TEST(CliHardeningTest, EverySubcommandRefusesBadInput) {
   expect_refused("generate --model " + tiny_model(), "exactly one of --prompt and --prompt-ids");
   expect_refused("generate --model " + tiny_model() + " --prompt-ids 5 --threads -1", "--threads");
   expect_refused("bench kernels --bogus", "unknown flag --bogus");
+  expect_refused("bench kernels --contexts 128,0", "--contexts: '0' is not an integer 1..1048576");
+  expect_refused("bench kernels --tokens 1,x", "--tokens: 'x' is not an integer 1..65536");
+  expect_refused("bench kernels --mla --mla-contexts 0", "--mla-contexts: '0' is not an integer");
   expect_refused("bench m2n --senders 0", "--senders: 0 is out of range");
   expect_refused("bench m2n --size 0x10", "--size: cannot read '0x10'");
   expect_refused("bench m2n --imbalance zipf:nan", "--imbalance zipf:S");

@@ -261,6 +261,25 @@ int run_bench_mla(const std::vector<int64_t>& contexts, int threads, int64_t blo
   return b.report(json);
 }
 
+// A comma-separated list of integers in [lo, hi] (a flag's value), or why not.
+StatusOr<std::vector<int64_t>> int_list(const std::string& text, const std::string& flag,
+                                        long long lo, long long hi) {
+  std::vector<int64_t> v;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    const long long x = std::strtoll(item.c_str(), &end, 10);
+    if (end == item.c_str() || *end != '\0' || x < lo || x > hi) {
+      return invalid_argument(flag + ": '" + item + "' is not an integer " + std::to_string(lo) +
+                              ".." + std::to_string(hi));
+    }
+    v.push_back(x);
+  }
+  if (v.empty()) return invalid_argument(flag + ": empty");
+  return v;
+}
+
 int run_bench_kernels(int argc, char** argv) {
   FlagSet flags("bench kernels",
                 "Measures this machine's fp32 FMA peak, bf16 peak (AVX512-BF16 only) and memory\n"
@@ -280,6 +299,8 @@ int run_bench_kernels(int argc, char** argv) {
   flags.add_int("expert-ffn", 2816, 32, 65536,
                 "expert FFN width (default small-mixtral's; gpt-oss-20b: 2880)");
   flags.add_string("tokens", "", "tokens per expert, comma-separated (default 1,2,4,...,1024)");
+  flags.add_string("contexts", "",
+                   "decode attention context lengths, comma-separated (default 128,256,...,4096)");
   flags.add_int("kv-block-size", runtime::KvCache::kDefaultBlockSize, 1, 4096,
                 "token slots per KV block in the decode attention runs (the engine's default)");
   flags.add_string("device", "cpu",
@@ -296,22 +317,9 @@ int run_bench_kernels(int argc, char** argv) {
   if (flags.get_bool("mla")) {
     s = apply_isa_flag(flags.get_string("isa"));
     if (!s.ok()) return report_error("bench kernels", s);
-    std::vector<int64_t> contexts;
-    std::stringstream ss(flags.get_string("mla-contexts"));
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-      char* end = nullptr;
-      const long long v = std::strtoll(item.c_str(), &end, 10);
-      if (end == item.c_str() || *end != '\0' || v < 1 || v > 1048576) {
-        return report_error("bench kernels", invalid_argument("--mla-contexts: '" + item +
-                                                              "' is not an integer 1..1048576"));
-      }
-      contexts.push_back(v);
-    }
-    if (contexts.empty()) {
-      return report_error("bench kernels", invalid_argument("--mla-contexts: empty"));
-    }
-    return run_bench_mla(contexts, static_cast<int>(flags.get_int("mla-threads")),
+    auto contexts = int_list(flags.get_string("mla-contexts"), "--mla-contexts", 1, 1048576);
+    if (!contexts.ok()) return report_error("bench kernels", contexts.status());
+    return run_bench_mla(*contexts, static_cast<int>(flags.get_int("mla-threads")),
                          flags.get_int("kv-block-size"), flags.get_bool("quick"),
                          flags.get_bool("json"));
   }
@@ -349,18 +357,14 @@ int run_bench_kernels(int argc, char** argv) {
     if (o.weights.empty()) return report_error("bench kernels", invalid_argument("--weights: empty"));
   }
   if (!flags.get_string("tokens").empty()) {
-    o.tokens.clear();
-    std::stringstream ss(flags.get_string("tokens"));
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-      char* end = nullptr;
-      const long long v = std::strtoll(item.c_str(), &end, 10);
-      if (end == item.c_str() || *end != '\0' || v < 1 || v > 65536) {
-        return report_error("bench kernels",
-                            invalid_argument("--tokens: '" + item + "' is not an integer 1..65536"));
-      }
-      o.tokens.push_back(v);
-    }
+    auto tokens = int_list(flags.get_string("tokens"), "--tokens", 1, 65536);
+    if (!tokens.ok()) return report_error("bench kernels", tokens.status());
+    o.tokens = *tokens;
+  }
+  if (!flags.get_string("contexts").empty()) {
+    auto contexts = int_list(flags.get_string("contexts"), "--contexts", 1, 1048576);
+    if (!contexts.ok()) return report_error("bench kernels", contexts.status());
+    o.contexts = *contexts;
   }
   // Progress on stderr (the run takes about a minute), under --json too.
   auto r = bench::bench_kernels(o, [](const std::string& line) {
