@@ -3,6 +3,7 @@
 #include <immintrin.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -261,22 +262,40 @@ MachineLimits measure_machine(bool quick) {
   const IsaLevel level = kernels::cpu::active_isa();
   m.isa = kernels::cpu::isa_name(level);
   m.cpu = cpu_model_name();
-  const long iters = quick ? 5000000 : 20000000;
+  // Iterations per probe: a fixed count (a native core runs it in 10-80 ms),
+  // cut to what takes `seconds` only where a first short run says the count
+  // would take over 20 times that (an emulated CPU: under qemu-user the full
+  // counts took minutes, tests/kernels/foreign_cpu_test.sh).
+  const long full = quick ? 5000000 : 20000000;
+  const double seconds = quick ? 0.05 : 0.2;
+  auto iters_for = [&](const PeakProbe& p, long n) {
+    const long probe = std::max(1L, n / 100);
+    const auto t0 = clock::now();
+    peak(p, 1, probe);
+    const double s = std::chrono::duration<double>(clock::now() - t0).count();
+    const double per_iter = s / static_cast<double>(probe);
+    return per_iter * static_cast<double>(n) > 20 * seconds
+               ? std::max(probe, static_cast<long>(seconds / per_iter))
+               : n;
+  };
   const PeakProbe fp32 = fp32_probe(level);
+  const long iters = iters_for(fp32, full);
   peak(fp32, 1, iters / 10);  // warm up (clock ramp)
   m.fp32_flops_1t = peak(fp32, 1, iters);
   m.fp32_flops = peak(fp32, m.threads, iters);
   m.avx512_bf16 = level >= IsaLevel::kAvx512Bf16;
   if (m.avx512_bf16) {
     const PeakProbe bf16{bf16_loop, 24.0 * 64};
-    m.bf16_flops_1t = peak(bf16, 1, iters);
-    m.bf16_flops = peak(bf16, m.threads, iters);
+    const long n = iters_for(bf16, full);
+    m.bf16_flops_1t = peak(bf16, 1, n);
+    m.bf16_flops = peak(bf16, m.threads, n);
   }
   if (level >= IsaLevel::kAmx) {
     // One AMX iteration is 64x the work of a vdpbf16ps one.
     const PeakProbe amx{amx_loop, 4.0 * 16 * 16 * 32 * 2};
-    m.amx_flops_1t = peak(amx, 1, iters / 64);
-    m.amx_flops = peak(amx, m.threads, iters / 64);
+    const long n = iters_for(amx, full / 64);
+    m.amx_flops_1t = peak(amx, 1, n);
+    m.amx_flops = peak(amx, m.threads, n);
   }
   float (*sum)(const float*, size_t) =
       level >= IsaLevel::kAvx512 ? sum512 : level >= IsaLevel::kAvx2 ? sum256 : sum128;
